@@ -1,0 +1,36 @@
+# Everything runs inside .venv, created on first use from pyproject.toml.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+OUT    ?= out
+SAMPLE ?= samples/cnn.onnx
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test test-all samples conformance bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev,cuda]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+## Run every pipeline stage that exists on a bundled sample model and print a summary.
+demo: setup
+	$(BIN)/python -m cortex.demo $(SAMPLE) --out $(OUT)
+
+## The default test run (slow suites excluded; see test-all).
+test: setup
+	$(BIN)/pytest -n 2 -q $(PYTEST_ARGS)
+
+test-all: setup
+	$(BIN)/pytest -n 2 -q -m "" $(PYTEST_ARGS)
+
+## Regenerate the committed sample models and the cached test data (node tests, MiniLM).
+samples: setup
+	$(BIN)/python samples/make_samples.py --all
+
+clean:
+	rm -rf $(OUT) .cache .pytest_cache

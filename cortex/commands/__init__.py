@@ -1,0 +1,1 @@
+"""One module per CLI command; `cortex/cli.py` registers them."""

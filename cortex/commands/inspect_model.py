@@ -1,0 +1,82 @@
+"""`cortex inspect MODEL`: what is in a model and what the optimisation pipeline makes of it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from cortex.console import out, print_json
+from cortex.options import parse_dims, parse_input_shapes
+from cortex.pipeline import load_and_optimize
+from cortex.summary import GraphSummary, summarize_graph
+from ir.errors import CortexError
+
+InputShapes = Annotated[Optional[list[str]], typer.Option("--input-shape", help="Bind an input: NAME=1x3x224x224 (repeatable).")]
+Dims = Annotated[Optional[list[str]], typer.Option("--dim", help="Bind a named dynamic dim: NAME=N (repeatable).")]
+
+
+def inspect(
+    model: Annotated[Path, typer.Argument(help="The ONNX model file.")],
+    input_shape: InputShapes = None,
+    dim: Dims = None,
+    json: Annotated[bool, typer.Option("--json", help="Print a machine-readable report.")] = False,
+) -> None:
+    """Show a model's interface, ops, parameters and dynamic dims, and what the passes make of it."""
+    shapes, dims = parse_input_shapes(input_shape), parse_dims(dim)
+    bound = bool(shapes or dims)
+    try:
+        result = load_and_optimize(model, shapes, dims, require_static=False)
+    except CortexError:
+        raise
+    after = summarize_graph(result.graph, backends=_backends())
+    report = {
+        "model": str(model),
+        "source": result.source.to_json(),
+        "optimized": after.to_json(),
+        "passes": [{"name": r.name, "nodes_before": r.nodes_before, "nodes_after": r.nodes_after,
+                    "seconds": round(r.seconds, 4)} for r in result.records],
+        "inputs_bound": bound,
+    }
+    if json:
+        print_json(report)
+        return
+    _print_report(model, result.source, after, result.records)
+
+
+def _backends() -> tuple[str, ...]:
+    from ir.ops import REGISTRY
+    return tuple(sorted({b for entry in REGISTRY.values() for b in entry.lowerings}))
+
+
+def _print_report(model: Path, source: GraphSummary, after: GraphSummary, records) -> None:
+    out.print(f"[bold]{model}[/bold]  opsets: " + ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in source.opsets.items()))
+    io = Table(title="Interface (after binding and shape inference)", show_lines=False)
+    for col in ("", "name", "dtype", "shape"):
+        io.add_column(col)
+    for kind, items in (("input", after.inputs), ("output", after.outputs)):
+        for t in items:
+            io.add_row(kind, t.name, t.dtype, "?" if t.shape is None else "x".join("?" if d is None else str(d) for d in t.shape) or "scalar")
+    out.print(io)
+    ops = Table(title="Ops")
+    ops.add_column("op"); ops.add_column("source", justify="right"); ops.add_column("optimized", justify="right")
+    for op in sorted(set(source.op_counts) | set(after.op_counts), key=lambda o: -source.op_counts.get(o, 0)):
+        ops.add_row(op, str(source.op_counts.get(op, 0)), str(after.op_counts.get(op, 0)))
+    ops.add_row("[bold]total[/bold]", str(source.node_count), str(after.node_count))
+    out.print(ops)
+    out.print(f"parameters: {after.param_count:,} ({after.param_bytes / 1e6:.2f} MB) after folding; "
+              f"{source.param_count:,} as stored")
+    out.print("dynamic dims: " + (", ".join(after.dynamic_dims) or "none"))
+    out.print("control flow: " + (", ".join(after.control_flow) or "none"))
+    if after.unknown_ops:
+        out.print("ops unknown to Cortex: " + ", ".join(after.unknown_ops))
+    for backend, missing in after.unlowered_ops.items():
+        out.print(f"ops without a {backend} lowering: " + (", ".join(missing) or "none"))
+    passes = Table(title="Pass pipeline")
+    for col in ("pass", "nodes before", "nodes after", "ms"):
+        passes.add_column(col, justify="right" if col != "pass" else "left")
+    for r in records:
+        passes.add_row(r.name, str(r.nodes_before), str(r.nodes_after), f"{r.seconds * 1000:.1f}")
+    out.print(passes)

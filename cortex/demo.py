@@ -1,0 +1,42 @@
+"""`make demo`: run every pipeline stage on one sample model and print what each produced."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def stages(model: Path, out: Path) -> list[tuple[str, list[str]]]:
+    """The CLI calls that make up the pipeline, in order."""
+    return [
+        ("inspect", ["inspect", str(model)]),
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("model", type=Path)
+    parser.add_argument("--out", type=Path, default=Path("out"))
+    args = parser.parse_args()
+    if args.out.exists():
+        shutil.rmtree(args.out)
+    summary = []
+    for name, argv in stages(args.model, args.out):
+        print(f"\n$ cortex {' '.join(argv)}", flush=True)
+        start = time.perf_counter()
+        rc = subprocess.call([sys.executable, "-m", "cortex.cli", *argv])
+        summary.append((name, rc, time.perf_counter() - start))
+        if rc != 0:
+            break
+    print("\nDemo summary")
+    for name, rc, seconds in summary:
+        print(f"  {name:<14} {'ok' if rc == 0 else f'FAILED (exit {rc})':<18} {seconds:6.2f} s")
+    sys.exit(0 if all(rc == 0 for _, rc, _ in summary) else 1)
+
+
+if __name__ == "__main__":
+    main()

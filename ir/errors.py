@@ -1,0 +1,22 @@
+"""User-facing errors.
+
+A `CortexError` is a mistake in what the user gave us (a file, a flag, a model): the CLI prints its
+message as one line on stderr and exits with code 2. Anything else escaping is a bug in Cortex.
+"""
+
+
+class CortexError(Exception):
+    """A problem with the user's input, reported as one line and exit code 2."""
+
+    exit_code = 2
+
+    def __init__(self, message: str):
+        super().__init__(" ".join(str(message).split()))  # always one line
+
+
+class ModelError(CortexError):
+    """The model file or graph is unreadable or structurally broken."""
+
+
+class UnsupportedError(CortexError):
+    """The model uses something Cortex cannot handle yet (an op, a domain, a dtype)."""

@@ -1,0 +1,8 @@
+"""Op families; importing this package fills the registry."""
+
+from ir.ops import control, elementwise, nn, reduce, tensor  # noqa: F401  (registration)
+from ir.ops.registry import (CONTRACTION, CONTROL, ELEMENTWISE, LAYOUT, NORMALIZATION, OTHER, RANDOM,
+                             REDUCTION, REGISTRY, SHAPE, OpDef, kind_of, lookup, lowering, register)
+
+__all__ = ["REGISTRY", "OpDef", "kind_of", "lookup", "lowering", "register", "CONTRACTION", "CONTROL",
+           "ELEMENTWISE", "LAYOUT", "NORMALIZATION", "OTHER", "RANDOM", "REDUCTION", "SHAPE"]

@@ -1,0 +1,73 @@
+"""The op registry: the one place that says what Cortex knows about each op.
+
+An entry holds the op's kind (how fusion and partitioning treat it), its shape rule, which inputs are
+weights and how its weight splits along output channels, and the lowerings backends register next
+to it. The shape rule defaults to the op's ONNX schema inference, which covers every standard op;
+an entry overrides it only where ONNX's rule is missing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+# How an op behaves, for the passes that group and split nodes.
+ELEMENTWISE = "elementwise"    # one output element from the same position of each (broadcast) input
+CONTRACTION = "contraction"    # MatMul, Gemm, Conv: weights with output channels; a fusion anchor
+NORMALIZATION = "normalization"
+REDUCTION = "reduction"
+LAYOUT = "layout"              # moves or views data without arithmetic
+SHAPE = "shape"                # computes shapes; folded away once inputs are bound
+CONTROL = "control"
+RANDOM = "random"              # never folded, never deduplicated
+OTHER = "other"
+
+
+@dataclass
+class OpDef:
+    op_type: str
+    domain: str = ""
+    kind: str = OTHER
+    # (node, input values) -> list of (dtype, shape) per output; None: ONNX schema inference.
+    shape_rule: Callable | None = None
+    # Which input holds the weight whose output channels a too-large op is split along, and the
+    # axis of that weight and of the output that the channels live on.
+    weight_input: int | None = None
+    weight_axis: Callable | None = None     # node -> axis of the weight holding output channels
+    output_axis: Callable | None = None     # node -> axis of the output holding those channels
+    lowerings: dict[str, Callable] = field(default_factory=dict)
+
+    @property
+    def deterministic(self) -> bool:
+        return self.kind != RANDOM
+
+
+REGISTRY: dict[tuple[str, str], OpDef] = {}
+
+
+def register(*op_types: str, domain: str = "", kind: str = OTHER, **fields) -> None:
+    for op_type in op_types:
+        if (domain, op_type) in REGISTRY:
+            raise ValueError(f"op {domain}::{op_type} registered twice")
+        REGISTRY[(domain, op_type)] = OpDef(op_type, domain, kind, **fields)
+
+
+def lookup(op_type: str, domain: str = "") -> OpDef | None:
+    return REGISTRY.get(("" if domain == "ai.onnx" else domain, op_type))
+
+
+def lowering(backend: str, *op_types: str, domain: str = ""):
+    """Decorator a backend uses to attach its lowering of ops to their registry entries."""
+    def attach(fn):
+        for op_type in op_types:
+            entry = lookup(op_type, domain)
+            if entry is None:
+                raise ValueError(f"cannot lower unregistered op {domain}::{op_type}")
+            entry.lowerings[backend] = fn
+        return fn
+    return attach
+
+
+def kind_of(op_type: str, domain: str = "") -> str:
+    entry = lookup(op_type, domain)
+    return entry.kind if entry else OTHER

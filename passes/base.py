@@ -1,0 +1,37 @@
+"""What every pass is: a small object with a `name`, its options as fields, and `run(graph)`."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, ClassVar, Sequence
+
+from ir.graph import Graph
+
+
+class Pass:
+    name: ClassVar[str] = "pass"
+
+    def run(self, graph: Graph) -> Graph:
+        raise NotImplementedError
+
+
+@dataclass
+class PassRecord:
+    """What one pass did, for `cortex inspect` and the summaries."""
+    name: str
+    nodes_before: int
+    nodes_after: int
+    seconds: float
+
+
+def run_pipeline(graph: Graph, passes: Sequence[Pass],
+                 on_pass: Callable[[Pass], None] | None = None) -> tuple[Graph, list[PassRecord]]:
+    records = []
+    for p in passes:
+        if on_pass:
+            on_pass(p)
+        before, start = len(graph.nodes), time.perf_counter()
+        graph = p.run(graph)
+        records.append(PassRecord(p.name, before, len(graph.nodes), time.perf_counter() - start))
+    return graph, records

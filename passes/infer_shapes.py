@@ -1,0 +1,196 @@
+"""Bind the model's dynamic dims and give every value a dtype and (where possible) a static shape.
+
+Each op's shape rule is its ONNX schema inference (see `ir.ops.registry`), run through
+`onnx.shape_inference` with data propagation. Shape computations (Shape -> Gather -> Concat ->
+Reshape) only become static once their inputs are constants, so inference and folding alternate
+until nothing changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import onnx
+from onnx import helper
+
+from ir import dtypes
+from ir.errors import CortexError, ModelError
+from ir.graph import Graph, Value
+from ir.onnx_export import export_attribute, make_tensor, make_value_info
+from passes.base import Pass
+from passes.fold_constants import FoldConstants
+
+# Constants above this many elements are passed to ONNX inference as typed inputs, not data: no
+# shape computation reads a tensor that large, and it keeps huge models under protobuf's 2 GiB.
+LARGEST_CONSTANT_FOR_INFERENCE = 4096
+
+
+@dataclass
+class InferShapes(Pass):
+    name = "infer-shapes"
+    input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    dims: dict[str, int] = field(default_factory=dict)
+    require_static: bool = False
+    max_rounds: int = 10
+
+    def run(self, graph: Graph) -> Graph:
+        bind_inputs(graph, self.input_shapes, self.dims)
+        fold = FoldConstants()
+        for _ in range(self.max_rounds):
+            infer_with_onnx(graph)
+            before = sum(1 for _ in graph.walk())
+            fold.run(graph)
+            if sum(1 for _ in graph.walk()) == before:
+                break
+        if self.require_static:
+            check_static(graph)
+        return graph
+
+
+def bind_inputs(graph: Graph, input_shapes: dict[str, tuple[int, ...]], dims: dict[str, int]) -> None:
+    by_name = {v.name: v for v in graph.inputs}
+    for name, shape in input_shapes.items():
+        if name not in by_name:
+            listed = ", ".join(by_name) or "none"
+            raise CortexError(f"--input-shape names {name!r}, which is not an input of the model (inputs: {listed})")
+        value = by_name[name]
+        if value.shape is not None and len(value.shape) != len(shape):
+            raise CortexError(f"--input-shape {name}: rank {len(shape)} given, but the model declares "
+                              f"rank {len(value.shape)} ({_format_shape(value.shape)})")
+        if value.shape is not None:
+            for declared, given in zip(value.shape, shape):
+                if isinstance(declared, int) and declared != given:
+                    raise CortexError(f"--input-shape {name}: {'x'.join(map(str, shape))} conflicts with "
+                                      f"the declared static shape {_format_shape(value.shape)}")
+        value.shape = tuple(int(d) for d in shape)
+    symbols = {d for v in graph.inputs if v.shape for d in v.shape if isinstance(d, str)}
+    for dim, size in dims.items():
+        if dim not in symbols:
+            known = ", ".join(sorted(symbols)) or "none"
+            raise CortexError(f"--dim {dim!r} matches no dynamic dim of the model inputs (dynamic dims: {known})")
+    for v in graph.inputs:
+        if v.shape is not None:
+            v.shape = tuple(dims.get(d, d) if isinstance(d, str) else d for d in v.shape)
+
+
+def check_static(graph: Graph) -> None:
+    """Every graph input bound, then every value static; the first miss is named."""
+    for v in graph.inputs:
+        if v.is_tensor and not v.is_static:
+            dynamic = [d for d in (v.shape or ()) if not isinstance(d, int)]
+            if v.shape is None:
+                raise CortexError(f"input {v.name!r} has no declared shape: give it with --input-shape {v.name}=...")
+            named = [d for d in dynamic if isinstance(d, str)]
+            hint = f"--dim {named[0]}=N or " if named else ""
+            raise CortexError(f"input {v.name!r} has dynamic shape {_format_shape(v.shape)}: bind it with "
+                              f"{hint}--input-shape {v.name}=...")
+    read = set(graph.users()) | set(graph.outputs)
+    for node in graph.nodes:
+        for out in node.outputs:
+            if out in read and out.is_tensor and not out.is_static:
+                raise CortexError(f"{node.describe()}: cannot infer a static shape for output {out.name!r} "
+                                  f"(got {_format_shape(out.shape)})")
+
+
+def _format_shape(shape) -> str:
+    if shape is None:
+        return "unknown rank"
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def infer_with_onnx(graph: Graph) -> None:
+    model = _inference_model(graph)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+    except Exception as e:  # onnx raises several types here; all mean the model is inconsistent
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelError(f"shape inference failed: {first_line}") from None
+    found: dict[str, onnx.ValueInfoProto] = {}
+    _collect_value_info(inferred.graph, found)
+    for g in _graphs(graph):
+        for node in g.nodes:
+            for out in node.outputs:
+                info = found.get(out.name)
+                if info is not None:
+                    _merge(out, info)
+
+
+def _merge(value: Value, info: onnx.ValueInfoProto) -> None:
+    t = info.type
+    if not t.HasField("tensor_type"):
+        if t.WhichOneof("value") and value.type_proto is None and value.dtype == dtypes.UNDEFINED:
+            value.type_proto = onnx.TypeProto()
+            value.type_proto.CopyFrom(t)
+        return
+    tt = t.tensor_type
+    if tt.elem_type:
+        value.dtype = tt.elem_type
+    if tt.HasField("shape"):
+        new = tuple(int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
+        if value.shape is None or len(value.shape) != len(new):
+            value.shape = new
+        else:  # keep what we knew where inference knows less
+            value.shape = tuple(n if isinstance(n, int) or not isinstance(o, int) else o
+                                for o, n in zip(value.shape, new))
+
+
+def _collect_value_info(gp: onnx.GraphProto, found: dict) -> None:
+    for vi in [*gp.value_info, *gp.output]:
+        found[vi.name] = vi
+    for node in gp.node:
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                _collect_value_info(a.g, found)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for sub in a.graphs:
+                    _collect_value_info(sub, found)
+
+
+def _graphs(graph: Graph):
+    yield graph
+    for node in graph.walk():
+        yield from node.subgraphs
+
+
+def _inference_model(graph: Graph) -> onnx.ModelProto:
+    """The graph as ONNX with only what inference needs: no stale value_info, small constants."""
+    inputs = [make_value_info(v) for v in graph.inputs]
+    initializers = []
+    for v in _all_constants(graph):
+        if v.const.size <= LARGEST_CONSTANT_FOR_INFERENCE:
+            initializers.append(make_tensor(v))
+        else:
+            inputs.append(helper.make_tensor_value_info(v.name, v.dtype, list(v.const.shape)))
+    outputs = [helper.make_value_info(v.name, onnx.TypeProto()) for v in graph.outputs]
+    gp = helper.make_graph([_node_proto(n) for n in graph.nodes], graph.name, inputs, outputs, initializers)
+    model = helper.make_model(gp, opset_imports=[helper.make_opsetid(d, v) for d, v in graph.opset_imports.items()])
+    model.ir_version = max(graph.ir_version, 4)
+    model.functions.extend(graph.functions)
+    return model
+
+
+def _all_constants(graph: Graph) -> list[Value]:
+    seen: dict[int, Value] = {}
+    for g in _graphs(graph):
+        for v in g.constants():
+            seen.setdefault(id(v), v)
+    return list(seen.values())
+
+
+def _node_proto(node) -> onnx.NodeProto:
+    proto = helper.make_node(node.op_type, [v.name if v is not None else "" for v in node.inputs],
+                             [v.name for v in node.outputs], name=node.name, domain=node.domain or None)
+    for key, value in node.attrs.items():
+        if isinstance(value, Graph):
+            proto.attribute.append(helper.make_attribute(key, _subgraph_proto(value)))
+        elif isinstance(value, list) and value and isinstance(value[0], Graph):
+            proto.attribute.append(helper.make_attribute(key, [_subgraph_proto(g) for g in value]))
+        else:
+            proto.attribute.append(export_attribute(key, value, node.attr_types.get(key), {}, False))
+    return proto
+
+
+def _subgraph_proto(sub: Graph) -> onnx.GraphProto:
+    return helper.make_graph([_node_proto(n) for n in sub.nodes], sub.name,
+                             [make_value_info(v) for v in sub.inputs],
+                             [make_value_info(v) for v in sub.outputs])
