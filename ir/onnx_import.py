@@ -60,8 +60,9 @@ def read_model_proto(path: str | os.PathLike) -> onnx.ModelProto:
 
 def import_model(model: onnx.ModelProto) -> Graph:
     opsets = {op.domain if op.domain != "ai.onnx" else "": op.version for op in model.opset_import}
+    local_function_domains = {f.domain for f in model.functions}
     for domain in opsets:
-        if domain not in KNOWN_DOMAINS:
+        if domain not in KNOWN_DOMAINS and domain not in local_function_domains:
             raise ModelError(f"unknown op domain {domain!r} in opset_import")
     graph = _Importer(opsets).import_graph(model.graph, parent=None, scope={})
     graph.opset_imports = opsets
