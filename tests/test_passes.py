@@ -1,0 +1,155 @@
+"""Each graph pass on the smallest model that shows it, checked against onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+from ir.onnx_export import export_model
+from ir.onnx_import import import_model
+from passes import (EliminateCommonSubexpressions, EliminateDeadCode, FoldConstants, InferShapes, Simplify,
+                    optimize_pipeline, run_pipeline)
+
+
+def make_model(nodes, inputs, outputs, initializers=(), opset=17) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def run_ort(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def optimize(model, passes):
+    graph, _ = run_pipeline(import_model(model), passes)
+    exported = export_model(graph)
+    onnx.checker.check_model(exported, full_check=True)
+    return graph, exported
+
+
+def assert_same_outputs(original, optimized, feeds):
+    for a, b in zip(run_ort(original, feeds), run_ort(optimized, feeds)):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=0)
+
+
+def tensor(name, dtype, shape):
+    return helper.make_tensor_value_info(name, dtype, shape)
+
+
+def test_shape_subgraph_folds_to_a_constant_reshape():
+    # y = Reshape(x, Concat(Gather(Shape(x), 0), [-1])): the MiniLM-style dynamic reshape.
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["batch"], axis=0),
+        helper.make_node("Unsqueeze", ["batch", "axes"], ["batch1"]),
+        helper.make_node("Concat", ["batch1", "minus_one"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["y"]),
+    ]
+    inits = [helper.make_tensor("zero", TensorProto.INT64, [], [0]),
+             helper.make_tensor("axes", TensorProto.INT64, [1], [0]),
+             helper.make_tensor("minus_one", TensorProto.INT64, [1], [-1])]
+    model = make_model(nodes, [tensor("x", TensorProto.FLOAT, ["n", 3, 4])], [tensor("y", TensorProto.FLOAT, None)], inits)
+    graph, exported = optimize(model, optimize_pipeline(dims={"n": 2}, require_static=True))
+    assert [n.op_type for n in graph.nodes] == ["Reshape"]
+    assert graph.outputs[0].shape == (2, 12)
+    assert graph.nodes[0].inputs[1].const.tolist() == [2, -1]
+    x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
+    assert_same_outputs(model, exported, {"x": x})
+
+
+def test_constant_of_shape_weights_are_folded_into_parameters():
+    nodes = [helper.make_node("ConstantOfShape", ["wshape"], ["w"], value=helper.make_tensor("v", TensorProto.FLOAT, [1], [0.5])),
+             helper.make_node("MatMul", ["x", "w"], ["y"])]
+    inits = [helper.make_tensor("wshape", TensorProto.INT64, [2], [4, 3])]
+    model = make_model(nodes, [tensor("x", TensorProto.FLOAT, [2, 4])], [tensor("y", TensorProto.FLOAT, [2, 3])], inits)
+    graph, exported = optimize(model, [InferShapes(), FoldConstants()])
+    assert [n.op_type for n in graph.nodes] == ["MatMul"]
+    assert graph.param_count() == 12
+    assert_same_outputs(model, exported, {"x": np.ones((2, 4), np.float32)})
+
+
+def test_random_ops_are_never_folded_or_merged():
+    nodes = [helper.make_node("RandomNormal", [], ["r1"], shape=[2], seed=1.0),
+             helper.make_node("RandomNormal", [], ["r2"], shape=[2], seed=1.0),
+             helper.make_node("Add", ["r1", "r2"], ["y"])]
+    model = make_model(nodes, [], [tensor("y", TensorProto.FLOAT, [2])])
+    graph, _ = optimize(model, [FoldConstants(), EliminateCommonSubexpressions()])
+    assert [n.op_type for n in graph.nodes] == ["RandomNormal", "RandomNormal", "Add"]
+
+
+def test_dead_code_is_removed_and_outputs_kept():
+    nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Exp", ["x"], ["unused"]),
+             helper.make_node("Log", ["unused"], ["unused2"])]
+    model = make_model(nodes, [tensor("x", TensorProto.FLOAT, [3])], [tensor("y", TensorProto.FLOAT, [3])])
+    graph, _ = optimize(model, [EliminateDeadCode()])
+    assert [n.op_type for n in graph.nodes] == ["Relu"]
+
+
+def test_common_subexpressions_and_equal_constants_merge():
+    nodes = [helper.make_node("Add", ["x", "c1"], ["a"]), helper.make_node("Add", ["x", "c2"], ["b"]),
+             helper.make_node("Mul", ["a", "b"], ["y"])]
+    inits = [helper.make_tensor("c1", TensorProto.FLOAT, [3], [1, 2, 3]),
+             helper.make_tensor("c2", TensorProto.FLOAT, [3], [1, 2, 3])]
+    model = make_model(nodes, [tensor("x", TensorProto.FLOAT, [3])], [tensor("y", TensorProto.FLOAT, [3])], inits)
+    graph, exported = optimize(model, [EliminateCommonSubexpressions(), EliminateDeadCode()])
+    assert [n.op_type for n in graph.nodes] == ["Add", "Mul"]
+    assert graph.nodes[1].inputs[0] is graph.nodes[1].inputs[1]
+    assert_same_outputs(model, exported, {"x": np.array([1, -2, 3], np.float32)})
+
+
+def test_merged_graph_outputs_keep_their_names():
+    nodes = [helper.make_node("Relu", ["x"], ["y1"]), helper.make_node("Relu", ["x"], ["y2"])]
+    model = make_model(nodes, [tensor("x", TensorProto.FLOAT, [3])],
+                       [tensor("y1", TensorProto.FLOAT, [3]), tensor("y2", TensorProto.FLOAT, [3])])
+    graph, exported = optimize(model, [EliminateCommonSubexpressions()])
+    assert [o.name for o in exported.graph.output] == ["y1", "y2"]
+    assert_same_outputs(model, exported, {"x": np.array([1, -2, 3], np.float32)})
+
+
+def test_identity_dropout_and_noop_reshape_are_removed():
+    nodes = [helper.make_node("Identity", ["x"], ["a"]),
+             helper.make_node("Dropout", ["a"], ["b"], ratio=0.5),
+             helper.make_node("Reshape", ["b", "same"], ["c"]),
+             helper.make_node("Cast", ["c"], ["d"], to=TensorProto.FLOAT),
+             helper.make_node("Relu", ["d"], ["y"])]
+    inits = [helper.make_tensor("same", TensorProto.INT64, [2], [2, 3])]
+    model = make_model(nodes, [tensor("x", TensorProto.FLOAT, [2, 3])], [tensor("y", TensorProto.FLOAT, [2, 3])], inits, opset=11)
+    graph, exported = optimize(model, [InferShapes(), Simplify(), EliminateDeadCode()])
+    assert [n.op_type for n in graph.nodes] == ["Relu"]
+    assert_same_outputs(model, exported, {"x": np.arange(6, dtype=np.float32).reshape(2, 3) - 2})
+
+
+def test_identity_between_input_and_output_stays():
+    model = make_model([helper.make_node("Identity", ["x"], ["y"])], [tensor("x", TensorProto.FLOAT, [3])],
+                       [tensor("y", TensorProto.FLOAT, [3])])
+    graph, exported = optimize(model, [Simplify()])
+    assert [n.op_type for n in graph.nodes] == ["Identity"]
+    assert [o.name for o in exported.graph.output] == ["y"]
+
+
+def test_identity_before_output_renames_the_producer():
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Identity", ["r"], ["y"])]
+    model = make_model(nodes, [tensor("x", TensorProto.FLOAT, [3])], [tensor("y", TensorProto.FLOAT, [3])])
+    graph, exported = optimize(model, [Simplify()])
+    assert [(n.op_type, n.outputs[0].name) for n in graph.nodes] == [("Relu", "y")]
+    assert_same_outputs(model, exported, {"x": np.array([1, -2, 3], np.float32)})
+
+
+def test_transpose_pairs_cancel_or_compose():
+    nodes = [helper.make_node("Transpose", ["x"], ["t1"], perm=[1, 0, 2]),
+             helper.make_node("Transpose", ["t1"], ["t2"], perm=[1, 0, 2]),
+             helper.make_node("Transpose", ["t2"], ["t3"], perm=[2, 0, 1]),
+             helper.make_node("Transpose", ["t3"], ["y"], perm=[0, 2, 1])]
+    model = make_model(nodes, [tensor("x", TensorProto.FLOAT, [2, 3, 4])], [tensor("y", TensorProto.FLOAT, None)])
+    graph, exported = optimize(model, [InferShapes(), Simplify(), EliminateDeadCode()])
+    assert [(n.op_type, n.attrs.get("perm")) for n in graph.nodes] == [("Transpose", [2, 1, 0])]
+    assert_same_outputs(model, exported, {"x": np.arange(24, dtype=np.float32).reshape(2, 3, 4)})
+
+
+def test_passes_are_small_named_objects():
+    names = [p.name for p in optimize_pipeline()]
+    assert names == ["infer-shapes", "fold-constants", "simplify", "eliminate-common-subexpressions",
+                     "fold-constants", "eliminate-dead-code"]
