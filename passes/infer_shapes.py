@@ -49,6 +49,9 @@ class InferShapes(Pass):
 
 def bind_inputs(graph: Graph, input_shapes: dict[str, tuple[int, ...]], dims: dict[str, int]) -> None:
     by_name = {v.name: v for v in graph.inputs}
+    # The model's own symbols, before --input-shape replaces some: `--input-shape x=2x64 --dim batch=2`
+    # names a real dim of the model even though x is already bound.
+    symbols = {d for v in graph.inputs if v.shape for d in v.shape if isinstance(d, str)}
     for name, shape in input_shapes.items():
         if name not in by_name:
             listed = ", ".join(by_name) or "none"
@@ -63,7 +66,6 @@ def bind_inputs(graph: Graph, input_shapes: dict[str, tuple[int, ...]], dims: di
                     raise CortexError(f"--input-shape {name}: {'x'.join(map(str, shape))} conflicts with "
                                       f"the declared static shape {_format_shape(value.shape)}")
         value.shape = tuple(int(d) for d in shape)
-    symbols = {d for v in graph.inputs if v.shape for d in v.shape if isinstance(d, str)}
     for dim, size in dims.items():
         if dim not in symbols:
             known = ", ".join(sorted(symbols)) or "none"
