@@ -1,0 +1,268 @@
+"""GEMM for the WebAssembly backend: C = epilogue(A @ B + bias + residual), as one WAT function.
+
+MatMul, Gemm and Conv (after im2col) lower to this. B, when it is a weight, is packed at compile time
+into panels of 16 columns (`pack_b`) that go into a data segment; when it is an activation, the
+module packs it at run time with the function `render_pack_b` returns. Everything else (shapes,
+offsets, strides) is a compile-time constant baked into the code.
+
+Entry points
+- `pack_b(b, trans_b=False) -> bytes`: B (K x N, or N x K with trans_b) as float32 panels
+  `[ceil(N/16)][K][16]`, the last panel zero-padded; `packed_b_size(k, n)` is its length.
+- `render_gemm(m, n, k, *, a_offset, b_packed_offset, c_offset, bias_offset=None, epilogue=None,
+  residual_offset=None, features=SIMD_FMA, trans_a=False, lda=None, ldc=None, batch=1,
+  batch_strides=None, name="gemm") -> str`: a `(func $name)` with no parameters or results that
+  reads and writes memory 0 at the given byte offsets.
+  - A is M x K row-major with row stride `lda` elements (default K); with `trans_a` it is stored
+    K x M (row stride `lda`, default M), as Gemm's transA means.
+  - C and the residual are M x N with row stride `ldc` (default N). The residual may be C itself
+    (in-place accumulate: it is read before the tile is first written).
+  - bias is N floats, broadcast over rows. `epilogue` is None, "relu" or "gelu" (erf form), applied
+    after bias and residual: C = epilogue(A @ B + bias + residual).
+  - `batch` > 1 repeats the product; `batch_strides = (a, b, c)` in bytes (0 broadcasts an operand;
+    default: dense). The residual follows C's stride, the bias is shared.
+  - `features`: a set of "simd", "relaxed-simd". With relaxed SIMD the inner product uses
+    `f32x4.relaxed_madd` (the host must enable relaxed SIMD; results may differ from mul+add in the
+    last bit, as FMA does); with only "simd" it uses mul + add; with neither, scalar f32 code.
+- `render_pack_b(k, n, *, src_offset, dst_offset, trans_b=False, batch=1, batch_strides=None,
+  name="pack_b", features=SIMD) -> str`: a function that packs a row-major B living in memory into
+  the panel layout at `dst_offset` (`packed_b_size(k, n)` bytes per batch).
+
+Blocking: the loops run K blocks of 128 (outermost), then 16-column panels, then 3-row tiles, so one
+K block of a panel (8 KiB) stays in L1 while every row tile streams past it. With one row (GEMV,
+bandwidth-bound) there is no K blocking and a tile spans two panels (8 accumulators) so that more
+independent multiply-adds hide the FMA latency.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from backends.wasm.kernels.activation import check_epilogue, f32_activation, scratch_locals
+from backends.wasm.kernels.microkernel import (MAX_ROWS, PANEL, PANEL_BYTES, TileGeometry, Vec,
+                                               render_tile, tile_locals)
+
+SCALAR: frozenset[str] = frozenset()
+SIMD: frozenset[str] = frozenset({"simd"})
+SIMD_FMA: frozenset[str] = frozenset({"simd", "relaxed-simd"})
+KNOWN_FEATURES = SIMD_FMA
+K_BLOCK = 128
+
+
+def packed_b_size(k: int, n: int) -> int:
+    return -(-n // PANEL) * k * PANEL_BYTES
+
+
+def pack_b(b: np.ndarray, trans_b: bool = False) -> bytes:
+    """B (K x N; N x K with trans_b) as little-endian float32 panels [ceil(N/16)][K][16]."""
+    b = np.asarray(b, dtype=np.float32)
+    if b.ndim != 2:
+        raise ValueError(f"pack_b expects a matrix, got shape {b.shape}")
+    if trans_b:
+        b = b.T
+    k, n = b.shape
+    panels = -(-n // PANEL)
+    padded = np.zeros((k, panels * PANEL), dtype="<f4")
+    padded[:, :n] = b
+    return padded.reshape(k, panels, PANEL).transpose(1, 0, 2).tobytes()
+
+
+def _check_features(features) -> frozenset[str]:
+    features = frozenset(features)
+    unknown = features - KNOWN_FEATURES
+    if unknown:
+        raise ValueError(f"unknown WebAssembly features {sorted(unknown)}; known: {sorted(KNOWN_FEATURES)}")
+    if "relaxed-simd" in features and "simd" not in features:
+        raise ValueError("relaxed-simd needs simd")
+    return features
+
+
+def render_gemm(m: int, n: int, k: int, *, a_offset: int, b_packed_offset: int, c_offset: int,
+                bias_offset: int | None = None, epilogue: str | None = None,
+                residual_offset: int | None = None, features=SIMD_FMA, trans_a: bool = False,
+                lda: int | None = None, ldc: int | None = None, batch: int = 1,
+                batch_strides: tuple[int, int, int] | None = None, name: str = "gemm") -> str:
+    features = _check_features(features)
+    check_epilogue(epilogue)
+    if min(m, n, k, batch) < 1:
+        raise ValueError(f"GEMM dims must be positive, got m={m} n={n} k={k} batch={batch}")
+    lda = lda or (m if trans_a else k)
+    ldc = ldc or n
+    strides = batch_strides or (m * k * 4, packed_b_size(k, n), m * n * 4)
+    a_k_step, a_row_step = (lda * 4, 4) if trans_a else (4, lda * 4)
+    body = _simd_body if "simd" in features else _scalar_body
+    inner = body(m, n, k, a_k_step, a_row_step, ldc * 4, bias_offset is not None,
+                 residual_offset is not None, epilogue, "relaxed-simd" in features)
+    pointers = [
+        f"(local.set $A (i32.const {a_offset}))",
+        f"(local.set $B (i32.const {b_packed_offset}))",
+        f"(local.set $C (i32.const {c_offset}))",
+        f"(local.set $R (i32.const {residual_offset or 0}))",
+        f"(local.set $BIAS (i32.const {bias_offset or 0}))",
+    ]
+    code = pointers + _batch_loop(batch, strides, inner)
+    decls = ["(local $A i32) (local $B i32) (local $C i32) (local $R i32) (local $BIAS i32) (local $n i32)",
+             "(local $i i32) (local $j i32) (local $k0 i32) (local $klen i32) (local $first i32) (local $last i32)",
+             "(local $pa i32) (local $pb i32) (local $pc i32) (local $pr i32) (local $pbias i32)",
+             "(local $pend i32) (local $pend4 i32) (local $acc f32)"]
+    if "simd" in features:  # v128 locals would make the module invalid on hosts without SIMD128
+        decls += tile_locals() + scratch_locals("v128")
+    decls += scratch_locals("f32")
+    title = (f";; C[{m}x{n}] = {epilogue or 'identity'}(A{'^T' if trans_a else ''}[{m}x{k}] @ B[{k}x{n}]"
+             f"{' + bias' if bias_offset is not None else ''}{' + residual' if residual_offset is not None else ''})"
+             f"{f' x {batch} batches' if batch > 1 else ''}; features: {','.join(sorted(features)) or 'scalar'}")
+    return _func(name, title, decls, code)
+
+
+def _func(name: str, title: str, decls: list[str], code: list[str]) -> str:
+    return "\n".join([f"(func ${name}", "  " + title, *("  " + d for d in decls), *("  " + c for c in code), ")"]) + "\n"
+
+
+def _batch_loop(batch: int, strides: tuple[int, int, int], inner: list[str]) -> list[str]:
+    if batch == 1:
+        return inner
+    sa, sb, sc = strides
+    return [
+        "(local.set $n (i32.const 0))",
+        "(loop $batch",
+        *("  " + s for s in inner),
+        f"  (local.set $A (i32.add (local.get $A) (i32.const {sa})))",
+        f"  (local.set $B (i32.add (local.get $B) (i32.const {sb})))",
+        f"  (local.set $C (i32.add (local.get $C) (i32.const {sc})))",
+        f"  (local.set $R (i32.add (local.get $R) (i32.const {sc})))",
+        "  (local.set $n (i32.add (local.get $n) (i32.const 1)))",
+        f"  (br_if $batch (i32.lt_u (local.get $n) (i32.const {batch}))))",
+    ]
+
+
+def _counted(var: str, start: int, stop: int, step: int, body: list[str]) -> list[str]:
+    """for var in range(start, stop, step), with the count known to be >= 1 at compile time."""
+    if (stop - start + step - 1) // step == 1:
+        return [f"(local.set {var} (i32.const {start}))", *body]
+    label = var.replace("$", "$loop_")
+    return [
+        f"(local.set {var} (i32.const {start}))",
+        f"(loop {label}",
+        *("  " + s for s in body),
+        f"  (local.set {var} (i32.add (local.get {var}) (i32.const {step})))",
+        f"  (br_if {label} (i32.lt_u (local.get {var}) (i32.const {stop}))))",
+    ]
+
+
+def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, has_bias, has_residual, epilogue, fma) -> list[str]:
+    gemv = m == 1
+    kc = k if m <= MAX_ROWS else K_BLOCK
+    blocks = -(-k // kc)
+    geometry = TileGeometry(k, a_k_step, a_row_step, c_row_step, has_bias, has_residual, epilogue, fma,
+                            static_first=True if blocks == 1 else None,
+                            static_last=True if blocks == 1 else None)
+
+    def tile_at(rows: int, vecs: list[Vec]) -> list[str]:
+        """Point $pa/$pb/$pc/$pr/$pbias at tile (i, j) of block k0, then run the tile."""
+        a_at = f"(i32.add (i32.mul (local.get $i) (i32.const {a_row_step})) (i32.mul (local.get $k0) (i32.const {a_k_step})))"
+        c_at = f"(i32.add (i32.mul (local.get $i) (i32.const {c_row_step})) (i32.mul (local.get $j) (i32.const {PANEL_BYTES})))"
+        return [
+            f"(local.set $pa (i32.add (local.get $A) {a_at}))",
+            f"(local.set $pb (i32.add (local.get $B) (i32.mul (i32.add (i32.mul (local.get $j) (i32.const {k})) (local.get $k0)) (i32.const {PANEL_BYTES}))))",
+            f"(local.set $pc (i32.add (local.get $C) {c_at}))",
+            f"(local.set $pr (i32.add (local.get $R) {c_at}))",
+            f"(local.set $pbias (i32.add (local.get $BIAS) (i32.mul (local.get $j) (i32.const {PANEL_BYTES}))))",
+            f"(local.set $pend (i32.add (local.get $pb) (i32.mul (local.get $klen) (i32.const {PANEL_BYTES}))))",
+            f"(local.set $pend4 (i32.add (local.get $pb) (i32.mul (i32.and (local.get $klen) (i32.const -4)) (i32.const {PANEL_BYTES}))))",
+            *render_tile(rows, vecs, geometry),
+        ]
+
+    def rows_loop(vecs: list[Vec]) -> list[str]:
+        full, rest = divmod(m, MAX_ROWS)
+        code = _counted("$i", 0, full * MAX_ROWS, MAX_ROWS, tile_at(MAX_ROWS, vecs)) if full else []
+        if rest:
+            code += [f"(local.set $i (i32.const {full * MAX_ROWS}))", *tile_at(rest, vecs)]
+        return code
+
+    full_panels, edge = divmod(n, PANEL)
+    one_panel = [Vec(0, v) for v in range(4)]
+    code: list[str] = []
+    j = 0
+    if gemv and full_panels >= 2:  # two panels per tile: 8 independent accumulators
+        pairs = full_panels // 2
+        code += _counted("$j", 0, 2 * pairs, 2, rows_loop(one_panel + [Vec(1, v) for v in range(4)]))
+        j = 2 * pairs
+    if j < full_panels:
+        code += _counted("$j", j, full_panels, 1, rows_loop(one_panel))
+    if edge:
+        vecs = [Vec(0, v, min(4, edge - 4 * v)) for v in range(-(-edge // 4))]
+        code += [f"(local.set $j (i32.const {full_panels}))", *rows_loop(vecs)]
+    k_block = [
+        "(local.set $first (i32.eqz (local.get $k0)))",
+        f"(local.set $last (i32.ge_u (i32.add (local.get $k0) (i32.const {kc})) (i32.const {k})))",
+        f"(local.set $klen (select (i32.sub (i32.const {k}) (local.get $k0)) (i32.const {kc}) (local.get $last)))",
+        *code,
+    ]
+    return _counted("$k0", 0, k, kc, k_block)
+
+
+def _scalar_body(m, n, k, a_k_step, a_row_step, c_row_step, has_bias, has_residual, epilogue, fma) -> list[str]:
+    """Plain f32 loops over the same packed B, for hosts without SIMD128."""
+    init = "(f32.load (i32.add (local.get $BIAS) (i32.shl (local.get $j) (i32.const 2))))" if has_bias else "(f32.const 0)"
+    c_at = f"(i32.add (i32.mul (local.get $i) (i32.const {c_row_step})) (i32.shl (local.get $j) (i32.const 2)))"
+    if has_residual:
+        init = f"(f32.add {init} (f32.load (i32.add (local.get $R) {c_at})))"
+    col = [
+        f"(local.set $acc {init})",
+        f"(local.set $pa (i32.add (local.get $A) (i32.mul (local.get $i) (i32.const {a_row_step}))))",
+        # packed B: panel j/16, row k, lane j%16
+        f"(local.set $pb (i32.add (local.get $B) (i32.shl (i32.add (i32.mul (i32.shr_u (local.get $j) (i32.const 4)) (i32.const {k * PANEL})) (i32.and (local.get $j) (i32.const 15))) (i32.const 2))))",
+        f"(local.set $pend (i32.add (local.get $pb) (i32.const {k * PANEL_BYTES})))",
+        "(loop $k",
+        "  (local.set $acc (f32.add (local.get $acc) (f32.mul (f32.load (local.get $pa)) (f32.load (local.get $pb)))))",
+        f"  (local.set $pa (i32.add (local.get $pa) (i32.const {a_k_step})))",
+        f"  (local.set $pb (i32.add (local.get $pb) (i32.const {PANEL_BYTES})))",
+        "  (br_if $k (i32.lt_u (local.get $pb) (local.get $pend))))",
+        *f32_activation(epilogue, "$acc"),
+        f"(f32.store (i32.add (local.get $C) {c_at}) (local.get $acc))",
+    ]
+    return _counted("$i", 0, m, 1, _counted("$j", 0, n, 1, col))
+
+
+def render_pack_b(k: int, n: int, *, src_offset: int, dst_offset: int, trans_b: bool = False,
+                  batch: int = 1, batch_strides: tuple[int, int] | None = None, name: str = "pack_b",
+                  features=SIMD) -> str:
+    """Pack B (K x N row-major, or N x K with trans_b) from memory into panels, at run time, for
+    products whose B is an activation (attention's Q @ K^T, scores @ V). batch_strides = (src, dst) bytes."""
+    features = _check_features(features)
+    src_stride, dst_stride = batch_strides or (k * n * 4, packed_b_size(k, n))
+    panels = -(-n // PANEL)
+    # dst[p][kk][l] = B[kk, 16p + l] or 0 past N; B[kk, c] is at src + (kk*n + c)*4, or (c*k + kk)*4 transposed
+    full_rows = "simd" in features and not trans_b and n % PANEL == 0
+    if full_rows:  # a whole panel row is 64 contiguous bytes of a source row
+        step = [f"(v128.store offset={16 * v} (local.get $pb) (v128.load offset={16 * v} (local.get $pa)))" for v in range(4)]
+        inner = [
+            f"(local.set $pa (i32.add (local.get $A) (i32.mul (i32.add (i32.mul (local.get $i) (i32.const {n})) (i32.mul (local.get $j) (i32.const {PANEL}))) (i32.const 4))))",
+            f"(local.set $pb (i32.add (local.get $B) (i32.mul (i32.add (i32.mul (local.get $j) (i32.const {k})) (local.get $i)) (i32.const {PANEL_BYTES}))))",
+            *step,
+        ]
+        body = _counted("$j", 0, panels, 1, _counted("$i", 0, k, 1, inner))
+    else:
+        src_col = (f"(i32.add (i32.mul (local.get $i) (i32.const {n})) (local.get $n))" if not trans_b
+                   else f"(i32.add (i32.mul (local.get $n) (i32.const {k})) (local.get $i))")
+        lane = [
+            "(local.set $n (i32.add (i32.mul (local.get $j) (i32.const 16)) (local.get $pc)))",
+            f"(local.set $pb (i32.add (local.get $B) (i32.shl (i32.add (i32.mul (i32.add (i32.mul (local.get $j) (i32.const {k})) (local.get $i)) (i32.const {PANEL})) (local.get $pc)) (i32.const 2))))",
+            f"(f32.store (local.get $pb) (select (f32.load (i32.add (local.get $A) (i32.shl {src_col} (i32.const 2)))) "
+            f"(f32.const 0) (i32.lt_u (local.get $n) (i32.const {n}))))",
+        ]
+        # $pc counts the lane here; out-of-range lanes load a clamped (valid) address and store 0
+        lane[2] = lane[2].replace(src_col, f"(select {src_col} (i32.const 0) (i32.lt_u (local.get $n) (i32.const {n})))")
+        body = _counted("$j", 0, panels, 1, _counted("$i", 0, k, 1, _counted("$pc", 0, PANEL, 1, lane)))
+    code = [f"(local.set $A (i32.const {src_offset}))", f"(local.set $B (i32.const {dst_offset}))"]
+    if batch == 1:
+        code += body
+    else:
+        code += ["(local.set $first (i32.const 0))", "(loop $batch", *("  " + s for s in body),
+                 f"  (local.set $A (i32.add (local.get $A) (i32.const {src_stride})))",
+                 f"  (local.set $B (i32.add (local.get $B) (i32.const {dst_stride})))",
+                 "  (local.set $first (i32.add (local.get $first) (i32.const 1)))",
+                 f"  (br_if $batch (i32.lt_u (local.get $first) (i32.const {batch}))))"]
+    decls = ["(local $A i32) (local $B i32) (local $i i32) (local $j i32) (local $n i32) (local $first i32)",
+             "(local $pa i32) (local $pb i32) (local $pc i32)"]
+    title = f";; pack B[{k}x{n}]{' (given transposed)' if trans_b else ''} into 16-column panels{f' x {batch} batches' if batch > 1 else ''}"
+    return _func(name, title, decls, code)

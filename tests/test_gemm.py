@@ -1,0 +1,172 @@
+"""The WASM GEMM kernel against numpy: any shape, every feature set, every epilogue."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from backends.wasm.gemm import (SCALAR, SIMD, SIMD_FMA, pack_b, packed_b_size, render_gemm,
+                                render_pack_b)
+from backends.wasm.kernels.standalone import instantiate, read, write
+
+FEATURE_SETS = {"scalar": SCALAR, "simd": SIMD, "relaxed-simd": SIMD_FMA}
+_erf = np.vectorize(math.erf)
+
+
+def reference(a, b, bias=None, residual=None, epilogue=None):
+    c = a.astype(np.float64) @ b.astype(np.float64)
+    if bias is not None:
+        c = c + bias
+    if residual is not None:
+        c = c + residual
+    if epilogue == "relu":
+        c = np.maximum(c, 0)
+    if epilogue == "gelu":
+        c = 0.5 * c * (1 + _erf(c / math.sqrt(2)))
+    return c
+
+
+def run_gemm(a, b, *, bias=None, residual=None, epilogue=None, features=SIMD_FMA, trans_a=False):
+    """Lay out A, packed B, bias, residual and C one after another and run the kernel once."""
+    a_rows = a.T if trans_a else a
+    m, k = a_rows.shape
+    n = b.shape[1]
+    offsets, end = {}, 64  # start past 0 so that a zero offset bug shows
+    for key, size in (("a", a.nbytes), ("b", packed_b_size(k, n)), ("c", m * n * 4),
+                      ("bias", n * 4), ("res", m * n * 4)):
+        offsets[key], end = end, end + size + 16
+    func = render_gemm(m, n, k, a_offset=offsets["a"], b_packed_offset=offsets["b"], c_offset=offsets["c"],
+                       bias_offset=offsets["bias"] if bias is not None else None,
+                       residual_offset=offsets["res"] if residual is not None else None,
+                       epilogue=epilogue, features=features, trans_a=trans_a)
+    store, inst = instantiate(func, end, features)
+    write(store, inst, offsets["a"], a)
+    write(store, inst, offsets["b"], pack_b(b))
+    write(store, inst, offsets["c"], np.full((m, n), np.nan, np.float32))  # every element must be written
+    if bias is not None:
+        write(store, inst, offsets["bias"], bias)
+    if residual is not None:
+        write(store, inst, offsets["res"], residual)
+    inst.exports(store)["gemm"](store)
+    return read(store, inst, offsets["c"], (m, n))
+
+
+def assert_close(got, want, k):
+    # float32 accumulation over k terms of unit-variance products
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-6 * max(k, 1) ** 0.5 * 4)
+
+
+@pytest.mark.parametrize("features", FEATURE_SETS.values(), ids=FEATURE_SETS.keys())
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(m=st.integers(1, 11), n=st.integers(1, 40), k=st.integers(1, 300), data=st.data())
+def test_gemm_matches_numpy_for_any_shape(features, m, n, k, data):
+    rng = np.random.default_rng(m * 10007 + n * 101 + k)
+    epilogue = data.draw(st.sampled_from([None, "relu", "gelu"]))
+    with_bias, with_residual, trans_a = data.draw(st.tuples(st.booleans(), st.booleans(), st.booleans()))
+    a = rng.standard_normal((k, m) if trans_a else (m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32) if with_bias else None
+    res = rng.standard_normal((m, n)).astype(np.float32) if with_residual else None
+    got = run_gemm(a, b, bias=bias, residual=res, epilogue=epilogue, features=features, trans_a=trans_a)
+    assert_close(got, reference(a.T if trans_a else a, b, bias, res, epilogue), k)
+
+
+@pytest.mark.parametrize("features", FEATURE_SETS.values(), ids=FEATURE_SETS.keys())
+@pytest.mark.parametrize("m,n,k", [(1, 3072, 96), (64, 64, 64), (100, 48, 257), (2, 17, 129)])
+def test_gemm_handles_gemv_and_multi_block_shapes(features, m, n, k):
+    rng = np.random.default_rng(7)
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    assert_close(run_gemm(a, b, bias=bias, epilogue="relu", features=features), reference(a, b, bias, None, "relu"), k)
+
+
+def test_gelu_epilogue_is_accurate_over_a_wide_range():
+    x = np.linspace(-12, 12, 4001, dtype=np.float32).reshape(1, -1)
+    identity = np.eye(1, dtype=np.float32)
+    for features in FEATURE_SETS.values():
+        got = run_gemm(identity, x, epilogue="gelu", features=features)
+        np.testing.assert_allclose(got, reference(identity, x, epilogue="gelu"), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("features", [SIMD_FMA, SCALAR], ids=["relaxed-simd", "scalar"])
+def test_residual_may_be_c_itself_across_k_blocks(features):
+    m, n, k = 7, 35, 300  # three K blocks: C holds partial sums between them
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    c0 = rng.standard_normal((m, n)).astype(np.float32)
+    func = render_gemm(m, n, k, a_offset=0, b_packed_offset=a.nbytes, c_offset=a.nbytes + packed_b_size(k, n),
+                       residual_offset=a.nbytes + packed_b_size(k, n), features=features)
+    store, inst = instantiate(func, a.nbytes + packed_b_size(k, n) + c0.nbytes, features)
+    write(store, inst, 0, a), write(store, inst, a.nbytes, pack_b(b))
+    write(store, inst, a.nbytes + packed_b_size(k, n), c0)
+    inst.exports(store)["gemm"](store)
+    assert_close(read(store, inst, a.nbytes + packed_b_size(k, n), (m, n)), reference(a, b, None, c0), k)
+
+
+@pytest.mark.parametrize("features", FEATURE_SETS.values(), ids=FEATURE_SETS.keys())
+def test_batched_gemm_with_strided_rows_and_broadcast_b(features):
+    batch, m, n, k, ldc = 3, 5, 20, 33, 24  # C rows padded to 24 columns; B shared by all batches
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((batch, m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    b_off = a.nbytes
+    c_off = b_off + packed_b_size(k, n)
+    func = render_gemm(m, n, k, a_offset=0, b_packed_offset=b_off, c_offset=c_off, features=features, ldc=ldc,
+                       batch=batch, batch_strides=(m * k * 4, 0, m * ldc * 4))
+    store, inst = instantiate(func, c_off + batch * m * ldc * 4, features)
+    write(store, inst, 0, a), write(store, inst, b_off, pack_b(b))
+    sentinel = np.full((batch, m, ldc), 7.0, np.float32)
+    write(store, inst, c_off, sentinel)
+    inst.exports(store)["gemm"](store)
+    c = read(store, inst, c_off, (batch, m, ldc))
+    assert_close(c[:, :, :n], np.stack([reference(a[i], b) for i in range(batch)]), k)
+    assert (c[:, :, n:] == 7.0).all(), "the padding columns between rows must stay untouched"
+
+
+@pytest.mark.parametrize("features", [SIMD, SCALAR], ids=["simd", "scalar"])
+@pytest.mark.parametrize("k,n,trans_b", [(9, 32, False), (9, 21, False), (13, 18, True), (4, 48, True)])
+def test_runtime_packing_matches_compile_time_packing(features, k, n, trans_b):
+    batch = 2
+    rng = np.random.default_rng(11)
+    src = rng.standard_normal((batch, n, k) if trans_b else (batch, k, n)).astype(np.float32)
+    dst = src.nbytes + 32
+    func = render_pack_b(k, n, src_offset=0, dst_offset=dst, trans_b=trans_b, batch=batch, features=features)
+    store, inst = instantiate(func, dst + batch * packed_b_size(k, n), features)
+    write(store, inst, 0, src)
+    write(store, inst, dst, np.full(batch * packed_b_size(k, n) // 4, np.nan, np.float32))
+    inst.exports(store)["pack_b"](store)
+    raw = inst.exports(store)["memory"].read(store, dst, dst + batch * packed_b_size(k, n))
+    assert bytes(raw) == b"".join(pack_b(src[i], trans_b=trans_b) for i in range(batch))
+
+
+def test_pack_b_lays_out_16_column_panels_zero_padded():
+    b = np.arange(3 * 20, dtype=np.float32).reshape(3, 20)
+    panels = np.frombuffer(pack_b(b), dtype="<f4").reshape(2, 3, 16)
+    assert (panels[0] == b[:, :16]).all()
+    assert (panels[1, :, :4] == b[:, 16:]).all() and (panels[1, :, 4:] == 0).all()
+    assert len(pack_b(b)) == packed_b_size(3, 20)
+    assert pack_b(b.T, trans_b=True) == pack_b(b)
+
+
+def test_relaxed_simd_uses_fma_and_plain_simd_does_not():
+    fma = render_gemm(8, 32, 16, a_offset=0, b_packed_offset=512, c_offset=4096, features=SIMD_FMA)
+    plain = render_gemm(8, 32, 16, a_offset=0, b_packed_offset=512, c_offset=4096, features=SIMD)
+    scalar = render_gemm(8, 32, 16, a_offset=0, b_packed_offset=512, c_offset=4096, features=SCALAR)
+    assert "f32x4.relaxed_madd" in fma and "f32x4.relaxed_madd" not in plain
+    assert "f32x4.splat (f32.load" in fma and "load32_splat" not in fma
+    assert "v128" not in scalar
+
+
+def test_rendering_is_deterministic():
+    args = dict(a_offset=16, b_packed_offset=4096, c_offset=65536, bias_offset=128, epilogue="gelu")
+    assert render_gemm(13, 70, 200, **args) == render_gemm(13, 70, 200, **args)
+
+
+@pytest.mark.parametrize("bad", [dict(features={"avx"}), dict(features={"relaxed-simd"}), dict(epilogue="tanh")])
+def test_bad_kernel_requests_are_refused(bad):
+    with pytest.raises(ValueError):
+        render_gemm(2, 2, 2, a_offset=0, b_packed_offset=64, c_offset=128, **bad)
