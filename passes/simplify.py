@@ -45,7 +45,11 @@ class Simplify(Pass):
                 kept.append(node)
             elif id(out) not in interface:
                 aliases[id(out)] = src
-            elif not _rename_producer_output(graph, src, out, interface):
+            elif _rename_producer_output(graph, src, out, interface):
+                # Later nodes may still read `src` through an alias of a no-op removed earlier in
+                # this walk; `src` no longer exists, so those reads must land on `out`.
+                aliases[id(src)] = out
+            else:
                 kept.append(node)
         graph.nodes = kept
         if aliases:
