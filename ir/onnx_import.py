@@ -64,7 +64,7 @@ def import_model(model: onnx.ModelProto) -> Graph:
     for domain in opsets:
         if domain not in KNOWN_DOMAINS and domain not in local_function_domains:
             raise ModelError(f"unknown op domain {domain!r} in opset_import")
-    graph = _Importer(opsets).import_graph(model.graph, parent=None, scope={})
+    graph = _Importer(opsets, _names_in(model.graph)).import_graph(model.graph, parent=None, scope={})
     graph.opset_imports = opsets
     graph.ir_version = model.ir_version
     graph.producer_name = model.producer_name
@@ -77,8 +77,10 @@ def import_model(model: onnx.ModelProto) -> Graph:
 
 
 class _Importer:
-    def __init__(self, opsets: dict[str, int]):
+    def __init__(self, opsets: dict[str, int], taken_names: set[str]):
         self.opsets = opsets
+        # Every name in the model: names made up for omitted outputs must be unique model-wide (SSA).
+        self.taken_names = taken_names
         self.node_names: set[str] = set()
         self.functions: set[tuple[str, str]] = set()
 
@@ -115,7 +117,7 @@ class _Importer:
             outs = []
             for name in np_.output:
                 if name == "":
-                    outs.append(Value(self._fresh_unused_name(scope)))
+                    outs.append(Value(self._fresh_unused_name()))
                     continue
                 if name in scope and (scope[name].producer is not None or scope[name].is_const
                                       or scope[name] in graph.inputs):
@@ -197,12 +199,23 @@ class _Importer:
         self.node_names.add(name)
         return name
 
-    @staticmethod
-    def _fresh_unused_name(scope: dict[str, Value]) -> str:
-        i = len(scope)
-        while f"__unused_{i}" in scope:
+    def _fresh_unused_name(self) -> str:
+        i = len(self.taken_names)
+        while f"__unused_{i}" in self.taken_names:
             i += 1
+        self.taken_names.add(f"__unused_{i}")
         return f"__unused_{i}"
+
+
+def _names_in(gp: onnx.GraphProto) -> set[str]:
+    names = {v.name for v in [*gp.input, *gp.output, *gp.initializer]}
+    for node in gp.node:
+        names.update(node.input)
+        names.update(node.output)
+        for a in node.attribute:
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                names |= _names_in(sub)
+    return names
 
 
 def _value_from_info(vi: onnx.ValueInfoProto) -> Value:
