@@ -1,0 +1,57 @@
+"""`cortex build-dag`: turn a CU folder into dag.json (or Graphviz DOT)."""
+
+from __future__ import annotations
+
+import json as jsonlib
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from cortex.console import out, print_json
+from cortex.dag import build_dag as build_dag_document
+from cortex.dag import to_dot
+from ir.errors import CortexError
+from ir.onnx_export import write_bytes_atomically
+
+FORMATS = ("json", "dot")
+
+
+def build_dag(
+    cu_dir: Annotated[Path, typer.Option("--cu-dir", help="The --output-dir of 'cortex decompose'.")],
+    output: Annotated[Path, typer.Option("--output", help="The dag.json (or .dot) file to write.")],
+    format: Annotated[str, typer.Option("--format", help="json (dag.json, cortex.dag/1) or dot (Graphviz).")] = "json",
+    json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
+) -> None:
+    """Build the CU graph: tensors as edges, costs, topological order, levels, critical path."""
+    if format not in FORMATS:
+        raise CortexError(f"--format {format!r}: expected one of {', '.join(FORMATS)}")
+    if output.exists() and output.is_dir():
+        raise CortexError(f"--output {output} is a folder; give a file name such as {output / 'dag.json'}")
+    start = time.perf_counter()
+    dag = build_dag_document(cu_dir, output)
+    text = jsonlib.dumps(dag, indent=2) + "\n" if format == "json" else to_dot(dag)
+    write_bytes_atomically(output, text.encode())
+    summary = {
+        "output": str(output), "format": format, "cus": len(dag["cus"]), "edges": len(dag["edges"]),
+        "levels": len(dag["levels"]), "widest_level": max((len(lv) for lv in dag["levels"]), default=0),
+        "bytes_crossing_borders": sum(e["bytes"] for e in dag["edges"]),
+        "critical_path": {"cus": len(dag["critical_path"]["cus"]), "flops": dag["critical_path"]["flops"]},
+        "total_flops": sum(cu["flops"] for cu in dag["cus"]),
+        "seconds": round(time.perf_counter() - start, 3),
+    }
+    if json:
+        print_json(summary)
+        return
+    table = Table(title=f"CU graph written to {output}", show_header=False)
+    table.add_column("")
+    table.add_column("", justify="right")
+    table.add_row("CUs / edges", f"{summary['cus']} / {summary['edges']}")
+    table.add_row("levels (widest)", f"{summary['levels']} ({summary['widest_level']})")
+    table.add_row("bytes crossing CU borders", f"{summary['bytes_crossing_borders']:,}")
+    table.add_row("critical path", f"{summary['critical_path']['cus']} CUs, {summary['critical_path']['flops']:,} flops")
+    table.add_row("total flops", f"{summary['total_flops']:,}")
+    table.add_row("time", f"{summary['seconds']:.2f} s")
+    out.print(table)

@@ -1,0 +1,126 @@
+"""`cortex decompose`: optimise a model, fuse, partition it into CUs and write one ONNX model per CU
+plus manifest.json."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from cortex.console import out, print_json
+from cortex.cus import model_info, write_cus
+from cortex.options import parse_dims, parse_input_shapes
+from cortex.pipeline import load_and_optimize
+from passes import run_pipeline
+from passes.fuse_groups import FuseGroups
+from passes.partition import Partition, PartitionIntoCUs, check_limits
+
+_DEFAULTS = PartitionIntoCUs()  # the CLI defaults are the pass's own field defaults
+
+
+def decompose(
+    model_path: Annotated[Path, typer.Option("--model-path", help="The ONNX model file.")],
+    output_dir: Annotated[Path, typer.Option("--output-dir", help="Folder for cu-NNNN/cu.onnx and manifest.json (replaced).")],
+    input_shape: Annotated[Optional[list[str]], typer.Option("--input-shape", help="Bind an input: NAME=1x3x224x224 (repeatable).")] = None,
+    dim: Annotated[Optional[list[str]], typer.Option("--dim", help="Bind a named dynamic dim: NAME=N (repeatable).")] = None,
+    min_cu_size: Annotated[int, typer.Option("--min-cu-size", help="Merge CUs with fewer parameters into a neighbour where the limits allow.")] = _DEFAULTS.min_cu_size,
+    max_cu_size: Annotated[int, typer.Option("--max-cu-size", help="Most parameters a CU may own; larger ops are split along output channels.")] = _DEFAULTS.max_cu_size,
+    max_cu_depth: Annotated[int, typer.Option("--max-cu-depth", help="Most ops on a path inside a CU (a fusion group counts as one).")] = _DEFAULTS.max_cu_depth,
+    json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
+) -> None:
+    """Partition a model into computation units (CUs), each a self-contained ONNX model."""
+    summary = decompose_model(model_path, output_dir, parse_input_shapes(input_shape), parse_dims(dim),
+                              min_cu_size, max_cu_size, max_cu_depth, show_progress=not json)
+    if json:
+        print_json(summary)
+    else:
+        _print_summary(summary)
+
+
+def decompose_model(model_path: Path, output_dir: Path, input_shapes: dict, dims: dict, min_cu_size: int,
+                    max_cu_size: int, max_cu_depth: int, show_progress: bool = False) -> dict:
+    check_limits(min_cu_size, max_cu_size, max_cu_depth)
+    start = time.perf_counter()
+    with _progress(show_progress) as step:
+        step("optimising")
+        optimized = load_and_optimize(model_path, input_shapes, dims, require_static=True)
+        partition_pass = PartitionIntoCUs(min_cu_size, max_cu_size, max_cu_depth)
+        step("fusing and partitioning")
+        graph, _ = run_pipeline(optimized.graph, [FuseGroups(), partition_pass])
+        partition = partition_pass.result
+        options = {"min_cu_size": min_cu_size, "max_cu_size": max_cu_size, "max_cu_depth": max_cu_depth,
+                   "input_shapes": {k: list(v) for k, v in sorted(input_shapes.items())},
+                   "dims": dict(sorted(dims.items()))}
+        step("writing CUs", total=len(partition.cus))
+        manifest = write_cus(graph, partition, Path(output_dir), model_info(Path(model_path), graph), options,
+                             on_cu=lambda i: step(advance=1))
+    return summarize(manifest, partition, output_dir, time.perf_counter() - start)
+
+
+def summarize(manifest: dict, partition: Partition, output_dir: Path, seconds: float) -> dict:
+    params = [cu["params"] for cu in manifest["cus"]]
+    producer = {t: cu["id"] for cu in manifest["cus"] for t in cu["outputs"]}
+    crossing = sum(manifest["tensors"][t]["bytes"] for cu in manifest["cus"] for t in cu["inputs"] if t in producer)
+    small = {}
+    for cu_entry, cu in zip(manifest["cus"], partition.cus):
+        if cu.small_reason:
+            small.setdefault(cu.small_reason, []).append(cu_entry["id"])
+    return {
+        "output_dir": str(output_dir),
+        "cus": len(params),
+        "nodes": sum(len(cu["nodes"]) for cu in manifest["cus"]),
+        "fusion_groups": sum(len(cu["fusion_groups"]) for cu in manifest["cus"]),
+        "split_ops": partition.split_ops,
+        "params": {"total": sum(params), "min": min(params, default=0),
+                   "median": statistics.median(params) if params else 0, "max": max(params, default=0)},
+        "max_depth": max((cu["depth"] for cu in manifest["cus"]), default=0),
+        "bytes_crossing_borders": crossing,
+        "small_cus": {reason: ids for reason, ids in sorted(small.items())},
+        "seconds": round(seconds, 3),
+    }
+
+
+@contextmanager
+def _progress(enabled: bool):
+    """A progress bar on stdout when it is a terminal; `step(description, total=..)` starts a step,
+    `step(advance=n)` moves it."""
+    if not enabled or not out.is_terminal:
+        yield lambda *args, **kwargs: None
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=out,
+                  transient=True) as progress:
+        current = {}
+
+        def step(description: str | None = None, total: int | None = None, advance: int = 0):
+            if description is not None:
+                if "task" in current:
+                    progress.update(current["task"], completed=progress.tasks[current["task"]].total or 1)
+                current["task"] = progress.add_task(description, total=total or 1)
+            elif advance:
+                progress.advance(current["task"], advance)
+        yield step
+
+
+def _print_summary(summary: dict) -> None:
+    table = Table(title=f"Decomposed into {summary['output_dir']}", show_header=False)
+    table.add_column("")
+    table.add_column("", justify="right")
+    p = summary["params"]
+    table.add_row("CUs", str(summary["cus"]))
+    table.add_row("nodes / fusion groups", f"{summary['nodes']} / {summary['fusion_groups']}")
+    table.add_row("ops split to fit --max-cu-size", str(summary["split_ops"]))
+    table.add_row("params min / median / max", f"{p['min']:,} / {p['median']:,.0f} / {p['max']:,}")
+    table.add_row("params total", f"{p['total']:,}")
+    table.add_row("max depth", str(summary["max_depth"]))
+    table.add_row("bytes crossing CU borders", f"{summary['bytes_crossing_borders']:,}")
+    table.add_row("time", f"{summary['seconds']:.2f} s")
+    out.print(table)
+    for reason, ids in summary["small_cus"].items():
+        shown = ", ".join(ids[:8]) + (f" ... ({len(ids)} in all)" if len(ids) > 8 else "")
+        out.print(f"{len(ids)} CU(s) stayed under --min-cu-size: {reason}: {shown}")

@@ -1,0 +1,192 @@
+"""Write a partition as files: one self-contained ONNX model per CU plus `manifest.json`.
+
+Each CU model holds only the weights its nodes read; its graph inputs and outputs are the tensors
+that cross its border (named as in the source model), so running the CUs one after the other and
+passing tensors by name reproduces the whole model. The manifest (`cortex.cus/1`) is the contract
+the backends and `build-dag` read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable, TypeVar
+
+import numpy as np
+
+from cortex.flops import node_flops
+from ir import dtypes
+from ir.errors import CortexError
+from ir.graph import Graph, Node, Value, outer_reads
+from ir.onnx_export import export_model
+from passes.partition import Partition
+
+MANIFEST_SCHEMA = "cortex.cus/1"
+MANIFEST = "manifest.json"
+
+T = TypeVar("T")
+
+
+def cu_id(index: int) -> str:
+    return f"cu-{index:04d}"
+
+
+def dtype_name(dtype: int) -> str:
+    """numpy's spelling (float32, int64, bool...), which the manifest and dag.json use."""
+    return np.dtype(dtypes.to_numpy(dtype)).name
+
+
+def tensor_info(v: Value) -> dict:
+    return {"dtype": dtype_name(v.dtype), "shape": list(v.shape), "bytes": v.nbytes}
+
+
+def cu_graph(graph: Graph, nodes: list[Node], name: str, outside_readers: set[int]) -> Graph:
+    """The CU as a graph of its own: inputs are the non-constant values it reads but does not
+    produce; outputs are the values it produces that another CU or the model's output reads."""
+    produced = {id(out) for n in nodes for out in n.outputs}
+    inputs: dict[int, Value] = {}
+    for node in nodes:
+        for v in [*node.present_inputs, *outer_reads(node)]:
+            if not v.is_const and id(v) not in produced:
+                inputs.setdefault(id(v), v)
+    outputs = [out for n in nodes for out in n.outputs if id(out) in outside_readers]
+    return Graph(name=name, nodes=list(nodes), inputs=list(inputs.values()), outputs=outputs,
+                 opset_imports=dict(graph.opset_imports), ir_version=graph.ir_version,
+                 producer_name="cortex", functions=list(graph.functions))
+
+
+def outside_readers(graph: Graph, partition: Partition) -> set[int]:
+    """Values read outside the CU that produces them (by another CU or as a model output)."""
+    cu_of = partition.cu_of()
+    read: set[int] = {id(v) for v in graph.outputs}
+    for node in graph.nodes:
+        for v in [*node.present_inputs, *outer_reads(node)]:
+            producer = v.producer
+            if producer is not None and cu_of.get(id(producer)) != cu_of[id(node)]:
+                read.add(id(v))
+    return read
+
+
+def write_cus(graph: Graph, partition: Partition, out_dir: Path, source: dict, options: dict,
+              on_cu: Callable[[int], None] | None = None) -> dict:
+    """Build the CU folder next to `out_dir` and swap it in; returns the manifest."""
+    crossing = outside_readers(graph, partition)
+
+    def fill(folder: Path) -> dict:
+        tensors: dict[str, dict] = {v.name: tensor_info(v) for v in [*graph.inputs, *graph.outputs]}
+        entries = []
+        for i, cu in enumerate(partition.cus):
+            name = cu_id(i)
+            sub = cu_graph(graph, cu.nodes, name, crossing)
+            if not sub.outputs:
+                raise AssertionError(f"{name} produces nothing another CU or the model reads")
+            data = export_model(sub).SerializeToString()
+            path = folder / name / "cu.onnx"
+            path.parent.mkdir()
+            path.write_bytes(data)
+            for v in [*sub.inputs, *sub.outputs]:
+                tensors[v.name] = tensor_info(v)
+            groups: dict[str, list[str]] = {}
+            for n in cu.nodes:
+                if n.fusion_group is not None:
+                    groups.setdefault(n.fusion_group, []).append(n.name)
+            entries.append({
+                "id": name, "path": f"{name}/cu.onnx", "sha256": hashlib.sha256(data).hexdigest(),
+                "nodes": [n.name for n in cu.nodes],
+                "op_types": sorted({n.op_type for n in cu.nodes}),
+                "fusion_groups": [g for g in groups.values() if len(g) > 1],
+                "params": cu.params, "depth": cu.depth,
+                "flops": sum(node_flops(n) for n in cu.nodes),
+                "inputs": [v.name for v in sub.inputs], "outputs": [v.name for v in sub.outputs],
+            })
+            if on_cu:
+                on_cu(i)
+        manifest = {
+            "schema": MANIFEST_SCHEMA,
+            "model": source,
+            "options": options,
+            "inputs": [{"name": v.name, **_io(v)} for v in graph.inputs],
+            "outputs": [{"name": v.name, **_io(v)} for v in graph.outputs],
+            "tensors": dict(sorted(tensors.items())),
+            "cus": entries,
+        }
+        (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        return manifest
+
+    return write_directory_atomically(out_dir, fill)
+
+
+def _io(v: Value) -> dict:
+    return {"dtype": dtype_name(v.dtype), "shape": list(v.shape)}
+
+
+def write_directory_atomically(out_dir: Path, fill: Callable[[Path], T]) -> T:
+    """Fill a temporary sibling folder, then swap it in for `out_dir`; on any failure `out_dir`
+    is left as it was."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise CortexError(f"output folder {out_dir} exists and is not a folder")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    try:
+        os.chmod(tmp, 0o755)
+        result = fill(tmp)
+        old = None
+        if out_dir.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".old", dir=out_dir.parent))
+            os.replace(out_dir, old / "previous")
+        os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return result
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_manifest(cu_dir: Path, check_hashes: bool = True) -> dict:
+    """The manifest of a CU folder, after checking that every cu.onnx is the one it describes."""
+    path = Path(cu_dir) / MANIFEST
+    if not Path(cu_dir).is_dir():
+        raise CortexError(f"--cu-dir {cu_dir} is not a folder (run 'cortex decompose' first)")
+    if not path.is_file():
+        raise CortexError(f"{cu_dir} has no {MANIFEST} (is it the --output-dir of 'cortex decompose'?)")
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CortexError(f"{path}: not a readable manifest: {e}") from None
+    if not isinstance(manifest, dict) or manifest.get("schema") != MANIFEST_SCHEMA:
+        found = manifest.get("schema") if isinstance(manifest, dict) else None
+        raise CortexError(f"{path}: schema is {found!r}, expected {MANIFEST_SCHEMA!r}")
+    for key in ("model", "inputs", "outputs", "tensors", "cus"):
+        if key not in manifest:
+            raise CortexError(f"{path}: missing key {key!r}")
+    if check_hashes:
+        for cu in manifest["cus"]:
+            model = Path(cu_dir) / cu["path"]
+            if not model.is_file():
+                raise CortexError(f"{path}: {cu['id']} names {cu['path']}, which does not exist")
+            if file_sha256(model) != cu["sha256"]:
+                raise CortexError(f"{model}: its sha256 differs from the manifest's (stale manifest or edited "
+                                  "CU); run 'cortex decompose' again")
+    return manifest
+
+
+def model_info(path: Path, graph: Graph) -> dict:
+    return {"path": str(path), "name": graph.name, "sha256": file_sha256(path),
+            "opsets": dict(sorted(graph.opset_imports.items()))}
+
+
+__all__ = ["write_cus", "read_manifest", "model_info", "cu_graph", "cu_id", "dtype_name"]

@@ -1,0 +1,129 @@
+"""Build `dag.json` (`cortex.dag/1`) from a CU folder: CUs as nodes, tensors as edges, costs, a
+topological order, the parallel schedule (levels) and the critical path by flops.
+
+The JSON Schema ships in the package (`cortex/schemas/dag.schema.json`); `validate_dag` checks a
+document against it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import cache
+from pathlib import Path
+
+import networkx as nx
+
+from cortex.cus import read_manifest
+from ir.errors import CortexError
+
+DAG_SCHEMA = "cortex.dag/1"
+SCHEMA_FILE = Path(__file__).resolve().parent / "schemas" / "dag.schema.json"
+
+
+def build_dag(cu_dir: Path, output: Path) -> dict:
+    """The dag.json document for the CUs in `cu_dir`, with paths relative to `output`'s folder."""
+    cu_dir = Path(cu_dir)
+    manifest = read_manifest(cu_dir)
+    cus = manifest["cus"]
+    producer = {t: cu["id"] for cu in cus for t in cu["outputs"]}
+    consumers: dict[str, list[str]] = {}
+    for cu in cus:
+        for t in cu["inputs"]:
+            consumers.setdefault(t, []).append(cu["id"])
+    info = manifest["tensors"]
+
+    edges = sorted(({"from": producer[t], "to": cu["id"], "tensor": t, "bytes": info[t]["bytes"]}
+                    for cu in cus for t in cu["inputs"] if t in producer),
+                   key=lambda e: (e["from"], e["to"], e["tensor"]))
+    graph = nx.DiGraph()
+    graph.add_nodes_from(cu["id"] for cu in cus)
+    graph.add_edges_from((e["from"], e["to"]) for e in edges)
+    if not nx.is_directed_acyclic_graph(graph):
+        raise CortexError(f"{cu_dir}: the CUs in the manifest form a cycle; run 'cortex decompose' again")
+    order = list(nx.lexicographical_topological_sort(graph))
+    flops = {cu["id"]: int(cu.get("flops", 0)) for cu in cus}
+    base = Path(os.path.relpath(cu_dir.resolve(), Path(output).resolve().parent))
+
+    model = manifest["model"]
+    return {
+        "schema": DAG_SCHEMA,
+        "model": {"name": model.get("name", ""), "sha256": model.get("sha256", ""),
+                  "opsets": model.get("opsets", {})},
+        "options": manifest.get("options", {}),
+        "inputs": manifest["inputs"],
+        "outputs": manifest["outputs"],
+        "tensors": {name: {**t, "producer": producer.get(name), "consumers": sorted(consumers.get(name, []))}
+                    for name, t in sorted(info.items())},
+        "cus": [{"id": cu["id"], "path": (base / cu["path"]).as_posix(), "sha256": cu["sha256"],
+                 "params": cu["params"], "depth": cu["depth"], "flops": flops[cu["id"]],
+                 "op_types": cu["op_types"], "inputs": cu["inputs"], "outputs": cu["outputs"],
+                 "artifacts": {}} for cu in cus],
+        "edges": edges,
+        "order": order,
+        "levels": _levels(graph, order),
+        "critical_path": _critical_path(graph, order, flops),
+    }
+
+
+def _levels(graph: nx.DiGraph, order: list[str]) -> list[list[str]]:
+    """CUs grouped by longest distance from a source: each level only needs earlier levels."""
+    level: dict[str, int] = {}
+    for cu in order:
+        level[cu] = 1 + max((level[p] for p in graph.predecessors(cu)), default=-1)
+    grouped: list[list[str]] = [[] for _ in range(max(level.values(), default=-1) + 1)]
+    for cu in order:
+        grouped[level[cu]].append(cu)
+    return [sorted(g) for g in grouped]
+
+
+def _critical_path(graph: nx.DiGraph, order: list[str], flops: dict[str, int]) -> dict:
+    best: dict[str, tuple[int, str | None]] = {}
+    for cu in order:
+        prev = max(graph.predecessors(cu), key=lambda p: (best[p][0], p), default=None)
+        best[cu] = (flops[cu] + (best[prev][0] if prev else 0), prev)
+    if not best:
+        return {"cus": [], "flops": 0}
+    end = max(order, key=lambda c: (best[c][0], c))
+    path = [end]
+    while best[path[-1]][1] is not None:
+        path.append(best[path[-1]][1])
+    return {"cus": path[::-1], "flops": best[end][0]}
+
+
+def to_dot(dag: dict) -> str:
+    """Graphviz DOT of the same graph: CUs as boxes, tensors as labelled edges."""
+    lines = [f"digraph {json.dumps(dag['model']['name'] or 'model')} {{", "  rankdir=TB;",
+             "  node [shape=box, fontname=\"Helvetica\"];"]
+    for cu in dag["cus"]:
+        label = f"{cu['id']}\\n{', '.join(cu['op_types'])}\\nparams {cu['params']:,}  depth {cu['depth']}"
+        lines.append(f"  {json.dumps(cu['id'])} [label=\"{label}\"];")
+    for name in (i["name"] for i in dag["inputs"]):
+        lines.append(f"  {json.dumps('input:' + name)} [shape=ellipse, label={json.dumps(name)}];")
+    for name in (o["name"] for o in dag["outputs"]):
+        lines.append(f"  {json.dumps('output:' + name)} [shape=ellipse, label={json.dumps(name)}];")
+    for e in dag["edges"]:
+        lines.append(f"  {json.dumps(e['from'])} -> {json.dumps(e['to'])} "
+                     f"[label={json.dumps(e['tensor'] + ' (' + str(e['bytes']) + ' B)')}];")
+    model_inputs = {i["name"] for i in dag["inputs"]}
+    for name, t in dag["tensors"].items():
+        if name in model_inputs:
+            for c in t["consumers"]:
+                lines.append(f"  {json.dumps('input:' + name)} -> {json.dumps(c)};")
+    for o in dag["outputs"]:
+        src = dag["tensors"][o["name"]]["producer"]
+        src_node = src if src is not None else "input:" + o["name"]
+        lines.append(f"  {json.dumps(src_node)} -> {json.dumps('output:' + o['name'])};")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+@cache
+def dag_schema() -> dict:
+    return json.loads(SCHEMA_FILE.read_text())
+
+
+def validate_dag(dag: dict) -> None:
+    """Raise jsonschema.ValidationError if `dag` does not follow the cortex.dag/1 schema."""
+    import jsonschema
+    jsonschema.validate(dag, dag_schema())

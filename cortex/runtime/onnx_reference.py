@@ -1,0 +1,42 @@
+"""Run a dag.json with onnxruntime, one CU model after the other in the dag's topological order.
+
+The reference device: it needs nothing but the CU models, so it checks a decomposition on its own
+and is the yardstick the compiled backends are compared with.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from cortex.cus import file_sha256
+from ir.errors import CortexError
+
+
+def run_dag(dag_path: Path, feeds: dict[str, np.ndarray], optimize: bool = False) -> dict[str, np.ndarray]:
+    """The model's outputs by name. Graph optimisations are off by default so each kernel is
+    onnxruntime's plain one, whichever way the model was cut."""
+    dag_path = Path(dag_path)
+    dag = json.loads(dag_path.read_text())
+    cus = {cu["id"]: cu for cu in dag["cus"]}
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    if not optimize:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    env: dict[str, np.ndarray] = {}
+    for spec in dag["inputs"]:
+        if spec["name"] not in feeds:
+            raise CortexError(f"no value given for the model input {spec['name']!r}")
+        env[spec["name"]] = np.asarray(feeds[spec["name"]])
+    for cu_id in dag["order"]:
+        cu = cus[cu_id]
+        path = dag_path.parent / cu["path"]
+        if file_sha256(path) != cu["sha256"]:
+            raise CortexError(f"{path}: sha256 differs from {dag_path}; rebuild the dag")
+        session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        results = session.run(cu["outputs"], {name: env[name] for name in cu["inputs"]})
+        env.update(zip(cu["outputs"], results))
+    return {spec["name"]: env[spec["name"]] for spec in dag["outputs"]}

@@ -1,0 +1,352 @@
+"""Partition an optimised graph into computation units (CUs).
+
+A CU is a convex set of nodes (no path leaves it and comes back), so CUs form a DAG. Fusion groups
+are atoms: they are never cut and count as one op of depth. Limits: a CU owns at most
+`max_cu_size` parameters (too-large ops are split first, see `split_large_ops`), its longest op
+path is at most `max_cu_depth` atoms, and CUs under `min_cu_size` parameters are merged into a
+neighbour where that keeps the limits and convexity.
+
+How it stays near-linear on large graphs:
+1. Greedy, in topological order of atoms: an atom joins the CU of its most recently created
+   producer CU, if depth and size allow, otherwise starts a new CU. Joining the newest producer CU
+   keeps "creation order is a topological order of the CU graph", and under that invariant the
+   join is always convex: no other producer CU can be downstream of the newest one.
+2. Merges of neighbouring CUs (small ones first): a merge of X -> Y is convex when no path
+   X -> Z -> Y exists; the search for one only visits CUs that lie between X and Y in the current
+   topological order, and the same search yields the reordering that keeps the order topological.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+from ir.errors import CortexError
+from ir.graph import Graph, Node, Value, outer_reads
+from passes.base import Pass
+from passes.split_large_ops import split_large_ops
+
+DEPTH = "merging would exceed --max-cu-depth"
+SIZE = "merging would exceed --max-cu-size"
+CONVEXITY = "merging would break convexity (a path leaves and re-enters)"
+ALONE = "no neighbouring CU"
+
+
+@dataclass
+class CU:
+    """One computation unit: its nodes in topological order and what the limits measure."""
+    nodes: list[Node]
+    params: int
+    depth: int
+    small_reason: str | None = None   # why it stayed under --min-cu-size, when it did
+
+
+@dataclass
+class Partition:
+    cus: list[CU]                      # in a topological order of the CU graph
+    split_ops: int = 0                 # ops split along output channels to respect --max-cu-size
+
+    def cu_of(self) -> dict[int, int]:
+        return {id(n): i for i, cu in enumerate(self.cus) for n in cu.nodes}
+
+
+@dataclass
+class PartitionIntoCUs(Pass):
+    name = "partition-into-cus"
+    min_cu_size: int = 256
+    max_cu_size: int | None = 1_000_000
+    max_cu_depth: int = 3
+    result: Partition | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self):
+        check_limits(self.min_cu_size, self.max_cu_size, self.max_cu_depth)
+
+    def run(self, graph: Graph) -> Graph:
+        materialize_constant_outputs(graph)
+        split = split_large_ops(graph, self.max_cu_size) if self.max_cu_size is not None else 0
+        self.result = partition_graph(graph, self.min_cu_size, self.max_cu_size, self.max_cu_depth)
+        self.result.split_ops = split
+        return graph
+
+
+def check_limits(min_cu_size: int, max_cu_size: int | None, max_cu_depth: int) -> None:
+    if max_cu_depth < 1:
+        raise CortexError(f"--max-cu-depth must be at least 1 (got {max_cu_depth})")
+    if min_cu_size < 0:
+        raise CortexError(f"--min-cu-size must not be negative (got {min_cu_size})")
+    if max_cu_size is not None and max_cu_size < 1:
+        raise CortexError(f"--max-cu-size must be at least 1 (got {max_cu_size})")
+    if max_cu_size is not None and min_cu_size > max_cu_size:
+        raise CortexError(f"--min-cu-size {min_cu_size} is larger than --max-cu-size {max_cu_size}")
+
+
+def materialize_constant_outputs(graph: Graph) -> None:
+    """A model output that is a constant gets an Identity node, so some CU produces it."""
+    for i, v in enumerate(graph.outputs):
+        if not v.is_const:
+            continue
+        source = Value(graph.fresh_name(f"{v.name}_value"), v.dtype, v.shape, v.const)
+        v.const = None
+        graph.nodes.append(Node("Identity", [source], [v], name=graph.fresh_name(f"{v.name}_identity")))
+
+
+def node_constants(node: Node) -> list[Value]:
+    """Constants a node reads, including those its subgraphs read."""
+    found = [v for v in node.present_inputs if v.is_const]
+    for sub in node.subgraphs:
+        found.extend(sub.constants())
+        for inner in sub.walk():
+            for s in inner.subgraphs:
+                found.extend(s.constants())
+    return found
+
+
+# -- atoms: fusion groups and lone nodes ---------------------------------------------------------
+@dataclass
+class _Atoms:
+    nodes: list[list[Node]]            # atom -> its nodes (graph order)
+    preds: list[list[int]]             # atom -> producer atoms (deduplicated)
+    succs: list[list[int]]
+    consts: list[dict[int, int]]       # atom -> {id(const): elements}
+
+
+def _build_atoms(graph: Graph) -> _Atoms:
+    atom_of_group: dict[str, int] = {}
+    atom_of_node: dict[int, int] = {}
+    nodes: list[list[Node]] = []
+    for node in graph.nodes:
+        if node.fusion_group is not None and node.fusion_group in atom_of_group:
+            a = atom_of_group[node.fusion_group]
+        else:
+            a = len(nodes)
+            nodes.append([])
+            if node.fusion_group is not None:
+                atom_of_group[node.fusion_group] = a
+        nodes[a].append(node)
+        atom_of_node[id(node)] = a
+    producer_atom = {id(out): atom_of_node[id(n)] for n in graph.nodes for out in n.outputs}
+    preds: list[list[int]] = [[] for _ in nodes]
+    succs: list[list[int]] = [[] for _ in nodes]
+    consts: list[dict[int, int]] = [{} for _ in nodes]
+    for a, members in enumerate(nodes):
+        seen = set()
+        for node in members:
+            for v in [*node.present_inputs, *outer_reads(node)]:
+                p = producer_atom.get(id(v))
+                if p is not None and p != a and p not in seen:
+                    seen.add(p)
+                    preds[a].append(p)
+                    succs[p].append(a)
+            for c in node_constants(node):
+                consts[a][id(c)] = int(c.const.size)
+    return _Atoms(nodes, preds, succs, consts)
+
+
+def _atom_order(atoms: _Atoms) -> list[int]:
+    """Kahn's algorithm, always taking the atom that came first in the graph: deterministic, and it
+    keeps chains together the way the model lists them."""
+    indegree = [len(p) for p in atoms.preds]
+    ready = [a for a, d in enumerate(indegree) if d == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        a = heapq.heappop(ready)
+        order.append(a)
+        for s in atoms.succs[a]:
+            indegree[s] -= 1
+            if indegree[s] == 0:
+                heapq.heappush(ready, s)
+    if len(order) != len(atoms.nodes):
+        raise CortexError("the fusion groups form a cycle; the graph cannot be partitioned")
+    return order
+
+
+# -- the partitioner ------------------------------------------------------------------------------
+class _Partitioner:
+    def __init__(self, atoms: _Atoms, min_size: int, max_size: int | None, max_depth: int):
+        self.atoms, self.min_size, self.max_depth = atoms, min_size, max_depth
+        self.max_size = max_size if max_size is not None else float("inf")
+        self.rank = [0] * len(atoms.nodes)          # atom -> position in topological order
+        self.cu_of: list[int] = [-1] * len(atoms.nodes)
+        self.depth_in_cu: list[int] = [0] * len(atoms.nodes)
+        self.members: dict[int, list[int]] = {}     # CU -> atoms
+        self.consts: dict[int, dict[int, int]] = {}
+        self.depth: dict[int, int] = {}
+        self.preds: dict[int, set[int]] = {}
+        self.succs: dict[int, set[int]] = {}
+        self.order: list[int | None] = []           # CUs in topological order (None: merged away)
+        self.pos: dict[int, int] = {}
+        self.reasons: dict[int, str] = {}           # CU -> why its last merge attempt failed
+
+    # greedy phase
+    def grow(self) -> None:
+        order = _atom_order(self.atoms)
+        for r, a in enumerate(order):
+            self.rank[a] = r
+        for a in order:
+            size = sum(self.atoms.consts[a].values())
+            if size > self.max_size:
+                node = self.atoms.nodes[a][0]
+                raise CortexError(f"{node.describe()} holds {size:,} parameters, more than --max-cu-size "
+                                  f"{int(self.max_size):,}, and cannot be split; raise --max-cu-size")
+            pred_cus = {self.cu_of[p] for p in self.atoms.preds[a]}
+            target = max(pred_cus, key=self.pos.__getitem__) if pred_cus else None
+            if target is not None:
+                d = 1 + max(self.depth_in_cu[p] for p in self.atoms.preds[a] if self.cu_of[p] == target)
+                if d <= self.max_depth and self._params_with(target, self.atoms.consts[a]) <= self.max_size:
+                    self._add(target, a, d)
+                    for p in pred_cus - {target}:
+                        self._link(p, target)
+                    continue
+            cu = len(self.pos)
+            self.members[cu], self.consts[cu], self.depth[cu] = [], {}, 0
+            self.preds[cu], self.succs[cu] = set(), set()
+            self.pos[cu] = len(self.order)
+            self.order.append(cu)
+            self._add(cu, a, 1)
+            for p in pred_cus:
+                self._link(p, cu)
+
+    def _add(self, cu: int, a: int, depth: int) -> None:
+        self.cu_of[a] = cu
+        self.depth_in_cu[a] = depth
+        self.members[cu].append(a)
+        self.consts[cu].update(self.atoms.consts[a])
+        self.depth[cu] = max(self.depth[cu], depth)
+
+    def _link(self, src: int, dst: int) -> None:
+        self.succs[src].add(dst)
+        self.preds[dst].add(src)
+
+    def _params_with(self, cu: int, extra: dict[int, int]) -> int:
+        mine = self.consts[cu]
+        return sum(mine.values()) + sum(n for k, n in extra.items() if k not in mine)
+
+    def params(self, cu: int) -> int:
+        return sum(self.consts[cu].values())
+
+    # merge phase
+    def merge_neighbours(self, rounds: int = 3) -> None:
+        for _ in range(rounds):
+            merged = False
+            alive = sorted(self.members, key=lambda c: (self.params(c) >= self.min_size, self.params(c), self.pos[c]))
+            for cu in alive:
+                if cu in self.members and self._merge_best_neighbour(cu):
+                    merged = True
+            if not merged:
+                break
+
+    def _merge_best_neighbour(self, cu: int) -> bool:
+        best = None
+        reasons = set()
+        for other in sorted(self.preds[cu] | self.succs[cu], key=self.pos.__getitem__):
+            x, y = (other, cu) if other in self.preds[cu] else (cu, other)
+            outcome = self._try(x, y)
+            if isinstance(outcome, str):
+                reasons.add(outcome)
+                continue
+            depths, between = outcome
+            gain = self._params_with(x, self.consts[y])
+            if best is None or gain < best[0]:
+                best = (gain, x, y, depths, between)
+        if best is None:
+            self.reasons[cu] = "; ".join(sorted(reasons)) or ALONE
+            return False
+        _, x, y, depths, between = best
+        self._merge(x, y, depths, between)
+        return True
+
+    def _try(self, x: int, y: int):
+        """Merge X into its consumer Y? Returns why not, or the new atom depths and the CUs that
+        lie between them in the order and are reachable from X (moved after the merged CU)."""
+        if self._params_with(x, self.consts[y]) > self.max_size:
+            return SIZE
+        depths = self._merged_depths(self.members[x] + self.members[y])
+        if max(depths.values()) > self.max_depth:
+            return DEPTH
+        reachable = self._reachable_between(x, y)
+        if reachable is None:
+            return CONVEXITY
+        return depths, reachable
+
+    def _merged_depths(self, atoms: list[int]) -> dict[int, int]:
+        inside = set(atoms)
+        depths: dict[int, int] = {}
+        for a in sorted(atoms, key=self.rank.__getitem__):
+            depths[a] = 1 + max((depths[p] for p in self.atoms.preds[a] if p in inside), default=0)
+        return depths
+
+    def _reachable_between(self, x: int, y: int) -> list[int] | None:
+        """CUs reachable from X through something other than Y, limited to those ordered before Y;
+        None if Y is among them (X -> Z -> Y: merging would make a cycle)."""
+        limit = self.pos[y]
+        seen: set[int] = set()
+        stack = [s for s in self.succs[x] if s != y]
+        while stack:
+            c = stack.pop()
+            if c in seen or self.pos[c] > limit:
+                continue
+            if c == y:
+                return None
+            seen.add(c)
+            stack.extend(self.succs[c])
+        return sorted(seen, key=self.pos.__getitem__)
+
+    def _merge(self, x: int, y: int, depths: dict[int, int], between: list[int]) -> None:
+        """Fold X into Y. Y takes the place after every CU between them that X does not reach, and
+        the ones X reaches move after Y: the order stays topological."""
+        lo, hi = self.pos[x], self.pos[y]
+        moved = set(between)
+        span = hi + 1 - lo
+        window = [c for c in self.order[lo:hi + 1] if c is not None and c not in moved and c not in (x, y)]
+        new_window = [None] * (span - len(window) - 1 - len(between)) + window + [y] + between
+        self.order[lo:hi + 1] = new_window
+        for i, c in enumerate(new_window, start=lo):
+            if c is not None:
+                self.pos[c] = i
+        for a in self.members[x]:
+            self.cu_of[a] = y
+        self.members[y] = sorted(self.members[x] + self.members[y], key=self.rank.__getitem__)
+        self.consts[y].update(self.consts[x])
+        for a, d in depths.items():
+            self.depth_in_cu[a] = d
+        self.depth[y] = max(depths.values())
+        for p in self.preds[x]:
+            self.succs[p].discard(x)
+            if p != y:
+                self._link(p, y)
+        for s in self.succs[x]:
+            self.preds[s].discard(x)
+            if s != y:
+                self._link(y, s)
+        self.preds[y].discard(x)
+        for table in (self.members, self.consts, self.depth, self.preds, self.succs, self.pos):
+            del table[x]
+        self.reasons.pop(x, None)
+        self.reasons.pop(y, None)
+
+    def result(self) -> Partition:
+        cus = []
+        for cu in self.order:
+            if cu is None:
+                continue
+            nodes = [n for a in self.members[cu] for n in self.atoms.nodes[a]]
+            params = self.params(cu)
+            reason = self.reasons.get(cu) if params < self.min_size else None
+            cus.append(CU(nodes, params, self.depth[cu], reason))
+        return Partition(cus)
+
+
+def partition_graph(graph: Graph, min_cu_size: int = 256, max_cu_size: int | None = 1_000_000,
+                    max_cu_depth: int = 3) -> Partition:
+    """Assign every node to exactly one CU (see the module doc for how)."""
+    check_limits(min_cu_size, max_cu_size, max_cu_depth)
+    graph.topologically_sort()
+    partitioner = _Partitioner(_build_atoms(graph), min_cu_size, max_cu_size, max_cu_depth)
+    partitioner.grow()
+    partitioner.merge_neighbours()
+    part = partitioner.result()
+    position = {id(n): i for i, n in enumerate(graph.nodes)}
+    for cu in part.cus:
+        cu.nodes.sort(key=lambda n: position[id(n)])
+    return part

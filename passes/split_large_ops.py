@@ -1,0 +1,220 @@
+"""Split an op whose weights alone exceed the CU size cap along its output channels.
+
+The registry says which input of an op is its weight and on which axes of the weight and of the
+output the output channels live (`weight_input`, `weight_axis`, `output_axis`). A too-large op
+becomes k copies, each owning a contiguous slice of the channels, joined by a Concat along the
+output's channel axis. The fused epilogue that follows the op (bias Add, Relu, Mul by a per-channel
+scale...) is split with it as long as its other inputs are constants that are per-channel or
+broadcast along that axis; the rest of the epilogue stays after the Concat.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import AttributeProto
+
+from ir.errors import CortexError
+from ir.graph import Graph, Node, Value
+from ir.ops import lookup
+from passes.base import Pass
+
+
+@dataclass
+class SplitLargeOps(Pass):
+    name = "split-large-ops"
+    max_cu_size: int | None = None
+
+    def run(self, graph: Graph) -> Graph:
+        if self.max_cu_size is not None:
+            split_large_ops(graph, self.max_cu_size)
+        return graph
+
+
+def split_large_ops(graph: Graph, max_params: int) -> int:
+    """Rewrite every fusion group (or lone node) holding more than `max_params` parameters."""
+    groups: dict[str, list[Node]] = {}
+    units: list[list[Node]] = []
+    for node in graph.nodes:
+        if node.fusion_group is None:
+            units.append([node])
+        elif node.fusion_group not in groups:
+            groups[node.fusion_group] = [node]
+            units.append(groups[node.fusion_group])
+        else:
+            groups[node.fusion_group].append(node)
+    replaced: dict[int, list[Node]] = {}
+    for unit in units:
+        if unit_params(unit) <= max_params:
+            continue
+        new_nodes = _split_unit(graph, unit, max_params)
+        replaced[id(unit[0])] = new_nodes
+        for node in unit[1:]:
+            replaced[id(node)] = []
+    if not replaced:
+        return 0
+    graph.nodes = [n for node in graph.nodes for n in replaced.get(id(node), [node])]
+    graph.topologically_sort()
+    return sum(1 for nodes in replaced.values() if nodes)
+
+
+def unit_params(nodes: list[Node]) -> int:
+    consts = {id(v): v for n in nodes for v in n.present_inputs if v.is_const}
+    return sum(int(v.const.size) for v in consts.values())
+
+
+@dataclass
+class _Plan:
+    """How each split node's inputs divide: `axes[i]` is the input axis to slice, or None to share."""
+    node: Node
+    axes: list[int | None]
+
+
+def _split_unit(graph: Graph, unit: list[Node], max_params: int) -> list[Node]:
+    anchor_index = next((i for i, n in enumerate(unit) if _weight_axis(n) is not None), None)
+    if anchor_index is None:
+        worst = max(unit, key=lambda n: unit_params([n]))
+        raise CortexError(f"{worst.describe()} holds {unit_params(unit):,} parameters, more than "
+                          f"--max-cu-size {max_params:,}, and Cortex cannot split {worst.op_type} along its "
+                          "output channels; raise --max-cu-size")
+    anchor = unit[anchor_index]
+    entry = lookup(anchor.op_type, anchor.domain)
+    out = anchor.outputs[0]
+    channel_axis = entry.output_axis(anchor) % len(out.shape) - len(out.shape)  # negative: broadcast-safe
+    channels = out.shape[channel_axis]
+    plans = [_Plan(anchor, _anchor_axes(anchor, entry, channels, channel_axis))]
+    # The epilogue after the anchor splits while its constants are per-channel or broadcast.
+    for node in unit[anchor_index + 1:]:
+        axes = _epilogue_axes(node, plans[-1].node.outputs[0], channels, channel_axis)
+        if axes is None:
+            break
+        plans.append(_Plan(node, axes))
+    before = unit[:anchor_index]
+    after = unit[anchor_index + len(plans):]
+
+    per_channel, shared = 0, {}
+    for plan in plans:
+        for v, axis in zip(plan.node.inputs, plan.axes):
+            if v is None or not v.is_const:
+                continue
+            if axis is None:
+                shared[id(v)] = int(v.const.size)
+            else:
+                per_channel += int(v.const.size) // channels
+    shared_params = sum(shared.values())
+    if shared_params + per_channel > max_params:
+        raise CortexError(f"{anchor.describe()}: one output channel needs {shared_params + per_channel:,} "
+                          f"parameters, more than --max-cu-size {max_params:,}; raise --max-cu-size")
+    per_piece = (max_params - shared_params) // per_channel
+    pieces = math.ceil(channels / per_piece)
+    bounds = np.linspace(0, channels, pieces + 1).round().astype(int)  # balanced contiguous slices
+
+    joined = plans[-1].node.outputs[0]
+    label = anchor.fusion_group or anchor.name
+    new_nodes: list[Node] = list(before)
+    piece_outputs = []
+    for k in range(pieces):
+        lo, hi = int(bounds[k]), int(bounds[k + 1])
+        group = f"{label}/part{k}" if len(plans) > 1 else None
+        prev: Value | None = None
+        for plan in plans:
+            inputs = []
+            for v, axis in zip(plan.node.inputs, plan.axes):
+                if v is not None and prev is not None and v is plan_input(plan, plans):
+                    inputs.append(prev)
+                elif v is not None and axis is not None:
+                    inputs.append(_slice_constant(graph, v, axis, lo, hi, k))
+                else:
+                    inputs.append(v)
+            result = plan.node.outputs[0]
+            shape = list(result.shape)
+            shape[channel_axis] = hi - lo
+            piece = Value(graph.fresh_name(f"{result.name}_part{k}"), result.dtype, tuple(shape))
+            new_nodes.append(Node(plan.node.op_type, inputs, [piece], dict(plan.node.attrs),
+                                  graph.fresh_name(f"{plan.node.name}_part{k}"), plan.node.domain,
+                                  dict(plan.node.attr_types), plan.node.doc_string, group))
+            prev = piece
+        piece_outputs.append(prev)
+    axis = channel_axis % len(joined.shape)
+    new_nodes.append(Node("Concat", piece_outputs, [joined], {"axis": axis},
+                          graph.fresh_name(f"{anchor.name}_join"), attr_types={"axis": AttributeProto.INT}))
+    for node in before + after:
+        if len(before) + len(after) < 2:
+            node.fusion_group = None
+    new_nodes.extend(after)
+    return new_nodes
+
+
+def plan_input(plan: _Plan, plans: list[_Plan]) -> Value | None:
+    """The value an epilogue node reads from the previous split node (None for the anchor)."""
+    i = plans.index(plan)
+    return plans[i - 1].node.outputs[0] if i > 0 else None
+
+
+def _weight_axis(node: Node) -> int | None:
+    entry = lookup(node.op_type, node.domain)
+    if entry is None or entry.weight_input is None or entry.weight_axis is None or entry.output_axis is None:
+        return None
+    if len(node.inputs) <= entry.weight_input or node.inputs[entry.weight_input] is None:
+        return None
+    weight = node.inputs[entry.weight_input]
+    if not weight.is_const or weight.const.ndim < 2 or len(node.outputs) != 1:
+        return None
+    if node.attrs.get("group", 1) != 1:  # grouped Conv: output channels are tied to input groups
+        return None
+    if entry.weight_axis(node) is None or entry.output_axis(node) is None:
+        return None
+    if not node.outputs[0].is_static:
+        return None
+    return entry.weight_axis(node) % weight.const.ndim
+
+
+def _anchor_axes(node: Node, entry, channels: int, channel_axis: int) -> list[int | None]:
+    axes: list[int | None] = []
+    for i, v in enumerate(node.inputs):
+        if i == entry.weight_input:
+            axes.append(entry.weight_axis(node) % v.const.ndim)
+        elif v is None or not v.is_const:
+            axes.append(None)
+        elif v.const.ndim == 1 and v.const.shape[0] == channels:
+            axes.append(0)  # a bias vector over the output channels (Conv B, Gemm C)
+        else:
+            axis = _broadcast_axis(v, channels, channel_axis)
+            if axis is False:
+                raise CortexError(f"{node.describe()}: cannot split input {v.name!r} along the output channels")
+            axes.append(axis)
+    return axes
+
+
+def _epilogue_axes(node: Node, chained: Value, channels: int, channel_axis: int) -> list[int | None] | None:
+    out = node.outputs[0]
+    if out.shape is None or len(out.shape) < -channel_axis or out.shape[channel_axis] != channels:
+        return None
+    axes: list[int | None] = []
+    for v in node.inputs:
+        if v is chained or v is None:
+            axes.append(None)
+        elif not v.is_const:
+            return None
+        else:
+            axis = _broadcast_axis(v, channels, channel_axis)
+            if axis is False:
+                return None
+            axes.append(axis)
+    return axes
+
+
+def _broadcast_axis(v: Value, channels: int, channel_axis: int):
+    """The constant's axis aligned with the output channels (numpy broadcasting aligns from the
+    right); None when it broadcasts along them; False when it does neither."""
+    axis = v.const.ndim + channel_axis
+    if axis < 0 or v.const.shape[axis] == 1:
+        return None
+    return axis if v.const.shape[axis] == channels else False
+
+
+def _slice_constant(graph: Graph, v: Value, axis: int, lo: int, hi: int, k: int) -> Value:
+    part = np.ascontiguousarray(np.take(v.const, np.arange(lo, hi), axis=axis))
+    return Value(graph.fresh_name(f"{v.name}_part{k}"), v.dtype, tuple(part.shape), part)
