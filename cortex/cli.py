@@ -28,6 +28,9 @@ def _group() -> None:
 from cortex.commands import inspect_model  # noqa: E402
 
 app.command("inspect")(inspect_model.inspect)
+from cortex.commands import build_dag, decompose  # noqa: E402
+app.command("decompose")(decompose.decompose)
+app.command("build-dag")(build_dag.build_dag)
 
 
 def main(argv: list[str] | None = None) -> None:
