@@ -17,3 +17,185 @@ register("Dropout", kind=ELEMENTWISE)  # inference mode is Identity; Simplify re
 
 register("RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
          "Bernoulli", kind=RANDOM)
+
+
+# -- lowerings to loop nests: one expression per op over the broadcast inputs --------------------
+
+import math  # noqa: E402
+
+from ir.loops.expr import (cast, eq, ge, gt, le, logical_and, logical_or, lt, maximum, minimum, ne,  # noqa: E402
+                           select, unary)
+from ir.ops.registry import lowering  # noqa: E402
+
+
+def _exp(x): return unary("exp", x)
+def _log(x): return unary("log", x)
+def _sigmoid(x): return 1.0 / (1.0 + _exp(-x))
+def _softplus(x): return select(gt(x, 20.0), x, _log(1.0 + _exp(x)))
+def _attr(node, key, default): return node.attrs.get(key, default)
+
+
+def _sign(x):
+    return select(gt(x, 0), 1, select(lt(x, 0), -1, 0))
+
+
+def _gelu(node, x):
+    if _attr(node, "approximate", "none") == "tanh":
+        inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)
+        return 0.5 * x * (1.0 + unary("tanh", inner))
+    return 0.5 * x * (1.0 + unary("erf", x * (1.0 / math.sqrt(2.0))))
+
+
+def _int_mod(a, b):
+    """Python-style remainder (sign of the divisor), ONNX Mod with fmod=0 on integers."""
+    r = a % b
+    return select(logical_and(ne(r, 0), ne(lt(r, 0), lt(b, 0))), r + b, r)
+
+
+def _pow(x, y):
+    if y.type != x.type:
+        y = cast(y, x.type)
+    if x.type in ("i32", "i64"):
+        return cast(unary("nearest", _fpow(cast(x, "f64"), cast(y, "f64"))), x.type)
+    return _fpow(x, y)
+
+
+def _fpow(x, y):
+    from ir.loops.expr import Const, binary
+    if isinstance(y, Const) and y.value == 2.0:
+        return x * x
+    if isinstance(y, Const) and y.value == 0.5:
+        return unary("sqrt", x)
+    if isinstance(y, Const) and y.value == 1.0:
+        return x
+    return binary("pow", x, y)
+
+
+def _fold(fn, xs):
+    acc = xs[0]
+    for x in xs[1:]:
+        acc = fn(acc, x)
+    return acc
+
+
+_SELU_ALPHA, _SELU_GAMMA = 1.67326319217681884765625, 1.05070102214813232421875
+
+ELEMENTWISE_EXPRESSIONS = {
+    "Abs": lambda n, x: unary("abs", x),
+    "Neg": lambda n, x: -x,
+    "Reciprocal": lambda n, x: 1.0 / x,
+    "Floor": lambda n, x: unary("floor", x),
+    "Ceil": lambda n, x: unary("ceil", x),
+    "Round": lambda n, x: unary("nearest", x),
+    "Sqrt": lambda n, x: unary("sqrt", x),
+    "Exp": lambda n, x: _exp(x),
+    "Log": lambda n, x: _log(x),
+    "Sign": lambda n, x: _sign(x),
+    "Relu": lambda n, x: maximum(x, 0),
+    "LeakyRelu": lambda n, x: select(lt(x, 0), x * _attr(n, "alpha", 0.01), x),
+    "PRelu": lambda n, x, slope: select(lt(x, 0), x * slope, x),
+    "Elu": lambda n, x: select(lt(x, 0), _attr(n, "alpha", 1.0) * (_exp(x) - 1.0), x),
+    "Selu": lambda n, x: select(le(x, 0), _attr(n, "gamma", _SELU_GAMMA) * (_attr(n, "alpha", _SELU_ALPHA) * _exp(x)
+                                                                            - _attr(n, "alpha", _SELU_ALPHA)),
+                                _attr(n, "gamma", _SELU_GAMMA) * x),
+    "Celu": lambda n, x: maximum(x, 0.0) + minimum(0.0, _attr(n, "alpha", 1.0)
+                                                   * (_exp(x / _attr(n, "alpha", 1.0)) - 1.0)),
+    "ThresholdedRelu": lambda n, x: select(gt(x, _attr(n, "alpha", 1.0)), x, 0.0),
+    "Sigmoid": lambda n, x: _sigmoid(x),
+    "HardSigmoid": lambda n, x: maximum(0.0, minimum(1.0, _attr(n, "alpha", 0.2) * x + _attr(n, "beta", 0.5))),
+    "HardSwish": lambda n, x: x * maximum(0.0, minimum(1.0, x * (1.0 / 6.0) + 0.5)),
+    "Tanh": lambda n, x: unary("tanh", x),
+    "Softplus": lambda n, x: _softplus(x),
+    "Softsign": lambda n, x: x / (1.0 + unary("abs", x)),
+    "Gelu": _gelu,
+    "Mish": lambda n, x: x * unary("tanh", _softplus(x)),
+    "Swish": lambda n, x: x * _sigmoid(x * _attr(n, "alpha", 1.0)),
+    "Erf": lambda n, x: unary("erf", x),
+    **{op: (lambda name: lambda n, x: unary(name, x))(op.lower())
+       for op in ("Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh")},
+    "Not": lambda n, x: unary("not", x),
+    "BitwiseNot": lambda n, x: _xor(x, -1),
+    "IsNaN": lambda n, x: unary("isnan", x),
+    "IsInf": lambda n, x: logical_or(unary("isinf_pos", x) if _attr(n, "detect_positive", 1) else 0,
+                                     unary("isinf_neg", x) if _attr(n, "detect_negative", 1) else 0),
+    "Shrink": lambda n, x: select(lt(x, -_attr(n, "lambd", 0.5)), x + _attr(n, "bias", 0.0),
+                                  select(gt(x, _attr(n, "lambd", 0.5)), x - _attr(n, "bias", 0.0), 0.0)),
+    "Add": lambda n, a, b: a + b,
+    "Sub": lambda n, a, b: a - b,
+    "Mul": lambda n, a, b: a * b,
+    "Div": lambda n, a, b: a / b,
+    "Pow": lambda n, a, b: _pow(a, b),
+    "Mod": lambda n, a, b: a % b if _attr(n, "fmod", 0) or a.type in ("f32", "f64") else _int_mod(a, b),
+    "Max": lambda n, *xs: _fold(maximum, xs),
+    "Min": lambda n, *xs: _fold(minimum, xs),
+    "Sum": lambda n, *xs: _fold(lambda a, b: a + b, xs),
+    "Mean": lambda n, *xs: _fold(lambda a, b: a + b, xs) / float(len(xs)),
+    "Equal": lambda n, a, b: eq(a, b),
+    "Less": lambda n, a, b: lt(a, b),
+    "LessOrEqual": lambda n, a, b: le(a, b),
+    "Greater": lambda n, a, b: gt(a, b),
+    "GreaterOrEqual": lambda n, a, b: ge(a, b),
+    "And": lambda n, a, b: logical_and(a, b),
+    "Or": lambda n, a, b: logical_or(a, b),
+    "Xor": lambda n, a, b: _xor(a, b),
+    "BitwiseAnd": lambda n, a, b: logical_and(a, b),
+    "BitwiseOr": lambda n, a, b: logical_or(a, b),
+    "BitwiseXor": lambda n, a, b: _xor(a, b),
+    "BitShift": lambda n, a, b: _shift("shl" if _attr(n, "direction", "LEFT") == "LEFT" else "shr", a, b),
+    "Where": lambda n, c, a, b: select(c, a, b),
+}
+
+
+def _xor(a, b):
+    from ir.loops.expr import binary
+    return binary("xor", a, b)
+
+
+def _shift(op, a, b):
+    from ir.loops.expr import binary
+    return binary(op, a, b)
+
+
+def _lower_expression(fn):
+    return lambda b, node: b.elementwise(node, lambda *xs: fn(node, *xs))
+
+
+for _op, _fn in ELEMENTWISE_EXPRESSIONS.items():
+    lowering("loops", _op)(_lower_expression(_fn))
+
+
+@lowering("loops", "Clip")
+def _clip(b, node):
+    low, high = node.attrs.get("min"), node.attrs.get("max")   # opset < 11 keeps the bounds in attributes
+
+    def clip(x, lo=None, hi=None):
+        lo = lo if lo is not None else low
+        hi = hi if hi is not None else high
+        if lo is not None:
+            x = maximum(x, lo)
+        if hi is not None:
+            x = minimum(x, hi)
+        return x
+    b.elementwise(node, clip)
+
+
+@lowering("loops", "Cast", "CastLike")
+def _cast(b, node):
+    out = b.output(node)
+    if out.dtype == "bool":
+        b.elementwise(node, lambda x, *_: ne(x, 0))
+    else:
+        b.elementwise(node, lambda x, *_: cast(x, out.compute_type))
+
+
+@lowering("loops", "Identity")
+def _identity(b, node):
+    b.alias(node.outputs[0], b.input(node, 0))
+
+
+@lowering("loops", "Dropout")
+def _dropout(b, node):
+    """Inference: the data passes through and the mask, if asked for, is all true."""
+    b.alias(node.outputs[0], b.input(node, 0))
+    if len(node.outputs) > 1 and node.outputs[1].name:
+        b.fill(b.output(node, 1), 1)

@@ -1,0 +1,106 @@
+"""WAT text -> validated .wasm bytes.
+
+`wasmtime.wat2wasm` assembles the code; the weights are then written straight into the binary's
+data section (the WAT carries empty segments as placeholders), which keeps multi-megabyte weights
+out of the text. The result is validated against an engine with the module's features enabled.
+"""
+
+from __future__ import annotations
+
+import wasmtime
+
+from backends.wasm.options import WasmOptions
+from ir.errors import CortexError
+from ir.loops.program import WEIGHT, Program
+
+_DATA_SECTION = 11
+
+
+def assemble(wat: str, program: Program, options: WasmOptions) -> bytes:
+    try:
+        code = bytes(wasmtime.wat2wasm(wat))
+    except wasmtime.WasmtimeError as e:
+        raise RuntimeError(f"generated WAT does not assemble: {str(e).splitlines()[0]}") from e
+    weights = [s for s in program.storages if s.kind == WEIGHT and s.nbytes]
+    if weights:
+        code = _replace_data_section(code, _data_section(weights, options.bulk_memory))
+    validate(code, options)
+    return code
+
+
+def make_engine(options: WasmOptions) -> wasmtime.Engine:
+    config = wasmtime.Config()
+    config.wasm_simd = options.simd
+    config.wasm_relaxed_simd = options.relaxed_simd
+    config.wasm_bulk_memory = options.bulk_memory
+    # Relaxed SIMD may fuse or not depending on the host; pin it so results are reproducible.
+    if options.relaxed_simd:
+        config.wasm_relaxed_simd_deterministic = True
+    config.cranelift_opt_level = "speed"
+    return wasmtime.Engine(config)
+
+
+def validate(code: bytes, options: WasmOptions) -> None:
+    try:
+        wasmtime.Module.validate(make_engine(options), code)
+    except wasmtime.WasmtimeError as e:
+        raise CortexError(f"generated module is invalid for features {','.join(options.features) or 'none'}: "
+                          f"{str(e).splitlines()[0]}") from None
+
+
+def _data_section(weights, passive: bool) -> bytes:
+    body = bytearray(_uleb(len(weights)))
+    for s in weights:
+        if passive:
+            body += b"\x01"
+        else:
+            offset = s.offset if s.offset < 1 << 31 else s.offset - (1 << 32)
+            body += b"\x00\x41" + _sleb(offset) + b"\x0b"
+        body += _uleb(len(s.data)) + s.data
+    return bytes(body)
+
+
+def _replace_data_section(module: bytes, payload: bytes) -> bytes:
+    pos, out = 8, bytearray(module[:8])
+    while pos < len(module):
+        section_id = module[pos]
+        size, after = _read_uleb(module, pos + 1)
+        end = after + size
+        if section_id == _DATA_SECTION:
+            out += bytes([_DATA_SECTION]) + _uleb(len(payload)) + payload
+        else:
+            out += module[pos:end]
+        pos = end
+    return bytes(out)
+
+
+def _uleb(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _sleb(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if (n == 0 and not byte & 0x40) or (n == -1 and byte & 0x40):
+            out.append(byte)
+            return bytes(out)
+        out.append(byte | 0x80)
+
+
+def _read_uleb(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return result, pos

@@ -1,0 +1,57 @@
+"""One static-shape model (a computation unit) -> one WebAssembly module.
+
+The graph goes through the loop-nest lowerings of its ops, the memory plan, the WAT renderer and
+the assembler. Everything here is a pure function of the graph and the options, so the same inputs
+give byte-identical modules.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from backends.wasm.assemble import assemble
+from backends.wasm.memory_plan import describe_plan, plan_memory
+from backends.wasm.options import WasmOptions
+from backends.wasm.render import render_module
+from ir.graph import Graph
+from ir.loops import lower_graph
+from ir.loops.program import WEIGHT
+
+# WAT files show weights inline only up to this size; bigger ones are elided (the .wasm has them).
+_WAT_INLINE_WEIGHTS = 1 << 20
+
+
+@dataclass
+class WasmArtifact:
+    wasm: bytes
+    wat: str
+    plan: dict
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.wasm).hexdigest()
+
+
+def compile_graph(graph: Graph, options: WasmOptions) -> WasmArtifact:
+    program = lower_graph(graph)
+    memory_bytes = plan_memory(program)
+    wat = render_module(program, options, memory_bytes)
+    wasm = assemble(wat, program, options)
+    return WasmArtifact(wasm, _with_inline_weights(wat, program), describe_plan(program, memory_bytes))
+
+
+def _with_inline_weights(wat: str, program) -> str:
+    """The WAT a reader can inspect (and reassemble when the weights are small enough)."""
+    weights = [s for s in program.storages if s.kind == WEIGHT and s.nbytes]
+    if sum(s.nbytes for s in weights) > _WAT_INLINE_WEIGHTS:
+        return ";; weights elided from this listing (see the data section of the .wasm)\n" + wat
+    for s in weights:
+        escaped = "".join(f"\\{b:02x}" for b in s.data)
+        for placeholder in (f"(data ${_ident(s.name)} \"\")", f"(data (i32.const {s.offset}) \"\")"):
+            wat = wat.replace(placeholder, placeholder[:-3] + f"\"{escaped}\")", 1)
+    return wat
+
+
+def _ident(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "_.-" else "_" for c in name)

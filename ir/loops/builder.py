@@ -1,0 +1,279 @@
+"""Building loop nests from IR nodes.
+
+`LoopBuilder` walks one static-shape graph (one computation unit): it gives every value a buffer
+(inputs, outputs, weights, temporaries), calls each node's `loops` lowering from the op registry, and
+collects the statements the lowering emits into one kernel per node. Lowerings use its small
+vocabulary: `with b.loops(shape) as idx`, `b.store(y, idx, expr)`, `acc = b.local(...)`, and the
+broadcasting helper `b.elementwise(node, fn)` that makes most elementwise ops one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+
+import numpy as np
+
+from ir import dtypes
+from ir.errors import UnsupportedError
+from ir.graph import Graph, Node, Value
+from ir.loops.expr import Expr, Local, Var, cast, lift
+from ir.loops.program import (COMPUTE_TYPE, INPUT, OUTPUT, TEMP, WEIGHT, Assign, Buffer, If, Kernel, Loop,
+                              Program, Stmt, Storage, Store)
+
+BACKEND = "loops"
+
+
+def storage_dtype(value: Value, node: Node | None = None) -> str:
+    try:
+        name = dtypes.to_numpy(value.dtype).name if value.dtype else ""
+    except (KeyError, ValueError, TypeError):
+        name = ""
+    if name not in COMPUTE_TYPE:
+        where = f" in {node.describe()}" if node is not None else ""
+        raise UnsupportedError(f"tensor {value.name!r}{where} has dtype {dtypes.name(value.dtype)}, "
+                               "which the loop-nest backends do not support")
+    return name
+
+
+class LoopBuilder:
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.program = Program()
+        self._buffers: dict[int, Buffer] = {}
+        self._names: set[str] = set()
+        self._stack: list[list[Stmt]] = []
+        self._kernel: Kernel | None = None
+        self._output_ids = {id(v) for v in graph.outputs}
+        for v in graph.inputs:
+            if not v.is_const:
+                buf = self._new_buffer(v.name, storage_dtype(v), _shape(v), INPUT)
+                self._buffers[id(v)] = buf
+                self.program.inputs[v.name] = buf
+
+    # -- buffers -------------------------------------------------------------------------------
+    def buffer(self, value: Value) -> Buffer:
+        buf = self._buffers.get(id(value))
+        if buf is None:
+            if value.is_const:
+                buf = self.constant(np.asarray(value.const), value.name)
+            else:
+                kind = OUTPUT if id(value) in self._output_ids else TEMP
+                buf = self._new_buffer(value.name, storage_dtype(value), _shape(value), kind)
+            self._buffers[id(value)] = buf
+        return buf
+
+    def input(self, node: Node, i: int) -> Buffer | None:
+        if i >= len(node.inputs) or node.inputs[i] is None:
+            return None
+        return self.buffer(node.inputs[i])
+
+    def output(self, node: Node, i: int = 0) -> Buffer:
+        return self.buffer(node.outputs[i])
+
+    @staticmethod
+    def const_input(node: Node, i: int) -> np.ndarray | None:
+        """The value of a constant input (axes, shapes, pads...), or None when absent."""
+        if i >= len(node.inputs) or node.inputs[i] is None:
+            return None
+        v = node.inputs[i]
+        if not v.is_const:
+            raise UnsupportedError(f"{node.describe()}: input {i} ({v.name!r}) must be a constant "
+                                   "for the loop-nest backends")
+        return np.asarray(v.const)
+
+    def constant(self, array: np.ndarray, name: str = "const") -> Buffer:
+        array = np.ascontiguousarray(array)
+        if array.dtype.name not in COMPUTE_TYPE:
+            raise UnsupportedError(f"constant {name!r} has dtype {array.dtype}, which the loop-nest "
+                                   "backends do not support")
+        data = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+        buf = self._new_buffer(name, array.dtype.name, array.shape, WEIGHT)
+        buf.storage.data = data
+        return buf
+
+    def temp(self, dtype: str, shape, name: str = "tmp") -> Buffer:
+        return self._new_buffer(name, dtype, tuple(int(d) for d in shape), TEMP)
+
+    def alias(self, out: Value, source: Buffer) -> None:
+        """Let `out` share `source`'s storage under its own shape (Reshape, Squeeze, Identity...).
+        A graph output always owns its storage, so it gets a copy instead."""
+        shape = _shape(out)
+        if id(out) in self._output_ids:
+            self.copy(self.buffer(out), source)
+        else:
+            self._buffers[id(out)] = source.view(shape)
+
+    def _new_buffer(self, name: str, dtype: str, shape, kind: str) -> Buffer:
+        shape = tuple(int(d) for d in shape)
+        storage = Storage(self._unique(name), dtype, int(np.prod(shape, dtype=np.int64)), kind)
+        self.program.storages.append(storage)
+        return Buffer(storage, shape)
+
+    def _unique(self, name: str) -> str:
+        base = re.sub(r"[^A-Za-z0-9_.]", "_", name) or "t"
+        candidate, n = base, 1
+        while candidate in self._names:
+            candidate, n = f"{base}_{n}", n + 1
+        self._names.add(candidate)
+        return candidate
+
+    # -- statements ----------------------------------------------------------------------------
+    def emit(self, stmt: Stmt) -> None:
+        self._stack[-1].append(stmt)
+
+    @contextlib.contextmanager
+    def loop(self, extent: int, name: str = "i"):
+        var = Var(name)
+        loop = Loop(var, int(extent))
+        self.emit(loop)
+        self._stack.append(loop.body)
+        try:
+            yield var
+        finally:
+            self._stack.pop()
+
+    @contextlib.contextmanager
+    def loops(self, shape, name: str = "i"):
+        """A perfect nest over `shape` (outermost first); yields the index vars."""
+        with contextlib.ExitStack() as stack:
+            yield [stack.enter_context(self.loop(d, f"{name}{k}")) for k, d in enumerate(shape)]
+
+    @contextlib.contextmanager
+    def when(self, cond: Expr):
+        stmt = If(cond)
+        self.emit(stmt)
+        self._stack.append(stmt.body)
+        try:
+            yield
+        finally:
+            self._stack.pop()
+
+    def store(self, buf: Buffer, index, value) -> None:
+        if not isinstance(index, (list, tuple)):
+            index = (index,)
+        self.emit(Store(buf, buf.flat_index(index), cast(lift(value, buf.compute_type), buf.compute_type)))
+
+    def store_flat(self, buf: Buffer, flat, value) -> None:
+        self.emit(Store(buf, lift(flat, "i32"), cast(lift(value, buf.compute_type), buf.compute_type)))
+
+    def local(self, type: str, init, name: str = "acc") -> Local:
+        loc = Local(name, type)
+        self._kernel.locals.append(loc)
+        self.assign(loc, init)
+        return loc
+
+    def assign(self, loc: Local, value) -> None:
+        self.emit(Assign(loc, cast(lift(value, loc.type), loc.type)))
+
+    # -- common shapes of computation ----------------------------------------------------------
+    def elementwise(self, node: Node, fn, out: int = 0) -> None:
+        """out = fn(*inputs) with numpy broadcasting; missing optional inputs are passed as None."""
+        y = self.output(node, out)
+        ins = [self.input(node, i) for i in range(len(node.inputs))]
+        shape, views = collapse_broadcast(y.shape, [x.shape if x is not None else None for x in ins])
+        y = y.view(shape)
+        ins = [x.view(v) if x is not None else None for x, v in zip(ins, views)]
+        with self.loops(y.shape) as idx:
+            args = [broadcast_load(x, y.shape, idx) if x is not None else None for x in ins]
+            self.store(y, idx, fn(*args))
+
+    def copy(self, dst: Buffer, src: Buffer) -> None:
+        """Flat copy between buffers of the same element count (the storage order is shared)."""
+        with self.loop(dst.numel) as i:
+            self.store_flat(dst, i, src.at(i))
+
+    def fill(self, dst: Buffer, value) -> None:
+        with self.loop(dst.numel) as i:
+            self.store_flat(dst, i, value)
+
+    # -- driving -------------------------------------------------------------------------------
+    def lower(self, node: Node) -> None:
+        from ir.ops import lookup
+        entry = lookup(node.op_type, node.domain)
+        fn = entry.lowerings.get(BACKEND) if entry else None
+        if fn is None:
+            raise UnsupportedError(f"{node.describe()}: no loop-nest lowering")
+        self._kernel = Kernel(self._unique(f"{node.op_type}_{node.name or 'node'}"), node.op_type)
+        self._stack = [self._kernel.body]
+        fn(self, node)
+        self.program.kernels.append(self._kernel)
+        self._kernel = None
+
+    def finish(self) -> Program:
+        """Bind graph outputs; an output that is an input or a constant is copied into its own storage."""
+        for v in self.graph.outputs:
+            buf = self._buffers.get(id(v))
+            if buf is None or buf.storage.kind != OUTPUT:
+                dst = self._new_buffer(v.name, storage_dtype(v), _shape(v), OUTPUT)
+                self._kernel = Kernel(self._unique(f"output_{v.name}"), "Identity")
+                self._stack = [self._kernel.body]
+                self.copy(dst, buf if buf is not None else self.buffer(v))
+                self.program.kernels.append(self._kernel)
+                buf = dst
+            self.program.outputs[v.name] = buf
+        return self.program
+
+
+def lower_graph(graph: Graph) -> Program:
+    unsupported = unsupported_nodes(graph)
+    if unsupported:
+        raise UnsupportedError(describe_unsupported(unsupported))
+    b = LoopBuilder(graph)
+    for node in graph.nodes:
+        b.lower(node)
+    return b.finish()
+
+
+def unsupported_nodes(graph: Graph) -> list[Node]:
+    from ir.ops import lookup
+    missing = []
+    for node in graph.nodes:
+        entry = lookup(node.op_type, node.domain)
+        if entry is None or BACKEND not in entry.lowerings:
+            missing.append(node)
+    return missing
+
+
+def describe_unsupported(nodes: list[Node]) -> str:
+    by_op: dict[str, list[str]] = {}
+    for n in nodes:
+        by_op.setdefault(n.op_type if not n.domain else f"{n.domain}::{n.op_type}", []).append(n.name or "?")
+    parts = [f"{op} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})" for op, names in sorted(by_op.items())]
+    return "ops without a loop-nest lowering: " + "; ".join(parts)
+
+
+def broadcast_load(buf: Buffer, out_shape, idx) -> Expr:
+    """Load `buf` at the position of `idx` under numpy broadcasting to `out_shape`."""
+    offset = len(out_shape) - len(buf.shape)
+    index = [0 if d == 1 else idx[offset + k] for k, d in enumerate(buf.shape)]
+    return buf[tuple(index)] if index else buf.at(0)
+
+
+def collapse_broadcast(out_shape, in_shapes):
+    """Merge neighbouring dims that every input either has in full or broadcasts, so an
+    elementwise nest has as few (and as long, hence vectorisable) loops as possible. Returns the
+    collapsed output shape and each input's collapsed shape (None stays None)."""
+    rank = len(out_shape)
+    padded = [None if s is None else (1,) * (rank - len(s)) + tuple(s) for s in in_shapes]
+    groups: list[list[int]] = []
+    pattern: list = []
+    for k, d in enumerate(out_shape):
+        mine = [None if s is None or d == 1 else (s[k] == d) for s in padded]
+        if groups and all(a is None or b is None or a == b for a, b in zip(pattern, mine)):
+            groups[-1].append(k)
+            pattern = [a if a is not None else b for a, b in zip(pattern, mine)]
+        else:
+            groups.append([k])
+            pattern = mine
+    shape = tuple(int(np.prod([out_shape[k] for k in g], dtype=np.int64)) for g in groups)
+    views = [None if s is None else tuple(int(np.prod([s[k] for k in g], dtype=np.int64)) for g in groups)
+             for s in padded]
+    return shape, views
+
+
+def _shape(value: Value) -> tuple[int, ...]:
+    if not value.is_static:
+        raise UnsupportedError(f"tensor {value.name!r} has no static shape ({value.shape}); bind the "
+                               "inputs with --input-shape before compiling")
+    return tuple(int(d) for d in value.shape)

@@ -1,0 +1,157 @@
+"""Statements, buffers and programs of the loop-nest IR.
+
+A `Storage` is one allocation (an input, an output, a weight or a temporary); a `Buffer` is a
+row-major view of a storage with a shape, so a Reshape is a new view of the same storage and costs
+nothing. A `Program` is what one computation unit compiles to: its storages and one `Kernel` per
+node, each a list of statements (loops, stores, accumulator assignments, guarded blocks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ir.loops.expr import Expr, Local, Var, lift
+
+# Storage dtypes (numpy names) and the compute type each widens to.
+COMPUTE_TYPE = {
+    "float32": "f32", "float64": "f64", "float16": "f32",
+    "int8": "i32", "uint8": "i32", "int16": "i32", "uint16": "i32", "int32": "i32", "bool": "i32",
+    "uint32": "i64", "int64": "i64", "uint64": "i64",
+}
+
+INPUT, OUTPUT, WEIGHT, TEMP = "input", "output", "weight", "temp"
+
+
+@dataclass(eq=False)
+class Storage:
+    name: str
+    dtype: str                       # numpy dtype name
+    numel: int
+    kind: str                        # INPUT, OUTPUT, WEIGHT or TEMP
+    data: bytes | None = None        # weights only: the little-endian contents
+    offset: int | None = None        # byte offset, set by the memory planner
+
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(self.dtype).itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.itemsize
+
+
+@dataclass(eq=False)
+class Buffer:
+    storage: Storage
+    shape: tuple[int, ...]
+
+    @property
+    def name(self) -> str:
+        return self.storage.name
+
+    @property
+    def dtype(self) -> str:
+        return self.storage.dtype
+
+    @property
+    def compute_type(self) -> str:
+        return COMPUTE_TYPE[self.storage.dtype]
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        strides, step = [], 1
+        for d in reversed(self.shape):
+            strides.append(step)
+            step *= d
+        return tuple(reversed(strides))
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def flat_index(self, index) -> Expr:
+        index = tuple(index)
+        if len(index) != len(self.shape):
+            raise ValueError(f"{self.name}: {len(index)} indices for rank {len(self.shape)}")
+        flat = lift(0, "i32")
+        for i, stride, dim in zip(index, self.strides, self.shape):
+            if dim != 1:
+                flat = flat + lift(i, "i32") * stride
+        return flat
+
+    def __getitem__(self, index) -> Expr:
+        from ir.loops.expr import Load
+        if not isinstance(index, tuple):
+            index = (index,)
+        return Load(self, self.flat_index(index))
+
+    def at(self, flat: Expr) -> Expr:
+        """Load by flat element index."""
+        from ir.loops.expr import Load
+        return Load(self, lift(flat, "i32"))
+
+    def view(self, shape) -> Buffer:
+        shape = tuple(int(d) for d in shape)
+        if int(np.prod(shape, dtype=np.int64)) != self.storage.numel:
+            raise ValueError(f"{self.name}: cannot view {self.storage.numel} elements as {shape}")
+        return Buffer(self.storage, shape)
+
+
+class Stmt:
+    pass
+
+
+@dataclass(eq=False)
+class Loop(Stmt):
+    var: Var
+    extent: int
+    body: list[Stmt] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class Store(Stmt):
+    buffer: Buffer
+    index: Expr                      # flat element index
+    value: Expr
+
+
+@dataclass(eq=False)
+class Assign(Stmt):
+    local: Local
+    value: Expr
+
+
+@dataclass(eq=False)
+class If(Stmt):
+    cond: Expr
+    body: list[Stmt] = field(default_factory=list)
+    orelse: list[Stmt] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class Kernel:
+    """The statements one node lowers to (one function in the rendered module)."""
+    name: str
+    op_type: str
+    body: list[Stmt] = field(default_factory=list)
+    locals: list[Local] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class Program:
+    storages: list[Storage] = field(default_factory=list)
+    kernels: list[Kernel] = field(default_factory=list)
+    inputs: dict[str, Buffer] = field(default_factory=dict)     # graph input name -> buffer
+    outputs: dict[str, Buffer] = field(default_factory=dict)    # graph output name -> buffer
+
+
+def walk_stmts(stmts):
+    for s in stmts:
+        yield s
+        if isinstance(s, Loop):
+            yield from walk_stmts(s.body)
+        elif isinstance(s, If):
+            yield from walk_stmts(s.body)
+            yield from walk_stmts(s.orelse)
