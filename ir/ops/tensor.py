@@ -20,3 +20,239 @@ def _gather_table_axis(node):
 
 register("Gather", kind=LAYOUT, weight_input=0, weight_axis=_gather_table_axis,
          output_axis=_gather_table_axis)
+
+
+# -- lowerings to loop nests: index arithmetic, no maths ---------------------------------------
+
+import numpy as np  # noqa: E402
+
+from ir.loops.builder import broadcast_load  # noqa: E402
+from ir.loops.expr import cast, ge, logical_and, lt, maximum, minimum, select  # noqa: E402
+from ir.ops.registry import lowering  # noqa: E402
+
+
+@lowering("loops", "Reshape", "Flatten", "Squeeze", "Unsqueeze")
+def _view(b, node):
+    """Row-major data is unchanged by these: the output is a new view of the same storage."""
+    b.alias(node.outputs[0], b.input(node, 0))
+
+
+def _wrapped(index, dim):
+    """An i32 index read from data, with ONNX's negative-from-the-end convention applied."""
+    i = cast(index, "i32")
+    return select(lt(i, 0), i + dim, i)
+
+
+@lowering("loops", "Transpose")
+def _transpose(b, node):
+    x, y = b.input(node, 0), b.output(node)
+    perm = node.attrs.get("perm") or list(reversed(range(len(x.shape))))
+    with b.loops(y.shape) as idx:
+        src = [0] * len(perm)
+        for out_axis, in_axis in enumerate(perm):
+            src[in_axis] = idx[out_axis]
+        b.store(y, idx, x[tuple(src)])
+
+
+@lowering("loops", "Concat")
+def _concat(b, node):
+    y = b.output(node)
+    axis = int(node.attrs["axis"]) % len(y.shape)
+    start = 0
+    for v in node.present_inputs:
+        x = b.buffer(v)
+        if x.shape[axis] == 0:
+            continue
+        with b.loops(x.shape) as idx:
+            at = list(idx)
+            at[axis] = at[axis] + start
+            b.store(y, at, x[tuple(idx)])
+        start += x.shape[axis]
+
+
+@lowering("loops", "Split")
+def _split(b, node):
+    x = b.input(node, 0)
+    axis = int(node.attrs.get("axis", 0)) % len(x.shape)
+    start = 0
+    for i in range(len(node.outputs)):
+        y = b.output(node, i)
+        with b.loops(y.shape) as idx:
+            at = list(idx)
+            at[axis] = at[axis] + start
+            b.store(y, idx, x[tuple(at)])
+        start += y.shape[axis]
+
+
+@lowering("loops", "Slice")
+def _slice(b, node):
+    x, y = b.input(node, 0), b.output(node)
+    rank = len(x.shape)
+    if "starts" in node.attrs:      # opset < 10
+        starts, ends = node.attrs["starts"], node.attrs["ends"]
+        axes, steps = node.attrs.get("axes", list(range(len(starts)))), [1] * len(starts)
+    else:
+        starts, ends = b.const_input(node, 1).tolist(), b.const_input(node, 2).tolist()
+        axes = b.const_input(node, 3)
+        axes = axes.tolist() if axes is not None else list(range(len(starts)))
+        steps = b.const_input(node, 4)
+        steps = steps.tolist() if steps is not None else [1] * len(starts)
+    first, step = [0] * rank, [1] * rank
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        a = int(a) % rank
+        first[a], _, step[a] = slice(int(s), int(e), int(st)).indices(x.shape[a])
+    with b.loops(y.shape) as idx:
+        b.store(y, idx, x[tuple(f + i * st for f, i, st in zip(first, idx, step))])
+
+
+@lowering("loops", "Gather")
+def _gather(b, node):
+    x, ind, y = b.input(node, 0), b.input(node, 1), b.output(node)
+    axis = int(node.attrs.get("axis", 0)) % len(x.shape)
+    q = len(ind.shape)
+    with b.loops(y.shape) as idx:
+        picked = _wrapped(ind[tuple(idx[axis:axis + q])] if q else ind.at(0), x.shape[axis])
+        b.store(y, idx, x[tuple(idx[:axis]) + (picked,) + tuple(idx[axis + q:])])
+
+
+@lowering("loops", "GatherElements")
+def _gather_elements(b, node):
+    x, ind, y = b.input(node, 0), b.input(node, 1), b.output(node)
+    axis = int(node.attrs.get("axis", 0)) % len(x.shape)
+    with b.loops(y.shape) as idx:
+        at = list(idx)
+        at[axis] = _wrapped(ind[tuple(idx)], x.shape[axis])
+        b.store(y, idx, x[tuple(at)])
+
+
+@lowering("loops", "GatherND")
+def _gather_nd(b, node):
+    x, ind, y = b.input(node, 0), b.input(node, 1), b.output(node)
+    batch = int(node.attrs.get("batch_dims", 0))
+    depth = ind.shape[-1]
+    lead = len(ind.shape) - 1
+    with b.loops(y.shape) as idx:
+        picked = [_wrapped(ind[tuple(idx[:lead]) + (k,)], x.shape[batch + k]) for k in range(depth)]
+        b.store(y, idx, x[tuple(idx[:batch]) + tuple(picked) + tuple(idx[lead:])])
+
+
+@lowering("loops", "ScatterElements", "Scatter")
+def _scatter_elements(b, node):
+    x, ind, upd, y = b.input(node, 0), b.input(node, 1), b.input(node, 2), b.output(node)
+    axis = int(node.attrs.get("axis", 0)) % len(x.shape)
+    reduction = node.attrs.get("reduction", "none")
+    b.copy(y, x)
+    with b.loops(upd.shape) as idx:
+        at = list(idx)
+        at[axis] = _wrapped(ind[tuple(idx)], x.shape[axis])
+        b.store(y, at, _combine(reduction, y[tuple(at)], upd[tuple(idx)]))
+
+
+@lowering("loops", "ScatterND")
+def _scatter_nd(b, node):
+    x, ind, upd, y = b.input(node, 0), b.input(node, 1), b.input(node, 2), b.output(node)
+    reduction = node.attrs.get("reduction", "none")
+    depth = ind.shape[-1]
+    lead = len(ind.shape) - 1
+    b.copy(y, x)
+    with b.loops(upd.shape) as idx:
+        picked = [_wrapped(ind[tuple(idx[:lead]) + (k,)], x.shape[k]) for k in range(depth)]
+        at = tuple(picked) + tuple(idx[lead:])
+        b.store(y, at, _combine(reduction, y[at], upd[tuple(idx)]))
+
+
+def _combine(reduction, old, new):
+    return {"none": lambda: new, "add": lambda: old + new, "mul": lambda: old * new,
+            "max": lambda: maximum(old, new), "min": lambda: minimum(old, new)}[reduction]()
+
+
+@lowering("loops", "Expand")
+def _expand(b, node):
+    x, y = b.input(node, 0), b.output(node)
+    with b.loops(y.shape) as idx:
+        b.store(y, idx, broadcast_load(x, y.shape, idx))
+
+
+@lowering("loops", "Tile")
+def _tile(b, node):
+    x, y = b.input(node, 0), b.output(node)
+    with b.loops(y.shape) as idx:
+        b.store(y, idx, x[tuple(i % d if d > 1 else 0 for i, d in zip(idx, x.shape))])
+
+
+@lowering("loops", "Pad")
+def _pad(b, node):
+    x, y = b.input(node, 0), b.output(node)
+    rank = len(x.shape)
+    mode = node.attrs.get("mode", "constant")
+    if "pads" in node.attrs:        # opset < 11
+        pads, value = list(node.attrs["pads"]), float(node.attrs.get("value", 0.0))
+        axes = list(range(rank))
+    else:
+        pads = b.const_input(node, 1).tolist()
+        cv = b.const_input(node, 2)
+        value = cv.reshape(-1)[0].item() if cv is not None and cv.size else 0
+        ax = b.const_input(node, 3)
+        axes = [int(a) % rank for a in ax.tolist()] if ax is not None else list(range(rank))
+    begin = [0] * rank
+    for k, a in enumerate(axes):
+        begin[a] = int(pads[k])
+    with b.loops(y.shape) as idx:
+        src = [i - p for i, p in zip(idx, begin)]
+        if mode == "constant":
+            inside = 1
+            for s, d in zip(src, x.shape):
+                inside = logical_and(inside, logical_and(ge(s, 0), lt(s, d))) if not isinstance(inside, int) \
+                    else logical_and(ge(s, 0), lt(s, d))
+            clamped = [minimum(maximum(s, 0), d - 1) for s, d in zip(src, x.shape)]
+            b.store(y, idx, select(inside, x[tuple(clamped)], value) if rank else x.at(0))
+        elif mode == "edge":
+            b.store(y, idx, x[tuple(minimum(maximum(s, 0), d - 1) for s, d in zip(src, x.shape))])
+        else:   # reflect: mirror without repeating the edge
+            def reflect(s, d):
+                if d == 1:
+                    return 0
+                s = select(lt(s, 0), -s, s)
+                return select(ge(s, d), 2 * (d - 1) - s, s)
+            b.store(y, idx, x[tuple(reflect(s, d) for s, d in zip(src, x.shape))])
+
+
+@lowering("loops", "DepthToSpace", "SpaceToDepth")
+def _depth_space(b, node):
+    x, y = b.input(node, 0), b.output(node)
+    bs = int(node.attrs["blocksize"])
+    crd = node.attrs.get("mode", "DCR") == "CRD"
+    if node.op_type == "DepthToSpace":
+        n, c, h, w = y.shape
+        with b.loops(y.shape) as (i, ch, hh, ww):
+            bh, bw = hh % bs, ww % bs
+            src_c = (ch * bs * bs + bh * bs + bw) if crd else ((bh * bs + bw) * c + ch)
+            b.store(y, (i, ch, hh, ww), x[i, src_c, _div(hh, bs), _div(ww, bs)])
+    else:
+        n, c, h, w = x.shape
+        with b.loops(x.shape) as (i, ch, hh, ww):
+            bh, bw = hh % bs, ww % bs
+            b.store(y, (i, (bh * bs + bw) * c + ch, _div(hh, bs), _div(ww, bs)), x[i, ch, hh, ww])
+
+
+def _div(a, d):
+    from ir.loops.expr import binary
+    return binary("div", a, d)
+
+
+@lowering("loops", "ConstantOfShape")
+def _constant_of_shape(b, node):
+    value = node.attrs.get("value")
+    b.fill(b.output(node), np.asarray(value).reshape(-1)[0].item() if value is not None else 0)
+
+
+@lowering("loops", "Shape", "Size")
+def _shape_query(b, node):
+    shape = node.inputs[0].shape
+    if node.op_type == "Size":
+        values = [int(np.prod(shape, dtype=np.int64))]
+    else:
+        values = list(shape)[node.attrs.get("start", 0):node.attrs.get("end", len(shape))]
+    y = b.output(node)
+    for k, v in enumerate(values):
+        b.store_flat(y, k, v)
