@@ -7,6 +7,8 @@
 // for has arrived, and reports a deadlock when threads wait at barriers that can never release.
 // A non-zero seed permutes the order of blocks and, at each release, of fibers, to expose missing
 // barriers.
+#include <dlfcn.h>
+#include <link.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -58,6 +60,37 @@ std::vector<DynamicShared>& dynamic_shared_regions() {
 
 struct Worker;
 thread_local Worker* worker = nullptr;
+
+namespace {
+
+// This module's thread-local storage on the calling host thread. Every `__shared__` variable lives
+// there (the shim makes it `thread_local`), so refilling it gives each block fresh, NaN-patterned shared
+// memory, as garbage as a GPU's, instead of what the previous block left.
+struct TlsBlock { char* base = nullptr; size_t size = 0; };
+
+TlsBlock module_tls() {
+    static char anchor;
+    struct Search { uintptr_t load_base; TlsBlock found; } search{};
+    Dl_info info;
+    if (!dladdr(&anchor, &info)) return {};
+    search.load_base = reinterpret_cast<uintptr_t>(info.dli_fbase);
+    (void)current;  // makes sure this thread's block is allocated before asking where it is
+    dl_iterate_phdr([](dl_phdr_info* phdr, size_t, void* raw) -> int {
+        auto* s = static_cast<Search*>(raw);
+        for (int i = 0; i < phdr->dlpi_phnum; ++i) {
+            const ElfW(Phdr)& h = phdr->dlpi_phdr[i];
+            if (h.p_type != PT_TLS || !phdr->dlpi_tls_data) continue;
+            uintptr_t lo = phdr->dlpi_addr;
+            if (lo != s->load_base) continue;
+            s->found = {static_cast<char*>(phdr->dlpi_tls_data), h.p_memsz};
+            return 1;
+        }
+        return 0;
+    }, &search);
+    return search.found;
+}
+
+}  // namespace
 
 extern "C" void cuda_sim_switch(void** save_sp, void* next_sp);
 extern "C" void cuda_sim_fiber_trampoline();
@@ -119,6 +152,7 @@ struct Worker {
     std::vector<char*> mappings;
     std::mt19937_64 rng;
     std::string error;
+    TlsBlock tls;
 #ifdef CUDA_SIM_ASAN
     const void* scheduler_stack_bottom = nullptr;
     size_t scheduler_stack_size = 0;
@@ -193,12 +227,17 @@ struct Worker {
         unsigned int n = c.block[0] * c.block[1] * c.block[2];
         for (size_t w = 0; w < warps.size(); ++w) {
             unsigned int lanes = std::min(32u, n - static_cast<unsigned int>(w) * 32);
-            warps[w].alive = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1;
+            warps[w].alive = warps[w].arrived = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1;
         }
         for (unsigned int i = 0; i < n; ++i) start_fiber(fibers[i], i, block_idx);
+        if (tls.base) {
+            Worker* self = worker;  // the runtime's own thread-locals live in the same block
+            std::memset(tls.base, 0xff, tls.size);
+            worker = self;
+            current = nullptr;
+        }
         for (const DynamicShared& region : dynamic_shared_regions()) {
             char* base = static_cast<char*>(region.address());
-            std::memset(base, 0xff, std::min<unsigned long long>(c.shared_bytes, region.capacity));
 #ifdef CUDA_SIM_ASAN
             __asan_unpoison_memory_region(base, region.capacity);
             if (c.shared_bytes < region.capacity)
@@ -229,6 +268,7 @@ struct Worker {
             }
             needed &= warps[w].alive;
             if (waiting && (needed & ~waiting) == 0) {
+                warps[w].arrived = waiting;
                 for (unsigned int lane = 0; lane < 32; ++lane)
                     if ((waiting >> lane) & 1u) fibers[w * 32 + lane].status = FiberState::runnable;
                 released = true;
@@ -316,7 +356,9 @@ int run_grid(const LaunchConfig& c, BlockBody body, void* context) {
         w.config = &c; w.body = body; w.context = context;
         w.rng.seed(c.seed * 0x9E3779B97F4A7C15ull + host_thread);
         worker = &w;
-        if (!w.prepare(static_cast<unsigned int>(threads))) { set_error(w.error); failed = true; }
+        w.tls = module_tls();
+        if (!w.tls.base) { set_error("cannot find the module's thread-local storage"); failed = true; }
+        if (!failed && !w.prepare(static_cast<unsigned int>(threads))) { set_error(w.error); failed = true; }
         while (!failed) {
             unsigned long long i = next++;
             if (i >= blocks) break;

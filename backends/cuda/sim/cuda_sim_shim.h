@@ -66,6 +66,7 @@ struct ThreadState {
 
 struct Warp {
     unsigned int alive;           // lanes that exist and have not returned
+    unsigned int arrived;         // lanes released together by the last warp barrier
     uint64_t slots[2][32];        // values deposited by lanes for a shuffle or vote
 };
 
@@ -92,7 +93,7 @@ template <class T>
 inline T shuffle_from(unsigned int mask, T value, int src_lane, bool in_range) {
     const uint64_t* slots = exchange(mask, value);
     ThreadState* t = current;
-    if (!in_range || src_lane < 0 || src_lane >= 32 || !((t->warp->alive >> src_lane) & 1u)) return value;
+    if (!in_range || src_lane < 0 || src_lane >= 32 || !((t->warp->arrived >> src_lane) & 1u)) return value;
     T result;
     std::memcpy(&result, &slots[src_lane], sizeof(T));
     return result;
@@ -100,7 +101,7 @@ inline T shuffle_from(unsigned int mask, T value, int src_lane, bool in_range) {
 
 inline unsigned int ballot(unsigned int mask, int predicate) {
     const uint64_t* slots = exchange(mask, static_cast<uint64_t>(predicate != 0));
-    unsigned int participants = mask & current->warp->alive, bits = 0;
+    unsigned int participants = mask & current->warp->arrived, bits = 0;
     for (int lane = 0; lane < 32; ++lane)
         if (((participants >> lane) & 1u) && slots[lane]) bits |= 1u << lane;
     return bits;
@@ -148,7 +149,7 @@ inline T __shfl_xor_sync(unsigned int mask, T var, int lane_mask, int width = 32
 inline unsigned int __ballot_sync(unsigned int mask, int predicate) { return cuda_sim::ballot(mask, predicate); }
 inline int __any_sync(unsigned int mask, int predicate) { return cuda_sim::ballot(mask, predicate) != 0; }
 inline int __all_sync(unsigned int mask, int predicate) {
-    return cuda_sim::ballot(mask, predicate) == (mask & cuda_sim::current->warp->alive);
+    return cuda_sim::ballot(mask, predicate) == (mask & cuda_sim::current->warp->arrived);
 }
 
 // Atomics: real atomics, since blocks run on several host threads at once.
