@@ -1,0 +1,118 @@
+"""`cortex decompose` + `cortex build-dag` end to end: running the CU models one by one with
+onnxruntime, in dag.json's order, reproduces the original model (rtol 1e-5, atol 1e-6)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+
+import onnx
+import pytest
+
+from cortex.commands.decompose import decompose_model
+from cortex.dag import build_dag, validate_dag
+from cortex.runtime.onnx_reference import run_dag
+from ir.errors import CortexError
+from testdata import (assert_values_close, light_model, minilm, node_test_case, node_test_names,
+                      onnxruntime_reproduces, run_onnxruntime, sample_model, SAMPLE_NAMES)
+
+DEFAULTS = dict(min_cu_size=256, max_cu_size=1_000_000, max_cu_depth=3)
+SETTINGS = {
+    "defaults": DEFAULTS,
+    "depth1": dict(DEFAULTS, max_cu_depth=1),
+    "small-cus": dict(min_cu_size=4096, max_cu_depth=4, max_cu_size=100_000),
+}
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def decompose_and_run(case, folder: Path, **limits) -> dict:
+    """Decompose, build the dag, check the artifacts' contracts, and run the CUs in order."""
+    cus = folder / "cus"
+    decompose_model(case.path, cus, case.input_shapes, case.dims, **limits)
+    dag = build_dag(cus, folder / "dag.json")
+    validate_dag(dag)
+    (folder / "dag.json").write_text(json.dumps(dag))
+    manifest = json.loads((cus / "manifest.json").read_text())
+    for cu in manifest["cus"]:
+        assert cu["params"] <= limits["max_cu_size"]
+        assert 1 <= cu["depth"] <= limits["max_cu_depth"]
+        onnx.checker.check_model(onnx.load(cus / cu["path"]), full_check=True)
+    return run_dag(folder / "dag.json", case.inputs)
+
+
+def assert_reproduces(case, folder: Path, **limits) -> None:
+    expected = run_onnxruntime(case.path, case.inputs)
+    got = decompose_and_run(case, folder, **limits)
+    assert set(got) == set(expected)
+    for name, value in expected.items():
+        assert_values_close(got[name], value, RTOL, ATOL)
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+@pytest.mark.parametrize("name", SAMPLE_NAMES)
+def test_samples_are_reproduced_cu_by_cu(name, setting, tmp_path):
+    assert_reproduces(sample_model(name), tmp_path, **SETTINGS[setting])
+
+
+LIGHT_FAST = ("squeezenet", "shufflenet")
+LIGHT_SLOW = ("resnet50", "inception_v1", "inception_v2", "densenet121", "bvlc_alexnet", "vgg19", "zfnet512")
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+@pytest.mark.parametrize("name", [*LIGHT_FAST, *(pytest.param(n, marks=pytest.mark.slow) for n in LIGHT_SLOW)])
+def test_light_models_are_reproduced_cu_by_cu(name, setting, tmp_path):
+    if setting != "defaults" and name not in LIGHT_FAST[:1]:
+        pytest.skip("heavy combination: covered by test_light_models_under_every_setting (slow)")
+    assert_reproduces(light_model(name), tmp_path, **SETTINGS[setting])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setting", ["depth1", "small-cus"])
+@pytest.mark.parametrize("name", [*LIGHT_FAST[1:], *LIGHT_SLOW])
+def test_light_models_under_every_setting(name, setting, tmp_path):
+    assert_reproduces(light_model(name), tmp_path, **SETTINGS[setting])
+
+
+@pytest.mark.parametrize("setting", [
+    "defaults", pytest.param("depth1", marks=pytest.mark.slow), pytest.param("small-cus", marks=pytest.mark.slow)])
+def test_minilm_is_reproduced_cu_by_cu(setting, tmp_path, minilm_case):
+    assert_reproduces(minilm_case, tmp_path, **SETTINGS[setting])
+
+
+def test_minilm_embedding_table_is_split_to_respect_max_cu_size(tmp_path, minilm_case):
+    summary = decompose_model(minilm_case.path, tmp_path / "cus", minilm_case.input_shapes, minilm_case.dims,
+                              min_cu_size=256, max_cu_size=1_000_000, max_cu_depth=3)
+    manifest = json.loads((tmp_path / "cus" / "manifest.json").read_text())
+    assert summary["split_ops"] >= 1  # the 30522 x 384 word embedding alone holds 11.7 M parameters
+    assert max(cu["params"] for cu in manifest["cus"]) <= 1_000_000
+    assert any("Concat" in cu["op_types"] and "Gather" in cu["op_types"] or "Concat" in cu["op_types"]
+               for cu in manifest["cus"])
+
+
+# -- ONNX node tests ------------------------------------------------------------------------------
+def _node_params():
+    names = node_test_names()
+    # Every 25th case runs by default (a spread over op families); the full set is slow.
+    return [pytest.param(n, id=n, marks=[] if i % 25 == 0 else [pytest.mark.slow]) for i, n in enumerate(names)]
+
+
+@pytest.mark.parametrize("name", _node_params())
+def test_node_tests_are_reproduced_cu_by_cu(name, tmp_path):
+    case = node_test_case(name)
+    why = onnxruntime_reproduces(case)
+    if why:
+        pytest.skip(why)
+    # Node tests declare some inputs with symbolic dims: bind them to the feed's shapes.
+    case = dataclasses.replace(case, input_shapes={k: v.shape for k, v in case.inputs.items()
+                                                   if isinstance(v, np.ndarray)})
+    try:
+        decompose_model(case.path, tmp_path / "probe", case.input_shapes, {}, **DEFAULTS)
+    except CortexError as e:
+        pytest.skip(f"not decomposable: {e}")
+    got = decompose_and_run(case, tmp_path / "run", **DEFAULTS)
+    expected = run_onnxruntime(case.path, case.inputs)
+    for out_name, value in expected.items():
+        assert_values_close(got[out_name], value, RTOL, ATOL)
