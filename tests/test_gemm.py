@@ -76,7 +76,7 @@ def test_gemm_matches_numpy_for_any_shape(features, m, n, k, data):
 
 
 @pytest.mark.parametrize("features", FEATURE_SETS.values(), ids=FEATURE_SETS.keys())
-@pytest.mark.parametrize("m,n,k", [(1, 3072, 96), (64, 64, 64), (100, 48, 257), (2, 17, 129)])
+@pytest.mark.parametrize("m,n,k", [(1, 3072, 96), (64, 64, 64), (100, 48, 257), (2, 17, 129), (490, 21, 140)])
 def test_gemm_handles_gemv_and_multi_block_shapes(features, m, n, k):
     rng = np.random.default_rng(7)
     a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)

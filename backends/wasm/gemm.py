@@ -38,7 +38,7 @@ from __future__ import annotations
 import numpy as np
 
 from backends.wasm.kernels.activation import check_epilogue, f32_activation, scratch_locals
-from backends.wasm.kernels.microkernel import (MAX_ROWS, PANEL, PANEL_BYTES, TileGeometry, Vec,
+from backends.wasm.kernels.microkernel import (MAX_ROWS, PANEL, PANEL_BYTES, UNROLL, TileGeometry, Vec,
                                                render_tile, tile_locals)
 
 SCALAR: frozenset[str] = frozenset()
@@ -46,6 +46,7 @@ SIMD: frozenset[str] = frozenset({"simd"})
 SIMD_FMA: frozenset[str] = frozenset({"simd", "relaxed-simd"})
 KNOWN_FEATURES = SIMD_FMA
 K_BLOCK = 128
+M_BLOCK = 240  # a multiple of the 3-row tile: only the last row block has a short tile
 
 
 def packed_b_size(k: int, n: int) -> int:
@@ -101,7 +102,7 @@ def render_gemm(m: int, n: int, k: int, *, a_offset: int, b_packed_offset: int, 
     ]
     code = pointers + _batch_loop(batch, strides, inner)
     decls = ["(local $A i32) (local $B i32) (local $C i32) (local $R i32) (local $BIAS i32) (local $n i32)",
-             "(local $i i32) (local $j i32) (local $k0 i32) (local $klen i32) (local $first i32) (local $last i32)",
+             "(local $i i32) (local $ib i32) (local $iend i32) (local $j i32) (local $k0 i32) (local $klen i32) (local $first i32) (local $last i32)",
              "(local $pa i32) (local $pb i32) (local $pc i32) (local $pr i32) (local $pbias i32)",
              "(local $pend i32) (local $pend4 i32) (local $acc f32)"]
     if "simd" in features:  # v128 locals would make the module invalid on hosts without SIMD128
@@ -167,30 +168,47 @@ def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, has_bias, has_residual
             f"(local.set $pr (i32.add (local.get $R) {c_at}))",
             f"(local.set $pbias (i32.add (local.get $BIAS) (i32.mul (local.get $j) (i32.const {PANEL_BYTES}))))",
             f"(local.set $pend (i32.add (local.get $pb) (i32.mul (local.get $klen) (i32.const {PANEL_BYTES}))))",
-            f"(local.set $pend4 (i32.add (local.get $pb) (i32.mul (i32.and (local.get $klen) (i32.const -4)) (i32.const {PANEL_BYTES}))))",
+            f"(local.set $pend4 (i32.add (local.get $pb) (i32.mul (i32.and (local.get $klen) (i32.const {-UNROLL})) (i32.const {PANEL_BYTES}))))",
             *render_tile(rows, vecs, geometry),
         ]
 
-    def rows_loop(vecs: list[Vec]) -> list[str]:
-        full, rest = divmod(m, MAX_ROWS)
-        code = _counted("$i", 0, full * MAX_ROWS, MAX_ROWS, tile_at(MAX_ROWS, vecs)) if full else []
+    def rows_loop(vecs: list[Vec], rows: int) -> list[str]:
+        """Row tiles $ib .. $ib + rows: full 3-row tiles, then one 1- or 2-row tile."""
+        full, rest = divmod(rows, MAX_ROWS)
+        code = ["(local.set $i (local.get $ib))"]
+        if full:
+            code += [
+                f"(local.set $iend (i32.add (local.get $ib) (i32.const {full * MAX_ROWS})))",
+                "(loop $loop_i",
+                *("  " + s for s in tile_at(MAX_ROWS, vecs)),
+                f"  (local.set $i (i32.add (local.get $i) (i32.const {MAX_ROWS})))",
+                "  (br_if $loop_i (i32.lt_u (local.get $i) (local.get $iend))))",
+            ]
         if rest:
-            code += [f"(local.set $i (i32.const {full * MAX_ROWS}))", *tile_at(rest, vecs)]
+            code += tile_at(rest, vecs)
         return code
 
-    full_panels, edge = divmod(n, PANEL)
-    one_panel = [Vec(0, v) for v in range(4)]
-    code: list[str] = []
-    j = 0
-    if gemv and full_panels >= 2:  # two panels per tile: 8 independent accumulators
-        pairs = full_panels // 2
-        code += _counted("$j", 0, 2 * pairs, 2, rows_loop(one_panel + [Vec(1, v) for v in range(4)]))
-        j = 2 * pairs
-    if j < full_panels:
-        code += _counted("$j", j, full_panels, 1, rows_loop(one_panel))
-    if edge:
-        vecs = [Vec(0, v, min(4, edge - 4 * v)) for v in range(-(-edge // 4))]
-        code += [f"(local.set $j (i32.const {full_panels}))", *rows_loop(vecs)]
+    def panels(rows: int) -> list[str]:
+        full_panels, edge = divmod(n, PANEL)
+        one_panel = [Vec(0, v) for v in range(4)]
+        code: list[str] = []
+        j = 0
+        if gemv and full_panels >= 2:  # two panels per tile: 8 independent accumulators
+            pairs = full_panels // 2
+            code += _counted("$j", 0, 2 * pairs, 2, rows_loop(one_panel + [Vec(1, v) for v in range(4)], rows))
+            j = 2 * pairs
+        if j < full_panels:
+            code += _counted("$j", j, full_panels, 1, rows_loop(one_panel, rows))
+        if edge:
+            vecs = [Vec(0, v, min(4, edge - 4 * v)) for v in range(-(-edge // 4))]
+            code += [f"(local.set $j (i32.const {full_panels}))", *rows_loop(vecs, rows)]
+        return code
+
+    # Row blocks of M_BLOCK keep the A block (M_BLOCK x 128 floats) in L2 while the panels sweep it.
+    full_blocks, last_rows = divmod(m, M_BLOCK)
+    code = _counted("$ib", 0, full_blocks * M_BLOCK, M_BLOCK, panels(M_BLOCK)) if full_blocks else []
+    if last_rows:
+        code += [f"(local.set $ib (i32.const {full_blocks * M_BLOCK}))", *panels(last_rows)]
     k_block = [
         "(local.set $first (i32.eqz (local.get $k0)))",
         f"(local.set $last (i32.ge_u (i32.add (local.get $k0) (i32.const {kc})) (i32.const {k})))",

@@ -5,12 +5,12 @@ plus 3 broadcast A values and 1 B vector: the 16 xmm registers Cranelift allocat
 k step it loads each A value with `f32.load` + `f32x4.splat` (cheaper under Cranelift than
 `v128.load32_splat`, which it lowers to a load, a movd and a shuffle) and each B vector once, then
 issues rows x vectors multiply-adds: `f32x4.relaxed_madd` (one FMA on x86) when relaxed SIMD is on,
-`f32x4.mul` + `f32x4.add` otherwise. The k loop is unrolled by 4 with a one-step tail.
+`f32x4.mul` + `f32x4.add` otherwise. The k loop is unrolled by `UNROLL` with a one-step tail.
 
 The caller (backends/wasm/gemm.py) sets these i32 locals before the tile: `$pa` (A at row i, k0),
 `$pb` (packed B at panel j, k0), `$pc` (C at row i, column 16 j), `$pr` (residual, same place),
 `$pbias` (bias at column 16 j), `$pend` and `$pend4` (where `$pb` stops, for the whole block and for
-the 4-unrolled part), `$first` / `$last` (whether this is the first / last K block).
+the unrolled part), `$first` / `$last` (whether this is the first / last K block).
 """
 
 from __future__ import annotations
@@ -22,7 +22,10 @@ from backends.wasm.kernels.activation import v128_activation
 PANEL = 16          # columns per packed B panel
 PANEL_BYTES = PANEL * 4
 MAX_ROWS = 3
-UNROLL = 4
+# k steps per loop iteration. Measured under wasmtime (Cranelift) on the 3x16 tile, 512^3: unroll 1:
+# 26 GFLOP/s, 2: 33-35, 4: 28-31, 8: 18 (more steps only add spills: Cranelift's FMA lowering writes
+# over a multiplicand, so every multiply-add also costs a register copy).
+UNROLL = 2  # a power of two: the unrolled part ends at klen & -UNROLL
 ZERO = "(v128.const f32x4 0 0 0 0)"
 
 
@@ -111,11 +114,11 @@ def _k_loops(rows: int, vecs: list[Vec], g: TileGeometry) -> list[str]:
     single = _k_step(rows, vecs, g, 0)
     return [
         "(if (i32.lt_u (local.get $pb) (local.get $pend4))",
-        "  (then (loop $k4",
+        "  (then (loop $kn",
         *("    " + s for s in unrolled),
         f"    (local.set $pa (i32.add (local.get $pa) (i32.const {UNROLL * g.a_k_step})))",
         f"    (local.set $pb (i32.add (local.get $pb) (i32.const {UNROLL * PANEL_BYTES})))",
-        "    (br_if $k4 (i32.lt_u (local.get $pb) (local.get $pend4))))))",
+        "    (br_if $kn (i32.lt_u (local.get $pb) (local.get $pend4))))))",
         "(if (i32.lt_u (local.get $pb) (local.get $pend))",
         "  (then (loop $k1",
         *("    " + s for s in single),

@@ -17,15 +17,19 @@ def engine_for(features) -> wasmtime.Engine:
     return wasmtime.Engine(config)
 
 
-def instantiate(funcs: str, memory_bytes: int, features):
+def module_text(funcs: str, memory_bytes: int) -> str:
     """A module that exports its memory and every `(func $name ...)` in `funcs` under that name."""
     names = re.findall(r"^\(func \$([\w.]+)", funcs, flags=re.M)
     exports = "\n".join(f'(export "{n}" (func ${n}))' for n in names)
     pages = -(-memory_bytes // PAGE) + 1
-    wat = f'(module (memory (export "memory") {pages})\n{funcs}\n{exports})'
+    return f'(module (memory (export "memory") {pages})\n{funcs}\n{exports})'
+
+
+def instantiate(funcs: str, memory_bytes: int, features):
+    """`module_text` instantiated under wasmtime: (store, instance)."""
     engine = engine_for(features)
     store = wasmtime.Store(engine)
-    instance = wasmtime.Instance(store, wasmtime.Module(engine, wat), [])
+    instance = wasmtime.Instance(store, wasmtime.Module(engine, module_text(funcs, memory_bytes)), [])
     return store, instance
 
 
