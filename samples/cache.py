@@ -38,6 +38,7 @@ def ensure_folder(target: Path, build: Callable[[Path], None], force: bool = Fal
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         try:
             build(tmp)
+            os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is ordinary shared data
             if target.exists():
                 old = target.with_name(f".{target.name}.old")
                 shutil.rmtree(old, ignore_errors=True)
