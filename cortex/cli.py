@@ -31,6 +31,9 @@ app.command("inspect")(inspect_model.inspect)
 from cortex.commands import build_dag, decompose  # noqa: E402
 app.command("decompose")(decompose.decompose)
 app.command("build-dag")(build_dag.build_dag)
+from cortex.commands import compile_wasm, run  # noqa: E402
+app.command("compile-wasm")(compile_wasm.compile_wasm)
+app.command("run")(run.run)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,41 @@
+"""`cortex compile-wasm`: one WebAssembly module per CU, recorded in dag.json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from backends.wasm.build import compile_cu_dir
+from backends.wasm.options import FEATURES, OPT_LEVELS, TARGETS, parse_options
+from cortex.console import out, print_json
+
+
+def compile_wasm(
+    cu_dir: Annotated[Path, typer.Option("--cu-dir", help="The --output-dir of 'cortex decompose'.")],
+    output: Annotated[Path, typer.Option("--output", help="Folder for cu-NNNN.wasm (replaced).")],
+    dag: Annotated[Optional[Path], typer.Option("--dag", help="dag.json to record the artifacts in (rewritten).")] = None,
+    target: Annotated[str, typer.Option("--target", help=f"One of: {', '.join(TARGETS)}.")] = TARGETS[0],
+    features: Annotated[str, typer.Option("--features", help=f"Comma-separated subset of {','.join(FEATURES)}.")] = "simd,bulk-memory",
+    opt_level: Annotated[str, typer.Option("--opt-level", help=f"One of {', '.join(OPT_LEVELS)}: 0 plain loops, 1-3 more "
+                                           "vectorisation and unrolling, s/z smaller code.")] = "2",
+    emit_wat: Annotated[bool, typer.Option("--emit-wat", help="Also write cu-NNNN.wat next to each module.")] = False,
+    json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
+) -> None:
+    """Compile every CU to a WebAssembly module (SIMD128 where enabled) that imports nothing."""
+    options = parse_options(target, features, opt_level)
+    summary = compile_cu_dir(cu_dir, output, options, dag, emit_wat)
+    if json:
+        print_json(summary)
+        return
+    table = Table(title=f"WebAssembly modules written to {output}", show_header=False)
+    table.add_column("")
+    table.add_column("", justify="right")
+    table.add_row("CUs", str(summary["cus"]))
+    table.add_row("bytes", f"{summary['bytes']:,}")
+    table.add_row("features / opt-level", f"{','.join(options.features) or 'none'} / {options.opt_level}")
+    table.add_row("dag.json updated", str(dag) if dag else "no (--dag not given)")
+    table.add_row("time", f"{summary['seconds']:.2f} s")
+    out.print(table)
