@@ -7,7 +7,7 @@ OUT    ?= out
 SAMPLE ?= samples/cnn.onnx
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-all samples conformance bench clean
+.PHONY: setup demo test test-all samples conformance bench bench-decompose clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ test: setup
 
 test-all: setup
 	$(BIN)/pytest -n 2 -q -m "" $(PYTEST_ARGS)
+
+## decompose + build-dag on MiniLM and synthetic 5k/10k/20k-node graphs: the Decompose section of docs/benchmarks.md.
+bench-decompose: setup
+	$(BIN)/python -m bench.bench_decompose
 
 ## Regenerate the committed sample models and the cached test data (node tests, MiniLM).
 samples: setup

@@ -20,7 +20,7 @@ import numpy as np
 
 from cortex.flops import node_flops
 from ir import dtypes
-from ir.errors import CortexError
+from ir.errors import CortexError, UnsupportedError
 from ir.graph import Graph, Node, Value, outer_reads
 from ir.onnx_export import export_model
 from passes.partition import Partition
@@ -41,6 +41,10 @@ def dtype_name(dtype: int) -> str:
 
 
 def tensor_info(v: Value) -> dict:
+    if not v.is_tensor or v.dtype == dtypes.UNDEFINED or not v.is_static:
+        kind = "a non-tensor value (sequence, optional or map)" if not v.is_tensor else "a tensor of unknown type or shape"
+        raise UnsupportedError(f"{v.name!r} is {kind}; CUs exchange only tensors of static shape and known "
+                               "dtype, so it cannot be a model input or output or cross a CU border")
     return {"dtype": dtype_name(v.dtype), "shape": list(v.shape), "bytes": v.nbytes}
 
 
@@ -121,6 +125,7 @@ def write_cus(graph: Graph, partition: Partition, out_dir: Path, source: dict, o
 
 
 def _io(v: Value) -> dict:
+    tensor_info(v)  # the same checks
     return {"dtype": dtype_name(v.dtype), "shape": list(v.shape)}
 
 

@@ -14,6 +14,8 @@ def stages(model: Path, out: Path) -> list[tuple[str, list[str]]]:
     """The CLI calls that make up the pipeline, in order."""
     return [
         ("inspect", ["inspect", str(model)]),
+        ("decompose", ["decompose", "--model-path", str(model), "--output-dir", str(out / "cus")]),
+        ("build-dag", ["build-dag", "--cu-dir", str(out / "cus"), "--output", str(out / "dag.json")]),
     ]
 
 
