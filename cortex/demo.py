@@ -16,6 +16,10 @@ def stages(model: Path, out: Path) -> list[tuple[str, list[str]]]:
         ("inspect", ["inspect", str(model)]),
         ("decompose", ["decompose", "--model-path", str(model), "--output-dir", str(out / "cus")]),
         ("build-dag", ["build-dag", "--cu-dir", str(out / "cus"), "--output", str(out / "dag.json")]),
+        ("compile-wasm", ["compile-wasm", "--cu-dir", str(out / "cus"), "--dag", str(out / "dag.json"),
+                          "--output", str(out / "wasm-bin"), "--opt-level", "3"]),
+        ("run", ["run", str(out / "dag.json"), "--example-inputs", "--output", str(out / "outputs.npz"),
+                 "--trace", str(out / "trace.json")]),
     ]
 
 

@@ -22,11 +22,15 @@ def run(
     output: Annotated[Optional[Path], typer.Option("--output", help="The .npz file to write the outputs to.")] = None,
     device: Annotated[str, typer.Option("--device", help=f"One of: {', '.join(DEVICES)}.")] = "wasm",
     trace: Annotated[Optional[Path], typer.Option("--trace", help="Write per-CU wall time and bytes moved (JSON).")] = None,
+    example_inputs: Annotated[bool, typer.Option("--example-inputs", help="Feed inputs not given with --input a "
+                                                 "deterministic example (floats arange(n)/n, integers and bools 0).")] = False,
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
 ) -> None:
     """Run the model's CUs in order on the device and save its outputs."""
     feeds = read_inputs(input or [])
     model = load(dag, device)
+    if example_inputs:
+        feeds = {**example_feeds(model.inputs), **feeds}
     results = model.run(feeds)
     if output is not None:
         buffer = io.BytesIO()
@@ -74,4 +78,18 @@ def read_inputs(items: list[str]) -> dict[str, np.ndarray]:
             if k in feeds:
                 raise CortexError(f"--input: {k!r} given twice")
             feeds[k] = v
+    return feeds
+
+
+def example_feeds(specs: list[dict]) -> dict[str, np.ndarray]:
+    """The inputs the test suites use for models without data: arange(n)/n for floats, zeros
+    otherwise (always a valid index, mask or flag)."""
+    feeds = {}
+    for spec in specs:
+        dtype, shape = np.dtype(spec["dtype"]), tuple(spec["shape"])
+        n = int(np.prod(shape, dtype=np.int64))
+        if dtype.kind == "f":
+            feeds[spec["name"]] = (np.arange(n) / max(n, 1)).astype(dtype).reshape(shape)
+        else:
+            feeds[spec["name"]] = np.zeros(shape, dtype)
     return feeds
