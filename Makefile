@@ -36,5 +36,15 @@ bench-decompose: setup
 samples: setup
 	$(BIN)/python samples/make_samples.py --all
 
+# onnxruntime-web for the benchmarks, pinned by bench/ortweb/package-lock.json, in a folder make owns.
+ORTWEB := bench/ortweb/node_modules/onnxruntime-web/package.json
+$(ORTWEB): bench/ortweb/package.json bench/ortweb/package-lock.json
+	cd bench/ortweb && npm ci --no-audit --no-fund --loglevel=error
+	touch $(ORTWEB)
+
+## Cortex WASM against onnxruntime (native) and onnxruntime-web: writes docs/benchmarks.md and $(OUT)/bench.json.
+bench: setup $(ORTWEB)
+	$(BIN)/python -m bench.bench_models --json $(OUT)/bench.json
+
 clean:
 	rm -rf $(OUT) .cache .pytest_cache

@@ -1,0 +1,74 @@
+"""`make bench`: Cortex WASM against onnxruntime (native) and onnxruntime-web on the nine light
+models, MiniLM-L6 (seq 128) and GEMM micro-benchmarks; writes its section of docs/benchmarks.md.
+
+    python -m bench.bench_models [--models resnet50,minilm-l6-s128] [--rounds 5] [--no-gemm]
+                                 [--no-models] [--output docs/benchmarks.md] [--json out/bench.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+from bench import gemm_bench, machine, model_bench, report
+from bench.node_runner import NodeRunner, NodeUnavailable
+from ir.onnx_export import write_bytes_atomically
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(model_bench.MODEL_NAMES),
+                        help="comma-separated, from: " + ", ".join(model_bench.MODEL_NAMES))
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per measurement")
+    parser.add_argument("--no-gemm", action="store_true", help="skip the GEMM micro-benchmarks")
+    parser.add_argument("--no-models", action="store_true", help="skip the model benchmarks")
+    parser.add_argument("--output", type=Path, default=Path("docs/benchmarks.md"))
+    parser.add_argument("--json", type=Path, help="also write the raw results here")
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.models.split(",") if n.strip()]
+    unknown = [n for n in names if n not in model_bench.MODEL_NAMES]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(model_bench.MODEL_NAMES)}")
+
+    info = machine.describe()
+    print(f"Benchmarking on {info['cpu']} ({info['cores']} cores)", flush=True)
+    settings = {"rounds": args.rounds}
+    try:
+        node = NodeRunner()
+        settings["ortweb_version"] = node.ask(cmd="version")["web"]
+    except (NodeUnavailable, RuntimeError, OSError) as e:
+        print(f"  onnxruntime-web columns will be n/a: {e}", flush=True)
+        node = None
+    models, gemms, peak = [], [], {}
+    try:
+        if not args.no_gemm:
+            print("GEMM micro-benchmarks", flush=True)
+            gemms, peak = gemm_bench.run_all(node, rounds=args.rounds)
+        if not args.no_models:
+            print("Models", flush=True)
+            for name in names:
+                models.append(model_bench.bench_model(name, node, rounds=args.rounds))
+    finally:
+        if node is not None:
+            node.close()
+
+    _, model_summary = report.model_table(models)
+    _, gemm_summary = report.gemm_table(gemms, peak)
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    section = report.render(info, models, model_summary, gemms, gemm_summary, peak, settings, date)
+    report.write_section(args.output, section)
+    print(f"wrote {args.output}")
+    if args.json:
+        raw = {"machine": info, "settings": settings, "date": date, "peak_gflops": peak,
+               "gemm": [g.to_json() for g in gemms], "models": [m.to_json() for m in models],
+               "summary": {**model_summary, **gemm_summary}}
+        write_bytes_atomically(args.json, (json.dumps(raw, indent=2) + "\n").encode())
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

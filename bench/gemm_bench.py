@@ -1,0 +1,163 @@
+"""GEMM micro-benchmarks: Cortex's WASM GEMM kernel under wasmtime and under V8, against
+onnxruntime's MatMul (native, one thread) and onnxruntime-web's, plus the WASM SIMD peak measured by
+an FMA loop in the same run (so "fraction of peak" compares like with like)."""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import wasmtime
+from onnx import TensorProto, helper, numpy_helper
+
+from backends.wasm.gemm import SIMD, SIMD_FMA, pack_b, packed_b_size, render_gemm
+from backends.wasm.kernels.standalone import engine_for, instantiate, module_text, write
+from bench.node_runner import NodeContestant, NodeRunner
+from bench.timing import InProcess, Timings, interleave, repeats_for
+
+SHAPES = ((64, 64, 64), (256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (1, 3072, 768))  # m, n, k
+PEAK_ITERATIONS = 2_000_000
+PEAK_ACCUMULATORS = 12  # independent FMA chains: enough to cover latency x ports on current cores
+
+
+def peak_wat(fma: bool) -> str:
+    """A loop of independent v128 multiply-adds and nothing else: what the engine can issue at best."""
+    regs = [f"$c{i}" for i in range(PEAK_ACCUMULATORS)]
+    madd = ("(f32x4.relaxed_madd (local.get {r}) (local.get $x) (local.get $y))" if fma
+            else "(f32x4.add (f32x4.mul (local.get {r}) (local.get $x)) (local.get $y))")
+    body = "\n".join(f"    (local.set {r} {madd.format(r=r)})" for r in regs)
+    total = "(local.get $c0)"
+    for r in regs[1:]:
+        total = f"(f32x4.add {total} (local.get {r}))"
+    return f"""(func $peak (param $n i32)
+  (local $x v128) (local $y v128) {' '.join(f'(local {r} v128)' for r in regs)}
+  (local.set $x (v128.const f32x4 0.999 0.999 0.999 0.999))
+  (local.set $y (v128.const f32x4 0.001 0.001 0.001 0.001))
+  (loop $l
+{body}
+    (local.set $n (i32.sub (local.get $n) (i32.const 1)))
+    (br_if $l (local.get $n)))
+  (v128.store (i32.const 0) {total}))
+"""
+
+
+def peak_flops_per_call() -> float:
+    return PEAK_ITERATIONS * PEAK_ACCUMULATORS * 4 * 2
+
+
+@dataclass
+class GemmResult:
+    shape: tuple[int, int, int]
+    gflops: dict[str, float] = field(default_factory=dict)       # contestant -> GFLOP/s at the median
+    timings: dict[str, Timings] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"m_n_k": list(self.shape), "gflops": self.gflops, "errors": self.errors,
+                "timings": {k: t.to_json() for k, t in self.timings.items()}}
+
+
+def _matmul_model(b: np.ndarray, m: int, path: Path) -> None:
+    k, n = b.shape
+    graph = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["c"])], "gemm",
+                              [helper.make_tensor_value_info("a", TensorProto.FLOAT, [m, k])],
+                              [helper.make_tensor_value_info("c", TensorProto.FLOAT, [m, n])],
+                              [numpy_helper.from_array(b, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # onnxruntime-web 1.30 reads IR versions up to 13 only
+    onnx.save(model, path)
+
+
+def _ort_session(path: Path) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def bench_gemm(shape, node: NodeRunner | None, workdir: Path, rounds: int) -> GemmResult:
+    m, n, k = shape
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    result = GemmResult(shape)
+    offsets = {"a": 0, "b": a.nbytes, "c": a.nbytes + packed_b_size(k, n)}
+    end = offsets["c"] + m * n * 4
+    contestants = []
+    expected = a @ b
+    for label, features in (("cortex-wasmtime", SIMD_FMA), ("cortex-wasmtime-simd", SIMD)):
+        func = render_gemm(m, n, k, a_offset=offsets["a"], b_packed_offset=offsets["b"],
+                           c_offset=offsets["c"], features=features)
+        store, inst = instantiate(func, end, features)
+        write(store, inst, offsets["a"], a)
+        write(store, inst, offsets["b"], pack_b(b))
+        gemm = inst.exports(store)["gemm"]
+        gemm(store)
+        got = np.frombuffer(bytes(inst.exports(store)["memory"].read(store, offsets["c"], end)), "<f4").reshape(m, n)
+        np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-3 * k ** 0.5)  # never time a wrong kernel
+        contestants.append(InProcess(label, lambda g=gemm, s=store: g(s)))
+        if features == SIMD_FMA:
+            wasm_bytes = wasmtime.wat2wasm(module_text(func, end))
+    model = workdir / f"matmul_{m}x{n}x{k}.onnx"
+    _matmul_model(b, m, model)
+    session = _ort_session(model)
+    contestants.append(InProcess("ort-cpu", lambda: session.run(None, {"a": a})))
+    if node is not None:
+        (workdir / "a.bin").write_bytes(a.tobytes())
+        (workdir / "b.bin").write_bytes(pack_b(b))
+        wasm_path = workdir / f"gemm_{m}x{n}x{k}.wasm"
+        wasm_path.write_bytes(wasm_bytes)
+        tag = f"{m}x{n}x{k}"
+        for label, request in (
+            ("cortex-v8", dict(cmd="wasm", id=f"v8-{tag}", module=str(wasm_path), export="gemm",
+                               data=[[offsets["a"], str(workdir / "a.bin")], [offsets["b"], str(workdir / "b.bin")]])),
+            ("ort-web", dict(cmd="load", id=f"web-{tag}", model=str(model),
+                             inputs=[{"name": "a", "dtype": "float32", "shape": [m, k], "data": str(workdir / "a.bin")}])),
+        ):
+            try:
+                node.ask(**request)
+                contestants.append(NodeContestant(label, node, request["id"]))
+            except RuntimeError as e:
+                result.errors[label] = str(e)
+    flops = 2.0 * m * n * k
+    repeat = repeats_for(flops / 20e9)
+    result.timings = interleave(contestants, rounds, repeat, warmup=2)
+    result.gflops = {name: flops / t.median / 1e9 for name, t in result.timings.items()}
+    return result
+
+
+def bench_peak(node: NodeRunner | None, workdir: Path, rounds: int = 3) -> dict[str, float]:
+    """GFLOP/s of the FMA loop (relaxed SIMD) and the mul+add loop (plain SIMD), wasmtime and V8."""
+    found = {}
+    for label, fma in (("wasmtime-fma", True), ("wasmtime-mul-add", False)):
+        features = SIMD_FMA if fma else SIMD
+        store, inst = instantiate(peak_wat(fma), 64, features)
+        peak = inst.exports(store)["peak"]
+        t = interleave([InProcess(label, lambda p=peak, s=store: p(s, PEAK_ITERATIONS))], rounds, 3)[label]
+        found[label] = peak_flops_per_call() / t.best / 1e9
+    if node is not None:
+        path = workdir / "peak.wasm"
+        path.write_bytes(wasmtime.wat2wasm(module_text(peak_wat(True), 64)))
+        node.ask(cmd="wasm", id="peak", module=str(path), export="peak", args=[PEAK_ITERATIONS])
+        t = Timings(NodeContestant("v8-fma", node, "peak").time(2, 3 * rounds))
+        found["v8-fma"] = peak_flops_per_call() / t.best / 1e9
+    return found
+
+
+def run_all(node: NodeRunner | None, rounds: int = 5, shapes=SHAPES, log=print) -> tuple[list[GemmResult], dict]:
+    engine_for(SIMD_FMA)  # fail early if this wasmtime lacks relaxed SIMD
+    with tempfile.TemporaryDirectory(prefix="cortex-bench-gemm-") as tmp:
+        peak = bench_peak(node, Path(tmp))
+        log("  peak: " + ", ".join(f"{k} {v:.1f} GFLOP/s" for k, v in peak.items()))
+        results = []
+        for shape in shapes:
+            r = bench_gemm(shape, node, Path(tmp), rounds)
+            log(f"  gemm {'x'.join(map(str, shape))}: " + ", ".join(f"{k} {v:.1f}" for k, v in r.gflops.items())
+                + " GFLOP/s" + "".join(f"; {k}: {e}" for k, e in r.errors.items()))
+            results.append(r)
+    return results, peak

@@ -1,0 +1,115 @@
+"""The model benchmark: each model under onnxruntime (native CPU, one thread), onnxruntime-web (WASM
+in Node, one thread) and Cortex (WASM under wasmtime, one thread), timed interleaved."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+ort.set_default_logger_severity(3)  # unused-initializer warnings of the zoo models are noise here
+
+from bench import cortex_side
+from bench.node_runner import NodeContestant, NodeRunner
+from bench.timing import InProcess, Timings, interleave, repeats_for
+from samples.light_models import LIGHT_MODEL_NAMES, light_model
+
+MINILM = "minilm-l6-s128"
+MODEL_NAMES = (*LIGHT_MODEL_NAMES, MINILM)
+
+
+@dataclass
+class ModelCase:
+    name: str
+    path: Path
+    feeds: dict[str, np.ndarray]
+    input_shapes: dict[str, tuple[int, ...]]
+    dims: dict[str, int] = field(default_factory=dict)
+
+
+def model_case(name: str) -> ModelCase:
+    if name == MINILM:
+        from samples.minilm import minilm
+        m = minilm(batch=1, seq=128)  # exports the model into .cache/models on first use
+        return ModelCase(name, m.path, m.inputs, m.input_shapes, m.dims)
+    m = light_model(name)
+    return ModelCase(name, m.path, m.inputs, m.input_shapes)
+
+
+@dataclass
+class ModelResult:
+    name: str
+    timings: dict[str, Timings] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)      # contestant -> why it has no number
+    memory: dict | None = None
+    compile_s: float | None = None
+    load_s: float | None = None
+
+    def median_ms(self, contestant: str) -> float | None:
+        t = self.timings.get(contestant)
+        return t.median * 1e3 if t and t.seconds else None
+
+    def to_json(self) -> dict:
+        return {"model": self.name, "timings": {k: t.to_json() for k, t in self.timings.items()},
+                "errors": self.errors, "memory": self.memory, "compile_s": self.compile_s, "load_s": self.load_s}
+
+
+def _ort_session(path: Path) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.log_severity_level = 3
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def _node_dtype(array: np.ndarray) -> str:
+    return {"float32": "float32", "int64": "int64", "int32": "int32", "bool": "bool", "uint8": "uint8"}[array.dtype.name]
+
+
+def bench_model(name: str, node: NodeRunner | None, rounds: int, log=print) -> ModelResult:
+    result = ModelResult(name)
+    case = model_case(name)
+    try:
+        result.memory = cortex_side.memory_plan(case.path, case.input_shapes, case.dims)
+    except Exception as e:  # noqa: BLE001  (the report says why instead of stopping the run)
+        result.errors["memory"] = f"{type(e).__name__}: {e}"
+    session = _ort_session(case.path)
+    reference = dict(zip([o.name for o in session.get_outputs()], session.run(None, case.feeds)))
+    contestants = []
+    start = time.perf_counter()
+    session.run(None, case.feeds)
+    once = time.perf_counter() - start
+    contestants.append(InProcess("ort-cpu", lambda: session.run(None, case.feeds)))
+    with tempfile.TemporaryDirectory(prefix=f"cortex-bench-{name}-") as tmp:
+        workdir = Path(tmp)
+        if node is not None:
+            inputs = []
+            for input_name, array in case.feeds.items():
+                path = workdir / f"input-{len(inputs)}.bin"
+                path.write_bytes(np.ascontiguousarray(array).tobytes())
+                inputs.append({"name": input_name, "dtype": _node_dtype(array), "shape": list(array.shape),
+                               "data": str(path)})
+            try:
+                node.ask(cmd="load", id=name, model=str(case.path), inputs=inputs)
+                contestants.append(NodeContestant("ort-web", node, name))
+            except RuntimeError as e:
+                result.errors["ort-web"] = str(e)[:200]
+        else:
+            result.errors["ort-web"] = "Node or onnxruntime-web not available"
+        try:
+            built = cortex_side.build(case.path, case.input_shapes, case.dims, case.feeds, reference, workdir / "cortex")
+            contestants.append(built.contestant)
+            result.compile_s, result.load_s = built.compile_s, built.load_s
+        except cortex_side.NotAvailable as e:
+            result.errors["cortex-wasm"] = str(e)
+        except Exception as e:  # noqa: BLE001  (a crash in a stage is reported, not fatal to the run)
+            result.errors["cortex-wasm"] = f"{type(e).__name__}: {str(e)[:160]}"
+        result.timings = interleave(contestants, rounds, repeats_for(once * 2, budget=0.5, most=10), warmup=1)
+    log(f"  {name}: " + ", ".join(f"{k} {t.median * 1e3:.1f} ms" for k, t in result.timings.items())
+        + "".join(f"; {k}: {e}" for k, e in result.errors.items()))
+    return result
