@@ -42,8 +42,8 @@ $(ORTWEB): bench/ortweb/package.json bench/ortweb/package-lock.json
 	cd bench/ortweb && npm ci --no-audit --no-fund --loglevel=error
 	touch $(ORTWEB)
 
-## Cortex WASM against onnxruntime (native) and onnxruntime-web: writes docs/benchmarks.md and $(OUT)/bench.json.
-bench: setup $(ORTWEB)
+## Cortex WASM against onnxruntime (native) and onnxruntime-web (after bench-decompose): writes its section of docs/benchmarks.md and $(OUT)/bench.json.
+bench: setup $(ORTWEB) bench-decompose
 	$(BIN)/python -m bench.bench_models --json $(OUT)/bench.json
 
 clean:
