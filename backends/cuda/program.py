@@ -1,0 +1,68 @@
+"""Running one compiled CU: its launch list over its parameter layout, on `cuda` or `cuda-sim`.
+
+The record (what compile-cuda writes into dag.json, `cus[i].artifacts.cuda`) says which kernels to
+launch in which order with which geometry, and the parameter layout every kernel shares: the CU's
+inputs, its outputs, the weights blob and the scratch space. The runner allocates outputs and scratch
+once, uploads the weights once, and for each run binds the given input tensors and launches. On the
+GPU, tensors are `DeviceBuffer`s and stay on the device (one CU's output buffer is the next one's
+input); on cuda-sim they are numpy arrays.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ir.errors import CortexError
+
+
+class CuProgram:
+    def __init__(self, device, record: dict, folder: Path, *, seed: int = 0, host_threads: int = 1):
+        """`device`: a CudaDevice, or None for cuda-sim. `folder`: where the record's files are."""
+        self.device = device
+        self.record = record
+        self.params = record["params"]
+        self.launches = record["launches"]
+        self.seed, self.host_threads = seed, host_threads
+        weights_path = folder / record["weights"]["file"] if record["weights"]["bytes"] else None
+        weights = np.fromfile(weights_path, np.uint8) if weights_path else np.zeros(1, np.uint8)
+        scratch_bytes = max(1, record["scratch_bytes"])
+        signatures = {launch["kernel"]: ["ptr"] * len(self.params) for launch in self.launches}
+        if device is None:
+            from backends.cuda.sim import SimModule
+            self.module = SimModule(folder / record["source"]["file"])
+            self.weights, self.scratch = weights, np.zeros(scratch_bytes, np.uint8)
+        else:
+            cubins = {arch: (folder / entry["file"]).read_bytes() for arch, entry in record["cubins"].items()}
+            ptx = (folder / record["ptx"]["file"]).read_bytes()
+            self.module = device.load_module(cubins, ptx, signatures)
+            self.weights, self.scratch = device.upload(weights), device.alloc(scratch_bytes)
+        self.outputs = {p["name"]: self._alloc(p) for p in self.params if p["kind"] == "output"}
+
+    def _alloc(self, param: dict):
+        if self.device is None:
+            return np.empty(param["shape"], np.dtype(param["dtype"]))
+        return self.device.alloc(param["bytes"])
+
+    def run(self, inputs: dict) -> dict:
+        """Launch every kernel; returns the output tensors (numpy on cuda-sim, device buffers on cuda)."""
+        args = []
+        for p in self.params:
+            if p["kind"] == "input":
+                if p["name"] not in inputs:
+                    raise CortexError(f"CU input {p['name']!r} was not given")
+                value = inputs[p["name"]]
+                if self.device is None:
+                    value = np.ascontiguousarray(value, dtype=np.dtype(p["dtype"]))
+                    if value.size * value.itemsize != p["bytes"]:
+                        raise CortexError(f"CU input {p['name']!r}: expected shape {p['shape']}, got {list(value.shape)}")
+                args.append(value)
+            elif p["kind"] == "output":
+                args.append(self.outputs[p["name"]])
+            else:
+                args.append(self.weights if p["kind"] == "weights" else self.scratch)
+        for launch in self.launches:
+            self.module.kernel(launch["kernel"]).launch(launch["grid"], launch["block"], launch.get("shared_bytes", 0),
+                                                        args, seed=self.seed, host_threads=self.host_threads)
+        return dict(self.outputs)
