@@ -1,0 +1,97 @@
+"""`cortex bench DAG`: how fast a compiled model runs, and which CUs the time goes to.
+
+Inputs come from --input files or, by default, the deterministic example inputs of `cortex run`.
+After --warmup untimed runs, --repeat timed runs give the median and the minimum wall time of a
+whole run; the runtime's trace gives each CU's share (median over the same runs).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from cortex.commands.run import example_feeds, read_inputs
+from cortex.console import out, print_json
+from cortex.runtime import DEVICES, load
+from ir.errors import CortexError
+
+
+def bench(
+    dag: Annotated[Path, typer.Argument(help="The dag.json, compiled for the device.")],
+    repeat: Annotated[int, typer.Option("--repeat", help="Timed runs.")] = 20,
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed runs first (caches, lazy set-up).")] = 3,
+    input: Annotated[Optional[list[str]], typer.Option("--input", help="NAME=FILE.npy, or FILE.npz holding inputs by name (repeatable); others get example inputs.")] = None,
+    device: Annotated[str, typer.Option("--device", help=f"One of: {', '.join(DEVICES)}.")] = "wasm",
+    top: Annotated[int, typer.Option("--top", help="CUs to list, slowest first (0: all).")] = 10,
+    json: Annotated[bool, typer.Option("--json", help="Print a machine-readable report.")] = False,
+) -> None:
+    """Time a compiled model: median and min of N runs, and a per-CU breakdown."""
+    if repeat < 1:
+        raise CortexError(f"--repeat must be at least 1, got {repeat}")
+    if warmup < 0:
+        raise CortexError(f"--warmup cannot be negative, got {warmup}")
+    if top < 0:
+        raise CortexError(f"--top cannot be negative, got {top}")
+    feeds = read_inputs(input or [])
+    start = time.perf_counter()
+    model = load(dag, device)
+    load_s = time.perf_counter() - start
+    feeds = {**example_feeds(model.inputs), **feeds}
+    for _ in range(warmup):
+        model.run(feeds)
+    runs, overheads, per_cu = measure(model, feeds, repeat)
+    report = summarize(dag, device, load_s, runs, overheads, per_cu)
+    if json:
+        print_json(report)
+        return
+    _print(report, top)
+
+
+def measure(model, feeds: dict, repeat: int) -> tuple[list[float], list[float], dict[str, dict]]:
+    """Wall seconds of each run, what of each run the CUs did not account for (the runtime moving
+    tensors and checking inputs), and per CU its op types and seconds in each run."""
+    runs: list[float] = []
+    overheads: list[float] = []
+    per_cu: dict[str, dict] = {}
+    for _ in range(repeat):
+        start = time.perf_counter()
+        model.run(feeds)
+        runs.append(time.perf_counter() - start)
+        overheads.append(max(runs[-1] - sum(event["seconds"] for event in model.trace), 0.0))
+        for event in model.trace:
+            entry = per_cu.setdefault(event["cu"], {"op_types": event.get("op_types", []), "seconds": []})
+            entry["seconds"].append(event["seconds"])
+    return runs, overheads, per_cu
+
+
+def summarize(dag: Path, device: str, load_s: float, runs: list[float], overheads: list[float],
+              per_cu: dict[str, dict]) -> dict:
+    median = statistics.median(runs)
+    cus = [{"cu": cu, "op_types": entry["op_types"], "median_ms": statistics.median(entry["seconds"]) * 1e3,
+            "min_ms": min(entry["seconds"]) * 1e3} for cu, entry in per_cu.items()]
+    cu_total = sum(c["median_ms"] for c in cus) or 1.0
+    for c in cus:
+        c["share"] = c["median_ms"] / cu_total
+    cus.sort(key=lambda c: (-c["median_ms"], c["cu"]))
+    return {"dag": str(dag), "device": device, "runs": len(runs), "load_ms": load_s * 1e3,
+            "median_ms": median * 1e3, "min_ms": min(runs) * 1e3, "max_ms": max(runs) * 1e3,
+            "overhead_ms": statistics.median(overheads) * 1e3, "cus": cus}
+
+
+def _print(report: dict, top: int) -> None:
+    out.print(f"{report['dag']} on {report['device']}: median {report['median_ms']:.2f} ms, "
+              f"min {report['min_ms']:.2f} ms over {report['runs']} runs "
+              f"(load {report['load_ms']:.1f} ms, runtime overhead {report['overhead_ms']:.2f} ms per run)")
+    shown = report["cus"] if top == 0 else report["cus"][:top]
+    table = Table(title=f"CUs, slowest first ({len(shown)} of {len(report['cus'])})")
+    for col in ("CU", "ops", "median ms", "min ms", "share"):
+        table.add_column(col, justify="left" if col in ("CU", "ops") else "right")
+    for c in shown:
+        ops = ", ".join(c["op_types"][:6]) + (" ..." if len(c["op_types"]) > 6 else "")
+        table.add_row(c["cu"], ops, f"{c['median_ms']:.3f}", f"{c['min_ms']:.3f}", f"{c['share']:.1%}")
+    out.print(table)
