@@ -52,3 +52,38 @@ def assert_matches_onnxruntime(model, feeds, configs=CONFIGS, rtol=1e-4, atol=1e
             assert got[name].shape == want.shape, (name, features, level)
             np.testing.assert_allclose(got[name], want, rtol=rtol, atol=atol,
                                        err_msg=f"{name} with features={features!r} opt-level={level}")
+
+
+def compile_pipeline(model_path, out_dir, features="simd,bulk-memory", opt_level="2", input_shapes=None, dims=None,
+                     min_cu_size=4096, max_cu_size=50_000_000, max_cu_depth=8):
+    """decompose -> build-dag -> compile-wasm, as the CLI runs them; returns the dag.json path."""
+    import json
+    from pathlib import Path
+
+    from backends.wasm.build import compile_cu_dir
+    from cortex.commands.decompose import decompose_model
+    from cortex.dag import build_dag
+    from ir.onnx_export import write_bytes_atomically
+
+    out_dir = Path(out_dir)
+    decompose_model(Path(model_path), out_dir / "cus", input_shapes or {}, dims or {}, min_cu_size, max_cu_size,
+                    max_cu_depth)
+    dag_path = out_dir / "dag.json"
+    write_bytes_atomically(dag_path, json.dumps(build_dag(out_dir / "cus", dag_path), indent=2).encode())
+    compile_cu_dir(out_dir / "cus", out_dir / "wasm-bin", parse_options(None, features, opt_level), dag_path)
+    return dag_path
+
+
+def module_imports(path) -> list:
+    """(module, name, kind) of every import of a .wasm file."""
+    engine = wasmtime.Engine(_permissive_config())
+    module = wasmtime.Module.from_file(engine, str(path))
+    return [(i.module, i.name, type(i.type).__name__) for i in module.imports]
+
+
+def _permissive_config():
+    config = wasmtime.Config()
+    config.wasm_simd = True
+    config.wasm_relaxed_simd = True
+    config.wasm_bulk_memory = True
+    return config
