@@ -1,0 +1,40 @@
+"""`cortex compile-cuda`: CUDA C++, PTX and cubins per CU, recorded in dag.json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from backends.cuda.build import compile_cu_dir
+from backends.cuda.compile import COMPILERS, DEFAULT_ARCHS, choose_compiler, parse_archs
+from cortex.console import out, print_json
+
+
+def compile_cuda(
+    cu_dir: Annotated[Path, typer.Option("--cu-dir", help="The --output-dir of 'cortex decompose'.")],
+    output: Annotated[Path, typer.Option("--output", help="Folder for cu-NNNN.{cu,ptx,sm_XX.cubin,weights} (replaced).")],
+    dag: Annotated[Optional[Path], typer.Option("--dag", help="dag.json to record the artifacts in (rewritten).")] = None,
+    arch: Annotated[str, typer.Option("--arch", help="Comma-separated GPU architectures for cubins.")] = ",".join(DEFAULT_ARCHS),
+    compiler: Annotated[str, typer.Option("--compiler", help=f"One of {', '.join(COMPILERS)} (auto: nvcc when installed, else NVRTC).")] = "auto",
+    json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
+) -> None:
+    """Compile every CU to one CUDA translation unit, its PTX and a cubin per architecture."""
+    archs = parse_archs(arch)
+    choose_compiler(compiler)   # fail before any work when no compiler is usable
+    summary = compile_cu_dir(cu_dir, output, archs, compiler, dag)
+    if json:
+        print_json(summary)
+        return
+    table = Table(title=f"CUDA artifacts written to {output}", show_header=False)
+    table.add_column("")
+    table.add_column("", justify="right")
+    table.add_row("CUs / kernels", f"{summary['cus']} / {summary['kernels']}")
+    table.add_row("compiler / archs", f"{summary['compiler']} / {','.join(summary['archs'])}")
+    table.add_row("most registers in a kernel", str(summary["max_registers"]))
+    table.add_row("kernels that spill", ", ".join(summary["spills"]) or "none")
+    table.add_row("dag.json updated", str(dag) if dag else "no (--dag not given)")
+    table.add_row("time", f"{summary['seconds']:.2f} s")
+    out.print(table)
