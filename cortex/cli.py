@@ -36,6 +36,8 @@ app.command("compile-wasm")(compile_wasm.compile_wasm)
 app.command("run")(run.run)
 from cortex.commands import bench  # noqa: E402
 app.command("bench")(bench.bench)
+from cortex.commands import compile_cuda  # noqa: E402
+app.command("compile-cuda")(compile_cuda.compile_cuda)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -15,7 +15,7 @@ import numpy as np
 
 from ir.errors import CortexError
 
-DEVICES = ("wasm",)
+DEVICES = ("wasm", "cuda", "cuda-sim")
 
 
 class CompiledModel:
@@ -24,8 +24,12 @@ class CompiledModel:
         self.dag = read_dag(self.path)
         if device not in DEVICES:
             raise CortexError(f"unknown device {device!r}: expected one of {', '.join(DEVICES)}")
-        from cortex.runtime.wasm import WasmDevice
-        self.device = WasmDevice(self.dag, self.path)
+        if device == "wasm":
+            from cortex.runtime.wasm import WasmDevice
+            self.device = WasmDevice(self.dag, self.path)
+        else:
+            from backends.cuda.runtime_device import CudaGpuDevice, CudaSimDevice
+            self.device = (CudaSimDevice if device == "cuda-sim" else CudaGpuDevice)(self.dag, self.path)
         self._cus = {cu["id"]: cu for cu in self.dag["cus"]}
         self.trace: list[dict] = []
 
