@@ -50,8 +50,14 @@ class WasmDevice:
         try:
             return instance.run({name: env[name] for name in cu["inputs"]})
         except wasmtime.Trap as e:
-            raise CortexError(f"{cu['id']} ({', '.join(cu.get('op_types', []))}) trapped: "
-                              f"{str(e).splitlines()[0]}") from None
+            raise CortexError(f"{cu['id']} ({', '.join(cu.get('op_types', []))}) trapped: {_trap_reason(e)}") from None
+
+
+def _trap_reason(trap: wasmtime.Trap) -> str:
+    """wasmtime puts the backtrace first and the reason ("wasm trap: ...") last."""
+    lines = [line.strip() for line in str(trap).splitlines() if line.strip()]
+    reasons = [line.removeprefix("wasm trap: ") for line in lines if line.startswith("wasm trap:")]
+    return reasons[-1] if reasons else (lines[-1] if lines else "unknown trap")
 
 
 def _common_options(records, dag_path: Path) -> WasmOptions:
