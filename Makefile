@@ -7,7 +7,7 @@ OUT    ?= out
 SAMPLE ?= samples/cnn.onnx
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-all samples conformance bench bench-decompose clean
+.PHONY: setup demo test test-all samples conformance bench bench-decompose gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,11 @@ $(ORTWEB): bench/ortweb/package.json bench/ortweb/package-lock.json
 ## Cortex WASM against onnxruntime (native) and onnxruntime-web (after bench-decompose): writes its section of docs/benchmarks.md and $(OUT)/bench.json.
 bench: setup $(ORTWEB) bench-decompose
 	$(BIN)/python -m bench.bench_models --json $(OUT)/bench.json
+
+## On a machine with an NVIDIA GPU: compile-cuda + run --device cuda on the samples, light models and
+## MiniLM against onnxruntime, timed against onnxruntime's CUDA EP (or torch), plus conformance on cuda.
+gpu-check: setup
+	$(BIN)/python -m bench.gpu_check --out $(OUT)/gpu-check --output $(OUT)/gpu-check.json
 
 clean:
 	rm -rf $(OUT) .cache .pytest_cache
