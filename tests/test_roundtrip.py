@@ -18,7 +18,8 @@ from ir.onnx_export import export_model
 from ir.onnx_import import load_model
 from passes import optimize_pipeline, run_pipeline
 from testdata import (ModelCase, assert_bit_exact, assert_values_close, light_model, light_model_params, minilm,
-                      node_test_case, node_test_names, onnxruntime_reproduces, run_onnxruntime, sample_models)
+                      minilm_feed, node_test_case, node_test_names, onnxruntime_reproduces, run_onnxruntime,
+                      sample_models)
 
 RTOL, ATOL = 1e-5, 1e-6
 # Half-precision results get 2 ulps: onnxruntime's fp16 Mul rounds differently when one operand is
@@ -125,3 +126,17 @@ def test_minilm_keeps_its_results_through_the_pipeline():
     case = minilm(seq=128)
     model, folded_floats = exported_after_pipeline(case)
     assert_same_results(case, model, bit_exact=not folded_floats)
+
+
+def test_pipeline_without_bound_dims_keeps_minilm_dynamic():
+    """Folding must not bake the first shape it sees into a model whose dims are left free."""
+    case = minilm(seq=128)
+    graph, _ = run_pipeline(load_model(case.path), optimize_pipeline())
+    model = export_model(graph)
+    onnx.checker.check_model(model, full_check=True)
+    for batch, seq in [(1, 128), (2, 40)]:
+        feed = minilm_feed(batch, seq)
+        (got,) = run_onnxruntime(model, feed).values()
+        (expected,) = run_onnxruntime(case.path, feed).values()
+        assert got.shape == (batch, seq, 384)
+        assert_bit_exact(got, expected)

