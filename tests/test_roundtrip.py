@@ -19,7 +19,7 @@ from ir.onnx_import import load_model
 from passes import optimize_pipeline, run_pipeline
 from testdata import (ModelCase, assert_bit_exact, assert_values_close, light_model, light_model_params, minilm,
                       minilm_feed, node_test_case, node_test_names, onnxruntime_reproduces, run_onnxruntime,
-                      sample_models)
+                      sample_model, sample_models)
 
 RTOL, ATOL = 1e-5, 1e-6
 # Half-precision results get 2 ulps: onnxruntime's fp16 Mul rounds differently when one operand is
@@ -140,3 +140,11 @@ def test_pipeline_without_bound_dims_keeps_minilm_dynamic():
         (expected,) = run_onnxruntime(case.path, feed).values()
         assert got.shape == (batch, seq, 384)
         assert_bit_exact(got, expected)
+
+
+@pytest.mark.parametrize("name", ["transformer_block", "minilm"])
+def test_pipeline_output_is_byte_identical_across_runs(name):
+    case = minilm(seq=128) if name == "minilm" else sample_model(name)
+    first, _ = exported_after_pipeline(case)
+    second, _ = exported_after_pipeline(case)
+    assert first.SerializeToString() == second.SerializeToString()
