@@ -1,0 +1,152 @@
+"""`cortex compile-wasm`: options, what the modules contain, determinism, dag.json records, and
+one-line errors that leave the output folder as it was."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper
+
+from backends.wasm.options import parse_options
+from cortex.cli import main
+from cortex.cus import file_sha256
+from cortex.dag import validate_dag
+from ir.errors import CortexError
+from testdata import sample_model
+from wasm_cases import compile_pipeline, make_model
+
+
+def run_cli(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+        raise SystemExit(0)
+    captured = capsys.readouterr()
+    return exit_info.value.code, captured.out, captured.err
+
+
+def assert_one_line_error(code, err, *fragments):
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+
+
+@pytest.fixture(scope="module")
+def cnn_dirs(tmp_path_factory):
+    """The cnn sample decomposed and its dag built (compiled once with defaults)."""
+    case = sample_model("cnn")
+    out = tmp_path_factory.mktemp("cnn")
+    compile_pipeline(case.path, out, min_cu_size=64, max_cu_depth=3)
+    return out
+
+
+def compile_cli(capsys, out, *extra, output="bin"):
+    return run_cli(["compile-wasm", "--cu-dir", str(out / "cus"), "--output", str(out / output), "--json", *extra], capsys)
+
+
+def test_dag_records_each_artifact_and_still_validates(cnn_dirs, capsys):
+    code, _, err = compile_cli(capsys, cnn_dirs, "--dag", str(cnn_dirs / "dag.json"), "--features", "simd",
+                               "--opt-level", "1", output="wasm-bin")
+    assert code == 0, err
+    dag = json.loads((cnn_dirs / "dag.json").read_text())
+    validate_dag(dag)
+    for cu in dag["cus"]:
+        record = cu["artifacts"]["wasm"]
+        path = cnn_dirs / record["path"]
+        assert file_sha256(path) == record["sha256"] and path.stat().st_size == record["bytes"]
+        assert record["options"] == {"target": "wasm32-unknown-unknown", "features": ["simd"], "opt_level": "1"}
+        assert [e["name"] for e in record["memory"]["inputs"]] == cu["inputs"]
+        assert [e["name"] for e in record["memory"]["outputs"]] == cu["outputs"]
+
+
+def test_builds_are_byte_identical(cnn_dirs, capsys):
+    for name in ("a", "b"):
+        code, _, err = compile_cli(capsys, cnn_dirs, "--opt-level", "3", "--features", "simd,relaxed-simd", output=name)
+        assert code == 0, err
+    a, b = sorted((cnn_dirs / "a").glob("*.wasm")), sorted((cnn_dirs / "b").glob("*.wasm"))
+    assert a and [p.read_bytes() for p in a] == [p.read_bytes() for p in b]
+
+
+@pytest.mark.parametrize("features,level,present,absent", [
+    ("", "0", [], ["v128", "memory.init"]),
+    ("simd", "0", [], ["v128"]),
+    ("simd", "3", ["v128.load", "f32x4.add"], ["relaxed_madd", "memory.init"]),
+    ("simd,relaxed-simd", "3", ["f32x4.relaxed_madd"], []),
+    ("simd,bulk-memory", "2", ["memory.init", "data.drop", "v128"], []),
+    ("simd", "z", [], ["v128"]),
+])
+def test_features_and_opt_levels_shape_the_code(cnn_dirs, capsys, features, level, present, absent):
+    code, _, err = compile_cli(capsys, cnn_dirs, "--features", features, "--opt-level", level, "--emit-wat", output="w")
+    assert code == 0, err
+    wat = "\n".join(p.read_text() for p in sorted((cnn_dirs / "w").glob("*.wat")))
+    for text in present:
+        assert text in wat
+    for text in absent:
+        assert text not in wat
+
+
+@pytest.mark.parametrize("argv,fragments", [
+    (["--features", "simd,threads"], ["unknown --features threads"]),
+    (["--features", "relaxed-simd"], ["relaxed-simd needs simd"]),
+    (["--target", "wasm64-unknown-unknown"], ["unknown --target 'wasm64-unknown-unknown'"]),
+    (["--opt-level", "4"], ["unknown --opt-level '4'"]),
+])
+def test_bad_options_are_one_line_errors(cnn_dirs, capsys, argv, fragments):
+    code, _, err = compile_cli(capsys, cnn_dirs, *argv, output="never")
+    assert_one_line_error(code, err, *fragments)
+    assert not (cnn_dirs / "never").exists()
+
+
+def test_unsupported_ops_are_listed_and_the_output_folder_is_untouched(tmp_path, capsys):
+    model = make_model([helper.make_node("Relu", ["x"], ["r"], name="relu"),
+                        helper.make_node("Det", ["r"], ["d"], name="determinant")],
+                       [helper.make_tensor_value_info("x", T.FLOAT, [3, 3])],
+                       [helper.make_tensor_value_info("d", T.FLOAT, [])])
+    onnx.save(model, tmp_path / "m.onnx")
+    assert run_cli(["decompose", "--model-path", str(tmp_path / "m.onnx"), "--output-dir", str(tmp_path / "cus"),
+                    "--json"], capsys)[0] == 0
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "keep.txt").write_text("previous build")
+    code, _, err = run_cli(["compile-wasm", "--cu-dir", str(tmp_path / "cus"), "--output", str(tmp_path / "bin")], capsys)
+    assert_one_line_error(code, err, "Det (determinant)")
+    assert [p.name for p in (tmp_path / "bin").iterdir()] == ["keep.txt"]
+
+
+def test_stale_dag_is_refused(cnn_dirs, tmp_path, capsys):
+    dag = json.loads((cnn_dirs / "dag.json").read_text())
+    dag["cus"][0]["sha256"] = "0" * 64
+    (tmp_path / "dag.json").write_text(json.dumps(dag))
+    code, _, err = compile_cli(capsys, cnn_dirs, "--dag", str(tmp_path / "dag.json"), output="stale")
+    assert_one_line_error(code, err, "does not describe the CUs", "build-dag")
+
+
+def test_missing_cu_dir_is_a_one_line_error(tmp_path, capsys):
+    code, _, err = run_cli(["compile-wasm", "--cu-dir", str(tmp_path / "nope"), "--output", str(tmp_path / "b")], capsys)
+    assert_one_line_error(code, err, "nope")
+
+
+def test_options_parse_into_a_sorted_feature_set():
+    options = parse_options(None, "relaxed-simd, simd", "3")
+    assert options.features == ("relaxed-simd", "simd") and options.vectorize and options.relaxed_simd
+    assert not parse_options(None, "", "3").vectorize
+    with pytest.raises(CortexError):
+        parse_options("x86_64", None, None)
+
+
+def test_weights_live_in_data_segments_not_code(tmp_path):
+    """A module's size grows with its weights by their bytes, not by WAT-escaped text."""
+    weights = np.random.default_rng(0).standard_normal((256, 256)).astype(np.float32)
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])],
+                       [helper.make_tensor_value_info("x", T.FLOAT, [1, 256])],
+                       [helper.make_tensor_value_info("y", T.FLOAT, [1, 256])],
+                       [onnx.numpy_helper.from_array(weights, "w")])
+    onnx.save(model, tmp_path / "m.onnx")
+    dag_path = compile_pipeline(tmp_path / "m.onnx", tmp_path / "out")
+    record = json.loads(dag_path.read_text())["cus"][0]["artifacts"]["wasm"]
+    assert weights.nbytes < record["bytes"] < weights.nbytes + 16384
+    assert weights.tobytes() in (dag_path.parent / record["path"]).read_bytes()
