@@ -17,10 +17,10 @@ FEATURE_SETS = {"scalar": SCALAR, "simd": SIMD, "relaxed-simd": SIMD_FMA}
 _erf = np.vectorize(math.erf)
 
 
-def reference(a, b, bias=None, residual=None, epilogue=None):
+def reference(a, b, bias=None, residual=None, epilogue=None, bias_per_row=False):
     c = a.astype(np.float64) @ b.astype(np.float64)
     if bias is not None:
-        c = c + bias
+        c = c + (bias[:, None] if bias_per_row else bias)
     if residual is not None:
         c = c + residual
     if epilogue == "relu":
@@ -30,19 +30,19 @@ def reference(a, b, bias=None, residual=None, epilogue=None):
     return c
 
 
-def run_gemm(a, b, *, bias=None, residual=None, epilogue=None, features=SIMD_FMA, trans_a=False):
+def run_gemm(a, b, *, bias=None, residual=None, epilogue=None, features=SIMD_FMA, trans_a=False, bias_per_row=False):
     """Lay out A, packed B, bias, residual and C one after another and run the kernel once."""
     a_rows = a.T if trans_a else a
     m, k = a_rows.shape
     n = b.shape[1]
     offsets, end = {}, 64  # start past 0 so that a zero offset bug shows
     for key, size in (("a", a.nbytes), ("b", packed_b_size(k, n)), ("c", m * n * 4),
-                      ("bias", n * 4), ("res", m * n * 4)):
+                      ("bias", max(m, n) * 4), ("res", m * n * 4)):
         offsets[key], end = end, end + size + 16
     func = render_gemm(m, n, k, a_offset=offsets["a"], b_packed_offset=offsets["b"], c_offset=offsets["c"],
                        bias_offset=offsets["bias"] if bias is not None else None,
                        residual_offset=offsets["res"] if residual is not None else None,
-                       epilogue=epilogue, features=features, trans_a=trans_a)
+                       epilogue=epilogue, features=features, trans_a=trans_a, bias_per_row=bias_per_row)
     store, inst = instantiate(func, end, features)
     write(store, inst, offsets["a"], a)
     write(store, inst, offsets["b"], pack_b(b))
@@ -66,13 +66,15 @@ def assert_close(got, want, k):
 def test_gemm_matches_numpy_for_any_shape(features, m, n, k, data):
     rng = np.random.default_rng(m * 10007 + n * 101 + k)
     epilogue = data.draw(st.sampled_from([None, "relu", "gelu"]))
-    with_bias, with_residual, trans_a = data.draw(st.tuples(st.booleans(), st.booleans(), st.booleans()))
+    bias_mode = data.draw(st.sampled_from([None, "column", "row"]))
+    with_residual, trans_a = data.draw(st.tuples(st.booleans(), st.booleans()))
     a = rng.standard_normal((k, m) if trans_a else (m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
-    bias = rng.standard_normal(n).astype(np.float32) if with_bias else None
+    bias = rng.standard_normal(m if bias_mode == "row" else n).astype(np.float32) if bias_mode else None
     res = rng.standard_normal((m, n)).astype(np.float32) if with_residual else None
-    got = run_gemm(a, b, bias=bias, residual=res, epilogue=epilogue, features=features, trans_a=trans_a)
-    assert_close(got, reference(a.T if trans_a else a, b, bias, res, epilogue), k)
+    got = run_gemm(a, b, bias=bias, residual=res, epilogue=epilogue, features=features, trans_a=trans_a,
+                   bias_per_row=bias_mode == "row")
+    assert_close(got, reference(a.T if trans_a else a, b, bias, res, epilogue, bias_mode == "row"), k)
 
 
 @pytest.mark.parametrize("features", FEATURE_SETS.values(), ids=FEATURE_SETS.keys())

@@ -16,16 +16,21 @@ Entry points
     K x M (row stride `lda`, default M), as Gemm's transA means.
   - C and the residual are M x N with row stride `ldc` (default N). The residual may be C itself
     (in-place accumulate: it is read before the tile is first written).
-  - bias is N floats, broadcast over rows. `epilogue` is None, "relu" or "gelu" (erf form), applied
+  - bias is N floats, broadcast over rows (with `bias_per_row`, M floats broadcast over columns: a
+    Conv's per-channel bias when C is its NCHW output). `epilogue` is None, "relu" or "gelu" (erf form), applied
     after bias and residual: C = epilogue(A @ B + bias + residual).
   - `batch` > 1 repeats the product; `batch_strides = (a, b, c)` in bytes (0 broadcasts an operand;
-    default: dense). The residual follows C's stride, the bias is shared.
+    default: dense). The residual follows C's stride; a column bias is shared, a per-row bias moves
+    on by M floats per batch (a grouped Conv's groups each have their own channels' bias).
   - `features`: a set of "simd", "relaxed-simd". With relaxed SIMD the inner product uses
     `f32x4.relaxed_madd` (the host must enable relaxed SIMD; results may differ from mul+add in the
     last bit, as FMA does); with only "simd" it uses mul + add; with neither, scalar f32 code.
 - `render_pack_b(k, n, *, src_offset, dst_offset, trans_b=False, batch=1, batch_strides=None,
   name="pack_b", features=SIMD) -> str`: a function that packs a row-major B living in memory into
   the panel layout at `dst_offset` (`packed_b_size(k, n)` bytes per batch).
+
+Conv lowers to this through `backends/wasm/kernels/conv.py` (`render_conv2d`): im2col packed straight
+into panels, the weight as A unchanged, the NCHW output as C with a per-row bias.
 
 Blocking: the loops run K blocks of 128 (outermost), then 16-column panels, then 3-row tiles, so one
 K block of a panel (8 KiB) stays in L1 while every row tile streams past it. With one row (GEMV,
@@ -81,7 +86,8 @@ def render_gemm(m: int, n: int, k: int, *, a_offset: int, b_packed_offset: int, 
                 bias_offset: int | None = None, epilogue: str | None = None,
                 residual_offset: int | None = None, features=SIMD_FMA, trans_a: bool = False,
                 lda: int | None = None, ldc: int | None = None, batch: int = 1,
-                batch_strides: tuple[int, int, int] | None = None, name: str = "gemm") -> str:
+                batch_strides: tuple[int, int, int] | None = None, bias_per_row: bool = False,
+                name: str = "gemm") -> str:
     features = _check_features(features)
     check_epilogue(epilogue)
     if min(m, n, k, batch) < 1:
@@ -91,8 +97,9 @@ def render_gemm(m: int, n: int, k: int, *, a_offset: int, b_packed_offset: int, 
     strides = batch_strides or (m * k * 4, packed_b_size(k, n), m * n * 4)
     a_k_step, a_row_step = (lda * 4, 4) if trans_a else (4, lda * 4)
     body = _simd_body if "simd" in features else _scalar_body
-    inner = body(m, n, k, a_k_step, a_row_step, ldc * 4, bias_offset is not None,
-                 residual_offset is not None, epilogue, "relaxed-simd" in features)
+    bias = None if bias_offset is None else ("row" if bias_per_row else "column")
+    inner = body(m, n, k, a_k_step, a_row_step, ldc * 4, bias, residual_offset is not None, epilogue,
+                 "relaxed-simd" in features)
     pointers = [
         f"(local.set $A (i32.const {a_offset}))",
         f"(local.set $B (i32.const {b_packed_offset}))",
@@ -100,7 +107,7 @@ def render_gemm(m: int, n: int, k: int, *, a_offset: int, b_packed_offset: int, 
         f"(local.set $R (i32.const {residual_offset or 0}))",
         f"(local.set $BIAS (i32.const {bias_offset or 0}))",
     ]
-    code = pointers + _batch_loop(batch, strides, inner)
+    code = pointers + _batch_loop(batch, strides, inner, bias_step=4 * m if bias_per_row else 0)
     decls = ["(local $A i32) (local $B i32) (local $C i32) (local $R i32) (local $BIAS i32) (local $n i32)",
              "(local $i i32) (local $ib i32) (local $iend i32) (local $j i32) (local $k0 i32) (local $klen i32) (local $first i32) (local $last i32)",
              "(local $pa i32) (local $pb i32) (local $pc i32) (local $pr i32) (local $pbias i32)",
@@ -118,7 +125,7 @@ def _func(name: str, title: str, decls: list[str], code: list[str]) -> str:
     return "\n".join([f"(func ${name}", "  " + title, *("  " + d for d in decls), *("  " + c for c in code), ")"]) + "\n"
 
 
-def _batch_loop(batch: int, strides: tuple[int, int, int], inner: list[str]) -> list[str]:
+def _batch_loop(batch: int, strides: tuple[int, int, int], inner: list[str], bias_step: int = 0) -> list[str]:
     if batch == 1:
         return inner
     sa, sb, sc = strides
@@ -130,6 +137,7 @@ def _batch_loop(batch: int, strides: tuple[int, int, int], inner: list[str]) -> 
         f"  (local.set $B (i32.add (local.get $B) (i32.const {sb})))",
         f"  (local.set $C (i32.add (local.get $C) (i32.const {sc})))",
         f"  (local.set $R (i32.add (local.get $R) (i32.const {sc})))",
+        f"  (local.set $BIAS (i32.add (local.get $BIAS) (i32.const {bias_step})))",
         "  (local.set $n (i32.add (local.get $n) (i32.const 1)))",
         f"  (br_if $batch (i32.lt_u (local.get $n) (i32.const {batch}))))",
     ]
@@ -149,11 +157,11 @@ def _counted(var: str, start: int, stop: int, step: int, body: list[str]) -> lis
     ]
 
 
-def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, has_bias, has_residual, epilogue, fma) -> list[str]:
+def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, epilogue, fma) -> list[str]:
     gemv = m == 1
     kc = k if m <= MAX_ROWS else K_BLOCK
     blocks = -(-k // kc)
-    geometry = TileGeometry(k, a_k_step, a_row_step, c_row_step, has_bias, has_residual, epilogue, fma,
+    geometry = TileGeometry(k, a_k_step, a_row_step, c_row_step, bias is not None, bias == "row", has_residual, epilogue, fma,
                             static_first=True if blocks == 1 else None,
                             static_last=True if blocks == 1 else None)
 
@@ -166,7 +174,8 @@ def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, has_bias, has_residual
             f"(local.set $pb (i32.add (local.get $B) (i32.mul (i32.add (i32.mul (local.get $j) (i32.const {k})) (local.get $k0)) (i32.const {PANEL_BYTES}))))",
             f"(local.set $pc (i32.add (local.get $C) {c_at}))",
             f"(local.set $pr (i32.add (local.get $R) {c_at}))",
-            f"(local.set $pbias (i32.add (local.get $BIAS) (i32.mul (local.get $j) (i32.const {PANEL_BYTES}))))",
+            (f"(local.set $pbias (i32.add (local.get $BIAS) (i32.shl (local.get $i) (i32.const 2))))" if bias == "row" else
+             f"(local.set $pbias (i32.add (local.get $BIAS) (i32.mul (local.get $j) (i32.const {PANEL_BYTES}))))"),
             f"(local.set $pend (i32.add (local.get $pb) (i32.mul (local.get $klen) (i32.const {PANEL_BYTES}))))",
             f"(local.set $pend4 (i32.add (local.get $pb) (i32.mul (i32.and (local.get $klen) (i32.const {-UNROLL})) (i32.const {PANEL_BYTES}))))",
             *render_tile(rows, vecs, geometry),
@@ -218,9 +227,10 @@ def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, has_bias, has_residual
     return _counted("$k0", 0, k, kc, k_block)
 
 
-def _scalar_body(m, n, k, a_k_step, a_row_step, c_row_step, has_bias, has_residual, epilogue, fma) -> list[str]:
+def _scalar_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, epilogue, fma) -> list[str]:
     """Plain f32 loops over the same packed B, for hosts without SIMD128."""
-    init = "(f32.load (i32.add (local.get $BIAS) (i32.shl (local.get $j) (i32.const 2))))" if has_bias else "(f32.const 0)"
+    index = "$i" if bias == "row" else "$j"
+    init = f"(f32.load (i32.add (local.get $BIAS) (i32.shl (local.get {index}) (i32.const 2))))" if bias else "(f32.const 0)"
     c_at = f"(i32.add (i32.mul (local.get $i) (i32.const {c_row_step})) (i32.shl (local.get $j) (i32.const 2)))"
     if has_residual:
         init = f"(f32.add {init} (f32.load (i32.add (local.get $R) {c_at})))"

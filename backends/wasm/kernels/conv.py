@@ -1,0 +1,160 @@
+"""Conv2D as GEMM: im2col straight into the packed-B panel layout, then the GEMM micro-kernel.
+
+For one image and one group, Y[oc, p] = sum_k W[oc, k] * col[k, p] + bias[oc], with k running over
+(input channel, ky, kx) and p over output pixels (oy, ox). So A is the weight exactly as ONNX
+stores it (OC x C/g*KH*KW, row-major: no repacking), B is the im2col matrix (packed at run time,
+in one pass, into 16-pixel panels), and C is the NCHW output itself, with a per-row (per-channel)
+bias and any residual in the same NCHW layout. A 1x1 stride-1 unpadded Conv needs no im2col: its
+input already is B, which `render_pack_b` packs.
+
+Entry point
+- `render_conv2d(spec, *, x_offset, w_offset, y_offset, scratch_offset, bias_offset=None,
+  residual_offset=None, epilogue=None, features=SIMD_FMA, name="conv") -> str`: WAT functions, the
+  one to call being `$name` (no parameters); `conv_scratch_bytes(spec)` is what it needs at
+  `scratch_offset` (the packed im2col of one image, all groups).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from backends.wasm.gemm import SIMD_FMA, packed_b_size, render_gemm, render_pack_b
+from backends.wasm.kernels.microkernel import PANEL
+
+
+@dataclass(frozen=True)
+class Conv2dSpec:
+    """An ONNX Conv on NCHW float32 tensors with static shapes."""
+    batch: int
+    in_channels: int
+    height: int
+    width: int
+    out_channels: int
+    kernel: tuple[int, int]
+    strides: tuple[int, int] = (1, 1)
+    pads: tuple[int, int, int, int] = (0, 0, 0, 0)  # top, left, bottom, right (ONNX order: begins, ends)
+    dilations: tuple[int, int] = (1, 1)
+    groups: int = 1
+
+    def __post_init__(self):
+        if self.in_channels % self.groups or self.out_channels % self.groups:
+            raise ValueError(f"channels {self.in_channels} -> {self.out_channels} do not split into {self.groups} groups")
+        if self.out_height < 1 or self.out_width < 1:
+            raise ValueError(f"Conv output would be empty: {self}")
+
+    @property
+    def out_height(self) -> int:
+        (kh, _), (sh, _), (dh, _) = self.kernel, self.strides, self.dilations
+        return (self.height + self.pads[0] + self.pads[2] - dh * (kh - 1) - 1) // sh + 1
+
+    @property
+    def out_width(self) -> int:
+        (_, kw), (_, sw), (_, dw) = self.kernel, self.strides, self.dilations
+        return (self.width + self.pads[1] + self.pads[3] - dw * (kw - 1) - 1) // sw + 1
+
+    @property
+    def gemm_k(self) -> int:
+        return self.in_channels // self.groups * self.kernel[0] * self.kernel[1]
+
+    @property
+    def pixels(self) -> int:
+        return self.out_height * self.out_width
+
+    @property
+    def is_pointwise(self) -> bool:
+        return (self.kernel == (1, 1) and self.strides == (1, 1) and self.pads == (0, 0, 0, 0))
+
+
+def conv_scratch_bytes(spec: Conv2dSpec) -> int:
+    return spec.groups * packed_b_size(spec.gemm_k, spec.pixels)
+
+
+def render_conv2d(spec: Conv2dSpec, *, x_offset: int, w_offset: int, y_offset: int, scratch_offset: int,
+                  bias_offset: int | None = None, residual_offset: int | None = None,
+                  epilogue: str | None = None, features=SIMD_FMA, name: str = "conv") -> str:
+    g = spec.groups
+    m, n, k = spec.out_channels // g, spec.pixels, spec.gemm_k
+    x_image = spec.in_channels * spec.height * spec.width * 4
+    y_image = spec.out_channels * n * 4
+    funcs, calls = [], []
+    simd = frozenset(features) & {"simd"}
+    for image in range(spec.batch):  # each image gets its own pair: every offset stays a constant
+        x, y = x_offset + image * x_image, y_offset + image * y_image
+        res = None if residual_offset is None else residual_offset + image * y_image
+        pack_name, gemm_name = f"{name}_pack_{image}", f"{name}_gemm_{image}"
+        if spec.is_pointwise:
+            funcs.append(render_pack_b(k, n, src_offset=x, dst_offset=scratch_offset, batch=g,
+                                       batch_strides=(k * n * 4, packed_b_size(k, n)), name=pack_name,
+                                       features=simd))
+        else:
+            funcs.append(_render_im2col(spec, x, scratch_offset, pack_name))
+        funcs.append(render_gemm(m, n, k, a_offset=w_offset, b_packed_offset=scratch_offset, c_offset=y,
+                                 bias_offset=bias_offset, bias_per_row=True, residual_offset=res,
+                                 epilogue=epilogue, features=features, batch=g,
+                                 batch_strides=(m * k * 4, packed_b_size(k, n), m * n * 4), name=gemm_name))
+        calls += [f"  (call ${pack_name})", f"  (call ${gemm_name})"]
+    title = (f"  ;; Conv {spec.in_channels}x{spec.height}x{spec.width} -> {spec.out_channels}x{spec.out_height}x"
+             f"{spec.out_width}, kernel {spec.kernel}, groups {g}, batch {spec.batch}: im2col + GEMM")
+    return "".join(funcs) + "\n".join([f"(func ${name}", title, *calls, ")"]) + "\n"
+
+
+def _render_im2col(spec: Conv2dSpec, src: int, dst: int, name: str) -> str:
+    """dst[group][p / 16][k][p % 16] = x[c, oy*sh - pt + ky*dh, ox*sw - pl + kx*dw] (0 in the padding
+    and past the last pixel), with k = (c, ky, kx) inside the group and p = (oy, ox)."""
+    (kh, kw), (sh, sw), (dh, dw) = spec.kernel, spec.strides, spec.dilations
+    pt, pl = spec.pads[0], spec.pads[1]
+    h, w, oh, ow = spec.height, spec.width, spec.out_height, spec.out_width
+    k_total, pixels = spec.gemm_k, spec.pixels
+    channels = spec.in_channels  # all groups at once: group = c // (C/g), k = c % (C/g) * kh*kw + ...
+    per_group = spec.in_channels // spec.groups
+    group_bytes = packed_b_size(k_total, pixels)
+    lines = [
+        f"(func ${name}",
+        f"  ;; im2col of {channels}x{h}x{w} for a {kh}x{kw} kernel into 16-pixel panels ({spec.groups} groups)",
+        "  (local $c i32) (local $ky i32) (local $kx i32) (local $oy i32) (local $ox i32) (local $k i32)",
+        "  (local $iy i32) (local $ix i32) (local $p i32) (local $row i32) (local $v f32)",
+    ]
+    body = [
+        # $row: where this k row starts in the packed B of the channel's group
+        f"(local.set $k (i32.add (i32.mul (i32.rem_u (local.get $c) (i32.const {per_group})) (i32.const {kh * kw}))"
+        f" (i32.add (i32.mul (local.get $ky) (i32.const {kw})) (local.get $kx))))",
+        f"(local.set $row (i32.add (i32.const {dst}) (i32.add (i32.mul (i32.div_u (local.get $c) (i32.const {per_group}))"
+        f" (i32.const {group_bytes})) (i32.mul (local.get $k) (i32.const {PANEL * 4})))))",
+        "(local.set $p (i32.const 0))",
+        *_loop("$oy", oh, [
+            f"(local.set $iy (i32.add (i32.sub (i32.mul (local.get $oy) (i32.const {sh})) (i32.const {pt}))"
+            f" (i32.mul (local.get $ky) (i32.const {dh}))))",
+            *_loop("$ox", ow, [
+                f"(local.set $ix (i32.add (i32.sub (i32.mul (local.get $ox) (i32.const {sw})) (i32.const {pl}))"
+                f" (i32.mul (local.get $kx) (i32.const {dw}))))",
+                # unsigned compares: a negative index (top/left padding) wraps to a huge one
+                "(local.set $v (f32.const 0))",
+                f"(if (i32.and (i32.lt_u (local.get $iy) (i32.const {h})) (i32.lt_u (local.get $ix) (i32.const {w})))",
+                f"  (then (local.set $v (f32.load (i32.add (i32.const {src}) (i32.shl (i32.add (i32.mul"
+                f" (i32.add (i32.mul (local.get $c) (i32.const {h})) (local.get $iy)) (i32.const {w})) (local.get $ix))"
+                " (i32.const 2)))))))",
+                f"(f32.store (i32.add (local.get $row) (i32.add (i32.mul (i32.shr_u (local.get $p) (i32.const 4))"
+                f" (i32.const {k_total * PANEL * 4})) (i32.shl (i32.and (local.get $p) (i32.const 15)) (i32.const 2))))"
+                " (local.get $v))",
+                "(local.set $p (i32.add (local.get $p) (i32.const 1)))",
+            ]),
+        ]),
+    ]
+    tail = pixels % PANEL
+    if tail:  # the last panel's lanes past the last pixel must hold zeros
+        body += [
+            f"(local.set $p (i32.const {pixels}))",
+            *_loop("$ix", PANEL - tail, [
+                f"(f32.store (i32.add (local.get $row) (i32.add (i32.const {(pixels // PANEL) * k_total * PANEL * 4})"
+                f" (i32.shl (i32.add (local.get $ix) (i32.const {tail})) (i32.const 2)))) (f32.const 0))",
+            ]),
+        ]
+    lines += ["  " + s for s in _loop("$c", channels, _loop("$ky", kh, _loop("$kx", kw, body)))]
+    return "\n".join(lines + [")"]) + "\n"
+
+
+def _loop(var: str, count: int, body: list[str]) -> list[str]:
+    label = var.replace("$", "$l_")
+    return [f"(local.set {var} (i32.const 0))", f"(loop {label}", *("  " + b for b in body),
+            f"  (local.set {var} (i32.add (local.get {var}) (i32.const 1)))",
+            f"  (br_if {label} (i32.lt_u (local.get {var}) (i32.const {count}))))"]
