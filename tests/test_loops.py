@@ -1,0 +1,97 @@
+"""The loop-nest IR: expression folding, stride analysis, broadcast collapsing, the builder's
+kernels, and which loops the WebAssembly renderer vectorises."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto as T
+from onnx import helper
+
+from backends.wasm.vectorize import vectorizable
+from ir.errors import UnsupportedError
+from ir.loops import Loop, Store, Var, const, lower_graph, stride_of, walk_stmts
+from ir.loops.builder import collapse_broadcast
+from ir.loops.program import Buffer, Storage
+from ir.onnx_import import import_model
+from passes import optimize_pipeline, run_pipeline
+from wasm_cases import make_model
+
+
+def buffer(shape, dtype="float32"):
+    return Buffer(Storage("b", dtype, int(np.prod(shape)), "temp"), tuple(shape))
+
+
+def test_index_arithmetic_folds_neutral_terms():
+    i = Var("i")
+    assert (i * 1 + 0) is i
+    assert (const(3, "i32") * 4 + 2).value == 14
+
+
+def test_stride_of_affine_and_gathered_indices():
+    i, j = Var("i"), Var("j")
+    x = buffer((4, 8))
+    assert stride_of(x.flat_index((i, j)), j) == 1
+    assert stride_of(x.flat_index((i, j)), i) == 8
+    assert stride_of(x.flat_index((i, j * 2 + 1)), j) == 2
+    table = buffer((8,), "int32")
+    assert stride_of(x.flat_index((i, table[j])), j) is None
+    assert stride_of(x.flat_index((i, table[i])), j) == 0
+
+
+@pytest.mark.parametrize("out,ins,expected", [
+    ((2, 3, 4), [(2, 3, 4), (2, 3, 4)], ((24,), [(24,), (24,)])),
+    ((2, 3, 4), [(2, 3, 4), (4,)], ((6, 4), [(6, 4), (1, 4)])),
+    ((2, 3, 4), [(2, 3, 4), (3, 1)], ((2, 3, 4), [(2, 3, 4), (1, 3, 1)])),
+    ((2, 3, 4), [(2, 3, 4), ()], ((24,), [(24,), (1,)])),
+])
+def test_broadcast_collapses_to_the_fewest_loops(out, ins, expected):
+    assert collapse_broadcast(out, ins) == expected
+
+
+def lowered(nodes, inputs, outputs, initializers=()):
+    graph = import_model(make_model(nodes, inputs, outputs, initializers))
+    graph, _ = run_pipeline(graph, optimize_pipeline(require_static=True))
+    return lower_graph(graph)
+
+
+def test_elementwise_kernel_is_one_contiguous_vectorisable_loop():
+    program = lowered([helper.make_node("Relu", ["x"], ["y"])], [helper.make_tensor_value_info("x", T.FLOAT, [2, 3, 5])],
+                      [helper.make_tensor_value_info("y", T.FLOAT, [2, 3, 5])])
+    (kernel,) = program.kernels
+    (loop,) = kernel.body
+    assert isinstance(loop, Loop) and loop.extent == 30 and vectorizable(loop)
+
+
+def test_gather_loop_is_not_vectorised():
+    program = lowered([helper.make_node("Gather", ["table", "ids"], ["y"])],
+                      [helper.make_tensor_value_info("ids", T.INT64, [8])],
+                      [helper.make_tensor_value_info("y", T.FLOAT, [8])],
+                      [helper.make_tensor("table", T.FLOAT, [16], np.arange(16, dtype=np.float32).tolist())])
+    loops = [s for s in walk_stmts(program.kernels[0].body) if isinstance(s, Loop)]
+    assert loops and not any(vectorizable(loop) for loop in loops)
+
+
+def test_matmul_inner_loop_streams_rows():
+    program = lowered([helper.make_node("MatMul", ["x", "w"], ["y"])],
+                      [helper.make_tensor_value_info("x", T.FLOAT, [3, 5])],
+                      [helper.make_tensor_value_info("y", T.FLOAT, [3, 8])],
+                      [helper.make_tensor("w", T.FLOAT, [5, 8], np.ones(40, dtype=np.float32).tolist())])
+    innermost = [s for s in walk_stmts(program.kernels[0].body)
+                 if isinstance(s, Loop) and all(isinstance(b, Store) for b in s.body)]
+    assert innermost and all(vectorizable(loop) for loop in innermost)
+
+
+def test_reshape_is_a_view_not_a_copy():
+    program = lowered([helper.make_node("Reshape", ["x", "s"], ["r"]), helper.make_node("Neg", ["r"], ["y"])],
+                      [helper.make_tensor_value_info("x", T.FLOAT, [2, 6])],
+                      [helper.make_tensor_value_info("y", T.FLOAT, [3, 4])],
+                      [helper.make_tensor("s", T.INT64, [2], [3, 4])])
+    assert [k.op_type for k in program.kernels if k.body] == ["Neg"]
+    assert len([s for s in program.storages if s.kind == "temp"]) == 0
+
+
+def test_unsupported_ops_are_named_with_their_nodes():
+    with pytest.raises(UnsupportedError, match=r"Det \(det_node\)"):
+        lowered([helper.make_node("Det", ["x"], ["y"], name="det_node")], [helper.make_tensor_value_info("x", T.FLOAT, [3, 3])],
+                [helper.make_tensor_value_info("y", T.FLOAT, [])])
