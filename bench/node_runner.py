@@ -52,5 +52,6 @@ class NodeContestant:
     runner: NodeRunner
     id: str
 
-    def time(self, warmup: int, repeat: int) -> list[float]:
-        return self.runner.ask(cmd="time", id=self.id, warmup=warmup, repeat=repeat)["seconds"]
+    def time(self, warmup: int, repeat: int) -> list[tuple[float, float]]:
+        reply = self.runner.ask(cmd="time", id=self.id, warmup=warmup, repeat=repeat)
+        return list(zip(reply["seconds"], reply["cpu_seconds"]))

@@ -108,7 +108,9 @@ def render(machine: dict, models, model_summary: dict, gemms, gemm_summary: dict
                f"in Node {machine['node']}, wasmtime {machine['wasmtime']}; load average {machine['load_average']} "
                f"at the start. Every contestant runs on one thread; "
                f"times are medians over {settings['rounds']} interleaved rounds (each round runs every contestant "
-               "in turn, so machine drift hits all alike). Regenerate with `make bench`.")
+               "in turn, so machine drift hits all alike) of the CPU time of the computing thread (Node: its "
+               "process), which equals wall time on an idle machine and is not inflated by other load on a shared "
+               "one; wall times are in the JSON results. Regenerate with `make bench`.")
     if models:
         lines, _ = model_table(models)
         out += ["", "### Models (latency, lower is better)", "", *lines]

@@ -3,7 +3,7 @@
 // driver can interleave its contestants without paying Node's start-up for each measurement.
 //   {"cmd": "load", "id": "m", "model": "path.onnx", "inputs": [{"name", "dtype", "shape", "data": "file.bin"}]}
 //   {"cmd": "wasm", "id": "g", "module": "gemm.wasm", "export": "gemm", "args": [], "data": [[offset, "file.bin"]]}
-//   {"cmd": "time", "id": "m", "warmup": 2, "repeat": 10}   -> {"ok": true, "seconds": [...]}
+//   {"cmd": "time", "id": "m", "warmup": 2, "repeat": 10}   -> {"ok": true, "seconds": [...], "cpu_seconds": [...]}
 //   {"cmd": "version"}                                        -> {"ok": true, "web": "1.30.0", ...}
 //   {"cmd": "quit"}
 import fs from "node:fs";
@@ -48,13 +48,15 @@ async function time(req) {
   const run = contestants.get(req.id);
   if (!run) throw new Error(`nothing loaded as ${req.id}`);
   for (let i = 0; i < (req.warmup ?? 0); i++) await run();
-  const seconds = [];
+  const seconds = [], cpu_seconds = [];
   for (let i = 0; i < req.repeat; i++) {
-    const start = performance.now();
+    const start = performance.now(), cpu = process.cpuUsage();
     await run();
+    const used = process.cpuUsage(cpu);  // the whole process: V8's helper threads count too
     seconds.push((performance.now() - start) / 1000);
+    cpu_seconds.push((used.user + used.system) / 1e6);
   }
-  return { seconds };
+  return { seconds, cpu_seconds };
 }
 
 async function version() {
