@@ -2,7 +2,8 @@
 
 Each comes as a `ModelCase`: the model's path, an input feed, the reference outputs, and the input
 shapes / dims that bind its dynamic axes (`InferShapes(case.input_shapes, case.dims)`). Generated
-data is cached under `.cache/` and built on first use (see samples/make_samples.py).
+data is cached under `.cache/` and built on first use (see samples/make_samples.py). Cases are
+memoised per process: treat their arrays as read-only.
 
     from testdata import light_models, minilm, sample_models, node_test_names, node_test_case
     @pytest.mark.parametrize("case", sample_models(), ids=str)
@@ -51,7 +52,7 @@ def run_onnxruntime(model: onnx.ModelProto | Path | str, inputs: dict[str, objec
     """Outputs by name. Graph optimisations are off by default so results are onnxruntime's plain
     kernels, the same whichever model variant runs them."""
     opts = ort.SessionOptions()
-    opts.log_severity_level = 3
+    opts.log_severity_level = 4  # failures surface as exceptions; the C++ log would only repeat them
     if not optimize:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
