@@ -34,6 +34,8 @@ app.command("build-dag")(build_dag.build_dag)
 from cortex.commands import compile_wasm, run  # noqa: E402
 app.command("compile-wasm")(compile_wasm.compile_wasm)
 app.command("run")(run.run)
+from cortex.commands import verify  # noqa: E402
+app.command("verify")(verify.verify)
 from cortex.commands import bench  # noqa: E402
 app.command("bench")(bench.bench)
 from cortex.commands import compile_cuda  # noqa: E402

@@ -20,6 +20,7 @@ def stages(model: Path, out: Path) -> list[tuple[str, list[str]]]:
                           "--output", str(out / "wasm-bin"), "--opt-level", "3"]),
         ("run", ["run", str(out / "dag.json"), "--example-inputs", "--output", str(out / "outputs.npz"),
                  "--trace", str(out / "trace.json")]),
+        ("verify", ["verify", str(out / "dag.json"), "--model", str(model)]),
         ("bench", ["bench", str(out / "dag.json"), "--repeat", "10", "--warmup", "2", "--top", "5"]),
     ]
 

@@ -1,0 +1,82 @@
+"""`cortex verify`: run a compiled dag.json and compare every output with onnxruntime on the source
+model, on the same inputs. Exit 0 when all outputs agree within tolerance, 1 when one does not."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Annotated, Optional
+
+import numpy as np
+import typer
+from rich.table import Table
+
+from cortex.commands.run import example_feeds, read_inputs
+from cortex.console import out, print_json
+from cortex.runtime import DEVICES, load
+from ir.errors import CortexError
+
+
+def verify(
+    dag: Annotated[Path, typer.Argument(help="The dag.json, compiled for the device.")],
+    model: Annotated[Path, typer.Option("--model", help="The source ONNX model the dag was built from.")],
+    input: Annotated[Optional[list[str]], typer.Option("--input", help="NAME=FILE.npy or FILE.npz (repeatable); "
+                                                       "inputs not given get a deterministic example.")] = None,
+    device: Annotated[str, typer.Option("--device", help=f"One of: {', '.join(DEVICES)}.")] = "wasm",
+    rtol: Annotated[float, typer.Option("--rtol")] = 1e-4,
+    atol: Annotated[float, typer.Option("--atol")] = 1e-5,
+    json: Annotated[bool, typer.Option("--json", help="Print a machine-readable report.")] = False,
+) -> None:
+    """Check a compiled model against onnxruntime: the same inputs must give the same outputs."""
+    compiled = load(dag, device)
+    _check_same_model(model, compiled.dag)
+    feeds = {**example_feeds(compiled.inputs), **read_inputs(input or [])}
+    ours = compiled.run(feeds)
+    reference = _run_onnxruntime(model, feeds, list(ours))
+    rows = [compare(name, ours[name], reference[name], rtol, atol) for name in ours]
+    ok = all(r["ok"] for r in rows)
+    if json:
+        print_json({"dag": str(dag), "model": str(model), "device": device, "rtol": rtol, "atol": atol,
+                    "ok": ok, "outputs": rows})
+    else:
+        table = Table(title=f"{dag} on {device} against onnxruntime (rtol {rtol:g}, atol {atol:g})")
+        for col in ("output", "shape", "max abs error", "max rel error", "result"):
+            table.add_column(col)
+        for r in rows:
+            table.add_row(r["name"], "x".join(map(str, r["shape"])) or "scalar", f"{r['max_abs_error']:.3g}",
+                          f"{r['max_rel_error']:.3g}", "ok" if r["ok"] else "[red]MISMATCH[/red]")
+        out.print(table)
+    if not ok:
+        raise typer.Exit(1)
+
+
+def compare(name: str, ours: np.ndarray, reference: np.ndarray, rtol: float, atol: float) -> dict:
+    if ours.shape != reference.shape or ours.dtype != reference.dtype:
+        return {"name": name, "shape": list(ours.shape), "ok": False, "max_abs_error": float("inf"),
+                "max_rel_error": float("inf"), "why": f"got {ours.dtype}{list(ours.shape)}, "
+                                                      f"expected {reference.dtype}{list(reference.shape)}"}
+    a, b = ours.astype(np.float64), reference.astype(np.float64)
+    both_nan = np.isnan(a) & np.isnan(b)
+    diff = np.where(both_nan, 0.0, np.abs(a - b))
+    abs_err = float(np.max(diff)) if diff.size else 0.0
+    rel_err = float(np.max(diff / np.maximum(np.abs(b), np.finfo(np.float32).tiny))) if diff.size else 0.0
+    ok = bool(np.all(diff <= atol + rtol * np.abs(b)))
+    return {"name": name, "shape": list(ours.shape), "ok": ok, "max_abs_error": abs_err, "max_rel_error": rel_err}
+
+
+def _check_same_model(model: Path, dag: dict) -> None:
+    if not model.is_file():
+        raise CortexError(f"--model {model}: no such file")
+    expected = dag.get("model", {}).get("sha256")
+    actual = hashlib.sha256(model.read_bytes()).hexdigest()
+    if expected and expected != actual:
+        raise CortexError(f"--model {model} is not the model this dag.json was built from (sha256 differs)")
+
+
+def _run_onnxruntime(model: Path, feeds: dict, names: list[str]) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    wanted = {i.name for i in session.get_inputs()}
+    return dict(zip(names, session.run(names, {k: v for k, v in feeds.items() if k in wanted})))

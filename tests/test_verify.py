@@ -1,0 +1,47 @@
+"""`cortex verify` compares a compiled model with onnxruntime and fails on a mismatch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cortex.cli import main
+from cortex.commands.verify import compare
+
+SAMPLES = Path(__file__).resolve().parent.parent / "samples"
+
+
+def cli(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+        raise SystemExit(0)
+    captured = capsys.readouterr()
+    return info.value.code, captured.out, captured.err
+
+
+def test_compiled_sample_verifies_against_onnxruntime(tmp_path, capsys):
+    model = SAMPLES / "mlp.onnx"
+    assert cli(["decompose", "--model-path", str(model), "--output-dir", str(tmp_path / "cus"), "--dim", "batch=2",
+                "--json"], capsys)[0] == 0
+    assert cli(["build-dag", "--cu-dir", str(tmp_path / "cus"), "--output", str(tmp_path / "dag.json"), "--json"], capsys)[0] == 0
+    assert cli(["compile-wasm", "--cu-dir", str(tmp_path / "cus"), "--dag", str(tmp_path / "dag.json"),
+                "--output", str(tmp_path / "wasm"), "--json"], capsys)[0] == 0
+    code, out, err = cli(["verify", str(tmp_path / "dag.json"), "--model", str(model), "--json"], capsys)
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["ok"] and report["outputs"] and all(o["max_abs_error"] < 1e-4 for o in report["outputs"])
+    code, _, err = cli(["verify", str(tmp_path / "dag.json"), "--model", str(SAMPLES / "cnn.onnx")], capsys)
+    assert code == 2 and "not the model this dag.json was built from" in err
+
+
+def test_compare_flags_values_outside_tolerance():
+    ref = np.array([1.0, 2.0, 3.0], np.float32)
+    assert compare("y", ref.copy(), ref, 1e-4, 1e-5)["ok"]
+    bad = compare("y", ref + np.array([0, 0, 1e-2], np.float32), ref, 1e-4, 1e-5)
+    assert not bad["ok"] and bad["max_abs_error"] == pytest.approx(1e-2, rel=1e-3)
+    assert not compare("y", ref[:2], ref, 1e-4, 1e-5)["ok"]
+    nan = np.array([np.nan], np.float32)
+    assert compare("y", nan, nan.copy(), 1e-4, 1e-5)["ok"]
