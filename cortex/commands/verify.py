@@ -60,7 +60,7 @@ def compare(name: str, ours: np.ndarray, reference: np.ndarray, rtol: float, ato
     diff = np.where(both_nan, 0.0, np.abs(a - b))
     abs_err = float(np.max(diff)) if diff.size else 0.0
     rel_err = float(np.max(diff / np.maximum(np.abs(b), np.finfo(np.float32).tiny))) if diff.size else 0.0
-    ok = bool(np.all(diff <= atol + rtol * np.abs(b)))
+    ok = bool(np.all(both_nan | (diff <= atol + rtol * np.abs(b))))
     return {"name": name, "shape": list(ours.shape), "ok": ok, "max_abs_error": abs_err, "max_rel_error": rel_err}
 
 
