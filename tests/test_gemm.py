@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.wasm.gemm import (SCALAR, SIMD, SIMD_FMA, pack_b, packed_b_size, render_gemm,
-                                render_pack_b)
+from backends.wasm.gemm import (SCALAR, SIMD, SIMD_FMA, gemm_scratch_bytes, pack_b, packed_b_size,
+                                render_gemm, render_pack_b)
 from backends.wasm.kernels.standalone import instantiate, read, write
 
 FEATURE_SETS = {"scalar": SCALAR, "simd": SIMD, "relaxed-simd": SIMD_FMA}
@@ -84,6 +84,30 @@ def test_gemm_handles_gemv_and_multi_block_shapes(features, m, n, k):
     a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
     bias = rng.standard_normal(n).astype(np.float32)
     assert_close(run_gemm(a, b, bias=bias, epilogue="relu", features=features), reference(a, b, bias, None, "relu"), k)
+
+
+@pytest.mark.parametrize("features", FEATURE_SETS.values(), ids=FEATURE_SETS.keys())
+@pytest.mark.parametrize("m,n,k,trans_a", [(9, 400, 130, False), (250, 20, 1024, False), (6, 390, 77, True),
+                                           (245, 385, 200, False)])
+def test_packing_a_into_scratch_gives_the_same_product(features, m, n, k, trans_a):
+    """Wide products and 4 KiB row strides copy A blocks to scratch first; the result must not change."""
+    rng = np.random.default_rng(m + n + k)
+    a = rng.standard_normal((k, m) if trans_a else (m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    b_off = a.nbytes
+    c_off = b_off + packed_b_size(k, n)
+    scratch = c_off + m * n * 4
+    func = render_gemm(m, n, k, a_offset=0, b_packed_offset=b_off, c_offset=c_off, bias_offset=scratch + gemm_scratch_bytes(m, k),
+                       epilogue="relu", features=features, trans_a=trans_a, a_scratch_offset=scratch)
+    assert ("$pack_k" in func) == ("simd" in features and (n >= 384 or (not trans_a and k * 4 % 4096 == 0)))
+    store, inst = instantiate(func, scratch + gemm_scratch_bytes(m, k) + n * 4, features)
+    write(store, inst, 0, a), write(store, inst, b_off, pack_b(b))
+    write(store, inst, scratch + gemm_scratch_bytes(m, k), bias)
+    inst.exports(store)["gemm"](store)
+    want = reference(a.T if trans_a else a, b, bias, None, "relu")
+    assert_close(read(store, inst, c_off, (m, n)), want, k)
+    assert (read(store, inst, 0, a.shape) == a).all(), "A itself is never written"
 
 
 def test_gelu_epilogue_is_accurate_over_a_wide_range():

@@ -59,6 +59,7 @@ SPECS = {
     "depthwise-stride2": Conv2dSpec(1, 6, 9, 9, 6, (3, 3), strides=(2, 2), pads=(1, 1, 1, 1), groups=6),
     "dilated-asymmetric-pads": Conv2dSpec(1, 4, 10, 12, 5, (3, 2), pads=(2, 0, 1, 1), dilations=(2, 3)),
     "batch-of-two": Conv2dSpec(2, 3, 7, 7, 4, (3, 3), pads=(1, 1, 1, 1)),
+    "wide-image-packs-a": Conv2dSpec(1, 3, 24, 20, 9, (3, 3), pads=(1, 1, 1, 1)),  # 480 pixels >= 384
 }
 
 

@@ -10,18 +10,22 @@ Entry points
   `[ceil(N/16)][K][16]`, the last panel zero-padded; `packed_b_size(k, n)` is its length.
 - `render_gemm(m, n, k, *, a_offset, b_packed_offset, c_offset, bias_offset=None, epilogue=None,
   residual_offset=None, features=SIMD_FMA, trans_a=False, lda=None, ldc=None, batch=1,
-  batch_strides=None, name="gemm") -> str`: a `(func $name)` with no parameters or results that
-  reads and writes memory 0 at the given byte offsets.
+  batch_strides=None, bias_per_row=False, a_scratch_offset=None, name="gemm") -> str`: a
+  `(func $name)` with no parameters or results that reads and writes memory 0 at the given byte
+  offsets.
   - A is M x K row-major with row stride `lda` elements (default K); with `trans_a` it is stored
     K x M (row stride `lda`, default M), as Gemm's transA means.
   - C and the residual are M x N with row stride `ldc` (default N). The residual may be C itself
     (in-place accumulate: it is read before the tile is first written).
   - bias is N floats, broadcast over rows (with `bias_per_row`, M floats broadcast over columns: a
-    Conv's per-channel bias when C is its NCHW output). `epilogue` is None, "relu" or "gelu" (erf form), applied
-    after bias and residual: C = epilogue(A @ B + bias + residual).
+    Conv's per-channel bias when C is its NCHW output). `epilogue` is None, "relu" or "gelu" (erf
+    form), applied after bias and residual: C = epilogue(A @ B + bias + residual).
   - `batch` > 1 repeats the product; `batch_strides = (a, b, c)` in bytes (0 broadcasts an operand;
     default: dense). The residual follows C's stride; a column bias is shared, a per-row bias moves
     on by M floats per batch (a grouped Conv's groups each have their own channels' bias).
+  - `a_scratch_offset`: where the kernel may copy blocks of A (`gemm_scratch_bytes(m, k)` bytes) so
+    that a tile reads its 4 rows from one cache line; used for wide products (N >= 384) and when A's
+    row stride is a multiple of 4 KiB. Without it A is read in place.
   - `features`: a set of "simd", "relaxed-simd". With relaxed SIMD the inner product uses
     `f32x4.relaxed_madd` (the host must enable relaxed SIMD; results may differ from mul+add in the
     last bit, as FMA does); with only "simd" it uses mul + add; with neither, scalar f32 code.
@@ -32,7 +36,7 @@ Entry points
 Conv lowers to this through `backends/wasm/kernels/conv.py` (`render_conv2d`): im2col packed straight
 into panels, the weight as A unchanged, the NCHW output as C with a per-row bias.
 
-Blocking: the loops run K blocks of 128 (outermost), then 16-column panels, then 3-row tiles, so one
+Blocking: the loops run K blocks of 128 (outermost), then 16-column panels, then 4-row tiles, so one
 K block of a panel (8 KiB) stays in L1 while every row tile streams past it. With one row (GEMV,
 bandwidth-bound) there is no K blocking and a tile spans two panels (8 accumulators) so that more
 independent multiply-adds hide the FMA latency.
@@ -51,7 +55,7 @@ SIMD: frozenset[str] = frozenset({"simd"})
 SIMD_FMA: frozenset[str] = frozenset({"simd", "relaxed-simd"})
 KNOWN_FEATURES = SIMD_FMA
 K_BLOCK = 128
-M_BLOCK = 240  # a multiple of the 3-row tile: only the last row block has a short tile
+M_BLOCK = 240  # a multiple of the 4-row tile: only the last row block has a short tile
 
 
 def packed_b_size(k: int, n: int) -> int:
@@ -87,7 +91,7 @@ def render_gemm(m: int, n: int, k: int, *, a_offset: int, b_packed_offset: int, 
                 residual_offset: int | None = None, features=SIMD_FMA, trans_a: bool = False,
                 lda: int | None = None, ldc: int | None = None, batch: int = 1,
                 batch_strides: tuple[int, int, int] | None = None, bias_per_row: bool = False,
-                name: str = "gemm") -> str:
+                a_scratch_offset: int | None = None, name: str = "gemm") -> str:
     features = _check_features(features)
     check_epilogue(epilogue)
     if min(m, n, k, batch) < 1:
@@ -99,7 +103,7 @@ def render_gemm(m: int, n: int, k: int, *, a_offset: int, b_packed_offset: int, 
     body = _simd_body if "simd" in features else _scalar_body
     bias = None if bias_offset is None else ("row" if bias_per_row else "column")
     inner = body(m, n, k, a_k_step, a_row_step, ldc * 4, bias, residual_offset is not None, epilogue,
-                 "relaxed-simd" in features)
+                 "relaxed-simd" in features, a_scratch_offset)
     pointers = [
         f"(local.set $A (i32.const {a_offset}))",
         f"(local.set $B (i32.const {b_packed_offset}))",
@@ -157,20 +161,52 @@ def _counted(var: str, start: int, stop: int, step: int, body: list[str]) -> lis
     ]
 
 
-def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, epilogue, fma) -> list[str]:
+def gemm_scratch_bytes(m: int, k: int) -> int:
+    """What `a_scratch_offset` must hold: one packed block of A (row groups of the tile height)."""
+    rows = -(-min(m, M_BLOCK) // MAX_ROWS) * MAX_ROWS
+    return rows * min(k, K_BLOCK) * 4
+
+
+def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, epilogue, fma, a_pack) -> list[str]:
     gemv = m == 1
-    kc = k if m <= MAX_ROWS else K_BLOCK
+    kc = k if m <= MAX_ROWS else min(k, K_BLOCK)
     blocks = -(-k // kc)
-    geometry = TileGeometry(k, a_k_step, a_row_step, c_row_step, bias is not None, bias == "row", has_residual, epilogue, fma,
+    # Packing costs a pass over A per panel sweep, so it pays for wide products (measured: 256^3 runs
+    # 10% slower packed, 512^3 12% faster) or where A's rows alias (1024^3: 22 -> 39 GFLOP/s).
+    packed = a_pack is not None and m > MAX_ROWS and (n >= 384 or a_row_step % 4096 == 0)
+    # A packed: each group of MAX_ROWS rows of the block as [kc][MAX_ROWS], so a tile's k step reads
+    # MAX_ROWS adjacent floats instead of MAX_ROWS rows lda apart (which alias in L1 when lda*4 is a
+    # multiple of 4 KiB).
+    tile_a_k_step, tile_a_row_step = (MAX_ROWS * 4, 4) if packed else (a_k_step, a_row_step)
+    geometry = TileGeometry(k, tile_a_k_step, tile_a_row_step, c_row_step, bias is not None, bias == "row",
+                            has_residual, epilogue, fma,
                             static_first=True if blocks == 1 else None,
                             static_last=True if blocks == 1 else None)
 
+    def pack_a(rows: int) -> list[str]:
+        """Rows $ib .. $ib + rows, columns $k0 .. $k0 + $klen of A into the scratch groups."""
+        return _counted("$i", 0, rows, 1, [
+            f"(local.set $pa (i32.add (local.get $A) (i32.add (i32.mul (i32.add (local.get $ib) (local.get $i)) (i32.const {a_row_step})) (i32.mul (local.get $k0) (i32.const {a_k_step})))))",
+            f"(local.set $pb (i32.add (i32.const {a_pack}) (i32.add (i32.mul (i32.div_u (local.get $i) (i32.const {MAX_ROWS})) (i32.const {kc * MAX_ROWS * 4})) (i32.shl (i32.rem_u (local.get $i) (i32.const {MAX_ROWS})) (i32.const 2)))))",
+            f"(local.set $pend (i32.add (local.get $pb) (i32.mul (local.get $klen) (i32.const {MAX_ROWS * 4}))))",
+            "(loop $pack_k",
+            "  (f32.store (local.get $pb) (f32.load (local.get $pa)))",
+            f"  (local.set $pa (i32.add (local.get $pa) (i32.const {a_k_step})))",
+            f"  (local.set $pb (i32.add (local.get $pb) (i32.const {MAX_ROWS * 4})))",
+            "  (br_if $pack_k (i32.lt_u (local.get $pb) (local.get $pend))))",
+        ])
+
     def tile_at(rows: int, vecs: list[Vec]) -> list[str]:
         """Point $pa/$pb/$pc/$pr/$pbias at tile (i, j) of block k0, then run the tile."""
-        a_at = f"(i32.add (i32.mul (local.get $i) (i32.const {a_row_step})) (i32.mul (local.get $k0) (i32.const {a_k_step})))"
+        if packed:  # tiles start MAX_ROWS apart from $ib: group (i - ib) / MAX_ROWS
+            a_at = f"(i32.mul (i32.sub (local.get $i) (local.get $ib)) (i32.const {kc * 4}))"
+            a_base = f"(i32.const {a_pack})"
+        else:
+            a_at = f"(i32.add (i32.mul (local.get $i) (i32.const {a_row_step})) (i32.mul (local.get $k0) (i32.const {a_k_step})))"
+            a_base = "(local.get $A)"
         c_at = f"(i32.add (i32.mul (local.get $i) (i32.const {c_row_step})) (i32.mul (local.get $j) (i32.const {PANEL_BYTES})))"
         return [
-            f"(local.set $pa (i32.add (local.get $A) {a_at}))",
+            f"(local.set $pa (i32.add {a_base} {a_at}))",
             f"(local.set $pb (i32.add (local.get $B) (i32.mul (i32.add (i32.mul (local.get $j) (i32.const {k})) (local.get $k0)) (i32.const {PANEL_BYTES}))))",
             f"(local.set $pc (i32.add (local.get $C) {c_at}))",
             f"(local.set $pr (i32.add (local.get $R) {c_at}))",
@@ -182,7 +218,7 @@ def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, ep
         ]
 
     def rows_loop(vecs: list[Vec], rows: int) -> list[str]:
-        """Row tiles $ib .. $ib + rows: full 3-row tiles, then one 1- or 2-row tile."""
+        """Row tiles $ib .. $ib + rows: full tiles of MAX_ROWS rows, then one shorter tile."""
         full, rest = divmod(rows, MAX_ROWS)
         code = ["(local.set $i (local.get $ib))"]
         if full:
@@ -214,10 +250,13 @@ def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, ep
         return code
 
     # Row blocks of M_BLOCK keep the A block (M_BLOCK x 128 floats) in L2 while the panels sweep it.
+    def block(rows: int) -> list[str]:
+        return (pack_a(rows) if packed else []) + panels(rows)
+
     full_blocks, last_rows = divmod(m, M_BLOCK)
-    code = _counted("$ib", 0, full_blocks * M_BLOCK, M_BLOCK, panels(M_BLOCK)) if full_blocks else []
+    code = _counted("$ib", 0, full_blocks * M_BLOCK, M_BLOCK, block(M_BLOCK)) if full_blocks else []
     if last_rows:
-        code += [f"(local.set $ib (i32.const {full_blocks * M_BLOCK}))", *panels(last_rows)]
+        code += [f"(local.set $ib (i32.const {full_blocks * M_BLOCK}))", *block(last_rows)]
     k_block = [
         "(local.set $first (i32.eqz (local.get $k0)))",
         f"(local.set $last (i32.ge_u (i32.add (local.get $k0) (i32.const {kc})) (i32.const {k})))",
@@ -227,7 +266,7 @@ def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, ep
     return _counted("$k0", 0, k, kc, k_block)
 
 
-def _scalar_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, epilogue, fma) -> list[str]:
+def _scalar_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, epilogue, fma, a_pack) -> list[str]:
     """Plain f32 loops over the same packed B, for hosts without SIMD128."""
     index = "$i" if bias == "row" else "$j"
     init = f"(f32.load (i32.add (local.get $BIAS) (i32.shl (local.get {index}) (i32.const 2))))" if bias else "(f32.const 0)"

@@ -11,14 +11,14 @@ Entry point
 - `render_conv2d(spec, *, x_offset, w_offset, y_offset, scratch_offset, bias_offset=None,
   residual_offset=None, epilogue=None, features=SIMD_FMA, name="conv") -> str`: WAT functions, the
   one to call being `$name` (no parameters); `conv_scratch_bytes(spec)` is what it needs at
-  `scratch_offset` (the packed im2col of one image, all groups).
+  `scratch_offset` (the packed im2col of one image, all groups, and the GEMM's A blocks).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backends.wasm.gemm import SIMD_FMA, packed_b_size, render_gemm, render_pack_b
+from backends.wasm.gemm import SIMD_FMA, gemm_scratch_bytes, packed_b_size, render_gemm, render_pack_b
 from backends.wasm.kernels.microkernel import PANEL
 
 
@@ -66,6 +66,11 @@ class Conv2dSpec:
 
 
 def conv_scratch_bytes(spec: Conv2dSpec) -> int:
+    """The packed im2col of one image (all groups), then room for the GEMM's packed A blocks."""
+    return _im2col_bytes(spec) + gemm_scratch_bytes(spec.out_channels // spec.groups, spec.gemm_k)
+
+
+def _im2col_bytes(spec: Conv2dSpec) -> int:
     return spec.groups * packed_b_size(spec.gemm_k, spec.pixels)
 
 
@@ -91,7 +96,8 @@ def render_conv2d(spec: Conv2dSpec, *, x_offset: int, w_offset: int, y_offset: i
         funcs.append(render_gemm(m, n, k, a_offset=w_offset, b_packed_offset=scratch_offset, c_offset=y,
                                  bias_offset=bias_offset, bias_per_row=True, residual_offset=res,
                                  epilogue=epilogue, features=features, batch=g,
-                                 batch_strides=(m * k * 4, packed_b_size(k, n), m * n * 4), name=gemm_name))
+                                 batch_strides=(m * k * 4, packed_b_size(k, n), m * n * 4),
+                                 a_scratch_offset=scratch_offset + _im2col_bytes(spec), name=gemm_name))
         calls += [f"  (call ${pack_name})", f"  (call ${gemm_name})"]
     title = (f"  ;; Conv {spec.in_channels}x{spec.height}x{spec.width} -> {spec.out_channels}x{spec.out_height}x"
              f"{spec.out_width}, kernel {spec.kernel}, groups {g}, batch {spec.batch}: im2col + GEMM")

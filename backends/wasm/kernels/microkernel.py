@@ -1,16 +1,23 @@
-"""The SIMD128 register tile of the GEMM: up to 3 rows of A times one or two 16-column panels of B.
+"""The SIMD128 register tile of the GEMM: up to 4 rows of A times one or two 16-column panels of B.
 
-A tile keeps its block of C in v128 locals for a whole K block (3 rows x 4 vectors = 12 accumulators,
-plus 3 broadcast A values and 1 B vector: the 16 xmm registers Cranelift allocates from on x86). Per
-k step it loads each A value with `f32.load` + `f32x4.splat` (cheaper under Cranelift than
-`v128.load32_splat`, which it lowers to a load, a movd and a shuffle) and each B vector once, then
-issues rows x vectors multiply-adds: `f32x4.relaxed_madd` (one FMA on x86) when relaxed SIMD is on,
+A tile keeps its block of C in v128 locals for a whole K block (4 rows x 4 vectors = 16 accumulators).
+Per k step and row it loads the A value with `f32.load` + `f32x4.splat` (cheaper under Cranelift
+than `v128.load32_splat`, which it lowers to a load, a movd and a shuffle) and issues one
+multiply-add per B vector: `f32x4.relaxed_madd` (one FMA on x86) when relaxed SIMD is on,
 `f32x4.mul` + `f32x4.add` otherwise. The k loop is unrolled by `UNROLL` with a one-step tail.
 
-The caller (backends/wasm/gemm.py) sets these i32 locals before the tile: `$pa` (A at row i, k0),
-`$pb` (packed B at panel j, k0), `$pc` (C at row i, column 16 j), `$pr` (residual, same place),
-`$pbias` (bias at column 16 j), `$pend` and `$pend4` (where `$pb` stops, for the whole block and for
-the unrolled part), `$first` / `$last` (whether this is the first / last K block).
+Why 4x16 in this order, measured under wasmtime 50 on an AMD EPYC (relaxed SIMD, A packed, 512^3):
+3x16 with all three A splats live gives 34 GFLOP/s, 4x16 row by row 38-39 (about 70% of the FMA
+loop's 56). Cranelift lowers FMA writing over a multiplicand, so every multiply-add costs a register
+copy and 16 accumulators spill some; a row at a time keeps one splat live, which spills least. The B
+loads repeated per row in the text are merged by Cranelift (no store in between), so B is loaded
+once per k step.
+
+The caller (backends/wasm/gemm.py) sets these i32 locals before the tile: `$pa` (A at row i, k0,
+or the row group in packed A), `$pb` (packed B at panel j, k0), `$pc` (C at row i, column 16 j),
+`$pr` (residual, same place), `$pbias` (bias at column 16 j, or at row i with per-row bias), `$pend`
+and `$pend4` (where `$pb` stops, for the whole block and for the unrolled part), `$first` / `$last`
+(whether this is the first / last K block).
 """
 
 from __future__ import annotations
@@ -21,10 +28,9 @@ from backends.wasm.kernels.activation import v128_activation
 
 PANEL = 16          # columns per packed B panel
 PANEL_BYTES = PANEL * 4
-MAX_ROWS = 3
-# k steps per loop iteration. Measured under wasmtime (Cranelift) on the 3x16 tile, 512^3: unroll 1:
-# 26 GFLOP/s, 2: 33-35, 4: 28-31, 8: 18 (more steps only add spills: Cranelift's FMA lowering writes
-# over a multiplicand, so every multiply-add also costs a register copy).
+MAX_ROWS = 4
+# k steps per loop iteration. Measured under wasmtime (Cranelift), 512^3: unroll 1: 26 GFLOP/s,
+# 2: 33-39, 4: 28-31, 8: 18 (longer bodies only add spills).
 UNROLL = 2  # a power of two: the unrolled part ends at klen & -UNROLL
 ZERO = "(v128.const f32x4 0 0 0 0)"
 
@@ -50,6 +56,7 @@ class TileGeometry:
     a_row_step: int         # bytes between A[i, k] and A[i + 1, k]
     c_row_step: int         # bytes between C rows (the residual has the same layout)
     has_bias: bool
+    bias_per_row: bool      # bias holds M floats (one per row: Conv's output channels) instead of N
     has_residual: bool
     epilogue: str | None
     fma: bool               # relaxed SIMD multiply-add
@@ -63,7 +70,7 @@ def acc(r: int, v: int) -> str:
 
 def tile_locals() -> list[str]:
     regs = " ".join(f"(local {acc(r, v)} v128)" for r in range(MAX_ROWS) for v in range(8))
-    return [regs, "(local $a0 v128) (local $a1 v128) (local $a2 v128) (local $bv v128)"]
+    return [regs, "(local $a0 v128)"]
 
 
 def render_tile(rows: int, vecs: list[Vec], g: TileGeometry) -> list[str]:
@@ -101,7 +108,12 @@ def _init(rows: int, vecs: list[Vec], g: TileGeometry) -> list[str]:
     code = []
     for r in range(rows):
         for v, vec in enumerate(vecs):
-            value = _load("$pbias", vec.c_offset, vec.lanes) if g.has_bias else ZERO
+            if not g.has_bias:
+                value = ZERO
+            elif g.bias_per_row:
+                value = f"(f32x4.splat (f32.load offset={4 * r} (local.get $pbias)))"
+            else:
+                value = _load("$pbias", vec.c_offset, vec.lanes)
             if g.has_residual:
                 res = _load("$pr", r * g.c_row_step + vec.c_offset, vec.lanes)
                 value = res if not g.has_bias else f"(f32x4.add {value} {res})"
@@ -129,17 +141,16 @@ def _k_loops(rows: int, vecs: list[Vec], g: TileGeometry) -> list[str]:
 
 
 def _k_step(rows: int, vecs: list[Vec], g: TileGeometry, u: int) -> list[str]:
-    code = [f"(local.set $a{r} (f32x4.splat (f32.load offset={u * g.a_k_step + r * g.a_row_step} (local.get $pa))))"
-            for r in range(rows)]
-    for v, vec in enumerate(vecs):
-        b_off = vec.panel * g.k * PANEL_BYTES + vec.index * 16 + u * PANEL_BYTES
-        code.append(f"(local.set $bv (v128.load offset={b_off} (local.get $pb)))")
-        for r in range(rows):
-            a, c = f"(local.get $a{r})", f"(local.get {acc(r, v)})"
+    code = []
+    for r in range(rows):  # one row at a time: one splat live (see the module docstring)
+        code.append(f"(local.set $a0 (f32x4.splat (f32.load offset={u * g.a_k_step + r * g.a_row_step} (local.get $pa))))")
+        for v, vec in enumerate(vecs):
+            b = f"(v128.load offset={vec.panel * g.k * PANEL_BYTES + vec.index * 16 + u * PANEL_BYTES} (local.get $pb))"
+            c = f"(local.get {acc(r, v)})"
             if g.fma:
-                code.append(f"(local.set {acc(r, v)} (f32x4.relaxed_madd {a} (local.get $bv) {c}))")
+                code.append(f"(local.set {acc(r, v)} (f32x4.relaxed_madd (local.get $a0) {b} {c}))")
             else:
-                code.append(f"(local.set {acc(r, v)} (f32x4.add (f32x4.mul {a} (local.get $bv)) {c}))")
+                code.append(f"(local.set {acc(r, v)} (f32x4.add (f32x4.mul (local.get $a0) {b}) {c}))")
     return code
 
 
