@@ -28,6 +28,13 @@ test: setup
 test-all: setup
 	$(BIN)/pytest -n 2 -q -m "" $(PYTEST_ARGS)
 
+## Every ONNX node test through decompose, build-dag, compile and run on DEVICE (wasm or cuda-sim),
+## JOBS cases at a time: writes docs/conformance.md and docs/conformance.json (other devices: conformance-DEVICE.*).
+DEVICE ?= wasm
+JOBS   ?= 2
+conformance: setup
+	$(BIN)/python -m cortex.conformance --device $(DEVICE) --jobs $(JOBS)
+
 ## decompose + build-dag on MiniLM and synthetic 5k/10k/20k-node graphs: the Decompose section of docs/benchmarks.md.
 bench-decompose: setup
 	$(BIN)/python -m bench.bench_decompose

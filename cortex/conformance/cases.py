@@ -1,0 +1,103 @@
+"""What a node-test case is about: the op it exercises, whether it is in scope, its tolerances.
+
+Everything is read from the case's own graph (op types, domains, attributes, value types), never
+from its name: the node tests are single-op models, and the `*_expanded` ones are the op's function
+body, whose intermediate values onnx names `<Op>_<case>_expanded_function_<name>`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+# The default tolerance of onnx's backend-test runner (onnx.backend.test.runner) for every node case.
+RTOL, ATOL = 1e-3, 1e-7
+# The runner's own bfloat16 rule: two bfloat16 ulps of relative error. float16 gets the same two-ulp
+# allowance (2 * 2**-10): the default rtol is one float16 ulp, less than a correctly rounded result
+# computed in float32 may differ by after a second rounding.
+HALF_RTOL = {"bfloat16": 2**-6, "float16": 2**-9}
+# onnxruntime's backend-test overrides (onnxruntime/test/testdata/onnx_backend_test_series_overrides.jsonc).
+ATOL_OVERRIDES = {"test_dft": 1e-4, "test_dft_axis": 1e-4}
+
+TRAINING_DOMAIN = "ai.onnx.preview.training"
+# Ops whose outputs are drawn at random: no reference can be reproduced bit for bit.
+RANDOM_OPS = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"}
+_FUNCTION_VALUE = re.compile(r"^([A-Za-z][A-Za-z0-9]*)_.+_expanded_function_")
+
+
+@dataclass(frozen=True)
+class CaseInfo:
+    op: str                 # the row of the table: "Conv", "Softmax (expanded)", "com.microsoft.Gelu"
+    out_of_scope: str | None  # why the case is not counted, or None
+
+
+def describe_case(model: onnx.ModelProto) -> CaseInfo:
+    return CaseInfo(case_op(model), out_of_scope_reason(model))
+
+
+def case_op(model: onnx.ModelProto) -> str:
+    graph = model.graph
+    for node in graph.node:
+        for name in node.output:
+            m = _FUNCTION_VALUE.match(name)
+            if m:
+                return f"{m.group(1)} (expanded)"
+    ops = sorted({_qualified(n) for n in graph.node} - {"Constant"}) or sorted({_qualified(n) for n in graph.node})
+    if len(ops) == 1:
+        return ops[0]
+    # A multi-op graph onnx did not name as a function body (the `_ver18` expansions of older opsets)
+    return "+".join(ops) if len(ops) <= 3 else f"{'+'.join(ops[:3])}+... ({len(ops)} op types)"
+
+
+def out_of_scope_reason(model: onnx.ModelProto) -> str | None:
+    nodes = list(_all_nodes(model.graph))
+    for node in nodes:
+        if node.domain == TRAINING_DOMAIN:
+            return f"training op ({node.op_type})"
+        if node.op_type in RANDOM_OPS:
+            return f"random outputs ({node.op_type})"
+        if node.op_type == "Dropout" and len(node.input) > 2 and node.input[2]:
+            return "random outputs (Dropout with training_mode)"
+        if node.op_type == "BatchNormalization" and any(a.name == "training_mode" and a.i for a in node.attribute):
+            return "training op (BatchNormalization with training_mode=1)"
+    for kind, elem in _value_types(model):
+        if kind != "tensor_type":
+            return f"{kind.removesuffix('_type')} values"
+        if elem == onnx.TensorProto.STRING:
+            return "string tensors"
+    return None
+
+
+def tolerances(case_name: str, expected: np.ndarray) -> tuple[float, float]:
+    rtol = HALF_RTOL.get(np.asarray(expected).dtype.name, RTOL)
+    return rtol, ATOL_OVERRIDES.get(case_name, ATOL)
+
+
+def _qualified(node: onnx.NodeProto) -> str:
+    return f"{node.domain}.{node.op_type}" if node.domain not in ("", "ai.onnx") else node.op_type
+
+
+def _all_nodes(graph: onnx.GraphProto):
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                yield from _all_nodes(sub)
+
+
+def _value_types(model: onnx.ModelProto):
+    """(kind, tensor elem type) of every graph input/output and every value onnx can infer."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # inference fails on some valid cases (e.g. functions it cannot expand)
+        inferred = model
+    graph = inferred.graph
+    for vi in [*graph.input, *graph.output, *graph.value_info]:
+        kind = vi.type.WhichOneof("value")
+        if kind is None:
+            continue
+        elem = vi.type.tensor_type.elem_type if kind == "tensor_type" else None
+        yield kind, elem

@@ -1,0 +1,89 @@
+"""Run cases in parallel, each in a forked child with a time limit.
+
+A child per case costs a fork of a process that has already imported everything (milliseconds), and
+buys what a thread or a long-lived worker cannot: a case that hangs or crashes the interpreter
+(a wasmtime abort, a segfault in a native library) is killed or reaped without stalling the suite.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from collections import deque
+from multiprocessing.connection import wait
+from typing import Callable, Iterable
+
+import onnx
+
+from cortex.conformance.cases import case_op
+from cortex.conformance.run_case import CaseResult, run_case
+from samples.node_tests import NODE_TESTS_DIR
+
+
+def run_cases(names: Iterable[str], device: str, jobs: int = 2, timeout: float = 60.0,
+              on_result: Callable[[CaseResult], None] | None = None) -> list[CaseResult]:
+    """Results in the order of `names`."""
+    _warm_imports()
+    context = multiprocessing.get_context("fork")
+    pending = deque(names)
+    order = {name: i for i, name in enumerate(pending)}
+    running: dict = {}      # connection -> (process, case name, start time)
+    results: dict[str, CaseResult] = {}
+
+    def finish(result: CaseResult) -> None:
+        results[result.name] = result
+        if on_result:
+            on_result(result)
+
+    while pending or running:
+        while pending and len(running) < max(1, jobs):
+            name = pending.popleft()
+            receiver, sender = context.Pipe(duplex=False)
+            process = context.Process(target=_child, args=(name, device, sender), daemon=True)
+            process.start()
+            sender.close()
+            running[receiver] = (process, name, time.monotonic())
+        for conn in wait(list(running), timeout=0.2):
+            process, name, start = running.pop(conn)
+            try:
+                result = conn.recv()
+            except (EOFError, OSError):
+                process.join()
+                result = CaseResult(name, _op_of(name), "crashed", f"the process running it died (exit code {process.exitcode})",
+                                    seconds=round(time.monotonic() - start, 3))
+            conn.close()
+            process.join()
+            finish(result)
+        now = time.monotonic()
+        for conn, (process, name, start) in list(running.items()):
+            if now - start > timeout:
+                process.kill()
+                process.join()
+                conn.close()
+                del running[conn]
+                finish(CaseResult(name, _op_of(name), "crashed", f"timed out after {timeout:g} s", seconds=round(now - start, 3)))
+    return sorted(results.values(), key=lambda r: order[r.name])
+
+
+def _child(name: str, device: str, sender) -> None:
+    try:
+        result = run_case(name, device)
+    except BaseException as e:  # the harness itself failed on this case: still one result
+        result = CaseResult(name, _op_of(name), "crashed", f"{type(e).__name__}: {str(e).strip()[:300]}")
+    sender.send(result)
+    sender.close()
+
+
+def _op_of(name: str) -> str:
+    try:
+        return case_op(onnx.load(NODE_TESTS_DIR / name / "model.onnx", load_external_data=False))
+    except Exception:  # an unreadable case still gets its row
+        return "?"
+
+
+def _warm_imports() -> None:
+    """Import what every case needs once, before forking, so children start warm."""
+    import cortex.commands.decompose  # noqa: F401
+    import cortex.dag  # noqa: F401
+    import cortex.runtime  # noqa: F401
+    import backends.wasm.build  # noqa: F401
