@@ -14,8 +14,8 @@ import onnxruntime as ort
 import wasmtime
 from onnx import TensorProto, helper, numpy_helper
 
-from backends.wasm.gemm import SIMD, SIMD_FMA, pack_b, packed_b_size, render_gemm
-from backends.wasm.kernels.standalone import engine_for, instantiate, module_text, write
+from backends.wasm.gemm import SIMD, SIMD_FMA, gemm_scratch_bytes, pack_b, packed_b_size, render_gemm
+from backends.wasm.kernels.standalone import engine_for, instantiate, module_text, read, write
 from bench.node_runner import NodeContestant, NodeRunner
 from bench.timing import InProcess, Timings, interleave, repeats_for
 
@@ -87,18 +87,19 @@ def bench_gemm(shape, node: NodeRunner | None, workdir: Path, rounds: int) -> Ge
     b = rng.standard_normal((k, n)).astype(np.float32)
     result = GemmResult(shape)
     offsets = {"a": 0, "b": a.nbytes, "c": a.nbytes + packed_b_size(k, n)}
-    end = offsets["c"] + m * n * 4
+    offsets["scratch"] = offsets["c"] + m * n * 4
+    end = offsets["scratch"] + gemm_scratch_bytes(m, k)
     contestants = []
     expected = a @ b
     for label, features in (("cortex-wasmtime", SIMD_FMA), ("cortex-wasmtime-simd", SIMD)):
         func = render_gemm(m, n, k, a_offset=offsets["a"], b_packed_offset=offsets["b"],
-                           c_offset=offsets["c"], features=features)
+                           c_offset=offsets["c"], a_scratch_offset=offsets["scratch"], features=features)
         store, inst = instantiate(func, end, features)
         write(store, inst, offsets["a"], a)
         write(store, inst, offsets["b"], pack_b(b))
         gemm = inst.exports(store)["gemm"]
         gemm(store)
-        got = np.frombuffer(bytes(inst.exports(store)["memory"].read(store, offsets["c"], end)), "<f4").reshape(m, n)
+        got = read(store, inst, offsets["c"], (m, n))
         np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-3 * k ** 0.5)  # never time a wrong kernel
         contestants.append(InProcess(label, lambda g=gemm, s=store: g(s)))
         if features == SIMD_FMA:

@@ -9,6 +9,8 @@ Entry points
   then placed at the same offset, in place, which the caller vouches is legal for that op.
 - `buffers_for_schedule(steps, sizes, inputs, outputs)`: lifetimes from a schedule given as
   (reads, writes) per step, e.g. the CU schedule of a whole model, each CU one step.
+- `plan_dag_memory(dag)`: the tensors passed between CUs of a dag.json (`cortex.dag/1`), over its
+  CU order: what a runtime keeping them in one arena would need.
 - `plan_graph_memory(graph, ...)` / the `PlanMemory` pass: the activation buffers of a `Graph` in
   node order (inside one CU), with in-place reuse for elementwise and view ops.
 
@@ -201,6 +203,16 @@ def buffers_for_schedule(steps: Sequence[tuple[Sequence[str], Sequence[str]]], s
             last[name] = end
     in_place = in_place or {}
     return [Buffer(name, sizes[name], first[name], last[name], alignment, in_place.get(name)) for name in first]
+
+
+def plan_dag_memory(dag: dict, alignment: int = 16) -> MemoryPlan:
+    """Plan the tensors crossing CU borders of a loaded dag.json, each CU one step of its order."""
+    cus = {cu["id"]: cu for cu in dag["cus"]}
+    steps = [(cus[cu_id]["inputs"], cus[cu_id]["outputs"]) for cu_id in dag["order"]]
+    sizes = {name: int(t["bytes"]) for name, t in dag["tensors"].items()}
+    buffers = buffers_for_schedule(steps, sizes, [t["name"] for t in dag["inputs"]],
+                                   [t["name"] for t in dag["outputs"]], alignment)
+    return plan_memory(buffers, in_place=False)  # a CU may read its inputs after writing an output
 
 
 # -- graphs ---------------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ from onnx import TensorProto, helper
 from ir.errors import CortexError
 from ir.onnx_import import load_model
 from passes import InferShapes, optimize_pipeline, run_pipeline
-from passes.plan_memory import Buffer, PlanMemory, buffers_for_schedule, plan_graph_memory, plan_memory
+from passes.plan_memory import (Buffer, PlanMemory, buffers_for_schedule, plan_dag_memory, plan_graph_memory,
+                                plan_memory)
 from tests.testdata import LIGHT_MODEL_NAMES, light_model
 
 
@@ -99,6 +100,22 @@ def test_schedule_lifetimes_keep_inputs_from_the_start_and_outputs_to_the_end():
     assert (by_name["a"].first_use, by_name["a"].last_use) == (0, 1)
     assert (by_name["out"].first_use, by_name["out"].last_use) == (2, 3)
     assert by_name["tail"].last_use == 3
+
+
+def test_dag_tensors_are_planned_over_the_cu_order():
+    """x -> cu0 -> a -> cu1 -> b -> cu2 -> y, with cu2 also reading x: x lives to the end."""
+    tensor = lambda n: {"dtype": "float32", "shape": [n // 4], "bytes": n}  # noqa: E731
+    dag = {"inputs": [{"name": "x"}], "outputs": [{"name": "y"}],
+           "tensors": {"x": tensor(1024), "a": tensor(4096), "b": tensor(4096), "y": tensor(64)},
+           "cus": [{"id": "cu0", "inputs": ["x"], "outputs": ["a"]}, {"id": "cu1", "inputs": ["a"], "outputs": ["b"]},
+                   {"id": "cu2", "inputs": ["b", "x"], "outputs": ["y"]}],
+           "order": ["cu0", "cu1", "cu2"]}
+    plan = plan_dag_memory(dag)
+    assert plan.lower_bound == 1024 + 4096 + 4096  # cu1: x, a and b live
+    assert plan.arena_bytes == plan.lower_bound
+    ranges = sorted((plan.offsets[n], plan.offsets[n] + dag["tensors"][n]["bytes"]) for n in ("x", "b", "y"))
+    assert all(end <= start for (_, end), (start, _) in zip(ranges, ranges[1:])), "cu2's tensors overlap"
+    assert not plan.aliases
 
 
 def _chain_model(shape=(4, 256)):
