@@ -15,7 +15,7 @@ from backends.wasm.options import WasmOptions
 from backends.wasm.vectorize import VectorRenderer, vectorizable
 from ir.loops.expr import (FLOAT_TYPES, MATH_UNARY, Binary, Cast, Const, Expr, Fma, Load, Local, Select, Unary,
                            Var)
-from ir.loops.program import WEIGHT, Assign, If, Kernel, Loop, Program, Stmt, Store
+from ir.loops.program import WEIGHT, Assign, If, Intrinsic, Kernel, Loop, Program, Stmt, Store
 
 PAGE = 65536
 
@@ -55,6 +55,8 @@ class WatRenderer:
         self.math_used: set[str] = set()
         self._depth_names: dict[int, str] = {}   # Var uid -> local name (by nesting depth)
         self._max_depth = 0
+        self._kernel_name = ""
+        self.intrinsic_funcs: list[str] = []
 
     # -- module --------------------------------------------------------------------------------
     def module(self, memory_bytes: int) -> str:
@@ -70,6 +72,7 @@ class WatRenderer:
         else:
             lines += [f"  (data (i32.const {s.offset}) \"\") ;; {s.name}" for s in weights]
         lines += funcs
+        lines += [_indent(f, "  ") for f in self.intrinsic_funcs]
         calls = "\n".join(f"    (call ${_ident(k.name)})" for k in self.program.kernels)
         lines.append(f'  (func (export "run")\n{calls}\n  )')
         helpers = mathlib.render_functions(self.math_used)
@@ -80,6 +83,7 @@ class WatRenderer:
 
     def kernel(self, kernel: Kernel) -> str:
         self._depth_names, self._max_depth = {}, 0
+        self._kernel_name = _ident(kernel.name)
         body = self.stmts(kernel.body, depth=0, indent="    ")
         decls = [f"(local $d{d} i32)" for d in range(self._max_depth)]
         decls += [f"(local {_local(loc)} {loc.type})" for loc in kernel.locals]
@@ -102,6 +106,11 @@ class WatRenderer:
             return text + ")"
         if isinstance(s, Loop):
             return self.loop(s, depth, indent)
+        if isinstance(s, Intrinsic):
+            from backends.wasm.intrinsics import render_intrinsic
+            name = f"{self._kernel_name}_{s.name}{len(self.intrinsic_funcs)}"
+            self.intrinsic_funcs.append(render_intrinsic(s, name, self.options).strip())
+            return f"{indent}(call ${name})"
         raise TypeError(f"unknown statement {s!r}")
 
     def loop(self, loop: Loop, depth: int, indent: str) -> str:

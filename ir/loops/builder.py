@@ -18,7 +18,7 @@ from ir import dtypes
 from ir.errors import UnsupportedError
 from ir.graph import Graph, Node, Value
 from ir.loops.expr import Expr, Local, Var, cast, lift
-from ir.loops.program import (COMPUTE_TYPE, INPUT, OUTPUT, TEMP, WEIGHT, Assign, Buffer, If, Kernel, Loop,
+from ir.loops.program import (COMPUTE_TYPE, INPUT, OUTPUT, TEMP, WEIGHT, Assign, Buffer, If, Intrinsic, Kernel, Loop,
                               Program, Stmt, Storage, Store)
 
 BACKEND = "loops"
@@ -37,8 +37,10 @@ def storage_dtype(value: Value, node: Node | None = None) -> str:
 
 
 class LoopBuilder:
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, intrinsics: dict | None = None):
         self.graph = graph
+        # name -> the target's hooks for a ready-made kernel it offers (see `Intrinsic`)
+        self.intrinsics = dict(intrinsics or {})
         self.program = Program()
         self._buffers: dict[int, Buffer] = {}
         self._names: set[str] = set()
@@ -149,6 +151,12 @@ class LoopBuilder:
         finally:
             self._stack.pop()
 
+    def has_intrinsic(self, name: str) -> bool:
+        return name in self.intrinsics
+
+    def call_intrinsic(self, name: str, operands: dict, **params) -> None:
+        self.emit(Intrinsic(name, operands, params))
+
     def store(self, buf: Buffer, index, value) -> None:
         if not isinstance(index, (list, tuple)):
             index = (index,)
@@ -167,10 +175,11 @@ class LoopBuilder:
         self.emit(Assign(loc, cast(lift(value, loc.type), loc.type)))
 
     # -- common shapes of computation ----------------------------------------------------------
-    def elementwise(self, node: Node, fn, out: int = 0) -> None:
-        """out = fn(*inputs) with numpy broadcasting; missing optional inputs are passed as None."""
+    def elementwise(self, node: Node, fn, out: int = 0, inputs=None) -> None:
+        """out = fn(*inputs) with numpy broadcasting; missing optional inputs, and those not
+        listed in `inputs` (indices, default all), are passed as None."""
         y = self.output(node, out)
-        ins = [self.input(node, i) for i in range(len(node.inputs))]
+        ins = [self.input(node, i) if inputs is None or i in inputs else None for i in range(len(node.inputs))]
         shape, views = collapse_broadcast(y.shape, [x.shape if x is not None else None for x in ins])
         y = y.view(shape)
         ins = [x.view(v) if x is not None else None for x, v in zip(ins, views)]
@@ -215,11 +224,11 @@ class LoopBuilder:
         return self.program
 
 
-def lower_graph(graph: Graph) -> Program:
+def lower_graph(graph: Graph, intrinsics: dict | None = None) -> Program:
     unsupported = unsupported_nodes(graph)
     if unsupported:
         raise UnsupportedError(describe_unsupported(unsupported))
-    b = LoopBuilder(graph)
+    b = LoopBuilder(graph, intrinsics)
     for node in graph.nodes:
         b.lower(node)
     return b.finish()

@@ -131,6 +131,15 @@ class If(Stmt):
 
 
 @dataclass(eq=False)
+class Intrinsic(Stmt):
+    """A call to a kernel the target provides ready-made (a blocked GEMM, an im2col convolution),
+    chosen by a lowering only when the target offers it (`LoopBuilder.has_intrinsic`)."""
+    name: str
+    operands: dict[str, Buffer | None]
+    params: dict = field(default_factory=dict)
+
+
+@dataclass(eq=False)
 class Kernel:
     """The statements one node lowers to (one function in the rendered module)."""
     name: str

@@ -125,7 +125,7 @@ ELEMENTWISE_EXPRESSIONS = {
     "Mul": lambda n, a, b: a * b,
     "Div": lambda n, a, b: a / b,
     "Pow": lambda n, a, b: _pow(a, b),
-    "Mod": lambda n, a, b: a % b if _attr(n, "fmod", 0) or a.type in ("f32", "f64") else _int_mod(a, b),
+    "Mod": lambda n, a, b: a % b if _attr(n, "fmod", 0) else _int_mod(a, b),
     "Max": lambda n, *xs: _fold(maximum, xs),
     "Min": lambda n, *xs: _fold(minimum, xs),
     "Sum": lambda n, *xs: _fold(lambda a, b: a + b, xs),
@@ -183,9 +183,9 @@ def _clip(b, node):
 def _cast(b, node):
     out = b.output(node)
     if out.dtype == "bool":
-        b.elementwise(node, lambda x, *_: ne(x, 0))
+        b.elementwise(node, lambda x, *_: ne(x, 0), inputs=[0])
     else:
-        b.elementwise(node, lambda x, *_: cast(x, out.compute_type))
+        b.elementwise(node, lambda x, *_: cast(x, out.compute_type), inputs=[0])
 
 
 @lowering("loops", "Identity")
@@ -196,6 +196,10 @@ def _identity(b, node):
 @lowering("loops", "Dropout")
 def _dropout(b, node):
     """Inference: the data passes through and the mask, if asked for, is all true."""
+    training = node.inputs[2] if len(node.inputs) > 2 else None
+    if training is not None and (not training.is_const or bool(training.const)):
+        from ir.errors import UnsupportedError
+        raise UnsupportedError(f"{node.describe()}: Dropout in training mode (random) is not supported")
     b.alias(node.outputs[0], b.input(node, 0))
     if len(node.outputs) > 1 and node.outputs[1].name:
         b.fill(b.output(node, 1), 1)

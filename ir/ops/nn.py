@@ -42,6 +42,8 @@ from ir.ops.windows import pad_buffer, pool_divisors, window_geometry  # noqa: E
 
 @lowering("loops", "MatMul")
 def _matmul(b, node):
+    if _matmul_as_gemm(b, node):
+        return
     a, w, y = b.input(node, 0), b.input(node, 1), b.output(node)
     a_shape, w_shape = a.shape, w.shape
     if len(a_shape) == 1:
@@ -58,6 +60,8 @@ def _matmul(b, node):
 
 @lowering("loops", "Gemm")
 def _gemm(b, node):
+    if _gemm_as_gemm(b, node):
+        return
     a, w, c, y = b.input(node, 0), b.input(node, 1), b.input(node, 2), b.output(node)
     alpha, beta = float(node.attrs.get("alpha", 1.0)), float(node.attrs.get("beta", 1.0))
     if node.attrs.get("transA", 0):
@@ -74,6 +78,71 @@ def _gemm(b, node):
     with b.loop(m, "i") as i, b.loop(k, "k") as kk, b.loop(n, "j") as j:
         lhs = a[i, kk] * alpha if alpha != 1.0 else a[i, kk]
         b.store(y, (i, j), fma(lhs, w[kk, j], y[i, j]))
+
+
+# -- the target's ready-made kernels, where it has them (float32 only) --------------------------
+
+def _f32(*values) -> bool:
+    return all(v is None or v.dtype == 1 for v in values)   # TensorProto.FLOAT
+
+
+def _matmul_as_gemm(b, node) -> bool:
+    if not b.has_intrinsic("gemm") or not _f32(*node.inputs, node.outputs[0]):
+        return False
+    av, wv = node.inputs[0], node.inputs[1]
+    y = b.output(node)
+    if wv.is_const and len(wv.shape) == 2:
+        k, n = wv.shape
+        m = int(np.prod(av.shape[:-1], dtype=np.int64))
+        packed = b.constant(b.intrinsics["gemm"].pack_weight(np.asarray(wv.const), False), wv.name + "_packed")
+        b.call_intrinsic("gemm", {"a": b.buffer(av), "b": packed, "c": y}, m=m, n=n, k=k)
+        return True
+    if len(av.shape) == len(wv.shape) >= 2 and list(av.shape[:-2]) == list(wv.shape[:-2]) and not av.is_const:
+        (m, k), n = av.shape[-2:], wv.shape[-1]
+        batch = int(np.prod(av.shape[:-2], dtype=np.int64))
+        scratch = b.temp("float32", (b.intrinsics["gemm"].packed_elements(k, n) * batch,), wv.name + "_panels")
+        b.call_intrinsic("gemm", {"a": b.buffer(av), "b": b.buffer(wv), "b_scratch": scratch, "c": y},
+                         m=m, n=n, k=k, batch=batch)
+        return True
+    return False
+
+
+def _gemm_as_gemm(b, node) -> bool:
+    wv, cv = node.inputs[1], node.inputs[2] if len(node.inputs) > 2 else None
+    if not b.has_intrinsic("gemm") or not _f32(*node.inputs, node.outputs[0]) or not wv.is_const:
+        return False
+    alpha, beta = float(node.attrs.get("alpha", 1.0)), float(node.attrs.get("beta", 1.0))
+    trans_a, trans_b = bool(node.attrs.get("transA", 0)), bool(node.attrs.get("transB", 0))
+    y = b.output(node)
+    m, n = y.shape
+    bias = None
+    if cv is not None and beta != 0.0:
+        if not cv.is_const or int(np.asarray(cv.const).size) not in (1, n) or (len(cv.shape) == 2 and cv.shape[0] != 1):
+            return False
+        bias = b.constant((np.broadcast_to(np.asarray(cv.const, dtype=np.float64).reshape(-1), (n,)) * beta)
+                          .astype(np.float32), cv.name + "_bias")
+    weights = np.asarray(wv.const, dtype=np.float32) * np.float32(alpha) if alpha != 1.0 else np.asarray(wv.const)
+    packed = b.constant(b.intrinsics["gemm"].pack_weight(weights, trans_b), wv.name + "_packed")
+    k = wv.shape[1] if trans_b else wv.shape[0]
+    b.call_intrinsic("gemm", {"a": b.input(node, 0), "b": packed, "c": y, "bias": bias}, m=m, n=n, k=k,
+                     trans_a=trans_a)
+    return True
+
+
+def _conv_as_intrinsic(b, node) -> bool:
+    wv = node.inputs[1]
+    if not b.has_intrinsic("conv2d") or not _f32(*node.inputs, node.outputs[0]) or len(wv.shape) != 4:
+        return False
+    x, y = b.input(node, 0), b.output(node)
+    geo = window_geometry(node, x.shape[2:], wv.shape[2:], y.shape[2:])
+    params = dict(batch=x.shape[0], in_channels=x.shape[1], height=x.shape[2], width=x.shape[3],
+                  out_channels=wv.shape[0], kernel=tuple(wv.shape[2:]), strides=tuple(geo.strides),
+                  pads=(geo.pads_begin[0], geo.pads_begin[1], geo.pads_end[0], geo.pads_end[1]),
+                  dilations=tuple(geo.dilations), groups=int(node.attrs.get("group", 1)))
+    scratch = b.temp("float32", (b.intrinsics["conv2d"].scratch_elements(params),), x.name + "_im2col")
+    b.call_intrinsic("conv2d", {"x": x, "w": b.input(node, 1), "y": y, "bias": b.input(node, 2), "scratch": scratch},
+                     **params)
+    return True
 
 
 def _transposed(b, node, i):
@@ -109,6 +178,8 @@ def _zero_then_accumulate(b, y, batch, m, k, n, lhs, rhs):
 
 @lowering("loops", "Conv")
 def _conv(b, node):
+    if _conv_as_intrinsic(b, node):
+        return
     x, w, bias, y = b.input(node, 0), b.input(node, 1), b.input(node, 2), b.output(node)
     group = int(node.attrs.get("group", 1))
     n_batch, channels, *spatial = x.shape
@@ -202,6 +273,8 @@ def _lowest(dtype: str):
 
 @lowering("loops", "BatchNormalization")
 def _batch_norm(b, node):
+    if node.attrs.get("training_mode", 0) or len([o for o in node.outputs if o.name]) > 1:
+        raise UnsupportedError(f"{node.describe()}: training-mode BatchNormalization is not supported")
     x, y = b.input(node, 0), b.output(node)
     eps = float(node.attrs.get("epsilon", 1e-5))
     if all(v is not None and v.is_const for v in node.inputs[1:5]):
@@ -212,9 +285,9 @@ def _batch_norm(b, node):
         mul_buf, add_buf = b.constant(mul.astype(dtype), "bn_scale"), b.constant(add.astype(dtype), "bn_shift")
         mul_of, add_of = (lambda c: mul_buf[c]), (lambda c: add_buf[c])
     else:
-        s, bb, mn, vr = (b.input(node, i) for i in range(1, 5))
-        mul_of = lambda c: s[c] / unary("sqrt", vr[c] + eps)  # noqa: E731
-        add_of = lambda c: bb[c] - mn[c] * mul_of(c)  # noqa: E731
+        gamma, beta, mean_, var_ = (b.input(node, i) for i in range(1, 5))
+        mul_of = lambda c: gamma[c] / unary("sqrt", var_[c] + eps)  # noqa: E731
+        add_of = lambda c: beta[c] - mean_[c] * mul_of(c)  # noqa: E731
     n, c = x.shape[:2]
     area = int(np.prod(x.shape[2:], dtype=np.int64))
     xv, yv = x.view((n, c, area)), y.view((n, c, area))
@@ -286,9 +359,9 @@ def _softmax(b, node):
                 with b.loop(d, "d") as k:
                     b.store(yv, (o, k, i), yv[o, k, i] * inv)
             else:
-                shift = b.local(t, top + unary("log", total), "shift")
+                log_total = b.local(t, unary("log", total), "log_total")
                 with b.loop(d, "d") as k:
-                    b.store(yv, (o, k, i), xv[o, k, i] - shift)
+                    b.store(yv, (o, k, i), (xv[o, k, i] - top) - log_total)
 
 
 @lowering("loops", "LayerNormalization")

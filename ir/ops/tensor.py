@@ -232,7 +232,8 @@ def _depth_space(b, node):
         n, c, h, w = x.shape
         with b.loops(x.shape) as (i, ch, hh, ww):
             bh, bw = hh % bs, ww % bs
-            b.store(y, (i, (bh * bs + bw) * c + ch, _div(hh, bs), _div(ww, bs)), x[i, ch, hh, ww])
+            dst_c = (ch * bs * bs + bh * bs + bw) if crd else ((bh * bs + bw) * c + ch)
+            b.store(y, (i, dst_c, _div(hh, bs), _div(ww, bs)), x[i, ch, hh, ww])
 
 
 def _div(a, d):
