@@ -1,8 +1,10 @@
-"""Run cases in parallel, each in a forked child with a time limit.
+"""Run cases in parallel, each in its own process with a time limit.
 
-A child per case costs a fork of a process that has already imported everything (milliseconds), and
-buys what a thread or a long-lived worker cannot: a case that hangs or crashes the interpreter
-(a wasmtime abort, a segfault in a native library) is killed or reaped without stalling the suite.
+A process per case buys what a thread or a long-lived worker cannot: a case that hangs or takes the
+interpreter down (a wasmtime abort, a segfault in a native library) is killed or reaped without
+stalling the suite. The processes are forked from a fork server that has imported the pipeline once
+and has never run anything, so each starts in milliseconds and inherits no thread pools (a process
+forked from one that has compiled wasm would wait forever on the compiler threads it did not inherit).
 """
 
 from __future__ import annotations
@@ -20,11 +22,16 @@ from cortex.conformance.run_case import CaseResult, run_case
 from samples.node_tests import NODE_TESTS_DIR
 
 
+PRELOAD = ["cortex.conformance.run_case", "cortex.commands.decompose", "cortex.dag", "cortex.runtime",
+           "backends.wasm.build"]
+
+
 def run_cases(names: Iterable[str], device: str, jobs: int = 2, timeout: float = 60.0,
-              on_result: Callable[[CaseResult], None] | None = None) -> list[CaseResult]:
-    """Results in the order of `names`."""
-    _warm_imports()
-    context = multiprocessing.get_context("fork")
+              on_result: Callable[[CaseResult], None] | None = None,
+              run: Callable[[str, str], CaseResult] = run_case) -> list[CaseResult]:
+    """Results in the order of `names`. `run` (a module-level function) runs one case."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
     pending = deque(names)
     order = {name: i for i, name in enumerate(pending)}
     running: dict = {}      # connection -> (process, case name, start time)
@@ -39,7 +46,7 @@ def run_cases(names: Iterable[str], device: str, jobs: int = 2, timeout: float =
         while pending and len(running) < max(1, jobs):
             name = pending.popleft()
             receiver, sender = context.Pipe(duplex=False)
-            process = context.Process(target=_child, args=(name, device, sender), daemon=True)
+            process = context.Process(target=_child, args=(run, name, device, sender), daemon=True)
             process.start()
             sender.close()
             running[receiver] = (process, name, time.monotonic())
@@ -65,9 +72,9 @@ def run_cases(names: Iterable[str], device: str, jobs: int = 2, timeout: float =
     return sorted(results.values(), key=lambda r: order[r.name])
 
 
-def _child(name: str, device: str, sender) -> None:
+def _child(run, name: str, device: str, sender) -> None:
     try:
-        result = run_case(name, device)
+        result = run(name, device)
     except BaseException as e:  # the harness itself failed on this case: still one result
         result = CaseResult(name, _op_of(name), "crashed", f"{type(e).__name__}: {str(e).strip()[:300]}")
     sender.send(result)
@@ -79,11 +86,3 @@ def _op_of(name: str) -> str:
         return case_op(onnx.load(NODE_TESTS_DIR / name / "model.onnx", load_external_data=False))
     except Exception:  # an unreadable case still gets its row
         return "?"
-
-
-def _warm_imports() -> None:
-    """Import what every case needs once, before forking, so children start warm."""
-    import cortex.commands.decompose  # noqa: F401
-    import cortex.dag  # noqa: F401
-    import cortex.runtime  # noqa: F401
-    import backends.wasm.build  # noqa: F401
