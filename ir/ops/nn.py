@@ -1,6 +1,6 @@
-"""Contractions and neural-network ops: the ops that own weights."""
+"""Contractions (the ops that own weights) and the other neural-network ops."""
 
-from ir.ops.registry import CONTRACTION, NORMALIZATION, OTHER, register
+from ir.ops.registry import CONTRACTION, OTHER, register
 
 
 def _gemm_weight_axis(node):
@@ -16,17 +16,12 @@ register("Conv", kind=CONTRACTION, weight_input=1,
 register("ConvTranspose", "ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul",
          "DeformConv", "Einsum", kind=CONTRACTION)
 
-register("BatchNormalization", "InstanceNormalization", "LayerNormalization", "GroupNormalization",
-         "LpNormalization", "MeanVarianceNormalization", "LRN", "RMSNormalization",
-         "Softmax", "LogSoftmax", "Hardmax", kind=NORMALIZATION)
-
-register("MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool", "LpPool", "GlobalLpPool",
-         "MaxRoiPool", "RoiAlign", "MaxUnpool", "Resize", "Upsample", "GridSample", "AffineGrid",
-         "Col2Im", "CumSum", "TopK", "NonMaxSuppression", "LSTM", "GRU", "RNN", "Attention",
+register("MaxRoiPool", "RoiAlign", "MaxUnpool", "Resize", "Upsample", "GridSample", "AffineGrid",
+         "Col2Im", "NonMaxSuppression", "LSTM", "GRU", "RNN", "Attention",
          "RotaryEmbedding", "DFT", "STFT", "MelWeightMatrix", "BlackmanWindow", "HannWindow",
          "HammingWindow", "DynamicQuantizeLinear", "CenterCropPad", "ImageDecoder",
          "StringNormalizer", "StringConcat", "StringSplit", "RegexFullMatch", "TfIdfVectorizer",
-         "Det", "Unique", "NonZero", "Compress", "Trilu", "EyeLike", "OneHot", "Range",
+         "Det", "Unique", "NonZero", "Compress",
          kind=OTHER)
 
 
@@ -35,9 +30,9 @@ register("MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool", "LpPool
 import numpy as np  # noqa: E402
 
 from ir.errors import UnsupportedError  # noqa: E402
-from ir.loops.expr import fma, lt, maximum, select, unary  # noqa: E402
+from ir.loops.expr import fma  # noqa: E402
 from ir.ops.registry import lowering  # noqa: E402
-from ir.ops.windows import pad_buffer, pool_divisors, window_geometry  # noqa: E402
+from ir.ops.windows import pad_buffer, window_geometry  # noqa: E402
 
 
 @lowering("loops", "MatMul")
@@ -194,237 +189,3 @@ def _conv(b, node):
         m = g * per_group + mg
         at = [oi * s + ki * d for oi, ki, s, d in zip(o, k, geo.strides, geo.dilations)]
         b.store(y, (nn, m, *o), fma(w[(m, c, *k)], xp[(nn, g * group_channels + c, *at)], y[(nn, m, *o)]))
-
-
-@lowering("loops", "MaxPool", "AveragePool", "LpPool")
-def _pool(b, node):
-    if node.op_type == "MaxPool" and len(node.outputs) > 1:
-        raise UnsupportedError(f"{node.describe()}: the Indices output of MaxPool is not supported")
-    x, y = b.input(node, 0), b.output(node)
-    kernel = [int(k) for k in node.attrs["kernel_shape"]]
-    geo = window_geometry(node, x.shape[2:], kernel, y.shape[2:])
-    is_max = node.op_type == "MaxPool"
-    p = int(node.attrs.get("p", 2))
-    fill = _lowest(x.dtype) if is_max else 0.0
-    xp = pad_buffer(b, x, geo.pads_begin, geo.padded, fill)
-    b.fill(y, fill)
-    with b.loops(y.shape[:2], "n") as nc, b.loops(kernel, "k") as k, b.loops(y.shape[2:], "o") as o:
-        at = [oi * s + ki * d for oi, ki, s, d in zip(o, k, geo.strides, geo.dilations)]
-        v = xp[(*nc, *at)]
-        if is_max:
-            b.store(y, (*nc, *o), maximum(y[(*nc, *o)], v))
-        elif node.op_type == "LpPool":
-            b.store(y, (*nc, *o), y[(*nc, *o)] + _abs_pow(v, p))
-        else:
-            b.store(y, (*nc, *o), y[(*nc, *o)] + v)
-    if node.op_type == "AveragePool":
-        include_pad = bool(node.attrs.get("count_include_pad", 0))
-        scale = b.constant(pool_divisors(geo, x.shape[2:], y.shape[2:], kernel, include_pad), "pool_scale")
-        with b.loops(y.shape) as (nn, c, *o):
-            b.store(y, (nn, c, *o), y[(nn, c, *o)] * scale[tuple(o)])
-    elif node.op_type == "LpPool":
-        with b.loops(y.shape) as idx:
-            b.store(y, idx, _root(y[tuple(idx)], p))
-
-
-@lowering("loops", "GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool")
-def _global_pool(b, node):
-    x, y = b.input(node, 0), b.output(node)
-    n, c = x.shape[:2]
-    area = int(np.prod(x.shape[2:], dtype=np.int64))
-    x, y = x.view((n, c, area)), y.view((n, c))
-    p = int(node.attrs.get("p", 2))
-    with b.loops((n, c)) as (i, j):
-        if node.op_type == "GlobalMaxPool":
-            acc = b.local(x.compute_type, _lowest(x.dtype))
-            with b.loop(area) as s:
-                b.assign(acc, maximum(acc, x[i, j, s]))
-            b.store(y, (i, j), acc)
-        else:
-            acc = b.local(x.compute_type, 0.0)
-            with b.loop(area) as s:
-                b.assign(acc, acc + (x[i, j, s] if node.op_type == "GlobalAveragePool" else _abs_pow(x[i, j, s], p)))
-            b.store(y, (i, j), acc * (1.0 / area) if node.op_type == "GlobalAveragePool" else _root(acc, p))
-
-
-def _abs_pow(v, p):
-    if p == 1:
-        return unary("abs", v)
-    if p == 2:
-        return v * v
-    from ir.loops.expr import binary
-    return binary("pow", unary("abs", v), float(p))
-
-
-def _root(v, p):
-    if p == 1:
-        return v
-    if p == 2:
-        return unary("sqrt", v)
-    from ir.loops.expr import binary
-    return binary("pow", v, 1.0 / p)
-
-
-def _lowest(dtype: str):
-    if dtype.startswith("float"):
-        return float("-inf")
-    return int(np.iinfo(np.dtype(dtype)).min)
-
-
-@lowering("loops", "BatchNormalization")
-def _batch_norm(b, node):
-    if node.attrs.get("training_mode", 0) or len([o for o in node.outputs if o.name]) > 1:
-        raise UnsupportedError(f"{node.describe()}: training-mode BatchNormalization is not supported")
-    x, y = b.input(node, 0), b.output(node)
-    eps = float(node.attrs.get("epsilon", 1e-5))
-    if all(v is not None and v.is_const for v in node.inputs[1:5]):
-        scale, bias, mean, var = (np.asarray(v.const, dtype=np.float64) for v in node.inputs[1:5])
-        mul = scale / np.sqrt(var + eps)
-        add = bias - mean * mul
-        dtype = np.dtype(x.dtype if x.dtype != "float16" else "float32")
-        mul_buf, add_buf = b.constant(mul.astype(dtype), "bn_scale"), b.constant(add.astype(dtype), "bn_shift")
-        mul_of, add_of = (lambda c: mul_buf[c]), (lambda c: add_buf[c])
-    else:
-        gamma, beta, mean_, var_ = (b.input(node, i) for i in range(1, 5))
-        mul_of = lambda c: gamma[c] / unary("sqrt", var_[c] + eps)  # noqa: E731
-        add_of = lambda c: beta[c] - mean_[c] * mul_of(c)  # noqa: E731
-    n, c = x.shape[:2]
-    area = int(np.prod(x.shape[2:], dtype=np.int64))
-    xv, yv = x.view((n, c, area)), y.view((n, c, area))
-    with b.loop(n) as i, b.loop(c) as j, b.loop(area) as s:
-        b.store(yv, (i, j, s), fma(xv[i, j, s], mul_of(j), add_of(j)))
-
-
-@lowering("loops", "LRN")
-def _lrn(b, node):
-    x, y = b.input(node, 0), b.output(node)
-    size = int(node.attrs["size"])
-    alpha, beta, bias = (float(node.attrs.get(k, d)) for k, d in (("alpha", 1e-4), ("beta", 0.75), ("bias", 1.0)))
-    n, c = x.shape[:2]
-    area = int(np.prod(x.shape[2:], dtype=np.int64))
-    xv, yv = x.view((n, c, area)), y.view((n, c, area))
-    sq = b.temp("float32", (n, c, area), "lrn_sum")
-    b.fill(sq, 0.0)
-    before = (size - 1) // 2
-    with b.loop(n) as i, b.loop(c) as j, b.loop(size, "w") as k:
-        src = j + k - before
-        from ir.loops.expr import ge, logical_and
-        with b.when(logical_and(ge(src, 0), lt(src, c))):
-            with b.loop(area) as s:
-                v = xv[i, src, s]
-                b.store(sq, (i, j, s), fma(v, v, sq[i, j, s]))
-    with b.loop(n) as i, b.loop(c) as j, b.loop(area) as s:
-        from ir.loops.expr import binary
-        denom = binary("pow", sq[i, j, s] * (alpha / size) + bias, -beta)
-        b.store(yv, (i, j, s), xv[i, j, s] * denom)
-
-
-@lowering("loops", "Softmax", "LogSoftmax", "Hardmax")
-def _softmax(b, node):
-    x, y = b.input(node, 0), b.output(node)
-    rank = len(x.shape)
-    opset = _opset(b)
-    axis = int(node.attrs.get("axis", -1 if opset >= 13 else 1)) % max(rank, 1)
-    outer = int(np.prod(x.shape[:axis], dtype=np.int64))
-    if opset >= 13:
-        d, inner = x.shape[axis], int(np.prod(x.shape[axis + 1:], dtype=np.int64))
-    else:   # before opset 13 the input is coerced to 2-D at `axis`
-        d, inner = int(np.prod(x.shape[axis:], dtype=np.int64)), 1
-    xv, yv = x.view((outer, d, inner)), y.view((outer, d, inner))
-    t = x.compute_type
-    with b.loop(outer, "o") as o, b.loop(inner, "i") as i:
-        top = b.local(t, float("-inf"), "max")
-        with b.loop(d, "d") as k:
-            b.assign(top, maximum(top, xv[o, k, i]))
-        if node.op_type == "Hardmax":
-            first = b.local("i32", -1, "first")
-            with b.loop(d, "d") as k:
-                from ir.loops.expr import eq, logical_and
-                hit = logical_and(eq(xv[o, k, i], top), lt(first, 0))
-                b.assign(first, select(hit, k, first))
-            with b.loop(d, "d") as k:
-                from ir.loops.expr import cast, eq
-                b.store(yv, (o, k, i), cast(eq(k, first), t))
-        else:
-            total = b.local(t, 0.0, "sum")
-            with b.loop(d, "d") as k:
-                e = unary("exp", xv[o, k, i] - top)
-                if node.op_type == "Softmax":
-                    b.store(yv, (o, k, i), e)
-                    b.assign(total, total + yv[o, k, i])
-                else:
-                    b.assign(total, total + e)
-            if node.op_type == "Softmax":
-                inv = b.local(t, 1.0 / total, "inv")
-                with b.loop(d, "d") as k:
-                    b.store(yv, (o, k, i), yv[o, k, i] * inv)
-            else:
-                log_total = b.local(t, unary("log", total), "log_total")
-                with b.loop(d, "d") as k:
-                    b.store(yv, (o, k, i), (xv[o, k, i] - top) - log_total)
-
-
-@lowering("loops", "LayerNormalization")
-def _layer_norm(b, node):
-    x, scale, bias, y = b.input(node, 0), b.input(node, 1), b.input(node, 2), b.output(node)
-    rank = len(x.shape)
-    axis = int(node.attrs.get("axis", -1)) % rank
-    eps = float(node.attrs.get("epsilon", 1e-5))
-    inner_shape = x.shape[axis:]
-    outer, inner = int(np.prod(x.shape[:axis], dtype=np.int64)), int(np.prod(inner_shape, dtype=np.int64))
-    xv, yv = x.view((outer, inner)), y.view((outer, inner))
-    extra = [b.output(node, i).view((outer,)) if len(node.outputs) > i and node.outputs[i].name else None
-             for i in (1, 2)]
-    from ir.loops.builder import broadcast_load
-    t = x.compute_type
-    with b.loop(outer, "o") as o:
-        mean = b.local(t, 0.0, "mean")
-        with b.loop(inner, "i") as i:
-            b.assign(mean, mean + xv[o, i])
-        b.assign(mean, mean * (1.0 / inner))
-        var = b.local(t, 0.0, "var")
-        with b.loop(inner, "i") as i:
-            dev = xv[o, i] - mean
-            b.assign(var, var + dev * dev)
-        inv = b.local(t, 1.0 / unary("sqrt", var * (1.0 / inner) + eps), "inv")
-        with b.loops(inner_shape, "i") as idx:
-            flat = sum((v * s for v, s in zip(idx, _row_major_strides(inner_shape))), start=0) if idx else 0
-            value = (xv[o, flat] - mean) * inv * broadcast_load(scale, inner_shape, idx)
-            if bias is not None:
-                value = value + broadcast_load(bias, inner_shape, idx)
-            b.store(yv, (o, flat), value)
-        if extra[0] is not None:
-            b.store(extra[0], (o,), mean)
-        if extra[1] is not None:
-            b.store(extra[1], (o,), inv)
-
-
-@lowering("loops", "InstanceNormalization")
-def _instance_norm(b, node):
-    x, scale, bias, y = b.input(node, 0), b.input(node, 1), b.input(node, 2), b.output(node)
-    eps = float(node.attrs.get("epsilon", 1e-5))
-    n, c = x.shape[:2]
-    area = int(np.prod(x.shape[2:], dtype=np.int64))
-    xv, yv = x.view((n, c, area)), y.view((n, c, area))
-    t = x.compute_type
-    with b.loop(n) as i, b.loop(c) as j:
-        mean = b.local(t, 0.0, "mean")
-        with b.loop(area) as s:
-            b.assign(mean, mean + xv[i, j, s])
-        b.assign(mean, mean * (1.0 / area))
-        var = b.local(t, 0.0, "var")
-        with b.loop(area) as s:
-            dev = xv[i, j, s] - mean
-            b.assign(var, var + dev * dev)
-        mul = b.local(t, scale[j] / unary("sqrt", var * (1.0 / area) + eps), "mul")
-        add = b.local(t, bias[j] - mean * mul, "add")
-        with b.loop(area) as s:
-            b.store(yv, (i, j, s), fma(xv[i, j, s], mul, add))
-
-
-def _row_major_strides(shape) -> list[int]:
-    return [int(np.prod(shape[k + 1:], dtype=np.int64)) for k in range(len(shape))]
-
-
-def _opset(b) -> int:
-    return int(b.graph.opset_imports.get("", b.graph.opset_imports.get("ai.onnx", 21)))

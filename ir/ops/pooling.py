@@ -1,0 +1,85 @@
+"""Pooling: a window slides over the spatial dims and reduces what it covers (max, mean, Lp)."""
+
+import numpy as np
+
+from ir.errors import UnsupportedError
+from ir.loops.expr import maximum, unary
+from ir.ops.registry import OTHER, lowering, register
+from ir.ops.windows import pad_buffer, pool_divisors, window_geometry
+
+register("MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool", "LpPool", "GlobalLpPool", kind=OTHER)
+
+
+@lowering("loops", "MaxPool", "AveragePool", "LpPool")
+def _pool(b, node):
+    if node.op_type == "MaxPool" and len(node.outputs) > 1:
+        raise UnsupportedError(f"{node.describe()}: the Indices output of MaxPool is not supported")
+    x, y = b.input(node, 0), b.output(node)
+    kernel = [int(k) for k in node.attrs["kernel_shape"]]
+    geo = window_geometry(node, x.shape[2:], kernel, y.shape[2:])
+    is_max = node.op_type == "MaxPool"
+    p = int(node.attrs.get("p", 2))
+    fill = _lowest(x.dtype) if is_max else 0.0
+    xp = pad_buffer(b, x, geo.pads_begin, geo.padded, fill)
+    b.fill(y, fill)
+    with b.loops(y.shape[:2], "n") as nc, b.loops(kernel, "k") as k, b.loops(y.shape[2:], "o") as o:
+        at = [oi * s + ki * d for oi, ki, s, d in zip(o, k, geo.strides, geo.dilations)]
+        v = xp[(*nc, *at)]
+        if is_max:
+            b.store(y, (*nc, *o), maximum(y[(*nc, *o)], v))
+        elif node.op_type == "LpPool":
+            b.store(y, (*nc, *o), y[(*nc, *o)] + _abs_pow(v, p))
+        else:
+            b.store(y, (*nc, *o), y[(*nc, *o)] + v)
+    if node.op_type == "AveragePool":
+        include_pad = bool(node.attrs.get("count_include_pad", 0))
+        scale = b.constant(pool_divisors(geo, x.shape[2:], y.shape[2:], kernel, include_pad), "pool_scale")
+        with b.loops(y.shape) as (nn, c, *o):
+            b.store(y, (nn, c, *o), y[(nn, c, *o)] * scale[tuple(o)])
+    elif node.op_type == "LpPool":
+        with b.loops(y.shape) as idx:
+            b.store(y, idx, _root(y[tuple(idx)], p))
+
+
+@lowering("loops", "GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool")
+def _global_pool(b, node):
+    x, y = b.input(node, 0), b.output(node)
+    n, c = x.shape[:2]
+    area = int(np.prod(x.shape[2:], dtype=np.int64))
+    x, y = x.view((n, c, area)), y.view((n, c))
+    p = int(node.attrs.get("p", 2))
+    with b.loops((n, c)) as (i, j):
+        if node.op_type == "GlobalMaxPool":
+            acc = b.local(x.compute_type, _lowest(x.dtype))
+            with b.loop(area) as s:
+                b.assign(acc, maximum(acc, x[i, j, s]))
+            b.store(y, (i, j), acc)
+        else:
+            acc = b.local(x.compute_type, 0.0)
+            with b.loop(area) as s:
+                b.assign(acc, acc + (x[i, j, s] if node.op_type == "GlobalAveragePool" else _abs_pow(x[i, j, s], p)))
+            b.store(y, (i, j), acc * (1.0 / area) if node.op_type == "GlobalAveragePool" else _root(acc, p))
+
+
+def _abs_pow(v, p):
+    if p == 1:
+        return unary("abs", v)
+    if p == 2:
+        return v * v
+    from ir.loops.expr import binary
+    return binary("pow", unary("abs", v), float(p))
+
+
+def _root(v, p):
+    if p == 1:
+        return v
+    if p == 2:
+        return unary("sqrt", v)
+    from ir.loops.expr import binary
+    return binary("pow", v, 1.0 / p)
+
+
+def _lowest(dtype: str):
+    if dtype.startswith("float"):
+        return float("-inf")
+    return int(np.iinfo(np.dtype(dtype)).min)
