@@ -168,3 +168,105 @@ def _row_major_strides(shape) -> list[int]:
 
 def _opset(b) -> int:
     return int(b.graph.opset_imports.get("", b.graph.opset_imports.get("ai.onnx", 21)))
+
+
+def _rows(x, axis: int):
+    """x viewed as (outer, inner): inner covers the axes from `axis` on."""
+    outer = int(np.prod(x.shape[:axis], dtype=np.int64))
+    return outer, int(np.prod(x.shape[axis:], dtype=np.int64))
+
+
+@lowering("loops", "RMSNormalization")
+def _rms_norm(b, node):
+    x, scale, y = b.input(node, 0), b.input(node, 1), b.output(node)
+    axis = int(node.attrs.get("axis", -1)) % len(x.shape)
+    eps = float(node.attrs.get("epsilon", 1e-5))
+    outer, inner = _rows(x, axis)
+    inner_shape = x.shape[axis:]
+    xv, yv = x.view((outer, inner)), y.view((outer, inner))
+    from ir.loops.builder import broadcast_load
+    t = x.compute_type
+    with b.loop(outer, "o") as o:
+        sq = b.local(t, 0.0, "sq")
+        with b.loop(inner, "i") as i:
+            b.assign(sq, sq + xv[o, i] * xv[o, i])
+        inv = b.local(t, 1.0 / unary("sqrt", sq * (1.0 / inner) + eps), "inv")
+        with b.loops(inner_shape, "i") as idx:
+            flat = sum((v * s for v, s in zip(idx, _row_major_strides(inner_shape))), start=0) if idx else 0
+            b.store(yv, (o, flat), xv[o, flat] * inv * broadcast_load(scale, inner_shape, idx))
+
+
+@lowering("loops", "GroupNormalization")
+def _group_norm(b, node):
+    x, scale, bias, y = b.input(node, 0), b.input(node, 1), b.input(node, 2), b.output(node)
+    groups = int(node.attrs["num_groups"])
+    eps = float(node.attrs.get("epsilon", 1e-5))
+    n, c = x.shape[:2]
+    per = c // groups
+    area = int(np.prod(x.shape[2:], dtype=np.int64))
+    xv, yv = x.view((n, groups, per, area)), y.view((n, groups, per, area))
+    channel_scale = scale.numel == c        # opset 21: per channel; opset 18: per group
+    t = x.compute_type
+    count = per * area
+    with b.loop(n) as i, b.loop(groups, "g") as g:
+        mean = b.local(t, 0.0, "mean")
+        with b.loop(per, "c") as ch, b.loop(area) as s:
+            b.assign(mean, mean + xv[i, g, ch, s])
+        b.assign(mean, mean * (1.0 / count))
+        var = b.local(t, 0.0, "var")
+        with b.loop(per, "c") as ch, b.loop(area) as s:
+            dev = xv[i, g, ch, s] - mean
+            b.assign(var, var + dev * dev)
+        inv = b.local(t, 1.0 / unary("sqrt", var * (1.0 / count) + eps), "inv")
+        with b.loop(per, "c") as ch:
+            at = g * per + ch if channel_scale else g
+            with b.loop(area) as s:
+                b.store(yv, (i, g, ch, s), fma((xv[i, g, ch, s] - mean) * inv, scale.at(at), bias.at(at)))
+
+
+@lowering("loops", "LpNormalization")
+def _lp_norm(b, node):
+    x, y = b.input(node, 0), b.output(node)
+    axis = int(node.attrs.get("axis", -1)) % len(x.shape)
+    p = int(node.attrs.get("p", 2))
+    outer = int(np.prod(x.shape[:axis], dtype=np.int64))
+    d, inner = x.shape[axis], int(np.prod(x.shape[axis + 1:], dtype=np.int64))
+    xv, yv = x.view((outer, d, inner)), y.view((outer, d, inner))
+    with b.loop(outer, "o") as o, b.loop(inner, "i") as i:
+        acc = b.local(x.compute_type, 0.0, "norm")
+        with b.loop(d, "k") as k:
+            v = xv[o, k, i]
+            b.assign(acc, acc + (unary("abs", v) if p == 1 else v * v))
+        norm = b.local(x.compute_type, acc if p == 1 else unary("sqrt", acc), "norm")
+        with b.loop(d, "k") as k:
+            b.store(yv, (o, k, i), xv[o, k, i] / norm)
+
+
+@lowering("loops", "MeanVarianceNormalization")
+def _mean_variance_norm(b, node):
+    x, y = b.input(node, 0), b.output(node)
+    rank = len(x.shape)
+    axes = sorted(int(a) % rank for a in node.attrs.get("axes", [0, 2, 3]))
+    keep = [d for d in range(rank) if d not in axes]
+    count = int(np.prod([x.shape[d] for d in axes], dtype=np.int64))
+    t = x.compute_type
+
+    def at(kept, red):
+        idx = [0] * rank
+        for d, v in zip(keep, kept):
+            idx[d] = v
+        for d, v in zip(axes, red):
+            idx[d] = v
+        return tuple(idx)
+    with b.loops([x.shape[d] for d in keep], "o") as kept:
+        mean = b.local(t, 0.0, "mean")
+        with b.loops([x.shape[d] for d in axes], "r") as red:
+            b.assign(mean, mean + x[at(kept, red)])
+        b.assign(mean, mean * (1.0 / count))
+        var = b.local(t, 0.0, "var")
+        with b.loops([x.shape[d] for d in axes], "r") as red:
+            dev = x[at(kept, red)] - mean
+            b.assign(var, var + dev * dev)
+        inv = b.local(t, 1.0 / unary("sqrt", var * (1.0 / count) + 1e-9), "inv")
+        with b.loops([x.shape[d] for d in axes], "r") as red:
+            b.store(y, at(kept, red), (x[at(kept, red)] - mean) * inv)
