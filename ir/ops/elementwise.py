@@ -203,3 +203,38 @@ def _dropout(b, node):
     b.alias(node.outputs[0], b.input(node, 0))
     if len(node.outputs) > 1 and node.outputs[1].name:
         b.fill(b.output(node, 1), 1)
+
+
+def _per_axis(b, node, buf, x_shape, idx):
+    """A quantisation parameter at `idx`: a scalar, one value per `axis`, or blocks along it."""
+    if buf.numel == 1:
+        return buf.at(0)
+    axis = int(node.attrs.get("axis", 1)) % len(x_shape)
+    if len(buf.shape) == 1:
+        return buf[(idx[axis],)]
+    block = int(node.attrs.get("block_size", 0)) or 1
+    from ir.loops.expr import binary
+    return buf[tuple(binary("div", v, block) if d == axis else v for d, v in enumerate(idx))]
+
+
+@lowering("loops", "DequantizeLinear")
+def _dequantize(b, node):
+    x, scale, zero, y = b.input(node, 0), b.input(node, 1), b.input(node, 2), b.output(node)
+    t = y.compute_type
+    with b.loops(y.shape) as idx:
+        v = cast(x[tuple(idx)], t)
+        if zero is not None:
+            v = v - cast(_per_axis(b, node, zero, x.shape, idx), t)
+        b.store(y, idx, v * cast(_per_axis(b, node, scale, x.shape, idx), t))
+
+
+@lowering("loops", "QuantizeLinear")
+def _quantize(b, node):
+    import numpy as np
+    x, scale, zero, y = b.input(node, 0), b.input(node, 1), b.input(node, 2), b.output(node)
+    info = np.iinfo(np.dtype(y.dtype))
+    with b.loops(y.shape) as idx:
+        v = unary("nearest", cast(x[tuple(idx)], "f32") / cast(_per_axis(b, node, scale, x.shape, idx), "f32"))
+        if zero is not None:
+            v = v + cast(_per_axis(b, node, zero, x.shape, idx), "f32")
+        b.store(y, idx, cast(minimum(maximum(v, float(info.min)), float(info.max)), y.compute_type))
