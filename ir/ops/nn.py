@@ -189,3 +189,45 @@ def _conv(b, node):
         m = g * per_group + mg
         at = [oi * s + ki * d for oi, ki, s, d in zip(o, k, geo.strides, geo.dilations)]
         b.store(y, (nn, m, *o), fma(w[(m, c, *k)], xp[(nn, g * group_channels + c, *at)], y[(nn, m, *o)]))
+
+
+@lowering("loops", "ConvTranspose")
+def _conv_transpose(b, node):
+    """Scatter form: every input pixel adds its kernel-weighted footprint into a full-size
+    accumulator (no bounds checks), which is then cropped by the padding into the output."""
+    from ir.loops.expr import ge, logical_and, lt, maximum, minimum, select
+    x, w, bias, y = b.input(node, 0), b.input(node, 1), b.input(node, 2), b.output(node)
+    group = int(node.attrs.get("group", 1))
+    n_batch, channels, *spatial = x.shape
+    _, per_group_out, *kernel = w.shape
+    out_spatial = y.shape[2:]
+    rank = len(spatial)
+    strides = [int(s) for s in node.attrs.get("strides", [1] * rank)]
+    dilations = [int(d) for d in node.attrs.get("dilations", [1] * rank)]
+    out_pad = [int(p) for p in node.attrs.get("output_padding", [0] * rank)]
+    auto_pad = node.attrs.get("auto_pad", "NOTSET")
+    if "pads" in node.attrs and auto_pad == "NOTSET" and "output_shape" not in node.attrs:
+        begin = [int(p) for p in node.attrs["pads"][:rank]]
+    else:
+        begin = []
+        for n, k, s, d, o, op in zip(spatial, kernel, strides, dilations, out_spatial, out_pad):
+            total = s * (n - 1) + op + (k - 1) * d + 1 - o
+            begin.append(total // 2 if auto_pad == "SAME_UPPER" else total - total // 2)
+    full = [(n - 1) * s + (k - 1) * d + 1 for n, k, s, d in zip(spatial, kernel, strides, dilations)]
+    acc = b.temp(y.dtype, (n_batch, y.shape[1], *full), y.name + "_full")
+    b.fill(acc, 0.0)
+    per_group_in = channels // group
+    with b.loop(n_batch, "n") as nn, b.loop(group, "g") as g, b.loop(per_group_in, "c") as c, \
+            b.loop(per_group_out, "m") as m, b.loops(kernel, "k") as k, b.loops(spatial, "i") as i:
+        ic, oc = g * per_group_in + c, g * per_group_out + m
+        at = [ii * s + kk * d for ii, kk, s, d in zip(i, k, strides, dilations)]
+        b.store(acc, (nn, oc, *at), fma(x[(nn, ic, *i)], w[(ic, m, *k)], acc[(nn, oc, *at)]))
+    with b.loops(y.shape) as (nn, oc, *o):
+        src = [v + p for v, p in zip(o, begin)]
+        inside = None
+        for s_, e in zip(src, full):
+            cond = logical_and(ge(s_, 0), lt(s_, e))
+            inside = cond if inside is None else logical_and(inside, cond)
+        clamped = [minimum(maximum(s_, 0), e - 1) for s_, e in zip(src, full)]
+        value = select(inside, acc[(nn, oc, *clamped)], 0.0)
+        b.store(y, (nn, oc, *o), value + bias[oc] if bias is not None else value)
