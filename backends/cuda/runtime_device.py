@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -41,9 +42,14 @@ class CudaSimDevice:
     name = "cuda-sim"
 
     def __init__(self, dag: dict, dag_path: Path, *, seed: int = 0, host_threads: int | None = None):
+        from backends.cuda.sim import build
         threads = host_threads or int(os.environ.get("CORTEX_SIM_THREADS", 0)) or (os.cpu_count() or 1)
+        records = _records(dag, Path(dag_path))
+        # Host compilation dominates loading: build every CU's library at once (g++ processes).
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            list(pool.map(lambda rf: build(rf[1] / rf[0]["source"]["file"]), records.values()))
         self.programs = {cu_id: CuProgram(None, record, folder, seed=seed, host_threads=threads)
-                         for cu_id, (record, folder) in _records(dag, Path(dag_path)).items()}
+                         for cu_id, (record, folder) in records.items()}
 
     def run_cu(self, cu: dict, env: dict) -> dict[str, np.ndarray]:
         return self.programs[cu["id"]].run({name: env[name] for name in cu["inputs"]})

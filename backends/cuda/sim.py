@@ -120,11 +120,12 @@ def build(source_path: str | os.PathLike, *, sanitize: bool = False, opt: str = 
     if refused:
         raise CortexError(f"cuda-sim cannot emulate {', '.join(refused)} used in {source_path}; "
                           "build the CUDA artifact without those code paths to run it on cuda-sim")
-    wrapper = [f'#include "{source_path.resolve()}"']
+    # The source is compiled from a copy with a fixed name, so the cache key is its content alone.
+    wrapper = ['#include "cu.cu"']
     wrapper += [f"CUDA_SIM_DYNAMIC_SHARED({t}, {n})" for t, n in dynamic_shared_declarations(source)]
     wrapper += [f"CUDA_SIM_EXPORT_KERNEL({k})" for k in kernels]
     wrapper_text = "\n".join(wrapper) + "\n"
-    flags = ["-std=c++20", opt, "-fPIC", "-shared", "-fvisibility=hidden", "-pthread",
+    flags = ["-std=c++20", opt, "-fPIC", "-fvisibility=hidden", "-pthread",
              *(f"-D{d}" for d in defines), *(SANITIZE_FLAGS if sanitize else ())]
     key = hashlib.sha256()
     for part in (source, SHIM.read_text(), RUNTIME.read_text(), wrapper_text, " ".join(flags), compiler()):
@@ -133,16 +134,37 @@ def build(source_path: str | os.PathLike, *, sanitize: bool = False, opt: str = 
     if library.exists():
         return library
     library.parent.mkdir(parents=True, exist_ok=True)
+    runtime = _runtime_object(flags)
     with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
-        wrapper_path = Path(tmp) / "cuda_sim_module.cpp"
-        wrapper_path.write_text(wrapper_text)
+        Path(tmp, "cu.cu").write_text(source)
+        Path(tmp, "cuda_sim_module.cpp").write_text(wrapper_text)
         built = Path(tmp) / library.name
-        result = subprocess.run([compiler(), *flags, "-include", str(SHIM), str(wrapper_path), str(RUNTIME),
-                                 "-o", str(built)], capture_output=True, text=True)
+        result = subprocess.run([compiler(), *flags, "-shared", "-include", str(SHIM), "cuda_sim_module.cpp",
+                                 str(runtime), "-o", built.name], capture_output=True, text=True, cwd=tmp)
         if result.returncode != 0:
-            raise CortexError(f"cuda-sim could not compile {source_path}: {_first_error(result.stderr)}")
+            message = _first_error(result.stderr).replace("cu.cu:", f"{source_path.name}:")
+            raise CortexError(f"cuda-sim could not compile {source_path}: {message}")
         os.replace(built, library)
     return library
+
+
+def _runtime_object(flags: list[str]) -> Path:
+    """The fiber scheduler, compiled once per set of flags and shared by every module."""
+    key = hashlib.sha256()
+    for part in (SHIM.read_text(), RUNTIME.read_text(), " ".join(flags), compiler()):
+        key.update(part.encode() + b"\0")
+    obj = cache_dir() / f"cuda_sim_runtime-{key.hexdigest()[:20]}.o"
+    if obj.exists():
+        return obj
+    obj.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=obj.parent) as tmp:
+        built = Path(tmp) / obj.name
+        result = subprocess.run([compiler(), *flags, "-c", "-include", str(SHIM), str(RUNTIME), "-o", str(built)],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            raise CortexError(f"cuda-sim could not compile its runtime: {_first_error(result.stderr)}")
+        os.replace(built, obj)
+    return obj
 
 
 def sanitizer_env(base: dict | None = None) -> dict:
