@@ -246,9 +246,10 @@ class _Partitioner:
                 reasons.add(outcome)
                 continue
             depths, between = outcome
-            gain = self._params_with(x, self.consts[y])
-            if best is None or gain < best[0]:
-                best = (gain, x, y, depths, between)
+            # Of the neighbours it may join, the one that gives the smallest CU keeps sizes even.
+            merged_params = self._params_with(x, self.consts[y])
+            if best is None or merged_params < best[0]:
+                best = (merged_params, x, y, depths, between)
         if best is None:
             self.reasons[cu] = "; ".join(sorted(reasons)) or ALONE
             return False

@@ -73,26 +73,25 @@ class _Plan:
 
 
 def _split_unit(graph: Graph, unit: list[Node], max_params: int) -> list[Node]:
-    anchor_index = next((i for i, n in enumerate(unit) if _weight_axis(n) is not None), None)
-    if anchor_index is None:
+    # Fusion groups start at their anchor (see fuse_groups): only the first node can own the weight.
+    anchor = unit[0]
+    if _weight_axis(anchor) is None:
         worst = max(unit, key=lambda n: unit_params([n]))
         raise CortexError(f"{worst.describe()} holds {unit_params(unit):,} parameters, more than "
                           f"--max-cu-size {max_params:,}, and Cortex cannot split {worst.op_type} along its "
                           "output channels; raise --max-cu-size")
-    anchor = unit[anchor_index]
     entry = lookup(anchor.op_type, anchor.domain)
     out = anchor.outputs[0]
     channel_axis = entry.output_axis(anchor) % len(out.shape) - len(out.shape)  # negative: broadcast-safe
     channels = out.shape[channel_axis]
     plans = [_Plan(anchor, _anchor_axes(anchor, entry, channels, channel_axis))]
-    # The epilogue after the anchor splits while its constants are per-channel or broadcast.
-    for node in unit[anchor_index + 1:]:
+    # The epilogue splits with the anchor while its constants are per-channel or broadcast.
+    for node in unit[1:]:
         axes = _epilogue_axes(node, plans[-1].node.outputs[0], channels, channel_axis)
         if axes is None:
             break
         plans.append(_Plan(node, axes))
-    before = unit[:anchor_index]
-    after = unit[anchor_index + len(plans):]
+    rest = unit[len(plans):]
 
     per_channel, shared = 0, {}
     for plan in plans:
@@ -111,19 +110,19 @@ def _split_unit(graph: Graph, unit: list[Node], max_params: int) -> list[Node]:
     pieces = math.ceil(channels / per_piece)
     bounds = np.linspace(0, channels, pieces + 1).round().astype(int)  # balanced contiguous slices
 
-    joined = plans[-1].node.outputs[0]
     label = anchor.fusion_group or anchor.name
-    new_nodes: list[Node] = list(before)
+    new_nodes: list[Node] = []
     piece_outputs = []
     for k in range(pieces):
         lo, hi = int(bounds[k]), int(bounds[k + 1])
         group = f"{label}/part{k}" if len(plans) > 1 else None
-        prev: Value | None = None
-        for plan in plans:
+        chained: Value | None = None   # the previous split node's piece, which this one reads
+        for i, plan in enumerate(plans):
+            previous = plans[i - 1].node.outputs[0] if i else None
             inputs = []
             for v, axis in zip(plan.node.inputs, plan.axes):
-                if v is not None and prev is not None and v is plan_input(plan, plans):
-                    inputs.append(prev)
+                if v is not None and v is previous:
+                    inputs.append(chained)
                 elif v is not None and axis is not None:
                     inputs.append(_slice_constant(graph, v, axis, lo, hi, k))
                 else:
@@ -131,26 +130,19 @@ def _split_unit(graph: Graph, unit: list[Node], max_params: int) -> list[Node]:
             result = plan.node.outputs[0]
             shape = list(result.shape)
             shape[channel_axis] = hi - lo
-            piece = Value(graph.fresh_name(f"{result.name}_part{k}"), result.dtype, tuple(shape))
-            new_nodes.append(Node(plan.node.op_type, inputs, [piece], dict(plan.node.attrs),
+            chained = Value(graph.fresh_name(f"{result.name}_part{k}"), result.dtype, tuple(shape))
+            new_nodes.append(Node(plan.node.op_type, inputs, [chained], dict(plan.node.attrs),
                                   graph.fresh_name(f"{plan.node.name}_part{k}"), plan.node.domain,
                                   dict(plan.node.attr_types), plan.node.doc_string, group))
-            prev = piece
-        piece_outputs.append(prev)
-    axis = channel_axis % len(joined.shape)
-    new_nodes.append(Node("Concat", piece_outputs, [joined], {"axis": axis},
+        piece_outputs.append(chained)
+    # The Concat produces the original value, so every reader (and the model's outputs) is unchanged.
+    joined = plans[-1].node.outputs[0]
+    new_nodes.append(Node("Concat", piece_outputs, [joined], {"axis": channel_axis % len(joined.shape)},
                           graph.fresh_name(f"{anchor.name}_join"), attr_types={"axis": AttributeProto.INT}))
-    for node in before + after:
-        if len(before) + len(after) < 2:
-            node.fusion_group = None
-    new_nodes.extend(after)
+    if len(rest) == 1:
+        rest[0].fusion_group = None  # what stays after the join is a group only if it is a chain of two
+    new_nodes.extend(rest)
     return new_nodes
-
-
-def plan_input(plan: _Plan, plans: list[_Plan]) -> Value | None:
-    """The value an epilogue node reads from the previous split node (None for the anchor)."""
-    i = plans.index(plan)
-    return plans[i - 1].node.outputs[0] if i > 0 else None
 
 
 def _weight_axis(node: Node) -> int | None:
