@@ -7,6 +7,7 @@ and zero-copy views out. Views are rebuilt if the memory ever grows (growing may
 
 from __future__ import annotations
 
+import ml_dtypes  # noqa: F401  (registers numpy's bfloat16 dtype, which tensors may use)
 import numpy as np
 import wasmtime
 

@@ -200,6 +200,15 @@ FUNCTIONS: dict[str, tuple[tuple[str, ...], str]] = {
   (local.set $a (i32.add (i32.add (local.get $a) (i32.const 0xfff)) (i32.and (i32.shr_u (local.get $a) (i32.const 13)) (i32.const 1))))
   (i32.or (local.get $sign) (i32.shr_u (i32.sub (local.get $a) (i32.const 0x38000000)) (i32.const 13))))
 """),
+    "f32_to_bf16": ((), """
+(func $f32_to_bf16 (param $x f32) (result i32) (local $b i32)
+  (local.set $b (i32.reinterpret_f32 (local.get $x)))
+  (if (f32.ne (local.get $x) (local.get $x))
+    (then (return (i32.or (i32.shr_u (local.get $b) (i32.const 16)) (i32.const 0x40)))))
+  ;; round to nearest even on the 16 bits dropped
+  (i32.shr_u (i32.add (i32.add (local.get $b) (i32.const 0x7fff)) (i32.and (i32.shr_u (local.get $b) (i32.const 16)) (i32.const 1)))
+             (i32.const 16)))
+"""),
 }
 
 

@@ -19,10 +19,10 @@ from ir.loops.program import WEIGHT, Assign, If, Intrinsic, Kernel, Loop, Progra
 
 PAGE = 65536
 
-LOAD = {"float32": "f32.load", "float64": "f64.load", "float16": "i32.load16_u", "int8": "i32.load8_s",
+LOAD = {"float32": "f32.load", "float64": "f64.load", "float16": "i32.load16_u", "bfloat16": "i32.load16_u", "int8": "i32.load8_s",
         "uint8": "i32.load8_u", "bool": "i32.load8_u", "int16": "i32.load16_s", "uint16": "i32.load16_u",
         "int32": "i32.load", "uint32": "i64.load32_u", "int64": "i64.load", "uint64": "i64.load"}
-STORE = {"float32": "f32.store", "float64": "f64.store", "float16": "i32.store16", "int8": "i32.store8",
+STORE = {"float32": "f32.store", "float64": "f64.store", "float16": "i32.store16", "bfloat16": "i32.store16", "int8": "i32.store8",
          "uint8": "i32.store8", "bool": "i32.store8", "int16": "i32.store16", "uint16": "i32.store16",
          "int32": "i32.store", "uint32": "i64.store32", "int64": "i64.store", "uint64": "i64.store"}
 SHIFT = {1: 0, 2: 1, 4: 2, 8: 3}
@@ -145,9 +145,10 @@ class WatRenderer:
     def store(self, s: Store) -> str:
         storage = s.buffer.storage
         value = self.expr(s.value)
-        if storage.dtype == "float16":
-            self.math_used.add("f32_to_f16")
-            value = f"(call $f32_to_f16 {value})"
+        if storage.dtype in ("float16", "bfloat16"):
+            fn = "f32_to_f16" if storage.dtype == "float16" else "f32_to_bf16"
+            self.math_used.add(fn)
+            value = f"(call ${fn} {value})"
         return f"({STORE[storage.dtype]} offset={storage.offset} {self.address(s.buffer, s.index)} {value})"
 
     def address(self, buffer, index: Expr) -> str:
@@ -169,6 +170,8 @@ class WatRenderer:
             if storage.dtype == "float16":
                 self.math_used.add("f16_to_f32")
                 text = f"(call $f16_to_f32 {text})"
+            elif storage.dtype == "bfloat16":    # bfloat16 is the top half of a float32
+                text = f"(f32.reinterpret_i32 (i32.shl {text} (i32.const 16)))"
             return text
         if isinstance(e, Binary):
             return self.binary(e)

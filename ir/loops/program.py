@@ -16,7 +16,7 @@ from ir.loops.expr import Expr, Local, Var, lift
 
 # Storage dtypes (numpy names) and the compute type each widens to.
 COMPUTE_TYPE = {
-    "float32": "f32", "float64": "f64", "float16": "f32",
+    "float32": "f32", "float64": "f64", "float16": "f32", "bfloat16": "f32",
     "int8": "i32", "uint8": "i32", "int16": "i32", "uint16": "i32", "int32": "i32", "bool": "i32",
     "uint32": "i64", "int64": "i64", "uint64": "i64",
 }

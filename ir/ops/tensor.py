@@ -257,3 +257,15 @@ def _shape_query(b, node):
     y = b.output(node)
     for k, v in enumerate(values):
         b.store_flat(y, k, v)
+
+
+@lowering("loops", "ReverseSequence")
+def _reverse_sequence(b, node):
+    x, lengths, y = b.input(node, 0), b.input(node, 1), b.output(node)
+    batch_axis, time_axis = int(node.attrs.get("batch_axis", 1)), int(node.attrs.get("time_axis", 0))
+    with b.loops(y.shape) as idx:
+        n = cast(lengths[(idx[batch_axis],)], "i32")
+        t = idx[time_axis]
+        src = list(idx)
+        src[time_axis] = select(lt(t, n), n - 1 - t, t)
+        b.store(y, idx, x[tuple(src)])
