@@ -22,3 +22,35 @@ def compile_cuda_pipeline(case, out_dir, compiler="auto", archs=("sm_80", "sm_90
     write_bytes_atomically(dag_path, json.dumps(build_dag(out_dir / "cus", dag_path), indent=2).encode())
     compile_cu_dir(out_dir / "cus", out_dir / "cuda-bin", archs, compiler, dag_path)
     return dag_path
+
+
+def check_each_cu_against_onnxruntime(dag_path: Path, inputs: dict, rtol: float, atol: float, seed: int = 0) -> dict:
+    """Run every CU on cuda-sim next to onnxruntime on the same CU model, feeding both the reference
+    values, so a mismatch names its CU; returns each CU's largest |output| (to see that values are not
+    trivially small)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from backends.cuda.program import CuProgram
+    from testdata import assert_values_close
+
+    dag_path = Path(dag_path)
+    dag = json.loads(dag_path.read_text())
+    cus = {cu["id"]: cu for cu in dag["cus"]}
+    env, magnitudes = dict(inputs), {}
+    for cu_id in dag["order"]:
+        cu = cus[cu_id]
+        record = cu["artifacts"]["cuda"]
+        cu_model = dag_path.parent / cu["path"]   # dag.json paths are relative to its folder
+        session = ort.InferenceSession(str(cu_model), providers=["CPUExecutionProvider"])
+        feeds = {i.name: env[i.name] for i in session.get_inputs()}
+        expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+        got = CuProgram(None, record, dag_path.parent / record["folder"], seed=seed, host_threads=2).run(feeds)
+        for name, want in expected.items():
+            try:
+                assert_values_close(got[name], want, rtol=rtol, atol=atol)
+            except AssertionError as e:
+                raise AssertionError(f"{cu_id} ({', '.join(cu['op_types'])}) output {name!r}: {e}") from None
+        magnitudes[cu_id] = max(float(np.abs(v).max()) if v.size else 0.0 for v in expected.values())
+        env.update(expected)
+    return magnitudes
