@@ -170,7 +170,8 @@ class _Partitioner:
         self.cu_of: list[int] = [-1] * len(atoms.nodes)
         self.depth_in_cu: list[int] = [0] * len(atoms.nodes)
         self.members: dict[int, list[int]] = {}     # CU -> atoms
-        self.consts: dict[int, dict[int, int]] = {}
+        self.consts: dict[int, dict[int, int]] = {}   # CU -> {id(const): elements}
+        self.total: dict[int, int] = {}               # CU -> parameters (the sum of its consts)
         self.depth: dict[int, int] = {}
         self.preds: dict[int, set[int]] = {}
         self.succs: dict[int, set[int]] = {}
@@ -199,7 +200,7 @@ class _Partitioner:
                         self._link(p, target)
                     continue
             cu = len(self.pos)
-            self.members[cu], self.consts[cu], self.depth[cu] = [], {}, 0
+            self.members[cu], self.consts[cu], self.total[cu], self.depth[cu] = [], {}, 0, 0
             self.preds[cu], self.succs[cu] = set(), set()
             self.pos[cu] = len(self.order)
             self.order.append(cu)
@@ -211,6 +212,7 @@ class _Partitioner:
         self.cu_of[a] = cu
         self.depth_in_cu[a] = depth
         self.members[cu].append(a)
+        self.total[cu] = self._params_with(cu, self.atoms.consts[a])
         self.consts[cu].update(self.atoms.consts[a])
         self.depth[cu] = max(self.depth[cu], depth)
 
@@ -220,10 +222,10 @@ class _Partitioner:
 
     def _params_with(self, cu: int, extra: dict[int, int]) -> int:
         mine = self.consts[cu]
-        return sum(mine.values()) + sum(n for k, n in extra.items() if k not in mine)
+        return self.total[cu] + sum(n for k, n in extra.items() if k not in mine)
 
     def params(self, cu: int) -> int:
-        return sum(self.consts[cu].values())
+        return self.total[cu]
 
     # merge phase
     def merge_neighbours(self, rounds: int = 3) -> None:
@@ -308,6 +310,7 @@ class _Partitioner:
         for a in self.members[x]:
             self.cu_of[a] = y
         self.members[y] = sorted(self.members[x] + self.members[y], key=self.rank.__getitem__)
+        self.total[y] = self._params_with(y, self.consts[x])
         self.consts[y].update(self.consts[x])
         for a, d in depths.items():
             self.depth_in_cu[a] = d
@@ -321,7 +324,7 @@ class _Partitioner:
             if s != y:
                 self._link(y, s)
         self.preds[y].discard(x)
-        for table in (self.members, self.consts, self.depth, self.preds, self.succs, self.pos):
+        for table in (self.members, self.consts, self.total, self.depth, self.preds, self.succs, self.pos):
             del table[x]
         self.reasons.pop(x, None)
         self.reasons.pop(y, None)

@@ -4,6 +4,10 @@ depth <= --max-cu-depth, params <= --max-cu-size."""
 
 from __future__ import annotations
 
+import json
+import tempfile
+from pathlib import Path
+
 import networkx as nx
 import numpy as np
 import onnx
@@ -12,12 +16,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
+from cortex.commands.decompose import decompose_model
+from cortex.dag import build_dag
+from cortex.runtime.onnx_reference import run_dag
 from ir.errors import CortexError
 from ir.graph import Graph, outer_reads
 from ir.onnx_import import import_model
 from passes import optimize_pipeline, run_pipeline
 from passes.fuse_groups import FuseGroups
-from passes.partition import PartitionIntoCUs, Partition, partition_graph
+from passes.partition import Partition, PartitionIntoCUs, partition_graph
+from testdata import run_onnxruntime
 
 WIDTH = 8
 
@@ -107,7 +115,7 @@ def assert_valid_partition(graph: Graph, part: Partition, max_cu_size, max_cu_de
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), n_nodes=st.integers(1, 60),
-       max_cu_depth=st.integers(1, 5), max_cu_size=st.sampled_from([64, 100, 300, 1000, None]),
+       max_cu_depth=st.integers(1, 5), max_cu_size=st.sampled_from([40, 64, 100, 300, 1000, None]),  # 40 < a weight: splits
        min_cu_size=st.sampled_from([0, 50, 64, 10_000]))
 def test_random_dags_partition_into_convex_cus_within_limits(seed, n_nodes, max_cu_depth, max_cu_size, min_cu_size):
     if max_cu_size is not None and min_cu_size > max_cu_size:
@@ -180,3 +188,19 @@ def test_bad_limits_are_user_errors(limits, message):
 
 def test_partition_of_an_empty_graph_has_no_cus():
     assert partition_graph(Graph()).cus == []
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), n_nodes=st.integers(1, 40), max_cu_depth=st.integers(1, 4),
+       max_cu_size=st.sampled_from([40, 100, 1000]))
+def test_random_dags_run_cu_by_cu_reproduce_the_model(seed, n_nodes, max_cu_depth, max_cu_size):
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        onnx.save(random_model(seed, n_nodes), folder / "m.onnx")
+        decompose_model(folder / "m.onnx", folder / "cus", {}, {}, min_cu_size=min(64, max_cu_size),
+                        max_cu_size=max_cu_size, max_cu_depth=max_cu_depth)
+        (folder / "dag.json").write_text(json.dumps(build_dag(folder / "cus", folder / "dag.json")))
+        feeds = {"x": np.linspace(-2, 2, WIDTH, dtype=np.float32).reshape(1, WIDTH)}
+        got, expected = run_dag(folder / "dag.json", feeds), run_onnxruntime(folder / "m.onnx", feeds)
+        for name, value in expected.items():
+            np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-5)
