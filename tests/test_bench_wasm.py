@@ -117,3 +117,22 @@ def test_report_section_replaces_only_itself(tmp_path):
     text = page.read_text()
     assert text.count(report.BEGIN) == 1 and "second" in text and "first" not in text
     assert "Hand-written intro." in text and "<!-- other section -->\nkept" in text
+
+
+@pytest.mark.slow
+def test_make_bench_script_reports_every_contestant_on_a_small_model(tmp_path):
+    """The whole `make bench` script on one model: ORT and (when installed) ORT-Web numbers, and for
+    Cortex either a number or the reason there is none, never a crash."""
+    from bench import bench_models
+    from bench.node_runner import ORTWEB_DIR
+
+    page, raw = tmp_path / "benchmarks.md", tmp_path / "bench.json"
+    assert bench_models.main(["--models", "squeezenet", "--rounds", "1", "--no-gemm", "--output", str(page),
+                              "--json", str(raw)]) == 0
+    (result,) = json.loads(raw.read_text())["models"]
+    assert result["timings"]["ort-cpu"]["median_s"] > 0
+    if (ORTWEB_DIR / "node_modules" / "onnxruntime-web").is_dir():
+        assert result["timings"]["ort-web"]["median_s"] > 0
+    assert "cortex-wasm" in result["timings"] or result["errors"]["cortex-wasm"]
+    assert result["memory"]["arena_bytes"] <= 1.1 * result["memory"]["lower_bound"]
+    assert report.BEGIN in page.read_text() and "| squeezenet |" in page.read_text()
