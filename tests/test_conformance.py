@@ -55,6 +55,12 @@ def test_representative_node_tests_pass_through_cortex(name):
     assert result.outcome == "passed", f"{result.outcome} at {result.stage}: {result.why}"
 
 
+@pytest.mark.skipif(unavailable_reason("cuda-sim") is not None, reason="the cuda-sim device is not available here")
+def test_a_node_test_passes_on_cuda_sim():
+    result = run_case("test_relu", "cuda-sim")
+    assert result.outcome == "passed", f"{result.outcome} at {result.stage}: {result.why}"
+
+
 def test_a_case_cortex_refuses_is_unsupported_with_its_reason():
     result = run_case("test_slice", "wasm")
     assert (result.outcome, result.stage) == ("unsupported", "compile")

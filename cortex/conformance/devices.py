@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 from ir.errors import CortexError
@@ -27,17 +25,15 @@ def unavailable_reason(device: str) -> str | None:
 
 
 def compile_for_device(device: str, cu_dir: Path, dag_path: Path, out: Path) -> None:
+    """In-process: the functions `cortex compile-wasm` and `cortex compile-cuda` call, with their
+    default options."""
     if device == "wasm":
-        # In-process: the same function `cortex compile-wasm` calls, with its default options.
         from backends.wasm.build import compile_cu_dir
         from backends.wasm.options import parse_options
         compile_cu_dir(cu_dir, out / "wasm-bin", parse_options(None, None, None), dag_path)
-        return
-    # Other devices go through their command line, whose options the harness does not second-guess.
-    command = [sys.executable, "-m", "cortex.cli", _COMPILE_COMMAND[device], "--cu-dir", str(cu_dir),
-               "--dag", str(dag_path), "--output", str(out / f"{device}-bin")]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode == 2:
-        raise CortexError(done.stderr.strip().removeprefix("error: "))
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(command[3:4])} exited {done.returncode}: {done.stderr.strip()[-300:]}")
+    elif device == "cuda-sim":
+        from backends.cuda.build import compile_cu_dir
+        from backends.cuda.compile import DEFAULT_ARCHS
+        compile_cu_dir(cu_dir, out / "cuda-bin", DEFAULT_ARCHS, "auto", dag_path, jobs=1)
+    else:
+        raise CortexError(f"unknown device {device!r}: expected one of {', '.join(DEVICES)}")

@@ -63,9 +63,9 @@ def run_case(name: str, device: str) -> CaseResult:
 
 def onnxruntime_problem(case) -> str | None:
     """None when onnxruntime runs the original model and reproduces the reference outputs."""
-    ort.set_default_logger_severity(3)    # its kernel failures are recorded, not printed
+    ort.set_default_logger_severity(4)    # its kernel failures are recorded, not printed
     opts = ort.SessionOptions()
-    opts.log_severity_level = 3
+    opts.log_severity_level = 4
     opts.intra_op_num_threads = 1      # the harness runs cases in parallel already
     try:
         with warnings.catch_warnings():
@@ -73,7 +73,7 @@ def onnxruntime_problem(case) -> str | None:
             session = ort.InferenceSession(str(case.path), opts, providers=["CPUExecutionProvider"])
             names = [o.name for o in session.get_outputs()]
             quiet = ort.RunOptions()
-            quiet.log_severity_level = 3
+            quiet.log_severity_level = 4
             got = dict(zip(names, session.run(None, case.inputs, quiet)))
     except Exception as e:  # onnxruntime raises its own exception types
         return f"onnxruntime cannot run it: {first_line(e)}"
