@@ -169,6 +169,9 @@ FUNCTIONS: dict[str, tuple[tuple[str, ...], str]] = {
   (if (f64.lt (f64.abs (local.get $x)) (f64.const 1e-5)) (then (return (local.get $x))))
   (f64.mul (f64.const 0.5) (call $log (f64.div (f64.add (f64.const 1) (local.get $x)) (f64.sub (f64.const 1) (local.get $x))))))"""),
     "fmod": ((), """(func $fmod (param $a f64) (param $b f64) (result f64)
+  ;; C fmod: a finite dividend keeps its value under an infinite divisor
+  (if (i32.and (f64.eq (f64.abs (local.get $b)) (f64.const inf)) (f64.eq (f64.sub (local.get $a) (local.get $a)) (f64.const 0)))
+    (then (return (local.get $a))))
   (f64.sub (local.get $a) (f64.mul (local.get $b) (f64.trunc (f64.div (local.get $a) (local.get $b))))))"""),
     "f16_to_f32": ((), """
 (func $f16_to_f32 (param $h i32) (result f32) (local $e i32) (local $m i32) (local $sign i32)

@@ -30,7 +30,7 @@ SHIFT = {1: 0, 2: 1, 4: 2, 8: 3}
 _FLOAT_BINARY = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "min": "min", "max": "max",
                  "lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "eq": "eq", "ne": "ne"}
 _INT_BINARY = {"add": "add", "sub": "sub", "mul": "mul", "div": "div_s", "rem": "rem_s", "and": "and",
-               "or": "or", "xor": "xor", "shl": "shl", "shr": "shr_u", "lt": "lt_s", "le": "le_s",
+               "or": "or", "xor": "xor", "shl": "shl", "shr": "shr_u", "sar": "shr_s", "lt": "lt_s", "le": "le_s",
                "gt": "gt_s", "ge": "ge_s", "eq": "eq", "ne": "ne"}
 _FLOAT_UNARY = ("neg", "abs", "sqrt", "floor", "ceil", "trunc", "nearest")
 

@@ -18,7 +18,8 @@ COMPUTE_TYPES = ("f32", "f64", "i32", "i64")
 FLOAT_TYPES = ("f32", "f64")
 
 # Binary ops every renderer must know. Comparisons yield an i32 0/1.
-ARITHMETIC = ("add", "sub", "mul", "div", "rem", "min", "max", "pow", "and", "or", "xor", "shl", "shr")
+# shr is a logical shift right, sar an arithmetic one (sign-filling).
+ARITHMETIC = ("add", "sub", "mul", "div", "rem", "min", "max", "pow", "and", "or", "xor", "shl", "shr", "sar")
 COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
 # Unary ops: the first group maps to single instructions on most targets, the second to math calls.
 SIMPLE_UNARY = ("neg", "abs", "sqrt", "floor", "ceil", "trunc", "nearest", "not")
@@ -172,6 +173,8 @@ def unary(op: str, a: Expr) -> Expr:
 
 
 def select(cond: Expr, a, b) -> Expr:
+    if not isinstance(a, Expr) and not isinstance(b, Expr):
+        raise TypeError("select() needs at least one expression operand to fix the result type")
     if isinstance(cond, Const):
         return lift(a, _type_of(b)) if cond.value else lift(b, _type_of(a))
     a = lift(a, _type_of(b))

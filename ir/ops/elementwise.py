@@ -36,7 +36,8 @@ def _attr(node, key, default): return node.attrs.get(key, default)
 
 
 def _sign(x):
-    return select(gt(x, 0), 1, select(lt(x, 0), -1, 0))
+    from ir.loops.expr import const
+    return select(gt(x, 0), 1, select(lt(x, 0), const(-1, x.type), 0))
 
 
 def _gelu(node, x):
@@ -141,7 +142,6 @@ ELEMENTWISE_EXPRESSIONS = {
     "BitwiseAnd": lambda n, a, b: logical_and(a, b),
     "BitwiseOr": lambda n, a, b: logical_or(a, b),
     "BitwiseXor": lambda n, a, b: _xor(a, b),
-    "BitShift": lambda n, a, b: _shift("shl" if _attr(n, "direction", "LEFT") == "LEFT" else "shr", a, b),
     "Where": lambda n, c, a, b: select(c, a, b),
 }
 
@@ -151,9 +151,6 @@ def _xor(a, b):
     return binary("xor", a, b)
 
 
-def _shift(op, a, b):
-    from ir.loops.expr import binary
-    return binary(op, a, b)
 
 
 def _lower_expression(fn):
@@ -238,3 +235,23 @@ def _quantize(b, node):
         if zero is not None:
             v = v + cast(_per_axis(b, node, zero, x.shape, idx), "f32")
         b.store(y, idx, cast(minimum(maximum(v, float(info.min)), float(info.max)), y.compute_type))
+
+
+@lowering("loops", "BitShift")
+def _bit_shift(b, node):
+    """Shifts by a negative amount or by the bit width or more give 0 (-1 for a negative signed
+    value shifted right), where the hardware would take the amount modulo the width."""
+    import numpy as np
+    from ir.loops.expr import binary
+    dtype = np.dtype(b.input(node, 0).dtype)
+    bits, signed = np.iinfo(dtype).bits, dtype.kind == "i"
+    left = _attr(node, "direction", "LEFT") == "LEFT"
+
+    def shift(a, s):
+        out_of_range = logical_or(lt(s, 0), ge(s, bits))
+        if left:
+            return select(out_of_range, 0, binary("shl", a, s))
+        from ir.loops.expr import const
+        fill = select(lt(a, 0), const(-1, a.type), 0) if signed else 0
+        return select(out_of_range, fill, binary("sar" if signed else "shr", a, s))
+    b.elementwise(node, shift)

@@ -3,7 +3,7 @@
 import numpy as np
 
 from ir.errors import UnsupportedError
-from ir.loops.expr import fma, lt, maximum, select, unary
+from ir.loops.expr import eq, fma, lt, maximum, select, unary
 from ir.ops.registry import NORMALIZATION, lowering, register
 
 register("BatchNormalization", "InstanceNormalization", "LayerNormalization", "GroupNormalization",
@@ -238,8 +238,8 @@ def _lp_norm(b, node):
             v = xv[o, k, i]
             b.assign(acc, acc + (unary("abs", v) if p == 1 else v * v))
         norm = b.local(x.compute_type, acc if p == 1 else unary("sqrt", acc), "norm")
-        with b.loop(d, "k") as k:
-            b.store(yv, (o, k, i), xv[o, k, i] / norm)
+        with b.loop(d, "k") as k:    # a zero vector stays zero (0/0 would be NaN)
+            b.store(yv, (o, k, i), select(eq(norm, 0.0), 0.0, xv[o, k, i] / norm))
 
 
 @lowering("loops", "MeanVarianceNormalization")

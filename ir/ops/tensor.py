@@ -190,8 +190,12 @@ def _pad(b, node):
         axes = list(range(rank))
     else:
         pads = b.const_input(node, 1).tolist()
-        cv = b.const_input(node, 2)
-        value = cv.reshape(-1)[0].item() if cv is not None and cv.size else 0
+        given = node.inputs[2] if len(node.inputs) > 2 else None
+        if given is not None and not given.is_const:
+            value = b.input(node, 2).at(0)      # computed at run time
+        else:
+            cv = b.const_input(node, 2)
+            value = cv.reshape(-1)[0].item() if cv is not None and cv.size else 0
         ax = b.const_input(node, 3)
         axes = [int(a) % rank for a in ax.tolist()] if ax is not None else list(range(rank))
     begin = [0] * rank
@@ -206,6 +210,8 @@ def _pad(b, node):
                     else logical_and(ge(s, 0), lt(s, d))
             clamped = [minimum(maximum(s, 0), d - 1) for s, d in zip(src, x.shape)]
             b.store(y, idx, select(inside, x[tuple(clamped)], value) if rank else x.at(0))
+        elif mode == "wrap":
+            b.store(y, idx, x[tuple((s + d * (1 + p // d)) % d for s, d, p in zip(src, x.shape, begin))])
         elif mode == "edge":
             b.store(y, idx, x[tuple(minimum(maximum(s, 0), d - 1) for s, d in zip(src, x.shape))])
         else:   # reflect: mirror without repeating the edge
