@@ -110,6 +110,21 @@ def test_packing_a_into_scratch_gives_the_same_product(features, m, n, k, trans_
     assert (read(store, inst, 0, a.shape) == a).all(), "A itself is never written"
 
 
+@pytest.mark.parametrize("tile_rows", [1, 2, 3, 4])
+def test_every_tile_height_gives_the_same_product(tile_rows):
+    m, n, k = 250, 390, 140  # two row blocks, short last tile, edge panel, two K blocks, packed A
+    rng = np.random.default_rng(tile_rows)
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    b_off, c_off = a.nbytes, a.nbytes + packed_b_size(k, n)
+    scratch = c_off + m * n * 4
+    func = render_gemm(m, n, k, a_offset=0, b_packed_offset=b_off, c_offset=c_off, a_scratch_offset=scratch,
+                       tile_rows=tile_rows)
+    store, inst = instantiate(func, scratch + gemm_scratch_bytes(m, k, tile_rows), SIMD_FMA)
+    write(store, inst, 0, a), write(store, inst, b_off, pack_b(b))
+    inst.exports(store)["gemm"](store)
+    assert_close(read(store, inst, c_off, (m, n)), reference(a, b), k)
+
+
 def test_gelu_epilogue_is_accurate_over_a_wide_range():
     x = np.linspace(-12, 12, 4001, dtype=np.float32).reshape(1, -1)
     identity = np.eye(1, dtype=np.float32)
@@ -192,7 +207,8 @@ def test_rendering_is_deterministic():
     assert render_gemm(13, 70, 200, **args) == render_gemm(13, 70, 200, **args)
 
 
-@pytest.mark.parametrize("bad", [dict(features={"avx"}), dict(features={"relaxed-simd"}), dict(epilogue="tanh")])
+@pytest.mark.parametrize("bad", [dict(features={"avx"}), dict(features={"relaxed-simd"}), dict(epilogue="tanh"),
+                                 dict(tile_rows=5), dict(tile_rows=0)])
 def test_bad_kernel_requests_are_refused(bad):
     with pytest.raises(ValueError):
         render_gemm(2, 2, 2, a_offset=0, b_packed_offset=64, c_offset=128, **bad)

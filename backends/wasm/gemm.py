@@ -10,7 +10,7 @@ Entry points
   `[ceil(N/16)][K][16]`, the last panel zero-padded; `packed_b_size(k, n)` is its length.
 - `render_gemm(m, n, k, *, a_offset, b_packed_offset, c_offset, bias_offset=None, epilogue=None,
   residual_offset=None, features=SIMD_FMA, trans_a=False, lda=None, ldc=None, batch=1,
-  batch_strides=None, bias_per_row=False, a_scratch_offset=None, name="gemm") -> str`: a
+  batch_strides=None, bias_per_row=False, a_scratch_offset=None, tile_rows=4, name="gemm") -> str`: a
   `(func $name)` with no parameters or results that reads and writes memory 0 at the given byte
   offsets.
   - A is M x K row-major with row stride `lda` elements (default K); with `trans_a` it is stored
@@ -23,8 +23,9 @@ Entry points
   - `batch` > 1 repeats the product; `batch_strides = (a, b, c)` in bytes (0 broadcasts an operand;
     default: dense). The residual follows C's stride; a column bias is shared, a per-row bias moves
     on by M floats per batch (a grouped Conv's groups each have their own channels' bias).
-  - `a_scratch_offset`: where the kernel may copy blocks of A (`gemm_scratch_bytes(m, k)` bytes) so
-    that a tile reads its 4 rows from one cache line; used for wide products (N >= 384) and when A's
+  - `tile_rows`: rows per register tile, 1 to 4 (default 4).
+  - `a_scratch_offset`: where the kernel may copy blocks of A (`gemm_scratch_bytes(m, k, tile_rows)`
+    bytes) so that a tile reads its rows from one cache line; used for wide products (N >= 384) and when A's
     row stride is a multiple of 4 KiB. Without it A is read in place.
   - `features`: a set of "simd", "relaxed-simd". With relaxed SIMD the inner product uses
     `f32x4.relaxed_madd` (the host must enable relaxed SIMD; results may differ from mul+add in the
@@ -55,6 +56,9 @@ SIMD: frozenset[str] = frozenset({"simd"})
 SIMD_FMA: frozenset[str] = frozenset({"simd", "relaxed-simd"})
 KNOWN_FEATURES = SIMD_FMA
 K_BLOCK = 128
+# Rows per register tile: 4 (16 accumulators) by default; 3 is within noise of it under V8 and
+# 5% slower under wasmtime (see kernels/microkernel.py for the measurements).
+TILE_ROWS = 4
 M_BLOCK = 240  # a multiple of the 4-row tile: only the last row block has a short tile
 
 
@@ -91,9 +95,11 @@ def render_gemm(m: int, n: int, k: int, *, a_offset: int, b_packed_offset: int, 
                 residual_offset: int | None = None, features=SIMD_FMA, trans_a: bool = False,
                 lda: int | None = None, ldc: int | None = None, batch: int = 1,
                 batch_strides: tuple[int, int, int] | None = None, bias_per_row: bool = False,
-                a_scratch_offset: int | None = None, name: str = "gemm") -> str:
+                a_scratch_offset: int | None = None, tile_rows: int = TILE_ROWS, name: str = "gemm") -> str:
     features = _check_features(features)
     check_epilogue(epilogue)
+    if not 1 <= tile_rows <= MAX_ROWS:
+        raise ValueError(f"tile_rows must be 1..{MAX_ROWS}, got {tile_rows}")
     if min(m, n, k, batch) < 1:
         raise ValueError(f"GEMM dims must be positive, got m={m} n={n} k={k} batch={batch}")
     lda = lda or (m if trans_a else k)
@@ -103,7 +109,7 @@ def render_gemm(m: int, n: int, k: int, *, a_offset: int, b_packed_offset: int, 
     body = _simd_body if "simd" in features else _scalar_body
     bias = None if bias_offset is None else ("row" if bias_per_row else "column")
     inner = body(m, n, k, a_k_step, a_row_step, ldc * 4, bias, residual_offset is not None, epilogue,
-                 "relaxed-simd" in features, a_scratch_offset)
+                 "relaxed-simd" in features, a_scratch_offset, tile_rows)
     pointers = [
         f"(local.set $A (i32.const {a_offset}))",
         f"(local.set $B (i32.const {b_packed_offset}))",
@@ -161,23 +167,24 @@ def _counted(var: str, start: int, stop: int, step: int, body: list[str]) -> lis
     ]
 
 
-def gemm_scratch_bytes(m: int, k: int) -> int:
+def gemm_scratch_bytes(m: int, k: int, tile_rows: int = TILE_ROWS) -> int:
     """What `a_scratch_offset` must hold: one packed block of A (row groups of the tile height)."""
-    rows = -(-min(m, M_BLOCK) // MAX_ROWS) * MAX_ROWS
+    rows = -(-min(m, M_BLOCK) // tile_rows) * tile_rows
     return rows * min(k, K_BLOCK) * 4
 
 
-def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, epilogue, fma, a_pack) -> list[str]:
+def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, epilogue, fma, a_pack,
+               rows_per_tile) -> list[str]:
     gemv = m == 1
-    kc = k if m <= MAX_ROWS else min(k, K_BLOCK)
+    kc = k if m <= rows_per_tile else min(k, K_BLOCK)
     blocks = -(-k // kc)
     # Packing costs a pass over A per panel sweep, so it pays for wide products (measured: 256^3 runs
     # 10% slower packed, 512^3 12% faster) or where A's rows alias (1024^3: 22 -> 39 GFLOP/s).
-    packed = a_pack is not None and m > MAX_ROWS and (n >= 384 or a_row_step % 4096 == 0)
-    # A packed: each group of MAX_ROWS rows of the block as [kc][MAX_ROWS], so a tile's k step reads
-    # MAX_ROWS adjacent floats instead of MAX_ROWS rows lda apart (which alias in L1 when lda*4 is a
+    packed = a_pack is not None and m > rows_per_tile and (n >= 384 or a_row_step % 4096 == 0)
+    # A packed: each group of rows_per_tile rows of the block as [kc][rows_per_tile], so a tile's k step reads
+    # rows_per_tile adjacent floats instead of rows_per_tile rows lda apart (which alias in L1 when lda*4 is a
     # multiple of 4 KiB).
-    tile_a_k_step, tile_a_row_step = (MAX_ROWS * 4, 4) if packed else (a_k_step, a_row_step)
+    tile_a_k_step, tile_a_row_step = (rows_per_tile * 4, 4) if packed else (a_k_step, a_row_step)
     geometry = TileGeometry(k, tile_a_k_step, tile_a_row_step, c_row_step, bias is not None, bias == "row",
                             has_residual, epilogue, fma,
                             static_first=True if blocks == 1 else None,
@@ -187,18 +194,18 @@ def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, ep
         """Rows $ib .. $ib + rows, columns $k0 .. $k0 + $klen of A into the scratch groups."""
         return _counted("$i", 0, rows, 1, [
             f"(local.set $pa (i32.add (local.get $A) (i32.add (i32.mul (i32.add (local.get $ib) (local.get $i)) (i32.const {a_row_step})) (i32.mul (local.get $k0) (i32.const {a_k_step})))))",
-            f"(local.set $pb (i32.add (i32.const {a_pack}) (i32.add (i32.mul (i32.div_u (local.get $i) (i32.const {MAX_ROWS})) (i32.const {kc * MAX_ROWS * 4})) (i32.shl (i32.rem_u (local.get $i) (i32.const {MAX_ROWS})) (i32.const 2)))))",
-            f"(local.set $pend (i32.add (local.get $pb) (i32.mul (local.get $klen) (i32.const {MAX_ROWS * 4}))))",
+            f"(local.set $pb (i32.add (i32.const {a_pack}) (i32.add (i32.mul (i32.div_u (local.get $i) (i32.const {rows_per_tile})) (i32.const {kc * rows_per_tile * 4})) (i32.shl (i32.rem_u (local.get $i) (i32.const {rows_per_tile})) (i32.const 2)))))",
+            f"(local.set $pend (i32.add (local.get $pb) (i32.mul (local.get $klen) (i32.const {rows_per_tile * 4}))))",
             "(loop $pack_k",
             "  (f32.store (local.get $pb) (f32.load (local.get $pa)))",
             f"  (local.set $pa (i32.add (local.get $pa) (i32.const {a_k_step})))",
-            f"  (local.set $pb (i32.add (local.get $pb) (i32.const {MAX_ROWS * 4})))",
+            f"  (local.set $pb (i32.add (local.get $pb) (i32.const {rows_per_tile * 4})))",
             "  (br_if $pack_k (i32.lt_u (local.get $pb) (local.get $pend))))",
         ])
 
     def tile_at(rows: int, vecs: list[Vec]) -> list[str]:
         """Point $pa/$pb/$pc/$pr/$pbias at tile (i, j) of block k0, then run the tile."""
-        if packed:  # tiles start MAX_ROWS apart from $ib: group (i - ib) / MAX_ROWS
+        if packed:  # tiles start rows_per_tile apart from $ib: group (i - ib) / rows_per_tile
             a_at = f"(i32.mul (i32.sub (local.get $i) (local.get $ib)) (i32.const {kc * 4}))"
             a_base = f"(i32.const {a_pack})"
         else:
@@ -218,15 +225,15 @@ def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, ep
         ]
 
     def rows_loop(vecs: list[Vec], rows: int) -> list[str]:
-        """Row tiles $ib .. $ib + rows: full tiles of MAX_ROWS rows, then one shorter tile."""
-        full, rest = divmod(rows, MAX_ROWS)
+        """Row tiles $ib .. $ib + rows: full tiles of rows_per_tile rows, then one shorter tile."""
+        full, rest = divmod(rows, rows_per_tile)
         code = ["(local.set $i (local.get $ib))"]
         if full:
             code += [
-                f"(local.set $iend (i32.add (local.get $ib) (i32.const {full * MAX_ROWS})))",
+                f"(local.set $iend (i32.add (local.get $ib) (i32.const {full * rows_per_tile})))",
                 "(loop $loop_i",
-                *("  " + s for s in tile_at(MAX_ROWS, vecs)),
-                f"  (local.set $i (i32.add (local.get $i) (i32.const {MAX_ROWS})))",
+                *("  " + s for s in tile_at(rows_per_tile, vecs)),
+                f"  (local.set $i (i32.add (local.get $i) (i32.const {rows_per_tile})))",
                 "  (br_if $loop_i (i32.lt_u (local.get $i) (local.get $iend))))",
             ]
         if rest:
@@ -266,7 +273,8 @@ def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, ep
     return _counted("$k0", 0, k, kc, k_block)
 
 
-def _scalar_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, epilogue, fma, a_pack) -> list[str]:
+def _scalar_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, epilogue, fma, a_pack,
+                 rows_per_tile) -> list[str]:
     """Plain f32 loops over the same packed B, for hosts without SIMD128."""
     index = "$i" if bias == "row" else "$j"
     init = f"(f32.load (i32.add (local.get $BIAS) (i32.shl (local.get {index}) (i32.const 2))))" if bias else "(f32.const 0)"

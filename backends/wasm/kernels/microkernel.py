@@ -1,17 +1,18 @@
 """The SIMD128 register tile of the GEMM: up to 4 rows of A times one or two 16-column panels of B.
 
 A tile keeps its block of C in v128 locals for a whole K block (4 rows x 4 vectors = 16 accumulators).
-Per k step and row it loads the A value with `f32.load` + `f32x4.splat` (cheaper under Cranelift
-than `v128.load32_splat`, which it lowers to a load, a movd and a shuffle) and issues one
-multiply-add per B vector: `f32x4.relaxed_madd` (one FMA on x86) when relaxed SIMD is on,
-`f32x4.mul` + `f32x4.add` otherwise. The k loop is unrolled by `UNROLL` with a one-step tail.
+Per k step it broadcasts each row's A value with `f32.load` + `f32x4.splat` (cheaper under Cranelift
+than `v128.load32_splat`, which it lowers to a load, a movd and a shuffle), then loads each B vector
+once and issues one multiply-add per row with it: `f32x4.relaxed_madd` (one FMA on x86) when relaxed
+SIMD is on, `f32x4.mul` + `f32x4.add` otherwise. The k loop is unrolled by `UNROLL` with a one-step
+tail.
 
-Why 4x16 in this order, measured under wasmtime 50 on an AMD EPYC (relaxed SIMD, A packed, 512^3):
-3x16 with all three A splats live gives 34 GFLOP/s, 4x16 row by row 38-39 (about 70% of the FMA
-loop's 56). Cranelift lowers FMA writing over a multiplicand, so every multiply-add costs a register
-copy and 16 accumulators spill some; a row at a time keeps one splat live, which spills least. The B
-loads repeated per row in the text are merged by Cranelift (no store in between), so B is loaded
-once per k step.
+Measured on an AMD EPYC (relaxed SIMD, A packed, CPU time), GFLOP/s at 512^3 against a 56-58 FMA
+loop peak: this order with 4 rows, wasmtime 50: 37, V8 (Node 20): 37; with 3 rows 35 and 38. Going
+row by row instead (one splat live, B reloaded per row) gives wasmtime 39 (Cranelift merges the
+repeated B loads and spills less) but V8 18 (it reloads B for every row), so this order is the one
+that is fast on both engines. Cranelift lowers FMA writing over a multiplicand, so each multiply-add
+also costs a register copy: that, not the FMA units, is what keeps a tile under peak.
 
 The caller (backends/wasm/gemm.py) sets these i32 locals before the tile: `$pa` (A at row i, k0,
 or the row group in packed A), `$pb` (packed B at panel j, k0), `$pc` (C at row i, column 16 j),
@@ -70,7 +71,8 @@ def acc(r: int, v: int) -> str:
 
 def tile_locals() -> list[str]:
     regs = " ".join(f"(local {acc(r, v)} v128)" for r in range(MAX_ROWS) for v in range(8))
-    return [regs, "(local $a0 v128)"]
+    splats = " ".join(f"(local $a{r} v128)" for r in range(MAX_ROWS))
+    return [regs, f"{splats} (local $bv v128)"]
 
 
 def render_tile(rows: int, vecs: list[Vec], g: TileGeometry) -> list[str]:
@@ -141,16 +143,17 @@ def _k_loops(rows: int, vecs: list[Vec], g: TileGeometry) -> list[str]:
 
 
 def _k_step(rows: int, vecs: list[Vec], g: TileGeometry, u: int) -> list[str]:
-    code = []
-    for r in range(rows):  # one row at a time: one splat live (see the module docstring)
-        code.append(f"(local.set $a0 (f32x4.splat (f32.load offset={u * g.a_k_step + r * g.a_row_step} (local.get $pa))))")
-        for v, vec in enumerate(vecs):
-            b = f"(v128.load offset={vec.panel * g.k * PANEL_BYTES + vec.index * 16 + u * PANEL_BYTES} (local.get $pb))"
-            c = f"(local.get {acc(r, v)})"
+    code = [f"(local.set $a{r} (f32x4.splat (f32.load offset={u * g.a_k_step + r * g.a_row_step} (local.get $pa))))"
+            for r in range(rows)]
+    for v, vec in enumerate(vecs):
+        b_off = vec.panel * g.k * PANEL_BYTES + vec.index * 16 + u * PANEL_BYTES
+        code.append(f"(local.set $bv (v128.load offset={b_off} (local.get $pb)))")
+        for r in range(rows):
+            a, c = f"(local.get $a{r})", f"(local.get {acc(r, v)})"
             if g.fma:
-                code.append(f"(local.set {acc(r, v)} (f32x4.relaxed_madd (local.get $a0) {b} {c}))")
+                code.append(f"(local.set {acc(r, v)} (f32x4.relaxed_madd {a} (local.get $bv) {c}))")
             else:
-                code.append(f"(local.set {acc(r, v)} (f32x4.add (f32x4.mul (local.get $a0) {b}) {c}))")
+                code.append(f"(local.set {acc(r, v)} (f32x4.add (f32x4.mul {a} (local.get $bv)) {c}))")
     return code
 
 
