@@ -199,7 +199,7 @@ class _Partitioner:
                     for p in pred_cus - {target}:
                         self._link(p, target)
                     continue
-            cu = len(self.pos)
+            cu = len(self.order)
             self.members[cu], self.consts[cu], self.total[cu], self.depth[cu] = [], {}, 0, 0
             self.preds[cu], self.succs[cu] = set(), set()
             self.pos[cu] = len(self.order)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import AttributeProto
 
+from ir import dtypes
 from ir.errors import CortexError
 from ir.graph import Graph, Node, Value
 from ir.ops import lookup
@@ -106,15 +107,13 @@ def _split_unit(graph: Graph, unit: list[Node], max_params: int) -> list[Node]:
     if shared_params + per_channel > max_params:
         raise CortexError(f"{anchor.describe()}: one output channel needs {shared_params + per_channel:,} "
                           f"parameters, more than --max-cu-size {max_params:,}; raise --max-cu-size")
-    per_piece = (max_params - shared_params) // per_channel
-    pieces = math.ceil(channels / per_piece)
-    bounds = np.linspace(0, channels, pieces + 1).round().astype(int)  # balanced contiguous slices
+    conv_groups = int(anchor.attrs.get("group", 1)) if anchor.op_type == "Conv" else 1
+    ranges = _channel_ranges(channels, (max_params - shared_params) // per_channel, conv_groups)
 
     label = anchor.fusion_group or anchor.name
     new_nodes: list[Node] = []
     piece_outputs = []
-    for k in range(pieces):
-        lo, hi = int(bounds[k]), int(bounds[k + 1])
+    for k, (lo, hi) in enumerate(ranges):
         group = f"{label}/part{k}" if len(plans) > 1 else None
         chained: Value | None = None   # the previous split node's piece, which this one reads
         for i, plan in enumerate(plans):
@@ -127,11 +126,14 @@ def _split_unit(graph: Graph, unit: list[Node], max_params: int) -> list[Node]:
                     inputs.append(_slice_constant(graph, v, axis, lo, hi, k))
                 else:
                     inputs.append(v)
+            attrs = dict(plan.node.attrs)
+            if plan.node is anchor and conv_groups > 1:
+                inputs[0], attrs["group"] = _input_channels_for(graph, anchor, conv_groups, lo, hi, k, new_nodes)
             result = plan.node.outputs[0]
             shape = list(result.shape)
             shape[channel_axis] = hi - lo
             chained = Value(graph.fresh_name(f"{result.name}_part{k}"), result.dtype, tuple(shape))
-            new_nodes.append(Node(plan.node.op_type, inputs, [chained], dict(plan.node.attrs),
+            new_nodes.append(Node(plan.node.op_type, inputs, [chained], attrs,
                                   graph.fresh_name(f"{plan.node.name}_part{k}"), plan.node.domain,
                                   dict(plan.node.attr_types), plan.node.doc_string, group))
         piece_outputs.append(chained)
@@ -145,6 +147,41 @@ def _split_unit(graph: Graph, unit: list[Node], max_params: int) -> list[Node]:
     return new_nodes
 
 
+def _channel_ranges(channels: int, cap: int, conv_groups: int) -> list[tuple[int, int]]:
+    """Balanced contiguous output-channel ranges of at most `cap` channels. In a grouped Conv a
+    range holds whole groups, or lies inside one group, so each piece reads one slice of the input."""
+    def balanced(start: int, count: int, pieces: int) -> list[tuple[int, int]]:
+        bounds = np.linspace(0, count, pieces + 1).round().astype(int)
+        return [(start + int(a), start + int(b)) for a, b in zip(bounds, bounds[1:])]
+
+    if conv_groups == 1:
+        return balanced(0, channels, math.ceil(channels / cap))
+    per_group = channels // conv_groups
+    if cap >= per_group:
+        return [(a * per_group, b * per_group)
+                for a, b in balanced(0, conv_groups, math.ceil(conv_groups / (cap // per_group)))]
+    return [r for g in range(conv_groups) for r in balanced(g * per_group, per_group, math.ceil(per_group / cap))]
+
+
+def _input_channels_for(graph: Graph, conv: Node, conv_groups: int, lo: int, hi: int, k: int,
+                        new_nodes: list[Node]) -> tuple[Value, int]:
+    """The input a piece [lo, hi) of a grouped Conv reads (a Slice over the channels of its groups,
+    added to `new_nodes`) and the piece's own group count."""
+    x = conv.inputs[0]
+    per_group = conv.outputs[0].shape[1] // conv_groups
+    first, last = lo // per_group, -(-hi // per_group)
+    if first == 0 and last == conv_groups:
+        return x, conv_groups
+    in_per_group = x.shape[1] // conv_groups
+    shape = list(x.shape)
+    shape[1] = (last - first) * in_per_group
+    sliced = Value(graph.fresh_name(f"{x.name}_groups{first}_{last}"), x.dtype, tuple(shape))
+    bounds = [Value(graph.fresh_name(f"{conv.name}_slice{k}_{what}"), dtypes.INT64, (1,), np.array([v], np.int64))
+              for what, v in (("starts", first * in_per_group), ("ends", last * in_per_group), ("axes", 1))]
+    new_nodes.append(Node("Slice", [x, *bounds], [sliced], name=graph.fresh_name(f"{conv.name}_input{k}")))
+    return sliced, last - first
+
+
 def _weight_axis(node: Node) -> int | None:
     entry = lookup(node.op_type, node.domain)
     if entry is None or entry.weight_input is None or entry.weight_axis is None or entry.output_axis is None:
@@ -154,8 +191,8 @@ def _weight_axis(node: Node) -> int | None:
     weight = node.inputs[entry.weight_input]
     if not weight.is_const or weight.const.ndim < 2 or len(node.outputs) != 1:
         return None
-    if node.attrs.get("group", 1) != 1:  # grouped Conv: output channels are tied to input groups
-        return None
+    if node.attrs.get("group", 1) != 1 and (node.op_type != "Conv" or not node.inputs[0].is_static):
+        return None  # a grouped Conv splits only when its input channels can be sliced to match
     if entry.weight_axis(node) is None or entry.output_axis(node) is None:
         return None
     if not node.outputs[0].is_static:

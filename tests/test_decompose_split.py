@@ -116,8 +116,19 @@ def test_one_output_channel_larger_than_the_cap_is_a_clear_error(tmp_path):
     assert not (tmp_path / "cus").exists()
 
 
+def test_a_grouped_conv_splits_along_whole_groups_or_inside_one(tmp_path):
+    # 4 groups of 3 output channels, 2 input channels each: 18 parameters per output channel.
+    path, feeds = save(tmp_path, [helper.make_node("Conv", ["x", "w", "b"], ["y"], name="grouped", group=4)],
+                       [("x", [1, 8, 6, 6])], ["y"], [const("w", 12, 2, 3, 3), const("b", 12)])
+    whole_groups = decompose_and_compare(tmp_path / "a", path, feeds, max_cu_size=120)  # 2 groups a piece
+    assert op_types(whole_groups).count("Conv") == 2
+    inside_one = decompose_and_compare(tmp_path / "b", path, feeds, max_cu_size=40)    # 2 channels a piece
+    assert op_types(inside_one).count("Conv") == 8
+
+
 def test_an_op_that_cannot_split_says_so(tmp_path):
-    path, _ = save(tmp_path, [helper.make_node("Conv", ["x", "w"], ["y"], name="dw", group=4)],
-                   [("x", [1, 4, 8, 8])], ["y"], [const("w", 4, 1, 3, 3)])
-    with pytest.raises(CortexError, match=r"node 'dw' \(Conv\) holds 36 parameters, more than --max-cu-size 20"):
+    path, _ = save(tmp_path, [helper.make_node("Mul", ["x", "scale"], ["y"], name="scale")],
+                   [("x", [1, 64])], ["y"], [const("scale", 1, 64)])
+    with pytest.raises(CortexError, match=r"node 'scale' \(Mul\) holds 64 parameters, more than --max-cu-size 20, "
+                                          r"and Cortex cannot split Mul"):
         decompose_model(path, tmp_path / "cus", {}, {}, min_cu_size=0, max_cu_size=20, max_cu_depth=3)
