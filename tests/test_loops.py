@@ -95,3 +95,17 @@ def test_unsupported_ops_are_named_with_their_nodes():
     with pytest.raises(UnsupportedError, match=r"Det \(det_node\)"):
         lowered([helper.make_node("Det", ["x"], ["y"], name="det_node")], [helper.make_tensor_value_info("x", T.FLOAT, [3, 3])],
                 [helper.make_tensor_value_info("y", T.FLOAT, [])])
+
+
+def test_temporaries_share_memory_once_dead():
+    """A chain of elementwise ops needs two live temporaries at a time, not one per op."""
+    from backends.wasm.memory_plan import describe_plan, plan_memory
+    nodes = [helper.make_node("Neg", [f"t{i}"], [f"t{i + 1}"]) for i in range(6)]
+    program = lowered(nodes, [helper.make_tensor_value_info("t0", T.FLOAT, [256])],
+                      [helper.make_tensor_value_info("t6", T.FLOAT, [256])])
+    memory, arena = plan_memory(program)
+    plan = describe_plan(program, memory, arena)
+    assert plan["temp_bytes"] == 5 * 1024 and arena == 2 * 1024
+    temps = [s for s in program.storages if s.kind == "temp"]
+    for a, b in zip(temps, temps[1:]):      # neighbours in the chain are alive together
+        assert a.offset != b.offset

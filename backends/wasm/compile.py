@@ -36,10 +36,10 @@ class WasmArtifact:
 
 def compile_graph(graph: Graph, options: WasmOptions) -> WasmArtifact:
     program = lower_graph(graph, intrinsic_hooks(options))
-    memory_bytes = plan_memory(program)
+    memory_bytes, arena_bytes = plan_memory(program)
     wat = render_module(program, options, memory_bytes)
     wasm = assemble(wat, program, options)
-    return WasmArtifact(wasm, _with_inline_weights(wat, program), describe_plan(program, memory_bytes))
+    return WasmArtifact(wasm, _with_inline_weights(wat, program), describe_plan(program, memory_bytes, arena_bytes))
 
 
 def _with_inline_weights(wat: str, program) -> str:
