@@ -278,3 +278,14 @@ def test_embedding_lookup_with_attention_mask_arithmetic_matches_onnxruntime():
              const("big", np.float32(-1e4)), const("zero", np.array(0, dtype=np.int64))]
     model = make_model(nodes, [vi("ids", [2, 6], T.INT64), vi("mask", [2, 6], T.INT64)], [out("y"), out("w")], inits)
     assert_matches_onnxruntime(model, {"ids": ids, "mask": mask})
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_if_runs_the_branch_the_condition_picks(flag):
+    x = randn(3, 4)
+    then_graph = helper.make_graph([helper.make_node("Relu", ["x"], ["t"]), helper.make_node("Add", ["t", "one"], ["a"])],
+                                   "then", [], [vi("a", [3, 4])], [const("one", np.float32(1.0))])
+    else_graph = helper.make_graph([helper.make_node("Neg", ["x"], ["b"])], "else", [], [vi("b", [3, 4])])
+    node = helper.make_node("If", ["c"], ["y"], then_branch=then_graph, else_branch=else_graph)
+    model = make_model([node], [vi("c", [], T.BOOL), vi("x", [3, 4])], [vi("y", [3, 4])])
+    assert_matches_onnxruntime(model, {"c": np.array(flag), "x": x})

@@ -209,6 +209,30 @@ class LoopBuilder:
         self.program.kernels.append(self._kernel)
         self._kernel = None
 
+    def lower_inline(self, node: Node) -> None:
+        """Lower `node` into the statements being built (a branch of an If), not a kernel of its own."""
+        from ir.ops import lookup
+        entry = lookup(node.op_type, node.domain)
+        fn = entry.lowerings.get(BACKEND) if entry else None
+        if fn is None:
+            raise UnsupportedError(f"{node.describe()}: no loop-nest lowering")
+        fn(self, node)
+
+    @contextlib.contextmanager
+    def branches(self, cond: Expr):
+        """`with b.branches(c) as (then, orelse):` then `with then:` ... `with orelse:` ..."""
+        stmt = If(cond)
+        self.emit(stmt)
+
+        @contextlib.contextmanager
+        def into(body):
+            self._stack.append(body)
+            try:
+                yield
+            finally:
+                self._stack.pop()
+        yield into(stmt.body), into(stmt.orelse)
+
     def finish(self) -> Program:
         """Bind graph outputs; an output that is an input or a constant is copied into its own storage."""
         for v in self.graph.outputs:
