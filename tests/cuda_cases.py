@@ -54,3 +54,31 @@ def check_each_cu_against_onnxruntime(dag_path: Path, inputs: dict, rtol: float,
         magnitudes[cu_id] = max(float(np.abs(v).max()) if v.size else 0.0 for v in expected.values())
         env.update(expected)
     return magnitudes
+
+
+def run_cuda_sim(model, feeds: dict, seed: int = 0, with_source: bool = False):
+    """One ONNX model as one CU: loop nests -> CUDA C++ -> cuda-sim; returns outputs by name (and the
+    CUDA source, with `with_source`)."""
+    import tempfile
+    from dataclasses import asdict
+
+    import numpy as np
+
+    from backends.cuda.program import CuProgram
+    from backends.cuda.render import render_cuda
+    from ir.loops import lower_graph
+    from ir.onnx_import import import_model
+    from passes import optimize_pipeline, run_pipeline
+
+    graph, _ = run_pipeline(import_model(model), optimize_pipeline(require_static=True))
+    source = render_cuda(lower_graph(graph), "k")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        (folder / "cu.cu").write_text(source.text)
+        (folder / "cu.weights").write_bytes(source.weights)
+        record = {"params": [asdict(p) for p in source.params], "launches": [asdict(l) for l in source.launches],
+                  "weights": {"file": "cu.weights", "bytes": len(source.weights)},
+                  "scratch_bytes": source.scratch_bytes, "source": {"file": "cu.cu"}}
+        results = CuProgram(None, record, folder, seed=seed, host_threads=2).run(feeds)
+        outputs = {name: np.array(value) for name, value in results.items()}
+        return (outputs, source.text) if with_source else outputs

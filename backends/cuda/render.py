@@ -26,7 +26,7 @@ from ir.loops.program import INPUT, OUTPUT, TEMP, WEIGHT, Assign, If, Kernel, Lo
 BLOCK_THREADS = 256
 ALIGN = 256   # cudaMalloc's alignment; keeps every tensor aligned for vector loads
 
-C_STORAGE = {"float32": "float", "float64": "double", "int8": "signed char", "uint8": "unsigned char",
+C_STORAGE = {"float32": "float", "float64": "double", "float16": "unsigned short", "int8": "signed char", "uint8": "unsigned char",
              "bool": "unsigned char", "int16": "short", "uint16": "unsigned short", "int32": "int",
              "uint32": "unsigned int", "int64": "long long", "uint64": "unsigned long long"}
 C_COMPUTE = {"f32": "float", "f64": "double", "i32": "int", "i64": "long long"}
@@ -51,6 +51,21 @@ CX_DEVICE int cx_max(int a, int b) { return a > b ? a : b; }
 CX_DEVICE int cx_min(int a, int b) { return a < b ? a : b; }
 CX_DEVICE long long cx_max(long long a, long long b) { return a > b ? a : b; }
 CX_DEVICE long long cx_min(long long a, long long b) { return a < b ? a : b; }
+// binary16 storage (computed in float): exact widening, and narrowing rounded to nearest even.
+CX_DEVICE float cx_h2f(unsigned short h) {
+  unsigned int sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  if (exp == 0) { float f = (float)mant * 5.9604644775390625e-8f; return sign ? -f : f; }
+  return __int_as_float((int)(sign | (exp == 0x1fu ? 0x7f800000u : (exp + 112u) << 23) | (mant << 13)));
+}
+CX_DEVICE unsigned short cx_f2h(float f) {
+  unsigned int x = (unsigned int)__float_as_int(f), sign = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;
+  if (a > 0x7f800000u) return (unsigned short)(sign | 0x7e00u);
+  if (a >= 0x477ff000u) return (unsigned short)(sign | 0x7c00u);
+  if (a < 0x38800000u) return (unsigned short)(sign | (unsigned int)rintf(__int_as_float((int)a) * 16777216.0f));
+  unsigned int h = (((a >> 23) - 112u) << 10) | ((a & 0x7fffffu) >> 13), rest = a & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h += 1u;
+  return (unsigned short)(sign | h);
+}
 CX_DEVICE int cx_f2i(double x) { return x != x ? 0 : x >= 2147483647.0 ? 2147483647 : x <= -2147483648.0 ? (-2147483647 - 1) : (int)x; }
 CX_DEVICE long long cx_f2l(double x) { return x != x ? 0 : x >= 9223372036854775807.0 ? 9223372036854775807LL : x <= -9223372036854775808.0 ? (-9223372036854775807LL - 1) : (long long)x; }
 """
@@ -227,6 +242,8 @@ class CudaRenderer:
             value = self.expr(s.value)
             if st.dtype == "bool":
                 value = f"({value}) != 0"
+            if st.dtype == "float16":
+                return [f"{indent}{self.buffer_name(st)}[{self.expr(s.index)}] = cx_f2h((float)({value}));"]
             return [f"{indent}{self.buffer_name(st)}[{self.expr(s.index)}] = ({C_STORAGE[st.dtype]})({value});"]
         if isinstance(s, Assign):
             return [f"{indent}{self.local_name(s.local)} = {self.expr(s.value)};"]
@@ -253,7 +270,8 @@ class CudaRenderer:
             return self.local_name(e)
         if isinstance(e, Load):
             st = e.buffer.storage
-            return f"(({C_COMPUTE[e.type]}){self.buffer_name(st)}[{self.expr(e.index)}])"
+            element = f"{self.buffer_name(st)}[{self.expr(e.index)}]"
+            return f"(({C_COMPUTE[e.type]}){'cx_h2f(' + element + ')' if st.dtype == 'float16' else element})"
         if isinstance(e, Binary):
             return self.binary(e)
         if isinstance(e, Unary):
