@@ -212,6 +212,19 @@ def logical_and(a, b): return binary("and", a, b)
 def logical_or(a, b): return binary("or", a, b)
 
 
+def all_of(conds) -> Expr | Const:
+    """The conjunction of 0/1 conditions (true when there are none)."""
+    result: Expr | None = None
+    for c in conds:
+        result = c if result is None else logical_and(result, c)
+    return result if result is not None else const(1, "i32")
+
+
+def in_range(index, extent: int) -> Expr:
+    """0 <= index < extent."""
+    return logical_and(ge(index, 0), lt(index, extent))
+
+
 def _fold_binary(op: str, a: Expr, b: Expr) -> Expr | None:
     ca = a.value if isinstance(a, Const) else None
     cb = b.value if isinstance(b, Const) else None

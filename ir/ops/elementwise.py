@@ -23,8 +23,8 @@ register("RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike
 
 import math  # noqa: E402
 
-from ir.loops.expr import (cast, eq, ge, gt, le, logical_and, logical_or, lt, maximum, minimum, ne,  # noqa: E402
-                           select, unary)
+from ir.loops.expr import (Const, binary, cast, const, eq, ge, gt, le, logical_and, logical_or, lt,  # noqa: E402
+                           maximum, minimum, ne, select, unary)
 from ir.ops.registry import lowering  # noqa: E402
 
 
@@ -36,7 +36,6 @@ def _attr(node, key, default): return node.attrs.get(key, default)
 
 
 def _sign(x):
-    from ir.loops.expr import const
     return select(gt(x, 0), 1, select(lt(x, 0), const(-1, x.type), 0))
 
 
@@ -62,7 +61,6 @@ def _pow(x, y):
 
 
 def _fpow(x, y):
-    from ir.loops.expr import Const, binary
     if isinstance(y, Const) and y.value == 2.0:
         return x * x
     if isinstance(y, Const) and y.value == 0.5:
@@ -147,7 +145,6 @@ ELEMENTWISE_EXPRESSIONS = {
 
 
 def _xor(a, b):
-    from ir.loops.expr import binary
     return binary("xor", a, b)
 
 
@@ -210,7 +207,6 @@ def _per_axis(b, node, buf, x_shape, idx):
     if len(buf.shape) == 1:
         return buf[(idx[axis],)]
     block = int(node.attrs.get("block_size", 0)) or 1
-    from ir.loops.expr import binary
     return buf[tuple(binary("div", v, block) if d == axis else v for d, v in enumerate(idx))]
 
 
@@ -242,7 +238,6 @@ def _bit_shift(b, node):
     """Shifts by a negative amount or by the bit width or more give 0 (-1 for a negative signed
     value shifted right), where the hardware would take the amount modulo the width."""
     import numpy as np
-    from ir.loops.expr import binary
     dtype = np.dtype(b.input(node, 0).dtype)
     bits, signed = np.iinfo(dtype).bits, dtype.kind == "i"
     left = _attr(node, "direction", "LEFT") == "LEFT"
@@ -251,7 +246,6 @@ def _bit_shift(b, node):
         out_of_range = logical_or(lt(s, 0), ge(s, bits))
         if left:
             return select(out_of_range, 0, binary("shl", a, s))
-        from ir.loops.expr import const
         fill = select(lt(a, 0), const(-1, a.type), 0) if signed else 0
         return select(out_of_range, fill, binary("sar" if signed else "shr", a, s))
     b.elementwise(node, shift)

@@ -195,7 +195,7 @@ def _conv(b, node):
 def _conv_transpose(b, node):
     """Scatter form: every input pixel adds its kernel-weighted footprint into a full-size
     accumulator (no bounds checks), which is then cropped by the padding into the output."""
-    from ir.loops.expr import ge, logical_and, lt, maximum, minimum, select
+    from ir.loops.expr import all_of, in_range, maximum, minimum, select
     x, w, bias, y = b.input(node, 0), b.input(node, 1), b.input(node, 2), b.output(node)
     group = int(node.attrs.get("group", 1))
     n_batch, channels, *spatial = x.shape
@@ -224,10 +224,7 @@ def _conv_transpose(b, node):
         b.store(acc, (nn, oc, *at), fma(x[(nn, ic, *i)], w[(ic, m, *k)], acc[(nn, oc, *at)]))
     with b.loops(y.shape) as (nn, oc, *o):
         src = [v + p for v, p in zip(o, begin)]
-        inside = None
-        for s_, e in zip(src, full):
-            cond = logical_and(ge(s_, 0), lt(s_, e))
-            inside = cond if inside is None else logical_and(inside, cond)
+        inside = all_of(in_range(s_, e) for s_, e in zip(src, full))
         clamped = [minimum(maximum(s_, 0), e - 1) for s_, e in zip(src, full)]
         value = select(inside, acc[(nn, oc, *clamped)], 0.0)
         b.store(y, (nn, oc, *o), value + bias[oc] if bias is not None else value)

@@ -27,7 +27,7 @@ register("Gather", kind=LAYOUT, weight_input=0, weight_axis=_gather_table_axis,
 import numpy as np  # noqa: E402
 
 from ir.loops.builder import broadcast_load  # noqa: E402
-from ir.loops.expr import cast, ge, logical_and, lt, maximum, minimum, select  # noqa: E402
+from ir.loops.expr import all_of, cast, ge, in_range, lt, maximum, minimum, select  # noqa: E402
 from ir.ops.registry import lowering  # noqa: E402
 
 
@@ -204,10 +204,7 @@ def _pad(b, node):
     with b.loops(y.shape) as idx:
         src = [i - p for i, p in zip(idx, begin)]
         if mode == "constant":
-            inside = 1
-            for s, d in zip(src, x.shape):
-                inside = logical_and(inside, logical_and(ge(s, 0), lt(s, d))) if not isinstance(inside, int) \
-                    else logical_and(ge(s, 0), lt(s, d))
+            inside = all_of(in_range(s, d) for s, d in zip(src, x.shape))
             clamped = [minimum(maximum(s, 0), d - 1) for s, d in zip(src, x.shape)]
             b.store(y, idx, select(inside, x[tuple(clamped)], value) if rank else x.at(0))
         elif mode == "wrap":
