@@ -62,6 +62,16 @@ def test_native_code_is_cached_next_to_the_artifacts(cnn):
     assert [c.stat().st_mtime_ns for c in caches] == stamps
 
 
+def test_a_damaged_native_code_cache_is_recompiled_not_loaded(cnn):
+    case, dag_path = cnn
+    cortex.load(dag_path)
+    for cache in (dag_path.parent / "wasm-bin").glob("*.cwasm"):
+        cache.write_bytes(b"\0" * 64)
+    got = cortex.load(dag_path).run(case.inputs)
+    np.testing.assert_allclose(got["y"], case.outputs["y"], rtol=1e-4, atol=1e-5)
+    assert all(c.stat().st_size > 64 for c in (dag_path.parent / "wasm-bin").glob("*.cwasm"))
+
+
 def test_wrong_input_shape_dtype_or_name_is_a_clear_error(cnn):
     case, dag_path = cnn
     model = cortex.load(dag_path)

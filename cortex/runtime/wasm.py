@@ -78,7 +78,7 @@ def _load_module(engine: wasmtime.Engine, path: Path, sha256: str, dag_path: Pat
         raise CortexError(f"{path}: sha256 differs from {dag_path} (the module was modified or is stale); "
                           "run 'cortex compile-wasm' again")
     cache = path.with_name(f"{path.stem}.{_engine_key(engine, sha256)}.cwasm")
-    if cache.is_file():
+    if _cache_intact(cache):
         try:
             return wasmtime.Module.deserialize_file(engine, str(cache))
         except wasmtime.WasmtimeError:
@@ -102,13 +102,26 @@ def _wasmtime_version() -> str:
     return version("wasmtime")
 
 
+def _cache_intact(cache: Path) -> bool:
+    """Native code is trusted as it is loaded, so it must be byte for byte what we wrote: its
+    sha256 sits next to it and a damaged or edited cache entry is simply recompiled."""
+    digest = cache.with_name(cache.name + ".sha256")
+    try:
+        return hashlib.sha256(cache.read_bytes()).hexdigest() == digest.read_text().strip()
+    except OSError:
+        return False
+
+
 def _write_cache(cache: Path, module: wasmtime.Module) -> None:
     """Best effort: a read-only artifact folder just means compiling on every load."""
+    data = bytes(module.serialize())
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{cache.name}.", suffix=".tmp", dir=cache.parent)
-        with os.fdopen(fd, "wb") as f:
-            f.write(bytes(module.serialize()))
-        os.replace(tmp, cache)
+        for target, content in ((cache, data), (cache.with_name(cache.name + ".sha256"),
+                                                hashlib.sha256(data).hexdigest().encode())):
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=cache.parent)
+            with os.fdopen(fd, "wb") as f:
+                f.write(content)
+            os.replace(tmp, target)
     except OSError:
         pass
 
