@@ -25,6 +25,37 @@ _SIN_SERIES = [(-1) ** k / math.factorial(2 * k + 1) for k in range(10)]   # in 
 _COS_SERIES = [(-1) ** k / math.factorial(2 * k) for k in range(11)]       # in r^2
 _ATAN_SERIES = [(-1) ** k / (2 * k + 1) for k in range(24)]               # in u^2, times u
 
+def _erf_function() -> str:
+    """erf as Taylor polynomials about the centres of the intervals of width 1/2 on [1/2, 6)
+    (beyond, erf is 1 in float64). Derivatives: erf^(n)(c) = 2/sqrt(pi) (-1)^(n-1) H_(n-1)(c) e^(-c^2),
+    so the coefficients are exact to float64 and no iteration runs at evaluation time."""
+    from numpy.polynomial import hermite
+
+    # Below 1/2 the odd Maclaurin series keeps tiny arguments exact (erf(x) ~ 2x/sqrt(pi)).
+    maclaurin = [2 / math.sqrt(math.pi) * (-1) ** n / (math.factorial(n) * (2 * n + 1)) for n in range(16)]
+    branches = [f"  (if (i32.eqz (local.get $k)) (then (local.set $d (f64.mul (local.get $x) (local.get $x)))"
+                f" (return (f64.mul (local.get $x) {_horner('d', maclaurin)}))))"]
+    for k in range(1, 12):
+        c = 0.25 + 0.5 * k
+        coeffs = [math.erf(c)]
+        for n in range(1, 19):
+            h = hermite.hermval(c, [0] * (n - 1) + [1])
+            coeffs.append(2 / math.sqrt(math.pi) * (-1) ** (n - 1) * h * math.exp(-c * c) / math.factorial(n))
+        branches.append(f"  (if (i32.eq (local.get $k) (i32.const {k})) (then (return (f64.copysign "
+                        f"{_horner('d', [float(v) for v in coeffs])} (local.get $x)))))")
+    body = "\n".join(branches)
+    return f"""
+(func $erf (param $x f64) (result f64) (local $a f64) (local $d f64) (local $k i32)
+  (if (f64.ne (local.get $x) (local.get $x)) (then (return (local.get $x))))
+  (local.set $a (f64.abs (local.get $x)))
+  (if (f64.ge (local.get $a) (f64.const 6)) (then (return (f64.copysign (f64.const 1) (local.get $x)))))
+  (local.set $k (i32.trunc_f64_s (f64.mul (local.get $a) (f64.const 2))))
+  (local.set $d (f64.sub (local.get $a) (f64.add (f64.mul (f64.convert_i32_s (local.get $k)) (f64.const 0.5)) (f64.const 0.25))))
+{body}
+  (f64.copysign (f64.const 1) (local.get $x)))
+"""
+
+
 FUNCTIONS: dict[str, tuple[tuple[str, ...], str]] = {
     "exp": ((), f"""
 (func $exp (param $x f64) (result f64) (local $k f64) (local $r f64) (local $ki i64) (local $k1 i64)
@@ -90,35 +121,7 @@ FUNCTIONS: dict[str, tuple[tuple[str, ...], str]] = {
   (local.set $e (call $exp (f64.mul (f64.const 2) (local.get $x))))
   (f64.div (f64.sub (local.get $e) (f64.const 1)) (f64.add (local.get $e) (f64.const 1))))
 """),
-    "erf": (("exp",), """
-(func $erf (param $x f64) (result f64) (local $a f64) (local $t f64) (local $sum f64) (local $n f64) (local $k f64)
-  (if (f64.ne (local.get $x) (local.get $x)) (then (return (local.get $x))))
-  (local.set $a (f64.abs (local.get $x)))
-  (if (f64.ge (local.get $a) (f64.const 6)) (then (return (f64.copysign (f64.const 1) (local.get $x)))))
-  (if (f64.lt (local.get $a) (f64.const 2.5))
-    (then
-      ;; Maclaurin series: 2/sqrt(pi) * sum (-1)^n x^(2n+1) / (n! (2n+1))
-      (local.set $t (local.get $x))
-      (loop $terms
-        (local.set $sum (f64.add (local.get $sum) (f64.div (local.get $t) (f64.add (f64.mul (f64.const 2) (local.get $n)) (f64.const 1)))))
-        (local.set $n (f64.add (local.get $n) (f64.const 1)))
-        (local.set $t (f64.div (f64.mul (f64.neg (local.get $t)) (f64.mul (local.get $x) (local.get $x))) (local.get $n)))
-        ;; stop once the terms no longer change the sum (after their peak near n = x^2)
-        (br_if $terms (i32.and (f64.lt (local.get $n) (f64.const 60))
-                               (f64.gt (f64.abs (local.get $t)) (f64.mul (f64.abs (local.get $sum)) (f64.const 1e-17))))))
-      (return (f64.mul (local.get $sum) (f64.const 1.1283791670955126)))))
-  ;; erfc by its continued fraction, evaluated from the tail: x + (1/2)/(x + 1/(x + (3/2)/(x + ...)))
-  (local.set $k (f64.const 60))
-  (local.set $t (local.get $a))
-  (loop $fraction
-    (local.set $t (f64.add (local.get $a) (f64.div (f64.mul (local.get $k) (f64.const 0.5)) (local.get $t))))
-    (local.set $k (f64.sub (local.get $k) (f64.const 1)))
-    (br_if $fraction (f64.gt (local.get $k) (f64.const 0))))
-  (f64.copysign
-    (f64.sub (f64.const 1) (f64.div (call $exp (f64.neg (f64.mul (local.get $a) (local.get $a))))
-                                    (f64.mul (local.get $t) (f64.const 1.7724538509055159))))
-    (local.get $x)))
-"""),
+    "erf": ((), _erf_function()),
     "trig": ((), f"""
 (func $trig (param $x f64) (param $shift i64) (result f64) (local $k f64) (local $r f64) (local $s f64) (local $q i64)
   (if (f64.ne (f64.sub (local.get $x) (local.get $x)) (f64.const 0)) (then (return (f64.const nan))))
