@@ -150,3 +150,17 @@ def test_weights_live_in_data_segments_not_code(tmp_path):
     record = json.loads(dag_path.read_text())["cus"][0]["artifacts"]["wasm"]
     assert weights.nbytes < record["bytes"] < weights.nbytes + 16384
     assert weights.tobytes() in (dag_path.parent / record["path"]).read_bytes()
+
+
+def test_compiling_twice_in_one_process_gives_the_same_bytes():
+    """Names in the module come from positions, never from object identities or counters."""
+    from backends.wasm.compile import compile_graph
+    from ir.onnx_import import import_model
+    from passes import optimize_pipeline, run_pipeline
+    model = make_model([helper.make_node("Softmax", ["x"], ["s"]), helper.make_node("ReduceMean", ["s"], ["y"], axes=[1])],
+                       [helper.make_tensor_value_info("x", T.FLOAT, [4, 8])], [helper.make_tensor_value_info("y", T.FLOAT, None)])
+    builds = []
+    for _ in range(2):
+        graph, _ = run_pipeline(import_model(model), optimize_pipeline(require_static=True))
+        builds.append(compile_graph(graph, parse_options(None, None, "2")).wasm)
+    assert builds[0] == builds[1]

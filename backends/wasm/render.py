@@ -84,9 +84,11 @@ class WatRenderer:
     def kernel(self, kernel: Kernel) -> str:
         self._depth_names, self._max_depth = {}, 0
         self._kernel_name = _ident(kernel.name)
+        # Named by position in the kernel, not by object identity: builds stay byte-identical.
+        self._local_names = {loc.uid: f"${_ident(loc.name)}{i}" for i, loc in enumerate(kernel.locals)}
         body = self.stmts(kernel.body, depth=0, indent="    ")
         decls = [f"(local $d{d} i32)" for d in range(self._max_depth)]
-        decls += [f"(local {_local(loc)} {loc.type})" for loc in kernel.locals]
+        decls += [f"(local {self._local_names[loc.uid]} {loc.type})" for loc in kernel.locals]
         header = f"  (func ${_ident(kernel.name)} ;; {kernel.op_type}"
         return "\n".join([header, *(f"    {d}" for d in decls), body, "  )"])
 
@@ -98,7 +100,7 @@ class WatRenderer:
         if isinstance(s, Store):
             return indent + self.store(s)
         if isinstance(s, Assign):
-            return f"{indent}(local.set {_local(s.local)} {self.expr(s.value)})"
+            return f"{indent}(local.set {self._local_names[s.local.uid]} {self.expr(s.value)})"
         if isinstance(s, If):
             text = f"{indent}(if {self.expr(s.cond)}\n{indent}  (then\n{self.stmts(s.body, depth, indent + '    ')})"
             if s.orelse:
@@ -163,7 +165,7 @@ class WatRenderer:
         if isinstance(e, Var):
             return f"(local.get {self._depth_names[e.uid]})"
         if isinstance(e, Local):
-            return f"(local.get {_local(e)})"
+            return f"(local.get {self._local_names[e.uid]})"
         if isinstance(e, Load):
             storage = e.buffer.storage
             text = f"({LOAD[storage.dtype]} offset={storage.offset} {self.address(e.buffer, e.index)})"
@@ -251,10 +253,6 @@ def _number(value, type: str) -> str:
 def _f32_hex(value: float) -> str:
     import numpy as np
     return float(np.float32(value)).hex()
-
-
-def _local(loc: Local) -> str:
-    return f"${loc.name}{loc.uid}"
 
 
 def _ident(name: str) -> str:
