@@ -176,9 +176,15 @@ def _input_channels_for(graph: Graph, conv: Node, conv_groups: int, lo: int, hi:
     shape = list(x.shape)
     shape[1] = (last - first) * in_per_group
     sliced = Value(graph.fresh_name(f"{x.name}_groups{first}_{last}"), x.dtype, tuple(shape))
-    bounds = [Value(graph.fresh_name(f"{conv.name}_slice{k}_{what}"), dtypes.INT64, (1,), np.array([v], np.int64))
-              for what, v in (("starts", first * in_per_group), ("ends", last * in_per_group), ("axes", 1))]
-    new_nodes.append(Node("Slice", [x, *bounds], [sliced], name=graph.fresh_name(f"{conv.name}_input{k}")))
+    spec = {"starts": first * in_per_group, "ends": last * in_per_group, "axes": 1}
+    name = graph.fresh_name(f"{conv.name}_input{k}")
+    if graph.opset_imports.get("", graph.opset_imports.get("ai.onnx", 21)) < 10:  # Slice-1: attributes
+        new_nodes.append(Node("Slice", [x], [sliced], {key: [v] for key, v in spec.items()}, name,
+                              attr_types={key: AttributeProto.INTS for key in spec}))
+    else:
+        bounds = [Value(graph.fresh_name(f"{conv.name}_slice{k}_{key}"), dtypes.INT64, (1,), np.array([v], np.int64))
+                  for key, v in spec.items()]
+        new_nodes.append(Node("Slice", [x, *bounds], [sliced], name=name))
     return sliced, last - first
 
 

@@ -23,11 +23,11 @@ def const(name, *shape):
     return numpy_helper.from_array(RNG.standard_normal(shape).astype(np.float32), name)
 
 
-def save(tmp_path, nodes, inputs, outputs, inits):
+def save(tmp_path, nodes, inputs, outputs, inits, opset=17):
     graph = helper.make_graph(nodes, "m", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
                               [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs], inits)
     path = tmp_path / "model.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), path)
     feeds = {n: RNG.standard_normal(s).astype(np.float32) for n, s in inputs}
     return path, feeds
 
@@ -116,10 +116,11 @@ def test_one_output_channel_larger_than_the_cap_is_a_clear_error(tmp_path):
     assert not (tmp_path / "cus").exists()
 
 
-def test_a_grouped_conv_splits_along_whole_groups_or_inside_one(tmp_path):
+@pytest.mark.parametrize("opset", [9, 17])  # Slice takes attributes before opset 10, inputs after
+def test_a_grouped_conv_splits_along_whole_groups_or_inside_one(tmp_path, opset):
     # 4 groups of 3 output channels, 2 input channels each: 18 parameters per output channel.
     path, feeds = save(tmp_path, [helper.make_node("Conv", ["x", "w", "b"], ["y"], name="grouped", group=4)],
-                       [("x", [1, 8, 6, 6])], ["y"], [const("w", 12, 2, 3, 3), const("b", 12)])
+                       [("x", [1, 8, 6, 6])], ["y"], [const("w", 12, 2, 3, 3), const("b", 12)], opset)
     whole_groups = decompose_and_compare(tmp_path / "a", path, feeds, max_cu_size=120)  # 2 groups a piece
     assert op_types(whole_groups).count("Conv") == 2
     inside_one = decompose_and_compare(tmp_path / "b", path, feeds, max_cu_size=40)    # 2 channels a piece
