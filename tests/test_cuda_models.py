@@ -159,7 +159,7 @@ def test_light_models_match_onnxruntime_on_cuda_sim(name, tmp_path):
     check_on_cuda_sim(case, dag_path)
     # Some light models end in a saturated softmax, so also compare every CU's own outputs.
     magnitudes = check_each_cu_against_onnxruntime(dag_path, case.inputs, RTOL, ATOL)
-    assert max(magnitudes.values()) > 1.0
+    assert max(magnitudes.values()) > 0.1   # the CUs compute something, not all zeros
 
 
 @needs_nvcc
