@@ -109,3 +109,21 @@ def test_temporaries_share_memory_once_dead():
     temps = [s for s in program.storages if s.kind == "temp"]
     for a, b in zip(temps, temps[1:]):      # neighbours in the chain are alive together
         assert a.offset != b.offset
+
+
+def test_sum_and_max_reductions_vectorise_with_partial_lanes():
+    program = lowered([helper.make_node("ReduceSum", ["x", "axes"], ["s"]), helper.make_node("ReduceMax", ["x", "axes"], ["m"])],
+                      [helper.make_tensor_value_info("x", T.FLOAT, [3, 64])],
+                      [helper.make_tensor_value_info("s", T.FLOAT, None), helper.make_tensor_value_info("m", T.FLOAT, None)],
+                      [helper.make_tensor("axes", T.INT64, [1], [1])])
+    inner = [s for k in program.kernels for s in walk_stmts(k.body) if isinstance(s, Loop) and s.extent == 64]
+    assert len(inner) == 2 and all(vectorizable(loop) for loop in inner)
+
+
+def test_selecting_accumulators_stay_scalar():
+    """ArgMax's running best and its index update together through selects: no partial lanes."""
+    from ir.loops import Assign
+    program = lowered([helper.make_node("ArgMax", ["x"], ["y"], axis=1)], [helper.make_tensor_value_info("x", T.FLOAT, [2, 16])],
+                      [helper.make_tensor_value_info("y", T.INT64, None)])
+    loops = [s for s in walk_stmts(program.kernels[0].body) if isinstance(s, Loop) and any(isinstance(b, Assign) for b in s.body)]
+    assert loops and not any(vectorizable(loop) for loop in loops)

@@ -86,9 +86,11 @@ class WatRenderer:
         self._kernel_name = _ident(kernel.name)
         # Named by position in the kernel, not by object identity: builds stay byte-identical.
         self._local_names = {loc.uid: f"${_ident(loc.name)}{i}" for i, loc in enumerate(kernel.locals)}
+        self._vector_locals = 0
         body = self.stmts(kernel.body, depth=0, indent="    ")
         decls = [f"(local $d{d} i32)" for d in range(self._max_depth)]
         decls += [f"(local {self._local_names[loc.uid]} {loc.type})" for loc in kernel.locals]
+        decls += [f"(local $v{i} v128)" for i in range(self._vector_locals)]
         header = f"  (func ${_ident(kernel.name)} ;; {kernel.op_type}"
         return "\n".join([header, *(f"    {d}" for d in decls), body, "  )"])
 
@@ -125,6 +127,14 @@ class WatRenderer:
             return VectorRenderer(self, loop, var).render(indent)
         body = self.stmts(loop.body, depth + 1, indent + "  ")
         return self.counted_loop(var, 0, loop.extent, 1, [body], indent)
+
+    def vector_local(self) -> str:
+        """A fresh v128 local of the kernel being rendered."""
+        self._vector_locals += 1
+        return f"$v{self._vector_locals - 1}"
+
+    def local_name(self, loc: Local) -> str:
+        return self._local_names[loc.uid]
 
     def counted_loop(self, var: str, start: int, stop: int, step: int, bodies: list[str], indent: str) -> str:
         """`for var in range(start, stop, step)`, each trip running `bodies` (var advances by

@@ -1,7 +1,9 @@
 """SIMD128 rendering of innermost loops.
 
 A loop is vectorised four lanes at a time when its body is only stores whose index moves by one
-element per iteration into 4-byte (f32 or i32) buffers, and every value it stores is built from
+element per iteration into 4-byte (f32 or i32) buffers and float reductions into accumulators
+(`acc = acc + x`, also *, max, min: four partial lanes, folded after the vector part), and every
+value it stores or accumulates is built from
 operations SIMD128 has: loads that are contiguous (v128.load) or loop-invariant (scalar load +
 splat), arithmetic, min/max, comparisons feeding a select, f32<->i32 conversions and fma (relaxed
 madd when `relaxed-simd` is on). Anything else (math calls, gathers, 8-byte types) keeps the scalar
@@ -11,8 +13,8 @@ loop. The trip count splits into an unrolled vector part, a plain vector part an
 from __future__ import annotations
 
 from ir.loops.expr import (COMPARISONS, Binary, Cast, Const, Expr, Fma, Load, Local, Select, Unary, Var,
-                           stride_of, uses)
-from ir.loops.program import Loop, Store
+                           stride_of, uses, walk)
+from ir.loops.program import Assign, Loop, Store
 
 LANES = 4
 _VECTOR_DTYPES = ("float32", "int32")
@@ -25,17 +27,52 @@ _F32_UNARY = ("neg", "abs", "sqrt", "floor", "ceil", "trunc", "nearest")
 _I32_UNARY = ("neg", "abs")
 
 
+# Reductions a vector accumulator can carry: op -> (lane identity, f32x4 instruction)
+_REDUCTIONS = {"add": (0.0, "f32x4.add"), "mul": (1.0, "f32x4.mul"), "max": (float("-inf"), "f32x4.max"),
+               "min": (float("inf"), "f32x4.min")}
+
+
 def vectorizable(loop: Loop) -> bool:
     if loop.extent < LANES or not loop.body:
         return False
+    accumulators = set()
     for s in loop.body:
-        if not isinstance(s, Store):
+        if isinstance(s, Assign):
+            step = reduction_step(s)
+            if step is None or not _vector_ok(step[1], loop.var) or not uses(step[1], loop.var):
+                return False
+            accumulators.add(s.local.uid)
+        elif isinstance(s, Store):
+            if s.buffer.dtype not in _VECTOR_DTYPES or stride_of(s.index, loop.var) != 1:
+                return False
+            if not _vector_ok(s.value, loop.var):
+                return False
+        else:
             return False
-        if s.buffer.dtype not in _VECTOR_DTYPES or stride_of(s.index, loop.var) != 1:
-            return False
-        if not _vector_ok(s.value, loop.var):
+    # an accumulator is only read by its own update: its partial lanes mean nothing elsewhere
+    for s in loop.body:
+        exprs = [s.value] + ([s.index] if isinstance(s, Store) else [])
+        reads = {x.uid for e in exprs for x in walk(e) if isinstance(x, Local)}
+        own = {s.local.uid} if isinstance(s, Assign) else set()
+        if (reads - own) & accumulators:
             return False
     return True
+
+
+def reduction_step(s: Assign):
+    """(op, operand) when `s` is `acc = acc op operand` (or `operand op acc`) on f32, else None."""
+    v = s.value
+    if s.local.type != "f32" or not isinstance(v, Binary) or v.op not in _REDUCTIONS:
+        return None
+    if v.a is s.local and not _reads(v.b, s.local):
+        return v.op, v.b
+    if v.b is s.local and not _reads(v.a, s.local):
+        return v.op, v.a
+    return None
+
+
+def _reads(e: Expr, loc: Local) -> bool:
+    return any(x is loc for x in walk(e))
 
 
 def _vector_ok(e: Expr, var: Var) -> bool:
@@ -74,16 +111,45 @@ class VectorRenderer:
 
     def render(self, indent: str) -> str:
         extent, unroll = self.loop.extent, self.scalar.options.unroll
-        vector_body = "\n".join(indent + "  " + self.store(s) for s in self.loop.body)
+        # each accumulator gets a v128 partial per lane, folded into the scalar after the vector part
+        self.partials = {s.local.uid: self.scalar.vector_local() for s in self.loop.body if isinstance(s, Assign)}
+        vector_body = "\n".join(indent + "  " + self.statement(s) for s in self.loop.body)
         scalar_body = self.scalar.stmts(self.loop.body, depth=0, indent=indent + "  ")
         whole = extent // LANES * LANES
         unrolled = extent // (LANES * unroll) * LANES * unroll if unroll > 1 else 0
-        parts = [
-            self.scalar.counted_loop(self.var, 0, unrolled, LANES, [vector_body] * unroll, indent),
-            self.scalar.counted_loop(self.var, unrolled, whole, LANES, [vector_body], indent),
-            self.scalar.counted_loop(self.var, whole, extent, 1, [scalar_body], indent),
-        ]
+        parts = [self.init_partials(indent),
+                 self.scalar.counted_loop(self.var, 0, unrolled, LANES, [vector_body] * unroll, indent),
+                 self.scalar.counted_loop(self.var, unrolled, whole, LANES, [vector_body], indent),
+                 self.fold_partials(indent),
+                 self.scalar.counted_loop(self.var, whole, extent, 1, [scalar_body], indent)]
         return "\n".join(p for p in parts if p)
+
+    def statement(self, s) -> str:
+        if isinstance(s, Store):
+            return self.store(s)
+        op, operand = reduction_step(s)
+        partial = self.partials[s.local.uid]
+        return f"(local.set {partial} ({_REDUCTIONS[op][1]} (local.get {partial}) {self.vector(operand)}))"
+
+    def init_partials(self, indent: str) -> str:
+        lines = []
+        for s in self.loop.body:
+            if isinstance(s, Assign):
+                identity = _REDUCTIONS[reduction_step(s)[0]][0]
+                lines.append(f"{indent}(local.set {self.partials[s.local.uid]} (f32x4.splat (f32.const {_f32(identity)})))")
+        return "\n".join(lines)
+
+    def fold_partials(self, indent: str) -> str:
+        lines = []
+        for s in self.loop.body:
+            if isinstance(s, Assign):
+                op = reduction_step(s)[0]
+                name, partial = self.scalar.local_name(s.local), self.partials[s.local.uid]
+                total = f"(local.get {name})"
+                for lane in range(LANES):
+                    total = f"(f32.{op} {total} (f32x4.extract_lane {lane} (local.get {partial})))"
+                lines.append(f"{indent}(local.set {name} {total})")
+        return "\n".join(lines)
 
     def store(self, s: Store) -> str:
         return (f"(v128.store offset={s.buffer.storage.offset} {self.scalar.address(s.buffer, s.index)} "
@@ -122,3 +188,9 @@ class VectorRenderer:
         if cond.a.type == "f32":
             return f"(f32x4.{_F32_COMPARE[cond.op]} {a} {b})"
         return f"(i32x4.{_I32_COMPARE[cond.op]} {a} {b})"
+
+
+def _f32(value: float) -> str:
+    if value in (float("inf"), float("-inf")):
+        return "inf" if value > 0 else "-inf"
+    return float(value).hex()
