@@ -22,6 +22,10 @@ def stages(model: Path, out: Path) -> list[tuple[str, list[str]]]:
                  "--trace", str(out / "trace.json")]),
         ("verify", ["verify", str(out / "dag.json"), "--model", str(model)]),
         ("bench", ["bench", str(out / "dag.json"), "--repeat", "10", "--warmup", "2", "--top", "5"]),
+        ("compile-cuda", ["compile-cuda", "--cu-dir", str(out / "cus"), "--dag", str(out / "dag.json"),
+                          "--output", str(out / "cuda-bin")]),
+        ("run cuda-sim", ["run", str(out / "dag.json"), "--device", "cuda-sim", "--example-inputs",
+                          "--output", str(out / "outputs-cuda-sim.npz")]),
     ]
 
 
