@@ -29,9 +29,11 @@ def headline(summary: dict) -> str:
 
 
 def write_json(path: Path, results: list[CaseResult], meta: dict) -> None:
-    document = {"schema": "cortex.conformance/1", **meta, "summary": summarize(results),
-                "cases": [r.to_json() for r in results]}
-    write_bytes_atomically(path, (json.dumps(document, indent=1) + "\n").encode())
+    head = {"schema": "cortex.conformance/1", **meta, "summary": summarize(results)}
+    # One case per line: a rerun's diff reads case by case.
+    lines = [json.dumps(head)[:-1] + ', "cases": [']
+    lines += [json.dumps(r.to_json()) + ("," if i < len(results) - 1 else "") for i, r in enumerate(results)]
+    write_bytes_atomically(path, ("\n".join(lines) + "\n]}\n").encode())
 
 
 def write_markdown(path: Path, results: list[CaseResult], meta: dict) -> None:
