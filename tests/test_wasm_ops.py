@@ -289,3 +289,29 @@ def test_if_runs_the_branch_the_condition_picks(flag):
     node = helper.make_node("If", ["c"], ["y"], then_branch=then_graph, else_branch=else_graph)
     model = make_model([node], [vi("c", [], T.BOOL), vi("x", [3, 4])], [vi("y", [3, 4])])
     assert_matches_onnxruntime(model, {"c": np.array(flag), "x": x})
+
+
+def test_gemm_kernels_absorb_bias_and_relu_epilogues():
+    """MatMul -> Add(bias) -> Relu and Conv -> Relu run as one GEMM kernel each, and still match."""
+    x, img = randn(2, 5, 8), randn(1, 3, 6, 6)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"]), helper.make_node("Add", ["bias", "mm"], ["a"]),
+             helper.make_node("Relu", ["a"], ["y"]),
+             helper.make_node("Conv", ["img", "k"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["z"])]
+    model = make_model(nodes, [vi("x", [2, 5, 8]), vi("img", [1, 3, 6, 6])], [out("y"), out("z")],
+                       [const("w", randn(8, 16)), const("bias", randn(16)), const("k", randn(4, 3, 3, 3))])
+    assert_matches_onnxruntime(model, {"x": x, "img": img}, configs=[("simd,bulk-memory", "2"), ("", "1")])
+    from ir.loops import lower_graph
+    from backends.wasm.intrinsics import hooks
+    from backends.wasm.options import parse_options
+    from ir.onnx_import import import_model
+    from passes import optimize_pipeline, run_pipeline
+    graph, _ = run_pipeline(import_model(model), optimize_pipeline(require_static=True))
+    program = lower_graph(graph, hooks(parse_options(None, None, "2")))
+    assert sorted(k.op_type for k in program.kernels if k.body) == ["Conv", "MatMul"]
+
+
+def test_an_intermediate_graph_output_is_not_fused_away():
+    x = randn(3, 8)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"]), helper.make_node("Relu", ["mm"], ["y"])]
+    model = make_model(nodes, [vi("x", [3, 8])], [out("mm"), out("y")], [const("w", randn(8, 4))])
+    assert_matches_onnxruntime(model, {"x": x}, configs=[("simd,bulk-memory", "2")])

@@ -50,7 +50,8 @@ def render_intrinsic(stmt: Intrinsic, name: str, options: WasmOptions) -> str:
     features = kernel_features(options)
     if stmt.name == "conv2d":
         bias = ops.get("bias")
-        return render_conv2d(Conv2dSpec(**p), x_offset=_at(ops["x"]), w_offset=_at(ops["w"]), y_offset=_at(ops["y"]),
+        spec = Conv2dSpec(**{k: v for k, v in p.items() if k != "epilogue"})
+        return render_conv2d(spec, epilogue=p.get("epilogue"), x_offset=_at(ops["x"]), w_offset=_at(ops["w"]), y_offset=_at(ops["y"]),
                              scratch_offset=_at(ops["scratch"]), bias_offset=_at(bias) if bias is not None else None,
                              features=features, name=name)
     if stmt.name == "gemm":
@@ -67,7 +68,7 @@ def render_intrinsic(stmt: Intrinsic, name: str, options: WasmOptions) -> str:
         b_packed = _at(scratch if scratch is not None else ops["b"])
         funcs.append(render_gemm(m, n, k, a_offset=_at(ops["a"]), b_packed_offset=b_packed, c_offset=_at(ops["c"]),
                                  bias_offset=_at(bias) if bias is not None else None, features=features,
-                                 trans_a=p.get("trans_a", False), batch=batch,
+                                 trans_a=p.get("trans_a", False), batch=batch, epilogue=p.get("epilogue"),
                                  batch_strides=(m * k * 4, packed_b_size(k, n), m * n * 4) if batch > 1 else None,
                                  name=f"{name}_gemm"))
         calls.append(f"(call ${name}_gemm)")

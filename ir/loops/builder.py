@@ -47,6 +47,8 @@ class LoopBuilder:
         self._stack: list[list[Stmt]] = []
         self._kernel: Kernel | None = None
         self._output_ids = {id(v) for v in graph.outputs}
+        self._readers = {id(v): nodes for v, nodes in graph.users().items()}
+        self._absorbed: set[int] = set()     # nodes another node's kernel computes (epilogues)
         for v in graph.inputs:
             if not v.is_const:
                 buf = self._new_buffer(v.name, storage_dtype(v), _shape(v), INPUT)
@@ -96,6 +98,18 @@ class LoopBuilder:
 
     def temp(self, dtype: str, shape, name: str = "tmp") -> Buffer:
         return self._new_buffer(name, dtype, tuple(int(d) for d in shape), TEMP)
+
+    def sole_reader(self, value: Value) -> Node | None:
+        """The one node reading `value`, when it is also not a graph output (so a kernel may fuse
+        that node in and never materialise `value`)."""
+        readers = self._readers.get(id(value), [])
+        return readers[0] if len(readers) == 1 and id(value) not in self._output_ids else None
+
+    def absorb(self, node: Node) -> Buffer:
+        """Mark `node` as computed by the current kernel (an epilogue); returns its output buffer,
+        which the current kernel writes instead."""
+        self._absorbed.add(id(node))
+        return self.output(node)
 
     def alias(self, out: Value, source: Buffer) -> None:
         """Let `out` share `source`'s storage under its own shape (Reshape, Squeeze, Identity...).
@@ -198,6 +212,8 @@ class LoopBuilder:
 
     # -- driving -------------------------------------------------------------------------------
     def lower(self, node: Node) -> None:
+        if id(node) in self._absorbed:
+            return
         from ir.ops import lookup
         entry = lookup(node.op_type, node.domain)
         fn = entry.lowerings.get(BACKEND) if entry else None

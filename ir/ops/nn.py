@@ -81,17 +81,39 @@ def _f32(*values) -> bool:
     return all(v is None or v.dtype == 1 for v in values)   # TensorProto.FLOAT
 
 
+def _fused_epilogue(b, value, bias_width: int | None = None):
+    """What of the ops after a GEMM its kernel can do: an Add of a constant per-column bias (when
+    `bias_width` is given) and a Relu. Returns (output buffer, bias buffer or None, epilogue or
+    None); the absorbed nodes then emit nothing."""
+    bias = None
+    reader = b.sole_reader(value)
+    if bias_width is not None and reader is not None and reader.op_type == "Add" and _f32(*reader.inputs):
+        other = reader.inputs[1] if reader.inputs[0] is value else reader.inputs[0]
+        if other.is_const and other.const.size == bias_width and other.shape[-1:] == (bias_width,) \
+                and tuple(reader.outputs[0].shape) == tuple(value.shape):
+            bias = b.constant(np.asarray(other.const, dtype=np.float32).reshape(-1), other.name + "_bias")
+            out = b.absorb(reader)
+            value, reader = reader.outputs[0], b.sole_reader(reader.outputs[0])
+            if reader is None or reader.op_type != "Relu":
+                return out, bias, None
+    if reader is not None and reader.op_type == "Relu" and _f32(reader.outputs[0]):
+        return b.absorb(reader), bias, "relu"
+    return (b.buffer(value), bias, None)
+
+
 def _matmul_as_gemm(b, node) -> bool:
     if not b.has_intrinsic("gemm") or not _f32(*node.inputs, node.outputs[0]):
         return False
     av, wv = node.inputs[0], node.inputs[1]
-    y = b.output(node)
     if wv.is_const and len(wv.shape) == 2:
         k, n = wv.shape
         m = int(np.prod(av.shape[:-1], dtype=np.int64))
         packed = b.constant(b.intrinsics["gemm"].pack_weight(np.asarray(wv.const), False), wv.name + "_packed")
-        b.call_intrinsic("gemm", {"a": b.buffer(av), "b": packed, "c": y}, m=m, n=n, k=k)
+        y, bias, epilogue = _fused_epilogue(b, node.outputs[0], bias_width=n)
+        b.call_intrinsic("gemm", {"a": b.buffer(av), "b": packed, "c": y, "bias": bias}, m=m, n=n, k=k,
+                         epilogue=epilogue)
         return True
+    y = b.output(node)
     if len(av.shape) == len(wv.shape) >= 2 and list(av.shape[:-2]) == list(wv.shape[:-2]) and not av.is_const:
         (m, k), n = av.shape[-2:], wv.shape[-1]
         batch = int(np.prod(av.shape[:-2], dtype=np.int64))
@@ -119,8 +141,9 @@ def _gemm_as_gemm(b, node) -> bool:
     weights = np.asarray(wv.const, dtype=np.float32) * np.float32(alpha) if alpha != 1.0 else np.asarray(wv.const)
     packed = b.constant(b.intrinsics["gemm"].pack_weight(weights, trans_b), wv.name + "_packed")
     k = wv.shape[1] if trans_b else wv.shape[0]
+    y, _, epilogue = _fused_epilogue(b, node.outputs[0])
     b.call_intrinsic("gemm", {"a": b.input(node, 0), "b": packed, "c": y, "bias": bias}, m=m, n=n, k=k,
-                     trans_a=trans_a)
+                     trans_a=trans_a, epilogue=epilogue)
     return True
 
 
@@ -128,7 +151,8 @@ def _conv_as_intrinsic(b, node) -> bool:
     wv = node.inputs[1]
     if not b.has_intrinsic("conv2d") or not _f32(*node.inputs, node.outputs[0]) or len(wv.shape) != 4:
         return False
-    x, y = b.input(node, 0), b.output(node)
+    x = b.input(node, 0)
+    y, _, epilogue = _fused_epilogue(b, node.outputs[0])
     geo = window_geometry(node, x.shape[2:], wv.shape[2:], y.shape[2:])
     params = dict(batch=x.shape[0], in_channels=x.shape[1], height=x.shape[2], width=x.shape[3],
                   out_channels=wv.shape[0], kernel=tuple(wv.shape[2:]), strides=tuple(geo.strides),
@@ -136,7 +160,7 @@ def _conv_as_intrinsic(b, node) -> bool:
                   dilations=tuple(geo.dilations), groups=int(node.attrs.get("group", 1)))
     scratch = b.temp("float32", (b.intrinsics["conv2d"].scratch_elements(params),), x.name + "_im2col")
     b.call_intrinsic("conv2d", {"x": x, "w": b.input(node, 1), "y": y, "bias": b.input(node, 2), "scratch": scratch},
-                     **params)
+                     epilogue=epilogue, **params)
     return True
 
 
