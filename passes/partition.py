@@ -11,9 +11,10 @@ How it stays near-linear on large graphs:
    producer CU, if depth and size allow, otherwise starts a new CU. Joining the newest producer CU
    keeps "creation order is a topological order of the CU graph", and under that invariant the
    join is always convex: no other producer CU can be downstream of the newest one.
-2. Merges of neighbouring CUs (small ones first): a merge of X -> Y is convex when no path
-   X -> Z -> Y exists; the search for one only visits CUs that lie between X and Y in the current
-   topological order, and the same search yields the reordering that keeps the order topological.
+2. Merges of neighbouring CUs, then of siblings reading the same tensor (small CUs first): a merge
+   of X and Y (X earlier in the order) is convex when no path from X reaches Y other than a direct
+   edge; the search for one only visits CUs that lie between X and Y in the current topological
+   order, and the same search yields the reordering that keeps the order topological.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ DEPTH = "merging would exceed --max-cu-depth"
 SIZE = "merging would exceed --max-cu-size"
 CONVEXITY = "merging would break convexity (a path leaves and re-enters)"
 ALONE = "no neighbouring CU"
+MAX_SIBLINGS = 8  # siblings tried per CU: bounds the merge phase's cost on very wide graphs
 
 
 @dataclass
@@ -108,6 +110,7 @@ class _Atoms:
     preds: list[list[int]]             # atom -> producer atoms (deduplicated)
     succs: list[list[int]]
     consts: list[dict[int, int]]       # atom -> {id(const): elements}
+    model_inputs: list[set[int]]       # atom -> ids of the model inputs it reads
 
 
 def _build_atoms(graph: Graph) -> _Atoms:
@@ -128,10 +131,14 @@ def _build_atoms(graph: Graph) -> _Atoms:
     preds: list[list[int]] = [[] for _ in nodes]
     succs: list[list[int]] = [[] for _ in nodes]
     consts: list[dict[int, int]] = [{} for _ in nodes]
+    graph_inputs = {id(v) for v in graph.inputs}
+    model_inputs: list[set[int]] = [set() for _ in nodes]
     for a, members in enumerate(nodes):
         seen = set()
         for node in members:
             for v in [*node.present_inputs, *outer_reads(node)]:
+                if id(v) in graph_inputs:
+                    model_inputs[a].add(id(v))
                 p = producer_atom.get(id(v))
                 if p is not None and p != a and p not in seen:
                     seen.add(p)
@@ -139,7 +146,7 @@ def _build_atoms(graph: Graph) -> _Atoms:
                     succs[p].append(a)
             for c in node_constants(node):
                 consts[a][id(c)] = int(c.const.size)
-    return _Atoms(nodes, preds, succs, consts)
+    return _Atoms(nodes, preds, succs, consts, model_inputs)
 
 
 def _atom_order(atoms: _Atoms) -> list[int]:
@@ -178,6 +185,8 @@ class _Partitioner:
         self.order: list[int | None] = []           # CUs in topological order (None: merged away)
         self.pos: dict[int, int] = {}
         self.reasons: dict[int, str] = {}           # CU -> why its last merge attempt failed
+        self.inputs_of: dict[int, set[int]] = {}    # CU -> model inputs it reads
+        self.input_readers: dict[int, set[int]] = {}  # model input -> CUs reading it
 
     # greedy phase
     def grow(self) -> None:
@@ -201,7 +210,7 @@ class _Partitioner:
                     continue
             cu = len(self.order)
             self.members[cu], self.consts[cu], self.total[cu], self.depth[cu] = [], {}, 0, 0
-            self.preds[cu], self.succs[cu] = set(), set()
+            self.preds[cu], self.succs[cu], self.inputs_of[cu] = set(), set(), set()
             self.pos[cu] = len(self.order)
             self.order.append(cu)
             self._add(cu, a, 1)
@@ -215,6 +224,9 @@ class _Partitioner:
         self.total[cu] = self._params_with(cu, self.atoms.consts[a])
         self.consts[cu].update(self.atoms.consts[a])
         self.depth[cu] = max(self.depth[cu], depth)
+        for v in self.atoms.model_inputs[a]:
+            self.inputs_of[cu].add(v)
+            self.input_readers.setdefault(v, set()).add(cu)
 
     def _link(self, src: int, dst: int) -> None:
         self.succs[src].add(dst)
@@ -238,20 +250,36 @@ class _Partitioner:
             if not merged:
                 break
 
+    def _candidates(self, cu: int) -> list[tuple[int, int]]:
+        """(rank, CU) to try merging with: neighbours first (a merge removes the tensors between
+        them), then siblings that read the same producer's or model input's tensors (the shared
+        tensor then crosses one border fewer), nearest in the order first."""
+        neighbours = self.preds[cu] | self.succs[cu]
+        siblings: set[int] = set()
+        for p in self.preds[cu]:
+            siblings |= self.succs[p]
+        for s in self.succs[cu]:
+            siblings |= self.preds[s]
+        for v in self.inputs_of[cu]:
+            siblings |= self.input_readers[v]
+        siblings -= neighbours | {cu}
+        near = sorted(siblings, key=lambda c: (abs(self.pos[c] - self.pos[cu]), self.pos[c]))[:MAX_SIBLINGS]
+        return [(0, c) for c in sorted(neighbours, key=self.pos.__getitem__)] + [(1, c) for c in near]
+
     def _merge_best_neighbour(self, cu: int) -> bool:
         best = None
         reasons = set()
-        for other in sorted(self.preds[cu] | self.succs[cu], key=self.pos.__getitem__):
-            x, y = (other, cu) if other in self.preds[cu] else (cu, other)
+        for rank, other in self._candidates(cu):
+            x, y = sorted((cu, other), key=self.pos.__getitem__)
             outcome = self._try(x, y)
             if isinstance(outcome, str):
                 reasons.add(outcome)
                 continue
             depths, between = outcome
-            # Of the neighbours it may join, the one that gives the smallest CU keeps sizes even.
-            merged_params = self._params_with(x, self.consts[y])
-            if best is None or merged_params < best[0]:
-                best = (merged_params, x, y, depths, between)
+            # Among allowed merges, the one giving the smallest CU keeps CU sizes even.
+            key = (rank, self._params_with(x, self.consts[y]))
+            if best is None or key < best[0]:
+                best = (key, x, y, depths, between)
         if best is None:
             self.reasons[cu] = "; ".join(sorted(reasons)) or ALONE
             return False
@@ -260,8 +288,8 @@ class _Partitioner:
         return True
 
     def _try(self, x: int, y: int):
-        """Merge X into its consumer Y? Returns why not, or the new atom depths and the CUs that
-        lie between them in the order and are reachable from X (moved after the merged CU)."""
+        """Merge X into Y (X earlier in the order)? Returns why not, or the new atom depths and the
+        CUs that lie between them in the order and are reachable from X (moved after the merged CU)."""
         if self._params_with(x, self.consts[y]) > self.max_size:
             return SIZE
         depths = self._merged_depths(self.members[x] + self.members[y])
@@ -324,7 +352,12 @@ class _Partitioner:
             if s != y:
                 self._link(y, s)
         self.preds[y].discard(x)
-        for table in (self.members, self.consts, self.total, self.depth, self.preds, self.succs, self.pos):
+        for v in self.inputs_of[x]:
+            self.input_readers[v].discard(x)
+            self.input_readers[v].add(y)
+        self.inputs_of[y] |= self.inputs_of[x]
+        for table in (self.members, self.consts, self.total, self.depth, self.preds, self.succs, self.pos,
+                      self.inputs_of):
             del table[x]
         self.reasons.pop(x, None)
         self.reasons.pop(y, None)
