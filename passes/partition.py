@@ -31,7 +31,8 @@ DEPTH = "merging would exceed --max-cu-depth"
 SIZE = "merging would exceed --max-cu-size"
 CONVEXITY = "merging would break convexity (a path leaves and re-enters)"
 ALONE = "no neighbouring CU"
-MAX_SIBLINGS = 8  # siblings tried per CU: bounds the merge phase's cost on very wide graphs
+MAX_SIBLINGS = 8  # siblings tried per CU, and the widest fan-out searched for them: they bound
+MAX_FAN = 64      # the merge phase's cost on very wide graphs
 
 
 @dataclass
@@ -256,12 +257,10 @@ class _Partitioner:
         tensor then crosses one border fewer), nearest in the order first."""
         neighbours = self.preds[cu] | self.succs[cu]
         siblings: set[int] = set()
-        for p in self.preds[cu]:
-            siblings |= self.succs[p]
-        for s in self.succs[cu]:
-            siblings |= self.preds[s]
-        for v in self.inputs_of[cu]:
-            siblings |= self.input_readers[v]
+        for group in [*(self.succs[p] for p in self.preds[cu]), *(self.preds[s] for s in self.succs[cu]),
+                      *(self.input_readers[v] for v in self.inputs_of[cu])]:
+            if len(group) <= MAX_FAN:  # a tensor read by thousands of CUs would make this quadratic
+                siblings |= group
         siblings -= neighbours | {cu}
         near = sorted(siblings, key=lambda c: (abs(self.pos[c] - self.pos[cu]), self.pos[c]))[:MAX_SIBLINGS]
         return [(0, c) for c in sorted(neighbours, key=self.pos.__getitem__)] + [(1, c) for c in near]
