@@ -188,6 +188,7 @@ class _Partitioner:
         self.reasons: dict[int, str] = {}           # CU -> why its last merge attempt failed
         self.inputs_of: dict[int, set[int]] = {}    # CU -> model inputs it reads
         self.input_readers: dict[int, set[int]] = {}  # model input -> CUs reading it
+        self.latest_reader: dict[int, int] = {}     # model input -> newest CU reading it (greedy phase)
 
     # greedy phase
     def grow(self) -> None:
@@ -209,6 +210,14 @@ class _Partitioner:
                     for p in pred_cus - {target}:
                         self._link(p, target)
                     continue
+            else:
+                # An atom fed only by model inputs joins the newest CU reading one of them: it has
+                # no producer, so no path can enter it and the join is convex wherever it goes.
+                readers = [self.latest_reader[v] for v in self.atoms.model_inputs[a] if v in self.latest_reader]
+                reader = max(readers, key=self.pos.__getitem__, default=None)
+                if reader is not None and self._params_with(reader, self.atoms.consts[a]) <= self.max_size:
+                    self._add(reader, a, 1)
+                    continue
             cu = len(self.order)
             self.members[cu], self.consts[cu], self.total[cu], self.depth[cu] = [], {}, 0, 0
             self.preds[cu], self.succs[cu], self.inputs_of[cu] = set(), set(), set()
@@ -228,6 +237,8 @@ class _Partitioner:
         for v in self.atoms.model_inputs[a]:
             self.inputs_of[cu].add(v)
             self.input_readers.setdefault(v, set()).add(cu)
+            if v not in self.latest_reader or self.pos[cu] > self.pos[self.latest_reader[v]]:
+                self.latest_reader[v] = cu
 
     def _link(self, src: int, dst: int) -> None:
         self.succs[src].add(dst)

@@ -204,3 +204,17 @@ def test_random_dags_run_cu_by_cu_reproduce_the_model(seed, n_nodes, max_cu_dept
         got, expected = run_dag(folder / "dag.json", feeds), run_onnxruntime(folder / "m.onnx", feeds)
         for name, value in expected.items():
             np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-5)
+
+
+def test_parallel_readers_of_a_model_input_share_cus_up_to_the_size_cap():
+    n = 1000
+    nodes = [helper.make_node("Mul", ["x", f"c{i}"], [f"y{i}"], name=f"m{i}") for i in range(n)]
+    inits = [numpy_helper.from_array(np.array([i], np.float32), f"c{i}") for i in range(n)]
+    g = helper.make_graph(nodes, "wide", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [1, 4]) for i in range(n)], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    graph, part = partitioned(model, min_cu_size=0, max_cu_size=None, max_cu_depth=1)
+    assert len(part.cus) == 1
+    graph, part = partitioned(model, min_cu_size=100, max_cu_size=100, max_cu_depth=1)
+    assert len(part.cus) == 10 and all(cu.params == 100 for cu in part.cus)
+    assert_valid_partition(graph, part, 100, 1)
