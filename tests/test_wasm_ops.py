@@ -315,3 +315,9 @@ def test_an_intermediate_graph_output_is_not_fused_away():
     nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"]), helper.make_node("Relu", ["mm"], ["y"])]
     model = make_model(nodes, [vi("x", [3, 8])], [out("mm"), out("y")], [const("w", randn(8, 4))])
     assert_matches_onnxruntime(model, {"x": x}, configs=[("simd,bulk-memory", "2")])
+
+
+def test_gather_with_a_constant_scalar_index_drops_the_axis():
+    x = randn(3, 4)
+    model = single("Gather", ["x", "i"], {"x": x}, {"axis": 1}, [const("i", np.array(-1, dtype=np.int64))])
+    assert_matches_onnxruntime(model, {"x": x})

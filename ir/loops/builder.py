@@ -87,7 +87,7 @@ class LoopBuilder:
         return np.asarray(v.const)
 
     def constant(self, array: np.ndarray, name: str = "const") -> Buffer:
-        array = np.ascontiguousarray(array)
+        array = np.asarray(array, order="C")     # not ascontiguousarray: it makes scalars 1-D
         if array.dtype.name not in COMPUTE_TYPE:
             raise UnsupportedError(f"constant {name!r} has dtype {array.dtype}, which the loop-nest "
                                    "backends do not support")
