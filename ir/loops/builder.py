@@ -214,25 +214,37 @@ class LoopBuilder:
     def lower(self, node: Node) -> None:
         if id(node) in self._absorbed:
             return
-        from ir.ops import lookup
-        entry = lookup(node.op_type, node.domain)
-        fn = entry.lowerings.get(BACKEND) if entry else None
-        if fn is None:
-            raise UnsupportedError(f"{node.describe()}: no loop-nest lowering")
         self._kernel = Kernel(self._unique(f"{node.op_type}_{node.name or 'node'}"), node.op_type)
         self._stack = [self._kernel.body]
-        fn(self, node)
+        self.lower_inline(node)
         self.program.kernels.append(self._kernel)
         self._kernel = None
 
     def lower_inline(self, node: Node) -> None:
-        """Lower `node` into the statements being built (a branch of an If), not a kernel of its own."""
-        from ir.ops import lookup
-        entry = lookup(node.op_type, node.domain)
-        fn = entry.lowerings.get(BACKEND) if entry else None
-        if fn is None:
-            raise UnsupportedError(f"{node.describe()}: no loop-nest lowering")
-        fn(self, node)
+        """Lower `node` into the statements being built (a kernel, a branch of an If)."""
+        fn = _lowering(node)
+        if fn is not None:
+            fn(self, node)
+        else:
+            self._lower_function_body(node)
+
+    def _lower_function_body(self, node: Node) -> None:
+        """An op without a lowering of its own, through its ONNX function body (see functions.py)."""
+        from ir.loops.functions import expand, wanted_outputs
+        body = expand(node, self.graph.opset_imports)
+        outer = {v.name: v for v in node.inputs if v is not None}
+        for v in body.inputs:
+            self._buffers[id(v)] = self.buffer(outer[v.name])
+        produced = {id(out) for inner in body.nodes for out in inner.outputs}
+        pairs = list(zip(wanted_outputs(node), body.outputs))
+        for j, v in pairs:
+            if id(v) in produced and id(v) not in self._buffers:
+                self._buffers[id(v)] = self.output(node, j)
+        for inner in body.nodes:
+            self.lower_inline(inner)
+        for j, v in pairs:
+            if self.buffer(v).storage is not self.output(node, j).storage:
+                self.copy(self.output(node, j), self.buffer(v))
 
     @contextlib.contextmanager
     def branches(self, cond: Expr):
@@ -275,13 +287,17 @@ def lower_graph(graph: Graph, intrinsics: dict | None = None) -> Program:
 
 
 def unsupported_nodes(graph: Graph) -> list[Node]:
+    """Nodes with neither a lowering nor an ONNX function body to expand."""
+    from ir.loops.functions import function_body
+    opset = graph.opset_imports.get("", 21)
+    return [n for n in graph.nodes
+            if _lowering(n) is None and function_body(n, graph.opset_imports.get(n.domain, opset)) is None]
+
+
+def _lowering(node: Node):
     from ir.ops import lookup
-    missing = []
-    for node in graph.nodes:
-        entry = lookup(node.op_type, node.domain)
-        if entry is None or BACKEND not in entry.lowerings:
-            missing.append(node)
-    return missing
+    entry = lookup(node.op_type, node.domain)
+    return entry.lowerings.get(BACKEND) if entry else None
 
 
 def describe_unsupported(nodes: list[Node]) -> str:
