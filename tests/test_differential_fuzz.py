@@ -359,8 +359,9 @@ def gather_model(indices: np.ndarray, x_shape=(3, 3)) -> tuple[onnx.ModelProto, 
 
 @pytest.mark.xfail(strict=True, raises=ValueError, reason=(
     "backend bug: Gather whose indices are a constant scalar (rank 0) fails to compile with a raw "
-    "'ValueError: c2: 1 indices for rank 2' from the loop-nest lowering of Gather (ir/ops/tensor.py); "
-    "the same graph with the scalar fed as an input, or with indices of shape (1,), compiles and matches"))
+    "'ValueError: x1: 1 indices for rank 2' from the loop-nest lowering of Gather (the scalar weight "
+    "reaches it as a rank-1 buffer); the same graph with the scalar fed as an input, or with indices of "
+    "shape (1,), compiles and matches"))
 def test_gather_with_constant_scalar_indices():
     check_against_onnxruntime(*gather_model(np.array(1, np.int64)))
 

@@ -10,6 +10,8 @@ forked from one that has compiled wasm would wait forever on the compiler thread
 from __future__ import annotations
 
 import multiprocessing
+import shutil
+import tempfile
 import time
 from collections import deque
 from multiprocessing.connection import wait
@@ -36,43 +38,55 @@ def run_cases(names: Iterable[str], device: str, jobs: int = 2, timeout: float =
     order = {name: i for i, name in enumerate(pending)}
     running: dict = {}      # connection -> (process, case name, start time)
     results: dict[str, CaseResult] = {}
+    # The children's temporary folders live in one scratch folder, removed at the end even when a
+    # killed child could not clean up after itself.
+    scratch = tempfile.mkdtemp(prefix="cortex-conformance-")
 
     def finish(result: CaseResult) -> None:
         results[result.name] = result
         if on_result:
             on_result(result)
 
-    while pending or running:
-        while pending and len(running) < max(1, jobs):
-            name = pending.popleft()
-            receiver, sender = context.Pipe(duplex=False)
-            process = context.Process(target=_child, args=(run, name, device, sender), daemon=True)
-            process.start()
-            sender.close()
-            running[receiver] = (process, name, time.monotonic())
-        for conn in wait(list(running), timeout=0.2):
-            process, name, start = running.pop(conn)
-            try:
-                result = conn.recv()
-            except (EOFError, OSError):
-                process.join()
-                result = CaseResult(name, _op_of(name), "crashed", f"the process running it died (exit code {process.exitcode})",
-                                    seconds=round(time.monotonic() - start, 3))
-            conn.close()
-            process.join()
-            finish(result)
-        now = time.monotonic()
-        for conn, (process, name, start) in list(running.items()):
-            if now - start > timeout:
-                process.kill()
-                process.join()
+    try:
+        while pending or running:
+            while pending and len(running) < max(1, jobs):
+                name = pending.popleft()
+                receiver, sender = context.Pipe(duplex=False)
+                process = context.Process(target=_child, args=(run, name, device, sender, scratch), daemon=True)
+                process.start()
+                sender.close()
+                running[receiver] = (process, name, time.monotonic())
+            for conn in wait(list(running), timeout=0.2):
+                process, name, start = running.pop(conn)
+                try:
+                    result = conn.recv()
+                except (EOFError, OSError):
+                    process.join()
+                    result = CaseResult(name, _op_of(name), "crashed",
+                                        f"the process running it died (exit code {process.exitcode})",
+                                        seconds=round(time.monotonic() - start, 3))
                 conn.close()
-                del running[conn]
-                finish(CaseResult(name, _op_of(name), "crashed", f"timed out after {timeout:g} s", seconds=round(now - start, 3)))
+                process.join()
+                finish(result)
+            now = time.monotonic()
+            for conn, (process, name, start) in list(running.items()):
+                if now - start > timeout:
+                    process.kill()
+                    process.join()
+                    conn.close()
+                    del running[conn]
+                    finish(CaseResult(name, _op_of(name), "crashed", f"timed out after {timeout:g} s",
+                                      seconds=round(now - start, 3)))
+    finally:
+        for process, _, _ in running.values():      # interrupted: leave no case running
+            process.kill()
+            process.join()
+        shutil.rmtree(scratch, ignore_errors=True)
     return sorted(results.values(), key=lambda r: order[r.name])
 
 
-def _child(run, name: str, device: str, sender) -> None:
+def _child(run, name: str, device: str, sender, scratch: str) -> None:
+    tempfile.tempdir = scratch
     try:
         result = run(name, device)
     except BaseException as e:  # the harness itself failed on this case: still one result
