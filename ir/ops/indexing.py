@@ -7,7 +7,7 @@ from ir.errors import UnsupportedError
 from ir.loops.expr import cast, eq, ge, gt, le, logical_and, logical_or, lt, select
 from ir.ops.registry import OTHER, lowering, register
 
-register("Trilu", "EyeLike", "OneHot", "CumSum", "TopK", "Range", kind=OTHER)
+register("Trilu", "EyeLike", "OneHot", "CumSum", "CumProd", "TopK", "Range", kind=OTHER)
 
 
 @lowering("loops", "Trilu")
@@ -41,23 +41,25 @@ def _one_hot(b, node):
         b.store(y, idx, select(eq(at, cast(idx[axis], "i64")), values.at(1), values.at(0)))
 
 
-@lowering("loops", "CumSum")
-def _cumsum(b, node):
+@lowering("loops", "CumSum", "CumProd")
+def _cumulative(b, node):
     x, y = b.input(node, 0), b.output(node)
     axis = int(b.const_input(node, 1).reshape(-1)[0]) % len(x.shape)
     exclusive, reverse = bool(node.attrs.get("exclusive", 0)), bool(node.attrs.get("reverse", 0))
     outer = int(np.prod(x.shape[:axis], dtype=np.int64))
     d, inner = x.shape[axis], int(np.prod(x.shape[axis + 1:], dtype=np.int64))
     xv, yv = x.view((outer, d, inner)), y.view((outer, d, inner))
+    product = node.op_type == "CumProd"
     with b.loop(outer, "o") as o, b.loop(inner, "i") as i:
-        acc = b.local(y.compute_type, 0, "sum")
+        acc = b.local(y.compute_type, 1 if product else 0, "acc")
         with b.loop(d, "k") as k:
             at = (d - 1 - k) if reverse else k
+            step = acc * xv[o, at, i] if product else acc + xv[o, at, i]
             if exclusive:
                 b.store(yv, (o, at, i), acc)
-                b.assign(acc, acc + xv[o, at, i])
+                b.assign(acc, step)
             else:
-                b.assign(acc, acc + xv[o, at, i])
+                b.assign(acc, step)
                 b.store(yv, (o, at, i), acc)
 
 

@@ -284,3 +284,61 @@ def _einsum(b, node):
                 product = v if product is None else product * v
             b.assign(acc, acc + product)
         b.store(y, tuple(out_idx), acc)
+
+
+@lowering("loops", "MatMulInteger", "QLinearMatMul")
+def _integer_matmul(b, node):
+    """int32 products of zero-point-shifted 8-bit operands; QLinearMatMul then requantises."""
+    from ir.loops.expr import cast, maximum, minimum, unary
+    qlinear = node.op_type == "QLinearMatMul"
+    if qlinear:
+        a, a_scale, a_zero, w, w_scale, w_zero, y_scale, y_zero = (b.input(node, i) for i in range(8))
+    else:
+        a, w, a_zero, w_zero = (b.input(node, i) for i in range(4))
+    y = b.output(node)
+    a2 = a.view((1,) + a.shape) if len(a.shape) == 1 else a
+    w2 = w.view(w.shape + (1,)) if len(w.shape) == 1 else w
+    batch = tuple(np.broadcast_shapes(a2.shape[:-2], w2.shape[:-2]))
+    (m, k), n = a2.shape[-2:], w2.shape[-1]
+    yv = y.view(batch + (m, n))
+
+    def zero(z, axis_index):       # per tensor, or per row of A / per column of B
+        if z is None:
+            return 0
+        return cast(z.at(0) if z.numel == 1 else z.at(axis_index), "i32")
+    with b.loops(batch, "b") as bt, b.loop(m, "i") as i, b.loop(n, "j") as j:
+        acc = b.local("i32", 0, "acc")
+        with b.loop(k, "k") as kk:
+            lhs = cast(_batched(a2, bt, len(batch))[(i, kk)], "i32") - zero(a_zero, i)
+            rhs = cast(_batched(w2, bt, len(batch))[(kk, j)], "i32") - zero(w_zero, j)
+            b.assign(acc, acc + lhs * rhs)
+        if not qlinear:
+            b.store(yv, (*bt, i, j), acc)
+            return
+        scale = (cast(a_scale.at(0) if a_scale.numel == 1 else a_scale.at(i), "f32")
+                 * cast(w_scale.at(0) if w_scale.numel == 1 else w_scale.at(j), "f32")
+                 / cast(y_scale.at(0), "f32"))
+        q = unary("nearest", cast(acc, "f32") * scale) + cast(y_zero.at(0), "f32") if y_zero is not None else \
+            unary("nearest", cast(acc, "f32") * scale)
+        info = np.iinfo(np.dtype(y.dtype))
+        b.store(yv, (*bt, i, j), cast(minimum(maximum(q, float(info.min)), float(info.max)), y.compute_type))
+
+
+@lowering("loops", "DynamicQuantizeLinear")
+def _dynamic_quantize(b, node):
+    """uint8 quantisation with the scale and zero point taken from the data's range (which always
+    includes 0), as the spec computes them."""
+    from ir.loops.expr import cast, maximum, minimum, unary
+    x, y, scale, zero = b.input(node, 0), b.output(node, 0), b.output(node, 1), b.output(node, 2)
+    low = b.local("f32", 0.0, "low")
+    high = b.local("f32", 0.0, "high")
+    with b.loop(x.numel) as i:
+        b.assign(low, minimum(low, x.at(i)))
+        b.assign(high, maximum(high, x.at(i)))
+    s = b.local("f32", (high - low) / 255.0, "scale")
+    zp = b.local("f32", minimum(maximum(unary("nearest", (0.0 - low) / s), 0.0), 255.0), "zero")
+    b.store_flat(scale, 0, s)
+    b.store_flat(zero, 0, cast(zp, "i32"))
+    with b.loop(x.numel) as i:
+        q = unary("nearest", x.at(i) / s) + zp
+        b.store_flat(y, i, cast(minimum(maximum(q, 0.0), 255.0), "i32"))
