@@ -40,9 +40,11 @@ def _names(pattern=None):
 
 
 def _compare(case, got):
-    fp16 = any(np.asarray(v).dtype == np.float16 for v in case.outputs.values())
+    dtypes = {np.asarray(v).dtype.name for v in case.outputs.values()}
+    # Half-precision results differ by the rounding of each intermediate: one unit in the last place.
     # The node tests' references carry their own tolerance (rtol 1e-3: some are stored rounded).
-    rtol, atol = (1e-3, 1e-3) if fp16 else (max(RTOL, case.rtol), ATOL)
+    rtol, atol = ((2e-2, 1e-2) if "bfloat16" in dtypes else (1e-3, 1e-3) if "float16" in dtypes
+                  else (max(RTOL, case.rtol), ATOL))
     assert sorted(got) == sorted(case.outputs)
     for name, want in case.outputs.items():
         want = np.asarray(want)

@@ -80,6 +80,6 @@ def _root(v, p):
 
 
 def _lowest(dtype: str):
-    if dtype.startswith("float"):
+    if dtype.startswith("float") or dtype == "bfloat16":
         return float("-inf")
     return int(np.iinfo(np.dtype(dtype)).min)

@@ -78,7 +78,7 @@ def _reduce(b, node):
 
 
 def _extreme(dtype: str, lowest: bool):
-    if dtype.startswith("float"):
+    if dtype.startswith("float") or dtype == "bfloat16":
         return float("-inf") if lowest else float("inf")
     info = np.iinfo(np.dtype(dtype if dtype != "bool" else "uint8"))
     return int(info.min if lowest else info.max)
