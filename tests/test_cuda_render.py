@@ -74,3 +74,37 @@ def test_parameter_layout_is_inputs_outputs_weights_scratch():
     assert [(p.name, p.kind) for p in source.params] == [("x", "input"), ("y", "output"), ("weights", "weights"),
                                                          ("scratch", "scratch")]
     assert source.params[2].bytes == len(source.weights) >= 7 * 3 * 4
+
+
+def _row_model(op, length, **attrs):
+    inputs = ["x"] + (["scale", "bias"] if op == "LayerNormalization" else [])
+    node = helper.make_node(op, inputs, ["y"], **attrs)
+    vis = [helper.make_tensor_value_info("x", T.FLOAT, [3, 1, length])]
+    vis += [helper.make_tensor_value_info(n, T.FLOAT, [length]) for n in inputs[1:]]
+    return make_model([node], vis, [helper.make_tensor_value_info("y", T.FLOAT, [3, 1, length])])
+
+
+def test_long_rows_reduce_on_a_warp_with_shuffles():
+    for op in ("Softmax", "LayerNormalization"):
+        source = render_cuda(lowered(_row_model(op, 300, axis=-1)))
+        (launch,) = source.launches
+        assert launch.threads == 3 * 32, op     # a warp a row
+        assert "__shfl_xor_sync" in source.text and "lane; " in source.text
+
+
+def test_short_rows_keep_one_thread_a_row():
+    (launch,) = render_cuda(lowered(_row_model("Softmax", 16, axis=-1))).launches
+    assert launch.threads == 3
+
+
+def test_warp_rows_match_onnxruntime_under_permuted_order():
+    from cuda_cases import run_cuda_sim
+    from wasm_cases import run_onnxruntime
+    rng = np.random.default_rng(1)
+    for op in ("Softmax", "LogSoftmax", "LayerNormalization"):
+        model = _row_model(op, 300, axis=-1)
+        feeds = {"x": (rng.standard_normal((3, 1, 300)) * 4).astype(np.float32)}
+        if op == "LayerNormalization":
+            feeds.update(scale=rng.random(300).astype(np.float32), bias=rng.random(300).astype(np.float32))
+        got = run_cuda_sim(model, feeds, seed=9)["y"]
+        np.testing.assert_allclose(got, run_onnxruntime(model, feeds)["y"], rtol=1e-5, atol=1e-5, err_msg=op)

@@ -125,8 +125,10 @@ def plan_parallel(stmt: Stmt) -> ParallelNest | None:
     body = chain[-1].body
     threads: list[Loop] = []
     for loop in chain:
-        if threads_are_independent(threads + [loop], chain, body):
+        # A loop of one iteration is a thread dimension of size one: nothing to prove.
+        proven = [t for t in threads if t.extent > 1]
+        if loop.extent == 1 or threads_are_independent(proven + [loop], chain, body):
             threads.append(loop)
-    if not threads:
+    if all(loop.extent == 1 for loop in threads):
         return None
     return ParallelNest(threads, [loop for loop in chain if loop not in threads], body)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from backends.cuda.parallelize import ParallelNest, plan_parallel
+from backends.cuda.warp_rows import StridedLoop, plan_warp_rows
 from ir.errors import UnsupportedError
 from ir.loops.expr import (FLOAT_TYPES, Binary, Cast, Const, Expr, Fma, Load, Local, Select, Unary, Var, walk)
 from ir.loops.program import INPUT, OUTPUT, TEMP, WEIGHT, Assign, If, Kernel, Loop, Program, Stmt, Store, walk_stmts
@@ -172,13 +173,15 @@ class CudaRenderer:
         out = []
         for part, (nest, stmts) in enumerate(groups):
             name = base if len(groups) == 1 else f"{base}_{part}"
-            out.append(self.function(name, kernel, nest, stmts))
-            threads = nest.thread_count if nest else 1
+            rows = plan_warp_rows(nest)
+            out.append(self.function(name, kernel, nest, stmts, rows))
+            threads = (nest.thread_count * (32 if rows else 1)) if nest else 1
             block = min(BLOCK_THREADS, -(-threads // 32) * 32) if nest else 1
             self.launches.append(Launch(name, kernel.name, kernel.op_type, -(-threads // block), block, threads))
         return out
 
-    def function(self, name: str, kernel: Kernel, nest: ParallelNest | None, stmts: list[Stmt]) -> str:
+    def function(self, name: str, kernel: Kernel, nest: ParallelNest | None, stmts: list[Stmt],
+                 rows: dict[int, StridedLoop] | None = None) -> str:
         self._names = {}
         params = ", ".join(f"unsigned char* __restrict__ p{i}" for i in range(len(self.params) - 2))
         params = (params + ", " if params else "") + "const unsigned char* __restrict__ weights, unsigned char* __restrict__ scratch"
@@ -193,9 +196,14 @@ class CudaRenderer:
         body = stmts
         if nest is None:
             lines.append("  if (blockIdx.x != 0 || threadIdx.x != 0) return;  // a serial nest: one thread")
+        elif rows is not None:
+            lines.append("  long long tid = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;  // one warp a row")
+            lines.append("  const int lane = threadIdx.x & 31;")
+            lines.append(f"  if (tid >= {nest.thread_count}LL) return;  // whole warps leave together")
         else:
             lines.append(f"  long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;")
             lines.append(f"  if (tid >= {nest.thread_count}LL) return;")
+        if nest is not None:
             for depth, loop in enumerate(reversed(nest.threads)):
                 var = self.var_name(loop.var)
                 lines.append(f"  const int {var} = (int)(tid % {loop.extent});")
@@ -206,7 +214,7 @@ class CudaRenderer:
                 lines.append(f"{indent}for (int {var} = 0; {var} < {loop.extent}; ++{var}) {{")
                 indent += "  "
             body = nest.body
-        lines += self.stmts(body, indent)
+        lines += self.warp_row(body, rows, indent) if rows is not None else self.stmts(body, indent)
         if nest is not None:
             for _ in nest.serial:
                 indent = indent[:-2]
@@ -227,6 +235,34 @@ class CudaRenderer:
                     const = "const " if st.kind in (WEIGHT, INPUT) else ""
                     lines.append(f"  {const}{C_STORAGE[st.dtype]}* __restrict__ {self.buffer_name(st)} = "
                                  f"({const}{C_STORAGE[st.dtype]}*){self.address[id(st)]};")
+        return lines
+
+    def warp_row(self, body: list[Stmt], plans: dict[int, StridedLoop], indent: str) -> list[str]:
+        """A row body on a warp: loops strided over the lanes, accumulators combined by shuffles."""
+        lines = []
+        for s in body:
+            plan = plans.get(id(s))
+            if plan is None:
+                if isinstance(s, Assign):
+                    lines += self.stmt(s, indent)          # every lane holds the same value
+                else:
+                    lines += [f"{indent}if (lane == 0) {{", *self.stmt(s, indent + "  "), f"{indent}}}",
+                              f"{indent}__syncwarp();"]
+                continue
+            for loc, op in plan.accumulators:
+                name, t = self.local_name(loc), C_COMPUTE[loc.type]
+                lines += [f"{indent}const {t} {name}_before = {name};", f"{indent}{name} = {_identity(op, loc.type)};"]
+            var = self.var_name(plan.loop.var)
+            lines.append(f"{indent}for (int {var} = lane; {var} < {plan.loop.extent}; {var} += 32) {{")
+            lines += self.stmts(plan.loop.body, indent + "  ")
+            lines.append(f"{indent}}}")
+            for loc, op in plan.accumulators:
+                name = self.local_name(loc)
+                shuffled = f"__shfl_xor_sync(0xffffffffu, {name}, offset)"
+                lines.append(f"{indent}for (int offset = 16; offset > 0; offset >>= 1) {name} = {_combine(op, name, shuffled)};")
+                lines.append(f"{indent}{name} = {_combine(op, name + '_before', name)};")
+            if plan.stores:
+                lines.append(f"{indent}__syncwarp();   // the row's writes, visible to every lane")
         return lines
 
     # -- statements ----------------------------------------------------------------------------
@@ -348,6 +384,19 @@ class CudaRenderer:
 
     def buffer_name(self, storage) -> str:
         return f"b{self.program.storages.index(storage)}"
+
+
+def _identity(op: str, type: str) -> str:
+    if op in ("add", "mul"):
+        return _number(0 if op == "add" else 1, type)
+    if type in FLOAT_TYPES:
+        return _number(float("-inf") if op == "max" else float("inf"), type)
+    bits = 31 if type == "i32" else 63
+    return _number(-2**bits if op == "max" else 2**bits - 1, type)
+
+
+def _combine(op: str, a: str, b: str) -> str:
+    return {"add": f"({a} + {b})", "mul": f"({a} * {b})", "max": f"cx_max({a}, {b})", "min": f"cx_min({a}, {b})"}[op]
 
 
 def _exprs_of(s: Stmt) -> list[Expr]:
