@@ -129,6 +129,19 @@ def _io(v: Value) -> dict:
     return {"dtype": dtype_name(v.dtype), "shape": list(v.shape)}
 
 
+def check_output_dir(out_dir: Path, model_path: Path) -> None:
+    """The output folder is replaced as a whole, so it must be new, empty, or an earlier CU folder:
+    never a folder of other files (a typo such as `--output-dir .` must not delete anything)."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise CortexError(f"--output-dir {out_dir} exists and is not a folder")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / MANIFEST).is_file():
+        raise CortexError(f"--output-dir {out_dir} holds other files (no {MANIFEST}); it would be replaced "
+                          "as a whole, so give a new or empty folder")
+    if Path(model_path).resolve().is_relative_to(out_dir.resolve()):
+        raise CortexError(f"--output-dir {out_dir} contains the model {model_path}; give another folder")
+
+
 def write_directory_atomically(out_dir: Path, fill: Callable[[Path], T]) -> T:
     """Fill a temporary sibling folder, then swap it in for `out_dir`; on any failure `out_dir`
     is left as it was."""

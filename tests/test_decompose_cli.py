@@ -142,3 +142,10 @@ def test_the_installed_command_reports_errors_without_a_traceback(tmp_path):
                              "--output", str(tmp_path / "dag.json")], capture_output=True, text=True)
     assert result.returncode == 2
     assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr
+
+
+def test_a_folder_of_other_files_is_never_replaced(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    code, _, err = cortex("decompose", "--model-path", CNN, "--output-dir", tmp_path, capsys=capsys)
+    assert code == 2 and "holds other files" in err
+    assert (tmp_path / "notes.txt").read_text() == "mine"

@@ -14,7 +14,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cortex.console import out, print_json
-from cortex.cus import model_info, write_cus
+from cortex.cus import check_output_dir, model_info, write_cus
 from cortex.options import parse_dims, parse_input_shapes
 from cortex.pipeline import load_and_optimize
 from passes import run_pipeline
@@ -46,6 +46,7 @@ def decompose(
 def decompose_model(model_path: Path, output_dir: Path, input_shapes: dict, dims: dict, min_cu_size: int,
                     max_cu_size: int, max_cu_depth: int, show_progress: bool = False) -> dict:
     check_limits(min_cu_size, max_cu_size, max_cu_depth)
+    check_output_dir(Path(output_dir), Path(model_path))
     start = time.perf_counter()
     with _progress(show_progress) as step:
         step("optimising")
