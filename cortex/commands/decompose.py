@@ -7,12 +7,13 @@ import statistics
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from cortex.commands.inspect_model import Dims, InputShapes
 from cortex.console import out, print_json
 from cortex.cus import check_output_dir, model_info, write_cus
 from cortex.options import parse_dims, parse_input_shapes
@@ -27,8 +28,8 @@ _DEFAULTS = PartitionIntoCUs()  # the CLI defaults are the pass's own field defa
 def decompose(
     model_path: Annotated[Path, typer.Option("--model-path", help="The ONNX model file.")],
     output_dir: Annotated[Path, typer.Option("--output-dir", help="Folder for cu-NNNN/cu.onnx and manifest.json (replaced).")],
-    input_shape: Annotated[Optional[list[str]], typer.Option("--input-shape", help="Bind an input: NAME=1x3x224x224 (repeatable).")] = None,
-    dim: Annotated[Optional[list[str]], typer.Option("--dim", help="Bind a named dynamic dim: NAME=N (repeatable).")] = None,
+    input_shape: InputShapes = None,
+    dim: Dims = None,
     min_cu_size: Annotated[int, typer.Option("--min-cu-size", help="Merge CUs with fewer parameters into a neighbour where the limits allow.")] = _DEFAULTS.min_cu_size,
     max_cu_size: Annotated[int, typer.Option("--max-cu-size", help="Most parameters a CU may own; larger ops are split along output channels.")] = _DEFAULTS.max_cu_size,
     max_cu_depth: Annotated[int, typer.Option("--max-cu-depth", help="Most ops on a path inside a CU (a fusion group counts as one).")] = _DEFAULTS.max_cu_depth,
