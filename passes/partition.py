@@ -31,6 +31,7 @@ DEPTH = "merging would exceed --max-cu-depth"
 SIZE = "merging would exceed --max-cu-size"
 CONVEXITY = "merging would break convexity (a path leaves and re-enters)"
 ALONE = "no neighbouring CU"
+ROUNDS = "the merge rounds ran out"
 MAX_SIBLINGS = 8  # siblings tried per CU, and the widest fan-out searched for them: they bound
 MAX_FAN = 64      # the merge phase's cost on very wide graphs
 
@@ -252,7 +253,9 @@ class _Partitioner:
         return self.total[cu]
 
     # merge phase
-    def merge_neighbours(self, rounds: int = 3) -> None:
+    def merge_neighbours(self, rounds: int = 8) -> None:
+        # Each round tries every CU once; a merge can enable another, so repeat while any happened
+        # (two or three rounds in practice; the cap bounds the cost).
         for _ in range(rounds):
             merged = False
             alive = sorted(self.members, key=lambda c: (self.params(c) >= self.min_size, self.params(c), self.pos[c]))
@@ -379,7 +382,7 @@ class _Partitioner:
                 continue
             nodes = [n for a in self.members[cu] for n in self.atoms.nodes[a]]
             params = self.params(cu)
-            reason = self.reasons.get(cu) if params < self.min_size else None
+            reason = self.reasons.get(cu, ROUNDS) if params < self.min_size else None
             cus.append(CU(nodes, params, self.depth[cu], reason))
         return Partition(cus)
 
