@@ -74,6 +74,12 @@ class ChainBuilder:
         self.shapes[name] = tuple(shape)
         return name
 
+    def add_input_value(self, value: np.ndarray) -> str:
+        """A graph input fed with exactly `value`."""
+        name = self.add_input(value.shape, value.dtype.type)
+        self.feeds[name] = value
+        return name
+
     def add_constant(self, value: np.ndarray) -> str:
         name = self.fresh("c")
         self.initializers.append(numpy_helper.from_array(np.asarray(value), name))
@@ -137,6 +143,22 @@ def binary(draw, b: ChainBuilder, x: str) -> str:
     y = b.add_operand(draw, other)
     a, c = (x, y) if draw(st.booleans()) else (y, x)
     return b.apply(draw(st.sampled_from(BINARY)), [a, c])
+
+
+def divide(draw, b: ChainBuilder, x: str) -> str:
+    """Div and Mod by a fresh operand kept away from zero (integer Div truncates, Mod has two sign
+    conventions: the places backends get wrong)."""
+    shape = b.shapes[x]
+    other = [draw(st.sampled_from([d, 1])) for d in shape][draw(st.integers(0, len(shape))):]
+    magnitude = b.random_array(other)
+    sign = np.where(b.rng.random(other) < 0.5, -1, 1)
+    divisor = np.asarray((np.abs(magnitude) + (1 if b.dtype != np.float32 else 0.5)) * sign, b.dtype)
+    y = b.add_input_value(divisor) if draw(st.booleans()) else b.add_constant(divisor)
+    if b.dtype == np.float32:
+        op, attrs = draw(st.sampled_from([("Div", {}), ("Mod", {"fmod": 1})]))
+    else:
+        op, attrs = draw(st.sampled_from([("Div", {}), ("Mod", {"fmod": 0}), ("Mod", {"fmod": 1})]))
+    return b.apply(op, [x, y], **attrs)
 
 
 def matmul(draw, b: ChainBuilder, x: str) -> str:
@@ -267,8 +289,8 @@ class Family:
 
 LAYOUT = (transpose, reshape, concat, slice_, gather)
 FAMILIES = [
-    Family("elementwise-layout-float", (unary, binary, reduce, softmax, *LAYOUT), (np.float32,), (1, 4)),
-    Family("elementwise-layout-int", (unary, binary, reduce, *LAYOUT), (np.int32, np.int64), (1, 4)),
+    Family("elementwise-layout-float", (unary, binary, divide, reduce, softmax, *LAYOUT), (np.float32,), (1, 4)),
+    Family("elementwise-layout-int", (unary, binary, divide, reduce, *LAYOUT), (np.int32, np.int64), (1, 4)),
     Family("contraction", (matmul, gemm, unary, binary, softmax), (np.float32,), (1, 3), first=matmul),
     Family("conv-pool", (conv, pool, unary, binary), (np.float32,), (4, 4), first=conv),
 ]
