@@ -269,8 +269,7 @@ def gather(draw, b: ChainBuilder, x: str) -> str:
     shape = b.shapes[x]
     axis = draw(st.integers(-len(shape), len(shape) - 1))
     d = shape[axis]
-    # Scalar indices are left out while test_gather_with_constant_scalar_indices fails.
-    index_shape = draw(st.sampled_from([(2,), (2, 2), (3,), (1,)]))
+    index_shape = draw(st.sampled_from([(), (2,), (2, 2), (3,), (1,)]))
     indices = b.rng.integers(-d, d, size=index_shape).astype(np.int64)
     return b.apply("Gather", [x, b.add_constant(indices)], axis=axis)
 
@@ -372,19 +371,16 @@ def test_many_random_graphs_match_onnxruntime(family, data):
     check_against_onnxruntime(model, feeds)
 
 
-# -- bugs this test found, kept as exact reproductions until the backend is fixed ------------------------
+# -- bugs this test found, kept as exact reproductions ---------------------------------------------------
 def gather_model(indices: np.ndarray, x_shape=(3, 3)) -> tuple[onnx.ModelProto, dict]:
     b = ChainBuilder(np.float32, np.random.default_rng(0))
     x = b.add_input(list(x_shape))
     return b.model(b.apply("Gather", [x, b.add_constant(indices)], axis=0)), b.feeds
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "backend bug: Gather whose indices are a constant scalar (rank 0) fails to compile with a raw "
-    "'ValueError: x1: 1 indices for rank 2' from the loop-nest lowering of Gather (the scalar weight "
-    "reaches it as a rank-1 buffer); the same graph with the scalar fed as an input, or with indices of "
-    "shape (1,), compiles and matches"))
 def test_gather_with_constant_scalar_indices():
+    # Found by the fuzz test: the scalar weight reached the Gather lowering as a rank-1 buffer and
+    # compilation failed with a raw ValueError.
     check_against_onnxruntime(*gather_model(np.array(1, np.int64)))
 
 
