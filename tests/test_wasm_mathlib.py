@@ -53,4 +53,6 @@ def test_pow_follows_the_c_rules_for_signs_and_zeros():
                        [helper.make_tensor_value_info("a", T.DOUBLE, [9]), helper.make_tensor_value_info("b", T.DOUBLE, [9])],
                        [helper.make_tensor_value_info("y", T.DOUBLE, [9])])
     got = run_wasm(model, {"a": base, "b": expo}, "", "0")["y"]
-    np.testing.assert_allclose(got, np.power(base, expo), rtol=1e-14)
+    with np.errstate(invalid="ignore", divide="ignore"):      # (-8) ** (1/3) is NaN, 0 ** -1 is inf
+        want = np.power(base, expo)
+    np.testing.assert_allclose(got, want, rtol=1e-14)
