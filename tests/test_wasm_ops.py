@@ -9,7 +9,7 @@ from onnx import TensorProto as T
 from onnx import helper
 from onnx import numpy_helper as nh
 
-from wasm_cases import assert_matches_onnxruntime, make_model
+from wasm_cases import assert_matches_onnxruntime, make_model, run_wasm
 
 rng = np.random.default_rng(0)
 
@@ -321,3 +321,14 @@ def test_gather_with_a_constant_scalar_index_drops_the_axis():
     x = randn(3, 4)
     model = single("Gather", ["x", "i"], {"x": x}, {"axis": 1}, [const("i", np.array(-1, dtype=np.int64))])
     assert_matches_onnxruntime(model, {"x": x})
+
+
+@pytest.mark.parametrize("src,dst", [(np.float32, np.int32), (np.float32, np.uint32), (np.uint32, np.float32),
+                                     (np.float64, np.int64), (np.int8, np.uint8)])
+def test_bitcast_keeps_the_bits(src, dst):
+    # BitCast (opset 26) is newer than onnxruntime: numpy's view is the reference
+    x = (rng.standard_normal(12) * 100).astype(src) if np.dtype(src).kind == "f" else \
+        rng.integers(np.iinfo(src).min, np.iinfo(src).max, 12).astype(src)
+    model = single("BitCast", ["x"], {"x": x}, {"to": helper.np_dtype_to_tensor_dtype(np.dtype(dst))}, opset=26)
+    for features, level in [("", "0"), ("simd,bulk-memory", "3")]:
+        np.testing.assert_array_equal(run_wasm(model, {"x": x}, features, level)["y"], x.view(dst))

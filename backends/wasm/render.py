@@ -1,10 +1,10 @@
 """Loop nests -> WAT text.
 
 The module owns one memory (exported as `memory`) laid out by the memory plan, one function per
-kernel and an exported `run` that calls them in order. Weights live in data segments: active ones
-at their planned offsets, or with bulk memory passive ones that a start function copies in with
-`memory.init` and then drops. Segment contents are left empty here and filled in by `assemble`
-straight into the binary, so a model's megabytes of weights never pass through WAT text.
+kernel and an exported `run` that calls them in order. Weights live in active data segments at
+their planned offsets, with or without bulk memory: wasmtime maps active segments copy-on-write
+from the native-code file, where passive ones copied in by `memory.init` would cost a copy at
+every load. Segment contents are left empty here and filled in by `assemble` straight into the binary, so a model's megabytes of weights never pass through WAT text.
 Innermost loops the vectoriser accepts are rendered with SIMD128 (see `vectorize`).
 """
 
@@ -64,13 +64,7 @@ class WatRenderer:
         weights = [s for s in self.program.storages if s.kind == WEIGHT and s.nbytes]
         funcs = [self.kernel(k) for k in self.program.kernels]
         lines = ["(module", f'  (memory (export "memory") {pages})']
-        if self.options.bulk_memory and weights:
-            lines += [f"  (data ${_ident(s.name)} \"\")" for s in weights]
-            init = [f"    (memory.init ${_ident(s.name)} (i32.const {s.offset}) (i32.const 0) (i32.const {s.nbytes}))"
-                    f" (data.drop ${_ident(s.name)})" for s in weights]
-            lines += ["  (func $load_weights", *init, "  )", "  (start $load_weights)"]
-        else:
-            lines += [f"  (data (i32.const {s.offset}) \"\") ;; {s.name}" for s in weights]
+        lines += [f"  (data (i32.const {s.offset}) \"\") ;; {s.name}" for s in weights]
         lines += funcs
         lines += [_indent(f, "  ") for f in self.intrinsic_funcs]
         calls = "\n".join(f"    (call ${_ident(k.name)})" for k in self.program.kernels)
@@ -218,6 +212,8 @@ class WatRenderer:
     def unary(self, e: Unary) -> str:
         t = e.a.type
         a = self.expr(e.a)
+        if e.op == "reinterpret":
+            return f"({e.type}.reinterpret_{t} {a})"
         if t in FLOAT_TYPES:
             if e.op in _FLOAT_UNARY:
                 return f"({t}.{e.op} {a})"

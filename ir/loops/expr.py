@@ -23,6 +23,7 @@ ARITHMETIC = ("add", "sub", "mul", "div", "rem", "min", "max", "pow", "and", "or
 COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
 # Unary ops: the first group maps to single instructions on most targets, the second to math calls.
 SIMPLE_UNARY = ("neg", "abs", "sqrt", "floor", "ceil", "trunc", "nearest", "not")
+# "reinterpret" keeps the bits and changes the type between f32/i32 or f64/i64 (BitCast).
 MATH_UNARY = ("exp", "log", "tanh", "erf", "sin", "cos", "tan", "asin", "acos", "atan",
               "sinh", "cosh", "asinh", "acosh", "atanh", "isnan", "isinf_pos", "isinf_neg")
 
@@ -170,6 +171,13 @@ def unary(op: str, a: Expr) -> Expr:
         return const(-a.value, a.type)
     result_type = "i32" if op in ("isnan", "isinf_pos", "isinf_neg") else a.type
     return Unary(op, a, result_type)
+
+
+def reinterpret(a: Expr, type: str) -> Expr:
+    """The same bits read as `type` (an integer and a float type of the same width)."""
+    if {a.type, type} not in ({"f32", "i32"}, {"f64", "i64"}):
+        raise TypeError(f"cannot reinterpret {a.type} as {type}")
+    return Unary("reinterpret", a, type)
 
 
 def select(cond: Expr, a, b) -> Expr:

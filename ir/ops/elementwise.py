@@ -13,6 +13,7 @@ register("Abs", "Neg", "Reciprocal", "Floor", "Ceil", "Round", "Sqrt", "Exp", "L
          "QuantizeLinear", "DequantizeLinear", "Shrink", "Swish",
          kind=ELEMENTWISE)
 
+register("BitCast", kind=ELEMENTWISE)
 register("Dropout", kind=ELEMENTWISE)  # inference mode is Identity; Simplify removes it
 
 register("RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
@@ -249,3 +250,23 @@ def _bit_shift(b, node):
         fill = select(lt(a, 0), const(-1, a.type), 0) if signed else 0
         return select(out_of_range, fill, binary("sar" if signed else "shr", a, s))
     b.elementwise(node, shift)
+
+
+@lowering("loops", "BitCast")
+def _bit_cast(b, node):
+    """Same-width integers keep their bits through a plain conversion (loads widen, stores wrap);
+    floats and integers swap them with a reinterpretation."""
+    from ir.errors import UnsupportedError
+    from ir.loops.expr import reinterpret
+    x, y = b.input(node, 0), b.output(node)
+    if {x.dtype, y.dtype} & {"float16", "bfloat16"}:
+        raise UnsupportedError(f"{node.describe()}: BitCast of 16-bit floats is not supported")
+    float_side = {x.compute_type, y.compute_type} & {"f32", "f64"}
+    if not float_side or x.compute_type == y.compute_type:
+        b.elementwise(node, lambda v: cast(v, y.compute_type))
+    elif y.compute_type in ("f32", "f64"):      # integer bits -> float (uint32 computes in i64)
+        same_width = "i32" if y.compute_type == "f32" else "i64"
+        b.elementwise(node, lambda v: reinterpret(cast(v, same_width), y.compute_type))
+    else:
+        same_width = "i32" if x.compute_type == "f32" else "i64"
+        b.elementwise(node, lambda v: cast(reinterpret(v, same_width), y.compute_type))
