@@ -122,9 +122,15 @@ def main() -> int:
         print(json.dumps(row), flush=True)
 
     conformance = None
-    if subprocess.run(["make", "-n", "conformance"], cwd=ROOT, capture_output=True).returncode == 0:
+    try:
+        from cortex.conformance.devices import DEVICES as conformance_devices
+    except ImportError:
+        conformance_devices = ()
+    if "cuda" in conformance_devices:
         conformance = subprocess.run(["make", "conformance", "DEVICE=cuda"], cwd=ROOT).returncode
         failures += conformance != 0
+    else:
+        print("conformance: the suite has no cuda device yet; run `make conformance DEVICE=cuda-sim` instead")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     document = {"gpu": gpu.name, "arch": gpu.arch, "models": results, "conformance_exit_code": conformance}
     tmp = args.output.with_suffix(".tmp")

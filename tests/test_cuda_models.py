@@ -169,3 +169,5 @@ def test_minilm_matches_onnxruntime_on_cuda_sim(tmp_path):
     dag_path = compile_cuda_pipeline(case, tmp_path, "nvcc")
     assert_compiled_for_both_archs_without_spills(dag_path, "nvcc")
     check_on_cuda_sim(case, dag_path)
+    if cuda_compile.nvrtc_version():
+        assert_compiled_for_both_archs_without_spills(compile_cuda_pipeline(case, tmp_path / "nvrtc", "nvrtc"), "nvrtc")
