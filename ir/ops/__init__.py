@@ -1,7 +1,7 @@
 """Op families; importing this package fills the registry."""
 
 from ir.ops import (control, elementwise, indexing, nn, normalization, pooling, reduce,  # noqa: F401
-                    resize, tensor)
+                    recurrent, resize, tensor)
 from ir.ops.registry import (CONTRACTION, CONTROL, ELEMENTWISE, LAYOUT, NORMALIZATION, OTHER, RANDOM,
                              REDUCTION, REGISTRY, SHAPE, OpDef, kind_of, lookup, lowering, register)
 

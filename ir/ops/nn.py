@@ -17,7 +17,7 @@ register("ConvTranspose", "ConvInteger", "MatMulInteger", "QLinearConv", "QLinea
          "DeformConv", "Einsum", kind=CONTRACTION)
 
 register("MaxRoiPool", "RoiAlign", "MaxUnpool", "GridSample", "AffineGrid",
-         "Col2Im", "NonMaxSuppression", "LSTM", "GRU", "RNN", "Attention",
+         "Col2Im", "NonMaxSuppression", "Attention",
          "RotaryEmbedding", "DFT", "STFT", "MelWeightMatrix", "BlackmanWindow", "HannWindow",
          "HammingWindow", "DynamicQuantizeLinear", "CenterCropPad", "ImageDecoder",
          "StringNormalizer", "StringConcat", "StringSplit", "RegexFullMatch", "TfIdfVectorizer",
