@@ -2,16 +2,21 @@
 
 Loading checks every module's sha256 against dag.json (a tampered or stale file is refused),
 configures one wasmtime Engine with the features the modules were built with, and compiles each
-module once: the native code is cached next to the artifact (`cu-0003.<hash>.cwasm`) and reused by
-later loads. Running copies each CU's inputs into its memory, makes one call, and hands its outputs
+module once: the native code is cached next to the artifact (`cu-0003.<hash>.cwasm`, with a
+`.verified` stamp) and reused by later loads, which mmap it; weights sit in active data segments,
+so instantiating maps them copy-on-write from that file instead of copying them. Running copies each CU's inputs into its memory, makes one call, and hands its outputs
 on as zero-copy views of that memory.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 import os
+import stat
 import tempfile
+import time
 
 from pathlib import Path
 
@@ -71,58 +76,120 @@ def _common_options(records, dag_path: Path) -> WasmOptions:
 
 
 def _load_module(engine: wasmtime.Engine, path: Path, sha256: str, dag_path: Path, cu_id: str) -> wasmtime.Module:
-    if not path.is_file():
-        raise CortexError(f"{path}: missing ({cu_id} in {dag_path}); run 'cortex compile-wasm' again")
-    data = path.read_bytes()
-    if hashlib.sha256(data).hexdigest() != sha256:
-        raise CortexError(f"{path}: sha256 differs from {dag_path} (the module was modified or is stale); "
-                          "run 'cortex compile-wasm' again")
-    cache = path.with_name(f"{path.stem}.{_engine_key(engine, sha256)}.cwasm")
-    if _cache_intact(cache):
+    """The module compiled to native code, from the cache when it holds this exact module.
+
+    A warm load reads neither file: the stamp next to the cache records, for the .wasm and the
+    .cwasm, the sha256 verified at an earlier load together with the file's size, inode, mtime and
+    ctime. While those still match, the content is the one that was hashed (rewriting a file moves
+    its ctime, which no user can set back), so hundreds of MB of weights are not hashed again and
+    the cache is mmapped by `deserialize_file` rather than read."""
+    try:
+        wasm_stat = path.stat()
+        if not stat.S_ISREG(wasm_stat.st_mode):
+            raise OSError
+    except OSError:
+        raise CortexError(f"{path}: missing ({cu_id} in {dag_path}); run 'cortex compile-wasm' again") from None
+    cache = path.with_name(f"{path.stem}.{_engine_key(sha256)}.cwasm")
+    stamp = _read_stamp(cache)
+    wasm_entry, data = stamp.get("wasm"), None
+    if not (_unchanged(wasm_entry, wasm_stat) and wasm_entry["sha256"] == sha256):
+        data = path.read_bytes()
+        if hashlib.sha256(data).hexdigest() != sha256:
+            raise CortexError(f"{path}: sha256 differs from {dag_path} (the module was modified or is stale); "
+                              "run 'cortex compile-wasm' again")
+        wasm_entry = _entry(sha256, path)
+    cache_entry = _verified_cache(cache, stamp.get("cwasm"))
+    if cache_entry is not None:
         try:
-            return wasmtime.Module.deserialize_file(engine, str(cache))
+            module = wasmtime.Module.deserialize_file(engine, str(cache))
+            if stamp != {"wasm": wasm_entry, "cwasm": cache_entry}:
+                _write_file(_stamp_path(cache), json.dumps({"wasm": wasm_entry, "cwasm": cache_entry}).encode())
+            return module
         except wasmtime.WasmtimeError:
             pass    # compiled by another wasmtime version or configuration: compile afresh
     try:
-        module = wasmtime.Module(engine, data)
+        module = wasmtime.Module(engine, data if data is not None else path.read_bytes())
     except wasmtime.WasmtimeError as e:
         raise CortexError(f"{path}: not a loadable module: {str(e).splitlines()[0]}") from None
-    _write_cache(cache, module)
+    native = bytes(module.serialize())
+    if _write_file(cache, native):
+        cache_entry = _entry(hashlib.sha256(native).hexdigest(), cache, written=True)
+        if wasm_entry and cache_entry:
+            _write_file(_stamp_path(cache), json.dumps({"wasm": wasm_entry, "cwasm": cache_entry}).encode())
     return module
 
 
-def _engine_key(engine: wasmtime.Engine, sha256: str) -> str:
+def _engine_key(sha256: str) -> str:
     # The module hash plus wasmtime's own version: a cache entry never outlives either.
-    version = getattr(wasmtime, "__version__", None) or _wasmtime_version()
-    return hashlib.sha256(f"{sha256}:{version}".encode()).hexdigest()[:16]
+    return hashlib.sha256(f"{sha256}:{_wasmtime_version()}".encode()).hexdigest()[:16]
 
 
+@functools.cache
 def _wasmtime_version() -> str:
     from importlib.metadata import version
-    return version("wasmtime")
+    return getattr(wasmtime, "__version__", None) or version("wasmtime")
 
 
-def _cache_intact(cache: Path) -> bool:
-    """Native code is trusted as it is loaded, so it must be byte for byte what we wrote: its
-    sha256 sits next to it and a damaged or edited cache entry is simply recompiled."""
-    digest = cache.with_name(cache.name + ".sha256")
+# A file changed within this many seconds after it was hashed could change again without moving
+# its timestamps (they tick in jiffies, not nanoseconds): such a file is hashed again at the next load.
+RACY_SECONDS = 0.1
+
+
+def _stamp_path(cache: Path) -> Path:
+    return cache.with_name(cache.name + ".verified")
+
+
+def _read_stamp(cache: Path) -> dict:
     try:
-        return hashlib.sha256(cache.read_bytes()).hexdigest() == digest.read_text().strip()
+        stamp = json.loads(_stamp_path(cache).read_text())
+        return stamp if isinstance(stamp, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _identity(st: os.stat_result) -> list[int]:
+    return [st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _entry(sha256: str, path: Path, written: bool = False) -> dict | None:
+    """What a later load needs to trust `path` without hashing it: its verified sha256, its
+    identity, and when it was hashed (or that we wrote it ourselves, from bytes we had hashed)."""
+    try:
+        return {"sha256": sha256, "stat": _identity(path.stat()), "checked_ns": time.time_ns(), "written": written}
     except OSError:
+        return None
+
+
+def _unchanged(entry, st: os.stat_result) -> bool:
+    """The file is the one whose sha256 `entry` records, judged by its identity alone."""
+    if not isinstance(entry, dict) or entry.get("stat") != _identity(st) or not isinstance(entry.get("checked_ns"), int):
         return False
+    return entry.get("written") is True or max(st.st_mtime_ns, st.st_ctime_ns) < entry["checked_ns"] - RACY_SECONDS * 1e9
 
 
-def _write_cache(cache: Path, module: wasmtime.Module) -> None:
-    """Best effort: a read-only artifact folder just means compiling on every load."""
-    data = bytes(module.serialize())
+def _verified_cache(cache: Path, entry) -> dict | None:
+    """Native code is trusted as it is loaded, so it must be byte for byte what we wrote: the
+    stamp's sha256 vouches for it (by identity while unchanged, else hashed again); a damaged or
+    edited entry is simply recompiled."""
+    if not isinstance(entry, dict):
+        return None
     try:
-        for target, content in ((cache, data), (cache.with_name(cache.name + ".sha256"),
-                                                hashlib.sha256(data).hexdigest().encode())):
-            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=cache.parent)
-            with os.fdopen(fd, "wb") as f:
-                f.write(content)
-            os.replace(tmp, target)
+        if _unchanged(entry, cache.stat()):
+            return entry
+        if hashlib.sha256(cache.read_bytes()).hexdigest() == entry.get("sha256"):
+            return _entry(entry["sha256"], cache)
     except OSError:
         pass
+    return None
 
 
+def _write_file(target: Path, content: bytes) -> bool:
+    """Best effort: a read-only artifact folder just means compiling on every load."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        with os.fdopen(fd, "wb") as f:
+            f.write(content)
+        os.replace(tmp, target)
+        return True
+    except OSError:
+        return False
