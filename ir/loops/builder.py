@@ -226,9 +226,9 @@ class LoopBuilder:
         if fn is not None:
             fn(self, node)
         else:
-            self._lower_function_body(node)
+            self.lower_function_body(node)
 
-    def _lower_function_body(self, node: Node) -> None:
+    def lower_function_body(self, node: Node) -> None:
         """An op without a lowering of its own, through its ONNX function body (see functions.py)."""
         from ir.loops.functions import expand, wanted_outputs
         body = expand(node, self.graph.opset_imports)

@@ -1,0 +1,26 @@
+"""Registered ops without a lowering of their own but with an ONNX function body (Celu, Range,
+the window functions, CenterCropPad...) lower through that body, so the registry says truthfully
+what the loop-nest backends can compile. Imported after every op family."""
+
+import onnx
+
+from ir.ops.registry import REGISTRY, lowering
+
+BACKEND = "loops"
+
+
+def _lower_through_function_body(b, node):
+    b.lower_function_body(node)
+
+
+def _has_function_body(op_type: str, domain: str) -> bool:
+    try:
+        schema = onnx.defs.get_schema(op_type, domain=domain)
+    except onnx.defs.SchemaError:
+        return False
+    return bool(schema.has_function or schema.has_context_dependent_function)
+
+
+for (_domain, _op), _entry in sorted(REGISTRY.items()):
+    if BACKEND not in _entry.lowerings and _has_function_body(_op, _domain):
+        lowering(BACKEND, _op, domain=_domain)(_lower_through_function_body)
