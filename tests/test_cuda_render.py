@@ -59,7 +59,7 @@ def test_softmax_rows_are_threads_and_each_row_reduces_inside_its_thread():
 
 
 def test_launch_geometry_covers_every_thread_with_bounded_blocks():
-    source = render_cuda(lowered(matmul_model(300, 9, 7)))
+    source = render_cuda(lowered(matmul_model(300, 9, 7)))   # too small in K and N for tiles
     for launch in source.launches:
         assert launch.block <= BLOCK_THREADS and launch.block % 32 == 0
         assert launch.grid * launch.block >= launch.threads > (launch.grid - 1) * launch.block
@@ -108,3 +108,31 @@ def test_warp_rows_match_onnxruntime_under_permuted_order():
             feeds.update(scale=rng.random(300).astype(np.float32), bias=rng.random(300).astype(np.float32))
         got = run_cuda_sim(model, feeds, seed=9)["y"]
         np.testing.assert_allclose(got, run_onnxruntime(model, feeds)["y"], rtol=1e-5, atol=1e-5, err_msg=op)
+
+
+def test_large_contractions_stage_tiles_in_shared_memory_and_match_the_untiled_result():
+    """MatMul and grouped Conv (as implicit GEMM) use 16x16 shared-memory tiles; every output adds
+    its terms in the original order, so the result equals the one-thread-per-output kernel bit for bit."""
+    from backends.cuda import render as cuda_render
+    from cuda_cases import run_cuda_sim
+    rng = np.random.default_rng(2)
+    w = nh.from_array(rng.standard_normal((70, 45)).astype(np.float32), "w")
+    matmul = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])],
+                        [helper.make_tensor_value_info("x", T.FLOAT, [2, 37, 70])],
+                        [helper.make_tensor_value_info("y", T.FLOAT, [2, 37, 45])], [w])
+    wc = nh.from_array(rng.standard_normal((40, 6, 3, 3)).astype(np.float32), "wc")
+    conv = make_model([helper.make_node("Conv", ["x", "wc"], ["y"], pads=[1, 1, 1, 1], strides=[2, 1], group=2)],
+                      [helper.make_tensor_value_info("x", T.FLOAT, [2, 12, 19, 23])],
+                      [helper.make_tensor_value_info("y", T.FLOAT, [2, 40, 10, 23])], [wc])
+    for model, shape in ((matmul, (2, 37, 70)), (conv, (2, 12, 19, 23))):
+        feeds = {"x": rng.standard_normal(shape).astype(np.float32)}
+        tiled, source = run_cuda_sim(model, feeds, seed=4, with_source=True)
+        assert "__shared__ float a_tile" in source
+        original = cuda_render.plan_tiled
+        cuda_render.plan_tiled = lambda nest: None
+        try:
+            untiled, source = run_cuda_sim(model, feeds, with_source=True)
+        finally:
+            cuda_render.plan_tiled = original
+        assert "a_tile" not in source
+        np.testing.assert_array_equal(tiled["y"], untiled["y"])

@@ -65,6 +65,8 @@ def _injective(form: Affine, extents: dict[int, int]) -> bool:
     """Sufficient: sorted by |coefficient|, each exceeds the span of all smaller terms."""
     span = 0
     for uid, coef in sorted(form[0].items(), key=lambda t: abs(t[1])):
+        if extents.get(uid) == 1:
+            continue      # a loop of one iteration adds nothing, whatever its coefficient
         if uid not in extents or abs(coef) <= span:
             return False
         span += abs(coef) * (extents[uid] - 1)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from backends.cuda.parallelize import ParallelNest, plan_parallel
+from backends.cuda.tiled import TILE, TiledContraction, plan_tiled
 from backends.cuda.warp_rows import StridedLoop, plan_warp_rows
 from ir.errors import UnsupportedError
 from ir.loops.expr import (FLOAT_TYPES, Binary, Cast, Const, Expr, Fma, Load, Local, Select, Unary, Var, walk)
@@ -77,9 +78,9 @@ class Launch:
     kernel: str
     node_kernel: str          # the loop-nest kernel (one per node) it comes from
     op_type: str
-    grid: int
-    block: int
-    threads: int              # the useful threads; the last block checks the bound
+    grid: int | list[int]     # blocks (x or [x, y, z])
+    block: int | list[int]
+    threads: int              # the useful threads; edge blocks check the bounds
 
 
 @dataclass
@@ -173,6 +174,13 @@ class CudaRenderer:
         out = []
         for part, (nest, stmts) in enumerate(groups):
             name = base if len(groups) == 1 else f"{base}_{part}"
+            tiled = plan_tiled(nest)
+            if tiled is not None:
+                out.append(self.tiled_function(name, kernel, tiled))
+                m, n, b = (tiled.extent(x) for x in (tiled.rows, tiled.cols, tiled.batch))
+                self.launches.append(Launch(name, kernel.name, kernel.op_type, [-(-n // TILE), -(-m // TILE), b],
+                                            [TILE, TILE, 1], m * n * b))
+                continue
             rows = plan_warp_rows(nest)
             out.append(self.function(name, kernel, nest, stmts, rows))
             threads = (nest.thread_count * (32 if rows else 1)) if nest else 1
@@ -236,6 +244,52 @@ class CudaRenderer:
                     lines.append(f"  {const}{C_STORAGE[st.dtype]}* __restrict__ {self.buffer_name(st)} = "
                                  f"({const}{C_STORAGE[st.dtype]}*){self.address[id(st)]};")
         return lines
+
+    def header(self, name: str, kernel: Kernel, stmts: list[Stmt], threads: int) -> list[str]:
+        params = ", ".join(f"unsigned char* __restrict__ p{i}" for i in range(len(self.params) - 2))
+        params = (params + ", " if params else "") + "const unsigned char* __restrict__ weights, unsigned char* __restrict__ scratch"
+        return [f'extern "C" __global__ void __launch_bounds__({threads}) {name}({params}) {{',
+                f"  // {kernel.op_type} ({kernel.name})", *self.pointers(stmts)]
+
+    def decompose(self, flat: str, loops: list[Loop], indent: str) -> list[str]:
+        """Declare each loop's variable from a flat index over the loops (the last varies fastest)."""
+        lines, rest = [], flat
+        for depth, loop in enumerate(reversed(loops)):
+            inner = 1
+            for other in loops[len(loops) - depth:]:
+                inner *= other.extent
+            value = f"(int)(({flat}) / {inner} % {loop.extent})" if inner > 1 else f"(int)(({flat}) % {loop.extent})"
+            lines.append(f"{indent}const int {self.var_name(loop.var)} = {value};")
+        return lines
+
+    def tiled_function(self, name: str, kernel: Kernel, plan: TiledContraction) -> str:
+        """A 16x16 output tile per block; K in steps of 16 through shared memory (see `tiled`)."""
+        self._names = {}
+        m, n, k = plan.extent(plan.rows), plan.extent(plan.cols), plan.extent(plan.k)
+        y = self.buffer_name(plan.store.buffer.storage)
+        lines = self.header(name, kernel, [plan.store], TILE * TILE)
+        lines += [f"  __shared__ float a_tile[{TILE}][{TILE + 1}];   // +1: no bank conflicts on column reads",
+                  f"  __shared__ float b_tile[{TILE}][{TILE + 1}];",
+                  "  const int tx = threadIdx.x, ty = threadIdx.y;",
+                  f"  const int row = blockIdx.y * {TILE} + ty, col = blockIdx.x * {TILE} + tx;",
+                  f"  const bool inside = row < {m} && col < {n};"]
+        lines += self.decompose("blockIdx.z", plan.batch, "  ")
+        lines += self.decompose("row", plan.rows, "  ")
+        lines += self.decompose("col", plan.cols, "  ")
+        index = self.expr(plan.store.index)
+        lines += [f"  float acc = inside ? {y}[{index}] : 0.0f;",
+                  f"  for (int k0 = 0; k0 < {k}; k0 += {TILE}) {{",
+                  "    {", f"      const int k_at = k0 + tx;", *self.decompose("k_at", plan.k, "      "),
+                  f"      a_tile[ty][tx] = (row < {m} && k_at < {k}) ? (float)({self.expr(plan.a)}) : 0.0f;", "    }",
+                  "    {", f"      const int k_at = k0 + ty;", *self.decompose("k_at", plan.k, "      "),
+                  f"      b_tile[ty][tx] = (col < {n} && k_at < {k}) ? (float)({self.expr(plan.b)}) : 0.0f;", "    }",
+                  "    __syncthreads();",
+                  f"    for (int kk = 0; kk < {TILE}; ++kk) acc = fmaf(a_tile[ty][kk], b_tile[kk][tx], acc);",
+                  "    __syncthreads();",
+                  "  }",
+                  f"  if (inside) {y}[{index}] = acc;",
+                  "}"]
+        return "\n".join(lines) + "\n"
 
     def warp_row(self, body: list[Stmt], plans: dict[int, StridedLoop], indent: str) -> list[str]:
         """A row body on a warp: loops strided over the lanes, accumulators combined by shuffles."""
