@@ -60,6 +60,11 @@ SPECS = {
     "dilated-asymmetric-pads": Conv2dSpec(1, 4, 10, 12, 5, (3, 2), pads=(2, 0, 1, 1), dilations=(2, 3)),
     "batch-of-two": Conv2dSpec(2, 3, 7, 7, 4, (3, 3), pads=(1, 1, 1, 1)),
     "wide-image-packs-a": Conv2dSpec(1, 3, 24, 20, 9, (3, 3), pads=(1, 1, 1, 1)),  # 480 pixels >= 384
+    # depthwise: the direct kernel (kernels/depthwise.py), not im2col
+    "depthwise-3x3-batch-of-two": Conv2dSpec(2, 5, 7, 10, 5, (3, 3), pads=(1, 1, 1, 1), groups=5),
+    "depthwise-5x5-stride3-asymmetric-pads": Conv2dSpec(1, 4, 11, 13, 4, (5, 5), strides=(3, 3), pads=(2, 1, 0, 2), groups=4),
+    "depthwise-dilated": Conv2dSpec(1, 3, 12, 9, 3, (3, 2), pads=(2, 0, 1, 1), dilations=(2, 3), groups=3),
+    "depthwise-7x7-keeps-weights-in-memory": Conv2dSpec(1, 2, 9, 9, 2, (7, 7), pads=(3, 3, 3, 3), groups=2),
 }
 
 
@@ -90,3 +95,22 @@ def test_conv_epilogue_adds_the_residual_then_applies_relu():
 def test_a_conv_with_no_output_pixels_is_refused():
     with pytest.raises(ValueError, match="empty"):
         Conv2dSpec(1, 3, 2, 2, 4, (5, 5))
+
+
+@pytest.mark.parametrize("features", [SIMD_FMA, SCALAR], ids=["relaxed-simd", "scalar"])
+def test_depthwise_conv_without_bias_adds_the_residual_then_applies_relu(features):
+    spec = SPECS["depthwise-stride2"]
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((1, 6, 9, 9)).astype(np.float32)
+    w = rng.standard_normal((6, 1, 3, 3)).astype(np.float32)
+    residual = rng.standard_normal((1, 6, 5, 5)).astype(np.float32)
+    want = np.maximum(onnxruntime_conv(spec, x, w, None) + residual, 0)
+    got = run_conv(spec, x, w, None, residual, "relu", features)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_depthwise_conv_runs_directly_on_a_padded_plane_instead_of_im2col():
+    spec = Conv2dSpec(1, 136, 28, 28, 136, (3, 3), pads=(1, 1, 1, 1), groups=136)  # ShuffleNet's
+    assert conv_scratch_bytes(spec) == 30 * 30 * 4     # one zero-bordered plane, vs 9 x 136 x 784 floats
+    wat = render_conv2d(spec, x_offset=0, w_offset=0, y_offset=0, scratch_offset=0, features=SIMD_FMA)
+    assert "im2col" not in wat and "depthwise" in wat

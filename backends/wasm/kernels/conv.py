@@ -5,7 +5,8 @@ For one image and one group, Y[oc, p] = sum_k W[oc, k] * col[k, p] + bias[oc], w
 stores it (OC x C/g*KH*KW, row-major: no repacking), B is the im2col matrix (packed at run time,
 in one pass, into 16-pixel panels), and C is the NCHW output itself, with a per-row (per-channel)
 bias and any residual in the same NCHW layout. A 1x1 stride-1 unpadded Conv needs no im2col: its
-input already is B, which `render_pack_b` packs.
+input already is B, which `render_pack_b` packs. A depthwise Conv (one channel per group) would be
+a one-row product per channel: it runs the direct kernel of `kernels/depthwise.py` instead.
 
 Entry point
 - `render_conv2d(spec, *, x_offset, w_offset, y_offset, scratch_offset, bias_offset=None,
@@ -19,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from backends.wasm.gemm import SIMD_FMA, gemm_scratch_bytes, packed_b_size, render_gemm, render_pack_b
+from backends.wasm.kernels.depthwise import depthwise_scratch_bytes, is_depthwise, render_depthwise
 from backends.wasm.kernels.microkernel import PANEL
 
 
@@ -66,7 +68,10 @@ class Conv2dSpec:
 
 
 def conv_scratch_bytes(spec: Conv2dSpec) -> int:
-    """The packed im2col of one image (all groups), then room for the GEMM's packed A blocks."""
+    """The packed im2col of one image (all groups), then room for the GEMM's packed A blocks; for a
+    depthwise Conv, the zero-bordered plane of the direct kernel."""
+    if is_depthwise(spec):
+        return depthwise_scratch_bytes(spec)
     return _im2col_bytes(spec) + gemm_scratch_bytes(spec.out_channels // spec.groups, spec.gemm_k)
 
 
@@ -77,6 +82,10 @@ def _im2col_bytes(spec: Conv2dSpec) -> int:
 def render_conv2d(spec: Conv2dSpec, *, x_offset: int, w_offset: int, y_offset: int, scratch_offset: int,
                   bias_offset: int | None = None, residual_offset: int | None = None,
                   epilogue: str | None = None, features=SIMD_FMA, name: str = "conv") -> str:
+    if is_depthwise(spec):
+        return render_depthwise(spec, x_offset=x_offset, w_offset=w_offset, y_offset=y_offset,
+                                scratch_offset=scratch_offset, bias_offset=bias_offset,
+                                residual_offset=residual_offset, epilogue=epilogue, features=features, name=name)
     g = spec.groups
     m, n, k = spec.out_channels // g, spec.pixels, spec.gemm_k
     x_image = spec.in_channels * spec.height * spec.width * 4
