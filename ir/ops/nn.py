@@ -342,3 +342,42 @@ def _dynamic_quantize(b, node):
     with b.loop(x.numel) as i:
         q = unary("nearest", x.at(i) / s) + zp
         b.store_flat(y, i, cast(minimum(maximum(q, 0.0), 255.0), "i32"))
+
+
+@lowering("loops", "ConvInteger", "QLinearConv")
+def _integer_conv(b, node):
+    """int32 sums of zero-point-shifted 8-bit products; the padding holds the input's zero point so
+    it contributes nothing. QLinearConv then adds its int32 bias and requantises."""
+    from ir.loops.expr import cast, maximum, minimum, unary
+    qlinear = node.op_type == "QLinearConv"
+    if qlinear:
+        x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero, bias = (b.input(node, i) for i in range(9))
+    else:
+        x, w, x_zero, w_zero = (b.input(node, i) for i in range(4))
+    y = b.output(node)
+    group = int(node.attrs.get("group", 1))
+    n_batch, channels, *spatial = x.shape
+    out_channels, group_channels, *kernel = w.shape
+    geo = window_geometry(node, spatial, kernel, y.shape[2:])
+    xp = pad_buffer(b, x, geo.pads_begin, geo.padded, x_zero.at(0) if x_zero is not None else 0)
+    acc = b.temp("int32", y.shape, y.name + "_acc") if qlinear else y
+    b.fill(acc, 0)
+    per_group = out_channels // group
+
+    def zero(z, m):
+        return 0 if z is None else cast(z.at(0) if z.numel == 1 else z.at(m), "i32")
+    with b.loop(n_batch, "n") as nn, b.loop(group, "g") as g, b.loop(per_group, "m") as mg, \
+            b.loop(group_channels, "c") as c, b.loops(kernel, "k") as k, b.loops(y.shape[2:], "o") as o:
+        m = g * per_group + mg
+        at = [oi * s + ki * d for oi, ki, s, d in zip(o, k, geo.strides, geo.dilations)]
+        product = (cast(xp[(nn, g * group_channels + c, *at)], "i32") - zero(x_zero, 0)) * \
+            (cast(w[(m, c, *k)], "i32") - zero(w_zero, m))
+        b.store(acc, (nn, m, *o), acc[(nn, m, *o)] + product)
+    if qlinear:
+        info = np.iinfo(np.dtype(y.dtype))
+        with b.loops(y.shape) as (nn, m, *o):
+            total = acc[(nn, m, *o)] + (cast(bias[(m,)], "i32") if bias is not None else 0)
+            scale = (cast(x_scale.at(0), "f32") * cast(w_scale.at(0) if w_scale.numel == 1 else w_scale.at(m), "f32")
+                     / cast(y_scale.at(0), "f32"))
+            q = unary("nearest", cast(total, "f32") * scale) + (cast(y_zero.at(0), "f32") if y_zero is not None else 0.0)
+            b.store(y, (nn, m, *o), cast(minimum(maximum(q, float(info.min)), float(info.max)), y.compute_type))
