@@ -16,7 +16,7 @@ register("Conv", kind=CONTRACTION, weight_input=1,
 register("ConvTranspose", "ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul",
          "DeformConv", "Einsum", kind=CONTRACTION)
 
-register("MaxRoiPool", "RoiAlign", "MaxUnpool", "AffineGrid",
+register("MaxRoiPool", "RoiAlign", "AffineGrid",
          "Col2Im", "NonMaxSuppression", "Attention",
          "RotaryEmbedding", "DFT", "STFT", "MelWeightMatrix", "BlackmanWindow", "HannWindow",
          "HammingWindow", "DynamicQuantizeLinear", "CenterCropPad", "ImageDecoder",

@@ -7,7 +7,8 @@ from ir.loops.expr import maximum, unary
 from ir.ops.registry import OTHER, lowering, register
 from ir.ops.windows import pad_buffer, pool_divisors, window_geometry
 
-register("MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool", "LpPool", "GlobalLpPool", kind=OTHER)
+register("MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool", "LpPool", "GlobalLpPool", "MaxUnpool",
+         kind=OTHER)
 
 
 @lowering("loops", "MaxPool", "AveragePool", "LpPool")
@@ -83,3 +84,26 @@ def _lowest(dtype: str):
     if dtype.startswith("float") or dtype == "bfloat16":
         return float("-inf")
     return int(np.iinfo(np.dtype(dtype)).min)
+
+
+@lowering("loops", "MaxUnpool")
+def _max_unpool(b, node):
+    """Zeros, with each input value put back at the flat output position its index names."""
+    from ir.loops.expr import binary, cast
+    x, indices, y = b.input(node, 0), b.input(node, 1), b.output(node)
+    kernel = [int(k) for k in node.attrs["kernel_shape"]]
+    rank = len(kernel)
+    strides = [int(s) for s in node.attrs.get("strides", [1] * rank)]
+    pads = [int(p) for p in node.attrs.get("pads", [0] * (2 * rank))]
+    # indices count positions in the unpooled shape the pooling saw; an explicit output_shape only
+    # adds room after it
+    natural = list(x.shape[:2]) + [(n - 1) * s - (pads[d] + pads[rank + d]) + k
+                                   for d, (n, s, k) in enumerate(zip(x.shape[2:], strides, kernel))]
+    b.fill(y, 0.0)
+    with b.loop(x.numel) as i:
+        flat = cast(indices.at(i), "i32")
+        position = []
+        for d in reversed(range(len(natural))):
+            position.append(flat % natural[d] if d else flat)
+            flat = binary("div", flat, natural[d])
+        b.store(y, tuple(reversed(position)), x.at(i))
