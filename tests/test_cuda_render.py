@@ -136,3 +136,26 @@ def test_large_contractions_stage_tiles_in_shared_memory_and_match_the_untiled_r
             cuda_render.plan_tiled = original
         assert "a_tile" not in source
         np.testing.assert_array_equal(tiled["y"], untiled["y"])
+
+
+def test_elementwise_chains_fuse_into_one_launch_and_still_match():
+    from cuda_cases import run_cuda_sim
+    from wasm_cases import run_onnxruntime
+    nodes = [helper.make_node("Add", ["x", "x"], ["a"]), helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("Mul", ["r", "x"], ["y"])]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", T.FLOAT, [4, 33])],
+                       [helper.make_tensor_value_info("y", T.FLOAT, [4, 33])])
+    (launch,) = render_cuda(lowered(model)).launches
+    assert launch.op_type == "Add+Relu+Mul" and launch.threads == 4 * 33
+    x = np.random.default_rng(3).standard_normal((4, 33)).astype(np.float32)
+    np.testing.assert_array_equal(run_cuda_sim(model, {"x": x}, seed=2)["y"], run_onnxruntime(model, {"x": x})["y"])
+
+
+def test_a_reader_of_a_neighbouring_cell_is_not_fused():
+    """Slice reads cells another thread of the producing nest writes: it needs its own launch."""
+    starts, ends = nh.from_array(np.array([1], np.int64), "s"), nh.from_array(np.array([33], np.int64), "e")
+    axes = nh.from_array(np.array([1], np.int64), "ax")
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Slice", ["r", "s", "e", "ax"], ["y"])]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", T.FLOAT, [4, 33])],
+                       [helper.make_tensor_value_info("y", T.FLOAT, [4, 32])], [starts, ends, axes])
+    assert [launch.op_type for launch in render_cuda(lowered(model)).launches] == ["Relu", "Slice"]

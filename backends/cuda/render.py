@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from backends.cuda.fuse import Unit, fuse_elementwise
 from backends.cuda.parallelize import ParallelNest, plan_parallel
 from backends.cuda.tiled import TILE, TiledContraction, plan_tiled
 from backends.cuda.warp_rows import StridedLoop, plan_warp_rows
@@ -150,13 +151,15 @@ class CudaRenderer:
     # -- module --------------------------------------------------------------------------------
     def render(self) -> CudaSource:
         self.layout()
-        functions = []
+        units = []
         for index, kernel in enumerate(self.program.kernels):
-            functions += self.node_kernel(index, kernel)
+            units += self.units(index, kernel)
+        functions = [self.emit(unit) for unit in fuse_elementwise(units)]
         return CudaSource(PRELUDE + "\n" + "\n".join(functions), self.launches, self.params,
                           bytes(self.weight_blob), self.scratch)
 
-    def node_kernel(self, index: int, kernel: Kernel) -> list[str]:
+    def units(self, index: int, kernel: Kernel) -> list[Unit]:
+        """The launches one node's kernel needs: a parallel nest each, serial statements grouped."""
         base = f"{self.prefix}{index:03d}_{re.sub(r'[^A-Za-z0-9]', '', kernel.op_type)}"
         statements = [s for s in kernel.body if not (isinstance(s, Loop) and s.extent <= 0)]
         # A local that lives across top-level statements would need to survive between launches:
@@ -171,22 +174,51 @@ class CudaRenderer:
                     groups[-1][1].append(s)
                 else:
                     groups.append((nest, [s]))
-        out = []
-        for part, (nest, stmts) in enumerate(groups):
-            name = base if len(groups) == 1 else f"{base}_{part}"
-            tiled = plan_tiled(nest)
-            if tiled is not None:
-                out.append(self.tiled_function(name, kernel, tiled))
-                m, n, b = (tiled.extent(x) for x in (tiled.rows, tiled.cols, tiled.batch))
-                self.launches.append(Launch(name, kernel.name, kernel.op_type, [-(-n // TILE), -(-m // TILE), b],
-                                            [TILE, TILE, 1], m * n * b))
-                continue
-            rows = plan_warp_rows(nest)
-            out.append(self.function(name, kernel, nest, stmts, rows))
-            threads = (nest.thread_count * (32 if rows else 1)) if nest else 1
-            block = min(BLOCK_THREADS, -(-threads // 32) * 32) if nest else 1
-            self.launches.append(Launch(name, kernel.name, kernel.op_type, -(-threads // block), block, threads))
-        return out
+        return [Unit(base if len(groups) == 1 else f"{base}_{part}", kernel, nest, stmts)
+                for part, (nest, stmts) in enumerate(groups)]
+
+    def emit(self, unit: Unit) -> str:
+        kernel, nest, name = unit.kernel, unit.nest, unit.name
+        if unit.fused:
+            parts = unit.parts
+            threads = nest.thread_count
+            block = min(BLOCK_THREADS, -(-threads // 32) * 32)
+            self.launches.append(Launch(name, "+".join(p.kernel.name for p in parts),
+                                        "+".join(p.kernel.op_type for p in parts), -(-threads // block), block, threads))
+            return self.fused_function(unit)
+        tiled = plan_tiled(nest)
+        if tiled is not None:
+            m, n, b = (tiled.extent(x) for x in (tiled.rows, tiled.cols, tiled.batch))
+            self.launches.append(Launch(name, kernel.name, kernel.op_type, [-(-n // TILE), -(-m // TILE), b],
+                                        [TILE, TILE, 1], m * n * b))
+            return self.tiled_function(name, kernel, tiled)
+        rows = plan_warp_rows(nest)
+        threads = (nest.thread_count * (32 if rows else 1)) if nest else 1
+        block = min(BLOCK_THREADS, -(-threads // 32) * 32) if nest else 1
+        self.launches.append(Launch(name, kernel.name, kernel.op_type, -(-threads // block), block, threads))
+        return self.function(name, kernel, nest, unit.stmts, rows)
+
+    def fused_function(self, unit: Unit) -> str:
+        """Consecutive elementwise nests over the same threads, one after the other in each thread."""
+        self._names = {}
+        parts = unit.parts
+        stmts = [s for p in parts for s in p.stmts]
+        lines = self.header(unit.name, unit.kernel, stmts, BLOCK_THREADS)
+        lines[1] = "  // fused: " + ", ".join(f"{p.kernel.op_type} ({p.kernel.name})" for p in parts)
+        head = [loop for loop in unit.nest.threads if loop.extent > 1]
+        lines.append(f"  long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;")
+        lines.append(f"  if (tid >= {unit.nest.thread_count}LL) return;")
+        lines += self.decompose("tid", head, "  ")
+        for part in parts:
+            own = [loop for loop in part.nest.threads if loop.extent > 1]
+            for mine, first in zip(own, head):
+                self._names[mine.var.uid] = self.var_name(first.var)
+            for loop in part.nest.threads:
+                if loop.extent == 1 and loop.var.uid not in self._names:
+                    lines.append(f"  const int {self.var_name(loop.var)} = 0;")
+            lines += self.stmts(part.nest.body, "  ")
+        lines.append("}")
+        return "\n".join(lines) + "\n"
 
     def function(self, name: str, kernel: Kernel, nest: ParallelNest | None, stmts: list[Stmt],
                  rows: dict[int, StridedLoop] | None = None) -> str:
