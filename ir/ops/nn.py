@@ -18,7 +18,7 @@ register("ConvTranspose", "ConvInteger", "MatMulInteger", "QLinearConv", "QLinea
 
 register("MaxRoiPool", "RoiAlign", "AffineGrid",
          "Col2Im", "NonMaxSuppression", "Attention",
-         "RotaryEmbedding", "DFT", "STFT", "MelWeightMatrix", "BlackmanWindow", "HannWindow",
+         "RotaryEmbedding", "STFT", "MelWeightMatrix", "BlackmanWindow", "HannWindow",
          "HammingWindow", "DynamicQuantizeLinear", "CenterCropPad", "ImageDecoder",
          "StringNormalizer", "StringConcat", "StringSplit", "RegexFullMatch", "TfIdfVectorizer",
          "Det", "Unique", "NonZero", "Compress",
