@@ -332,3 +332,12 @@ def test_bitcast_keeps_the_bits(src, dst):
     model = single("BitCast", ["x"], {"x": x}, {"to": helper.np_dtype_to_tensor_dtype(np.dtype(dst))}, opset=26)
     for features, level in [("", "0"), ("simd,bulk-memory", "3")]:
         np.testing.assert_array_equal(run_wasm(model, {"x": x}, features, level)["y"], x.view(dst))
+
+
+@pytest.mark.parametrize("onesided", [0, 1])
+def test_dft_matches_numpy(onesided):
+    x = randn(2, 12, 1)
+    model = single("DFT", ["x"], {"x": x}, {"axis": 1, "onesided": onesided}, opset=17)
+    want = np.fft.rfft(x[..., 0], axis=1) if onesided else np.fft.fft(x[..., 0], axis=1)
+    got = run_wasm(model, {"x": x}, "simd,bulk-memory", "2")["y"]
+    np.testing.assert_allclose(got, np.stack([want.real, want.imag], axis=-1), rtol=1e-4, atol=1e-5)
