@@ -175,3 +175,21 @@ def test_minilm_matches_onnxruntime_on_cuda_sim(tmp_path):
     check_on_cuda_sim(case, dag_path)
     if cuda_compile.nvrtc_version():
         assert_compiled_for_both_archs_without_spills(compile_cuda_pipeline(case, tmp_path / "nvrtc", "nvrtc"), "nvrtc")
+
+
+@needs_nvcc
+def test_the_cli_compiles_and_runs_on_cuda_sim(tmp_path):
+    case = sample_model("mlp")
+    cus, dag, out = tmp_path / "cus", tmp_path / "dag.json", tmp_path / "y.npz"
+    assert _cli("decompose", "--model-path", str(case.path), "--output-dir", str(cus), "--dim", "batch=2").returncode == 0
+    assert _cli("build-dag", "--cu-dir", str(cus), "--output", str(dag)).returncode == 0
+    compiled = _cli("compile-cuda", "--cu-dir", str(cus), "--dag", str(dag), "--output", str(tmp_path / "cuda-bin"),
+                    "--compiler", "nvrtc", "--arch", "sm_90", "--json")
+    assert compiled.returncode == 0, compiled.stderr
+    summary = json.loads(compiled.stdout)
+    assert summary["compiler"].startswith("nvrtc") and summary["archs"] == ["sm_90"] and summary["spills"] == []
+    np.save(tmp_path / "x.npy", case.inputs["x"])
+    ran = _cli("run", str(dag), "--device", "cuda-sim", "--input", f"x={tmp_path / 'x.npy'}", "--output", str(out))
+    assert ran.returncode == 0, ran.stderr
+    with np.load(out) as got:
+        assert_values_close(dict(got), case.outputs, rtol=RTOL, atol=ATOL)
