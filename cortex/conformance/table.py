@@ -53,7 +53,7 @@ def render_markdown(results: list[CaseResult], meta: dict) -> str:
         f"- Device: `{meta['device']}`; commit `{meta['commit']}`; generated {meta['date']}.",
         f"- Command: `{meta['command']}`",
         "- Each case: `cortex decompose` with its inputs bound by `--input-shape` (default options), "
-        "`cortex build-dag`, compiled for the device with default options, run with "
+        "`cortex build-dag`, compiled for the device with default options (cuda-sim: `--compiler nvrtc`), run with "
         "`cortex.load(dag, device).run(inputs)`, compared with the case's reference outputs: same shape "
         "and dtype, and `allclose` with rtol 1e-3, atol 1e-7 (onnx's backend-test runner), two-ulp rtol for "
         "float16 and bfloat16, onnxruntime's atol 1e-4 for test_dft and test_dft_axis.",
