@@ -115,7 +115,11 @@ def render_conv2d(spec: Conv2dSpec, *, x_offset: int, w_offset: int, y_offset: i
 
 def _render_im2col(spec: Conv2dSpec, src: int, dst: int, name: str) -> str:
     """dst[group][p / 16][k][p % 16] = x[c, oy*sh - pt + ky*dh, ox*sw - pl + kx*dw] (0 in the padding
-    and past the last pixel), with k = (c, ky, kx) inside the group and p = (oy, ox)."""
+    and past the last pixel), with k = (c, ky, kx) inside the group and p = (oy, ox).
+
+    For one (c, ky, kx) the columns ox whose input column is inside the image form one range
+    [$lo, $hi), computed once; each output row is then zeros, a copy, zeros, with no bounds test
+    per pixel (a row whose input row is padding is all zeros)."""
     (kh, kw), (sh, sw), (dh, dw) = spec.kernel, spec.strides, spec.dilations
     pt, pl = spec.pads[0], spec.pads[1]
     h, w, oh, ow = spec.height, spec.width, spec.out_height, spec.out_width
@@ -123,46 +127,73 @@ def _render_im2col(spec: Conv2dSpec, src: int, dst: int, name: str) -> str:
     channels = spec.in_channels  # all groups at once: group = c // (C/g), k = c % (C/g) * kh*kw + ...
     per_group = spec.in_channels // spec.groups
     group_bytes = packed_b_size(k_total, pixels)
+    panel_stride = k_total * PANEL * 4
     lines = [
         f"(func ${name}",
         f"  ;; im2col of {channels}x{h}x{w} for a {kh}x{kw} kernel into 16-pixel panels ({spec.groups} groups)",
         "  (local $c i32) (local $ky i32) (local $kx i32) (local $oy i32) (local $ox i32) (local $k i32)",
-        "  (local $iy i32) (local $ix i32) (local $p i32) (local $row i32) (local $v f32)",
+        "  (local $iy i32) (local $p i32) (local $row i32) (local $lo i32) (local $hi i32) (local $t i32)",
+        "  (local $pa i32) (local $stop i32)",
     ]
+
+    def first_ox(bound: str) -> str:
+        """The first ox with ox*sw >= bound (bound may be negative), clamped to [0, ow]."""
+        return (f"(select (i32.const 0) (select (i32.const {ow}) (i32.div_s (i32.add {bound} (i32.const {sw - 1})) (i32.const {sw}))"
+                f" (i32.gt_s (i32.div_s (i32.add {bound} (i32.const {sw - 1})) (i32.const {sw})) (i32.const {ow})))"
+                f" (i32.le_s {bound} (i32.const 0)))")
+
+    def store_at_p(value: str) -> str:
+        return (f"(f32.store (i32.add (local.get $row) (i32.add (i32.mul (i32.shr_u (local.get $p) (i32.const 4))"
+                f" (i32.const {panel_stride})) (i32.shl (i32.and (local.get $p) (i32.const 15)) (i32.const 2)))) {value})")
+
+    def run(until: str, body: list[str]) -> list[str]:
+        """Pixels $p .. until (exclusive, possibly none), each running `body` then advancing $p."""
+        return [f"(local.set $stop {until})",
+                "(block $pixels_done (loop $pixels",
+                "  (br_if $pixels_done (i32.ge_u (local.get $p) (local.get $stop)))",
+                *("  " + b for b in body),
+                "  (local.set $p (i32.add (local.get $p) (i32.const 1)))",
+                "  (br $pixels)))"]
+
+    zeros = [store_at_p("(f32.const 0)")]
+    copy = [store_at_p("(f32.load (local.get $pa))"),
+            f"(local.set $pa (i32.add (local.get $pa) (i32.const {sw * 4})))"]
+    row_start = f"(i32.mul (local.get $oy) (i32.const {ow}))"
     body = [
         # $row: where this k row starts in the packed B of the channel's group
         f"(local.set $k (i32.add (i32.mul (i32.rem_u (local.get $c) (i32.const {per_group})) (i32.const {kh * kw}))"
         f" (i32.add (i32.mul (local.get $ky) (i32.const {kw})) (local.get $kx))))",
         f"(local.set $row (i32.add (i32.const {dst}) (i32.add (i32.mul (i32.div_u (local.get $c) (i32.const {per_group}))"
         f" (i32.const {group_bytes})) (i32.mul (local.get $k) (i32.const {PANEL * 4})))))",
+        # input column of ox is ox*sw + $t: inside the image for ox in [$lo, $hi)
+        f"(local.set $t (i32.sub (i32.mul (local.get $kx) (i32.const {dw})) (i32.const {pl})))",
+        f"(local.set $lo {first_ox('(i32.sub (i32.const 0) (local.get $t))')})",
+        f"(local.set $hi {first_ox(f'(i32.sub (i32.const {w}) (local.get $t))')})",
+        "(local.set $hi (select (local.get $hi) (local.get $lo) (i32.gt_s (local.get $hi) (local.get $lo))))",
         "(local.set $p (i32.const 0))",
         *_loop("$oy", oh, [
             f"(local.set $iy (i32.add (i32.sub (i32.mul (local.get $oy) (i32.const {sh})) (i32.const {pt}))"
             f" (i32.mul (local.get $ky) (i32.const {dh}))))",
-            *_loop("$ox", ow, [
-                f"(local.set $ix (i32.add (i32.sub (i32.mul (local.get $ox) (i32.const {sw})) (i32.const {pl}))"
-                f" (i32.mul (local.get $kx) (i32.const {dw}))))",
-                # unsigned compares: a negative index (top/left padding) wraps to a huge one
-                "(local.set $v (f32.const 0))",
-                f"(if (i32.and (i32.lt_u (local.get $iy) (i32.const {h})) (i32.lt_u (local.get $ix) (i32.const {w})))",
-                f"  (then (local.set $v (f32.load (i32.add (i32.const {src}) (i32.shl (i32.add (i32.mul"
-                f" (i32.add (i32.mul (local.get $c) (i32.const {h})) (local.get $iy)) (i32.const {w})) (local.get $ix))"
-                " (i32.const 2)))))))",
-                f"(f32.store (i32.add (local.get $row) (i32.add (i32.mul (i32.shr_u (local.get $p) (i32.const 4))"
-                f" (i32.const {k_total * PANEL * 4})) (i32.shl (i32.and (local.get $p) (i32.const 15)) (i32.const 2))))"
-                " (local.get $v))",
-                "(local.set $p (i32.add (local.get $p) (i32.const 1)))",
-            ]),
+            # unsigned compare: a negative row (top padding) wraps to a huge one
+            f"(if (i32.lt_u (local.get $iy) (i32.const {h}))",
+            "  (then",
+            f"    (local.set $pa (i32.add (i32.const {src}) (i32.shl (i32.add (i32.mul (i32.add (i32.mul (local.get $c)"
+            f" (i32.const {h})) (local.get $iy)) (i32.const {w})) (i32.add (i32.mul (local.get $lo) (i32.const {sw})) (local.get $t)))"
+            " (i32.const 2))))",
+            *("    " + x for x in run(f"(i32.add {row_start} (local.get $lo))", zeros)),
+            *("    " + x for x in run(f"(i32.add {row_start} (local.get $hi))", copy)),
+            *("    " + x for x in run(f"(i32.add {row_start} (i32.const {ow}))", zeros)),
+            "  )",
+            "  (else",
+            *("    " + x for x in run(f"(i32.add {row_start} (i32.const {ow}))", zeros)),
+            "  ))",
         ]),
     ]
     tail = pixels % PANEL
     if tail:  # the last panel's lanes past the last pixel must hold zeros
         body += [
             f"(local.set $p (i32.const {pixels}))",
-            *_loop("$ix", PANEL - tail, [
-                f"(f32.store (i32.add (local.get $row) (i32.add (i32.const {(pixels // PANEL) * k_total * PANEL * 4})"
-                f" (i32.shl (i32.add (local.get $ix) (i32.const {tail})) (i32.const 2)))) (f32.const 0))",
-            ]),
+            *run(f"(i32.const {pixels - tail + PANEL})", zeros),
         ]
     lines += ["  " + s for s in _loop("$c", channels, _loop("$ky", kh, _loop("$kx", kw, body)))]
     return "\n".join(lines + [")"]) + "\n"
