@@ -62,7 +62,8 @@ def test_samples_match_onnxruntime_on_cuda_sim(name, tmp_path):
 
 
 @needs_nvrtc
-@pytest.mark.parametrize("name", SAMPLE_NAMES)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n == "transformer_block" else [pytest.mark.slow])
+                                  for n in SAMPLE_NAMES])
 def test_samples_compile_with_nvrtc_too(name, tmp_path):
     case = sample_model(name)
     dag_path = compile_cuda_pipeline(case, tmp_path, "nvrtc", min_cu_size=64, max_cu_depth=3)
