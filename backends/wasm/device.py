@@ -7,6 +7,8 @@ and zero-copy views out. Views are rebuilt if the memory ever grows (growing may
 
 from __future__ import annotations
 
+import math
+
 import ml_dtypes  # noqa: F401  (registers numpy's bfloat16 dtype, which tensors may use)
 import numpy as np
 import wasmtime
@@ -44,5 +46,5 @@ class WasmInstance:
 
 def _view(raw: np.ndarray, entry: dict) -> np.ndarray:
     dtype = np.dtype(entry["dtype"])
-    count = int(np.prod(entry["shape"], dtype=np.int64))
+    count = math.prod(entry["shape"])     # math.prod: np.prod costs more than the view itself
     return np.frombuffer(raw, dtype=dtype, count=count, offset=entry["offset"]).reshape(entry["shape"])

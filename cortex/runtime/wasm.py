@@ -2,10 +2,11 @@
 
 Loading checks every module's sha256 against dag.json (a tampered or stale file is refused),
 configures one wasmtime Engine with the features the modules were built with, and compiles each
-module once: the native code is cached next to the artifact (`cu-0003.<hash>.cwasm`, with a
-`.verified` stamp) and reused by later loads, which mmap it; weights sit in active data segments,
-so instantiating maps them copy-on-write from that file instead of copying them. Running copies each CU's inputs into its memory, makes one call, and hands its outputs
-on as zero-copy views of that memory.
+module once: the native code is cached next to the artifact (`cu-0003.<hash>.cwasm`, its verified
+stamp in the folder's `cwasm.verified.json`) and reused by later loads, which mmap it; weights sit
+in active data segments, so instantiating maps them copy-on-write from that file instead of
+copying them. Running copies each CU's inputs into its memory, makes one call, and hands its
+outputs on as zero-copy views of that memory.
 """
 
 from __future__ import annotations
@@ -44,11 +45,13 @@ class WasmDevice:
         self.options = _common_options(records.values(), dag_path)
         self.engine = make_engine(self.options)
         self.instances: dict[str, WasmInstance] = {}
+        stamps = _Stamps()
         for cu in dag["cus"]:
             record = records[cu["id"]]
             path = dag_path.parent / record["path"]
-            module = _load_module(self.engine, path, record["sha256"], dag_path, cu["id"])
+            module = _load_module(self.engine, path, record["sha256"], dag_path, cu["id"], stamps)
             self.instances[cu["id"]] = WasmInstance(self.engine, module, record["memory"])
+        stamps.save()
 
     def run_cu(self, cu: dict, env: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         instance = self.instances[cu["id"]]
@@ -75,10 +78,11 @@ def _common_options(records, dag_path: Path) -> WasmOptions:
         raise CortexError(f"{dag_path}: wasm artifacts record unusable options: {e}") from None
 
 
-def _load_module(engine: wasmtime.Engine, path: Path, sha256: str, dag_path: Path, cu_id: str) -> wasmtime.Module:
+def _load_module(engine: wasmtime.Engine, path: Path, sha256: str, dag_path: Path, cu_id: str,
+                 stamps: _Stamps) -> wasmtime.Module:
     """The module compiled to native code, from the cache when it holds this exact module.
 
-    A warm load reads neither file: the stamp next to the cache records, for the .wasm and the
+    A warm load reads neither file: the cache's stamp (see `_Stamps`) records, for the .wasm and the
     .cwasm, the sha256 verified at an earlier load together with the file's size, inode, mtime and
     ctime. While those still match, the content is the one that was hashed (rewriting a file moves
     its ctime, which no user can set back), so hundreds of MB of weights are not hashed again and
@@ -90,7 +94,7 @@ def _load_module(engine: wasmtime.Engine, path: Path, sha256: str, dag_path: Pat
     except OSError:
         raise CortexError(f"{path}: missing ({cu_id} in {dag_path}); run 'cortex compile-wasm' again") from None
     cache = path.with_name(f"{path.stem}.{_engine_key(sha256)}.cwasm")
-    stamp = _read_stamp(cache)
+    stamp = stamps.get(cache)
     wasm_entry, data = stamp.get("wasm"), None
     if not (_unchanged(wasm_entry, wasm_stat) and wasm_entry["sha256"] == sha256):
         data = path.read_bytes()
@@ -102,8 +106,8 @@ def _load_module(engine: wasmtime.Engine, path: Path, sha256: str, dag_path: Pat
     if cache_entry is not None:
         try:
             module = wasmtime.Module.deserialize_file(engine, str(cache))
-            if stamp != {"wasm": wasm_entry, "cwasm": cache_entry}:
-                _write_file(_stamp_path(cache), json.dumps({"wasm": wasm_entry, "cwasm": cache_entry}).encode())
+            if wasm_entry:
+                stamps.set(cache, {"wasm": wasm_entry, "cwasm": cache_entry})
             return module
         except wasmtime.WasmtimeError:
             pass    # compiled by another wasmtime version or configuration: compile afresh
@@ -115,7 +119,7 @@ def _load_module(engine: wasmtime.Engine, path: Path, sha256: str, dag_path: Pat
     if _write_file(cache, native):
         cache_entry = _entry(hashlib.sha256(native).hexdigest(), cache, written=True)
         if wasm_entry and cache_entry:
-            _write_file(_stamp_path(cache), json.dumps({"wasm": wasm_entry, "cwasm": cache_entry}).encode())
+            stamps.set(cache, {"wasm": wasm_entry, "cwasm": cache_entry})
     return module
 
 
@@ -135,16 +139,43 @@ def _wasmtime_version() -> str:
 RACY_SECONDS = 0.1
 
 
-def _stamp_path(cache: Path) -> Path:
-    return cache.with_name(cache.name + ".verified")
+class _Stamps:
+    """The stamps of one load: one JSON file per artifact folder (`STAMP_FILE`, cache file name ->
+    stamp), read once and written back once at the end if anything changed, so a warm load of a
+    model with hundreds of CUs opens one small file instead of one per CU. Concurrent loads may
+    overwrite each other's entries; a lost entry only means hashing that file again next time."""
 
+    def __init__(self):
+        self._folders: dict[str, dict] = {}     # folder (as text: hashing Paths is slow) -> stamps
+        self._changed: set[str] = set()
 
-def _read_stamp(cache: Path) -> dict:
-    try:
-        stamp = json.loads(_stamp_path(cache).read_text())
+    def _folder(self, folder: str) -> dict:
+        if folder not in self._folders:
+            try:
+                stamps = json.loads(Path(folder, STAMP_FILE).read_text())
+            except (OSError, ValueError):
+                stamps = {}
+            self._folders[folder] = stamps if isinstance(stamps, dict) else {}
+        return self._folders[folder]
+
+    def get(self, cache: Path) -> dict:
+        stamp = self._folder(os.path.dirname(cache)).get(cache.name)
         return stamp if isinstance(stamp, dict) else {}
-    except (OSError, ValueError):
-        return {}
+
+    def set(self, cache: Path, stamp: dict) -> None:
+        folder = os.path.dirname(cache)
+        stamps = self._folder(folder)
+        if stamps.get(cache.name) != stamp:
+            stamps[cache.name] = stamp
+            self._changed.add(folder)
+
+    def save(self) -> None:
+        for folder in sorted(self._changed):
+            _write_file(Path(folder, STAMP_FILE), json.dumps(self._folders[folder], sort_keys=True).encode())
+        self._changed.clear()
+
+
+STAMP_FILE = "cwasm.verified.json"
 
 
 def _identity(st: os.stat_result) -> list[int]:
