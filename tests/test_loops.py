@@ -92,9 +92,11 @@ def test_reshape_is_a_view_not_a_copy():
 
 
 def test_unsupported_ops_are_named_with_their_nodes():
-    with pytest.raises(UnsupportedError, match=r"Det \(det_node\)"):
-        lowered([helper.make_node("Det", ["x"], ["y"], name="det_node")], [helper.make_tensor_value_info("x", T.FLOAT, [3, 3])],
-                [helper.make_tensor_value_info("y", T.FLOAT, [])])
+    with pytest.raises(UnsupportedError, match=r"Col2Im \(fold_node\)"):
+        lowered([helper.make_node("Col2Im", ["x", "image", "block"], ["y"], name="fold_node")],
+                [helper.make_tensor_value_info("x", T.FLOAT, [1, 4, 9])],
+                [helper.make_tensor_value_info("y", T.FLOAT, [1, 1, 4, 4])],
+                [helper.make_tensor("image", T.INT64, [2], [4, 4]), helper.make_tensor("block", T.INT64, [2], [2, 2])])
 
 
 def test_temporaries_share_memory_once_dead():

@@ -104,16 +104,18 @@ def test_bad_options_are_one_line_errors(cnn_dirs, capsys, argv, fragments):
 
 def test_unsupported_ops_are_listed_and_the_output_folder_is_untouched(tmp_path, capsys):
     model = make_model([helper.make_node("Relu", ["x"], ["r"], name="relu"),
-                        helper.make_node("Det", ["r"], ["d"], name="determinant")],
-                       [helper.make_tensor_value_info("x", T.FLOAT, [3, 3])],
-                       [helper.make_tensor_value_info("d", T.FLOAT, [])])
+                        helper.make_node("Col2Im", ["r", "image", "block"], ["d"], name="fold_columns")],
+                       [helper.make_tensor_value_info("x", T.FLOAT, [1, 4, 9])],
+                       [helper.make_tensor_value_info("d", T.FLOAT, [1, 1, 4, 4])],
+                       [onnx.numpy_helper.from_array(np.array([4, 4], dtype=np.int64), "image"),
+                        onnx.numpy_helper.from_array(np.array([2, 2], dtype=np.int64), "block")], opset=18)
     onnx.save(model, tmp_path / "m.onnx")
     assert run_cli(["decompose", "--model-path", str(tmp_path / "m.onnx"), "--output-dir", str(tmp_path / "cus"),
                     "--json"], capsys)[0] == 0
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "keep.txt").write_text("previous build")
     code, _, err = run_cli(["compile-wasm", "--cu-dir", str(tmp_path / "cus"), "--output", str(tmp_path / "bin")], capsys)
-    assert_one_line_error(code, err, "Det (determinant)")
+    assert_one_line_error(code, err, "Col2Im (fold_columns)")
     assert [p.name for p in (tmp_path / "bin").iterdir()] == ["keep.txt"]
 
 

@@ -19,7 +19,7 @@ FAMILIES = re.compile(r"^test_(resize|upsample|top_k|tril|triu|onehot|cumsum|eye
                       r"wrap_pad|gathernd|scatternd|scatter_elements|depthtospace|spacetodepth|hardmax|argmax|"
                       r"layer_normalization|instancenorm|batchnorm|lrn|gelu|softplus|hardswish|"
                       r"attention|nllloss|sce_|swiglu|rotary_embedding|cumprod|matmulinteger|qlinearmatmul|"
-                      r"dynamicquantizelinear|bitcast|lstm|gru|rnn|simple_rnn|gridsample|convinteger|qlinearconv|maxunpool|dft)")   # the last ones by their function bodies
+                      r"dynamicquantizelinear|bitcast|lstm|gru|rnn|simple_rnn|gridsample|convinteger|qlinearconv|maxunpool|dft|det_)")   # the last ones by their function bodies
 # Refused on purpose, with the reason the error gives.
 KNOWN_REFUSALS = {
     "test_resize_downsample_sizes_nearest_not_smaller": "cannot reproduce output size",

@@ -21,7 +21,7 @@ register("MaxRoiPool", "RoiAlign", "AffineGrid",
          "RotaryEmbedding", "STFT", "MelWeightMatrix", "BlackmanWindow", "HannWindow",
          "HammingWindow", "DynamicQuantizeLinear", "CenterCropPad", "ImageDecoder",
          "StringNormalizer", "StringConcat", "StringSplit", "RegexFullMatch", "TfIdfVectorizer",
-         "Det", "Unique", "NonZero", "Compress",
+         "Unique", "NonZero", "Compress",
          kind=OTHER)
 
 

@@ -270,3 +270,4 @@ def _mean_variance_norm(b, node):
         inv = b.local(t, 1.0 / unary("sqrt", var * (1.0 / count) + 1e-9), "inv")
         with b.loops([x.shape[d] for d in axes], "r") as red:
             b.store(y, at(kept, red), (x[at(kept, red)] - mean) * inv)
+
