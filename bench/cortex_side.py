@@ -70,7 +70,7 @@ def build(model: Path, input_shapes: dict, dims: dict, feeds: dict, reference: d
         "decompose": _cli("decompose", "--model-path", str(model), "--output-dir", str(cus), *bind),
         "build-dag": _cli("build-dag", "--cu-dir", str(cus), "--output", str(dag)),
         "compile-wasm": _cli("compile-wasm", "--cu-dir", str(cus), "--output", str(wasm), "--dag", str(dag),
-                             "--features", "simd,bulk-memory,relaxed-simd", "--opt-level", "3"),
+                             "--features", "simd,relaxed-simd", "--opt-level", "3"),
     }
     cortex.load(dag, device="wasm")  # the first load pays for cold files and engine set-up
     start = time.perf_counter()

@@ -24,7 +24,7 @@ def cnn(tmp_path, monkeypatch):
     # changed too recently to be trusted by identity, and every load would hash them again.
     monkeypatch.setattr(wasm_runtime, "RACY_SECONDS", -3600.0)
     case = sample_model("cnn")
-    return case, compile_pipeline(case.path, tmp_path, features="simd,bulk-memory,relaxed-simd", opt_level="3",
+    return case, compile_pipeline(case.path, tmp_path, features="simd,relaxed-simd", opt_level="3",
                                   min_cu_size=64, max_cu_depth=3)
 
 

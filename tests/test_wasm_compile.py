@@ -77,7 +77,8 @@ def test_builds_are_byte_identical(cnn_dirs, capsys):
     ("simd", "0", [], ["v128"]),
     ("simd", "3", ["v128.load", "f32x4.add"], ["relaxed_madd", "memory.init"]),
     ("simd,relaxed-simd", "3", ["f32x4.relaxed_madd"], []),
-    ("simd,bulk-memory", "2", ["v128"], ["memory.init", "data.drop"]),   # weights stay in active segments
+    ("simd,bulk-memory", "2", ["v128", "memory.init", "data.drop"], []),   # passive weight segments
+    ("simd", "2", ["v128"], ["memory.init", "data.drop"]),                 # active, mapped copy-on-write
     ("simd", "z", [], ["v128"]),
 ])
 def test_features_and_opt_levels_shape_the_code(cnn_dirs, capsys, features, level, present, absent):

@@ -23,7 +23,7 @@ def assemble(wat: str, program: Program, options: WasmOptions) -> bytes:
         raise RuntimeError(f"generated WAT does not assemble: {str(e).splitlines()[0]}") from e
     weights = [s for s in program.storages if s.kind == WEIGHT and s.nbytes]
     if weights:
-        code = _replace_data_section(code, _data_section(weights))
+        code = _replace_data_section(code, _data_section(weights, passive=options.bulk_memory))
     validate(code, options)
     return code
 
@@ -48,9 +48,12 @@ def validate(code: bytes, options: WasmOptions) -> None:
                           f"{str(e).splitlines()[0]}") from None
 
 
-def _data_section(weights) -> bytes:
+def _data_section(weights, passive: bool) -> bytes:
     body = bytearray(_uleb(len(weights)))
     for s in weights:
+        if passive:  # flag 1: passive segment, no memory index or offset
+            body += b"\x01" + _uleb(len(s.data)) + s.data
+            continue
         offset = s.offset if s.offset < 1 << 31 else s.offset - (1 << 32)
         body += b"\x00\x41" + _sleb(offset) + b"\x0b" + _uleb(len(s.data)) + s.data
     return bytes(body)

@@ -9,7 +9,8 @@ from ir.errors import CortexError
 TARGETS = ("wasm32-unknown-unknown",)
 FEATURES = ("simd", "bulk-memory", "relaxed-simd")
 OPT_LEVELS = ("0", "1", "2", "3", "s", "z")
-DEFAULT_FEATURES = ("simd", "bulk-memory")
+# Without bulk-memory weights stay in active segments that wasmtime maps copy-on-write at load.
+DEFAULT_FEATURES = ("simd",)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,11 @@
 """Loop nests -> WAT text.
 
 The module owns one memory (exported as `memory`) laid out by the memory plan, one function per
-kernel and an exported `run` that calls them in order. Weights live in active data segments at
-their planned offsets, with or without bulk memory: wasmtime maps active segments copy-on-write
-from the native-code file, where passive ones copied in by `memory.init` would cost a copy at
-every load. Segment contents are left empty here and filled in by `assemble` straight into the binary, so a model's megabytes of weights never pass through WAT text.
+kernel and an exported `run` that calls them in order. By default weights live in active data
+segments at their planned offsets, which wasmtime maps copy-on-write from the native-code file (no
+copy at load). With `bulk-memory` they are passive segments that a start function copies in with
+`memory.init` and drops: one copy per load, for engines that would otherwise keep the module's
+bytes and the weights twice. Segment contents are left empty here and filled in by `assemble` straight into the binary, so a model's megabytes of weights never pass through WAT text.
 Innermost loops the vectoriser accepts are rendered with SIMD128 (see `vectorize`).
 """
 
@@ -64,7 +65,15 @@ class WatRenderer:
         weights = [s for s in self.program.storages if s.kind == WEIGHT and s.nbytes]
         funcs = [self.kernel(k) for k in self.program.kernels]
         lines = ["(module", f'  (memory (export "memory") {pages})']
-        lines += [f"  (data (i32.const {s.offset}) \"\") ;; {s.name}" for s in weights]
+        if self.options.bulk_memory and weights:
+            # Passive segments, copied in once by the start function and then dropped, so an engine
+            # that keeps the module's bytes (a browser) can free its copy of the weights.
+            lines += [f"  (data ${_ident(s.name)} \"\")" for s in weights]
+            init = [f"    (memory.init ${_ident(s.name)} (i32.const {s.offset}) (i32.const 0) (i32.const {s.nbytes}))"
+                    f" (data.drop ${_ident(s.name)})" for s in weights]
+            lines += ["  (func $load_weights", *init, "  )", "  (start $load_weights)"]
+        else:
+            lines += [f"  (data (i32.const {s.offset}) \"\") ;; {s.name}" for s in weights]
         lines += funcs
         lines += [_indent(f, "  ") for f in self.intrinsic_funcs]
         calls = "\n".join(f"    (call ${_ident(k.name)})" for k in self.program.kernels)

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from backends.wasm.build import compile_cu_dir
-from backends.wasm.options import FEATURES, OPT_LEVELS, TARGETS, parse_options
+from backends.wasm.options import DEFAULT_FEATURES, FEATURES, OPT_LEVELS, TARGETS, parse_options
 from cortex.console import out, print_json
 
 
@@ -18,7 +18,7 @@ def compile_wasm(
     output: Annotated[Path, typer.Option("--output", help="Folder for cu-NNNN.wasm (replaced).")],
     dag: Annotated[Optional[Path], typer.Option("--dag", help="dag.json to record the artifacts in (rewritten).")] = None,
     target: Annotated[str, typer.Option("--target", help=f"One of: {', '.join(TARGETS)}.")] = TARGETS[0],
-    features: Annotated[str, typer.Option("--features", help=f"Comma-separated subset of {','.join(FEATURES)}.")] = "simd,bulk-memory",
+    features: Annotated[str, typer.Option("--features", help=f"Comma-separated subset of {','.join(FEATURES)}.")] = ",".join(DEFAULT_FEATURES),
     opt_level: Annotated[str, typer.Option("--opt-level", help=f"One of {', '.join(OPT_LEVELS)}: 0 plain loops, 1-3 more "
                                            "vectorisation and unrolling, s/z smaller code.")] = "2",
     emit_wat: Annotated[bool, typer.Option("--emit-wat", help="Also write cu-NNNN.wat next to each module.")] = False,
