@@ -22,13 +22,10 @@ from typing import Callable, Sequence
 
 from backends.cuda.compile import compile_cuda
 from backends.cuda.render import render_cuda
-from backends.wasm.build import _read_dag as read_matching_dag
-from cortex.cus import read_manifest, write_directory_atomically
-from cortex.pipeline import load_and_optimize
-from ir.errors import CortexError, UnsupportedError
+from cortex.artifacts import read_cus_for_target, read_dag_for_cus, write_dag
+from cortex.cus import write_directory_atomically
+from ir.errors import CortexError
 from ir.loops import lower_graph
-from ir.loops.builder import describe_unsupported, unsupported_nodes
-from ir.onnx_export import write_bytes_atomically
 
 RECORD_SCHEMA = "cortex.cuda/1"
 
@@ -41,17 +38,9 @@ def compile_cu_dir(cu_dir: Path, output: Path, archs: Sequence[str], compiler: s
                    dag_path: Path | None = None, on_cu: Callable[[str], None] | None = None,
                    jobs: int | None = None) -> dict:
     cu_dir, output = Path(cu_dir), Path(output)
-    manifest = read_manifest(cu_dir)
-    dag = read_matching_dag(dag_path, manifest, cu_dir) if dag_path is not None else None
     start = time.perf_counter()
-    graphs, missing = {}, []
-    for cu in manifest["cus"]:
-        graph = load_and_optimize(cu_dir / cu["path"], require_static=True).graph
-        missing += unsupported_nodes(graph)
-        graphs[cu["id"]] = graph
-
-    if missing:
-        raise UnsupportedError(f"{cu_dir}: cannot compile to CUDA: {describe_unsupported(missing)}")
+    manifest, graphs = read_cus_for_target(cu_dir, "CUDA")
+    dag = read_dag_for_cus(dag_path, manifest, cu_dir) if dag_path is not None else None
 
     def build_one(cu: dict) -> tuple[dict, dict[str, bytes]]:
         cu_id = cu["id"]
@@ -98,7 +87,7 @@ def compile_cu_dir(cu_dir: Path, output: Path, archs: Sequence[str], compiler: s
         base = Path(os.path.relpath(output.resolve(), dag_path.resolve().parent)).as_posix()
         for cu in dag["cus"]:
             cu.setdefault("artifacts", {})["cuda"] = {**records[cu["id"]], "folder": base}
-        write_bytes_atomically(dag_path, (json.dumps(dag, indent=2) + "\n").encode())
+        write_dag(dag, dag_path)
     kernels = sum(len(r["launches"]) for r in records.values())
     return {"output": str(output), "dag": str(dag_path) if dag_path else None, "cus": len(records),
             "kernels": kernels, "archs": list(archs),
