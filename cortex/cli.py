@@ -15,9 +15,11 @@ except ImportError:  # pragma: no cover
 
 from ir.errors import CortexError
 
+from cortex.commands import (bench, build_dag, compile_cuda, compile_wasm, decompose, inspect_model, run,
+                             verify)
+
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   rich_markup_mode=None, help="Cortex: an ahead-of-time compiler from ONNX to computation units.")
-
 
 
 @app.callback()
@@ -25,21 +27,15 @@ def _group() -> None:
     """Cortex: an ahead-of-time compiler from ONNX to computation units."""
 
 
-from cortex.commands import inspect_model  # noqa: E402
-
+# In pipeline order, as `cortex --help` lists them.
 app.command("inspect")(inspect_model.inspect)
-from cortex.commands import build_dag, decompose  # noqa: E402
 app.command("decompose")(decompose.decompose)
 app.command("build-dag")(build_dag.build_dag)
-from cortex.commands import compile_wasm, run  # noqa: E402
 app.command("compile-wasm")(compile_wasm.compile_wasm)
-app.command("run")(run.run)
-from cortex.commands import verify  # noqa: E402
-app.command("verify")(verify.verify)
-from cortex.commands import bench  # noqa: E402
-app.command("bench")(bench.bench)
-from cortex.commands import compile_cuda  # noqa: E402
 app.command("compile-cuda")(compile_cuda.compile_cuda)
+app.command("run")(run.run)
+app.command("verify")(verify.verify)
+app.command("bench")(bench.bench)
 
 
 def main(argv: list[str] | None = None) -> None:
