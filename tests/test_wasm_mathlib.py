@@ -1,5 +1,6 @@
 """The WAT math library (WebAssembly has no exp, log, erf, trig...) is accurate to float64 rounding
-over wide ranges and handles the special values, so float32 results round exactly like a libm's."""
+over wide ranges and handles the special values, so float32 results round exactly like a libm's.
+Its f32x4 versions, which vectorised float32 loops call, are within a few float32 ulps."""
 
 from __future__ import annotations
 
@@ -10,6 +11,10 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper
 
+from backends.wasm.compile import compile_graph
+from backends.wasm.options import parse_options
+from ir.onnx_import import import_model
+from passes import optimize_pipeline, run_pipeline
 from wasm_cases import make_model, run_wasm
 
 
@@ -56,3 +61,81 @@ def test_pow_follows_the_c_rules_for_signs_and_zeros():
     with np.errstate(invalid="ignore", divide="ignore"):      # (-8) ** (1/3) is NaN, 0 ** -1 is inf
         want = np.power(base, expo)
     np.testing.assert_allclose(got, want, rtol=1e-14)
+
+
+# --- the f32x4 versions the vectoriser calls in float32 loops -------------------------------------
+
+def compile_f32(op, x, features="simd"):
+    model = make_model([helper.make_node(op, ["x"], ["y"])], [helper.make_tensor_value_info("x", T.FLOAT, [x.size])],
+                       [helper.make_tensor_value_info("y", T.FLOAT, [x.size])])
+    graph, _ = run_pipeline(import_model(model), optimize_pipeline(require_static=True))
+    wat = compile_graph(graph, parse_options(None, features, "3")).wat
+    return run_wasm(model, {"x": x}, features, "3")["y"], wat
+
+
+def float32_ulps(got, want):
+    """|got - want| in units of the float32 spacing at the float64 reference."""
+    return np.abs(got.astype(np.float64) - want) / np.spacing(np.abs(want).astype(np.float32)).astype(np.float64)
+
+
+_erf = np.vectorize(math.erf)
+
+
+@pytest.mark.parametrize("op", ["Exp", "Log", "Tanh", "Erf"])
+def test_float32_loops_with_simd_call_the_vector_function(op):
+    x = np.linspace(0.5, 2, 64, dtype=np.float32)
+    _, vector_wat = compile_f32(op, x, "simd")
+    _, scalar_wat = compile_f32(op, x, "")
+    name = f"call ${op.lower()}_f32x4"
+    assert name in vector_wat and name not in scalar_wat
+
+
+def test_float64_loops_keep_the_scalar_functions():
+    model = make_model([helper.make_node("Exp", ["x"], ["y"])], [helper.make_tensor_value_info("x", T.DOUBLE, [64])],
+                       [helper.make_tensor_value_info("y", T.DOUBLE, [64])])
+    graph, _ = run_pipeline(import_model(model), optimize_pipeline(require_static=True))
+    assert "exp_f32x4" not in compile_graph(graph, parse_options(None, "simd", "3")).wat
+
+
+@pytest.mark.parametrize("op,reference,x,max_ulps", [
+    ("Exp", np.exp, np.linspace(-87, 88.7, 100003), 2),           # normal float32 results up to FLT_MAX
+    ("Log", np.log, np.logspace(-45, 38.5, 100003), 2),            # subnormal arguments included
+    ("Log", np.log, np.linspace(0.5, 2, 100003), 2),               # around the zero at 1
+    ("Tanh", np.tanh, np.linspace(-12, 12, 100003), 2),
+    ("Tanh", np.tanh, np.logspace(-40, 0, 1003), 2),
+])
+def test_vector_functions_are_within_a_few_float32_ulps(op, reference, x, max_ulps):
+    x = x.astype(np.float32)
+    got, _ = compile_f32(op, x)
+    want = reference(x.astype(np.float64))
+    normal = np.abs(want) >= np.finfo(np.float32).tiny
+    assert np.max(float32_ulps(got, want)[normal]) <= max_ulps
+
+
+def test_vector_exp_of_subnormal_results_is_accurate_to_the_smallest_subnormal():
+    x = np.linspace(-104, -87, 10001, dtype=np.float32)
+    got, _ = compile_f32("Exp", x)
+    assert np.max(np.abs(got - np.exp(x.astype(np.float64)))) <= 2 * 1.4e-45
+
+
+@pytest.mark.parametrize("x", [np.linspace(-6, 6, 100003), np.logspace(-40, 0.6, 2003), -np.logspace(-40, 0.6, 2003)])
+def test_vector_erf_is_accurate_to_1e_6_relative(x):
+    x = x.astype(np.float32)
+    got, _ = compile_f32("Erf", x)
+    want = _erf(x.astype(np.float64))
+    normal = np.abs(want) >= np.finfo(np.float32).tiny
+    assert np.max(np.abs(got - want)[normal] / np.abs(want)[normal]) < 1e-6
+    # subnormal results have no relative accuracy to speak of: a few of the smallest steps
+    assert np.max(np.abs(got - want)[~normal], initial=0) <= 8 * 1.4e-45
+
+
+@pytest.mark.parametrize("op,x,want", [
+    ("Exp", [np.inf, -np.inf, np.nan, 89.0, 1e30, -104.0, -1e30, 0.0], [np.inf, 0, np.nan, np.inf, np.inf, 0, 0, 1]),
+    ("Log", [0.0, -0.0, -1.0, -np.inf, np.inf, np.nan, 1.0, 1e-45],
+     [-np.inf, -np.inf, np.nan, np.nan, np.inf, np.nan, 0, np.log(1.401298464324817e-45)]),
+    ("Erf", [np.inf, -np.inf, np.nan, 0.0, 10.0, -10.0, 4.0, -4.0], [1, -1, np.nan, 0, 1, -1, 1, -1]),
+    ("Tanh", [np.inf, -np.inf, np.nan, 0.0, 1e-30, 100.0, -100.0, 10.0], [1, -1, np.nan, 0, 1e-30, 1, -1, 1]),
+])
+def test_vector_special_values(op, x, want):
+    got, _ = compile_f32(op, np.array(x, dtype=np.float32))
+    np.testing.assert_array_equal(got, np.array(want, dtype=np.float32))

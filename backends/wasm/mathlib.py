@@ -220,6 +220,111 @@ FUNCTIONS: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 
+# --- f32x4 versions, for the loops the vectoriser turns into SIMD128 (float32 only) ---------------
+# Evaluated in float32 with Cephes-style range reduction and polynomials: a few ulp instead of the
+# correctly rounded scalar results, which is what makes four lanes at a time worth it.
+
+def _c4(value: float) -> str:
+    """A v128 with the float32 constant in every lane."""
+    text = "inf" if value == math.inf else "-inf" if value == -math.inf else "nan" if value != value else repr(float(value))
+    return f"(v128.const f32x4 {text} {text} {text} {text})"
+
+
+def _vhorner(var: str, coeffs: list[float]) -> str:
+    """c0 + v*(c1 + v*(c2 + ...)) on f32x4 lanes."""
+    text = _c4(coeffs[-1])
+    for c in reversed(coeffs[:-1]):
+        text = f"(f32x4.add {_c4(c)} (f32x4.mul (local.get ${var}) {text}))"
+    return text
+
+
+# Cephes expf: exp(r) = 1 + r + r^2 P(r) on |r| <= ln2/2, coefficients lowest first
+_EXPF_POLY = [5.0000001201e-1, 1.6666665459e-1, 4.1665795894e-2, 8.3334519073e-3, 1.3981999507e-3, 1.9875691500e-4]
+# Cephes logf: log(1+m) = m - m^2/2 + m^3 P(m) on sqrt(1/2)-1 <= m < sqrt(2)-1
+_LOGF_POLY = [3.3333331174e-1, -2.4999993993e-1, 2.0000714765e-1, -1.6668057665e-1, 1.4249322787e-1,
+              -1.2420140846e-1, 1.1676998740e-1, -1.1514610310e-1, 7.0376836292e-2]
+# Cephes tanhf below |x| = 0.625: x + x^3 P(x^2)
+_TANHF_POLY = [-3.33332819422e-1, 1.33314422036e-1, -5.37397155531e-2, 2.06390887954e-2, -5.70498872745e-3]
+# erf(x) = x P(x^2) / Q(x^2) on [-4, 4] (beyond, erf is +-1 in float32); the rational approximation
+# Eigen and XLA use for float32, within 7e-8 of erf
+_ERFF_P = [-1.60960333262415e-02, -2.95459980854025e-03, -7.34990630326855e-04, -5.69250639462346e-05,
+           -2.10102402082508e-06, 2.77068142495902e-08, -2.72614225801306e-10]
+_ERFF_Q = [-1.42647390514189e-02, -7.37332916720468e-03, -1.68282697438203e-03, -2.13374055278905e-04,
+           -1.45660718464996e-05]
+
+# Math ops with an f32x4 version: op -> WAT function taking and returning v128
+VECTOR_MATH = {"exp": "exp_f32x4", "log": "log_f32x4", "tanh": "tanh_f32x4", "erf": "erf_f32x4"}
+
+VECTOR_FUNCTIONS: dict[str, tuple[tuple[str, ...], str]] = {
+    "exp_f32x4": ((), f"""
+(func $exp_f32x4 (param $x v128) (result v128) (local $k v128) (local $r v128) (local $ki v128) (local $k1 v128)
+  ;; clamping keeps the exponent arithmetic in range: exp(89) is inf and exp(-104) is 0 in float32;
+  ;; wasm min/max propagate NaN, so NaN lanes stay NaN
+  (local.set $x (f32x4.max (f32x4.min (local.get $x) {_c4(89.0)}) {_c4(-104.0)}))
+  (local.set $k (f32x4.nearest (f32x4.mul (local.get $x) {_c4(1.4426950408889634)})))
+  ;; ln2 split in two: k * 0.693359375 is exact for |k| <= 150
+  (local.set $r (f32x4.add (f32x4.sub (local.get $x) (f32x4.mul (local.get $k) {_c4(0.693359375)}))
+                           (f32x4.mul (local.get $k) {_c4(2.12194440e-4)})))
+  (local.set $ki (i32x4.trunc_sat_f32x4_s (local.get $k)))
+  (local.set $k1 (i32x4.shr_s (local.get $ki) (i32.const 1)))
+  ;; 2^k as two factors so that neither overflows nor goes subnormal on its own
+  (f32x4.mul (f32x4.mul
+      (f32x4.add (f32x4.add {_c4(1.0)} (local.get $r))
+                 (f32x4.mul (f32x4.mul (local.get $r) (local.get $r)) {_vhorner("r", _EXPF_POLY)}))
+      (i32x4.shl (i32x4.add (local.get $k1) (v128.const i32x4 127 127 127 127)) (i32.const 23)))
+    (i32x4.shl (i32x4.add (i32x4.sub (local.get $ki) (local.get $k1)) (v128.const i32x4 127 127 127 127)) (i32.const 23))))
+"""),
+    "log_f32x4": ((), f"""
+(func $log_f32x4 (param $x v128) (result v128) (local $y v128) (local $e v128) (local $m v128) (local $small v128) (local $z v128)
+  ;; subnormals are scaled by 2^23 first, so that the exponent field is exact
+  (local.set $small (f32x4.lt (local.get $x) {_c4(1.1754943508222875e-38)}))
+  (local.set $y (v128.bitselect (f32x4.mul (local.get $x) {_c4(8388608.0)}) (local.get $x) (local.get $small)))
+  (local.set $e (f32x4.add (f32x4.convert_i32x4_s (i32x4.sub (i32x4.shr_u (local.get $y) (i32.const 23))
+                                                             (v128.const i32x4 126 126 126 126)))
+                           (v128.bitselect {_c4(-23.0)} {_c4(0.0)} (local.get $small))))
+  ;; mantissa in [1/2, 1), then in [sqrt(1/2), sqrt(2)) shifted by one
+  (local.set $m (v128.or (v128.and (local.get $y) (v128.const i32x4 0x807fffff 0x807fffff 0x807fffff 0x807fffff))
+                         {_c4(0.5)}))
+  (local.set $small (f32x4.lt (local.get $m) {_c4(0.7071067811865476)}))
+  (local.set $e (f32x4.sub (local.get $e) (v128.and {_c4(1.0)} (local.get $small))))
+  (local.set $m (f32x4.sub (f32x4.add (local.get $m) (v128.and (local.get $m) (local.get $small))) {_c4(1.0)}))
+  (local.set $z (f32x4.mul (local.get $m) (local.get $m)))
+  (local.set $y (f32x4.mul (f32x4.mul (local.get $m) (local.get $z)) {_vhorner("m", _LOGF_POLY)}))
+  (local.set $y (f32x4.sub (f32x4.sub (local.get $y) (f32x4.mul (local.get $e) {_c4(2.12194440e-4)}))
+                           (f32x4.mul (local.get $z) {_c4(0.5)})))
+  (local.set $y (f32x4.add (f32x4.add (local.get $m) (local.get $y)) (f32x4.mul (local.get $e) {_c4(0.693359375)})))
+  ;; log(+-0) = -inf, log(inf) = inf, log(negative) = NaN, NaN stays itself
+  (local.set $y (v128.bitselect {_c4(-math.inf)} (local.get $y) (f32x4.eq (local.get $x) {_c4(0.0)})))
+  (local.set $y (v128.bitselect (local.get $x) (local.get $y) (f32x4.eq (local.get $x) {_c4(math.inf)})))
+  (local.set $y (v128.bitselect {_c4(math.nan)} (local.get $y) (f32x4.lt (local.get $x) {_c4(0.0)})))
+  (v128.bitselect (local.get $x) (local.get $y) (f32x4.ne (local.get $x) (local.get $x))))
+"""),
+    "tanh_f32x4": (("exp_f32x4",), f"""
+(func $tanh_f32x4 (param $x v128) (result v128) (local $a v128) (local $z v128) (local $big v128)
+  (local.set $a (f32x4.abs (local.get $x)))
+  (local.set $z (f32x4.mul (local.get $x) (local.get $x)))
+  (local.set $z (f32x4.add (local.get $x) (f32x4.mul (f32x4.mul (local.get $z) (local.get $x)) {_vhorner("z", _TANHF_POLY)})))
+  ;; from 0.625 on, 1 - 2 / (exp(2|x|) + 1) no longer cancels; exp overflowing to inf gives 1
+  (local.set $big (f32x4.sub {_c4(1.0)} (f32x4.div {_c4(2.0)}
+    (f32x4.add (call $exp_f32x4 (f32x4.add (local.get $a) (local.get $a))) {_c4(1.0)}))))
+  (local.set $big (v128.or (local.get $big) (v128.and (local.get $x) (v128.const i32x4 0x80000000 0x80000000 0x80000000 0x80000000))))
+  (v128.bitselect (local.get $big) (local.get $z) (f32x4.ge (local.get $a) {_c4(0.625)})))
+"""),
+    "erf_f32x4": ((), f"""
+(func $erf_f32x4 (param $x v128) (result v128) (local $c v128) (local $s v128)
+  (local.set $c (f32x4.max (f32x4.min (local.get $x) {_c4(4.0)}) {_c4(-4.0)}))
+  (local.set $s (f32x4.mul (local.get $c) (local.get $c)))
+  ;; x times P/Q rather than (x P)/Q: tiny x then meet one rounding, not a subnormal product;
+  ;; the rational function overshoots 1 by an ulp next to |x| = 4
+  (f32x4.max (f32x4.min
+    (f32x4.mul (local.get $c) (f32x4.div {_vhorner("s", _ERFF_P)} {_vhorner("s", _ERFF_Q)}))
+    {_c4(1.0)}) {_c4(-1.0)}))
+"""),
+}
+
+FUNCTIONS.update(VECTOR_FUNCTIONS)
+
+
 def render_functions(used: set[str]) -> str:
     """The WAT of the used functions and their dependencies, in a fixed order."""
     needed: set[str] = set()

@@ -6,8 +6,8 @@ element per iteration into 4-byte (f32 or i32) buffers and float reductions into
 value it stores or accumulates is built from
 operations SIMD128 has: loads that are contiguous (v128.load) or loop-invariant (scalar load +
 splat), arithmetic, min/max, comparisons feeding a select, f32<->i32 conversions and fma (relaxed
-madd when `relaxed-simd` is on). Anything else (math calls, gathers, 8-byte types) keeps the scalar
-loop. The trip count splits into an unrolled vector part, a plain vector part and a scalar tail.
+madd when `relaxed-simd` is on) and the f32 math calls with an f32x4 version in `mathlib` (exp,
+log, tanh, erf). Anything else (other math calls, gathers, 8-byte types) keeps the scalar loop. The trip count splits into an unrolled vector part, a plain vector part and a scalar tail.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from __future__ import annotations
 from ir.loops.expr import (COMPARISONS, Binary, Cast, Const, Expr, Fma, Load, Local, Select, Unary, Var,
                            stride_of, uses, walk)
 from ir.loops.program import Assign, Loop, Store
+
+from backends.wasm.mathlib import VECTOR_MATH
 
 LANES = 4
 _VECTOR_DTYPES = ("float32", "int32")
@@ -86,6 +88,8 @@ def _vector_ok(e: Expr, var: Var) -> bool:
         table = _F32_BINARY if e.type == "f32" else _I32_BINARY
         return e.op in table and _vector_ok(e.a, var) and _vector_ok(e.b, var)
     if isinstance(e, Unary):
+        if e.type == "f32" and e.a.type == "f32" and e.op in VECTOR_MATH:
+            return _vector_ok(e.a, var)
         return e.op in (_F32_UNARY if e.type == "f32" else _I32_UNARY) and _vector_ok(e.a, var)
     if isinstance(e, Select):
         return _mask_ok(e.cond, var) and _vector_ok(e.a, var) and _vector_ok(e.b, var)
@@ -166,6 +170,9 @@ class VectorRenderer:
             if e.type == "f32":
                 return f"(f32x4.{_F32_BINARY[e.op]} {a} {b})"
             return f"({_I32_BINARY[e.op]} {a} {b})"
+        if isinstance(e, Unary) and e.op in VECTOR_MATH:
+            self.scalar.math_used.add(VECTOR_MATH[e.op])
+            return f"(call ${VECTOR_MATH[e.op]} {self.vector(e.a)})"
         if isinstance(e, Unary):
             return f"({'f32x4' if e.type == 'f32' else 'i32x4'}.{e.op} {self.vector(e.a)})"
         if isinstance(e, Select):
