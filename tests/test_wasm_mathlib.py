@@ -15,7 +15,7 @@ from backends.wasm.compile import compile_graph
 from backends.wasm.options import parse_options
 from ir.onnx_import import import_model
 from passes import optimize_pipeline, run_pipeline
-from wasm_cases import make_model, run_wasm
+from wasm_cases import assert_matches_onnxruntime, make_model, run_wasm
 
 
 def run_f64(op, x):
@@ -139,3 +139,16 @@ def test_vector_erf_is_accurate_to_1e_6_relative(x):
 def test_vector_special_values(op, x, want):
     got, _ = compile_f32(op, np.array(x, dtype=np.float32))
     np.testing.assert_array_equal(got, np.array(want, dtype=np.float32))
+
+
+@pytest.mark.parametrize("op,attrs,vector_function", [
+    ("Sigmoid", {}, "exp_f32x4"), ("Softmax", {"axis": -1}, "exp_f32x4"), ("Gelu", {}, "erf_f32x4"),
+    ("Softplus", {}, "log_f32x4"), ("Mish", {}, "tanh_f32x4"),
+])
+def test_activations_on_the_vector_functions_match_onnxruntime(op, attrs, vector_function):
+    model = make_model([helper.make_node(op, ["x"], ["y"], **attrs)], [helper.make_tensor_value_info("x", T.FLOAT, [8, 67])],
+                       [helper.make_tensor_value_info("y", T.FLOAT, [8, 67])], opset=20)
+    graph, _ = run_pipeline(import_model(model), optimize_pipeline(require_static=True))
+    assert f"call ${vector_function}" in compile_graph(graph, parse_options(None, "simd", "3")).wat
+    x = np.random.default_rng(0).normal(0, 6, (8, 67)).astype(np.float32)
+    assert_matches_onnxruntime(model, {"x": x}, configs=[("simd", "3"), ("simd,relaxed-simd", "3")])

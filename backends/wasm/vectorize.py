@@ -7,7 +7,8 @@ value it stores or accumulates is built from
 operations SIMD128 has: loads that are contiguous (v128.load) or loop-invariant (scalar load +
 splat), arithmetic, min/max, comparisons feeding a select, f32<->i32 conversions and fma (relaxed
 madd when `relaxed-simd` is on) and the f32 math calls with an f32x4 version in `mathlib` (exp,
-log, tanh, erf). Anything else (other math calls, gathers, 8-byte types) keeps the scalar loop. The trip count splits into an unrolled vector part, a plain vector part and a scalar tail.
+log, tanh, erf). Anything else (other math calls, gathers, 8-byte types) keeps the scalar loop.
+The trip count splits into an unrolled vector part, a plain vector part and a scalar tail.
 """
 
 from __future__ import annotations
