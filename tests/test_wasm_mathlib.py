@@ -152,3 +152,43 @@ def test_activations_on_the_vector_functions_match_onnxruntime(op, attrs, vector
     assert f"call ${vector_function}" in compile_graph(graph, parse_options(None, "simd", "3")).wat
     x = np.random.default_rng(0).normal(0, 6, (8, 67)).astype(np.float32)
     assert_matches_onnxruntime(model, {"x": x}, configs=[("simd", "3"), ("simd,relaxed-simd", "3")])
+
+
+def run_pow_f32(base, expo):
+    n = base.size
+    model = make_model([helper.make_node("Pow", ["a", "b"], ["y"])],
+                       [helper.make_tensor_value_info("a", T.FLOAT, [n]), helper.make_tensor_value_info("b", T.FLOAT, [n])],
+                       [helper.make_tensor_value_info("y", T.FLOAT, [n])])
+    graph, _ = run_pipeline(import_model(model), optimize_pipeline(require_static=True))
+    assert "call $pow_f32x4" in compile_graph(graph, parse_options(None, "simd", "3")).wat
+    return run_wasm(model, {"a": base, "b": expo}, "simd", "3")["y"]
+
+
+def test_vector_pow_error_grows_only_with_the_size_of_y_log_x():
+    rng = np.random.default_rng(0)
+    base = np.exp(rng.uniform(-20, 20, 100003)).astype(np.float32)
+    expo = rng.uniform(-4, 4, 100003).astype(np.float32)
+    got = run_pow_f32(base, expo)
+    want = np.power(base.astype(np.float64), expo.astype(np.float64))
+    scale = np.abs(expo * np.log(base.astype(np.float64)))
+    keep = (want > np.finfo(np.float32).tiny) & (want < np.finfo(np.float32).max)
+    assert np.max((float32_ulps(got, want) / (2 * scale + 4))[keep]) <= 1
+
+
+def test_vector_pow_follows_the_c_rules_for_signs_and_zeros():
+    base = np.array([-2, -2, 0, 0, -0.0, 4, np.nan, 1.5, -8, -np.inf, -np.inf, 7, np.nan], dtype=np.float32)
+    expo = np.array([3, 0.5, -1, 2, 3, 0.5, 0, 2.5, 1 / 3, 3, -3, np.nan, 0], dtype=np.float32)
+    got = run_pow_f32(base, expo)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        want = np.power(base, expo)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    numbers = ~np.isnan(want)
+    np.testing.assert_array_equal(np.signbit(got[numbers]), np.signbit(want[numbers]))
+
+
+def test_lrn_on_the_vector_pow_matches_onnxruntime():
+    model = make_model([helper.make_node("LRN", ["x"], ["y"], size=5, alpha=1e-4, beta=0.75, bias=2.0)],
+                       [helper.make_tensor_value_info("x", T.FLOAT, [1, 16, 9, 9])],
+                       [helper.make_tensor_value_info("y", T.FLOAT, [1, 16, 9, 9])])
+    x = np.random.default_rng(1).normal(0, 30, (1, 16, 9, 9)).astype(np.float32)
+    assert_matches_onnxruntime(model, {"x": x}, configs=[("simd", "3"), ("simd,relaxed-simd", "3")])

@@ -254,6 +254,7 @@ _ERFF_Q = [-1.42647390514189e-02, -7.37332916720468e-03, -1.68282697438203e-03, 
 
 # Math ops with an f32x4 version: op -> WAT function taking and returning v128
 VECTOR_MATH = {"exp": "exp_f32x4", "log": "log_f32x4", "tanh": "tanh_f32x4", "erf": "erf_f32x4"}
+VECTOR_MATH_BINARY = {"pow": "pow_f32x4"}
 
 VECTOR_FUNCTIONS: dict[str, tuple[tuple[str, ...], str]] = {
     "exp_f32x4": ((), f"""
@@ -309,6 +310,21 @@ VECTOR_FUNCTIONS: dict[str, tuple[tuple[str, ...], str]] = {
     (f32x4.add (call $exp_f32x4 (f32x4.add (local.get $a) (local.get $a))) {_c4(1.0)}))))
   (local.set $big (v128.or (local.get $big) (v128.and (local.get $x) (v128.const i32x4 0x80000000 0x80000000 0x80000000 0x80000000))))
   (v128.bitselect (local.get $big) (local.get $z) (f32x4.ge (local.get $a) {_c4(0.625)})))
+"""),
+    "pow_f32x4": (("exp_f32x4", "log_f32x4"), f"""
+(func $pow_f32x4 (param $x v128) (param $y v128) (result v128) (local $r v128) (local $int v128) (local $odd v128)
+  ;; exp(y log|x|), then the C rules of the scalar $pow: the error grows with |y log|x||, up to
+  ;; 2 ulps per unit of it: at most about 2e-5 relative for results in float32 range (|y log|x|| < 89)
+  (local.set $r (call $exp_f32x4 (f32x4.mul (local.get $y) (call $log_f32x4 (f32x4.abs (local.get $x))))))
+  (local.set $int (f32x4.eq (f32x4.floor (local.get $y)) (local.get $y)))
+  (local.set $odd (v128.and (local.get $int) (f32x4.ne (f32x4.sub (local.get $y)
+    (f32x4.mul {_c4(2.0)} (f32x4.floor (f32x4.mul (local.get $y) {_c4(0.5)})))) {_c4(0.0)})))
+  ;; an odd integer power keeps the sign of x (zeros and infinities included)
+  (local.set $r (v128.or (local.get $r)
+    (v128.and (v128.and (local.get $x) (v128.const i32x4 0x80000000 0x80000000 0x80000000 0x80000000)) (local.get $odd))))
+  (local.set $r (v128.bitselect {_c4(math.nan)} (local.get $r)
+    (v128.andnot (f32x4.lt (local.get $x) {_c4(0.0)}) (local.get $int))))
+  (v128.bitselect {_c4(1.0)} (local.get $r) (f32x4.eq (local.get $y) {_c4(0.0)})))
 """),
     "erf_f32x4": ((), f"""
 (func $erf_f32x4 (param $x v128) (result v128) (local $c v128) (local $s v128)

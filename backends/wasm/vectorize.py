@@ -7,7 +7,7 @@ value it stores or accumulates is built from
 operations SIMD128 has: loads that are contiguous (v128.load) or loop-invariant (scalar load +
 splat), arithmetic, min/max, comparisons feeding a select, f32<->i32 conversions and fma (relaxed
 madd when `relaxed-simd` is on) and the f32 math calls with an f32x4 version in `mathlib` (exp,
-log, tanh, erf). Anything else (other math calls, gathers, 8-byte types) keeps the scalar loop.
+log, tanh, erf, pow). Anything else (other math calls, gathers, 8-byte types) keeps the scalar loop.
 The trip count splits into an unrolled vector part, a plain vector part and a scalar tail.
 """
 
@@ -17,7 +17,7 @@ from ir.loops.expr import (COMPARISONS, Binary, Cast, Const, Expr, Fma, Load, Lo
                            stride_of, uses, walk)
 from ir.loops.program import Assign, Loop, Store
 
-from backends.wasm.mathlib import VECTOR_MATH
+from backends.wasm.mathlib import VECTOR_MATH, VECTOR_MATH_BINARY
 
 LANES = 4
 _VECTOR_DTYPES = ("float32", "int32")
@@ -87,6 +87,8 @@ def _vector_ok(e: Expr, var: Var) -> bool:
         return e.buffer.dtype in _VECTOR_DTYPES and stride_of(e.index, var) == 1
     if isinstance(e, Binary):
         table = _F32_BINARY if e.type == "f32" else _I32_BINARY
+        if e.type == "f32" and e.a.type == "f32" and e.op in VECTOR_MATH_BINARY:
+            return _vector_ok(e.a, var) and _vector_ok(e.b, var)
         return e.op in table and _vector_ok(e.a, var) and _vector_ok(e.b, var)
     if isinstance(e, Unary):
         if e.type == "f32" and e.a.type == "f32" and e.op in VECTOR_MATH:
@@ -168,6 +170,9 @@ class VectorRenderer:
             return f"(v128.load offset={e.buffer.storage.offset} {self.scalar.address(e.buffer, e.index)})"
         if isinstance(e, Binary):
             a, b = self.vector(e.a), self.vector(e.b)
+            if e.type == "f32" and e.op in VECTOR_MATH_BINARY:
+                self.scalar.math_used.add(VECTOR_MATH_BINARY[e.op])
+                return f"(call ${VECTOR_MATH_BINARY[e.op]} {a} {b})"
             if e.type == "f32":
                 return f"(f32x4.{_F32_BINARY[e.op]} {a} {b})"
             return f"({_I32_BINARY[e.op]} {a} {b})"
