@@ -21,9 +21,11 @@ class OptimizedModel:
 
 
 def load_and_optimize(model_path: str | Path, input_shapes: dict | None = None, dims: dict | None = None,
-                      require_static: bool = True, on_pass: Callable | None = None) -> OptimizedModel:
+                      require_static: bool = True, on_pass: Callable | None = None,
+                      frozen_inputs: dict | None = None) -> OptimizedModel:
     path = Path(model_path)
     graph = load_model(path)
     source = summarize_graph(graph)
-    graph, records = run_pipeline(graph, optimize_pipeline(input_shapes, dims, require_static), on_pass)
+    passes = optimize_pipeline(input_shapes, dims, require_static, frozen_inputs)
+    graph, records = run_pipeline(graph, passes, on_pass)
     return OptimizedModel(path, source, graph, records)

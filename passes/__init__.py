@@ -4,13 +4,16 @@ from passes.base import Pass, PassRecord, run_pipeline
 from passes.eliminate_common_subexpressions import EliminateCommonSubexpressions
 from passes.eliminate_dead_code import EliminateDeadCode
 from passes.fold_constants import FoldConstants
+from passes.freeze_inputs import FreezeInputs
 from passes.infer_shapes import InferShapes
 from passes.simplify import Simplify
 
 
-def optimize_pipeline(input_shapes=None, dims=None, require_static=False) -> list[Pass]:
+def optimize_pipeline(input_shapes=None, dims=None, require_static=False, frozen_inputs=None) -> list[Pass]:
     """The graph-level optimisations every command runs before partitioning."""
     return [
+        # Only when asked, so a plain build's pass list (shown by `cortex inspect`) stays as it was.
+        *([FreezeInputs(frozen_inputs)] if frozen_inputs else []),
         InferShapes(input_shapes or {}, dims or {}, require_static=require_static),
         FoldConstants(),
         Simplify(),
@@ -20,5 +23,5 @@ def optimize_pipeline(input_shapes=None, dims=None, require_static=False) -> lis
     ]
 
 
-__all__ = ["Pass", "PassRecord", "run_pipeline", "optimize_pipeline", "InferShapes", "FoldConstants",
+__all__ = ["Pass", "PassRecord", "run_pipeline", "optimize_pipeline", "FreezeInputs", "InferShapes", "FoldConstants",
            "Simplify", "EliminateCommonSubexpressions", "EliminateDeadCode"]

@@ -7,18 +7,21 @@ import statistics
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cortex.commands.inspect_model import Dims, InputShapes
+from cortex.commands.run import read_inputs
 from cortex.console import out, print_json
 from cortex.cus import check_output_dir, model_info, write_cus
 from cortex.options import parse_dims, parse_input_shapes
 from cortex.pipeline import load_and_optimize
+from ir.errors import CortexError
 from passes import run_pipeline
+from passes.freeze_inputs import frozen_summary
 from passes.fuse_groups import FuseGroups
 from passes.partition import Partition, PartitionIntoCUs, check_limits
 
@@ -33,11 +36,13 @@ def decompose(
     min_cu_size: Annotated[int, typer.Option("--min-cu-size", help="Merge CUs with fewer parameters into a neighbour where the limits allow.")] = _DEFAULTS.min_cu_size,
     max_cu_size: Annotated[int, typer.Option("--max-cu-size", help="Most parameters a CU may own; larger ops are split along output channels.")] = _DEFAULTS.max_cu_size,
     max_cu_depth: Annotated[int, typer.Option("--max-cu-depth", help="Most ops on a path inside a CU (a fusion group counts as one).")] = _DEFAULTS.max_cu_depth,
+    freeze_input: Annotated[Optional[list[str]], typer.Option("--freeze-input", help="NAME=FILE.npy, or an .npz of arrays by name: the input becomes a constant with that value (repeatable).")] = None,
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
 ) -> None:
     """Partition a model into computation units (CUs), each a self-contained ONNX model."""
     summary = decompose_model(model_path, output_dir, parse_input_shapes(input_shape), parse_dims(dim),
-                              min_cu_size, max_cu_size, max_cu_depth, show_progress=not json)
+                              min_cu_size, max_cu_size, max_cu_depth, show_progress=not json,
+                              frozen_inputs=read_frozen_inputs(freeze_input or []))
     if json:
         print_json(summary)
     else:
@@ -45,13 +50,15 @@ def decompose(
 
 
 def decompose_model(model_path: Path, output_dir: Path, input_shapes: dict, dims: dict, min_cu_size: int,
-                    max_cu_size: int, max_cu_depth: int, show_progress: bool = False) -> dict:
+                    max_cu_size: int, max_cu_depth: int, show_progress: bool = False,
+                    frozen_inputs: dict | None = None) -> dict:
     check_limits(min_cu_size, max_cu_size, max_cu_depth)
     check_output_dir(Path(output_dir), Path(model_path))
     start = time.perf_counter()
     with _progress(show_progress) as step:
         step("optimising")
-        optimized = load_and_optimize(model_path, input_shapes, dims, require_static=True)
+        optimized = load_and_optimize(model_path, input_shapes, dims, require_static=True,
+                                      frozen_inputs=frozen_inputs)
         partition_pass = PartitionIntoCUs(min_cu_size, max_cu_size, max_cu_depth)
         step("fusing and partitioning")
         graph, _ = run_pipeline(optimized.graph, [FuseGroups(), partition_pass])
@@ -59,10 +66,20 @@ def decompose_model(model_path: Path, output_dir: Path, input_shapes: dict, dims
         options = {"min_cu_size": min_cu_size, "max_cu_size": max_cu_size, "max_cu_depth": max_cu_depth,
                    "input_shapes": {k: list(v) for k, v in sorted(input_shapes.items())},
                    "dims": dict(sorted(dims.items()))}
+        if frozen_inputs:
+            options["frozen_inputs"] = frozen_summary(frozen_inputs)
         step("writing CUs", total=len(partition.cus))
         manifest = write_cus(graph, partition, Path(output_dir), model_info(Path(model_path), graph), options,
                              on_cu=lambda i: step(advance=1))
     return summarize(manifest, partition, output_dir, time.perf_counter() - start)
+
+
+def read_frozen_inputs(items: list[str]) -> dict:
+    """--freeze-input reads its files exactly as `cortex run --input` does; its errors name this flag."""
+    try:
+        return read_inputs(items)
+    except CortexError as e:
+        raise CortexError(str(e).replace("--input", "--freeze-input", 1)) from None
 
 
 def summarize(manifest: dict, partition: Partition, output_dir: Path, seconds: float) -> dict:
