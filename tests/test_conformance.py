@@ -2,9 +2,8 @@
 pipeline, and every case lands in the right class, with the table saying what happened.
 
 The full run over every node test is `make conformance`; here a fixed subset covers the op families
-most models use. Slice is not in it: every Slice node test feeds starts/ends as graph inputs, which
-Cortex refuses (test_a_case_cortex_refuses_is_unsupported_with_its_reason); the differential fuzz
-test covers Slice with constant bounds.
+most models use. Node tests that feed op parameters (Slice starts/ends, ReduceSum axes) as graph
+inputs pass once those are frozen (test_parameter_inputs_are_frozen_after_the_constant_refusal).
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ import pytest
 
 from cortex.conformance import __main__ as conformance_cli
 from cortex.conformance import pool
-from cortex.conformance.cases import case_op, describe_case
+from cortex.conformance.cases import case_op, describe_case, parameter_inputs
 from cortex.conformance.devices import unavailable_reason
 from cortex.conformance.run_case import CaseResult, compare_outputs, run_case
 from cortex.conformance.table import render_markdown, summarize
@@ -62,9 +61,37 @@ def test_a_node_test_passes_on_cuda_sim():
 
 
 def test_a_case_cortex_refuses_is_unsupported_with_its_reason():
-    result = run_case("test_slice", "wasm")
+    # Resize's scales are float: data, never frozen, so the refusal stands.
+    result = run_case("test_resize_downsample_scales_cubic", "wasm")
     assert (result.outcome, result.stage) == ("unsupported", "compile")
-    assert "Slice" in result.why and "starts" in result.why
+    assert "Resize" in result.why and "'scales'" in result.why and "must be a constant" in result.why
+    assert "frozen_parameters" not in result.extra
+
+
+@pytest.mark.parametrize("name, frozen", [
+    ("test_slice", ["axes", "ends", "starts", "steps"]),
+    ("test_reduce_sum_default_axes_keepdims_example", ["axes"]),
+])
+def test_parameter_inputs_are_frozen_after_the_constant_refusal(name, frozen):
+    result = run_case(name, "wasm")
+    assert result.outcome == "passed", f"{result.outcome} at {result.stage}: {result.why}"
+    assert result.extra["frozen_parameters"] == frozen
+    assert result.to_json()["extra"] == {"frozen_parameters": frozen}
+
+
+def test_only_integer_inputs_never_read_as_data_are_parameters():
+    assert parameter_inputs(model_of("test_slice")) == ["starts", "ends", "axes", "steps"]
+    assert parameter_inputs(model_of("test_resize_downsample_scales_cubic")) == []   # float scales, roi
+    assert parameter_inputs(model_of("test_reshape_negative_dim")) == ["shape"]
+    assert parameter_inputs(model_of("test_mod_int64_fmod")) == ["y"]             # x is read as input 0
+    assert parameter_inputs(model_of("test_add_bcast")) == []
+
+
+def test_the_header_counts_passes_that_needed_frozen_parameters():
+    results = [CaseResult("test_a", "Slice", "passed", extra={"frozen_parameters": ["starts"]}),
+               CaseResult("test_b", "Slice", "passed"),
+               CaseResult("test_c", "Resize", "unsupported", "must be a constant", extra={"frozen_parameters": ["x"]})]
+    assert "- Frozen parameters: 1 of the passing cases" in render_markdown(results, META)
 
 
 def test_the_op_of_a_case_comes_from_its_graph():
@@ -114,7 +141,7 @@ def test_cases_run_in_parallel_in_the_order_given():
     names = ["test_relu", "test_adam", "test_sigmoid", "test_slice"]
     results = pool.run_cases(names, "wasm", jobs=2, timeout=60)
     assert [r.name for r in results] == names
-    assert [r.outcome for r in results] == ["passed", "out-of-scope", "passed", "unsupported"]
+    assert [r.outcome for r in results] == ["passed", "out-of-scope", "passed", "passed"]
 
 
 def hang(name, device):

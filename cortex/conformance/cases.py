@@ -76,6 +76,24 @@ def tolerances(case_name: str, expected: np.ndarray) -> tuple[float, float]:
     return rtol, ATOL_OVERRIDES.get(case_name, ATOL)
 
 
+def parameter_inputs(model: onnx.ModelProto) -> list[str]:
+    """Graph inputs that only ever carry op parameters (axes, pads, starts/ends, sizes, k, repeats,
+    shape...): int32/int64, read by at least one node and always at an input index >= 1, never as a
+    node's data input 0 and never a graph output. Float inputs never qualify: they are data."""
+    integer = (onnx.TensorProto.INT32, onnx.TensorProto.INT64)
+    outputs = {o.name for o in model.graph.output}
+    initializers = {i.name for i in model.graph.initializer}
+    found = []
+    for vi in model.graph.input:
+        if (vi.name in initializers or vi.name in outputs or not vi.type.HasField("tensor_type")
+                or vi.type.tensor_type.elem_type not in integer):
+            continue
+        slots = [i for node in _all_nodes(model.graph) for i, name in enumerate(node.input) if name == vi.name]
+        if slots and all(i >= 1 for i in slots):
+            found.append(vi.name)
+    return found
+
+
 def _qualified(node: onnx.NodeProto) -> str:
     return f"{node.domain}.{node.op_type}" if node.domain not in ("", "ai.onnx") else node.op_type
 

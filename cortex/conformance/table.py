@@ -60,6 +60,12 @@ def render_markdown(results: list[CaseResult], meta: dict) -> str:
         "- **passed**: every output matches. **failed**: a wrong result (largest errors shown). "
         "**unsupported**: Cortex refused the model with a clear error while decomposing or compiling. "
         "**crashed**: any other exception, a compiled model that failed to run, or a case over the time limit.",
+        f"- Frozen parameters: {frozen_passes(results)} of the passing cases feed op parameters (axes, pads, "
+        "starts/ends, sizes, k, repeats, shape...) as graph inputs, which the loop-nest backends need constant; "
+        "after that refusal each was run once more with those inputs frozen (`cortex decompose --freeze-input`, "
+        "only int32/int64 inputs never read as a node's data input 0, never float inputs, never every input), "
+        "as a deployment feeding fixed parameters does. The computation under test still runs in Cortex; only "
+        "its parameters became compile-time constants. Such cases list `frozen_parameters` in the JSON.",
         f"- Not counted: {summary['ort-cannot-run']} cases onnxruntime itself cannot run or reproduce, and "
         f"{summary['out-of-scope']} out-of-scope cases (training ops, string tensors, sequence/optional/map "
         "values, random outputs); both are listed at the end.",
@@ -91,6 +97,10 @@ def render_markdown(results: list[CaseResult], meta: dict) -> str:
         lines += [f"- {why}: {len(names)} ({', '.join(names[:6])}{', ...' if len(names) > 6 else ''})"
                   for why, names in sorted(grouped.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
     return "\n".join(lines) + "\n"
+
+
+def frozen_passes(results: list[CaseResult]) -> int:
+    return sum(1 for r in results if r.outcome == "passed" and r.extra.get("frozen_parameters"))
 
 
 def main_reason(rows: list[CaseResult]) -> str:
