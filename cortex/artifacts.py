@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from cortex.cus import read_manifest
+from cortex.dag import read_dag
 from cortex.pipeline import load_and_optimize
 from ir.errors import CortexError, UnsupportedError
 from ir.graph import Graph
@@ -30,15 +31,7 @@ def read_cus_for_target(cu_dir: Path, target: str) -> tuple[dict, dict[str, Grap
 
 def read_dag_for_cus(dag_path: Path, manifest: dict, cu_dir: Path) -> dict:
     """dag.json, checked to describe the same CUs as the manifest (not a stale one)."""
-    dag_path = Path(dag_path)
-    if not dag_path.is_file():
-        raise CortexError(f"--dag {dag_path}: no such file (run 'cortex build-dag' first)")
-    try:
-        dag = json.loads(dag_path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CortexError(f"--dag {dag_path}: not readable JSON: {e}") from None
-    if not isinstance(dag, dict) or dag.get("schema") != "cortex.dag/1":
-        raise CortexError(f"--dag {dag_path}: not a cortex.dag/1 document")
+    dag = read_dag(dag_path, option="--dag")
     by_id = {cu["id"]: cu for cu in manifest["cus"]}
     for cu in dag.get("cus", []):
         mine = by_id.get(cu.get("id"))

@@ -127,3 +127,22 @@ def validate_dag(dag: dict) -> None:
     """Raise jsonschema.ValidationError if `dag` does not follow the cortex.dag/1 schema."""
     import jsonschema
     jsonschema.validate(dag, dag_schema())
+
+
+def read_dag(path: Path, option: str | None = None) -> dict:
+    """A dag.json written by build-dag; any problem is one line naming the file (and the option
+    it came from, when there is one)."""
+    path = Path(path)
+    label = f"{option} {path}" if option else str(path)
+    if not path.is_file():
+        raise CortexError(f"{label}: no such file (run 'cortex build-dag' first)")
+    try:
+        dag = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CortexError(f"{label}: not readable JSON: {e}") from None
+    if not isinstance(dag, dict) or dag.get("schema") != DAG_SCHEMA:
+        raise CortexError(f"{label}: not a {DAG_SCHEMA} document")
+    for key in ("inputs", "outputs", "cus", "order"):
+        if key not in dag:
+            raise CortexError(f"{label}: missing key {key!r}")
+    return dag

@@ -7,12 +7,12 @@ returned as arrays the caller owns. `trace` records each CU's wall time and the 
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import numpy as np
 
+from cortex.dag import read_dag
 from ir.errors import CortexError
 
 DEVICES = ("wasm", "cuda", "cuda-sim")
@@ -87,22 +87,6 @@ class CompiledModel:
                              "ts": (t["start"] - t0) * 1e6, "dur": t["seconds"] * 1e6,
                              "args": {"bytes_in": t["bytes_in"], "bytes_out": t["bytes_out"]}} for t in self.trace],
         }
-
-
-def read_dag(path: Path) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise CortexError(f"{path}: no such file (run 'cortex build-dag' first)")
-    try:
-        dag = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CortexError(f"{path}: not readable JSON: {e}") from None
-    if not isinstance(dag, dict) or dag.get("schema") != "cortex.dag/1":
-        raise CortexError(f"{path}: not a cortex.dag/1 document")
-    for key in ("inputs", "outputs", "cus", "order"):
-        if key not in dag:
-            raise CortexError(f"{path}: missing key {key!r}")
-    return dag
 
 
 def load(dag_path, device: str = "wasm") -> CompiledModel:
