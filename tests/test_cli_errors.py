@@ -11,25 +11,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from cortex.cli import main
+from cli_helpers import assert_one_line_error, run_cli
 
 
-def run_cli(argv, capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-        raise SystemExit(0)
-    captured = capsys.readouterr()
-    return exit_info.value.code, captured.out, captured.err
-
-
-def assert_one_line_error(code: int, err: str, *fragments: str) -> None:
-    assert code == 2, f"exit code {code}, stderr: {err}"
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, f"expected one line, got: {err!r}"
-    assert lines[0].startswith("error: ")
-    assert "Traceback" not in err
-    for fragment in fragments:
-        assert fragment in lines[0], f"{fragment!r} not in {lines[0]!r}"
 
 
 def tiny_model(**overrides) -> onnx.ModelProto:

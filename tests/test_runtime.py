@@ -12,26 +12,12 @@ from onnx import TensorProto as T
 from onnx import helper
 
 import cortex
-from cortex.cli import main
+from cli_helpers import assert_one_line_error, run_cli
 from ir.errors import CortexError
 from testdata import sample_model
 from wasm_cases import compile_pipeline, make_model
 
 
-def run_cli(argv, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-        raise SystemExit(0)
-    captured = capsys.readouterr()
-    return exit_info.value.code, captured.out, captured.err
-
-
-def assert_one_line_error(code, err, *fragments):
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    for fragment in fragments:
-        assert fragment in lines[0], (fragment, lines[0])
 
 
 @pytest.fixture(scope="module")

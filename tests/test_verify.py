@@ -8,32 +8,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cortex.cli import main
+from cli_helpers import run_cli
 from cortex.commands.verify import compare
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 
 
-def cli(argv, capsys):
-    with pytest.raises(SystemExit) as info:
-        main(argv)
-        raise SystemExit(0)
-    captured = capsys.readouterr()
-    return info.value.code, captured.out, captured.err
-
-
 def test_compiled_sample_verifies_against_onnxruntime(tmp_path, capsys):
     model = SAMPLES / "mlp.onnx"
-    assert cli(["decompose", "--model-path", str(model), "--output-dir", str(tmp_path / "cus"), "--dim", "batch=2",
+    assert run_cli(["decompose", "--model-path", str(model), "--output-dir", str(tmp_path / "cus"), "--dim", "batch=2",
                 "--json"], capsys)[0] == 0
-    assert cli(["build-dag", "--cu-dir", str(tmp_path / "cus"), "--output", str(tmp_path / "dag.json"), "--json"], capsys)[0] == 0
-    assert cli(["compile-wasm", "--cu-dir", str(tmp_path / "cus"), "--dag", str(tmp_path / "dag.json"),
+    assert run_cli(["build-dag", "--cu-dir", str(tmp_path / "cus"), "--output", str(tmp_path / "dag.json"), "--json"], capsys)[0] == 0
+    assert run_cli(["compile-wasm", "--cu-dir", str(tmp_path / "cus"), "--dag", str(tmp_path / "dag.json"),
                 "--output", str(tmp_path / "wasm"), "--json"], capsys)[0] == 0
-    code, out, err = cli(["verify", str(tmp_path / "dag.json"), "--model", str(model), "--json"], capsys)
+    code, out, err = run_cli(["verify", str(tmp_path / "dag.json"), "--model", str(model), "--json"], capsys)
     assert code == 0, err
     report = json.loads(out)
     assert report["ok"] and report["outputs"] and all(o["max_abs_error"] < 1e-4 for o in report["outputs"])
-    code, _, err = cli(["verify", str(tmp_path / "dag.json"), "--model", str(SAMPLES / "cnn.onnx")], capsys)
+    code, _, err = run_cli(["verify", str(tmp_path / "dag.json"), "--model", str(SAMPLES / "cnn.onnx")], capsys)
     assert code == 2 and "not the model this dag.json was built from" in err
 
 

@@ -12,7 +12,7 @@ from onnx import TensorProto as T
 from onnx import helper
 
 from backends.wasm.options import parse_options
-from cortex.cli import main
+from cli_helpers import assert_one_line_error, run_cli
 from cortex.cus import file_sha256
 from cortex.dag import validate_dag
 from ir.errors import CortexError
@@ -20,20 +20,6 @@ from testdata import sample_model
 from wasm_cases import compile_pipeline, make_model
 
 
-def run_cli(argv, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-        raise SystemExit(0)
-    captured = capsys.readouterr()
-    return exit_info.value.code, captured.out, captured.err
-
-
-def assert_one_line_error(code, err, *fragments):
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    for fragment in fragments:
-        assert fragment in lines[0], (fragment, lines[0])
 
 
 @pytest.fixture(scope="module")
