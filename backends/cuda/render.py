@@ -80,6 +80,8 @@ class CudaRenderer:
         self.params: list[Param] = []
         self.launches: list[Launch] = []
         self._names: dict[int, str] = {}       # var / local uid -> C name
+        # id(storage) -> the register that holds its value at the thread's own cell, in an epilogue
+        self._registers: dict[int, str] = {}
 
     # -- memory --------------------------------------------------------------------------------
     def layout(self) -> None:
@@ -135,19 +137,21 @@ class CudaRenderer:
 
     def emit(self, unit: Unit) -> str:
         kernel, nest, name = unit.kernel, unit.nest, unit.name
-        if unit.fused:
+        tiled = plan_tiled(nest)
+        if unit.fused and tiled is None:
             parts = unit.parts
             threads = nest.thread_count
             block = min(BLOCK_THREADS, -(-threads // 32) * 32)
             self.launches.append(Launch(name, "+".join(p.kernel.name for p in parts),
                                         "+".join(p.kernel.op_type for p in parts), -(-threads // block), block, threads))
             return self.fused_function(unit)
-        tiled = plan_tiled(nest)
         if tiled is not None:
             m, n, b = (tiled.extent(x) for x in (tiled.rows, tiled.cols, tiled.batch))
-            self.launches.append(Launch(name, kernel.name, kernel.op_type, [-(-n // TILE), -(-m // TILE), b],
+            parts = unit.parts
+            self.launches.append(Launch(name, "+".join(p.kernel.name for p in parts),
+                                        "+".join(p.kernel.op_type for p in parts), [-(-n // TILE), -(-m // TILE), b],
                                         [TILE, TILE, 1], m * n * b))
-            return self.tiled_function(name, kernel, tiled)
+            return self.tiled_function(unit, tiled)
         rows = plan_warp_rows(nest)
         threads = (nest.thread_count * (32 if rows else 1)) if nest else 1
         block = min(BLOCK_THREADS, -(-threads // 32) * 32) if nest else 1
@@ -166,12 +170,7 @@ class CudaRenderer:
         lines.append(f"  if (tid >= {unit.nest.thread_count}LL) return;")
         lines += self.decompose("tid", head, "  ")
         for part in parts:
-            own = [loop for loop in part.nest.threads if loop.extent > 1]
-            for mine, first in zip(own, head):
-                self._names[mine.var.uid] = self.var_name(first.var)
-            for loop in part.nest.threads:
-                if loop.extent == 1 and loop.var.uid not in self._names:
-                    lines.append(f"  const int {self.var_name(loop.var)} = 0;")
+            lines += self.bind_threads(part, head, "tid")
             lines += self.stmts(part.nest.body, "  ")
         lines.append("}")
         return "\n".join(lines) + "\n"
@@ -239,6 +238,21 @@ class CudaRenderer:
         return [f'extern "C" __global__ void __launch_bounds__({threads}) {name}({params}) {{',
                 f"  // {kernel.op_type} ({kernel.name})", *self.pointers(stmts)]
 
+    def bind_threads(self, part: Unit, head: list[Loop], flat: str) -> list[str]:
+        """A fused part's thread variables: the head's own where the extents agree, else split
+        from the flat thread position (`fuse` checked the cells agree under that split)."""
+        own = [loop for loop in part.nest.threads if loop.extent > 1]
+        lines = []
+        if [loop.extent for loop in own] == [loop.extent for loop in head]:
+            for mine, first in zip(own, head):
+                self._names[mine.var.uid] = self.var_name(first.var)
+        else:
+            lines += self.decompose(flat, own, "  ")
+        for loop in part.nest.threads:
+            if loop.extent == 1 and loop.var.uid not in self._names:
+                lines.append(f"  const int {self.var_name(loop.var)} = 0;")
+        return lines
+
     def decompose(self, flat: str, loops: list[Loop], indent: str) -> list[str]:
         """Declare each loop's variable from a flat index over the loops (the last varies fastest)."""
         lines, rest = [], flat
@@ -250,12 +264,18 @@ class CudaRenderer:
             lines.append(f"{indent}const int {self.var_name(loop.var)} = {value};")
         return lines
 
-    def tiled_function(self, name: str, kernel: Kernel, plan: TiledContraction) -> str:
-        """A 16x16 output tile per block; K in steps of 16 through shared memory (see `tiled`)."""
+    def tiled_function(self, unit: Unit, plan: TiledContraction) -> str:
+        """A 16x16 output tile per block; K in steps of 16 through shared memory (see `tiled`).
+
+        The maps fused after the contraction (`fuse`) run as its epilogue: each output's thread
+        stores the finished sum, then applies them at its own cell, reading the sum from `acc`."""
         self._names = {}
+        name, kernel, epilogue = unit.name, unit.kernel, unit.fused
         m, n, k = plan.extent(plan.rows), plan.extent(plan.cols), plan.extent(plan.k)
         y = self.buffer_name(plan.store.buffer.storage)
-        lines = self.header(name, kernel, [plan.store], TILE * TILE)
+        lines = self.header(name, kernel, [plan.store, *(s for p in epilogue for s in p.stmts)], TILE * TILE)
+        if epilogue:
+            lines[1] = "  // fused: " + ", ".join(f"{p.kernel.op_type} ({p.kernel.name})" for p in unit.parts)
         lines += [f"  __shared__ float a_tile[{TILE}][{TILE + 1}];   // +1: no bank conflicts on column reads",
                   f"  __shared__ float b_tile[{TILE}][{TILE + 1}];",
                   "  const int tx = threadIdx.x, ty = threadIdx.y;",
@@ -275,9 +295,43 @@ class CudaRenderer:
                   f"    for (int kk = 0; kk < {TILE}; ++kk) acc = fmaf(a_tile[ty][kk], b_tile[kk][tx], acc);",
                   "    __syncthreads();",
                   "  }",
-                  f"  if (inside) {y}[{index}] = acc;",
-                  "}"]
+                  f"  if (!inside) return;",
+                  f"  {y}[{index}] = acc;"]
+        lines += self.epilogue(unit, plan.store)
+        lines.append("}")
         return "\n".join(lines) + "\n"
+
+    def epilogue(self, unit: Unit, store: Store) -> list[str]:
+        """The fused maps' bodies on the contraction's output coordinates (their thread loops in
+        the same order over the same extents, which `fuse` checked)."""
+        head = [loop for loop in unit.nest.threads if loop.extent > 1]
+        flat = "0"
+        for loop in head:
+            flat = f"({flat} * {loop.extent} + {self.var_name(loop.var)})"
+        lines = [f"  const long long cell = {flat};"]
+        # `fuse` let in only reads of the group's tensors at the thread's own cell, and no second
+        # store to them, so a float32 tensor stored once at the top of a body is its register there.
+        stored: dict[int, int] = {}
+        for part in unit.fused:
+            for st in walk_stmts(part.nest.body):
+                if isinstance(st, Store):
+                    stored[id(st.buffer.storage)] = stored.get(id(st.buffer.storage), 0) + 1
+        self._registers = {id(store.buffer.storage): "acc"}
+        try:
+            for part in unit.fused:
+                lines += self.bind_threads(part, head, "cell")
+                for st in part.nest.body:
+                    target = st.buffer.storage if isinstance(st, Store) else None
+                    if target is None or target.dtype != "float32" or stored[id(target)] != 1:
+                        lines += self.stmt(st, "  ")
+                        continue
+                    register = f"r{len(self._registers)}"
+                    lines.append(f"  const float {register} = (float)({self.expr(st.value)});")
+                    lines.append(f"  {self.buffer_name(target)}[{self.expr(st.index)}] = {register};")
+                    self._registers[id(target)] = register
+        finally:
+            self._registers = {}
+        return lines
 
     def warp_row(self, body: list[Stmt], plans: dict[int, StridedLoop], indent: str) -> list[str]:
         """A row body on a warp: loops strided over the lanes, accumulators combined by shuffles."""
@@ -348,6 +402,8 @@ class CudaRenderer:
             return self.local_name(e)
         if isinstance(e, Load):
             st = e.buffer.storage
+            if id(st) in self._registers:
+                return f"(({C_COMPUTE[e.type]}){self._registers[id(st)]})"   # this thread's own cell (see epilogue)
             element = f"{self.buffer_name(st)}[{self.expr(e.index)}]"
             return f"(({C_COMPUTE[e.type]}){'cx_h2f(' + element + ')' if st.dtype == 'float16' else element})"
         if isinstance(e, Binary):
