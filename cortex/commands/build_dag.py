@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from cortex.console import out, print_json
+from cortex.console import print_json, print_summary
 from cortex.dag import build_dag as build_dag_document
 from cortex.dag import to_dot
 from ir.errors import CortexError
@@ -45,13 +44,11 @@ def build_dag(
     if json:
         print_json(summary)
         return
-    table = Table(title=f"CU graph written to {output}", show_header=False)
-    table.add_column("")
-    table.add_column("", justify="right")
-    table.add_row("CUs / edges", f"{summary['cus']} / {summary['edges']}")
-    table.add_row("levels (widest)", f"{summary['levels']} ({summary['widest_level']})")
-    table.add_row("bytes crossing CU borders", f"{summary['bytes_crossing_borders']:,}")
-    table.add_row("critical path", f"{summary['critical_path']['cus']} CUs, {summary['critical_path']['flops']:,} flops")
-    table.add_row("total flops", f"{summary['total_flops']:,}")
-    table.add_row("time", f"{summary['seconds']:.2f} s")
-    out.print(table)
+    print_summary(f"CU graph written to {output}", [
+        ("CUs / edges", f"{summary['cus']} / {summary['edges']}"),
+        ("levels (widest)", f"{summary['levels']} ({summary['widest_level']})"),
+        ("bytes crossing CU borders", f"{summary['bytes_crossing_borders']:,}"),
+        ("critical path", f"{summary['critical_path']['cus']} CUs, {summary['critical_path']['flops']:,} flops"),
+        ("total flops", f"{summary['total_flops']:,}"),
+        ("time", f"{summary['seconds']:.2f} s"),
+    ])

@@ -6,11 +6,10 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
 
 from backends.cuda.build import compile_cu_dir
 from backends.cuda.compile import COMPILERS, DEFAULT_ARCHS, choose_compiler, parse_archs
-from cortex.console import out, print_json
+from cortex.console import print_json, print_summary
 
 
 def compile_cuda(
@@ -28,13 +27,11 @@ def compile_cuda(
     if json:
         print_json(summary)
         return
-    table = Table(title=f"CUDA artifacts written to {output}", show_header=False)
-    table.add_column("")
-    table.add_column("", justify="right")
-    table.add_row("CUs / kernels", f"{summary['cus']} / {summary['kernels']}")
-    table.add_row("compiler / archs", f"{summary['compiler']} / {','.join(summary['archs'])}")
-    table.add_row("most registers in a kernel", str(summary["max_registers"]))
-    table.add_row("kernels that spill", ", ".join(summary["spills"]) or "none")
-    table.add_row("dag.json updated", str(dag) if dag else "no (--dag not given)")
-    table.add_row("time", f"{summary['seconds']:.2f} s")
-    out.print(table)
+    print_summary(f"CUDA artifacts written to {output}", [
+        ("CUs / kernels", f"{summary['cus']} / {summary['kernels']}"),
+        ("compiler / archs", f"{summary['compiler']} / {','.join(summary['archs'])}"),
+        ("most registers in a kernel", str(summary["max_registers"])),
+        ("kernels that spill", ", ".join(summary["spills"]) or "none"),
+        ("dag.json updated", str(dag) if dag else "no (--dag not given)"),
+        ("time", f"{summary['seconds']:.2f} s"),
+    ])

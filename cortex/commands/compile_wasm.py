@@ -6,11 +6,10 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
 
 from backends.wasm.build import compile_cu_dir
 from backends.wasm.options import DEFAULT_FEATURES, FEATURES, OPT_LEVELS, TARGETS, parse_options
-from cortex.console import out, print_json
+from cortex.console import print_json, print_summary
 
 
 def compile_wasm(
@@ -30,12 +29,10 @@ def compile_wasm(
     if json:
         print_json(summary)
         return
-    table = Table(title=f"WebAssembly modules written to {output}", show_header=False)
-    table.add_column("")
-    table.add_column("", justify="right")
-    table.add_row("CUs", str(summary["cus"]))
-    table.add_row("bytes", f"{summary['bytes']:,}")
-    table.add_row("features / opt-level", f"{','.join(options.features) or 'none'} / {options.opt_level}")
-    table.add_row("dag.json updated", str(dag) if dag else "no (--dag not given)")
-    table.add_row("time", f"{summary['seconds']:.2f} s")
-    out.print(table)
+    print_summary(f"WebAssembly modules written to {output}", [
+        ("CUs", str(summary["cus"])),
+        ("bytes", f"{summary['bytes']:,}"),
+        ("features / opt-level", f"{','.join(options.features) or 'none'} / {options.opt_level}"),
+        ("dag.json updated", str(dag) if dag else "no (--dag not given)"),
+        ("time", f"{summary['seconds']:.2f} s"),
+    ])

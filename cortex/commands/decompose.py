@@ -11,11 +11,10 @@ from typing import Annotated, Optional
 
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from cortex.commands.inspect_model import Dims, InputShapes
 from cortex.commands.run import read_inputs
-from cortex.console import out, print_json
+from cortex.console import out, print_json, print_summary
 from cortex.cus import check_output_dir, model_info, write_cus
 from cortex.options import parse_dims, parse_input_shapes
 from cortex.pipeline import load_and_optimize
@@ -127,19 +126,17 @@ def _progress(enabled: bool):
 
 
 def _print_summary(summary: dict) -> None:
-    table = Table(title=f"Decomposed into {summary['output_dir']}", show_header=False)
-    table.add_column("")
-    table.add_column("", justify="right")
     p = summary["params"]
-    table.add_row("CUs", str(summary["cus"]))
-    table.add_row("nodes / fusion groups", f"{summary['nodes']} / {summary['fusion_groups']}")
-    table.add_row("ops split to fit --max-cu-size", str(summary["split_ops"]))
-    table.add_row("params min / median / max", f"{p['min']:,} / {p['median']:,.0f} / {p['max']:,}")
-    table.add_row("params total", f"{p['total']:,}")
-    table.add_row("max depth", str(summary["max_depth"]))
-    table.add_row("bytes crossing CU borders", f"{summary['bytes_crossing_borders']:,}")
-    table.add_row("time", f"{summary['seconds']:.2f} s")
-    out.print(table)
+    print_summary(f"Decomposed into {summary['output_dir']}", [
+        ("CUs", str(summary["cus"])),
+        ("nodes / fusion groups", f"{summary['nodes']} / {summary['fusion_groups']}"),
+        ("ops split to fit --max-cu-size", str(summary["split_ops"])),
+        ("params min / median / max", f"{p['min']:,} / {p['median']:,.0f} / {p['max']:,}"),
+        ("params total", f"{p['total']:,}"),
+        ("max depth", str(summary["max_depth"])),
+        ("bytes crossing CU borders", f"{summary['bytes_crossing_borders']:,}"),
+        ("time", f"{summary['seconds']:.2f} s"),
+    ])
     for reason, ids in summary["small_cus"].items():
         shown = ", ".join(ids[:8]) + (f" ... ({len(ids)} in all)" if len(ids) > 8 else "")
         out.print(f"{len(ids)} CU(s) stayed under --min-cu-size: {reason}: {shown}")
