@@ -2,6 +2,8 @@
 
 Per CU: `cu-NNNN.cu` (one translation unit, `extern "C"` kernels), `cu-NNNN.ptx`, one
 `cu-NNNN.sm_XX.cubin` per architecture, and `cu-NNNN.weights` (the weights blob the kernels read).
+A CU whose outputs are all empty tensors renders no kernel: it gets its (empty) weights file only,
+and its record says `module: false` and each output `empty`, so the devices load nothing for it.
 Every CU is checked for ops without a loop-nest lowering before anything is compiled. The files are
 written into a temporary sibling of the output folder that replaces it only when every CU compiled;
 dag.json, when given, then gets each CU's record (`cus[i].artifacts.cuda`: files and hashes, kernels
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from backends.cuda.compile import compile_cuda
-from backends.cuda.render import render_cuda
+from backends.cuda.render import CudaSource, render_cuda
 from cortex.artifacts import read_cus_for_target, read_dag_for_cus, write_dag
 from cortex.cus import write_directory_atomically
 from ir.errors import CortexError
@@ -32,6 +34,38 @@ RECORD_SCHEMA = "cortex.cuda/1"
 
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def _entry(name: str, data: bytes) -> dict:
+    return {"file": name, "sha256": _sha(data), "bytes": len(data)}
+
+
+def _kernel_free_record(cu_id: str, source: CudaSource) -> tuple[dict, dict[str, bytes]]:
+    """A CU that renders no kernel: every output is an empty tensor (a view or a copy of another
+    tensor is always written by a kernel, since a CU output owns its storage). There is nothing to
+    compile or load; the devices allocate the empty outputs and launch nothing. The record says so
+    (`module: false`, each output `empty`) and keeps only the weights file, which is empty too."""
+    for p in source.params:
+        if p.kind == "output" and p.bytes:
+            raise CortexError(f"output {p.name!r} ({p.bytes} bytes) is written by no kernel; the CUDA renderer "
+                              "dropped its loop nest")
+    files = {f"{cu_id}.weights": source.weights}
+    record = {
+        "schema": RECORD_SCHEMA,
+        "compiler": None,
+        "module": False,
+        "outputs": {p.name: "empty" for p in source.params if p.kind == "output"},
+        "source": None,
+        "ptx": None,
+        "cubins": {},
+        "weights": _entry(f"{cu_id}.weights", source.weights),
+        "scratch_bytes": source.scratch_bytes,
+        "params": [asdict(p) for p in source.params],
+        "launches": [],
+        "resources": {},
+        "spills": [],
+    }
+    return record, files
 
 
 def compile_cu_dir(cu_dir: Path, output: Path, archs: Sequence[str], compiler: str = "auto",
@@ -46,16 +80,20 @@ def compile_cu_dir(cu_dir: Path, output: Path, archs: Sequence[str], compiler: s
         cu_id = cu["id"]
         try:
             source = render_cuda(lower_graph(graphs[cu_id]), prefix=cu_id.replace("-", "") + "_")
+            if not source.launches:
+                return _kernel_free_record(cu_id, source)
             built = compile_cuda(source.text, f"{cu_id}.cu", archs, compiler)
         except CortexError as e:
             raise type(e)(f"{cu_id} ({cu_dir / cu['path']}): {e}") from None
         files = {f"{cu_id}.cu": source.text.encode(), f"{cu_id}.ptx": built.ptx,
                  f"{cu_id}.weights": source.weights,
                  **{f"{cu_id}.{arch}.cubin": cubin for arch, cubin in built.cubins.items()}}
-        entry = lambda name: {"file": name, "sha256": _sha(files[name]), "bytes": len(files[name])}  # noqa: E731
+        entry = lambda name: _entry(name, files[name])  # noqa: E731
         record = {
             "schema": RECORD_SCHEMA,
             "compiler": built.compiler,
+            "module": True,
+            "outputs": {p.name: "kernels" if p.bytes else "empty" for p in source.params if p.kind == "output"},
             "source": entry(f"{cu_id}.cu"),
             "ptx": {**entry(f"{cu_id}.ptx"), "arch": built.ptx_arch},
             "cubins": {arch: entry(f"{cu_id}.{arch}.cubin") for arch in built.cubins},
@@ -91,10 +129,10 @@ def compile_cu_dir(cu_dir: Path, output: Path, archs: Sequence[str], compiler: s
     kernels = sum(len(r["launches"]) for r in records.values())
     return {"output": str(output), "dag": str(dag_path) if dag_path else None, "cus": len(records),
             "kernels": kernels, "archs": list(archs),
-            "compiler": next(iter(records.values()))["compiler"] if records else None,
+            "compiler": next((r["compiler"] for r in records.values() if r["compiler"]), None),
             "spills": sorted(f"{cu}: {k}" for cu, r in records.items() for k in r["spills"]),
             "max_registers": max((res["registers"] for r in records.values() for arch in r["resources"].values()
                                   for res in arch.values()), default=0),
             "bytes": sum(e["bytes"] for r in records.values()
-                         for e in [r["source"], r["ptx"], r["weights"], *r["cubins"].values()]),
+                         for e in [r["source"], r["ptx"], r["weights"], *r["cubins"].values()] if e),
             "seconds": round(time.perf_counter() - start, 3)}

@@ -3,7 +3,8 @@
 The record (what compile-cuda writes into dag.json, `cus[i].artifacts.cuda`) says which kernels to
 launch in which order with which geometry, and the parameter layout every kernel shares: the CU's
 inputs, its outputs, the weights blob and the scratch space. The runner allocates outputs and scratch
-once, uploads the weights once, and for each run binds the given input tensors and launches. On the
+once, uploads the weights once, and for each run binds the given input tensors and launches (a CU
+whose record says `module: false` has no kernel and only hands back its empty outputs). On the
 GPU, tensors are `DeviceBuffer`s and stay on the device (one CU's output buffer is the next one's
 input); on cuda-sim they are numpy arrays.
 """
@@ -29,7 +30,10 @@ class CuProgram:
         weights = np.fromfile(weights_path, np.uint8) if weights_path else np.zeros(1, np.uint8)
         scratch_bytes = max(1, record["scratch_bytes"])
         signatures = {launch["kernel"]: ["ptr"] * len(self.params) for launch in self.launches}
-        if device is None:
+        if not record.get("module", True):
+            # No kernel (every output is empty): nothing to load, and the launch list is empty.
+            self.module = self.weights = self.scratch = None
+        elif device is None:
             from backends.cuda.sim import SimModule
             self.module = SimModule(folder / record["source"]["file"])
             self.weights, self.scratch = weights, np.zeros(scratch_bytes, np.uint8)

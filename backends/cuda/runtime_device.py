@@ -28,7 +28,7 @@ def _records(dag: dict, dag_path: Path) -> dict[str, tuple[dict, Path]]:
             raise CortexError(f"{dag_path}: {cu['id']} has no cuda artifact; run 'cortex compile-cuda --dag {dag_path}' first")
         folder = dag_path.parent / record["folder"]
         entries = [record["source"], record["weights"], record["ptx"], *record["cubins"].values()]
-        for entry in entries:
+        for entry in filter(None, entries):   # a kernel-free CU has no source, PTX or cubins
             path = folder / entry["file"]
             if not path.is_file():
                 raise CortexError(f"{path}: missing ({cu['id']} in {dag_path}); run 'cortex compile-cuda' again")
@@ -47,7 +47,8 @@ class CudaSimDevice:
         records = _records(dag, Path(dag_path))
         # Host compilation dominates loading: build every CU's library at once (g++ processes).
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-            list(pool.map(lambda rf: build(rf[1] / rf[0]["source"]["file"]), records.values()))
+            list(pool.map(lambda rf: build(rf[1] / rf[0]["source"]["file"]),
+                          [rf for rf in records.values() if rf[0].get("module", True)]))
         self.programs = {cu_id: CuProgram(None, record, folder, seed=seed, host_threads=threads)
                          for cu_id, (record, folder) in records.items()}
 
