@@ -56,9 +56,9 @@ def check_each_cu_against_onnxruntime(dag_path: Path, inputs: dict, rtol: float,
     return magnitudes
 
 
-def run_cuda_sim(model, feeds: dict, seed: int = 0, with_source: bool = False):
+def run_cuda_sim(model, feeds: dict, seed: int = 0, with_source: bool = False, **render_options):
     """One ONNX model as one CU: loop nests -> CUDA C++ -> cuda-sim; returns outputs by name (and the
-    CUDA source, with `with_source`)."""
+    CUDA source, with `with_source`). `render_options` go to `render_cuda` (tiled=, epilogues=)."""
     import tempfile
     from dataclasses import asdict
 
@@ -71,7 +71,7 @@ def run_cuda_sim(model, feeds: dict, seed: int = 0, with_source: bool = False):
     from passes import optimize_pipeline, run_pipeline
 
     graph, _ = run_pipeline(import_model(model), optimize_pipeline(require_static=True))
-    source = render_cuda(lower_graph(graph), "k")
+    source = render_cuda(lower_graph(graph), "k", **render_options)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         (folder / "cu.cu").write_text(source.text)

@@ -63,10 +63,13 @@ def _lowered(model):
     return lower_graph(graph)
 
 
-def _without_epilogues(monkeypatch, program):
-    from backends.cuda import fuse
-    monkeypatch.setattr(fuse, "plan_tiled", lambda nest: None)
-    return render_cuda(program)
+def _without_epilogues(program):
+    """The same build with epilogues off: the contraction is still tiled, the maps launch on their own."""
+    source = render_cuda(program, epilogues=False)
+    tiled = [launch for launch in source.launches if launch.block == [16, 16, 1]]
+    assert tiled, "the contraction is no longer tiled"
+    assert all("+" not in launch.op_type for launch in tiled)     # nothing fused into the tiled launch
+    return source
 
 
 FUSED_CASES = [
@@ -78,29 +81,27 @@ FUSED_CASES = [
 
 
 @pytest.mark.parametrize("build, shapes, chain", FUSED_CASES)
-def test_epilogue_runs_in_the_tiled_store_step_and_matches_onnxruntime(build, shapes, chain, monkeypatch):
+def test_epilogue_runs_in_the_tiled_store_step_and_matches_onnxruntime(build, shapes, chain):
     from cuda_cases import run_cuda_sim
     model = build()
     source = render_cuda(_lowered(model))
     tiled = [launch for launch in source.launches if launch.block == [16, 16, 1]]
     assert len(tiled) == 1 and tiled[0].op_type.split("+")[-len(chain):] == chain
     assert "acc" in source.text.split("// fused:")[1]     # the sum is read from its register
-    unfused = _without_epilogues(monkeypatch, _lowered(model))
+    unfused = _without_epilogues(_lowered(model))
     assert len(source.launches) == len(unfused.launches) - 1    # the epilogue's own launch is gone
-    monkeypatch.undo()
     feeds = {name: RNG.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
     got = run_cuda_sim(model, feeds, seed=5)["y"]
     np.testing.assert_allclose(got, run_onnxruntime(model, feeds)["y"], rtol=1e-4, atol=1e-5)
 
 
-def test_a_reader_of_another_threads_cell_is_not_fused_into_the_tiled_kernel(monkeypatch):
+def test_a_reader_of_another_threads_cell_is_not_fused_into_the_tiled_kernel():
     from cuda_cases import run_cuda_sim
     model = matmul_then_transpose()
     source = render_cuda(_lowered(model))
     assert [launch.op_type for launch in source.launches][-2:] == ["MatMul", "Transpose"]
     assert "// fused:" not in source.text
-    assert len(source.launches) == len(_without_epilogues(monkeypatch, _lowered(model)).launches)
-    monkeypatch.undo()
+    assert len(source.launches) == len(_without_epilogues(_lowered(model)).launches)
     feeds = {"x": RNG.standard_normal((32, 40)).astype(np.float32)}
     np.testing.assert_allclose(run_cuda_sim(model, feeds, seed=5)["y"], run_onnxruntime(model, feeds)["y"],
                                rtol=1e-4, atol=1e-5)

@@ -42,9 +42,9 @@ def _is_pure_map(unit: Unit) -> bool:
             and not any(isinstance(s, Assign) for s in walk_stmts(nest.body)))
 
 
-def _can_head(unit: Unit) -> bool:
+def _can_head(unit: Unit, epilogues: bool) -> bool:
     """A group may start here: a pure map, or a tiled contraction whose epilogue the maps become."""
-    return _is_pure_map(unit) or plan_tiled(unit.nest) is not None
+    return _is_pure_map(unit) or (epilogues and plan_tiled(unit.nest) is not None)
 
 
 def _canonical(unit: Unit) -> tuple[list[int], dict[int, int]]:
@@ -93,19 +93,21 @@ def _accesses(unit: Unit):
     return stores, loads
 
 
-def fuse_elementwise(units: list[Unit]) -> list[Unit]:
+def fuse_elementwise(units: list[Unit], epilogues: bool = True) -> list[Unit]:
+    """`epilogues=False`: maps never join a tiled contraction (the renderer's option, which must be
+    off whenever tiling is, since only a tiled launch can run an epilogue)."""
     out: list[Unit] = []
     written: dict[int, object] = {}     # storage id -> canonical store form, for the open group
     read: set[int] = set()
     extents: list[int] | None = None
     for unit in units:
         head = out[-1] if out else None
-        if head is not None and _can_head(head) and _is_pure_map(unit) and _can_join(unit, extents, written, read):
+        if head is not None and _can_head(head, epilogues) and _is_pure_map(unit) and _can_join(unit, extents, written, read):
             head.fused.append(unit)
         else:
             out.append(unit)
             written, read, extents = {}, set(), None
-            if not _can_head(unit) or not _record(unit, written, read):
+            if not _can_head(unit, epilogues) or not _record(unit, written, read):
                 written, read = {"closed": None}, set()
                 continue
         extents = _canonical(unit)[0]

@@ -66,13 +66,18 @@ def _align(n: int) -> int:
     return -(-max(n, 1) // ALIGN) * ALIGN
 
 
-def render_cuda(program: Program, prefix: str = "k") -> CudaSource:
-    return CudaRenderer(program, prefix).render()
+def render_cuda(program: Program, prefix: str = "k", *, tiled: bool = True, epilogues: bool = True) -> CudaSource:
+    """`tiled=False`: contractions stay one thread per output (no shared-memory tiles, hence no
+    epilogues either); `epilogues=False`: they are tiled but the maps after them keep their own
+    launches. Both exist to compare a build against the plainer one (tests, and when in doubt)."""
+    return CudaRenderer(program, prefix, tiled=tiled, epilogues=epilogues).render()
 
 
 class CudaRenderer:
-    def __init__(self, program: Program, prefix: str):
+    def __init__(self, program: Program, prefix: str, *, tiled: bool = True, epilogues: bool = True):
         self.program = program
+        self.tiled = tiled
+        self.epilogues = tiled and epilogues
         self.prefix = re.sub(r"\W", "_", prefix)
         self.address: dict[int, str] = {}      # id(storage) -> C expression of its base pointer
         self.weight_blob = bytearray()
@@ -112,7 +117,7 @@ class CudaRenderer:
         units = []
         for index, kernel in enumerate(self.program.kernels):
             units += self.units(index, kernel)
-        functions = [self.emit(unit) for unit in fuse_elementwise(units)]
+        functions = [self.emit(unit) for unit in fuse_elementwise(units, epilogues=self.epilogues)]
         return CudaSource(PRELUDE + "\n" + "\n".join(functions), self.launches, self.params,
                           bytes(self.weight_blob), self.scratch)
 
@@ -137,7 +142,7 @@ class CudaRenderer:
 
     def emit(self, unit: Unit) -> str:
         kernel, nest, name = unit.kernel, unit.nest, unit.name
-        tiled = plan_tiled(nest)
+        tiled = plan_tiled(nest) if self.tiled else None
         if unit.fused and tiled is None:
             parts = unit.parts
             threads = nest.thread_count
