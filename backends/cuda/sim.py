@@ -9,6 +9,9 @@ takes a numpy array. Built libraries are cached by the hash of everything that g
 Options for tests: `sanitize=True` builds with AddressSanitizer and UBSan (the process must have
 libasan preloaded: see `sanitizer_env`), and `seed=` permutes the order of blocks and of fibers at
 every barrier, which exposes missing barriers.
+
+The cache (`~/.cache/cortex/cuda-sim`) is bounded, oldest-used first: `CORTEX_SIM_CACHE_MB`, default
+1024 (see `sim_cache`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from typing import Sequence
 
 import numpy as np
 
+from backends.cuda import sim_cache
+from backends.cuda.sim_cache import cache_dir
 from ir.errors import CortexError
 
 SIM_DIR = Path(__file__).parent / "sim"
@@ -76,11 +81,6 @@ def compiler() -> str:
     return gxx
 
 
-def cache_dir() -> Path:
-    root = Path(os.environ.get("CORTEX_CACHE_DIR") or Path.home() / ".cache" / "cortex")
-    return root / "cuda-sim"
-
-
 def unemulated_features(source_path: Path, defines: Sequence[str] = ()) -> list[str]:
     """Features in the active code of a source (after the preprocessor) that cuda-sim cannot run."""
     result = subprocess.run([compiler(), "-std=c++20", "-E", "-x", "c++", "-include", str(SHIM),
@@ -116,6 +116,7 @@ def build(source_path: str | os.PathLike, *, sanitize: bool = False, opt: str = 
     kernels = kernel_names(source)
     if not kernels:
         raise CortexError(f"{source_path} defines no __global__ kernel")
+    sim_cache.limit_bytes()   # a bad CORTEX_SIM_CACHE_MB fails before any work
     refused = unemulated_features(source_path, defines)
     if refused:
         raise CortexError(f"cuda-sim cannot emulate {', '.join(refused)} used in {source_path}; "
@@ -132,6 +133,7 @@ def build(source_path: str | os.PathLike, *, sanitize: bool = False, opt: str = 
         key.update(part.encode() + b"\0")
     library = cache_dir() / f"{source_path.stem}-{key.hexdigest()[:20]}.so"
     if library.exists():
+        sim_cache.mark_used(library)
         return library
     library.parent.mkdir(parents=True, exist_ok=True)
     runtime = _runtime_object(flags)
@@ -145,6 +147,7 @@ def build(source_path: str | os.PathLike, *, sanitize: bool = False, opt: str = 
             message = _first_error(result.stderr).replace("cu.cu:", f"{source_path.name}:")
             raise CortexError(f"cuda-sim could not compile {source_path}: {message}")
         os.replace(built, library)
+    sim_cache.prune()   # the cache only grows here
     return library
 
 
@@ -155,6 +158,7 @@ def _runtime_object(flags: list[str]) -> Path:
         key.update(part.encode() + b"\0")
     obj = cache_dir() / f"cuda_sim_runtime-{key.hexdigest()[:20]}.o"
     if obj.exists():
+        sim_cache.mark_used(obj)
         return obj
     obj.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=obj.parent) as tmp:
@@ -230,7 +234,14 @@ class SimModule:
                               "the environment from backends.cuda.sim.sanitizer_env()")
         self.path = Path(source_path)
         self.library_path = build(source_path, sanitize=sanitize, opt=opt, defines=defines)
-        self._lib = ctypes.CDLL(str(self.library_path))
+        try:
+            self._lib = ctypes.CDLL(str(self.library_path))
+        except OSError:
+            if self.library_path.exists():
+                raise
+            # Another process bounding the cache deleted it between the build and this load.
+            self.library_path = build(source_path, sanitize=sanitize, opt=opt, defines=defines)
+            self._lib = ctypes.CDLL(str(self.library_path))
         self._lib.cuda_sim_last_error.restype = ctypes.c_char_p
         self.kernels = {}
         for name in kernel_names(self.path.read_text()):
