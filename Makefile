@@ -54,7 +54,8 @@ bench: setup $(ORTWEB) bench-decompose
 	$(BIN)/python -m bench.bench_models --json $(OUT)/bench.json
 
 ## On a machine with an NVIDIA GPU: compile-cuda + run --device cuda on the samples, light models and
-## MiniLM against onnxruntime, timed against onnxruntime's CUDA EP (or torch), plus conformance on cuda.
+## MiniLM against onnxruntime, timed against onnxruntime's CUDA EP (or torch), plus conformance on cuda;
+## writes its section of docs/benchmarks.md. Without a GPU: one line, exit code 2, nothing written.
 gpu-check: setup
 	$(BIN)/python -m bench.gpu_check --out $(OUT)/gpu-check --output $(OUT)/gpu-check.json
 

@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="wasm", choices=DEVICES)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=None,
-                        help="seconds per case (default 60 on wasm; 300 on cuda-sim, which compiles C++ per CU)")
+                        help="seconds per case (default 60 on wasm; 300 on cuda-sim and cuda, which compile C++ per CU)")
     parser.add_argument("--cases", default=None, help="only the cases whose name matches this regex")
     parser.add_argument("--output", type=Path, default=None,
                         help="the Markdown table (default docs/conformance.md, or docs/conformance-DEVICE.md); "

@@ -1,0 +1,75 @@
+"""`make gpu-check` (bench/gpu_check.py): without a GPU it stops with one line and exit code 2 and
+writes nothing; with results, it rewrites only its own section of docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import pytest
+
+from backends.cuda import device as cuda_device
+from bench import gpu_check
+
+
+def _gpu_available() -> bool:
+    try:
+        cuda_device.open_driver()
+        return True
+    except cuda_device.CudaDeviceError:
+        return False
+
+
+@pytest.mark.skipif(_gpu_available(), reason="this machine has a CUDA driver and a GPU")
+def test_without_a_gpu_it_stops_with_one_line_and_leaves_the_docs_untouched(tmp_path, capsys):
+    docs = tmp_path / "benchmarks.md"
+    docs.write_text("# Benchmarks\n\nhand-written text\n")
+    before = docs.read_bytes()
+    code = gpu_check.main(["--docs", str(docs), "--output", str(tmp_path / "gpu-check.json"),
+                           "--out", str(tmp_path / "build")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and err.startswith("gpu-check: --device cuda:")
+    assert docs.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["benchmarks.md"]
+
+
+DOCUMENT = {
+    "gpu": "NVIDIA H100 80GB HBM3", "arch": "sm_90", "compiler": "nvcc 13.0", "commit": "abc1234",
+    "date": "2026-11-29 12:00 UTC", "repeats": 20,
+    "models": [
+        {"model": "cnn", "matches_onnxruntime": True, "cortex_cuda_ms": 0.5, "reference": "onnxruntime CUDA EP",
+         "reference_ms": 0.25},
+        {"model": "mlp", "matches_onnxruntime": True, "cortex_cuda_ms": 2.0, "reference": "onnxruntime CUDA EP",
+         "reference_ms": 1.0},
+        {"model": "minilm", "matches_onnxruntime": False, "error": "output 'y': 3 of 10 values off"},
+    ],
+    "conformance": {"exit_code": 0, "table": "docs/conformance-cuda.md",
+                    "summary": {"counted": 1500, "passed": 1200, "failed": 3, "unsupported": 290, "crashed": 7,
+                                "pass_rate": 0.8}},
+}
+
+
+def test_the_section_reports_each_model_the_geomean_and_the_conformance_figure():
+    section = gpu_check.render_section(DOCUMENT)
+    assert section.startswith(gpu_check.BEGIN) and section.rstrip().endswith(gpu_check.END)
+    assert "| cnn | yes | 0.500 | onnxruntime CUDA EP | 0.250 | 2.00 |" in section
+    assert "| minilm | **no**: output 'y': 3 of 10 values off | n/a |" in section
+    assert "Geomean Cortex / reference (lower is faster): 2.00 over 2 models." in section
+    assert "1200 of 1500 node-test cases that onnxruntime passes pass (80.0%)" in section
+
+
+def test_rewriting_the_section_keeps_the_rest_of_the_page(tmp_path):
+    docs = tmp_path / "benchmarks.md"
+    docs.write_text("# Benchmarks\n\n<!-- BEGIN other -->\nwasm figures\n<!-- END other -->\n")
+    gpu_check.write_section(docs, gpu_check.render_section(DOCUMENT))
+    first = docs.read_text()
+    gpu_check.write_section(docs, gpu_check.render_section({**DOCUMENT, "commit": "def5678"}))
+    text = docs.read_text()
+    assert "wasm figures" in text and text.count(gpu_check.BEGIN) == 1
+    assert "def5678" in text and "abc1234" not in text and len(text) == len(first)
+
+
+@pytest.mark.skipif(_gpu_available(), reason="this machine has a CUDA driver and a GPU")
+def test_the_conformance_suite_knows_the_cuda_device_and_says_why_it_cannot_run_here():
+    from cortex.conformance.devices import DEVICES, unavailable_reason
+    assert "cuda" in DEVICES
+    reason = unavailable_reason("cuda")
+    assert reason.startswith("--device cuda:") and "\n" not in reason
