@@ -1,4 +1,5 @@
-"""Conv lowered to im2col + the WASM GEMM kernel, against onnxruntime's Conv."""
+"""Conv lowered to the WASM GEMM kernel, against onnxruntime's Conv: im2col (the weight as A) and the
+implicit GEMM over output pixels (the weight as packed B, kernels/conv_implicit_gemm.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from backends.wasm.gemm import SCALAR, SIMD, SIMD_FMA
-from backends.wasm.kernels.conv import Conv2dSpec, conv_scratch_bytes, render_conv2d
+from backends.wasm.kernels.conv import Conv2dSpec, conv_scratch_bytes, pack_conv_weight, render_conv2d
+from backends.wasm.kernels.conv_implicit_gemm import implicit_gemm_is_faster
 from backends.wasm.kernels.standalone import instantiate, read, write
 
 
@@ -29,6 +31,7 @@ def onnxruntime_conv(spec: Conv2dSpec, x, w, bias):
 
 def run_conv(spec: Conv2dSpec, x, w, bias, residual, epilogue, features):
     y_shape = (spec.batch, spec.out_channels, spec.out_height, spec.out_width)
+    w = pack_conv_weight(spec, w)
     layout, end = {}, 32
     for key, size in (("x", x.nbytes), ("w", w.nbytes), ("b", spec.out_channels * 4),
                       ("y", int(np.prod(y_shape)) * 4), ("r", int(np.prod(y_shape)) * 4),
@@ -114,3 +117,116 @@ def test_depthwise_conv_runs_directly_on_a_padded_plane_instead_of_im2col():
     assert conv_scratch_bytes(spec) == 30 * 30 * 4     # one zero-bordered plane, vs 9 x 136 x 784 floats
     wat = render_conv2d(spec, x_offset=0, w_offset=0, y_offset=0, scratch_offset=0, features=SIMD_FMA)
     assert "im2col" not in wat and "depthwise" in wat
+
+
+# The implicit GEMM: every kernel size the models use, strides, asymmetric padding, widths that
+# leave 1-3 pixels at a row's end, output channels that leave a partial panel and a partial vector,
+# more than one K block of channels, dilation, two images.
+IMPLICIT_SPECS = {
+    "1x1": Conv2dSpec(1, 16, 4, 8, 20, (1, 1), implicit_gemm=True),
+    "1x1-odd-pixels-4-channels": Conv2dSpec(1, 5, 3, 7, 4, (1, 1), implicit_gemm=True),
+    "1x1-stride2": Conv2dSpec(1, 24, 9, 11, 33, (1, 1), strides=(2, 2), implicit_gemm=True),
+    "3x3-pad1-odd-width": Conv2dSpec(1, 3, 9, 11, 8, (3, 3), pads=(1, 1, 1, 1), implicit_gemm=True),
+    "3x3-two-channel-blocks-partial-panel": Conv2dSpec(1, 130, 9, 13, 37, (3, 3), pads=(1, 1, 1, 1), implicit_gemm=True),
+    "3x3-unpadded": Conv2dSpec(1, 6, 8, 10, 18, (3, 3), implicit_gemm=True),
+    "3x3-stride2": Conv2dSpec(1, 8, 15, 14, 16, (3, 3), strides=(2, 2), pads=(1, 1, 1, 1), implicit_gemm=True),
+    "5x5-stride2-asymmetric-pads": Conv2dSpec(1, 140, 9, 13, 35, (5, 5), strides=(2, 2), pads=(2, 1, 2, 2), implicit_gemm=True),
+    "7x7-stride2-pad3": Conv2dSpec(1, 3, 20, 18, 16, (7, 7), strides=(2, 2), pads=(3, 3, 3, 3), implicit_gemm=True),
+    "dilated-asymmetric-pads": Conv2dSpec(1, 4, 10, 12, 5, (3, 2), pads=(2, 0, 1, 1), dilations=(2, 3), implicit_gemm=True),
+    "batch-of-two": Conv2dSpec(2, 17, 7, 7, 40, (3, 3), pads=(1, 1, 1, 1), implicit_gemm=True),
+}
+
+
+def _random_case(spec, seed, with_bias=True, with_residual=False):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((spec.batch, spec.in_channels, spec.height, spec.width)).astype(np.float32)
+    w = rng.standard_normal((spec.out_channels, spec.in_channels // spec.groups, *spec.kernel)).astype(np.float32)
+    bias = rng.standard_normal(spec.out_channels).astype(np.float32) if with_bias else None
+    shape = (spec.batch, spec.out_channels, spec.out_height, spec.out_width)
+    residual = rng.standard_normal(shape).astype(np.float32) if with_residual else None
+    return x, w, bias, residual
+
+
+@pytest.mark.parametrize("features", [SIMD_FMA, SIMD], ids=["relaxed-simd", "simd"])
+@pytest.mark.parametrize("name", IMPLICIT_SPECS)
+def test_conv_as_implicit_gemm_matches_onnxruntime(name, features):
+    spec = IMPLICIT_SPECS[name]
+    x, w, bias, _ = _random_case(spec, len(name))
+    want = onnxruntime_conv(spec, x, w, bias)
+    got = run_conv(spec, x, w, bias, None, None, features)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-4 * np.sqrt(spec.gemm_k))
+
+
+@pytest.mark.parametrize("name", ["1x1-odd-pixels-4-channels", "3x3-two-channel-blocks-partial-panel",
+                                  "5x5-stride2-asymmetric-pads", "batch-of-two"])
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no-bias"])
+def test_implicit_gemm_conv_adds_the_residual_then_applies_relu(name, with_bias):
+    spec = IMPLICIT_SPECS[name]
+    x, w, bias, residual = _random_case(spec, 7, with_bias, with_residual=True)
+    want = np.maximum(onnxruntime_conv(spec, x, w, bias) + residual, 0)
+    got = run_conv(spec, x, w, bias, residual, "relu", SIMD_FMA)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-4 * np.sqrt(spec.gemm_k))
+
+
+def test_implicit_gemm_conv_applies_relu_in_its_epilogue():
+    spec = IMPLICIT_SPECS["3x3-pad1-odd-width"]
+    x, w, bias, _ = _random_case(spec, 11)
+    got = run_conv(spec, x, w, bias, None, "relu", SIMD_FMA)
+    want = np.maximum(onnxruntime_conv(spec, x, w, bias), 0)
+    assert (got == 0).mean() > 0.2  # relu really clipped something
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_implicit_gemm_reads_a_compile_time_packed_weight_and_no_im2col():
+    spec = IMPLICIT_SPECS["3x3-two-channel-blocks-partial-panel"]
+    packed = pack_conv_weight(spec, np.zeros((37, 130, 3, 3), np.float32))
+    assert packed.size == 3 * 16 * 130 * 9           # 37 channels -> 3 panels of 16, k = 9 x 130
+    wat = render_conv2d(spec, x_offset=0, w_offset=0, y_offset=0, scratch_offset=0, features=SIMD_FMA)
+    assert "im2col" not in wat and "implicit GEMM" in wat
+
+
+@pytest.mark.parametrize("spec,faster", [
+    (Conv2dSpec(1, 128, 56, 56, 32, (3, 3), pads=(1, 1, 1, 1)), True),     # densenet121's dense-layer 3x3
+    (Conv2dSpec(1, 64, 55, 55, 16, (1, 1)), True),                         # squeezenet's squeeze
+    (Conv2dSpec(1, 512, 7, 7, 128, (1, 1)), True),                         # a 1x1 on a small image
+    (Conv2dSpec(1, 64, 224, 224, 64, (3, 3), pads=(1, 1, 1, 1)), False),   # vgg19: Y^T would not fit in L2
+    (Conv2dSpec(1, 3, 224, 224, 64, (7, 7), strides=(2, 2), pads=(3, 3, 3, 3)), False),  # 3-channel stem
+    (Conv2dSpec(1, 256, 56, 56, 512, (1, 1), strides=(2, 2)), False),      # strided
+    (Conv2dSpec(1, 8, 6, 6, 12, (3, 3), pads=(1, 1, 1, 1), groups=4), False),
+])
+def test_the_implicit_gemm_is_chosen_where_it_was_measured_faster(spec, faster):
+    assert implicit_gemm_is_faster(spec, SIMD_FMA) is faster
+    assert not implicit_gemm_is_faster(spec, SCALAR)  # the tile needs SIMD128
+
+
+def test_a_grouped_conv_cannot_be_an_implicit_gemm():
+    with pytest.raises(ValueError, match="groups"):
+        Conv2dSpec(1, 8, 6, 6, 12, (3, 3), groups=4, implicit_gemm=True)
+
+
+def test_a_compiled_model_runs_its_few_channel_convs_as_implicit_gemms_and_matches_onnxruntime():
+    """Through the compiler: the lowering packs the weight at compile time for the Convs the rule
+    picks (3x3 32 -> 24 and 1x1 24 -> 16, stride 1) and keeps im2col for the strided one."""
+    from backends.wasm.intrinsics import hooks
+    from backends.wasm.options import parse_options
+    from ir.loops import lower_graph
+    from ir.onnx_import import import_model
+    from passes import optimize_pipeline, run_pipeline
+    from wasm_cases import assert_matches_onnxruntime, make_model
+
+    rng = np.random.default_rng(3)
+    init = lambda name, *shape: onnx.numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)  # noqa: E731
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"]),
+             helper.make_node("Conv", ["c2", "w3", "b3"], ["y"], kernel_shape=[3, 3], strides=[2, 2])]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 32, 11, 13])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                       [init("w1", 24, 32, 3, 3), init("b1", 24), init("w2", 16, 24, 1, 1), init("w3", 8, 16, 3, 3), init("b3", 8)])
+    x = rng.standard_normal((2, 32, 11, 13)).astype(np.float32)
+    assert_matches_onnxruntime(model, {"x": x}, configs=[("simd,bulk-memory", "2"), ("simd,bulk-memory,relaxed-simd", "3"),
+                                                         ("", "2")], rtol=1e-4, atol=1e-3)
+    graph, _ = run_pipeline(import_model(model), optimize_pipeline(require_static=True))
+    program = lower_graph(graph, hooks(parse_options(None, "simd", "2")))
+    convs = [s.params for k in program.kernels for s in k.body if getattr(s, "name", None) == "conv2d"]
+    assert [p.get("implicit_gemm", False) for p in convs] == [True, True, False]

@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from backends.wasm.gemm import SCALAR, pack_b, packed_b_size, render_gemm, render_pack_b
-from backends.wasm.kernels.conv import Conv2dSpec, conv_scratch_bytes, render_conv2d
+from backends.wasm.kernels.conv import Conv2dSpec, conv_scratch_bytes, pack_conv_weight, render_conv2d
+from backends.wasm.kernels.conv_implicit_gemm import implicit_gemm_is_faster
 from backends.wasm.options import WasmOptions
 from ir.loops.program import Intrinsic
 
@@ -27,6 +28,17 @@ class GemmHooks:
 
 
 class Conv2dHooks:
+    def __init__(self, features: frozenset[str]):
+        self.features = features
+
+    def prefers_implicit_gemm(self, params: dict) -> bool:
+        """Whether this Conv runs faster as an implicit GEMM (its weight then packed by `pack_weight`)."""
+        return implicit_gemm_is_faster(Conv2dSpec(**params), self.features)
+
+    @staticmethod
+    def pack_weight(params: dict, weights: np.ndarray) -> np.ndarray:
+        return pack_conv_weight(Conv2dSpec(**params), weights)
+
     @staticmethod
     def scratch_elements(params: dict) -> int:
         return conv_scratch_bytes(Conv2dSpec(**params)) // 4
@@ -35,7 +47,7 @@ class Conv2dHooks:
 def hooks(options: WasmOptions) -> dict:
     if options.opt_level in ("0", "z"):
         return {}
-    return {"gemm": GemmHooks(), "conv2d": Conv2dHooks()}
+    return {"gemm": GemmHooks(), "conv2d": Conv2dHooks(kernel_features(options))}
 
 
 def kernel_features(options: WasmOptions) -> frozenset[str]:

@@ -158,8 +158,14 @@ def _conv_as_intrinsic(b, node) -> bool:
                   out_channels=wv.shape[0], kernel=tuple(wv.shape[2:]), strides=tuple(geo.strides),
                   pads=(geo.pads_begin[0], geo.pads_begin[1], geo.pads_end[0], geo.pads_end[1]),
                   dilations=tuple(geo.dilations), groups=int(node.attrs.get("group", 1)))
-    scratch = b.temp("float32", (b.intrinsics["conv2d"].scratch_elements(params),), x.name + "_im2col")
-    b.call_intrinsic("conv2d", {"x": x, "w": b.input(node, 1), "y": y, "bias": b.input(node, 2), "scratch": scratch},
+    hooks = b.intrinsics["conv2d"]
+    if wv.is_const and hooks.prefers_implicit_gemm(params):  # the weight is packed here, at compile time
+        params["implicit_gemm"] = True
+        w = b.constant(hooks.pack_weight(params, np.asarray(wv.const)), wv.name + "_panels")
+    else:
+        w = b.input(node, 1)
+    scratch = b.temp("float32", (hooks.scratch_elements(params),), x.name + "_im2col")
+    b.call_intrinsic("conv2d", {"x": x, "w": w, "y": y, "bias": b.input(node, 2), "scratch": scratch},
                      epilogue=epilogue, **params)
     return True
 

@@ -6,20 +6,28 @@ stores it (OC x C/g*KH*KW, row-major: no repacking), B is the im2col matrix (pac
 in one pass, into 16-pixel panels), and C is the NCHW output itself, with a per-row (per-channel)
 bias and any residual in the same NCHW layout. A 1x1 stride-1 unpadded Conv needs no im2col: its
 input already is B, which `render_pack_b` packs. A depthwise Conv (one channel per group) would be
-a one-row product per channel: it runs the direct kernel of `kernels/depthwise.py` instead.
+a one-row product per channel: it runs the direct kernel of `kernels/depthwise.py` instead. A
+Conv whose spec says `implicit_gemm` runs the other orientation, `kernels/conv_implicit_gemm.py`
+(output pixels as rows, the weight packed at compile time as B, no im2col); which Convs take it is
+decided there, by `implicit_gemm_is_faster`.
 
 Entry point
 - `render_conv2d(spec, *, x_offset, w_offset, y_offset, scratch_offset, bias_offset=None,
   residual_offset=None, epilogue=None, features=SIMD_FMA, name="conv") -> str`: WAT functions, the
   one to call being `$name` (no parameters); `conv_scratch_bytes(spec)` is what it needs at
-  `scratch_offset` (the packed im2col of one image, all groups, and the GEMM's A blocks).
+  `scratch_offset` (the packed im2col of one image, all groups, and the GEMM's A blocks). With
+  `spec.implicit_gemm` the weight at `w_offset` is `pack_conv_weight(spec, w)`, not ONNX's layout.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from backends.wasm.gemm import SIMD_FMA, gemm_scratch_bytes, packed_b_size, render_gemm, render_pack_b
+from backends.wasm.kernels.conv_implicit_gemm import (implicit_gemm_scratch_bytes, pack_implicit_gemm_weight,
+                                                      render_conv2d_implicit_gemm)
 from backends.wasm.kernels.depthwise import depthwise_scratch_bytes, is_depthwise, render_depthwise
 from backends.wasm.kernels.microkernel import PANEL
 
@@ -37,10 +45,13 @@ class Conv2dSpec:
     pads: tuple[int, int, int, int] = (0, 0, 0, 0)  # top, left, bottom, right (ONNX order: begins, ends)
     dilations: tuple[int, int] = (1, 1)
     groups: int = 1
+    implicit_gemm: bool = False  # output pixels as GEMM rows, the weight as packed B (conv_implicit_gemm.py)
 
     def __post_init__(self):
         if self.in_channels % self.groups or self.out_channels % self.groups:
             raise ValueError(f"channels {self.in_channels} -> {self.out_channels} do not split into {self.groups} groups")
+        if self.implicit_gemm and self.groups != 1:
+            raise ValueError(f"a grouped Conv ({self.groups} groups) runs on im2col, not as an implicit GEMM")
         if self.out_height < 1 or self.out_width < 1:
             raise ValueError(f"Conv output would be empty: {self}")
 
@@ -70,9 +81,19 @@ class Conv2dSpec:
 def conv_scratch_bytes(spec: Conv2dSpec) -> int:
     """The packed im2col of one image (all groups), then room for the GEMM's packed A blocks; for a
     depthwise Conv, the zero-bordered plane of the direct kernel."""
+    if spec.implicit_gemm:
+        return implicit_gemm_scratch_bytes(spec)
     if is_depthwise(spec):
         return depthwise_scratch_bytes(spec)
     return _im2col_bytes(spec) + gemm_scratch_bytes(spec.out_channels // spec.groups, spec.gemm_k)
+
+
+def pack_conv_weight(spec: Conv2dSpec, w: np.ndarray) -> np.ndarray:
+    """The weight as `render_conv2d` reads it: ONNX's [OC, C/g, kh, kw] as is for im2col, 16-channel
+    panels for the implicit GEMM."""
+    if spec.implicit_gemm:
+        return pack_implicit_gemm_weight(spec, w)
+    return np.asarray(w, dtype=np.float32)
 
 
 def _im2col_bytes(spec: Conv2dSpec) -> int:
@@ -82,6 +103,11 @@ def _im2col_bytes(spec: Conv2dSpec) -> int:
 def render_conv2d(spec: Conv2dSpec, *, x_offset: int, w_offset: int, y_offset: int, scratch_offset: int,
                   bias_offset: int | None = None, residual_offset: int | None = None,
                   epilogue: str | None = None, features=SIMD_FMA, name: str = "conv") -> str:
+    if spec.implicit_gemm:
+        return render_conv2d_implicit_gemm(spec, x_offset=x_offset, w_offset=w_offset, y_offset=y_offset,
+                                           scratch_offset=scratch_offset, bias_offset=bias_offset,
+                                           residual_offset=residual_offset, epilogue=epilogue, features=features,
+                                           name=name)
     if is_depthwise(spec):
         return render_depthwise(spec, x_offset=x_offset, w_offset=w_offset, y_offset=y_offset,
                                 scratch_offset=scratch_offset, bias_offset=bias_offset,

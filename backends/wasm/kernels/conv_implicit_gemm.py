@@ -1,0 +1,345 @@
+"""Conv2D as an implicit GEMM over output pixels: Y^T[p, oc] = X-window[p, k] @ W[k, oc], no im2col.
+
+The other orientation of `kernels/conv.py`. There the weight is A and the im2col matrix (9 x the
+input for a 3x3 kernel, packed at run time) is B; when the Conv has few output channels, packing B
+costs as much as the product. Here the roles swap:
+- B is the weight, packed at compile time (`pack_implicit_gemm_weight`) into 16-output-channel
+  panels with k ordered (ky, kx, c);
+- A is the input itself, read in place by the micro-kernel's broadcast loads: for one (ky, kx) and a
+  block of up to 128 input channels, A[p, c] sits at `x + c*plane + (iy*width + ix)*4`, so the tile's
+  k step is one channel plane and its row step (the next output pixel) is `stride*4` bytes. A Conv
+  with padding first copies its input into a zero-bordered scratch (about the input's size);
+- C is a pixel-major scratch Y^T [pixels x channels] (channels rounded up to 4), which one
+  vectorised pass (4x4 blocks transposed with `i8x16.shuffle`) turns into the NCHW output. The bias
+  (per output channel = per column) and the activation run in the tile's epilogue; a residual is
+  NCHW, so with one the transpose pass adds it and applies the activation.
+
+A K block is one (ky, kx, channel block); `$first` / `$last` mark the first and last of them. With
+stride 1, output pixel (oy, ox) reads the input at (oy*Wp + ox) + (ky*Wp + kx) in a plane of width
+Wp (padded), so the pixels run as one line q = oy*Wp + ox over the whole plane, tiles of 4 straight
+across rows: the kw - 1 columns past each row's end are computed and never read back, which costs
+less than the 1-3 pixel tiles at every row's end that strided Convs need (they tile row by row).
+
+Groups > 1 stay on im2col (depthwise on `kernels/depthwise.py`); SIMD is required (the scalar build
+keeps im2col). Which orientation a Conv takes is `implicit_gemm_is_faster` (the rule and its
+measurements are in its docstring).
+
+Entry points
+- `implicit_gemm_is_faster(spec, features) -> bool`: the rule; `can_run_as_implicit_gemm` what is possible.
+- `pack_implicit_gemm_weight(spec, w) -> np.ndarray`: the weight as this kernel reads it.
+- `implicit_gemm_scratch_bytes(spec) -> int`
+- `render_conv2d_implicit_gemm(spec, *, x_offset, w_offset, y_offset, scratch_offset, bias_offset=None,
+  residual_offset=None, epilogue=None, features=SIMD_FMA, name="conv") -> str`: WAT functions, the one
+  to call being `$name`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from backends.wasm.gemm import SIMD_FMA, pack_b
+from backends.wasm.kernels.activation import check_epilogue, f32_activation, scratch_locals, v128_activation
+from backends.wasm.kernels.microkernel import PANEL, PANEL_BYTES, UNROLL, TileGeometry, Vec, render_tile, tile_locals
+
+K_BLOCK = 128   # input channels per K block: one panel's block of B is 8 KiB, as in the GEMM
+TILE_PIXELS = 4
+
+
+def can_run_as_implicit_gemm(spec, features) -> bool:
+    return "simd" in frozenset(features) and spec.groups == 1
+
+
+def implicit_gemm_is_faster(spec, features) -> bool:
+    """The rule that picks this orientation over im2col, from timing both on every Conv shape of
+    densenet121, resnet50, squeezenet, vgg19, inception_v1, bvlc_alexnet and zfnet512 (168 shapes,
+    wasmtime, relaxed SIMD, CPU time, median of interleaved runs; implicit / im2col time):
+    - few output channels is where it wins: the im2col packing costs as much as a product with
+      small M. densenet121's 3x3 128->32: 56x56 11.9 -> 7.9 ms (19 -> 29-33 GFLOP/s), 28x28 0.71,
+      14x14 0.73, 7x7 0.70; resnet50's 3x3 64->64 at 56x56 0.81; squeezenet's squeeze 1x1s 0.57-0.76,
+      its 3x3 16->64 0.89; inception_v1's 1x1s to 16-64 channels 0.50-0.80, 5x5 16->32 0.82;
+    - 1x1 Convs on small images win at any width (no row ends, few K blocks): 27x27 and below
+      0.77-1.00 (densenet121's 14x14/7x7 ones 0.80-0.90, the 1024->1000 classifier 0.30); 28x28
+      with 128+ output channels is a tie (0.87-1.05, left on im2col), and at 56x56 they lose
+      (1.05-1.15);
+    - every strided Conv loses or ties (1x1 stride 2: 1.17; 3x3 stride 2: 1.05-1.09), and so do Convs
+      of 3 input channels (7x7 stem 1.18-1.59, alexnet's 11x11 1.56): one K block per input channel
+      and (ky, kx), each a pass over Y^T;
+    - wide 3x3s lose once Y^T outgrows L2, a pass over it per K block: vgg19's 64->64 at 224x224
+      (12.8 MB) 2.54, 128->128 at 112x112 1.41; and with more than 64 output channels on small
+      planes, where the columns past each row's end (kw - 1 of every Wp) are wasted work: 13x13 and
+      12x12 3x3s 1.01-1.15, 6x6 1.21-1.26, 5x5s on 13x13 1.01-1.13.
+    With the rule below 96 of the 165 shapes take this orientation, none measured slower than on
+    im2col (the closest: 1x1 64->64 and 256->64 at 56x56, 512->2048 at 7x7, 256->1024 at 14x14:
+    1.00); summed over each model's Convs, densenet121 242 -> 197 ms, resnet50 270 -> 260,
+    inception_v1 102 -> 98, squeezenet 29.1 -> 26.9 (vgg19, alexnet and zfnet512 keep im2col).
+    Measured with a script compiling one Conv per module and timing both orientations in turn."""
+    if not can_run_as_implicit_gemm(spec, features) or spec.strides != (1, 1) or spec.in_channels < 16:
+        return False
+    yt_fits_l2 = _yt_pixels(spec) * _channels_padded(spec) * 4 <= 1 << 20
+    if spec.kernel == (1, 1):
+        return spec.pixels <= 27 * 27 or (spec.out_channels <= 64 and yt_fits_l2)
+    wasted = (spec.kernel[1] - 1) * spec.dilations[1] / _plane(spec)[1]
+    return yt_fits_l2 and (spec.out_channels <= 32 or (spec.out_channels <= 64 and wasted <= 0.2))
+
+
+def pack_implicit_gemm_weight(spec, w: np.ndarray) -> np.ndarray:
+    """W [OC, C, kh, kw] as B [k = (ky, kx, c), oc] in 16-column panels."""
+    w = np.asarray(w, dtype=np.float32).reshape(spec.out_channels, spec.in_channels, *spec.kernel)
+    b = w.transpose(2, 3, 1, 0).reshape(-1, spec.out_channels)
+    return np.frombuffer(pack_b(b), dtype="<f4")
+
+
+def _padded(spec) -> bool:
+    return any(spec.pads)
+
+
+def _plane(spec) -> tuple[int, int]:
+    """Height and width of the plane the tiles read: the input, or its zero-bordered copy."""
+    pt, pl, pb, pr = spec.pads
+    return spec.height + pt + pb, spec.width + pl + pr
+
+
+def _line_width(spec) -> int:
+    """Pixels per output row in Y^T: the plane's width when pixels run as one line (stride 1)."""
+    return _plane(spec)[1] if spec.strides == (1, 1) else spec.out_width
+
+
+def _channels_padded(spec) -> int:
+    return -(-spec.out_channels // 4) * 4
+
+
+def _yt_pixels(spec) -> int:
+    return (spec.out_height - 1) * _line_width(spec) + spec.out_width
+
+
+def implicit_gemm_scratch_bytes(spec) -> int:
+    """The zero-bordered input (with padding), then Y^T."""
+    hp, wp = _plane(spec)
+    pad_bytes = spec.in_channels * hp * wp * 4 if _padded(spec) else 0
+    return pad_bytes + _yt_pixels(spec) * _channels_padded(spec) * 4
+
+
+def render_conv2d_implicit_gemm(spec, *, x_offset: int, w_offset: int, y_offset: int, scratch_offset: int,
+                                bias_offset: int | None = None, residual_offset: int | None = None,
+                                epilogue: str | None = None, features=SIMD_FMA, name: str = "conv") -> str:
+    check_epilogue(epilogue)
+    if not can_run_as_implicit_gemm(spec, features):
+        raise ValueError(f"Conv {spec} cannot run as an implicit GEMM with features {sorted(features)}")
+    hp, wp = _plane(spec)
+    x_image = spec.in_channels * spec.height * spec.width * 4
+    y_image = spec.out_channels * spec.pixels * 4
+    padded_at = scratch_offset
+    yt_at = scratch_offset + (spec.in_channels * hp * wp * 4 if _padded(spec) else 0)
+    funcs, calls = [], []
+    for image in range(spec.batch):  # each image gets its own functions: every offset stays a constant
+        x, y = x_offset + image * x_image, y_offset + image * y_image
+        res = None if residual_offset is None else residual_offset + image * y_image
+        if _padded(spec):
+            funcs.append(_render_pad(spec, x, padded_at, f"{name}_pad_{image}"))
+            calls.append(f"  (call ${name}_pad_{image})")
+            x = padded_at
+        funcs.append(_render_product(spec, x, w_offset, yt_at, bias_offset, None if res is not None else epilogue,
+                                     "relaxed-simd" in frozenset(features), f"{name}_gemm_{image}"))
+        funcs.append(_render_transpose(spec, yt_at, y, res, epilogue if res is not None else None,
+                                       f"{name}_out_{image}"))
+        calls += [f"  (call ${name}_gemm_{image})", f"  (call ${name}_out_{image})"]
+    title = (f"  ;; Conv {spec.in_channels}x{spec.height}x{spec.width} -> {spec.out_channels}x{spec.out_height}x"
+             f"{spec.out_width}, kernel {spec.kernel}, batch {spec.batch}: implicit GEMM over pixels")
+    return "".join(funcs) + "\n".join([f"(func ${name}", title, *calls, ")"]) + "\n"
+
+
+def _func(name: str, title: str, decls: list[str], code: list[str]) -> str:
+    return "\n".join([f"(func ${name}", "  ;; " + title, *("  " + d for d in decls),
+                      *("  " + c for c in code), ")"]) + "\n"
+
+
+def _loop(var: str, start: int, stop: int, step: int, body: list[str]) -> list[str]:
+    """for var in range(start, stop, step); nothing when empty, no loop when it runs once."""
+    count = max(0, -(-(stop - start) // step))
+    if count == 0:
+        return []
+    if count == 1:
+        return [f"(local.set {var} (i32.const {start}))", *body]
+    label = var.replace("$", "$l_")
+    return [f"(local.set {var} (i32.const {start}))", f"(loop {label}", *("  " + b for b in body),
+            f"  (local.set {var} (i32.add (local.get {var}) (i32.const {step})))",
+            f"  (br_if {label} (i32.lt_u (local.get {var}) (i32.const {stop}))))"]
+
+
+def _render_pad(spec, src: int, dst: int, name: str) -> str:
+    """dst[c][iy + pt][ix + pl] = x[c][iy][ix], zeros around: rows of the plane are written in
+    order, so the top/bottom borders and the left/right border pairs between rows are each one run
+    of zeros."""
+    hp, wp = _plane(spec)
+    pt, pl, _, _ = spec.pads
+    h, w = spec.height, spec.width
+    plane = hp * wp * 4
+
+    def zeros(start: str, count_bytes: str) -> list[str]:
+        return ["(local.set $p " + start + ")", f"(local.set $end (i32.add (local.get $p) {count_bytes}))",
+                "(block $z_done (loop $z",
+                "  (br_if $z_done (i32.ge_u (local.get $p) (local.get $end)))",
+                "  (f32.store (local.get $p) (f32.const 0))",
+                "  (local.set $p (i32.add (local.get $p) (i32.const 4)))",
+                "  (br $z)))"]
+
+    vec_end = (w // 4) * 16
+    copy_row = [
+        # one input row: 4 floats at a time, then the rest
+        "(local.set $s (i32.add (i32.const %d) (i32.mul (i32.add (i32.mul (local.get $c) (i32.const %d)) (local.get $iy)) (i32.const %d))))"
+        % (src, h, w * 4),
+        f"(local.set $p (i32.add (i32.const {dst}) (i32.add (i32.mul (local.get $c) (i32.const {plane}))"
+        f" (i32.mul (i32.add (local.get $iy) (i32.const {pt})) (i32.const {wp * 4})))))",
+        *zeros("(local.get $p)", f"(i32.const {pl * 4})"),
+        *_loop("$i", 0, vec_end, 16, [
+            "(v128.store (i32.add (local.get $p) (local.get $i)) (v128.load (i32.add (local.get $s) (local.get $i))))"]),
+        *_loop("$i", vec_end, w * 4, 4, [
+            "(f32.store (i32.add (local.get $p) (local.get $i)) (f32.load (i32.add (local.get $s) (local.get $i))))"]),
+        *zeros(f"(i32.add (local.get $p) (i32.const {w * 4}))", f"(i32.const {(wp - w - pl) * 4})"),
+    ]
+    plane_at = f"(i32.add (i32.const {dst}) (i32.mul (local.get $c) (i32.const {plane})))"
+    body = [
+        *zeros(plane_at, f"(i32.const {pt * wp * 4})"),
+        *_loop("$iy", 0, h, 1, copy_row),
+        *zeros(f"(i32.add {plane_at} (i32.const {(pt + h) * wp * 4}))", f"(i32.const {(hp - pt - h) * wp * 4})"),
+    ]
+    decls = ["(local $c i32) (local $iy i32) (local $i i32) (local $s i32) (local $p i32) (local $end i32)"]
+    return _func(name, f"zero-bordered copy of {spec.in_channels}x{h}x{w} into planes of {hp}x{wp}", decls,
+                 _loop("$c", 0, spec.in_channels, 1, body))
+
+
+def _render_product(spec, x: int, w: int, yt: int, bias: int | None, epilogue: str | None, fma: bool,
+                    name: str) -> str:
+    """Y^T = X-windows @ B (+ bias, then the activation when there is no residual)."""
+    (kh, kw), (sh, sw), (dh, dw) = spec.kernel, spec.strides, spec.dilations
+    hp, wp = _plane(spec)
+    c_in, oc = spec.in_channels, spec.out_channels
+    k_total = c_in * kh * kw
+    plane = hp * wp * 4
+    c_blocks = -(-c_in // K_BLOCK)
+    blocks = kh * kw * c_blocks
+    line = _line_width(spec)
+    c_row = _channels_padded(spec) * 4
+    if spec.strides == (1, 1):  # one line of pixels over the whole plane
+        rows, row_len, in_row_step = 1, _yt_pixels(spec), 0
+    else:
+        rows, row_len, in_row_step = spec.out_height, spec.out_width, sh * wp * 4
+    geometry = TileGeometry(k_total, plane, sw * 4, c_row, bias is not None, False, False, epilogue, fma,
+                            static_first=True if blocks == 1 else None, static_last=True if blocks == 1 else None)
+
+    def tile(pixels: int, vecs: list[Vec]) -> list[str]:
+        return [
+            "(local.set $pa (i32.add (local.get $arow) (i32.mul (local.get $ox) (i32.const %d))))" % (sw * 4),
+            "(local.set $pc (i32.add (local.get $crow) (i32.mul (local.get $ox) (i32.const %d))))" % c_row,
+            "(local.set $pb (local.get $bblock))",
+            "(local.set $pend (local.get $bend))",
+            "(local.set $pend4 (local.get $bend4))",
+            *render_tile(pixels, vecs, geometry),
+        ]
+
+    def panel(vecs: list[Vec], tile_pixels: int = TILE_PIXELS) -> list[str]:
+        full, rest = divmod(row_len, tile_pixels)
+        row = [
+            f"(local.set $arow (i32.add (local.get $abase) (i32.mul (local.get $oy) (i32.const {in_row_step}))))",
+            f"(local.set $crow (i32.add (i32.const {yt}) (i32.add (i32.mul (local.get $oy) (i32.const {row_len * c_row}))"
+            f" (i32.mul (local.get $j) (i32.const {PANEL_BYTES})))))",
+            *_loop("$ox", 0, full * tile_pixels, tile_pixels, tile(tile_pixels, vecs)),
+        ]
+        if rest:
+            row += [f"(local.set $ox (i32.const {full * tile_pixels}))", *tile(rest, vecs)]
+        return [
+            f"(local.set $bblock (i32.add (i32.const {w}) (i32.mul (i32.add (i32.mul (local.get $j) (i32.const {k_total}))"
+            f" (local.get $k0)) (i32.const {PANEL_BYTES}))))",
+            f"(local.set $bend (i32.add (local.get $bblock) (i32.mul (local.get $klen) (i32.const {PANEL_BYTES}))))",
+            f"(local.set $bend4 (i32.add (local.get $bblock) (i32.mul (i32.and (local.get $klen) (i32.const {-UNROLL}))"
+            f" (i32.const {PANEL_BYTES}))))",
+            f"(local.set $pbias (i32.add (i32.const {bias or 0}) (i32.mul (local.get $j) (i32.const {PANEL_BYTES}))))",
+            *_loop("$oy", 0, rows, 1, row),
+        ]
+
+    full_panels, edge = divmod(oc, PANEL)
+    panels = _loop("$j", 0, full_panels, 1, panel([Vec(0, v) for v in range(4)]))
+    if edge:
+        vecs = [Vec(0, v, min(4, edge - 4 * v)) for v in range(-(-edge // 4))]
+        panels += [f"(local.set $j (i32.const {full_panels}))", *panel(vecs)]
+    block = [
+        # block kb = (ky, kx, channel block cb): t = ky*kw + kx
+        f"(local.set $t (i32.div_u (local.get $kb) (i32.const {c_blocks})))",
+        f"(local.set $c0 (i32.mul (i32.rem_u (local.get $kb) (i32.const {c_blocks})) (i32.const {K_BLOCK})))",
+        "(local.set $first (i32.eqz (local.get $kb)))",
+        f"(local.set $last (i32.eq (local.get $kb) (i32.const {blocks - 1})))",
+        f"(local.set $klen (select (i32.sub (i32.const {c_in}) (local.get $c0)) (i32.const {K_BLOCK})"
+        f" (i32.lt_u (i32.sub (i32.const {c_in}) (local.get $c0)) (i32.const {K_BLOCK}))))",
+        f"(local.set $k0 (i32.add (i32.mul (local.get $t) (i32.const {c_in})) (local.get $c0)))",
+        f"(local.set $abase (i32.add (i32.const {x}) (i32.add (i32.mul (local.get $c0) (i32.const {plane}))"
+        f" (i32.shl (i32.add (i32.mul (i32.div_u (local.get $t) (i32.const {kw})) (i32.const {dh * wp}))"
+        f" (i32.mul (i32.rem_u (local.get $t) (i32.const {kw})) (i32.const {dw}))) (i32.const 2)))))",
+        *panels,
+    ]
+    decls = ["(local $kb i32) (local $t i32) (local $c0 i32) (local $k0 i32) (local $klen i32) (local $abase i32)",
+             "(local $j i32) (local $oy i32) (local $ox i32) (local $arow i32) (local $crow i32)",
+             "(local $bblock i32) (local $bend i32) (local $bend4 i32) (local $first i32) (local $last i32)",
+             "(local $pa i32) (local $pb i32) (local $pc i32) (local $pr i32) (local $pbias i32)",
+             "(local $pend i32) (local $pend4 i32)",
+             *tile_locals(), *scratch_locals("v128")]
+    title = (f"Y^T[{_yt_pixels(spec)} x {oc}] over {blocks} K blocks of (ky, kx, <= {K_BLOCK} channels), "
+             f"line width {line}, {epilogue or 'no activation'}")
+    return _func(name, title, decls, _loop("$kb", 0, blocks, 1, block))
+
+
+# i8x16.shuffle lane lists for a 4x4 transpose of f32 lanes: interleave low / high halves of two rows,
+# then take the 64-bit halves of two interleaved results.
+def _lanes(*f32_lanes: int) -> str:
+    return " ".join(str(4 * lane + b) for lane in f32_lanes for b in range(4))
+
+
+_LO, _HI = _lanes(0, 4, 1, 5), _lanes(2, 6, 3, 7)
+_HALF_LO, _HALF_HI = _lanes(0, 1, 4, 5), _lanes(2, 3, 6, 7)
+
+
+def _render_transpose(spec, yt: int, y: int, residual: int | None, epilogue: str | None, name: str) -> str:
+    """y[oc][oy][ox] = act(Y^T[oy*line + ox][oc] + residual[oc][oy][ox]); 4 pixels x 4 channels per
+    step with shuffles, scalar at the row's and the channels' ends."""
+    oh, ow, oc, pixels = spec.out_height, spec.out_width, spec.out_channels, spec.pixels
+    line, c_row = _line_width(spec), _channels_padded(spec) * 4
+    oc4, ow4 = oc // 4 * 4, ow // 4 * 4
+    src_at = f"(i32.add (i32.const {yt}) (i32.add (i32.mul (i32.add (i32.mul (local.get $oy) (i32.const {line})) (local.get $ox)) (i32.const {c_row})) (i32.shl (local.get $c) (i32.const 2))))"
+    dst_off = f"(i32.shl (i32.add (i32.add (i32.mul (local.get $c) (i32.const {pixels})) (i32.mul (local.get $oy) (i32.const {ow}))) (local.get $ox)) (i32.const 2))"
+
+    def finish_v(reg: str, at: str) -> list[str]:
+        code = []
+        if residual is not None:
+            code.append(f"(local.set {reg} (f32x4.add (local.get {reg}) (v128.load (i32.add (i32.const {residual}) {at}))))")
+        return code + v128_activation(epilogue, reg)
+
+    block = [f"(local.set $s (local.get $src))"]
+    block += [f"(local.set $r{i} (v128.load offset={i * c_row} (local.get $s)))" for i in range(4)]
+    block += [f"(local.set $u0 (i8x16.shuffle {_LO} (local.get $r0) (local.get $r1)))",
+              f"(local.set $u1 (i8x16.shuffle {_HI} (local.get $r0) (local.get $r1)))",
+              f"(local.set $u2 (i8x16.shuffle {_LO} (local.get $r2) (local.get $r3)))",
+              f"(local.set $u3 (i8x16.shuffle {_HI} (local.get $r2) (local.get $r3)))",
+              f"(local.set $r0 (i8x16.shuffle {_HALF_LO} (local.get $u0) (local.get $u2)))",
+              f"(local.set $r1 (i8x16.shuffle {_HALF_HI} (local.get $u0) (local.get $u2)))",
+              f"(local.set $r2 (i8x16.shuffle {_HALF_LO} (local.get $u1) (local.get $u3)))",
+              f"(local.set $r3 (i8x16.shuffle {_HALF_HI} (local.get $u1) (local.get $u3)))",
+              f"(local.set $d {dst_off})"]
+    for i in range(4):
+        at = f"(i32.add (local.get $d) (i32.const {i * pixels * 4}))"
+        block += finish_v(f"$r{i}", at)
+        block.append(f"(v128.store (i32.add (i32.const {y}) {at}) (local.get $r{i}))")
+    vector = [f"(local.set $src {src_at})", *block]
+
+    scalar = [f"(local.set $x (f32.load {src_at}))"]
+    if residual is not None:
+        scalar.append(f"(local.set $x (f32.add (local.get $x) (f32.load (i32.add (i32.const {residual}) {dst_off}))))")
+    scalar += [*f32_activation(epilogue, "$x"), f"(f32.store (i32.add (i32.const {y}) {dst_off}) (local.get $x))"]
+
+    row = _loop("$c", 0, oc4, 4, _loop("$ox", 0, ow4, 4, vector))
+    row += _loop("$c", 0, oc4, 1, _loop("$ox", ow4, ow, 1, scalar))  # the row's last 1-3 pixels
+    row += _loop("$c", oc4, oc, 1, _loop("$ox", 0, ow, 1, scalar))   # the last 1-3 channels
+    decls = ["(local $oy i32) (local $ox i32) (local $c i32) (local $s i32) (local $src i32) (local $d i32) (local $x f32)",
+             "(local $r0 v128) (local $r1 v128) (local $r2 v128) (local $r3 v128)",
+             "(local $u0 v128) (local $u1 v128) (local $u2 v128) (local $u3 v128)",
+             *scratch_locals("v128"), *scratch_locals("f32")]
+    title = f"Y^T [{line}-pixel lines x {oc}] -> NCHW {oc}x{oh}x{ow}{' + residual' if residual is not None else ''}, {epilogue or 'no activation'}"
+    return _func(name, title, decls, _loop("$oy", 0, oh, 1, row))
