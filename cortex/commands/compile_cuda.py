@@ -29,7 +29,7 @@ def compile_cuda(
         return
     print_summary(f"CUDA artifacts written to {output}", [
         ("CUs / kernels", f"{summary['cus']} / {summary['kernels']}"),
-        ("compiler / archs", f"{summary['compiler']} / {','.join(summary['archs'])}"),
+        ("compiler / archs", f"{summary['compiler'] or 'none needed (no kernels)'} / {','.join(summary['archs'])}"),
         ("most registers in a kernel", str(summary["max_registers"])),
         ("kernels that spill", ", ".join(summary["spills"]) or "none"),
         ("dag.json updated", str(dag) if dag else "no (--dag not given)"),
