@@ -1,13 +1,19 @@
 """SIMD128 rendering of innermost loops.
 
 A loop is vectorised four lanes at a time when its body is only stores whose index moves by one
-element per iteration into 4-byte (f32 or i32) buffers and float reductions into accumulators
-(`acc = acc + x`, also *, max, min: four partial lanes, folded after the vector part), and every
-value it stores or accumulates is built from
-operations SIMD128 has: loads that are contiguous (v128.load) or loop-invariant (scalar load +
+element per iteration into 4-byte (f32 or i32) buffers, float reductions into accumulators
+(`acc = acc + x`, also *, max, min: four partial lanes, folded after the vector part) and
+iteration-private locals (set before they are read in each iteration: one v128 local each, whose
+last lane is copied back to the scalar after the vector part), and every value it stores, assigns
+or accumulates is built from operations SIMD128 has: loads that are contiguous (v128.load),
+strided (stride 2 or 3: two overlapping v128.loads and one shuffle that never reads past the last
+lane's element; larger positive strides: one load per lane) or loop-invariant (scalar load +
 splat), arithmetic, min/max, comparisons feeding a select, f32<->i32 conversions and fma (relaxed
 madd when `relaxed-simd` is on) and the f32 math calls with an f32x4 version in `mathlib` (exp,
-log, tanh, erf, pow). Anything else (other math calls, gathers, 8-byte types) keeps the scalar loop.
+log, tanh, erf, pow). `select(a > b, a, b)` and `select(a < b, a, b)` on f32 become one
+`f32x4.pmax` / `f32x4.pmin` (one maxps/minps on x86, where the NaN-propagating f32x4.max is a long
+sequence); they keep the select's NaN behaviour: `b` when the comparison is unordered.
+Anything else (other math calls, gathers, 8-byte types) keeps the scalar loop.
 The trip count splits into an unrolled vector part, a plain vector part and a scalar tail.
 """
 
@@ -36,30 +42,52 @@ _REDUCTIONS = {"add": (0.0, "f32x4.add"), "mul": (1.0, "f32x4.mul"), "max": (flo
 
 
 def vectorizable(loop: Loop) -> bool:
+    return _private_locals(loop) is not None
+
+
+def _private_locals(loop: Loop) -> set[int] | None:
+    """The uids of the loop's iteration-private locals, or None when the loop cannot be vectorised."""
     if loop.extent < LANES or not loop.body:
-        return False
-    accumulators = set()
+        return None
+    var = loop.var
+    private: set[int] = set()
+    accumulators: set[int] = set()
+    read: set[int] = set()              # locals read so far in the body
     for s in loop.body:
         if isinstance(s, Assign):
-            step = reduction_step(s)
-            if step is None or not _vector_ok(step[1], loop.var) or not uses(step[1], loop.var):
-                return False
-            accumulators.add(s.local.uid)
+            uid = s.local.uid
+            step = reduction_step(s) if uid not in private else None
+            if step is not None and (uid in accumulators or uid not in read):
+                if not _vector_ok(step[1], var, private) or not _varies(step[1], var, private):
+                    return None
+                accumulators.add(uid)
+            elif s.local.type in ("f32", "i32") and uid not in accumulators and \
+                    (uid in private or (uid not in read and not _reads(s.value, s.local))):
+                if not _vector_ok(s.value, var, private):
+                    return None
+                private.add(uid)
+            else:
+                return None
         elif isinstance(s, Store):
-            if s.buffer.dtype not in _VECTOR_DTYPES or stride_of(s.index, loop.var) != 1:
-                return False
-            if not _vector_ok(s.value, loop.var):
-                return False
+            if s.buffer.dtype not in _VECTOR_DTYPES or stride_of(s.index, var) != 1 \
+                    or _reads_private(s.index, private):
+                return None
+            if not _vector_ok(s.value, var, private):
+                return None
         else:
-            return False
+            return None
+        read |= {x.uid for e in _exprs(s) for x in walk(e) if isinstance(x, Local)}
     # an accumulator is only read by its own update: its partial lanes mean nothing elsewhere
     for s in loop.body:
-        exprs = [s.value] + ([s.index] if isinstance(s, Store) else [])
-        reads = {x.uid for e in exprs for x in walk(e) if isinstance(x, Local)}
+        reads = {x.uid for e in _exprs(s) for x in walk(e) if isinstance(x, Local)}
         own = {s.local.uid} if isinstance(s, Assign) else set()
         if (reads - own) & accumulators:
-            return False
-    return True
+            return None
+    return private
+
+
+def _exprs(s) -> list[Expr]:
+    return [s.value] + ([s.index] if isinstance(s, Store) else [])
 
 
 def reduction_step(s: Assign):
@@ -78,36 +106,68 @@ def _reads(e: Expr, loc: Local) -> bool:
     return any(x is loc for x in walk(e))
 
 
-def _vector_ok(e: Expr, var: Var) -> bool:
-    if not uses(e, var):
+def _reads_private(e: Expr, private: set[int]) -> bool:
+    return any(isinstance(x, Local) and x.uid in private for x in walk(e))
+
+
+def _varies(e: Expr, var: Var, private: set[int]) -> bool:
+    """Whether `e` differs between lanes: it uses the loop index or an iteration-private local."""
+    return any(x is var or (isinstance(x, Local) and x.uid in private) for x in walk(e))
+
+
+def _load_stride(e: Load, var: Var) -> int | None:
+    """The element stride of a vectorisable load, else None."""
+    step = stride_of(e.index, var)
+    return step if step is not None and step >= 0 else None
+
+
+def _vector_ok(e: Expr, var: Var, private: set[int]) -> bool:
+    if not _varies(e, var, private):
         return e.type in ("f32", "i32")             # rendered once as a scalar and splatted
     if e.type not in ("f32", "i32"):
         return False
+    if isinstance(e, Local):
+        return True                                 # a private local (the only kind that varies)
     if isinstance(e, Load):
-        return e.buffer.dtype in _VECTOR_DTYPES and stride_of(e.index, var) == 1
+        return e.buffer.dtype in _VECTOR_DTYPES and not _reads_private(e.index, private) \
+            and _load_stride(e, var) is not None
     if isinstance(e, Binary):
         table = _F32_BINARY if e.type == "f32" else _I32_BINARY
         if e.type == "f32" and e.a.type == "f32" and e.op in VECTOR_MATH_BINARY:
-            return _vector_ok(e.a, var) and _vector_ok(e.b, var)
-        return e.op in table and _vector_ok(e.a, var) and _vector_ok(e.b, var)
+            return _vector_ok(e.a, var, private) and _vector_ok(e.b, var, private)
+        return e.op in table and _vector_ok(e.a, var, private) and _vector_ok(e.b, var, private)
     if isinstance(e, Unary):
         if e.type == "f32" and e.a.type == "f32" and e.op in VECTOR_MATH:
-            return _vector_ok(e.a, var)
-        return e.op in (_F32_UNARY if e.type == "f32" else _I32_UNARY) and _vector_ok(e.a, var)
+            return _vector_ok(e.a, var, private)
+        return e.op in (_F32_UNARY if e.type == "f32" else _I32_UNARY) and _vector_ok(e.a, var, private)
     if isinstance(e, Select):
-        return _mask_ok(e.cond, var) and _vector_ok(e.a, var) and _vector_ok(e.b, var)
+        return _mask_ok(e.cond, var, private) and _vector_ok(e.a, var, private) and _vector_ok(e.b, var, private)
     if isinstance(e, Cast):
-        return (e.a.type, e.type) in (("f32", "i32"), ("i32", "f32")) and _vector_ok(e.a, var)
+        return (e.a.type, e.type) in (("f32", "i32"), ("i32", "f32")) and _vector_ok(e.a, var, private)
     if isinstance(e, Fma):
-        return e.type == "f32" and all(_vector_ok(x, var) for x in (e.a, e.b, e.c))
+        return e.type == "f32" and all(_vector_ok(x, var, private) for x in (e.a, e.b, e.c))
     return False
 
 
-def _mask_ok(cond: Expr, var: Var) -> bool:
-    if not uses(cond, var):
+def _mask_ok(cond: Expr, var: Var, private: set[int]) -> bool:
+    if not _varies(cond, var, private):
         return True
     return (isinstance(cond, Binary) and cond.op in COMPARISONS and cond.a.type in ("f32", "i32")
-            and _vector_ok(cond.a, var) and _vector_ok(cond.b, var))
+            and _vector_ok(cond.a, var, private) and _vector_ok(cond.b, var, private))
+
+
+def _pseudo_min_max(e: Select) -> str | None:
+    """"pmax" for select(a > b, a, b), "pmin" for select(a < b, a, b) on f32: both give b where
+    the comparison is unordered, as f32x4.pmax(b, a) / f32x4.pmin(b, a) do."""
+    c = e.cond
+    if e.type != "f32" or not isinstance(c, Binary) or c.a is not e.a or c.b is not e.b:
+        return None
+    return {"gt": "pmax", "lt": "pmin"}.get(c.op)
+
+
+# i8x16.shuffle byte lanes picking elements 0, s, 2s, 3s out of v128.load(base) and
+# v128.load(base + 3s - 3): those two loads cover exactly elements base .. base + 3s
+_STRIDED_SHUFFLE = {2: (0, 2, 5, 7), 3: (0, 3, 4, 7)}
 
 
 class VectorRenderer:
@@ -115,11 +175,19 @@ class VectorRenderer:
         self.scalar = scalar           # the WatRenderer, for scalar sub-expressions and addresses
         self.loop = loop
         self.var = var
+        self.private = _private_locals(loop)
 
     def render(self, indent: str) -> str:
         extent, unroll = self.loop.extent, self.scalar.options.unroll
-        # each accumulator gets a v128 partial per lane, folded into the scalar after the vector part
-        self.partials = {s.local.uid: self.scalar.vector_local() for s in self.loop.body if isinstance(s, Assign)}
+        # each accumulator gets a v128 partial per lane, folded into the scalar after the vector part;
+        # each private local one v128 for its four lanes' values
+        self.partials = {}
+        self.lanes = {}
+        for s in self.loop.body:
+            if isinstance(s, Assign):
+                table = self.lanes if s.local.uid in self.private else self.partials
+                if s.local.uid not in table:
+                    table[s.local.uid] = self.scalar.vector_local()
         vector_body = "\n".join(indent + "  " + self.statement(s) for s in self.loop.body)
         scalar_body = self.scalar.stmts(self.loop.body, depth=0, indent=indent + "  ")
         whole = extent // LANES * LANES
@@ -128,46 +196,83 @@ class VectorRenderer:
                  self.scalar.counted_loop(self.var, 0, unrolled, LANES, [vector_body] * unroll, indent),
                  self.scalar.counted_loop(self.var, unrolled, whole, LANES, [vector_body], indent),
                  self.fold_partials(indent),
+                 self.last_lanes(indent),
                  self.scalar.counted_loop(self.var, whole, extent, 1, [scalar_body], indent)]
         return "\n".join(p for p in parts if p)
 
     def statement(self, s) -> str:
         if isinstance(s, Store):
             return self.store(s)
+        if s.local.uid in self.lanes:
+            return f"(local.set {self.lanes[s.local.uid]} {self.vector(s.value)})"
         op, operand = reduction_step(s)
         partial = self.partials[s.local.uid]
         return f"(local.set {partial} ({_REDUCTIONS[op][1]} (local.get {partial}) {self.vector(operand)}))"
 
+    def accumulations(self):
+        """The loop's accumulator updates, the first of each accumulator."""
+        seen = set()
+        for s in self.loop.body:
+            if isinstance(s, Assign) and s.local.uid in self.partials and s.local.uid not in seen:
+                seen.add(s.local.uid)
+                yield s
+
     def init_partials(self, indent: str) -> str:
         lines = []
-        for s in self.loop.body:
-            if isinstance(s, Assign):
-                identity = _REDUCTIONS[reduction_step(s)[0]][0]
-                lines.append(f"{indent}(local.set {self.partials[s.local.uid]} (f32x4.splat (f32.const {_f32(identity)})))")
+        for s in self.accumulations():
+            identity = _REDUCTIONS[reduction_step(s)[0]][0]
+            lines.append(f"{indent}(local.set {self.partials[s.local.uid]} (f32x4.splat (f32.const {_f32(identity)})))")
         return "\n".join(lines)
 
     def fold_partials(self, indent: str) -> str:
         lines = []
-        for s in self.loop.body:
-            if isinstance(s, Assign):
-                op = reduction_step(s)[0]
-                name, partial = self.scalar.local_name(s.local), self.partials[s.local.uid]
-                total = f"(local.get {name})"
-                for lane in range(LANES):
-                    total = f"(f32.{op} {total} (f32x4.extract_lane {lane} (local.get {partial})))"
-                lines.append(f"{indent}(local.set {name} {total})")
+        for s in self.accumulations():
+            op = reduction_step(s)[0]
+            name, partial = self.scalar.local_name(s.local), self.partials[s.local.uid]
+            total = f"(local.get {name})"
+            for lane in range(LANES):
+                total = f"(f32.{op} {total} (f32x4.extract_lane {lane} (local.get {partial})))"
+            lines.append(f"{indent}(local.set {name} {total})")
         return "\n".join(lines)
+
+    def last_lanes(self, indent: str) -> str:
+        """Private locals hold, after the vector part, what the last vectorised iteration set."""
+        lines = []
+        for s in self.loop.body:
+            if isinstance(s, Assign) and s.local.uid in self.lanes:
+                shape = "f32x4" if s.local.type == "f32" else "i32x4"
+                lines.append(f"{indent}(local.set {self.scalar.local_name(s.local)} "
+                             f"({shape}.extract_lane {LANES - 1} (local.get {self.lanes[s.local.uid]})))")
+        return "\n".join(dict.fromkeys(lines))
 
     def store(self, s: Store) -> str:
         return (f"(v128.store offset={s.buffer.storage.offset} {self.scalar.address(s.buffer, s.index)} "
                 f"{self.vector(s.value)})")
 
+    def load(self, e: Load) -> str:
+        offset, address = e.buffer.storage.offset, self.scalar.address(e.buffer, e.index)
+        step = _load_stride(e, self.loop.var)
+        if step == 1:
+            return f"(v128.load offset={offset} {address})"
+        size = e.buffer.storage.itemsize
+        if step == 0:
+            return f"(v128.load32_splat offset={offset} {address})"
+        if step in _STRIDED_SHUFFLE:
+            lanes = " ".join(str(4 * lane + byte) for lane in _STRIDED_SHUFFLE[step] for byte in range(4))
+            return (f"(i8x16.shuffle {lanes} (v128.load offset={offset} {address}) "
+                    f"(v128.load offset={offset + (3 * step - 3) * size} {address}))")
+        text = f"(v128.load32_zero offset={offset} {address})"
+        for lane in range(1, LANES):
+            text = f"(v128.load32_lane offset={offset + lane * step * size} {lane} {address} {text})"
+        return text
+
     def vector(self, e: Expr) -> str:
-        var = self.loop.var
-        if not uses(e, var):
+        if not _varies(e, self.loop.var, self.private):
             return f"({'f32x4' if e.type == 'f32' else 'i32x4'}.splat {self.scalar.expr(e)})"
+        if isinstance(e, Local):
+            return f"(local.get {self.lanes[e.uid]})"
         if isinstance(e, Load):
-            return f"(v128.load offset={e.buffer.storage.offset} {self.scalar.address(e.buffer, e.index)})"
+            return self.load(e)
         if isinstance(e, Binary):
             a, b = self.vector(e.a), self.vector(e.b)
             if e.type == "f32" and e.op in VECTOR_MATH_BINARY:
@@ -182,6 +287,9 @@ class VectorRenderer:
         if isinstance(e, Unary):
             return f"({'f32x4' if e.type == 'f32' else 'i32x4'}.{e.op} {self.vector(e.a)})"
         if isinstance(e, Select):
+            pseudo = _pseudo_min_max(e)
+            if pseudo is not None:
+                return f"(f32x4.{pseudo} {self.vector(e.b)} {self.vector(e.a)})"
             return f"(v128.bitselect {self.vector(e.a)} {self.vector(e.b)} {self.mask(e.cond)})"
         if isinstance(e, Cast):
             op = "i32x4.trunc_sat_f32x4_s" if e.type == "i32" else "f32x4.convert_i32x4_s"
@@ -194,7 +302,7 @@ class VectorRenderer:
         raise TypeError(f"cannot vectorise {e!r}")
 
     def mask(self, cond: Expr) -> str:
-        if not uses(cond, self.loop.var):
+        if not _varies(cond, self.loop.var, self.private):
             # a scalar 0/1 condition becomes an all-zeros or all-ones lane mask
             return f"(i32x4.splat (i32.sub (i32.const 0) {self.scalar.expr(cond)}))"
         a, b = self.vector(cond.a), self.vector(cond.b)

@@ -1,14 +1,25 @@
 """Pooling: a window slides over the spatial dims and reduces what it covers (max, mean, Lp)."""
 
+import functools
+import itertools
+import operator
+
 import numpy as np
 
 from ir.errors import UnsupportedError
-from ir.loops.expr import maximum, unary
+from ir.loops.expr import gt, maximum, select, unary
 from ir.ops.registry import OTHER, lowering, register
 from ir.ops.windows import pad_buffer, pool_divisors, window_geometry
 
 register("MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool", "LpPool", "GlobalLpPool", "MaxUnpool",
          kind=OTHER)
+
+
+# Windows of up to this many taps are written out: each output is one expression over its taps,
+# kept in registers and stored once (the output's innermost loop reads each tap with a fixed stride,
+# which the WASM vectoriser turns into SIMD loads). Larger windows accumulate into the output tap
+# by tap, one output row at a time, so the row being updated stays in cache.
+UNROLLED_TAPS = 32
 
 
 @lowering("loops", "MaxPool", "AveragePool", "LpPool")
@@ -22,24 +33,52 @@ def _pool(b, node):
     p = int(node.attrs.get("p", 2))
     fill = _lowest(x.dtype) if is_max else 0.0
     xp = pad_buffer(b, x, geo.pads_begin, geo.padded, fill)
-    b.fill(y, fill)
-    with b.loops(y.shape[:2], "n") as nc, b.loops(kernel, "k") as k, b.loops(y.shape[2:], "o") as o:
-        at = [oi * s + ki * d for oi, ki, s, d in zip(o, k, geo.strides, geo.dilations)]
-        v = xp[(*nc, *at)]
-        if is_max:
-            b.store(y, (*nc, *o), maximum(y[(*nc, *o)], v))
-        elif node.op_type == "LpPool":
-            b.store(y, (*nc, *o), y[(*nc, *o)] + _abs_pow(v, p))
-        else:
-            b.store(y, (*nc, *o), y[(*nc, *o)] + v)
+    scale = None
     if node.op_type == "AveragePool":
         include_pad = bool(node.attrs.get("count_include_pad", 0))
         scale = b.constant(pool_divisors(geo, x.shape[2:], y.shape[2:], kernel, include_pad), "pool_scale")
+
+    def tap(nc, o, k):
+        return xp[(*nc, *[oi * s + ki * d for oi, ki, s, d in zip(o, k, geo.strides, geo.dilations)])]
+
+    def finish(total, o):
+        if scale is not None:
+            return total * scale[tuple(o)]
+        return _root(total, p) if node.op_type == "LpPool" else total
+
+    taps = list(itertools.product(*(range(k) for k in kernel)))
+    if len(taps) <= UNROLLED_TAPS:
+        with b.loops(y.shape[:2], "n") as nc, b.loops(y.shape[2:], "o") as o:
+            values = [tap(nc, o, k) for k in taps]
+            if is_max:
+                best = b.local(y.compute_type, values[0], "max")
+                for v in values[1:]:
+                    b.assign(best, _max_step(best, v))
+                b.store(y, (*nc, *o), best)
+            else:
+                terms = [_abs_pow(v, p) if node.op_type == "LpPool" else v for v in values]
+                b.store(y, (*nc, *o), finish(functools.reduce(operator.add, terms), o))
+        return
+    b.fill(y, fill)
+    with b.loops(y.shape[:2], "n") as nc, b.loops(y.shape[2:-1], "o") as outer, b.loops(kernel, "k") as k, \
+            b.loop(y.shape[-1], "o") as last:
+        o = (*outer, last)
+        current, v = y[(*nc, *o)], tap(nc, o, k)
+        if is_max:
+            b.store(y, (*nc, *o), _max_step(current, v))
+        else:
+            b.store(y, (*nc, *o), current + (_abs_pow(v, p) if node.op_type == "LpPool" else v))
+    if not is_max:
         with b.loops(y.shape) as (nn, c, *o):
-            b.store(y, (nn, c, *o), y[(nn, c, *o)] * scale[tuple(o)])
-    elif node.op_type == "LpPool":
-        with b.loops(y.shape) as idx:
-            b.store(y, idx, _root(y[tuple(idx)], p))
+            b.store(y, (nn, c, *o), finish(y[(nn, c, *o)], o))
+
+
+def _max_step(best, v):
+    """The running maximum as one x86 maxps(best, v) computes it: `best > v ? best : v`. On numbers
+    it is max; a NaN tap replaces the maximum so far and a later number replaces the NaN. ONNX leaves
+    NaN in MaxPool unspecified, and onnxruntime's result depends on the order its MLAS kernel visits
+    a window in (measured: neither NaN-propagating nor NaN-ignoring), so NaN windows may differ."""
+    return select(gt(best, v), best, v)
 
 
 @lowering("loops", "GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool")
