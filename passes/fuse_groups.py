@@ -1,10 +1,14 @@
 """Mark the groups of nodes a backend runs as one kernel, after folding BatchNormalization into Conv.
 
-A fusion group is a chain: an anchor (a contraction such as Conv/MatMul/Gemm, or any elementwise op)
-followed by elementwise ops, where each link's output is read by the next link only. That rule is
-what keeps every group convex: nothing can leave the chain and come back into it, because the only
-reader of each intermediate value is the next member. Partitioning treats a group as one op and
-never cuts it.
+A fusion group is an anchor (a contraction such as Conv/MatMul/Gemm, or any elementwise op) and
+elementwise members whose every input is the anchor's output, another member's output or a
+constant, and whose outputs are read only by members, except the one sink whose output is the
+group's result. Chains (Conv -> Add -> Relu) are such groups, and so are diamonds such as the erf
+GELU after a MatMul: x is read by x / sqrt 2 and by x * 0.5, which meet again at the final Mul.
+That rule is what keeps every group convex: a path that left the group and came back would have to
+enter a member through an input that is not a member's output or a constant, which only the anchor
+has, and the anchor cannot be reached from its own descendants. Partitioning treats a group as one
+op and never cuts it.
 """
 
 from __future__ import annotations
@@ -30,25 +34,28 @@ class FuseGroups(Pass):
         return graph
 
 
+# A bound on the members one anchor collects before the sink is chosen (choosing is quadratic).
+MAX_GROUP_MEMBERS = 64
+
+
 def assign_fusion_groups(graph: Graph) -> int:
-    """Annotate `node.fusion_group` on every chain of two or more fusable nodes; returns the count."""
+    """Annotate `node.fusion_group` on every group of two or more fusable nodes; returns the count."""
     for node in graph.nodes:
         node.fusion_group = None
     users = graph.users()
     graph_outputs = {id(v) for v in graph.outputs}
+    order = {id(n): i for i, n in enumerate(graph.nodes)}
     grouped: set[int] = set()
     count = 0
     for node in graph.nodes:
         if id(node) in grouped or not _can_start_group(node):
             continue
-        chain = [node]
-        while (nxt := _next_link(chain[-1], users, graph_outputs)) is not None and id(nxt) not in grouped:
-            chain.append(nxt)
-        if len(chain) < 2:
+        members = _closed_group(node, _candidates(node, users, grouped), users, graph_outputs, order)
+        if len(members) < 2:
             continue
         label = f"fusion_{count}"
         count += 1
-        for member in chain:
+        for member in members:
             member.fusion_group = label
             grouped.add(id(member))
     return count
@@ -63,20 +70,54 @@ def _can_start_group(node: Node) -> bool:
     return entry.kind == ELEMENTWISE or (entry.kind == CONTRACTION and entry.weight_input is not None)
 
 
-def _next_link(node: Node, users: dict[Value, list[Node]], graph_outputs: set[int]) -> Node | None:
-    """The one elementwise reader of a single-output node's result, if the chain may continue."""
-    if len(node.outputs) != 1:
-        return None
-    out = node.outputs[0]
-    readers = users.get(out, [])
-    if id(out) in graph_outputs or len({id(r) for r in readers}) != 1:
-        return None
-    reader = readers[0]
-    if reader.domain not in ("", "ai.onnx") or reader.subgraphs or len(reader.outputs) != 1:
-        return None
-    if kind_of(reader.op_type, reader.domain) != ELEMENTWISE:
-        return None
-    return reader
+def _is_member_kind(node: Node) -> bool:
+    return (node.domain in ("", "ai.onnx") and not node.subgraphs and len(node.outputs) == 1
+            and kind_of(node.op_type, node.domain) == ELEMENTWISE)
+
+
+def _candidates(anchor: Node, users: dict[Value, list[Node]], grouped: set[int]) -> list[Node]:
+    """The anchor and every ungrouped elementwise node reachable from it whose inputs are all the
+    anchor's output, a candidate's output or constants."""
+    if len(anchor.outputs) != 1:
+        return [anchor]
+    found = [anchor]
+    produced = {id(anchor.outputs[0])}
+    changed = True
+    while changed and len(found) < MAX_GROUP_MEMBERS:
+        changed = False
+        for member in list(found):
+            for reader in users.get(member.outputs[0], []):
+                if id(reader.outputs[0]) in produced or id(reader) in grouped or not _is_member_kind(reader):
+                    continue
+                if all(v is None or v.is_const or id(v) in produced for v in reader.inputs):
+                    found.append(reader)
+                    produced.add(id(reader.outputs[0]))
+                    changed = True
+    return found
+
+
+def _closed_group(anchor: Node, candidates: list[Node], users, graph_outputs: set[int], order) -> list[Node]:
+    """The largest group of candidates ending at one sink: the sink and its ancestors among the
+    candidates, every one of them but the sink read only inside the group and not a graph output.
+    Ties go to the sink first in graph order (deterministic)."""
+    by_output = {id(n.outputs[0]): n for n in candidates if len(n.outputs) == 1}
+    best = [anchor]
+    for sink in sorted(candidates, key=lambda n: order[id(n)]):
+        group, stack = {id(sink): sink}, [sink]
+        while stack:
+            for v in stack.pop().inputs:
+                producer = by_output.get(id(v)) if v is not None else None
+                if producer is not None and id(producer) not in group:
+                    group[id(producer)] = producer
+                    stack.append(producer)
+        if len(group) <= len(best) or id(anchor) not in group:
+            continue
+        closed = all(id(m.outputs[0]) not in graph_outputs
+                     and all(id(r) in group for r in users.get(m.outputs[0], []))
+                     for m in group.values() if m is not sink)
+        if closed:
+            best = sorted(group.values(), key=lambda n: order[id(n)])
+    return best
 
 
 def fold_batch_norms_into_convs(graph: Graph) -> int:

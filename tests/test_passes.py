@@ -153,3 +153,42 @@ def test_passes_are_small_named_objects():
     names = [p.name for p in optimize_pipeline()]
     assert names == ["infer-shapes", "fold-constants", "simplify", "eliminate-common-subexpressions",
                      "fold-constants", "eliminate-dead-code"]
+
+
+def _gelu_after_matmul(extra_reader: str | None = None):
+    """MatMul -> Add(bias) -> x * 0.5 * (1 + erf(x / sqrt 2)), the diamond exporters write for GELU;
+    `extra_reader` names an intermediate that a Neg outside the diamond also reads."""
+    n = helper.make_node
+    nodes = [n("MatMul", ["x", "w"], ["mm"]), n("Add", ["mm", "b"], ["a"]),
+             n("Div", ["a", "sqrt2"], ["d"]), n("Erf", ["d"], ["e"]), n("Add", ["e", "one"], ["p"]),
+             n("Mul", ["a", "p"], ["m"]), n("Mul", ["m", "half"], ["g"]), n("Relu", ["g"], ["y"])]
+    outputs = [tensor("y", TensorProto.FLOAT, [4, 6])]
+    if extra_reader:
+        nodes.append(n("Neg", [extra_reader], ["z"]))
+        outputs.append(tensor("z", TensorProto.FLOAT, [4, 6]))
+    inits = [helper.make_tensor("w", TensorProto.FLOAT, [5, 6], np.ones(30)),
+             helper.make_tensor("b", TensorProto.FLOAT, [6], np.ones(6)),
+             helper.make_tensor("sqrt2", TensorProto.FLOAT, [], [2 ** 0.5]),
+             helper.make_tensor("one", TensorProto.FLOAT, [], [1.0]),
+             helper.make_tensor("half", TensorProto.FLOAT, [], [0.5])]
+    graph = import_model(make_model(nodes, [tensor("x", TensorProto.FLOAT, [4, 5])], outputs, inits))
+    from passes.fuse_groups import assign_fusion_groups
+    assign_fusion_groups(graph)
+    return {node.outputs[0].name: node.fusion_group for node in graph.nodes}
+
+
+def test_a_gelu_diamond_joins_the_fusion_group_of_its_matmul():
+    groups = _gelu_after_matmul()
+    assert groups["mm"] is not None
+    assert all(groups[v] == groups["mm"] for v in ("a", "d", "e", "p", "m", "g", "y"))
+
+
+def test_a_group_ends_where_an_inner_value_is_read_outside_it():
+    groups = _gelu_after_matmul(extra_reader="e")
+    # Erf's output leaves the group, so the diamond cannot close: the group is MatMul -> Add only
+    assert groups["mm"] is not None and groups["a"] == groups["mm"]
+    assert all(groups[v] != groups["mm"] for v in ("d", "e", "p", "m", "g", "y", "z"))
+    groups = _gelu_after_matmul(extra_reader="g")
+    # the sink itself may be read anywhere: the group stops at g, the Relu is not in it
+    assert all(groups[v] == groups["mm"] for v in ("a", "d", "e", "p", "m", "g"))
+    assert groups["y"] != groups["mm"]

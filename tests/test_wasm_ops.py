@@ -161,6 +161,20 @@ def test_pooling_matches_onnxruntime(op, attrs):
     assert_matches_onnxruntime(single(op, ["x"], {"x": x}, attrs, opset=18), {"x": x})
 
 
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool", "LpPool"])
+@pytest.mark.parametrize("shape,attrs", [
+    ((1, 3, 17, 19), {"kernel_shape": [3, 3], "strides": [2, 2]}),                  # stride-2 loads, odd sizes
+    ((2, 2, 20, 23), {"kernel_shape": [3, 3], "strides": [3, 3], "ceil_mode": 1}),  # stride 3, ceil_mode
+    ((1, 2, 21, 33), {"kernel_shape": [5, 2], "strides": [1, 4], "pads": [2, 1, 2, 1]}),  # lane loads, pads
+    ((1, 4, 15, 15), {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [0, 0, 1, 1]}),
+    ((1, 3, 16, 18), {"kernel_shape": [7, 6], "strides": [2, 2], "pads": [3, 3, 3, 3]}),  # 42 taps: accumulates
+    ((2, 3, 31), {"kernel_shape": [3], "strides": [2], "ceil_mode": 1}),
+])
+def test_strided_pooling_matches_onnxruntime(op, shape, attrs):
+    x = randn(*shape)
+    assert_matches_onnxruntime(single(op, ["x"], {"x": x}, attrs, opset=18), {"x": x})
+
+
 @pytest.mark.parametrize("attrs", [{}, {"transA": 1}, {"transB": 1, "alpha": 0.5, "beta": 2.0}])
 def test_gemm_matches_onnxruntime(attrs):
     a = randn(13, 6) if attrs.get("transA") else randn(6, 13)
@@ -181,6 +195,13 @@ def test_matmul_with_broadcast_batches_matches_onnxruntime(ashape, bshape):
 def test_softmax_family_matches_onnxruntime(op, axis, opset):
     x = randn(2, 5, 7) * 3
     assert_matches_onnxruntime(single(op, ["x"], {"x": x}, {"axis": axis}, opset=opset), {"x": x})
+
+
+def test_attention_softmax_on_minilm_shapes_matches_onnxruntime():
+    """MiniLM's scores: 12 heads of 128 x 128, a large negative mask on some keys, softmax on the last axis."""
+    x = randn(1, 12, 128, 128) * 4
+    x[..., 100:] -= 1e4
+    assert_matches_onnxruntime(single("Softmax", ["x"], {"x": x}, {"axis": -1}), {"x": x})
 
 
 def test_normalizations_match_onnxruntime():
@@ -341,3 +362,63 @@ def test_dft_matches_numpy(onesided):
     want = np.fft.rfft(x[..., 0], axis=1) if onesided else np.fft.fft(x[..., 0], axis=1)
     got = run_wasm(model, {"x": x}, "simd,bulk-memory", "2")["y"]
     np.testing.assert_allclose(got, np.stack([want.real, want.imag], axis=-1), rtol=1e-4, atol=1e-5)
+
+
+def _gelu_diamond(x, variant):
+    """x * 0.5 * (1 + erf(x / sqrt 2)) from `x`, as the exporters spell it; returns (nodes, output name)."""
+    n = helper.make_node
+    scale = n("Div", [x, "sqrt2"], ["d"]) if variant != "mul-inverse" else n("Mul", ["inv_sqrt2", x], ["d"])
+    head = [scale, n("Erf", ["d"], ["e"]), n("Add", ["one", "e"] if variant == "swapped" else ["e", "one"], ["p"])]
+    if variant == "half-first":          # (x * 0.5) * (1 + erf)
+        return head + [n("Mul", ["half", x], ["h"]), n("Mul", ["p", "h"], ["g"])], "g"
+    if variant == "half-on-erf":         # x * ((1 + erf) * 0.5)
+        return head + [n("Mul", ["p", "half"], ["h"]), n("Mul", [x, "h"], ["g"])], "g"
+    first = n("Mul", ["p", x], ["m"]) if variant == "swapped" else n("Mul", [x, "p"], ["m"])
+    return head + [first, n("Mul", ["half", "m"] if variant == "swapped" else ["m", "half"], ["g"])], "g"
+
+
+_GELU_CONSTANTS = [const("sqrt2", np.float32(np.sqrt(2))), const("inv_sqrt2", np.float32(1 / np.sqrt(2))),
+                   const("one", np.float32(1)), const("half", np.float32(0.5))]
+
+
+def _kernel_op_types(model):
+    from backends.wasm.intrinsics import hooks
+    from backends.wasm.options import parse_options
+    from ir.loops import lower_graph
+    from ir.onnx_import import import_model
+    from passes import optimize_pipeline, run_pipeline
+    graph, _ = run_pipeline(import_model(model), optimize_pipeline(require_static=True))
+    return sorted(k.op_type for k in lower_graph(graph, hooks(parse_options(None, "simd", "2"))).kernels if k.body)
+
+
+@pytest.mark.parametrize("variant", ["hf", "swapped", "mul-inverse", "half-first", "half-on-erf"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_erf_gelu_after_matmul_runs_as_the_gemm_epilogue(variant, bias):
+    x = randn(2, 6, 8) * 2
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"])]
+    if bias:
+        nodes.append(helper.make_node("Add", ["mm", "b"], ["mmb"]))
+    gelu, y = _gelu_diamond("mmb" if bias else "mm", variant)
+    model = make_model(nodes + gelu, [vi("x", [2, 6, 8])], [helper.make_tensor_value_info(y, T.FLOAT, None)],
+                       [const("w", randn(8, 20)), const("b", randn(20))] + _GELU_CONSTANTS)
+    assert_matches_onnxruntime(model, {"x": x}, configs=[("simd,bulk-memory", "2"), ("simd,relaxed-simd", "3"),
+                                                         ("", "1")])
+    assert _kernel_op_types(model) == ["MatMul"]
+
+
+def test_onnx_gelu_after_gemm_runs_as_the_gemm_epilogue():
+    x = randn(5, 8) * 2
+    nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["mm"], transB=1), helper.make_node("Gelu", ["mm"], ["y"])]
+    model = make_model(nodes, [vi("x", [5, 8])], [out("y")], [const("w", randn(12, 8)), const("b", randn(12))],
+                       opset=20)
+    assert_matches_onnxruntime(model, {"x": x}, configs=[("simd,bulk-memory", "2")])
+    assert _kernel_op_types(model) == ["Gemm"]
+
+
+def test_a_gelu_whose_inner_value_is_also_an_output_is_not_absorbed():
+    x = randn(3, 8)
+    gelu, y = _gelu_diamond("mm", "hf")
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["mm"])] + gelu, [vi("x", [3, 8])],
+                       [out(y), out("e")], [const("w", randn(8, 4))] + _GELU_CONSTANTS)
+    assert_matches_onnxruntime(model, {"x": x}, configs=[("simd,bulk-memory", "2")])
+    assert "Erf" in _kernel_op_types(model)
