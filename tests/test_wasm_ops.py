@@ -422,3 +422,13 @@ def test_a_gelu_whose_inner_value_is_also_an_output_is_not_absorbed():
                        [out(y), out("e")], [const("w", randn(8, 4))] + _GELU_CONSTANTS)
     assert_matches_onnxruntime(model, {"x": x}, configs=[("simd,bulk-memory", "2")])
     assert "Erf" in _kernel_op_types(model)
+
+
+def test_erf_gelu_after_conv_runs_as_the_conv_epilogue():
+    img = randn(1, 3, 7, 7)
+    gelu, y = _gelu_diamond("c", "half-first")
+    model = make_model([helper.make_node("Conv", ["img", "k", "kb"], ["c"], pads=[1, 1, 1, 1])] + gelu,
+                       [vi("img", [1, 3, 7, 7])], [out(y)],
+                       [const("k", randn(5, 3, 3, 3)), const("kb", randn(5))] + _GELU_CONSTANTS)
+    assert_matches_onnxruntime(model, {"img": img}, configs=[("simd,bulk-memory", "2"), ("", "1")])
+    assert _kernel_op_types(model) == ["Conv"]
