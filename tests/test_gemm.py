@@ -125,6 +125,35 @@ def test_every_tile_height_gives_the_same_product(tile_rows):
     assert_close(read(store, inst, c_off, (m, n)), reference(a, b), k)
 
 
+@pytest.mark.parametrize("features", [SIMD, SIMD_FMA], ids=["simd", "relaxed-simd"])
+@pytest.mark.parametrize("packed", [True, False], ids=["packed-a", "a-in-place"])
+def test_unrolled_k_loop_may_stop_after_any_step(features, packed):
+    """Plain products over several K blocks run the tile's k loop unrolled; a last K block of 1 to 8
+    steps leaves it after each step in turn."""
+    m, n = 9, 40  # two full row tiles and a short one, an edge panel
+    for k in range(129, 137):
+        rng = np.random.default_rng(k)
+        a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+        b_off, c_off = a.nbytes, a.nbytes + packed_b_size(k, n)
+        scratch = c_off + m * n * 4
+        func = render_gemm(m, n, k, a_offset=0, b_packed_offset=b_off, c_offset=c_off, features=features,
+                           a_scratch_offset=scratch if packed else None)
+        store, inst = instantiate(func, scratch + gemm_scratch_bytes(m, k), features)
+        write(store, inst, 0, a), write(store, inst, b_off, pack_b(b))
+        inst.exports(store)["gemm"](store)
+        assert_close(read(store, inst, c_off, (m, n)), reference(a, b), k)
+
+
+def test_packed_a_is_broadcast_from_one_load_per_k_step():
+    """With A packed, a 4-row tile reads its four A values for one k as one v128 and splats them by
+    shuffles; without packing (A's rows apart) each row is its own scalar load."""
+    args = dict(a_offset=0, b_packed_offset=1 << 16, c_offset=1 << 18, features=SIMD_FMA)
+    packed = render_gemm(64, 64, 64, a_scratch_offset=1 << 19, **args)
+    in_place = render_gemm(64, 64, 64, **args)
+    assert "(local.set $av (v128.load (local.get $pa)))" in packed and "i8x16.shuffle" in packed
+    assert "(local.set $av" not in in_place and "f32x4.splat (f32.load" in in_place
+
+
 def test_gelu_epilogue_is_accurate_over_a_wide_range():
     x = np.linspace(-12, 12, 4001, dtype=np.float32).reshape(1, -1)
     identity = np.eye(1, dtype=np.float32)
@@ -198,7 +227,7 @@ def test_relaxed_simd_uses_fma_and_plain_simd_does_not():
     plain = render_gemm(8, 32, 16, a_offset=0, b_packed_offset=512, c_offset=4096, features=SIMD)
     scalar = render_gemm(8, 32, 16, a_offset=0, b_packed_offset=512, c_offset=4096, features=SCALAR)
     assert "f32x4.relaxed_madd" in fma and "f32x4.relaxed_madd" not in plain
-    assert "f32x4.splat (f32.load" in fma and "load32_splat" not in fma
+    assert "f32x4.splat (f32.load" in fma and "load32_splat" not in fma  # A in place: a scalar load per row
     assert "v128" not in scalar
 
 

@@ -25,8 +25,8 @@ Entry points
     on by M floats per batch (a grouped Conv's groups each have their own channels' bias).
   - `tile_rows`: rows per register tile, 1 to 4 (default 4).
   - `a_scratch_offset`: where the kernel may copy blocks of A (`gemm_scratch_bytes(m, k, tile_rows)`
-    bytes) so that a tile reads its rows from one cache line; used for wide products (N >= 384) and when A's
-    row stride is a multiple of 4 KiB. Without it A is read in place.
+    bytes) so that a tile reads its rows' values for one k as one v128; used whenever M is more than
+    one tile. Without it A is read in place.
   - `features`: a set of "simd", "relaxed-simd". With relaxed SIMD the inner product uses
     `f32x4.relaxed_madd` (the host must enable relaxed SIMD; results may differ from mul+add in the
     last bit, as FMA does); with only "simd" it uses mul + add; with neither, scalar f32 code.
@@ -38,9 +38,10 @@ Conv lowers to this through `backends/wasm/kernels/conv.py` (`render_conv2d`): i
 into panels, the weight as A unchanged, the NCHW output as C with a per-row bias.
 
 Blocking: the loops run K blocks of 128 (outermost), then 16-column panels, then 4-row tiles, so one
-K block of a panel (8 KiB) stays in L1 while every row tile streams past it. With one row (GEMV,
-bandwidth-bound) there is no K blocking and a tile spans two panels (8 accumulators) so that more
-independent multiply-adds hide the FMA latency.
+K block of a panel (8 KiB) stays in L1 while every row tile streams past it; a 4-row tile runs as
+two passes of 4 x 8 over it (kernels/microkernel.py). With one row (GEMV, bandwidth-bound) there is
+no K blocking and a tile spans two panels (8 accumulators) so that more independent multiply-adds
+hide the FMA latency.
 """
 
 from __future__ import annotations
@@ -48,16 +49,15 @@ from __future__ import annotations
 import numpy as np
 
 from backends.wasm.kernels.activation import check_epilogue, f32_activation, scratch_locals
-from backends.wasm.kernels.microkernel import (MAX_ROWS, PANEL, PANEL_BYTES, UNROLL, TileGeometry, Vec,
-                                               render_tile, tile_locals)
+from backends.wasm.kernels.microkernel import MAX_ROWS, PANEL, PANEL_BYTES, TileGeometry, Vec, render_tile, tile_locals
 
 SCALAR: frozenset[str] = frozenset()
 SIMD: frozenset[str] = frozenset({"simd"})
 SIMD_FMA: frozenset[str] = frozenset({"simd", "relaxed-simd"})
 KNOWN_FEATURES = SIMD_FMA
 K_BLOCK = 128
-# Rows per register tile: 4 (16 accumulators) by default; 3 is within noise of it under V8 and
-# 5% slower under wasmtime (see kernels/microkernel.py for the measurements).
+# Rows per register tile: 4 by default, the only height whose A values for one k are a whole v128
+# in packed A (see kernels/microkernel.py).
 TILE_ROWS = 4
 M_BLOCK = 240  # a multiple of the 4-row tile: only the last row block has a short tile
 
@@ -121,7 +121,7 @@ def render_gemm(m: int, n: int, k: int, *, a_offset: int, b_packed_offset: int, 
     decls = ["(local $A i32) (local $B i32) (local $C i32) (local $R i32) (local $BIAS i32) (local $n i32)",
              "(local $i i32) (local $ib i32) (local $iend i32) (local $j i32) (local $k0 i32) (local $klen i32) (local $first i32) (local $last i32)",
              "(local $pa i32) (local $pb i32) (local $pc i32) (local $pr i32) (local $pbias i32)",
-             "(local $pend i32) (local $pend4 i32) (local $acc f32)"]
+             "(local $pend i32) (local $acc f32)"]
     if "simd" in features:  # v128 locals would make the module invalid on hosts without SIMD128
         decls += tile_locals() + scratch_locals("v128")
     decls += scratch_locals("f32")
@@ -178,9 +178,11 @@ def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, ep
     gemv = m == 1
     kc = k if m <= rows_per_tile else min(k, K_BLOCK)
     blocks = -(-k // kc)
-    # Packing costs a pass over A per panel sweep, so it pays for wide products (measured: 256^3 runs
-    # 10% slower packed, 512^3 12% faster) or where A's rows alias (1024^3: 22 -> 39 GFLOP/s).
-    packed = a_pack is not None and m > rows_per_tile and (n >= 384 or a_row_step % 4096 == 0)
+    # Packed, a full tile's A values for one k are 16 contiguous bytes: one load for the 4 rows (see
+    # kernels/microkernel.py). Measured (relaxed SIMD, wasmtime, CPU time): 256^3 36 -> 38 GFLOP/s,
+    # 128^3 unchanged, 512^3 and up as fast as before only packed; A's rows aliasing in L1 (row
+    # strides a multiple of 4 KiB) made 1024^3 run at 22 unpacked.
+    packed = a_pack is not None and m > rows_per_tile
     # A packed: each group of rows_per_tile rows of the block as [kc][rows_per_tile], so a tile's k step reads
     # rows_per_tile adjacent floats instead of rows_per_tile rows lda apart (which alias in L1 when lda*4 is a
     # multiple of 4 KiB).
@@ -188,7 +190,8 @@ def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, ep
     geometry = TileGeometry(k, tile_a_k_step, tile_a_row_step, c_row_step, bias is not None, bias == "row",
                             has_residual, epilogue, fma,
                             static_first=True if blocks == 1 else None,
-                            static_last=True if blocks == 1 else None)
+                            static_last=True if blocks == 1 else None,
+                            unroll=_unroll(blocks, bias, has_residual, epilogue))
 
     def pack_a(rows: int) -> list[str]:
         """Rows $ib .. $ib + rows, columns $k0 .. $k0 + $klen of A into the scratch groups."""
@@ -220,7 +223,6 @@ def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, ep
             (f"(local.set $pbias (i32.add (local.get $BIAS) (i32.shl (local.get $i) (i32.const 2))))" if bias == "row" else
              f"(local.set $pbias (i32.add (local.get $BIAS) (i32.mul (local.get $j) (i32.const {PANEL_BYTES}))))"),
             f"(local.set $pend (i32.add (local.get $pb) (i32.mul (local.get $klen) (i32.const {PANEL_BYTES}))))",
-            f"(local.set $pend4 (i32.add (local.get $pb) (i32.mul (i32.and (local.get $klen) (i32.const {-UNROLL})) (i32.const {PANEL_BYTES}))))",
             *render_tile(rows, vecs, geometry),
         ]
 
@@ -271,6 +273,22 @@ def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, ep
         *code,
     ]
     return _counted("$k0", 0, k, kc, k_block)
+
+
+def _unroll(blocks: int, bias, has_residual: bool, epilogue) -> int:
+    """k steps per iteration of the tile's loop. Unrolled 8 times, the loop needs no register moves
+    between steps, but whether Cranelift's register allocator then keeps all 8 accumulators in
+    registers depends on the code around the loop; measured (relaxed SIMD, wasmtime 50, GFLOP/s at
+    the median, FMA peak 57-58; unroll 1 / 8):
+    - plain products over several K blocks: 512^3 38.5 / 41.8, 1024^3 39.2 / 42.2, 256^3 36.1 / 38.8,
+      128x384x384 37.8 / 41.4, 128x1536x384 36.2 / 40.7, 128x384x1536 36.8 / 40.6,
+      64x3136x576 35.7 / 38.2, 256x784x1152 39.2 / 42.7;
+    - one K block (512x512x128: 37.5 / 32.8, 128^3: 32.5 / 30.3), or with a relu or gelu epilogue
+      (512^3: 38.2 / 26.1 and 36.9 / 25.4), a bias (128x384x384: 37.0 / 24.5) or a residual
+      (512^3: 39.4 / 26.0): accumulators spill in the unrolled loop, and unroll 1 is the faster.
+    """
+    plain = bias is None and not has_residual and epilogue is None
+    return 8 if plain and blocks > 1 else 1
 
 
 def _scalar_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, epilogue, fma, a_pack,

@@ -1,24 +1,49 @@
 """The SIMD128 register tile of the GEMM: up to 4 rows of A times one or two 16-column panels of B.
 
-A tile keeps its block of C in v128 locals for a whole K block (4 rows x 4 vectors = 16 accumulators).
-Per k step it broadcasts each row's A value with `f32.load` + `f32x4.splat` (cheaper under Cranelift
-than `v128.load32_splat`, which it lowers to a load, a movd and a shuffle), then loads each B vector
-once and issues one multiply-add per row with it: `f32x4.relaxed_madd` (one FMA on x86) when relaxed
-SIMD is on, `f32x4.mul` + `f32x4.add` otherwise. The k loop is unrolled by `UNROLL` with a one-step
-tail.
+A tile runs as passes over K of at most 8 accumulators each (4 rows x 2 vectors, 2 x 4, 1 x 8), so
+a 4 x 16 tile is two passes over the same block of A and B (both in L1). Per k step a pass loads
+each B vector once; it broadcasts A: with 4 rows that are adjacent in memory (packed A, or A^T), one
+`v128.load` and an `i8x16.shuffle` per row (one `pshufd` each), otherwise `f32.load` + `f32x4.splat`
+per row. The multiply-add is `f32x4.relaxed_madd` (one FMA on x86) with relaxed SIMD,
+`f32x4.mul` + `f32x4.add` otherwise. Each k step of the loop ends with a test of `$pb` against
+`$pend`, which also handles any K without a tail loop; `TileGeometry.unroll` steps run per
+iteration.
 
-Measured on an AMD EPYC (relaxed SIMD, A packed, CPU time), GFLOP/s at 512^3 against a 56-58 FMA
-loop peak: this order with 4 rows, wasmtime 50: 37, V8 (Node 20): 37; with 3 rows 35 and 38. Going
-row by row instead (one splat live, B reloaded per row) gives wasmtime 39 (Cranelift merges the
-repeated B loads and spills less) but V8 18 (it reloads B for every row), so this order is the one
-that is fast on both engines. Cranelift lowers FMA writing over a multiplicand, so each multiply-add
-also costs a register copy: that, not the FMA units, is what keeps a tile under peak.
+Why this shape, from the machine code wasmtime 50 (Cranelift) produces on an AMD EPYC Zen 4 (16 xmm
+registers, 2 FMA pipes), read with `objdump -d` on `wasmtime.Module(...).serialize()`:
+- Cranelift places a pure instruction (the FMA, the splat) right before its first use by a
+  side-effecting one. Loads are side-effecting and the loop's back-edge is the only user of the
+  accumulators, so every load of an iteration comes first and every FMA after it: all loaded values
+  and all accumulators are live at once. The old 4 x 16 tile unrolled twice (16 accumulators +
+  8 splats + 8 B vectors) spilled on every step. A branch that carries the accumulators (the
+  `$pend` test between steps) forces each step's FMAs before the next step's loads.
+- A load can be folded into the instruction that uses it only when no other side effect lies
+  between them, so in such a loop only the last load of a step could become a memory operand; B
+  read straight from memory once per multiply-add (distinct pointers per row) left 16 loaded
+  vectors live and ran at 15 GFLOP/s.
+- `fma x y z` becomes `vfmadd213ps`, which overwrites x: the result lands in x's register, so x is
+  copied when it has later uses (x is whichever of the splat and the B vector has fewer uses), and
+  the loop's back-edge moves every accumulator back to its register: 8 moves per iteration.
+  Unrolling shares those moves between steps.
+- 8 accumulators with the 4-cycle FMA latency and 2 pipes are exactly enough to keep the pipes busy,
+  so a spill on an accumulator's chain (a store and a reload in its dependency chain) costs a few
+  cycles on every step. Whether the unrolled loop spills depends on Cranelift's register allocator
+  and the code around the loop (constants of an activation, a bias): see `_unroll` in
+  backends/wasm/gemm.py for the measurements behind the choice.
+
+Measured (relaxed SIMD, A packed, CPU time, median; FMA loop peak in the same run 57-58 GFLOP/s):
+one tile's loop alone over a K = 128 block in L1: 4 x 16 unrolled twice 39,
+4 x 8 one step per iteration 42, 4 x 8 with the `$pend` test between 4 steps 48-49, the same with
+per-row `f32.load` splats 37, with `v128.load32_splat` 37, with mul + add instead of FMA 39, 3 x 16
+or 4 x 12 (spilling) 27. Whole GEMM 512^3, wasmtime / V8 (Node 20): before 34.5 / 32.9, now
+39-42 / 42.7.
 
 The caller (backends/wasm/gemm.py) sets these i32 locals before the tile: `$pa` (A at row i, k0,
 or the row group in packed A), `$pb` (packed B at panel j, k0), `$pc` (C at row i, column 16 j),
 `$pr` (residual, same place), `$pbias` (bias at column 16 j, or at row i with per-row bias), `$pend`
-and `$pend4` (where `$pb` stops, for the whole block and for the unrolled part), `$first` / `$last`
-(whether this is the first / last K block).
+(where `$pb` stops), `$pend4` (where `$pb` stops for a loop unrolled UNROLL times; no longer read
+by the tile) and `$first` / `$last` (whether
+this is the first / last K block). The tile moves `$pa` and `$pb`.
 """
 
 from __future__ import annotations
@@ -30,9 +55,11 @@ from backends.wasm.kernels.activation import v128_activation
 PANEL = 16          # columns per packed B panel
 PANEL_BYTES = PANEL * 4
 MAX_ROWS = 4
-# k steps per loop iteration. Measured under wasmtime (Cranelift), 512^3: unroll 1: 26 GFLOP/s,
-# 2: 33-39, 4: 28-31, 8: 18 (longer bodies only add spills).
-UNROLL = 2  # a power of two: the unrolled part ends at klen & -UNROLL
+# Callers still set $pend4 = $pb + (klen & -UNROLL) * PANEL_BYTES; the tile no longer reads it (each k
+# step tests $pb against $pend itself), so any power of two keeps that meaning.
+UNROLL = 2
+UNROLLS = (1, 2, 4, 8)  # TileGeometry.unroll: k steps per loop iteration
+MAX_ACCUMULATORS = 8  # per pass over K: with the loaded values and copies they fill the 16 registers
 ZERO = "(v128.const f32x4 0 0 0 0)"
 
 
@@ -63,6 +90,7 @@ class TileGeometry:
     fma: bool               # relaxed SIMD multiply-add
     static_first: bool | None  # True/False when every tile is the first/last block, None: runtime
     static_last: bool | None
+    unroll: int = 1         # k steps per loop iteration, one of UNROLLS (see the module docstring)
 
 
 def acc(r: int, v: int) -> str:
@@ -72,17 +100,35 @@ def acc(r: int, v: int) -> str:
 def tile_locals() -> list[str]:
     regs = " ".join(f"(local {acc(r, v)} v128)" for r in range(MAX_ROWS) for v in range(8))
     splats = " ".join(f"(local $a{r} v128)" for r in range(MAX_ROWS))
-    return [regs, f"{splats} (local $bv v128)"]
+    return [regs, f"{splats} (local $av v128) (local $bv v128) (local $tile_pa i32) (local $tile_pb i32)"]
 
 
 def render_tile(rows: int, vecs: list[Vec], g: TileGeometry) -> list[str]:
-    assert 1 <= rows <= MAX_ROWS and vecs
+    assert 1 <= rows <= MAX_ROWS and vecs and g.unroll in UNROLLS
+    passes = _column_passes(rows, vecs)
+    code: list[str] = []
+    if len(passes) > 1:  # every pass walks K from the tile's start
+        code += ["(local.set $tile_pa (local.get $pa))", "(local.set $tile_pb (local.get $pb))"]
+    for n, part in enumerate(passes):
+        if n:
+            code += ["(local.set $pa (local.get $tile_pa))", "(local.set $pb (local.get $tile_pb))"]
+        code += _pass(rows, part, g)
+    return code
+
+
+def _column_passes(rows: int, vecs: list[Vec]) -> list[list[Vec]]:
+    """The tile's vectors in runs of at most MAX_ACCUMULATORS / rows: one K loop each."""
+    width = max(1, MAX_ACCUMULATORS // rows)
+    return [vecs[i:i + width] for i in range(0, len(vecs), width)]
+
+
+def _pass(rows: int, vecs: list[Vec], g: TileGeometry) -> list[str]:
     code: list[str] = []
     init = _init(rows, vecs, g)
     reload = [f"(local.set {acc(r, v)} {_load('$pc', r * g.c_row_step + vec.c_offset, vec.lanes)})"
               for r in range(rows) for v, vec in enumerate(vecs)]
     code += _branch(g.static_first, "$first", init, reload)
-    code += _k_loops(rows, vecs, g)
+    code += _k_loop(rows, vecs, g)
     act = [line for r in range(rows) for v in range(len(vecs)) for line in v128_activation(g.epilogue, acc(r, v))]
     code += _branch(g.static_last, "$last", act, [])
     for r in range(rows):
@@ -123,38 +169,50 @@ def _init(rows: int, vecs: list[Vec], g: TileGeometry) -> list[str]:
     return code
 
 
-def _k_loops(rows: int, vecs: list[Vec], g: TileGeometry) -> list[str]:
-    unrolled = [line for u in range(UNROLL) for line in _k_step(rows, vecs, g, u)]
-    single = _k_step(rows, vecs, g, 0)
+def _k_loop(rows: int, vecs: list[Vec], g: TileGeometry) -> list[str]:
+    """g.unroll k steps per iteration, each followed by a test of $pb against $pend: the test is the
+    tail (no second loop), and it is what keeps each step's loads next to its multiply-adds (Cranelift
+    places pure instructions at their first use, so without a branch between steps every load of the
+    iteration would come first and stay live)."""
+    body: list[str] = []
+    for u in range(g.unroll):
+        body += _k_step(rows, vecs, g)
+        body += [f"(local.set $pa (i32.add (local.get $pa) (i32.const {g.a_k_step})))",
+                 f"(local.set $pb (i32.add (local.get $pb) (i32.const {PANEL_BYTES})))"]
+        if u < g.unroll - 1:
+            body.append("(br_if $tile_kdone (i32.ge_u (local.get $pb) (local.get $pend)))")
+    body.append("(br_if $tile_k (i32.lt_u (local.get $pb) (local.get $pend)))")
     return [
-        "(if (i32.lt_u (local.get $pb) (local.get $pend4))",
-        "  (then (loop $kn",
-        *("    " + s for s in unrolled),
-        f"    (local.set $pa (i32.add (local.get $pa) (i32.const {UNROLL * g.a_k_step})))",
-        f"    (local.set $pb (i32.add (local.get $pb) (i32.const {UNROLL * PANEL_BYTES})))",
-        "    (br_if $kn (i32.lt_u (local.get $pb) (local.get $pend4))))))",
         "(if (i32.lt_u (local.get $pb) (local.get $pend))",
-        "  (then (loop $k1",
-        *("    " + s for s in single),
-        f"    (local.set $pa (i32.add (local.get $pa) (i32.const {g.a_k_step})))",
-        f"    (local.set $pb (i32.add (local.get $pb) (i32.const {PANEL_BYTES})))",
-        "    (br_if $k1 (i32.lt_u (local.get $pb) (local.get $pend))))))",
+        "  (then (block $tile_kdone (loop $tile_k",
+        *("    " + s for s in body),
+        "  ))))",
     ]
 
 
-def _k_step(rows: int, vecs: list[Vec], g: TileGeometry, u: int) -> list[str]:
-    code = [f"(local.set $a{r} (f32x4.splat (f32.load offset={u * g.a_k_step + r * g.a_row_step} (local.get $pa))))"
-            for r in range(rows)]
+def _k_step(rows: int, vecs: list[Vec], g: TileGeometry) -> list[str]:
+    if rows == MAX_ROWS and g.a_row_step == 4:  # the rows' A values are one v128: one load, then shuffles
+        code = ["(local.set $av (v128.load (local.get $pa)))"]
+        code += [f"(local.set $a{r} (i8x16.shuffle {_lane_splat(r)} (local.get $av) (local.get $av)))" for r in range(rows)]
+    else:
+        code = [f"(local.set $a{r} (f32x4.splat (f32.load offset={r * g.a_row_step} (local.get $pa))))" for r in range(rows)]
+    # Cranelift's FMA overwrites its first multiplicand: put first the operand with fewer uses
+    b_first = rows <= len(vecs)
     for v, vec in enumerate(vecs):
-        b_off = vec.panel * g.k * PANEL_BYTES + vec.index * 16 + u * PANEL_BYTES
+        b_off = vec.panel * g.k * PANEL_BYTES + vec.index * 16
         code.append(f"(local.set $bv (v128.load offset={b_off} (local.get $pb)))")
         for r in range(rows):
-            a, c = f"(local.get $a{r})", f"(local.get {acc(r, v)})"
+            a, b, c = f"(local.get $a{r})", "(local.get $bv)", f"(local.get {acc(r, v)})"
+            x, y = (b, a) if b_first else (a, b)
             if g.fma:
-                code.append(f"(local.set {acc(r, v)} (f32x4.relaxed_madd {a} (local.get $bv) {c}))")
+                code.append(f"(local.set {acc(r, v)} (f32x4.relaxed_madd {x} {y} {c}))")
             else:
-                code.append(f"(local.set {acc(r, v)} (f32x4.add (f32x4.mul {a} (local.get $bv)) {c}))")
+                code.append(f"(local.set {acc(r, v)} (f32x4.add (f32x4.mul {x} {y}) {c}))")
     return code
+
+
+def _lane_splat(lane: int) -> str:
+    return " ".join(str(4 * lane + byte) for _ in range(4) for byte in range(4))
 
 
 def _load(ptr: str, offset: int, lanes: int) -> str:
