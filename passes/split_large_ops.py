@@ -92,6 +92,11 @@ def _split_unit(graph: Graph, unit: list[Node], max_params: int) -> list[Node]:
         if axes is None:
             break
         plans.append(_Plan(node, axes))
+    # A group need not be a chain (a GELU diamond reads the anchor's output twice): what stays after
+    # the join may read only the last split node's output, the one the Concat rebuilds.
+    while len(plans) > 1 and any(v is p.node.outputs[0] for p in plans[:-1]
+                                 for n in unit[len(plans):] for v in n.inputs):
+        plans.pop()
     rest = unit[len(plans):]
 
     per_channel, shared = 0, {}
