@@ -230,11 +230,21 @@ def _c4(value: float) -> str:
     return f"(v128.const f32x4 {text} {text} {text} {text})"
 
 
-def _vhorner(var: str, coeffs: list[float]) -> str:
+def _madd(a: str, b: str, c: str, fused: bool) -> str:
+    """a * b + c on f32x4 lanes: relaxed_madd (one FMA where the engine has it) or mul + add."""
+    return f"(f32x4.relaxed_madd {a} {b} {c})" if fused else f"(f32x4.add {c} (f32x4.mul {a} {b}))"
+
+
+def _nmadd(a: str, b: str, c: str, fused: bool) -> str:
+    """c - a * b on f32x4 lanes."""
+    return f"(f32x4.relaxed_nmadd {a} {b} {c})" if fused else f"(f32x4.sub {c} (f32x4.mul {a} {b}))"
+
+
+def _vhorner(var: str, coeffs: list[float], fused: bool = False) -> str:
     """c0 + v*(c1 + v*(c2 + ...)) on f32x4 lanes."""
     text = _c4(coeffs[-1])
     for c in reversed(coeffs[:-1]):
-        text = f"(f32x4.add {_c4(c)} (f32x4.mul (local.get ${var}) {text}))"
+        text = _madd(f"(local.get ${var})", text, _c4(c), fused)
     return text
 
 
@@ -256,26 +266,32 @@ _ERFF_Q = [-1.42647390514189e-02, -7.37332916720468e-03, -1.68282697438203e-03, 
 VECTOR_MATH = {"exp": "exp_f32x4", "log": "log_f32x4", "tanh": "tanh_f32x4", "erf": "erf_f32x4"}
 VECTOR_MATH_BINARY = {"pow": "pow_f32x4"}
 
-VECTOR_FUNCTIONS: dict[str, tuple[tuple[str, ...], str]] = {
-    "exp_f32x4": ((), f"""
+
+def _vector_functions(fused: bool) -> dict[str, tuple[tuple[str, ...], str]]:
+    """The f32x4 functions; with `fused` their polynomials use relaxed_madd (relaxed-simd)."""
+    def horner(var, coeffs):
+        return _vhorner(var, coeffs, fused)
+    return {
+        "exp_f32x4": ((), f"""
 (func $exp_f32x4 (param $x v128) (result v128) (local $k v128) (local $r v128) (local $ki v128) (local $k1 v128)
   ;; clamping keeps the exponent arithmetic in range: exp(89) is inf and exp(-104) is 0 in float32;
-  ;; wasm min/max propagate NaN, so NaN lanes stay NaN
-  (local.set $x (f32x4.max (f32x4.min (local.get $x) {_c4(89.0)}) {_c4(-104.0)}))
+  ;; pmin(x, c) is `c < x ? c : x` and pmax(x, c) `x < c ? c : x`, so NaN lanes stay NaN (one
+  ;; minps/maxps each, where the NaN-propagating f32x4.min/max are long sequences on x86)
+  (local.set $x (f32x4.pmax (f32x4.pmin (local.get $x) {_c4(89.0)}) {_c4(-104.0)}))
   (local.set $k (f32x4.nearest (f32x4.mul (local.get $x) {_c4(1.4426950408889634)})))
   ;; ln2 split in two: k * 0.693359375 is exact for |k| <= 150
-  (local.set $r (f32x4.add (f32x4.sub (local.get $x) (f32x4.mul (local.get $k) {_c4(0.693359375)}))
-                           (f32x4.mul (local.get $k) {_c4(2.12194440e-4)})))
+  (local.set $r {_madd("(local.get $k)", _c4(2.12194440e-4),
+                        _nmadd("(local.get $k)", _c4(0.693359375), "(local.get $x)", fused), fused)})
   (local.set $ki (i32x4.trunc_sat_f32x4_s (local.get $k)))
   (local.set $k1 (i32x4.shr_s (local.get $ki) (i32.const 1)))
   ;; 2^k as two factors so that neither overflows nor goes subnormal on its own
   (f32x4.mul (f32x4.mul
-      (f32x4.add (f32x4.add {_c4(1.0)} (local.get $r))
-                 (f32x4.mul (f32x4.mul (local.get $r) (local.get $r)) {_vhorner("r", _EXPF_POLY)}))
+      {_madd("(f32x4.mul (local.get $r) (local.get $r))", horner("r", _EXPF_POLY),
+             f"(f32x4.add {_c4(1.0)} (local.get $r))", fused)}
       (i32x4.shl (i32x4.add (local.get $k1) (v128.const i32x4 127 127 127 127)) (i32.const 23)))
     (i32x4.shl (i32x4.add (i32x4.sub (local.get $ki) (local.get $k1)) (v128.const i32x4 127 127 127 127)) (i32.const 23))))
 """),
-    "log_f32x4": ((), f"""
+        "log_f32x4": ((), f"""
 (func $log_f32x4 (param $x v128) (result v128) (local $y v128) (local $e v128) (local $m v128) (local $small v128) (local $z v128)
   ;; subnormals are scaled by 2^23 first, so that the exponent field is exact
   (local.set $small (f32x4.lt (local.get $x) {_c4(1.1754943508222875e-38)}))
@@ -290,7 +306,7 @@ VECTOR_FUNCTIONS: dict[str, tuple[tuple[str, ...], str]] = {
   (local.set $e (f32x4.sub (local.get $e) (v128.and {_c4(1.0)} (local.get $small))))
   (local.set $m (f32x4.sub (f32x4.add (local.get $m) (v128.and (local.get $m) (local.get $small))) {_c4(1.0)}))
   (local.set $z (f32x4.mul (local.get $m) (local.get $m)))
-  (local.set $y (f32x4.mul (f32x4.mul (local.get $m) (local.get $z)) {_vhorner("m", _LOGF_POLY)}))
+  (local.set $y (f32x4.mul (f32x4.mul (local.get $m) (local.get $z)) {horner("m", _LOGF_POLY)}))
   (local.set $y (f32x4.sub (f32x4.sub (local.get $y) (f32x4.mul (local.get $e) {_c4(2.12194440e-4)}))
                            (f32x4.mul (local.get $z) {_c4(0.5)})))
   (local.set $y (f32x4.add (f32x4.add (local.get $m) (local.get $y)) (f32x4.mul (local.get $e) {_c4(0.693359375)})))
@@ -300,18 +316,18 @@ VECTOR_FUNCTIONS: dict[str, tuple[tuple[str, ...], str]] = {
   (local.set $y (v128.bitselect {_c4(math.nan)} (local.get $y) (f32x4.lt (local.get $x) {_c4(0.0)})))
   (v128.bitselect (local.get $x) (local.get $y) (f32x4.ne (local.get $x) (local.get $x))))
 """),
-    "tanh_f32x4": (("exp_f32x4",), f"""
+        "tanh_f32x4": (("exp_f32x4",), f"""
 (func $tanh_f32x4 (param $x v128) (result v128) (local $a v128) (local $z v128) (local $big v128)
   (local.set $a (f32x4.abs (local.get $x)))
   (local.set $z (f32x4.mul (local.get $x) (local.get $x)))
-  (local.set $z (f32x4.add (local.get $x) (f32x4.mul (f32x4.mul (local.get $z) (local.get $x)) {_vhorner("z", _TANHF_POLY)})))
+  (local.set $z (f32x4.add (local.get $x) (f32x4.mul (f32x4.mul (local.get $z) (local.get $x)) {horner("z", _TANHF_POLY)})))
   ;; from 0.625 on, 1 - 2 / (exp(2|x|) + 1) no longer cancels; exp overflowing to inf gives 1
   (local.set $big (f32x4.sub {_c4(1.0)} (f32x4.div {_c4(2.0)}
     (f32x4.add (call $exp_f32x4 (f32x4.add (local.get $a) (local.get $a))) {_c4(1.0)}))))
   (local.set $big (v128.or (local.get $big) (v128.and (local.get $x) (v128.const i32x4 0x80000000 0x80000000 0x80000000 0x80000000))))
   (v128.bitselect (local.get $big) (local.get $z) (f32x4.ge (local.get $a) {_c4(0.625)})))
 """),
-    "pow_f32x4": (("exp_f32x4", "log_f32x4"), f"""
+        "pow_f32x4": (("exp_f32x4", "log_f32x4"), f"""
 (func $pow_f32x4 (param $x v128) (param $y v128) (result v128) (local $r v128) (local $int v128) (local $odd v128)
   ;; exp(y log|x|), then the C rules of the scalar $pow: the error grows with |y log|x||, up to
   ;; 2 ulps per unit of it: at most about 2e-5 relative for results in float32 range (|y log|x|| < 89)
@@ -326,24 +342,28 @@ VECTOR_FUNCTIONS: dict[str, tuple[tuple[str, ...], str]] = {
     (v128.andnot (f32x4.lt (local.get $x) {_c4(0.0)}) (local.get $int))))
   (v128.bitselect {_c4(1.0)} (local.get $r) (f32x4.eq (local.get $y) {_c4(0.0)})))
 """),
-    "erf_f32x4": ((), f"""
+        "erf_f32x4": ((), f"""
 (func $erf_f32x4 (param $x v128) (result v128) (local $c v128) (local $s v128)
-  (local.set $c (f32x4.max (f32x4.min (local.get $x) {_c4(4.0)}) {_c4(-4.0)}))
+  (local.set $c (f32x4.pmax (f32x4.pmin (local.get $x) {_c4(4.0)}) {_c4(-4.0)}))    ;; NaN stays NaN
   (local.set $s (f32x4.mul (local.get $c) (local.get $c)))
   ;; x times P/Q rather than (x P)/Q: tiny x then meet one rounding, not a subnormal product;
   ;; the rational function overshoots 1 by an ulp next to |x| = 4
-  (f32x4.max (f32x4.min
-    (f32x4.mul (local.get $c) (f32x4.div {_vhorner("s", _ERFF_P)} {_vhorner("s", _ERFF_Q)}))
+  (f32x4.pmax (f32x4.pmin
+    (f32x4.mul (local.get $c) (f32x4.div {horner("s", _ERFF_P)} {horner("s", _ERFF_Q)}))
     {_c4(1.0)}) {_c4(-1.0)}))
 """),
-}
+    }
 
+VECTOR_FUNCTIONS = _vector_functions(fused=False)
 FUNCTIONS.update(VECTOR_FUNCTIONS)
+FUSED_VECTOR_FUNCTIONS = _vector_functions(fused=True)
 
 
-def render_functions(used: set[str]) -> str:
-    """The WAT of the used functions and their dependencies, in a fixed order."""
+def render_functions(used: set[str], fused: bool = False) -> str:
+    """The WAT of the used functions and their dependencies, in a fixed order; with `fused`
+    (relaxed-simd) the f32x4 polynomials use relaxed_madd."""
     needed: set[str] = set()
+    texts = {**FUNCTIONS, **FUSED_VECTOR_FUNCTIONS} if fused else FUNCTIONS
 
     def add(name: str) -> None:
         if name not in needed:
@@ -353,4 +373,4 @@ def render_functions(used: set[str]) -> str:
 
     for name in used:
         add(name)
-    return "\n".join(FUNCTIONS[name][1].strip() for name in FUNCTIONS if name in needed)
+    return "\n".join(texts[name][1].strip() for name in FUNCTIONS if name in needed)

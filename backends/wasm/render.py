@@ -78,7 +78,7 @@ class WatRenderer:
         lines += [_indent(f, "  ") for f in self.intrinsic_funcs]
         calls = "\n".join(f"    (call ${_ident(k.name)})" for k in self.program.kernels)
         lines.append(f'  (func (export "run")\n{calls}\n  )')
-        helpers = mathlib.render_functions(self.math_used)
+        helpers = mathlib.render_functions(self.math_used, fused=self.options.relaxed_simd)
         if helpers:
             lines.append(_indent(helpers, "  "))
         lines.append(")")
