@@ -230,3 +230,22 @@ def test_a_compiled_model_runs_its_few_channel_convs_as_implicit_gemms_and_match
     program = lower_graph(graph, hooks(parse_options(None, "simd", "2")))
     convs = [s.params for k in program.kernels for s in k.body if getattr(s, "name", None) == "conv2d"]
     assert [p.get("implicit_gemm", False) for p in convs] == [True, True, False]
+
+
+def test_convs_sharing_one_weight_share_its_packed_panels():
+    from backends.wasm.intrinsics import hooks
+    from backends.wasm.options import parse_options
+    from ir.loops import lower_graph
+    from ir.loops.program import WEIGHT
+    from ir.onnx_import import import_model
+    from passes import optimize_pipeline, run_pipeline
+    from wasm_cases import make_model
+
+    w = onnx.numpy_helper.from_array(np.ones((16, 16, 3, 3), np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["c1", "w"], ["y"], pads=[1, 1, 1, 1])]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    graph, _ = run_pipeline(import_model(model), optimize_pipeline(require_static=True))
+    program = lower_graph(graph, hooks(parse_options(None, "simd", "2")))
+    assert [s.nbytes for s in program.storages if s.kind == WEIGHT] == [16 * 16 * 9 * 4]

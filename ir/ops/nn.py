@@ -27,6 +27,8 @@ register("MaxRoiPool", "RoiAlign", "AffineGrid",
 
 # -- lowerings to loop nests ---------------------------------------------------------------------
 
+import weakref  # noqa: E402
+
 import numpy as np  # noqa: E402
 
 from ir.errors import UnsupportedError  # noqa: E402
@@ -214,6 +216,9 @@ def _gemm_as_gemm(b, node) -> bool:
     return True
 
 
+_CONV_PANELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # builder -> {id(weight): packed buffer}
+
+
 def _conv_as_intrinsic(b, node) -> bool:
     wv = node.inputs[1]
     if not b.has_intrinsic("conv2d") or not _f32(*node.inputs, node.outputs[0]) or len(wv.shape) != 4:
@@ -228,7 +233,10 @@ def _conv_as_intrinsic(b, node) -> bool:
     hooks = b.intrinsics["conv2d"]
     if wv.is_const and hooks.prefers_implicit_gemm(params):  # the weight is packed here, at compile time
         params["implicit_gemm"] = True
-        w = b.constant(hooks.pack_weight(params, np.asarray(wv.const)), wv.name + "_panels")
+        panels = _CONV_PANELS.setdefault(b, {})  # Convs sharing one weight share its panels
+        if id(wv) not in panels:
+            panels[id(wv)] = b.constant(hooks.pack_weight(params, np.asarray(wv.const)), wv.name + "_panels")
+        w = panels[id(wv)]
     else:
         w = b.input(node, 1)
     scratch = b.temp("float32", (hooks.scratch_elements(params),), x.name + "_im2col")
