@@ -192,3 +192,27 @@ def test_a_group_ends_where_an_inner_value_is_read_outside_it():
     # the sink itself may be read anywhere: the group stops at g, the Relu is not in it
     assert all(groups[v] == groups["mm"] for v in ("a", "d", "e", "p", "m", "g"))
     assert groups["y"] != groups["mm"]
+
+
+def test_a_split_matmul_keeps_its_gelu_diamond_whole_after_the_join():
+    """A MatMul too large for one CU splits along its columns; the diamond reads the MatMul's output
+    twice, so it stays after the Concat and the graph still computes the same."""
+    from passes.fuse_groups import FuseGroups
+    from passes.split_large_ops import split_large_ops
+    n = helper.make_node
+    nodes = [n("MatMul", ["x", "w"], ["mm"]), n("Div", ["mm", "sqrt2"], ["d"]), n("Erf", ["d"], ["e"]),
+             n("Add", ["e", "one"], ["p"]), n("Mul", ["mm", "p"], ["m"]), n("Mul", ["m", "half"], ["y"])]
+    rng = np.random.default_rng(0)
+    inits = [helper.make_tensor("w", TensorProto.FLOAT, [5, 8], rng.standard_normal(40).astype(np.float32)),
+             helper.make_tensor("sqrt2", TensorProto.FLOAT, [], [2 ** 0.5]),
+             helper.make_tensor("one", TensorProto.FLOAT, [], [1.0]),
+             helper.make_tensor("half", TensorProto.FLOAT, [], [0.5])]
+    model = make_model(nodes, [tensor("x", TensorProto.FLOAT, [3, 5])], [tensor("y", TensorProto.FLOAT, [3, 8])], inits)
+    graph, _ = run_pipeline(import_model(model), [*optimize_pipeline(require_static=True), FuseGroups()])
+    assert len({node.fusion_group for node in graph.nodes}) == 1
+    assert split_large_ops(graph, max_params=20) == 1
+    assert sum(node.op_type == "MatMul" for node in graph.nodes) == 2
+    exported = export_model(graph)
+    onnx.checker.check_model(exported, full_check=True)
+    x = rng.standard_normal((3, 5)).astype(np.float32)
+    assert_same_outputs(model, exported, {"x": x})
