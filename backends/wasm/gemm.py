@@ -194,17 +194,23 @@ def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, ep
                             unroll=_unroll(blocks, bias, has_residual, epilogue))
 
     def pack_a(rows: int) -> list[str]:
-        """Rows $ib .. $ib + rows, columns $k0 .. $k0 + $klen of A into the scratch groups."""
-        return _counted("$i", 0, rows, 1, [
-            f"(local.set $pa (i32.add (local.get $A) (i32.add (i32.mul (i32.add (local.get $ib) (local.get $i)) (i32.const {a_row_step})) (i32.mul (local.get $k0) (i32.const {a_k_step})))))",
-            f"(local.set $pb (i32.add (i32.const {a_pack}) (i32.add (i32.mul (i32.div_u (local.get $i) (i32.const {rows_per_tile})) (i32.const {kc * rows_per_tile * 4})) (i32.shl (i32.rem_u (local.get $i) (i32.const {rows_per_tile})) (i32.const 2)))))",
-            f"(local.set $pend (i32.add (local.get $pb) (i32.mul (local.get $klen) (i32.const {rows_per_tile * 4}))))",
-            "(loop $pack_k",
-            "  (f32.store (local.get $pb) (f32.load (local.get $pa)))",
-            f"  (local.set $pa (i32.add (local.get $pa) (i32.const {a_k_step})))",
-            f"  (local.set $pb (i32.add (local.get $pb) (i32.const {rows_per_tile * 4})))",
-            "  (br_if $pack_k (i32.lt_u (local.get $pb) (local.get $pend))))",
-        ])
+        """Rows $ib .. $ib + rows, columns $k0 .. $k0 + $klen of A into the scratch groups: groups of 4
+        rows with v128 loads and stores, the rest one float at a time."""
+        vector = rows_per_tile == 4 and 4 in (a_k_step, a_row_step)
+        groups = rows // 4 if vector else 0
+        code = _counted("$i", 0, 4 * groups, 4, _pack_a_group4(a_pack, kc, a_k_step, a_row_step)) if groups else []
+        if 4 * groups < rows:
+            code += _counted("$i", 4 * groups, rows, 1, [
+                f"(local.set $pa (i32.add (local.get $A) (i32.add (i32.mul (i32.add (local.get $ib) (local.get $i)) (i32.const {a_row_step})) (i32.mul (local.get $k0) (i32.const {a_k_step})))))",
+                f"(local.set $pb (i32.add (i32.const {a_pack}) (i32.add (i32.mul (i32.div_u (local.get $i) (i32.const {rows_per_tile})) (i32.const {kc * rows_per_tile * 4})) (i32.shl (i32.rem_u (local.get $i) (i32.const {rows_per_tile})) (i32.const 2)))))",
+                f"(local.set $pend (i32.add (local.get $pb) (i32.mul (local.get $klen) (i32.const {rows_per_tile * 4}))))",
+                "(loop $pack_k",
+                "  (f32.store (local.get $pb) (f32.load (local.get $pa)))",
+                f"  (local.set $pa (i32.add (local.get $pa) (i32.const {a_k_step})))",
+                f"  (local.set $pb (i32.add (local.get $pb) (i32.const {rows_per_tile * 4})))",
+                "  (br_if $pack_k (i32.lt_u (local.get $pb) (local.get $pend))))",
+            ])
+        return code
 
     def tile_at(rows: int, vecs: list[Vec]) -> list[str]:
         """Point $pa/$pb/$pc/$pr/$pbias at tile (i, j) of block k0, then run the tile."""
@@ -273,6 +279,51 @@ def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, ep
         *code,
     ]
     return _counted("$k0", 0, k, kc, k_block)
+
+
+def _lanes32(*lanes: int) -> str:
+    """i8x16.shuffle byte indices that pick these 32-bit lanes (4..7: the second operand's)."""
+    return " ".join(str(4 * lane + byte) for lane in lanes for byte in range(4))
+
+
+def _pack_a_group4(a_pack: int, kc: int, a_k_step: int, a_row_step: int) -> list[str]:
+    """Rows $ib + $i .. + 3 of the K block into their group [klen][4] of the scratch, v128 at a time.
+    Rows along k (A as given): 4 k at a time, a 4x4 transpose by shuffles, then the last klen % 4 k
+    one float per row. Rows adjacent (A^T): the 4 rows at one k are already one v128."""
+    code = [
+        f"(local.set $pa (i32.add (local.get $A) (i32.add (i32.mul (i32.add (local.get $ib) (local.get $i)) (i32.const {a_row_step})) (i32.mul (local.get $k0) (i32.const {a_k_step})))))",
+        f"(local.set $pb (i32.add (i32.const {a_pack}) (i32.mul (local.get $i) (i32.const {kc * 4}))))",
+    ]
+    if a_row_step == 4:
+        return code + [
+            "(local.set $pend (i32.add (local.get $pb) (i32.shl (local.get $klen) (i32.const 4))))",
+            "(loop $pack_k",
+            "  (v128.store (local.get $pb) (v128.load (local.get $pa)))",
+            f"  (local.set $pa (i32.add (local.get $pa) (i32.const {a_k_step})))",
+            "  (local.set $pb (i32.add (local.get $pb) (i32.const 16)))",
+            "  (br_if $pack_k (i32.lt_u (local.get $pb) (local.get $pend))))",
+        ]
+    row = [f"(local.get $a{r})" for r in range(4)]
+    low = [f"(i8x16.shuffle {_lanes32(0, 4, 1, 5)} {row[0]} {row[1]})", f"(i8x16.shuffle {_lanes32(0, 4, 1, 5)} {row[2]} {row[3]})"]
+    high = [f"(i8x16.shuffle {_lanes32(2, 6, 3, 7)} {row[0]} {row[1]})", f"(i8x16.shuffle {_lanes32(2, 6, 3, 7)} {row[2]} {row[3]})"]
+    columns = [f"(i8x16.shuffle {_lanes32(*lanes)} {pair[0]} {pair[1]})"
+               for pair in (low, high) for lanes in ((0, 1, 4, 5), (2, 3, 6, 7))]  # k, k+1, k+2, k+3
+    return code + [
+        "(local.set $pend (i32.add (local.get $pb) (i32.shl (i32.and (local.get $klen) (i32.const -4)) (i32.const 4))))",
+        "(if (i32.lt_u (local.get $pb) (local.get $pend)) (then (loop $pack_k4",
+        *(f"  (local.set $a{r} (v128.load offset={r * a_row_step} (local.get $pa)))" for r in range(4)),
+        *(f"  (v128.store offset={16 * c} (local.get $pb) {column})" for c, column in enumerate(columns)),
+        "  (local.set $pa (i32.add (local.get $pa) (i32.const 16)))",
+        "  (local.set $pb (i32.add (local.get $pb) (i32.const 64)))",
+        "  (br_if $pack_k4 (i32.lt_u (local.get $pb) (local.get $pend))))))",
+        f"(local.set $pend (i32.add (i32.const {a_pack}) (i32.add (i32.mul (local.get $i) (i32.const {kc * 4})) (i32.shl (local.get $klen) (i32.const 4)))))",
+        "(block $pack_done (loop $pack_k",
+        "  (br_if $pack_done (i32.ge_u (local.get $pb) (local.get $pend)))",
+        *(f"  (f32.store offset={4 * r} (local.get $pb) (f32.load offset={r * a_row_step} (local.get $pa)))" for r in range(4)),
+        "  (local.set $pa (i32.add (local.get $pa) (i32.const 4)))",
+        "  (local.set $pb (i32.add (local.get $pb) (i32.const 16)))",
+        "  (br $pack_k)))",
+    ]
 
 
 def _unroll(blocks: int, bias, has_residual: bool, epilogue) -> int:
