@@ -40,8 +40,7 @@ into panels, the weight as A unchanged, the NCHW output as C with a per-row bias
 Blocking: the loops run K blocks of 128 (outermost), then 16-column panels, then 4-row tiles, so one
 K block of a panel (8 KiB) stays in L1 while every row tile streams past it; a 4-row tile runs as
 two passes of 4 x 8 over it (kernels/microkernel.py). With one row (GEMV, bandwidth-bound) there is
-no K blocking and a tile spans two panels (8 accumulators) so that more independent multiply-adds
-hide the FMA latency.
+no K blocking.
 """
 
 from __future__ import annotations
@@ -175,7 +174,6 @@ def gemm_scratch_bytes(m: int, k: int, tile_rows: int = TILE_ROWS) -> int:
 
 def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, epilogue, fma, a_pack,
                rows_per_tile) -> list[str]:
-    gemv = m == 1
     kc = k if m <= rows_per_tile else min(k, K_BLOCK)
     blocks = -(-k // kc)
     # Packed, a full tile's A values for one k are 16 contiguous bytes: one load for the 4 rows (see
@@ -251,14 +249,7 @@ def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, ep
     def panels(rows: int) -> list[str]:
         full_panels, edge = divmod(n, PANEL)
         one_panel = [Vec(0, v) for v in range(4)]
-        code: list[str] = []
-        j = 0
-        if gemv and full_panels >= 2:  # two panels per tile: 8 independent accumulators
-            pairs = full_panels // 2
-            code += _counted("$j", 0, 2 * pairs, 2, rows_loop(one_panel + [Vec(1, v) for v in range(4)], rows))
-            j = 2 * pairs
-        if j < full_panels:
-            code += _counted("$j", j, full_panels, 1, rows_loop(one_panel, rows))
+        code = _counted("$j", 0, full_panels, 1, rows_loop(one_panel, rows)) if full_panels else []
         if edge:
             vecs = [Vec(0, v, min(4, edge - 4 * v)) for v in range(-(-edge // 4))]
             code += [f"(local.set $j (i32.const {full_panels}))", *rows_loop(vecs, rows)]
