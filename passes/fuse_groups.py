@@ -1,6 +1,7 @@
 """Mark the groups of nodes a backend runs as one kernel, after folding BatchNormalization into Conv.
 
-A fusion group is an anchor (a contraction such as Conv/MatMul/Gemm, or any elementwise op) and
+A fusion group is an anchor (a contraction such as Conv/MatMul/Gemm, an inference-form
+BatchNormalization, or any elementwise op) and
 elementwise members whose every input is the anchor's output, another member's output or a
 constant, and whose outputs are read only by members, except the one sink whose output is the
 group's result. Chains (Conv -> Add -> Relu) are such groups, and so are diamonds such as the erf
@@ -29,6 +30,7 @@ class FuseGroups(Pass):
 
     def run(self, graph: Graph) -> Graph:
         if self.fold_batch_norm:
+            fold_scales_and_shifts_into_batch_norms(graph)
             fold_batch_norms_into_convs(graph)
         assign_fusion_groups(graph)
         return graph
@@ -67,7 +69,15 @@ def _can_start_group(node: Node) -> bool:
     entry = lookup(node.op_type, node.domain)
     if entry is None:
         return False
-    return entry.kind == ELEMENTWISE or (entry.kind == CONTRACTION and entry.weight_input is not None)
+    return entry.kind == ELEMENTWISE or (entry.kind == CONTRACTION and entry.weight_input is not None) \
+        or _is_inference_batch_norm(node)
+
+
+def _is_inference_batch_norm(node: Node) -> bool:
+    """BatchNormalization with constant statistics: a per-channel x * scale + shift, which a
+    following Relu can join (its lowering applies the Relu in the same pass)."""
+    return (node.op_type == "BatchNormalization" and len(node.present_inputs) == 5 and len(node.outputs) == 1
+            and not node.attrs.get("training_mode", 0) and all(v.is_const for v in node.inputs[1:5]))
 
 
 def _is_member_kind(node: Node) -> bool:
@@ -118,6 +128,64 @@ def _closed_group(anchor: Node, candidates: list[Node], users, graph_outputs: se
         if closed:
             best = sorted(group.values(), key=lambda n: order[id(n)])
     return best
+
+
+def fold_scales_and_shifts_into_batch_norms(graph: Graph) -> int:
+    """BatchNormalization (inference form, constant statistics) followed by Muls and Adds of
+    per-channel constants (the scale layer Caffe2 exports write after every BN, as densenet121 has)
+    becomes one BatchNormalization: (s (x - m) / sqrt(v + e) + b) * c + a is a BN with scale s c and
+    bias b c + a. Only while the BN's result has that one reader; returns the nodes removed."""
+    users = graph.users()
+    graph_outputs = {id(v) for v in graph.outputs}
+    removed: set[int] = set()
+    for bn in graph.nodes:
+        if bn.op_type != "BatchNormalization" or bn.domain not in ("", "ai.onnx") or id(bn) in removed \
+                or len(bn.present_inputs) != 5 or bn.attrs.get("training_mode", 0) or len(bn.outputs) != 1 \
+                or not all(v.is_const for v in bn.inputs[1:5]) or bn.inputs[1].const.dtype.kind != "f":
+            continue
+        scale, bias = (bn.inputs[i].const.astype(np.float64) for i in (1, 2))
+        folded = 0
+        while (step := _scale_or_shift(bn.outputs[0], users, graph_outputs, scale.shape[0])) is not None:
+            node, per_channel = step
+            if node.op_type == "Mul":
+                scale, bias = scale * per_channel, bias * per_channel
+            else:
+                bias = bias + per_channel
+            result = node.outputs[0]
+            bn.outputs = [result]
+            result.producer = bn
+            removed.add(id(node))
+            folded += 1
+        if folded:
+            dtype = bn.inputs[1].const.dtype
+            bn.inputs = [bn.inputs[0], *(Value(graph.fresh_name(f"{bn.name}_{what}_folded"), bn.inputs[i].dtype,
+                                                tuple(v.shape), v.astype(dtype))
+                                          for i, what, v in ((1, "scale", scale), (2, "bias", bias))), *bn.inputs[3:5]]
+    graph.nodes = [n for n in graph.nodes if id(n) not in removed]
+    return len(removed)
+
+
+def _scale_or_shift(y: Value, users, graph_outputs: set[int], channels: int):
+    """(the Mul or Add that is `y`'s one reader, its constant as one value per channel) when that
+    constant is per-channel or a scalar in `y`'s dtype and the result keeps `y`'s shape; else None."""
+    readers = users.get(y, [])
+    if id(y) in graph_outputs or len(readers) != 1 or y.shape is None or len(y.shape) < 2:
+        return None
+    node = readers[0]
+    if node.op_type not in ("Mul", "Add") or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2 \
+            or len(node.outputs) != 1 or (node.inputs[0] is y) == (node.inputs[1] is y):
+        return None
+    other = node.inputs[1] if node.inputs[0] is y else node.inputs[0]
+    if not other.is_const or other.dtype != y.dtype or tuple(node.outputs[0].shape or ()) != tuple(y.shape):
+        return None
+    c = np.asarray(other.const, dtype=np.float64)
+    if c.ndim > len(y.shape):
+        return None
+    # aligned from the right against (N, C, spatial...): every axis but the channel axis must be 1
+    shape = (1,) * (len(y.shape) - c.ndim) + c.shape
+    if any(d != 1 for i, d in enumerate(shape) if i != 1) or shape[1] not in (1, channels):
+        return None
+    return node, np.broadcast_to(c.reshape(-1), (channels,)).copy()
 
 
 def fold_batch_norms_into_convs(graph: Graph) -> int:

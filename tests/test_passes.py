@@ -216,3 +216,34 @@ def test_a_split_matmul_keeps_its_gelu_diamond_whole_after_the_join():
     onnx.checker.check_model(exported, full_check=True)
     x = rng.standard_normal((3, 5)).astype(np.float32)
     assert_same_outputs(model, exported, {"x": x})
+
+
+def test_per_channel_scale_and_shift_after_a_batch_norm_fold_into_it():
+    """Caffe2's BN -> Mul(per-channel) -> Add(per-channel) -> Relu (densenet121) becomes BN -> Relu,
+    and a BN -> Relu forms a fusion group; the folded graph computes the same."""
+    from passes.fuse_groups import FuseGroups
+    n = helper.make_node
+    rng = np.random.default_rng(1)
+    nodes = [n("BatchNormalization", ["x", "s", "b", "m", "v"], ["bn"], epsilon=1e-3),
+             n("Mul", ["bn", "c"], ["scaled"]), n("Add", ["a", "scaled"], ["shifted"]), n("Relu", ["shifted"], ["y"])]
+    consts = {"s": (4,), "b": (4,), "m": (4,), "v": (4,), "c": (4, 1, 1), "a": (1, 4, 1, 1)}
+    inits = [helper.make_tensor(k, TensorProto.FLOAT, shape, (np.abs(rng.standard_normal(shape)) + 0.1).ravel())
+             for k, shape in consts.items()]
+    model = make_model(nodes, [tensor("x", TensorProto.FLOAT, [2, 4, 3, 5])], [tensor("y", TensorProto.FLOAT, [2, 4, 3, 5])],
+                       inits)
+    graph, exported = optimize(model, [*optimize_pipeline(require_static=True), FuseGroups()])
+    assert [node.op_type for node in graph.nodes] == ["BatchNormalization", "Relu"]
+    assert graph.nodes[0].fusion_group is not None and graph.nodes[0].fusion_group == graph.nodes[1].fusion_group
+    assert_same_outputs(model, exported, {"x": rng.standard_normal((2, 4, 3, 5)).astype(np.float32)})
+
+
+def test_a_scale_that_is_not_per_channel_stays_after_the_batch_norm():
+    from passes.fuse_groups import FuseGroups
+    n = helper.make_node
+    nodes = [n("BatchNormalization", ["x", "s", "b", "m", "v"], ["bn"]), n("Mul", ["bn", "c"], ["y"])]
+    inits = [helper.make_tensor(k, TensorProto.FLOAT, [4], np.ones(4)) for k in "sbmv"]
+    inits.append(helper.make_tensor("c", TensorProto.FLOAT, [5], np.arange(5.0)))   # along the last axis
+    model = make_model(nodes, [tensor("x", TensorProto.FLOAT, [1, 4, 3, 5])], [tensor("y", TensorProto.FLOAT, [1, 4, 3, 5])],
+                       inits)
+    graph, _ = optimize(model, [*optimize_pipeline(require_static=True), FuseGroups()])
+    assert [node.op_type for node in graph.nodes] == ["BatchNormalization", "Mul"]

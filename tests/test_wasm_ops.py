@@ -432,3 +432,14 @@ def test_erf_gelu_after_conv_runs_as_the_conv_epilogue():
                        [const("k", randn(5, 3, 3, 3)), const("kb", randn(5))] + _GELU_CONSTANTS)
     assert_matches_onnxruntime(model, {"img": img}, configs=[("simd,bulk-memory", "2"), ("", "1")])
     assert _kernel_op_types(model) == ["Conv"]
+
+
+def test_a_relu_after_a_batch_norm_runs_in_the_same_pass():
+    x = randn(2, 4, 5, 6)
+    s, b, m, v = randn(4), randn(4), randn(4), np.abs(randn(4)) + 0.1
+    nodes = [helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["bn"], epsilon=1e-3),
+             helper.make_node("Relu", ["bn"], ["y"])]
+    model = make_model(nodes, [vi("x", [2, 4, 5, 6])], [out("y")],
+                       [const("s", s), const("b", b), const("m", m), const("v", v)])
+    assert_matches_onnxruntime(model, {"x": x})
+    assert _kernel_op_types(model) == ["BatchNormalization"]

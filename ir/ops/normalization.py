@@ -15,7 +15,7 @@ register("BatchNormalization", "InstanceNormalization", "LayerNormalization", "G
 def _batch_norm(b, node):
     if node.attrs.get("training_mode", 0) or len([o for o in node.outputs if o.name]) > 1:
         raise UnsupportedError(f"{node.describe()}: training-mode BatchNormalization is not supported")
-    x, y = b.input(node, 0), b.output(node)
+    x = b.input(node, 0)
     eps = float(node.attrs.get("epsilon", 1e-5))
     if all(v is not None and v.is_const for v in node.inputs[1:5]):
         scale, bias, mean, var = (np.asarray(v.const, dtype=np.float64) for v in node.inputs[1:5])
@@ -28,11 +28,17 @@ def _batch_norm(b, node):
         gamma, beta, mean_, var_ = (b.input(node, i) for i in range(1, 5))
         mul_of = lambda c: gamma[c] / unary("sqrt", var_[c] + eps)  # noqa: E731
         add_of = lambda c: beta[c] - mean_[c] * mul_of(c)  # noqa: E731
+    # a Relu that only reads the result runs in the same pass (densenet's BN -> Relu before each Conv)
+    relu = b.sole_reader(node.outputs[0])
+    with_relu = relu is not None and relu.op_type == "Relu" and relu.domain in ("", "ai.onnx") \
+        and relu.outputs[0].dtype == node.outputs[0].dtype
+    y = b.absorb(relu) if with_relu else b.output(node)
     n, c = x.shape[:2]
     area = int(np.prod(x.shape[2:], dtype=np.int64))
     xv, yv = x.view((n, c, area)), y.view((n, c, area))
     with b.loop(n) as i, b.loop(c) as j, b.loop(area) as s:
-        b.store(yv, (i, j, s), fma(xv[i, j, s], mul_of(j), add_of(j)))
+        v = fma(xv[i, j, s], mul_of(j), add_of(j))
+        b.store(yv, (i, j, s), maximum(v, 0) if with_relu else v)
 
 
 @lowering("loops", "LRN")
