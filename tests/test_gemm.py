@@ -150,7 +150,7 @@ def test_packed_a_is_broadcast_from_one_load_per_k_step():
     args = dict(a_offset=0, b_packed_offset=1 << 16, c_offset=1 << 18, features=SIMD_FMA)
     packed = render_gemm(64, 64, 64, a_scratch_offset=1 << 19, **args)
     in_place = render_gemm(64, 64, 64, **args)
-    assert "(local.set $av (v128.load (local.get $pa)))" in packed and "i8x16.shuffle" in packed
+    assert "(local.set $av (v128.load offset=0 (local.get $pa)))" in packed and "i8x16.shuffle" in packed
     assert "(local.set $av" not in in_place and "f32x4.splat (f32.load" in in_place
 
 

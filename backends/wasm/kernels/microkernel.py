@@ -1,13 +1,17 @@
 """The SIMD128 register tile of the GEMM: up to 4 rows of A times one or two 16-column panels of B.
 
-A tile runs as passes over K of at most 8 accumulators each (4 rows x 2 vectors, 3 x 2, 2 x 4, 1 x 4),
-so a 4 x 16 tile is two passes over the same block of A and B (both in L1). Per k step a pass loads
-each B vector once; it broadcasts A: with 4 rows that are adjacent in memory (packed A, or A^T), one
-`v128.load` and an `i8x16.shuffle` per row (one `pshufd` each), otherwise `f32.load` + `f32x4.splat`
-per row. The multiply-add is `f32x4.relaxed_madd` (one FMA on x86) with relaxed SIMD,
-`f32x4.mul` + `f32x4.add` otherwise. Each k step of the loop ends with a test of `$pb` against
-`$pend`, which also handles any K without a tail loop; `TileGeometry.unroll` steps run per
-iteration.
+Two loops, by how A is laid out:
+- 4 rows whose A values for one k are adjacent (packed A, or A^T) and one-row tiles: passes over K
+  of at most 8 accumulators each (4 rows x 2 vectors, 1 x 4), so a 4 x 16 tile is two passes over
+  the same block of A and B (both in L1). Per k step a pass loads each B vector once and broadcasts
+  A from one `v128.load` with an `i8x16.shuffle` per row (one `pshufd` each). Each k step ends with
+  a test of `$pb` against `$pend`, which also handles any K without a tail loop;
+  `TileGeometry.unroll` steps run per iteration.
+- A read in place with its rows apart (no scratch to pack it into, as for the models' MatMuls):
+  the whole panel in one pass, `f32.load` + `f32x4.splat` per row, UNROLL steps per iteration up to
+  `$pend4`, then a one-step tail.
+The multiply-add is `f32x4.relaxed_madd` (one FMA on x86) with relaxed SIMD, `f32x4.mul` +
+`f32x4.add` otherwise.
 
 Why this shape, from the machine code wasmtime 50 (Cranelift) produces on an AMD EPYC Zen 4 (16 xmm
 registers, 2 FMA pipes), read with `objdump -d` on `wasmtime.Module(...).serialize()`:
@@ -22,7 +26,8 @@ registers, 2 FMA pipes), read with `objdump -d` on `wasmtime.Module(...).seriali
   read straight from memory once per multiply-add (distinct pointers per row) left 16 loaded
   vectors live and ran at 15 GFLOP/s.
 - `fma x y z` becomes `vfmadd213ps`, which overwrites x: the result lands in x's register, so x is
-  copied when it has later uses (x is whichever of the splat and the B vector has fewer uses), and
+  copied when it has later uses (x is whichever of the splat and the B vector has fewer uses; the
+  splat on a tie), and
   the loop's back-edge moves every accumulator back to its register: 8 moves per iteration.
   Unrolling shares those moves between steps.
 - 8 accumulators with the 4-cycle FMA latency and 2 pipes are exactly enough to keep the pipes busy,
@@ -41,9 +46,8 @@ or 4 x 12 (spilling) 27. Whole GEMM 512^3, wasmtime / V8 (Node 20): before 34.5 
 The caller (backends/wasm/gemm.py) sets these i32 locals before the tile: `$pa` (A at row i, k0,
 or the row group in packed A), `$pb` (packed B at panel j, k0), `$pc` (C at row i, column 16 j),
 `$pr` (residual, same place), `$pbias` (bias at column 16 j, or at row i with per-row bias), `$pend`
-(where `$pb` stops), `$pend4` (where `$pb` stops for a loop unrolled UNROLL times; no longer read
-by the tile) and `$first` / `$last` (whether
-this is the first / last K block). The tile moves `$pa` and `$pb`.
+(where `$pb` stops), `$pend4` (where `$pb` stops for the loop unrolled UNROLL times) and `$first` /
+`$last` (whether this is the first / last K block). The tile moves `$pa` and `$pb`.
 """
 
 from __future__ import annotations
@@ -55,9 +59,7 @@ from backends.wasm.kernels.activation import v128_activation
 PANEL = 16          # columns per packed B panel
 PANEL_BYTES = PANEL * 4
 MAX_ROWS = 4
-# Callers still set $pend4 = $pb + (klen & -UNROLL) * PANEL_BYTES; the tile no longer reads it (each k
-# step tests $pb against $pend itself), so any power of two keeps that meaning.
-UNROLL = 2
+UNROLL = 2  # k steps per iteration of `_k_loop_row_by_row`: callers set $pend4 = $pb + (klen & -UNROLL) * 64
 UNROLLS = (1, 2, 4, 8)  # TileGeometry.unroll: k steps per loop iteration
 ZERO = "(v128.const f32x4 0 0 0 0)"
 
@@ -104,7 +106,7 @@ def tile_locals() -> list[str]:
 
 def render_tile(rows: int, vecs: list[Vec], g: TileGeometry) -> list[str]:
     assert 1 <= rows <= MAX_ROWS and vecs and g.unroll in UNROLLS
-    passes = _column_passes(rows, vecs)
+    passes = _column_passes(rows, vecs, g)
     code: list[str] = []
     if len(passes) > 1:  # every pass walks K from the tile's start
         code += ["(local.set $tile_pa (local.get $pa))", "(local.set $tile_pb (local.get $pb))"]
@@ -115,15 +117,21 @@ def render_tile(rows: int, vecs: list[Vec], g: TileGeometry) -> list[str]:
     return code
 
 
-# B vectors per pass over K, by tile height: 8 accumulators, except that one row keeps 4 (its 8 B
-# vectors per step would be live with 8 accumulators and the splat: 17 values; measured GEMV
-# 1x768x768 with a bias, wasmtime: 8 vectors 16.8 GFLOP/s, 4 vectors 26.4).
+# B vectors per pass over K, by tile height, when A is broadcast from one v128 (and for one row):
+# 8 accumulators, except that one row keeps 4 (its 8 B vectors per step would be live with 8
+# accumulators and the splat: 17 values; measured GEMV 1x768x768 with a bias, wasmtime: 8 vectors
+# 16.8 GFLOP/s, 4 vectors 26.4). Rows read one by one run the whole panel in one pass.
 PASS_VECTORS = {1: 4, 2: 4, 3: 2, 4: 2}
 
 
-def _column_passes(rows: int, vecs: list[Vec]) -> list[list[Vec]]:
-    """The tile's vectors in runs of PASS_VECTORS[rows]: one K loop each."""
-    width = PASS_VECTORS[rows]
+def _one_load_a(rows: int, g: TileGeometry) -> bool:
+    """Whether the tile's A values for one k are one v128 (4 rows 4 bytes apart: packed A, or A^T)."""
+    return rows == MAX_ROWS and g.a_row_step == 4
+
+
+def _column_passes(rows: int, vecs: list[Vec], g: TileGeometry) -> list[list[Vec]]:
+    """The tile's vectors in runs of PASS_VECTORS[rows] (whole panels when A is read row by row)."""
+    width = PASS_VECTORS[rows] if rows == 1 or _one_load_a(rows, g) else PANEL // 4
     return [vecs[i:i + width] for i in range(0, len(vecs), width)]
 
 
@@ -133,7 +141,7 @@ def _pass(rows: int, vecs: list[Vec], g: TileGeometry) -> list[str]:
     reload = [f"(local.set {acc(r, v)} {_load('$pc', r * g.c_row_step + vec.c_offset, vec.lanes)})"
               for r in range(rows) for v, vec in enumerate(vecs)]
     code += _branch(g.static_first, "$first", init, reload)
-    code += _k_loop(rows, vecs, g)
+    code += _k_loop(rows, vecs, g) if rows == 1 or _one_load_a(rows, g) else _k_loop_row_by_row(rows, vecs, g)
     act = [line for r in range(rows) for v in range(len(vecs)) for line in v128_activation(g.epilogue, acc(r, v))]
     code += _branch(g.static_last, "$last", act, [])
     for r in range(rows):
@@ -195,16 +203,40 @@ def _k_loop(rows: int, vecs: list[Vec], g: TileGeometry) -> list[str]:
     ]
 
 
-def _k_step(rows: int, vecs: list[Vec], g: TileGeometry) -> list[str]:
-    if rows == MAX_ROWS and g.a_row_step == 4:  # the rows' A values are one v128: one load, then shuffles
-        code = ["(local.set $av (v128.load (local.get $pa)))"]
+def _k_loop_row_by_row(rows: int, vecs: list[Vec], g: TileGeometry) -> list[str]:
+    """A read one row at a time (its rows apart in memory): the loop of the kernel before the passes,
+    UNROLL steps per iteration up to $pend4, then one step at a time. Measured against `_k_loop`
+    on such A (wasmtime, relaxed SIMD, bias, GFLOP/s): 512^3 36.9 vs 34.1, 128x384x384 36.5 vs 35.0."""
+    unrolled = [line for u in range(UNROLL) for line in _k_step(rows, vecs, g, u)]
+    return [
+        "(if (i32.lt_u (local.get $pb) (local.get $pend4))",
+        "  (then (loop $tile_kn",
+        *("    " + s for s in unrolled),
+        f"    (local.set $pa (i32.add (local.get $pa) (i32.const {UNROLL * g.a_k_step})))",
+        f"    (local.set $pb (i32.add (local.get $pb) (i32.const {UNROLL * PANEL_BYTES})))",
+        "    (br_if $tile_kn (i32.lt_u (local.get $pb) (local.get $pend4))))))",
+        "(if (i32.lt_u (local.get $pb) (local.get $pend))",
+        "  (then (loop $tile_k1",
+        *("    " + s for s in _k_step(rows, vecs, g, 0)),
+        f"    (local.set $pa (i32.add (local.get $pa) (i32.const {g.a_k_step})))",
+        f"    (local.set $pb (i32.add (local.get $pb) (i32.const {PANEL_BYTES})))",
+        "    (br_if $tile_k1 (i32.lt_u (local.get $pb) (local.get $pend))))))",
+    ]
+
+
+def _k_step(rows: int, vecs: list[Vec], g: TileGeometry, u: int = 0) -> list[str]:
+    """One k step at $pa / $pb plus u steps (offsets)."""
+    a_at, b_at = u * g.a_k_step, u * PANEL_BYTES
+    if _one_load_a(rows, g):  # one load, then a shuffle per row
+        code = [f"(local.set $av (v128.load offset={a_at} (local.get $pa)))"]
         code += [f"(local.set $a{r} (i8x16.shuffle {_lane_splat(r)} (local.get $av) (local.get $av)))" for r in range(rows)]
     else:
-        code = [f"(local.set $a{r} (f32x4.splat (f32.load offset={r * g.a_row_step} (local.get $pa))))" for r in range(rows)]
+        code = [f"(local.set $a{r} (f32x4.splat (f32.load offset={a_at + r * g.a_row_step} (local.get $pa))))"
+                for r in range(rows)]
     # Cranelift's FMA overwrites its first multiplicand: put first the operand with fewer uses
-    b_first = rows <= len(vecs)
+    b_first = rows < len(vecs)
     for v, vec in enumerate(vecs):
-        b_off = vec.panel * g.k * PANEL_BYTES + vec.index * 16
+        b_off = vec.panel * g.k * PANEL_BYTES + vec.index * 16 + b_at
         code.append(f"(local.set $bv (v128.load offset={b_off} (local.get $pb)))")
         for r in range(rows):
             a, b, c = f"(local.get $a{r})", "(local.get $bv)", f"(local.get {acc(r, v)})"
