@@ -1,9 +1,13 @@
 """GEMM micro-benchmarks: Cortex's WASM GEMM kernel under wasmtime and under V8, against
 onnxruntime's MatMul (native, one thread) and onnxruntime-web's, plus the WASM SIMD peak measured by
-an FMA loop in the same run (so "fraction of peak" compares like with like)."""
+an FMA loop in the same run (so "fraction of peak" compares like with like).
+
+`python -m bench.gemm_bench [--rounds N]` prints the table (`make bench` also writes it into
+docs/benchmarks.md); without onnxruntime-web installed the V8 columns are left out."""
 
 from __future__ import annotations
 
+import argparse
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from backends.wasm.gemm import SIMD, SIMD_FMA, gemm_scratch_bytes, pack_b, packed_b_size, render_gemm
 from backends.wasm.kernels.standalone import engine_for, instantiate, module_text, read, write
-from bench.node_runner import NodeContestant, NodeRunner
+from bench.node_runner import NodeContestant, NodeRunner, NodeUnavailable
 from bench.timing import InProcess, Timings, interleave, repeats_for
 
 SHAPES = ((64, 64, 64), (256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (1, 3072, 768))  # m, n, k
@@ -180,3 +184,24 @@ def run_all(node: NodeRunner | None, rounds: int = 5, shapes=SHAPES, log=print) 
                 + " GFLOP/s" + "".join(f"; {k}: {e}" for k, e in r.errors.items()))
             results.append(r)
     return results, peak
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args(argv)
+    try:
+        node = NodeRunner()
+    except (NodeUnavailable, OSError) as e:
+        print(f"  V8 columns left out: {e}")
+        node = None
+    try:
+        run_all(node, rounds=args.rounds)
+    finally:
+        if node is not None:
+            node.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
