@@ -443,3 +443,30 @@ def test_a_relu_after_a_batch_norm_runs_in_the_same_pass():
                        [const("s", s), const("b", b), const("m", m), const("v", v)])
     assert_matches_onnxruntime(model, {"x": x})
     assert _kernel_op_types(model) == ["BatchNormalization"]
+
+
+def test_softmax_rows_with_nan_or_minus_infinity_match_onnxruntime():
+    """The running maximum ignores a NaN, but the NaN still reaches the sum of exponentials, so the
+    row is NaN as in onnxruntime; -inf entries (masked keys) give zeros."""
+    x = randn(3, 4, 9)
+    x[0, 1, 3] = np.nan
+    x[1, 2, :5] = -np.inf
+    x[2, 0, 8] = np.nan
+    for op in ("Softmax", "LogSoftmax"):
+        assert_matches_onnxruntime(single(op, ["x"], {"x": x}, {"axis": -1}), {"x": x})
+
+
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin"])
+def test_vector_max_and_min_reductions_give_the_scalar_results_nan_included(op):
+    """Vector max/min reductions run on pmax/pmin plus a record of NaN lanes: a row with a NaN
+    anywhere (vector part or scalar tail) reduces to NaN, as wasm's scalar max/min do. (onnxruntime
+    skips NaN in ReduceMax; Cortex's scalar loops never did, so the scalar build is the reference.)"""
+    x = randn(4, 3, 23)
+    x[0, 1, 2] = x[1, 0, 21] = x[3, 2, 10] = np.nan
+    x[2, 2, 5] = -np.inf
+    model = single(op, ["x", "axes"], {"x": x}, {"keepdims": 0}, [const("axes", np.array([2], dtype=np.int64))],
+                   opset=18)
+    scalar = run_wasm(model, {"x": x}, "", "0")["y"]
+    assert np.isnan(scalar).sum() == 3
+    for features, level in [("simd", "1"), ("simd,relaxed-simd", "3")]:
+        np.testing.assert_array_equal(run_wasm(model, {"x": x}, features, level)["y"], scalar)

@@ -36,9 +36,14 @@ _F32_UNARY = ("neg", "abs", "sqrt", "floor", "ceil", "trunc", "nearest")
 _I32_UNARY = ("neg", "abs")
 
 
-# Reductions a vector accumulator can carry: op -> (lane identity, f32x4 instruction)
-_REDUCTIONS = {"add": (0.0, "f32x4.add"), "mul": (1.0, "f32x4.mul"), "max": (float("-inf"), "f32x4.max"),
-               "min": (float("inf"), "f32x4.min")}
+# Reductions a vector accumulator can carry: op -> (lane identity, f32x4 instruction). max and min
+# run on pmax/pmin (one maxps/minps on the loop-carried path, where the NaN-propagating f32x4.max is
+# a chain of eight instructions under Cranelift) and a second partial ORs in which lanes saw a NaN,
+# so the folded result is NaN exactly when wasm's max/min would give NaN. (The sign of a zero
+# maximum may differ: pmax does not order -0 below +0.)
+_REDUCTIONS = {"add": (0.0, "f32x4.add"), "mul": (1.0, "f32x4.mul"), "max": (float("-inf"), "f32x4.pmax"),
+               "min": (float("inf"), "f32x4.pmin")}
+_NAN_TRACKED = ("max", "min")
 
 
 def vectorizable(loop: Loop) -> bool:
@@ -181,13 +186,15 @@ class VectorRenderer:
         extent, unroll = self.loop.extent, self.scalar.options.unroll
         # each accumulator gets a v128 partial per lane, folded into the scalar after the vector part;
         # each private local one v128 for its four lanes' values
-        self.partials = {}
-        self.lanes = {}
+        self.partials, self.lanes, self.operands, self.nans = {}, {}, {}, {}
         for s in self.loop.body:
             if isinstance(s, Assign):
                 table = self.lanes if s.local.uid in self.private else self.partials
                 if s.local.uid not in table:
                     table[s.local.uid] = self.scalar.vector_local()
+                    if table is self.partials and reduction_step(s)[0] in _NAN_TRACKED:
+                        self.operands[s.local.uid] = self.scalar.vector_local()
+                        self.nans[s.local.uid] = self.scalar.vector_local()
         vector_body = "\n".join(indent + "  " + self.statement(s) for s in self.loop.body)
         scalar_body = self.scalar.stmts(self.loop.body, depth=0, indent=indent + "  ")
         whole = extent // LANES * LANES
@@ -207,6 +214,12 @@ class VectorRenderer:
             return f"(local.set {self.lanes[s.local.uid]} {self.vector(s.value)})"
         op, operand = reduction_step(s)
         partial = self.partials[s.local.uid]
+        if op in _NAN_TRACKED:
+            # pmax(x, acc) is `x < acc ? acc : x`: the max of numbers; the NaN lanes are remembered
+            value, nan = self.operands[s.local.uid], self.nans[s.local.uid]
+            return (f"(local.set {value} {self.vector(operand)}) "
+                    f"(local.set {partial} ({_REDUCTIONS[op][1]} (local.get {value}) (local.get {partial}))) "
+                    f"(local.set {nan} (v128.or (local.get {nan}) (f32x4.ne (local.get {value}) (local.get {value}))))")
         return f"(local.set {partial} ({_REDUCTIONS[op][1]} (local.get {partial}) {self.vector(operand)}))"
 
     def accumulations(self):
@@ -220,8 +233,10 @@ class VectorRenderer:
     def init_partials(self, indent: str) -> str:
         lines = []
         for s in self.accumulations():
-            identity = _REDUCTIONS[reduction_step(s)[0]][0]
-            lines.append(f"{indent}(local.set {self.partials[s.local.uid]} (f32x4.splat (f32.const {_f32(identity)})))")
+            op = reduction_step(s)[0]
+            lines.append(f"{indent}(local.set {self.partials[s.local.uid]} (f32x4.splat (f32.const {_f32(_REDUCTIONS[op][0])})))")
+            if op in _NAN_TRACKED:
+                lines.append(f"{indent}(local.set {self.nans[s.local.uid]} (v128.const i32x4 0 0 0 0))")
         return "\n".join(lines)
 
     def fold_partials(self, indent: str) -> str:
@@ -233,6 +248,9 @@ class VectorRenderer:
             for lane in range(LANES):
                 total = f"(f32.{op} {total} (f32x4.extract_lane {lane} (local.get {partial})))"
             lines.append(f"{indent}(local.set {name} {total})")
+            if op in _NAN_TRACKED:
+                lines.append(f"{indent}(if (v128.any_true (local.get {self.nans[s.local.uid]})) "
+                             f"(then (local.set {name} (f32.const nan))))")
         return "\n".join(lines)
 
     def last_lanes(self, indent: str) -> str:
