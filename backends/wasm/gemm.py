@@ -320,16 +320,23 @@ def _pack_a_group4(a_pack: int, kc: int, a_k_step: int, a_row_step: int) -> list
 
 
 def _unroll(blocks: int, bias, has_residual: bool, epilogue) -> int:
-    """k steps per iteration of the tile's loop. Unrolled 8 times, the loop needs no register moves
-    between steps, but whether Cranelift's register allocator then keeps all 8 accumulators in
-    registers depends on the code around the loop; measured (relaxed SIMD, wasmtime 50, GFLOP/s at
-    the median, FMA peak 57-58; unroll 1 / 8):
+    """k steps per iteration of the tile's loop. More steps share the back-edge's register moves (8
+    per iteration), but whether Cranelift's register allocator then keeps all 8 accumulators in
+    registers depends on the code around the loop, and a spill that lands in an accumulator's
+    dependency chain costs about a third of the speed. Measured (relaxed SIMD, A packed, wasmtime
+    50, GFLOP/s at the median of 9, FMA peak 57-58 in the same runs; unroll 1 / 8):
     - plain products over several K blocks: 512^3 38.5 / 41.8, 1024^3 39.2 / 42.2, 256^3 36.1 / 38.8,
       128x384x384 37.8 / 41.4, 128x1536x384 36.2 / 40.7, 128x384x1536 36.8 / 40.6,
       64x3136x576 35.7 / 38.2, 256x784x1152 39.2 / 42.7;
     - one K block (512x512x128: 37.5 / 32.8, 128^3: 32.5 / 30.3), or with a relu or gelu epilogue
       (512^3: 38.2 / 26.1 and 36.9 / 25.4), a bias (128x384x384: 37.0 / 24.5) or a residual
-      (512^3: 39.4 / 26.0): accumulators spill in the unrolled loop, and unroll 1 is the faster.
+      (512^3: 39.4 / 26.0): unroll 1 is the faster.
+    Unroll 2 with a bias or a residual (unroll 1 / 2): faster on 512^3 (39.3 / 43.6), 512x512x128,
+    64x3136x576, 128x384x1536, slower on 256x784x1152 (39.2 / 33.5) and 256^3 (39.1 / 32.6), and with
+    a residual on 512x512x128 (37.9 / 26.8). With the activation moved to a pass over C after the
+    product (its constants then no longer hoisted around the tiles) and unroll 8: bias + gelu faster
+    on all 6 of those shapes (512^3 37.9 -> 41.5), bias + relu slower on 256x784x1152 and 256^3
+    (38.7 -> 25.3, 36.7 -> 25.5). Neither is taken: unroll 1 is never the slow one.
     """
     plain = bias is None and not has_residual and epilogue is None
     return 8 if plain and blocks > 1 else 1

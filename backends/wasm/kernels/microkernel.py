@@ -37,11 +37,17 @@ registers, 2 FMA pipes), read with `objdump -d` on `wasmtime.Module(...).seriali
   backends/wasm/gemm.py for the measurements behind the choice.
 
 Measured (relaxed SIMD, A packed, CPU time, median; FMA loop peak in the same run 57-58 GFLOP/s):
-one tile's loop alone over a K = 128 block in L1: 4 x 16 unrolled twice 39,
-4 x 8 one step per iteration 42, 4 x 8 with the `$pend` test between 4 steps 48-49, the same with
-per-row `f32.load` splats 37, with `v128.load32_splat` 37, with mul + add instead of FMA 39, 3 x 16
-or 4 x 12 (spilling) 27. Whole GEMM 512^3, wasmtime / V8 (Node 20): before 34.5 / 32.9, now
-39-42 / 42.7.
+one tile's loop alone over a K = 128 block in L1: 4 x 16 unrolled twice 39, 4 x 8 one step per
+iteration 42, 4 x 8 with the `$pend` test between 4 steps 48-49, the same with per-row `f32.load`
+splats 37, with `v128.load32_splat` 37, with mul + add instead of FMA 39, 3 x 16 or 4 x 12
+(spilling) 27. The whole GEMM, `python -m bench.gemm_bench` (GFLOP/s, the kernel before these passes
+-> now, two runs each; peaks: wasmtime FMA 56-57, mul+add 45, V8 FMA 58):
+  shape        wasmtime (FMA)      wasmtime (mul+add)   V8 (Node 20, FMA)
+  64^3         35.2-35.5 -> 38.2   31.3-32.4 -> 36.7    37.8-38.7 -> 50.5
+  256^3        34.9-37.3 -> 43.8   30.9-32.5 -> 37.4    37.0-38.0 -> 47.0-49.8
+  512^3        35.0-36.0 -> 41.8   30.2-31.6 -> 35.6    34.4-36.1 -> 46.5-46.9
+  1024^3       34.4-34.7 -> 42.5   28.9-30.3 -> 36.7    33.2-33.6 -> 46.4-47.0
+  1x3072x768   17.3-20.1 -> 25.3   18.7-21.0 -> 29.8    21.7-23.0 -> 27.7-28.7
 
 The caller (backends/wasm/gemm.py) sets these i32 locals before the tile: `$pa` (A at row i, k0,
 or the row group in packed A), `$pb` (packed B at panel j, k0), `$pc` (C at row i, column 16 j),
