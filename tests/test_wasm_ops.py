@@ -470,3 +470,11 @@ def test_vector_max_and_min_reductions_give_the_scalar_results_nan_included(op):
     assert np.isnan(scalar).sum() == 3
     for features, level in [("simd", "1"), ("simd,relaxed-simd", "3")]:
         np.testing.assert_array_equal(run_wasm(model, {"x": x}, features, level)["y"], scalar)
+
+
+@pytest.mark.parametrize("beta", [0.75, 0.5, 1.0, 0.6])
+def test_lrn_powers_match_onnxruntime(beta):
+    """beta 0.75 (AlexNet, GoogLeNet), 0.5 and 1 use square roots and a division; others pow."""
+    x = randn(1, 7, 9, 11) * 3
+    model = single("LRN", ["x"], {"x": x}, {"size": 5, "alpha": 1e-2, "beta": beta, "bias": 1.0})
+    assert_matches_onnxruntime(model, {"x": x})
