@@ -4,6 +4,7 @@ nest must run serially; and rendering is deterministic."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from onnx import TensorProto as T
 from onnx import helper
 from onnx import numpy_helper as nh
@@ -153,3 +154,18 @@ def test_a_reader_of_a_neighbouring_cell_is_not_fused():
     model = make_model(nodes, [helper.make_tensor_value_info("x", T.FLOAT, [4, 33])],
                        [helper.make_tensor_value_info("y", T.FLOAT, [4, 32])], [starts, ends, axes])
     assert [launch.op_type for launch in render_cuda(lowered(model)).launches] == ["Relu", "Slice"]
+
+
+@pytest.mark.parametrize("name", ["test_bitcast_float32_to_int32", "test_bitcast_int64_to_float64",
+                                  "test_bitshift_right_int8_negative_input", "test_bitshift_right_int64"])
+def test_bitcast_and_arithmetic_shift_right_match_the_node_tests_bit_for_bit(name):
+    import onnx
+
+    from cuda_cases import run_cuda_sim
+    from testdata import node_test_case
+    case = node_test_case(name)
+    got, source = run_cuda_sim(onnx.load(case.path), case.inputs, with_source=True)
+    assert ("__float_as_int" in source or "__longlong_as_double" in source) if "bitcast" in name else ">>" in source
+    for output, want in case.outputs.items():
+        assert got[output].dtype == want.dtype
+        np.testing.assert_array_equal(got[output].view(np.uint8), np.ascontiguousarray(want).view(np.uint8))

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from backends.cuda.fuse import Unit, fuse_elementwise
 from backends.cuda.parallelize import ParallelNest, plan_parallel
-from backends.cuda.spelling import C_COMPUTE, C_STORAGE, INFIX, MATH, PRELUDE, combine, identity, number
+from backends.cuda.spelling import C_COMPUTE, C_STORAGE, PRELUDE, binary, cast, combine, identity, number, unary
 from backends.cuda.tiled import TILE, TiledContraction, plan_tiled
 from backends.cuda.warp_rows import StridedLoop, plan_warp_rows
 from ir.errors import UnsupportedError
@@ -412,67 +412,19 @@ class CudaRenderer:
             element = f"{self.buffer_name(st)}[{self.expr(e.index)}]"
             return f"(({C_COMPUTE[e.type]}){'cx_h2f(' + element + ')' if st.dtype == 'float16' else element})"
         if isinstance(e, Binary):
-            return self.binary(e)
+            return binary(e.op, e.a.type, self.expr(e.a), self.expr(e.b))
         if isinstance(e, Unary):
-            return self.unary(e)
+            return unary(e.op, e.a.type, e.type, self.expr(e.a))
         if isinstance(e, Select):
             return f"(({self.expr(e.cond)}) ? {self.expr(e.a)} : {self.expr(e.b)})"
         if isinstance(e, Cast):
-            return self.cast(e)
+            return cast(e.a.type, e.type, self.expr(e.a))
         if isinstance(e, Fma):
             fn = "fmaf" if e.type == "f32" else "fma"
             if e.type in FLOAT_TYPES:
                 return f"{fn}({self.expr(e.a)}, {self.expr(e.b)}, {self.expr(e.c)})"
             return f"({self.expr(e.a)} * {self.expr(e.b)} + {self.expr(e.c)})"
         raise TypeError(f"unknown expression {e!r}")
-
-    def binary(self, e: Binary) -> str:
-        t, a, b = e.a.type, self.expr(e.a), self.expr(e.b)
-        f32 = t == "f32"
-        if e.op in ("min", "max"):
-            return f"cx_{e.op}({a}, {b})"
-        if t in FLOAT_TYPES:
-            if e.op == "pow":
-                return f"{'powf' if f32 else 'pow'}({a}, {b})"
-            if e.op == "rem":
-                return f"{'fmodf' if f32 else 'fmod'}({a}, {b})"
-        else:
-            if e.op == "rem":
-                return f"({a} % {b})"
-            if e.op == "shr":
-                unsigned = "unsigned int" if t == "i32" else "unsigned long long"
-                return f"(({C_COMPUTE[t]})(({unsigned})({a}) >> ({b})))"
-        if e.op in INFIX:
-            return f"({a} {INFIX[e.op]} {b})"
-        raise UnsupportedError(f"the CUDA backend cannot render {e.op} on {t}")
-
-    def unary(self, e: Unary) -> str:
-        t, a = e.a.type, self.expr(e.a)
-        if t in FLOAT_TYPES:
-            if e.op == "neg":
-                return f"(-{a})"
-            if e.op == "isnan":
-                return f"(({a}) != ({a}))"
-            if e.op in ("isinf_pos", "isinf_neg"):
-                return f"(({a}) == {number(float('inf') if e.op == 'isinf_pos' else float('-inf'), t)})"
-            if e.op in MATH:
-                return f"{MATH[e.op]}{'f' if t == 'f32' else ''}({a})"
-        else:
-            if e.op == "neg":
-                return f"(-{a})"
-            if e.op == "abs":
-                return f"(({a}) < 0 ? -({a}) : ({a}))"
-            if e.op == "not":
-                return f"(({C_COMPUTE[t]})(({a}) == 0))"
-            if e.op in ("floor", "ceil", "trunc", "nearest"):
-                return a
-        raise UnsupportedError(f"the CUDA backend cannot render {e.op} on {t}")
-
-    def cast(self, e: Cast) -> str:
-        a, src, dst = self.expr(e.a), e.a.type, e.type
-        if src in FLOAT_TYPES and dst in ("i32", "i64"):
-            return f"{'cx_f2i' if dst == 'i32' else 'cx_f2l'}((double)({a}))"
-        return f"(({C_COMPUTE[dst]})({a}))"
 
     # -- names ---------------------------------------------------------------------------------
     def var_name(self, v: Var) -> str:

@@ -1,10 +1,11 @@
-"""How CUDA C++ spells Cortex's types, operators and constants, and the helpers every CU source
+"""How CUDA C++ spells Cortex's types, operators, casts and constants, and the helpers every CU source
 carries (the renderer's vocabulary, kept apart from the walk over loop nests in render.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from ir.errors import UnsupportedError
 from ir.loops.expr import FLOAT_TYPES
 
 C_STORAGE = {"float32": "float", "float64": "double", "float16": "unsigned short", "int8": "signed char", "uint8": "unsigned char",
@@ -18,6 +19,9 @@ MATH = {"exp": "exp", "log": "log", "tanh": "tanh", "erf": "erf", "sin": "sin", 
         "asin": "asin", "acos": "acos", "atan": "atan", "sinh": "sinh", "cosh": "cosh", "asinh": "asinh",
         "acosh": "acosh", "atanh": "atanh", "sqrt": "sqrt", "floor": "floor", "ceil": "ceil",
         "trunc": "trunc", "nearest": "rint", "abs": "fabs"}
+# BitCast: the same bits as another type of the same width.
+REINTERPRET = {("f32", "i32"): "__float_as_int", ("i32", "f32"): "__int_as_float",
+               ("f64", "i64"): "__double_as_longlong", ("i64", "f64"): "__longlong_as_double"}
 
 # Helpers every CU source carries: NaN-propagating min/max (what ONNX and WebAssembly do; fminf
 # would drop the NaN) and saturating float->int conversion (NaN -> 0, as PTX cvt.rzi.sat does).
@@ -79,3 +83,56 @@ def number(value, type: str) -> str:
     if type == "i32":
         return "(-2147483647 - 1)" if value == -2**31 else str(value)
     return "(-9223372036854775807LL - 1)" if value == -2**63 else f"{value}LL"
+
+
+def binary(op: str, type: str, a: str, b: str) -> str:
+    """`a op b` on operands of `type`, already spelled."""
+    if op in ("min", "max"):
+        return f"cx_{op}({a}, {b})"
+    if type in FLOAT_TYPES:
+        if op == "pow":
+            return f"{'powf' if type == 'f32' else 'pow'}({a}, {b})"
+        if op == "rem":
+            return f"{'fmodf' if type == 'f32' else 'fmod'}({a}, {b})"
+    else:
+        if op == "rem":
+            return f"({a} % {b})"
+        if op == "shr":
+            unsigned = "unsigned int" if type == "i32" else "unsigned long long"
+            return f"(({C_COMPUTE[type]})(({unsigned})({a}) >> ({b})))"
+        if op == "sar":   # >> on a signed integer fills with the sign (C++20, and nvcc always)
+            return f"(({a}) >> ({b}))"
+    if op in INFIX:
+        return f"({a} {INFIX[op]} {b})"
+    raise UnsupportedError(f"the CUDA backend cannot render {op} on {type}")
+
+
+def unary(op: str, type: str, result_type: str, a: str) -> str:
+    """`op a` on an operand of `type` (already spelled); `result_type` matters to reinterpret only."""
+    if op == "reinterpret" and (type, result_type) in REINTERPRET:
+        return f"{REINTERPRET[type, result_type]}({a})"
+    if type in FLOAT_TYPES:
+        if op == "neg":
+            return f"(-{a})"
+        if op == "isnan":
+            return f"(({a}) != ({a}))"
+        if op in ("isinf_pos", "isinf_neg"):
+            return f"(({a}) == {number(float('inf') if op == 'isinf_pos' else float('-inf'), type)})"
+        if op in MATH:
+            return f"{MATH[op]}{'f' if type == 'f32' else ''}({a})"
+    else:
+        if op == "neg":
+            return f"(-{a})"
+        if op == "abs":
+            return f"(({a}) < 0 ? -({a}) : ({a}))"
+        if op == "not":
+            return f"(({C_COMPUTE[type]})(({a}) == 0))"
+        if op in ("floor", "ceil", "trunc", "nearest"):
+            return a
+    raise UnsupportedError(f"the CUDA backend cannot render {op} on {type}")
+
+
+def cast(source: str, target: str, a: str) -> str:
+    if source in FLOAT_TYPES and target in ("i32", "i64"):
+        return f"{'cx_f2i' if target == 'i32' else 'cx_f2l'}((double)({a}))"
+    return f"(({C_COMPUTE[target]})({a}))"
