@@ -134,6 +134,10 @@ IMPLICIT_SPECS = {
     "7x7-stride2-pad3": Conv2dSpec(1, 3, 20, 18, 16, (7, 7), strides=(2, 2), pads=(3, 3, 3, 3), implicit_gemm=True),
     "dilated-asymmetric-pads": Conv2dSpec(1, 4, 10, 12, 5, (3, 2), pads=(2, 0, 1, 1), dilations=(2, 3), implicit_gemm=True),
     "batch-of-two": Conv2dSpec(2, 17, 7, 7, 40, (3, 3), pads=(1, 1, 1, 1), implicit_gemm=True),
+    # Y^T larger than one pixel group (Y_CHUNK_BYTES): 2 line rows of 652 pixels, the last shorter
+    "pixel-groups": Conv2dSpec(1, 20, 40, 30, 100, (3, 3), pads=(1, 1, 1, 1), implicit_gemm=True),
+    # strided: groups of 16 output rows, 13 rows left over
+    "pixel-groups-stride2": Conv2dSpec(1, 8, 121, 61, 130, (3, 3), strides=(2, 2), pads=(1, 1, 1, 1), implicit_gemm=True),
 }
 
 

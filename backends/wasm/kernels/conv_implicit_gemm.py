@@ -19,6 +19,8 @@ stride 1, output pixel (oy, ox) reads the input at (oy*Wp + ox) + (ky*Wp + kx) i
 Wp (padded), so the pixels run as one line q = oy*Wp + ox over the whole plane, tiles of 4 straight
 across rows: the kw - 1 columns past each row's end are computed and never read back, which costs
 less than the 1-3 pixel tiles at every row's end that strided Convs need (they tile row by row).
+Loops, outermost first: groups of pixels (`Y_CHUNK_BYTES` of Y^T), K blocks, 16-channel panels, tiles
+of 4 pixels x 16 channels (the GEMM's 4 x 16 register tile) along the group's rows.
 
 Groups > 1 stay on im2col (depthwise on `kernels/depthwise.py`); SIMD is required (the scalar build
 keeps im2col). Which orientation a Conv takes is `implicit_gemm_is_faster` (the rule and its
@@ -43,6 +45,14 @@ from backends.wasm.kernels.microkernel import PANEL, PANEL_BYTES, UNROLL, TileGe
 
 K_BLOCK = 128   # input channels per K block: one panel's block of B is 8 KiB, as in the GEMM
 TILE_PIXELS = 4
+# Pixels per group: every K block passes over the group's rows of Y^T (pixels x channels) before the
+# next group, so that block stays in L2 instead of streaming through memory once per K block; but
+# each group reads all of B again, so groups must not be small either. Measured (the product alone,
+# CPU time, GFLOP/s; Y^T whole / 1 MiB / 256 KiB / 64 KiB groups): vgg19's 3x3 64->64 at 224x224
+# (12.8 MB of Y^T) 13.7 / 34.2 / 36.8 / 38.0; 128->128 at 112x112 35.2 / 35.3 / 38.5 / 38.7; its
+# 512->512 at 28x28 (9.4 MB of B) 33.7 / 33.5 / 34.6 / 26.7; densenet121's 128->32 at 56x56
+# 26.7 / 30.6 / 35.2 / 35.8.
+Y_CHUNK_BYTES = 256 << 10
 
 
 def can_run_as_implicit_gemm(spec, features) -> bool:
@@ -220,10 +230,15 @@ def _render_product(spec, x: int, w: int, yt: int, bias: int | None, epilogue: s
     blocks = kh * kw * c_blocks
     line = _line_width(spec)
     c_row = _channels_padded(spec) * 4
-    if spec.strides == (1, 1):  # one line of pixels over the whole plane
-        rows, row_len, in_row_step = 1, _yt_pixels(spec), 0
+    # Pixels go in groups whose block of Y^T stays in cache while every K block passes over it.
+    chunk = max(TILE_PIXELS, Y_CHUNK_BYTES // c_row // TILE_PIXELS * TILE_PIXELS)
+    if spec.strides == (1, 1):  # one line of pixels over the whole plane, cut into rows of `chunk`
+        pixels = _yt_pixels(spec)
+        row_len = min(chunk, pixels)
+        rows, last_len, in_row_step, group_rows = -(-pixels // row_len), pixels % row_len, row_len * 4, 1
     else:
-        rows, row_len, in_row_step = spec.out_height, spec.out_width, sh * wp * 4
+        row_len, last_len, rows, in_row_step = spec.out_width, 0, spec.out_height, sh * wp * 4
+        group_rows = max(1, min(rows, chunk // row_len))
     geometry = TileGeometry(k_total, plane, sw * 4, c_row, bias is not None, False, False, epilogue, fma,
                             static_first=True if blocks == 1 else None, static_last=True if blocks == 1 else None)
 
@@ -237,32 +252,45 @@ def _render_product(spec, x: int, w: int, yt: int, bias: int | None, epilogue: s
             *render_tile(pixels, vecs, geometry),
         ]
 
-    def panel(vecs: list[Vec], tile_pixels: int = TILE_PIXELS) -> list[str]:
-        full, rest = divmod(row_len, tile_pixels)
+    def panel(vecs: list[Vec], n_rows: int, length: int) -> list[str]:
+        """Panel $j of K block $kb for rows $oy0 .. $oy0 + n_rows of `length` pixels each."""
+        full, rest = divmod(length, TILE_PIXELS)
         row = [
             f"(local.set $arow (i32.add (local.get $abase) (i32.mul (local.get $oy) (i32.const {in_row_step}))))",
             f"(local.set $crow (i32.add (i32.const {yt}) (i32.add (i32.mul (local.get $oy) (i32.const {row_len * c_row}))"
             f" (i32.mul (local.get $j) (i32.const {PANEL_BYTES})))))",
-            *_loop("$ox", 0, full * tile_pixels, tile_pixels, tile(tile_pixels, vecs)),
+            *_loop("$ox", 0, full * TILE_PIXELS, TILE_PIXELS, tile(TILE_PIXELS, vecs)),
         ]
         if rest:
-            row += [f"(local.set $ox (i32.const {full * tile_pixels}))", *tile(rest, vecs)]
-        return [
+            row += [f"(local.set $ox (i32.const {full * TILE_PIXELS}))", *tile(rest, vecs)]
+        code = [
             f"(local.set $bblock (i32.add (i32.const {w}) (i32.mul (i32.add (i32.mul (local.get $j) (i32.const {k_total}))"
             f" (local.get $k0)) (i32.const {PANEL_BYTES}))))",
             f"(local.set $bend (i32.add (local.get $bblock) (i32.mul (local.get $klen) (i32.const {PANEL_BYTES}))))",
             f"(local.set $bend4 (i32.add (local.get $bblock) (i32.mul (i32.and (local.get $klen) (i32.const {-UNROLL}))"
             f" (i32.const {PANEL_BYTES}))))",
             f"(local.set $pbias (i32.add (i32.const {bias or 0}) (i32.mul (local.get $j) (i32.const {PANEL_BYTES}))))",
-            *_loop("$oy", 0, rows, 1, row),
+            "(local.set $oy (local.get $oy0))",
+        ]
+        if n_rows == 1:
+            return code + row
+        return code + [
+            f"(local.set $oyend (i32.add (local.get $oy0) (i32.const {n_rows})))",
+            "(loop $l_oy", *("  " + r for r in row),
+            "  (local.set $oy (i32.add (local.get $oy) (i32.const 1)))",
+            "  (br_if $l_oy (i32.lt_u (local.get $oy) (local.get $oyend))))",
         ]
 
-    full_panels, edge = divmod(oc, PANEL)
-    panels = _loop("$j", 0, full_panels, 1, panel([Vec(0, v) for v in range(4)]))
-    if edge:
-        vecs = [Vec(0, v, min(4, edge - 4 * v)) for v in range(-(-edge // 4))]
-        panels += [f"(local.set $j (i32.const {full_panels}))", *panel(vecs)]
-    block = [
+    def group(n_rows: int, length: int) -> list[str]:
+        """Every K block, every panel, over rows $oy0 .. $oy0 + n_rows."""
+        full_panels, edge = divmod(oc, PANEL)
+        panels = _loop("$j", 0, full_panels, 1, panel([Vec(0, v) for v in range(4)], n_rows, length))
+        if edge:
+            vecs = [Vec(0, v, min(4, edge - 4 * v)) for v in range(-(-edge // 4))]
+            panels += [f"(local.set $j (i32.const {full_panels}))", *panel(vecs, n_rows, length)]
+        return _loop("$kb", 0, blocks, 1, k_block + panels)
+
+    k_block = [
         # block kb = (ky, kx, channel block cb): t = ky*kw + kx
         f"(local.set $t (i32.div_u (local.get $kb) (i32.const {c_blocks})))",
         f"(local.set $c0 (i32.mul (i32.rem_u (local.get $kb) (i32.const {c_blocks})) (i32.const {K_BLOCK})))",
@@ -274,17 +302,23 @@ def _render_product(spec, x: int, w: int, yt: int, bias: int | None, epilogue: s
         f"(local.set $abase (i32.add (i32.const {x}) (i32.add (i32.mul (local.get $c0) (i32.const {plane}))"
         f" (i32.shl (i32.add (i32.mul (i32.div_u (local.get $t) (i32.const {kw})) (i32.const {dh * wp}))"
         f" (i32.mul (i32.rem_u (local.get $t) (i32.const {kw})) (i32.const {dw}))) (i32.const 2)))))",
-        *panels,
     ]
+    if last_len:  # stride 1: the line's last row is shorter
+        full_groups = rows - 1
+        tail = [f"(local.set $oy0 (i32.const {rows - 1}))", *group(1, last_len)]
+    else:
+        full_groups, left = divmod(rows, group_rows)
+        tail = [f"(local.set $oy0 (i32.const {full_groups * group_rows}))", *group(left, row_len)] if left else []
+    code = _loop("$oy0", 0, full_groups * group_rows, group_rows, group(group_rows, row_len)) + tail
     decls = ["(local $kb i32) (local $t i32) (local $c0 i32) (local $k0 i32) (local $klen i32) (local $abase i32)",
-             "(local $j i32) (local $oy i32) (local $ox i32) (local $arow i32) (local $crow i32)",
+             "(local $j i32) (local $oy0 i32) (local $oy i32) (local $oyend i32) (local $ox i32) (local $arow i32) (local $crow i32)",
              "(local $bblock i32) (local $bend i32) (local $bend4 i32) (local $first i32) (local $last i32)",
              "(local $pa i32) (local $pb i32) (local $pc i32) (local $pr i32) (local $pbias i32)",
              "(local $pend i32) (local $pend4 i32)",
              *tile_locals(), *scratch_locals("v128")]
-    title = (f"Y^T[{_yt_pixels(spec)} x {oc}] over {blocks} K blocks of (ky, kx, <= {K_BLOCK} channels), "
-             f"line width {line}, {epilogue or 'no activation'}")
-    return _func(name, title, decls, _loop("$kb", 0, blocks, 1, block))
+    title = (f"Y^T[{_yt_pixels(spec)} x {oc}] in rows of {row_len} pixels, {group_rows} row(s) at a time, over "
+             f"{blocks} K blocks of (ky, kx, <= {K_BLOCK} channels), line width {line}, {epilogue or 'no activation'}")
+    return _func(name, title, decls, code)
 
 
 # i8x16.shuffle lane lists for a 4x4 transpose of f32 lanes: interleave low / high halves of two rows,
