@@ -86,7 +86,7 @@ def test_float32_loops_with_simd_call_the_vector_function(op):
     x = np.linspace(0.5, 2, 64, dtype=np.float32)
     _, vector_wat = compile_f32(op, x, "simd")
     _, scalar_wat = compile_f32(op, x, "")
-    name = f"call ${op.lower()}_f32x4"
+    name = f"{op.lower()}_f32x4"      # called, or written inline (exp, log, erf at opt-level 3)
     assert name in vector_wat and name not in scalar_wat
 
 
@@ -149,7 +149,7 @@ def test_activations_on_the_vector_functions_match_onnxruntime(op, attrs, vector
     model = make_model([helper.make_node(op, ["x"], ["y"], **attrs)], [helper.make_tensor_value_info("x", T.FLOAT, [8, 67])],
                        [helper.make_tensor_value_info("y", T.FLOAT, [8, 67])], opset=20)
     graph, _ = run_pipeline(import_model(model), optimize_pipeline(require_static=True))
-    assert f"call ${vector_function}" in compile_graph(graph, parse_options(None, "simd", "3")).wat
+    assert vector_function in compile_graph(graph, parse_options(None, "simd", "3")).wat   # called or inline
     x = np.random.default_rng(0).normal(0, 6, (8, 67)).astype(np.float32)
     assert_matches_onnxruntime(model, {"x": x}, configs=[("simd", "3"), ("simd,relaxed-simd", "3")])
 

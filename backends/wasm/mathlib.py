@@ -374,3 +374,24 @@ def render_functions(used: set[str], fused: bool = False) -> str:
     for name in used:
         add(name)
     return "\n".join(texts[name][1].strip() for name in FUNCTIONS if name in needed)
+
+
+# f32x4 functions that call no other function: the vectoriser may write their bodies inline
+INLINE_VECTOR_FUNCTIONS = ("exp_f32x4", "log_f32x4", "erf_f32x4")
+
+
+def inline_vector_call(name: str, args: list[str], fused: bool, fresh_local) -> str:
+    """The body of f32x4 function `name` as one `(block (result v128) ...)` expression on `args`,
+    its parameters and locals renamed to v128 locals that `fresh_local()` gives the caller. A call
+    would spill every v128 value live across it (x86 has no callee-saved xmm registers in
+    Cranelift's ABI) and keeps Cranelift from interleaving the unrolled iterations."""
+    import re
+    text = (FUSED_VECTOR_FUNCTIONS if fused else VECTOR_FUNCTIONS)[name][1].strip()
+    header, _, body = text.partition("\n")
+    params = re.findall(r"\(param \$(\w+) v128\)", header)
+    names = {n: fresh_local() for n in params + re.findall(r"\(local \$(\w+) v128\)", header)}
+    body = body.rstrip()[:-1]                     # the closing parenthesis of the func
+    body = re.sub(r"\$(\w+)", lambda m: names.get(m.group(1), m.group(0)), body)
+    sets = " ".join(f"(local.set {names[p]} {a})" for p, a in zip(params, args))
+    return f"(block (result v128) (; {name} inline ;) {sets}\n{body})"
+

@@ -10,9 +10,10 @@ strided (stride 2 or 3: two overlapping v128.loads and one shuffle that never re
 lane's element; larger positive strides: one load per lane) or loop-invariant (scalar load +
 splat), arithmetic, min/max, comparisons feeding a select, f32<->i32 conversions and fma (relaxed
 madd when `relaxed-simd` is on) and the f32 math calls with an f32x4 version in `mathlib` (exp,
-log, tanh, erf, pow). `select(a > b, a, b)` and `select(a < b, a, b)` on f32 become one
-`f32x4.pmax` / `f32x4.pmin` (one maxps/minps on x86, where the NaN-propagating f32x4.max is a long
-sequence); they keep the select's NaN behaviour: `b` when the comparison is unordered.
+log, tanh, erf, pow; at opt-level 3 exp, log and erf are written inline). `select(a > b, a, b)`
+and `select(a < b, a, b)` on f32 become one `f32x4.pmax` / `f32x4.pmin` (one maxps/minps on x86,
+where the NaN-propagating f32x4.max is a long sequence); they keep the select's NaN behaviour:
+`b` when the comparison is unordered.
 Anything else (other math calls, gathers, 8-byte types) keeps the scalar loop.
 The trip count splits into an unrolled vector part, a plain vector part and a scalar tail.
 """
@@ -23,7 +24,7 @@ from ir.loops.expr import (COMPARISONS, Binary, Cast, Const, Expr, Fma, Load, Lo
                            stride_of, uses, walk)
 from ir.loops.program import Assign, Loop, Store
 
-from backends.wasm.mathlib import VECTOR_MATH, VECTOR_MATH_BINARY
+from backends.wasm.mathlib import INLINE_VECTOR_FUNCTIONS, VECTOR_MATH, VECTOR_MATH_BINARY, inline_vector_call
 
 LANES = 4
 _VECTOR_DTYPES = ("float32", "int32")
@@ -300,8 +301,12 @@ class VectorRenderer:
                 return f"(f32x4.{_F32_BINARY[e.op]} {a} {b})"
             return f"({_I32_BINARY[e.op]} {a} {b})"
         if isinstance(e, Unary) and e.op in VECTOR_MATH:
-            self.scalar.math_used.add(VECTOR_MATH[e.op])
-            return f"(call ${VECTOR_MATH[e.op]} {self.vector(e.a)})"
+            name = VECTOR_MATH[e.op]
+            if name in INLINE_VECTOR_FUNCTIONS and self.scalar.options.opt_level == "3":
+                return inline_vector_call(name, [self.vector(e.a)], self.scalar.options.relaxed_simd,
+                                          self.scalar.vector_local)
+            self.scalar.math_used.add(name)
+            return f"(call ${name} {self.vector(e.a)})"
         if isinstance(e, Unary):
             return f"({'f32x4' if e.type == 'f32' else 'i32x4'}.{e.op} {self.vector(e.a)})"
         if isinstance(e, Select):
