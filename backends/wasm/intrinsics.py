@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from backends.wasm.gemm import SCALAR, pack_b, packed_b_size, render_gemm, render_pack_b
+from backends.wasm.gemm import SCALAR, gemm_scratch_bytes, pack_b, packed_b_size, render_gemm, render_pack_b
 from backends.wasm.kernels.conv import Conv2dSpec, conv_scratch_bytes, pack_conv_weight, render_conv2d
 from backends.wasm.kernels.conv_implicit_gemm import implicit_gemm_is_faster
 from backends.wasm.options import WasmOptions
@@ -25,6 +25,11 @@ class GemmHooks:
     @staticmethod
     def packed_elements(k: int, n: int) -> int:
         return packed_b_size(k, n) // 4
+
+    @staticmethod
+    def a_scratch_elements(m: int, k: int) -> int:
+        """Room for one packed block of A: the kernel's fast path reads a tile's 4 rows in one load."""
+        return gemm_scratch_bytes(m, k) // 4
 
 
 class Conv2dHooks:
@@ -70,6 +75,7 @@ def render_intrinsic(stmt: Intrinsic, name: str, options: WasmOptions) -> str:
         m, n, k, batch = p["m"], p["n"], p["k"], p.get("batch", 1)
         bias = ops.get("bias")
         scratch = ops.get("b_scratch")
+        a_scratch = ops.get("a_scratch")
         funcs, calls = [], []
         if scratch is not None:     # B is an activation: pack it into panels first
             per = packed_b_size(k, n)
@@ -82,6 +88,7 @@ def render_intrinsic(stmt: Intrinsic, name: str, options: WasmOptions) -> str:
                                  bias_offset=_at(bias) if bias is not None else None, features=features,
                                  trans_a=p.get("trans_a", False), batch=batch, epilogue=p.get("epilogue"),
                                  batch_strides=(m * k * 4, packed_b_size(k, n), m * n * 4) if batch > 1 else None,
+                                 a_scratch_offset=_at(a_scratch) if a_scratch is not None else None,
                                  name=f"{name}_gemm"))
         calls.append(f"(call ${name}_gemm)")
         return "".join(funcs) + f"(func ${name}\n  " + "\n  ".join(calls) + "\n)\n"

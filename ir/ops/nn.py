@@ -179,18 +179,24 @@ def _matmul_as_gemm(b, node) -> bool:
         m = int(np.prod(av.shape[:-1], dtype=np.int64))
         packed = b.constant(b.intrinsics["gemm"].pack_weight(np.asarray(wv.const), False), wv.name + "_packed")
         y, bias, epilogue = _fused_epilogue(b, node.outputs[0], bias_width=n)
-        b.call_intrinsic("gemm", {"a": b.buffer(av), "b": packed, "c": y, "bias": bias}, m=m, n=n, k=k,
-                         epilogue=epilogue)
+        b.call_intrinsic("gemm", {"a": b.buffer(av), "b": packed, "c": y, "bias": bias,
+                                  "a_scratch": _a_scratch(b, m, k, av.name)}, m=m, n=n, k=k, epilogue=epilogue)
         return True
     y = b.output(node)
     if len(av.shape) == len(wv.shape) >= 2 and list(av.shape[:-2]) == list(wv.shape[:-2]) and not av.is_const:
         (m, k), n = av.shape[-2:], wv.shape[-1]
         batch = int(np.prod(av.shape[:-2], dtype=np.int64))
         scratch = b.temp("float32", (b.intrinsics["gemm"].packed_elements(k, n) * batch,), wv.name + "_panels")
-        b.call_intrinsic("gemm", {"a": b.buffer(av), "b": b.buffer(wv), "b_scratch": scratch, "c": y},
-                         m=m, n=n, k=k, batch=batch)
+        b.call_intrinsic("gemm", {"a": b.buffer(av), "b": b.buffer(wv), "b_scratch": scratch, "c": y,
+                                  "a_scratch": _a_scratch(b, m, k, av.name)}, m=m, n=n, k=k, batch=batch)
         return True
     return False
+
+
+def _a_scratch(b, m: int, k: int, name: str):
+    """Where the GEMM kernel packs blocks of A, when it has a use for one."""
+    elements = b.intrinsics["gemm"].a_scratch_elements(m, k)
+    return b.temp("float32", (elements,), name + "_apack") if elements else None
 
 
 def _gemm_as_gemm(b, node) -> bool:
@@ -211,8 +217,9 @@ def _gemm_as_gemm(b, node) -> bool:
     packed = b.constant(b.intrinsics["gemm"].pack_weight(weights, trans_b), wv.name + "_packed")
     k = wv.shape[1] if trans_b else wv.shape[0]
     y, _, epilogue = _fused_epilogue(b, node.outputs[0])
-    b.call_intrinsic("gemm", {"a": b.input(node, 0), "b": packed, "c": y, "bias": bias}, m=m, n=n, k=k,
-                     trans_a=trans_a, epilogue=epilogue)
+    b.call_intrinsic("gemm", {"a": b.input(node, 0), "b": packed, "c": y, "bias": bias,
+                              "a_scratch": _a_scratch(b, m, k, node.inputs[0].name)},
+                     m=m, n=n, k=k, trans_a=trans_a, epilogue=epilogue)
     return True
 
 
