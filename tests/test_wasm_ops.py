@@ -424,12 +424,14 @@ def test_a_gelu_whose_inner_value_is_also_an_output_is_not_absorbed():
     assert "Erf" in _kernel_op_types(model)
 
 
-def test_erf_gelu_after_conv_runs_as_the_conv_epilogue():
+@pytest.mark.parametrize("group", [1, 3])    # 3: depthwise
+def test_erf_gelu_after_conv_runs_as_the_conv_epilogue(group):
     img = randn(1, 3, 7, 7)
     gelu, y = _gelu_diamond("c", "half-first")
-    model = make_model([helper.make_node("Conv", ["img", "k", "kb"], ["c"], pads=[1, 1, 1, 1])] + gelu,
+    channels = 3 if group == 3 else 5
+    model = make_model([helper.make_node("Conv", ["img", "k", "kb"], ["c"], pads=[1, 1, 1, 1], group=group)] + gelu,
                        [vi("img", [1, 3, 7, 7])], [out(y)],
-                       [const("k", randn(5, 3, 3, 3)), const("kb", randn(5))] + _GELU_CONSTANTS)
+                       [const("k", randn(channels, 3 // group, 3, 3)), const("kb", randn(channels))] + _GELU_CONSTANTS)
     assert_matches_onnxruntime(model, {"img": img}, configs=[("simd,bulk-memory", "2"), ("", "1")])
     assert _kernel_op_types(model) == ["Conv"]
 
