@@ -168,6 +168,8 @@ def test_pooling_matches_onnxruntime(op, attrs):
     ((1, 2, 21, 33), {"kernel_shape": [5, 2], "strides": [1, 4], "pads": [2, 1, 2, 1]}),  # lane loads, pads
     ((1, 4, 15, 15), {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [0, 0, 1, 1]}),
     ((1, 3, 16, 18), {"kernel_shape": [7, 6], "strides": [2, 2], "pads": [3, 3, 3, 3]}),  # 42 taps: accumulates
+    ((2, 5, 7, 7), {"kernel_shape": [7, 7]}),                                        # 49 taps, one output
+    ((1, 3, 10, 11), {"kernel_shape": [6, 8], "strides": [3, 2], "pads": [1, 1, 1, 0]}),  # narrow rows
     ((2, 3, 31), {"kernel_shape": [3], "strides": [2], "ceil_mode": 1}),
 ])
 def test_strided_pooling_matches_onnxruntime(op, shape, attrs):

@@ -18,7 +18,8 @@ register("MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool", "LpPool
 # Windows of up to this many taps are written out: each output is one expression over its taps,
 # kept in registers and stored once (the output's innermost loop reads each tap with a fixed stride,
 # which the WASM vectoriser turns into SIMD loads). Larger windows accumulate into the output tap
-# by tap, one output row at a time, so the row being updated stays in cache.
+# by tap, one output row at a time, so the row being updated stays in cache; when output rows are
+# narrower than a vector, each window reduces in a local instead, along its own rows.
 UNROLLED_TAPS = 32
 
 
@@ -58,6 +59,15 @@ def _pool(b, node):
             else:
                 terms = [_abs_pow(v, p) if node.op_type == "LpPool" else v for v in values]
                 b.store(y, (*nc, *o), finish(functools.reduce(operator.add, terms), o))
+        return
+    if y.shape[-1] < 4 <= kernel[-1]:
+        # narrow outputs (a global-like window): each window reduces in a local, its rows innermost
+        with b.loops(y.shape[:2], "n") as nc, b.loops(y.shape[2:], "o") as o:
+            acc = b.local(y.compute_type, fill, "acc")
+            with b.loops(kernel, "k") as k:
+                v = tap(nc, o, k)
+                b.assign(acc, maximum(acc, v) if is_max else acc + (_abs_pow(v, p) if node.op_type == "LpPool" else v))
+            b.store(y, (*nc, *o), acc if is_max else finish(acc, o))
         return
     b.fill(y, fill)
     with b.loops(y.shape[:2], "n") as nc, b.loops(y.shape[2:-1], "o") as outer, b.loops(kernel, "k") as k, \
