@@ -61,35 +61,39 @@ def can_run_as_implicit_gemm(spec, features) -> bool:
 
 def implicit_gemm_is_faster(spec, features) -> bool:
     """The rule that picks this orientation over im2col, from timing both on every Conv shape of
-    densenet121, resnet50, squeezenet, vgg19, inception_v1, bvlc_alexnet and zfnet512 (168 shapes,
-    wasmtime, relaxed SIMD, CPU time, median of interleaved runs; implicit / im2col time):
+    densenet121, resnet50, squeezenet, vgg19, inception_v1, bvlc_alexnet and zfnet512 (165 shapes
+    with one group; wasmtime 50, relaxed SIMD, pixel groups of 256 KiB, CPU time, median of
+    interleaved runs; implicit / im2col time, on a machine shared with other work, so ratios within
+    about 0.1 of 1 move between runs):
     - few output channels is where it wins: the im2col packing costs as much as a product with
-      small M. densenet121's 3x3 128->32: 56x56 11.9 -> 7.9 ms (19 -> 29-33 GFLOP/s), 28x28 0.71,
-      14x14 0.73, 7x7 0.70; resnet50's 3x3 64->64 at 56x56 0.81; squeezenet's squeeze 1x1s 0.57-0.76,
-      its 3x3 16->64 0.89; inception_v1's 1x1s to 16-64 channels 0.50-0.80, 5x5 16->32 0.82;
-    - 1x1 Convs on small images win at any width (no row ends, few K blocks): 27x27 and below
-      0.77-1.00 (densenet121's 14x14/7x7 ones 0.80-0.90, the 1024->1000 classifier 0.30); 28x28
-      with 128+ output channels is a tie (0.87-1.05, left on im2col), and at 56x56 they lose
-      (1.05-1.15);
-    - every strided Conv loses or ties (1x1 stride 2: 1.17; 3x3 stride 2: 1.05-1.09), and so do Convs
-      of 3 input channels (7x7 stem 1.18-1.59, alexnet's 11x11 1.56): one K block per input channel
-      and (ky, kx), each a pass over Y^T;
-    - wide 3x3s lose once Y^T outgrows L2, a pass over it per K block: vgg19's 64->64 at 224x224
-      (12.8 MB) 2.54, 128->128 at 112x112 1.41; and with more than 64 output channels on small
-      planes, where the columns past each row's end (kw - 1 of every Wp) are wasted work: 13x13 and
-      12x12 3x3s 1.01-1.15, 6x6 1.21-1.26, 5x5s on 13x13 1.01-1.13.
-    With the rule below 96 of the 165 shapes take this orientation, none measured slower than on
-    im2col (the closest: 1x1 64->64 and 256->64 at 56x56, 512->2048 at 7x7, 256->1024 at 14x14:
-    1.00); summed over each model's Convs, densenet121 242 -> 197 ms, resnet50 270 -> 260,
-    inception_v1 102 -> 98, squeezenet 29.1 -> 26.9 (vgg19, alexnet and zfnet512 keep im2col).
-    Measured with a script compiling one Conv per module and timing both orientations in turn."""
+      small M. densenet121's 3x3 128->32: 56x56 12.7 ms -> 0.56 of it (35.7 GFLOP/s for the whole
+      Conv), 28x28 0.65, 14x14 0.72, 7x7 0.70; resnet50's 3x3 64->64 at 56x56 0.74; squeezenet's
+      squeeze 1x1s 0.62-0.86, its 3x3 16->64 0.67; inception_v1's 1x1s to 16-64 channels 0.49-0.80,
+      its 5x5 16->32 0.80;
+    - 3x3s on planes of 27x27 and more, up to 256 output channels (the kw - 1 columns computed past
+      each row's end are under a tenth of the work): vgg19's 64->64 at 224x224 0.74, 64->128 and
+      128->128 at 112x112 0.84, 128->256 and 256->256 at 56x56 0.81, 0.86; inception_v1's 64->192
+      at 55x55 0.81, 96->128 and 128->192 at 27x27 0.90, 0.96; resnet50's 128->128 at 28x28 0.93.
+      With 512 output channels they lose (vgg19's at 28x28 1.07-1.08), and so do wide Convs on
+      small planes (13x13 3x3s to 208-320 channels 1.00-1.06, 6x6 1.09-1.23, 12x12 1.07-1.18);
+    - 1x1s on images of 27x27 and less, up to 256 output channels: 0.49-1.07 (densenet121's 14x14 and
+      7x7 ones to 128 channels 0.68-1.07, rerun alone 0.91-1.00); with 512-2048 channels they lose
+      (rerun alone: 256->1024 at 14x14 1.13-1.17, 512->2048 at 7x7 1.10). On larger images only a
+      squeeze (64 channels or less, at most half the input's) wins: squeezenet's 64->16 and 128->16
+      at 55x55 0.78, 0.86, resnet50's 256->64 at 56x56 0.92; 64->64 is 1.03-1.08, 56x56 to 128+
+      channels 0.97-1.18;
+    - strided Convs tie or lose (3x3 stride 2: 0.95-1.12, 1x1 stride 2: 1.14-1.35), and so do Convs
+      of 3 input channels (vgg19's first 1.61, the 7x7 stems 1.36-1.38), one K block per channel.
+    With this rule 96 of the 165 shapes take this orientation; summed over each model's Convs
+    (single-Conv modules), densenet121 249 -> 190 ms, resnet50 271 -> 259, inception_v1 96 -> 87,
+    squeezenet 30.1 -> 26.4, vgg19 1212 -> 1085 (alexnet and zfnet512 keep im2col)."""
     if not can_run_as_implicit_gemm(spec, features) or spec.strides != (1, 1) or spec.in_channels < 16:
         return False
-    yt_fits_l2 = _yt_pixels(spec) * _channels_padded(spec) * 4 <= 1 << 20
+    oc = spec.out_channels
     if spec.kernel == (1, 1):
-        return spec.pixels <= 27 * 27 or (spec.out_channels <= 64 and yt_fits_l2)
-    wasted = (spec.kernel[1] - 1) * spec.dilations[1] / _plane(spec)[1]
-    return yt_fits_l2 and (spec.out_channels <= 32 or (spec.out_channels <= 64 and wasted <= 0.2))
+        return (spec.pixels <= 27 * 27 and oc <= 256) or (oc <= 64 and spec.in_channels >= 2 * oc)
+    wasted = (spec.kernel[1] - 1) * spec.dilations[1] / _plane(spec)[1]  # of each line row
+    return oc <= 32 or (oc <= 64 and wasted <= 0.2) or (oc <= 256 and wasted <= 0.1)
 
 
 def pack_implicit_gemm_weight(spec, w: np.ndarray) -> np.ndarray:
