@@ -171,10 +171,12 @@ def test_pooling_matches_onnxruntime(op, attrs):
     ((2, 5, 7, 7), {"kernel_shape": [7, 7]}),                                        # 49 taps, one output
     ((1, 3, 10, 11), {"kernel_shape": [6, 8], "strides": [3, 2], "pads": [1, 1, 1, 0]}),  # narrow rows
     ((2, 3, 31), {"kernel_shape": [3], "strides": [2], "ceil_mode": 1}),
+    ((1, 2, 9, 12), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 1}),
+    ((1, 3, 8, 8), {"kernel_shape": [2, 2], "strides": [3, 3], "pads": [1, 1, 1, 1], "dilations": [2, 2]}),
 ])
 def test_strided_pooling_matches_onnxruntime(op, shape, attrs):
     x = randn(*shape)
-    assert_matches_onnxruntime(single(op, ["x"], {"x": x}, attrs, opset=18), {"x": x})
+    assert_matches_onnxruntime(single(op, ["x"], {"x": x}, attrs, opset=19), {"x": x})   # 19: dilated AveragePool
 
 
 @pytest.mark.parametrize("attrs", [{}, {"transA": 1}, {"transB": 1, "alpha": 0.5, "beta": 2.0}])
