@@ -3,7 +3,9 @@ onnxruntime's MatMul (native, one thread) and onnxruntime-web's, plus the WASM S
 an FMA loop in the same run (so "fraction of peak" compares like with like).
 
 `python -m bench.gemm_bench [--rounds N]` prints the table (`make bench` also writes it into
-docs/benchmarks.md); without onnxruntime-web installed the V8 columns are left out."""
+docs/benchmarks.md); without onnxruntime-web installed the V8 columns are left out.
+`python -m bench.gemm_bench --epilogues` instead times the kernel under wasmtime on the models'
+product shapes with each epilogue (bias, bias + relu, bias + gelu, residual, none)."""
 
 from __future__ import annotations
 
@@ -186,10 +188,59 @@ def run_all(node: NodeRunner | None, rounds: int = 5, shapes=SHAPES, log=print) 
     return results, peak
 
 
+# (m, n, k), bias per row: square products, MiniLM's MatMuls (128 tokens), and im2col Convs
+# (output channels x pixels x in-channels * kernel area) whose bias is per output channel, a row of C
+EPILOGUE_SHAPES = (((512, 512, 512), False), ((256, 256, 256), False), ((128, 384, 384), False),
+                   ((128, 1536, 384), False), ((128, 384, 1536), False), ((64, 3136, 576), True),
+                   ((256, 784, 1152), True))
+EPILOGUE_CASES = {"bias": dict(bias=True), "bias+relu": dict(bias=True, epilogue="relu"),
+                  "bias+gelu": dict(bias=True, epilogue="gelu"), "residual": dict(residual=True), "plain": {}}
+
+
+def bench_epilogue(shape, per_row: bool, case: str, features=SIMD_FMA, rounds: int = 5) -> float:
+    """GFLOP/s (median CPU time) of C = act(A @ B + bias + residual) under wasmtime, A packed."""
+    m, n, k = shape
+    opts = EPILOGUE_CASES[case]
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    bias, res = rng.standard_normal(m if per_row else n).astype(np.float32), rng.standard_normal((m, n)).astype(np.float32)
+    offsets, end = {}, 0
+    for key, size in (("a", a.nbytes), ("b", packed_b_size(k, n)), ("c", m * n * 4), ("res", m * n * 4),
+                      ("bias", bias.nbytes), ("scratch", gemm_scratch_bytes(m, k))):
+        offsets[key], end = end, end + size
+    func = render_gemm(m, n, k, a_offset=0, b_packed_offset=offsets["b"], c_offset=offsets["c"],
+                       bias_offset=offsets["bias"] if opts.get("bias") else None, bias_per_row=per_row,
+                       residual_offset=offsets["res"] if opts.get("residual") else None,
+                       epilogue=opts.get("epilogue"), a_scratch_offset=offsets["scratch"], features=features) + _REPEAT
+    store, inst = instantiate(func, end, features)
+    for key, value in (("a", a), ("b", pack_b(b)), ("bias", bias), ("res", res)):
+        write(store, inst, offsets[key], value)
+    inst.exports(store)["gemm"](store)
+    want = a.astype(np.float64) @ b + (bias[:, None] if per_row else bias) * bool(opts.get("bias"))
+    want = want + res * bool(opts.get("residual"))
+    if opts.get("epilogue") is None:  # never time a wrong kernel (the activations have tests of their own)
+        np.testing.assert_allclose(read(store, inst, offsets["c"], (m, n)), want, rtol=1e-3, atol=1e-3 * k ** 0.5)
+    flops = 2.0 * m * n * k
+    calls = max(1, int(-(-20e6 // flops)))
+    repeat_gemm = inst.exports(store)["repeat"]
+    t = interleave([InProcess(case, lambda: repeat_gemm(store, calls))], rounds, repeats_for(flops * calls / 40e9), warmup=2)
+    return flops * calls / t[case].median / 1e9
+
+
+def run_epilogues(rounds: int, log=print) -> None:
+    for shape, per_row in EPILOGUE_SHAPES:
+        log(f"  {'x'.join(map(str, shape)):13s} " + "  ".join(
+            f"{case} {bench_epilogue(shape, per_row, case, rounds=rounds):.1f}" for case in EPILOGUE_CASES) + " GFLOP/s")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--epilogues", action="store_true", help="time the epilogue products (wasmtime only)")
     args = parser.parse_args(argv)
+    if args.epilogues:
+        run_epilogues(args.rounds)
+        return 0
     try:
         node = NodeRunner()
     except (NodeUnavailable, OSError) as e:

@@ -241,3 +241,68 @@ def test_rendering_is_deterministic():
 def test_bad_kernel_requests_are_refused(bad):
     with pytest.raises(ValueError):
         render_gemm(2, 2, 2, a_offset=0, b_packed_offset=64, c_offset=128, **bad)
+
+
+EPILOGUE_COMBINATIONS = [  # (bias, residual, epilogue): every combination the models produce and then some
+    (bias, residual, epilogue) for bias in (None, "column", "row") for residual in (False, True)
+    for epilogue in (None, "relu", "gelu")]
+
+
+@pytest.mark.parametrize("bias_mode,with_residual,epilogue", EPILOGUE_COMBINATIONS,
+                         ids=[f"{b or 'no'}-bias{'-residual' if r else ''}-{e or 'identity'}" for b, r, e in EPILOGUE_COMBINATIONS])
+@pytest.mark.parametrize("m,n,k", [(16, 64, 300), (250, 40, 128), (9, 48, 7)])
+def test_every_epilogue_is_right_when_the_k_loop_is_its_own_function(bias_mode, with_residual, epilogue, m, n, k):
+    """With relaxed SIMD and packed A, 4-row tiles call a function for their k loop: bias and residual
+    go into C before it on the first K block, the activation runs over the tile after the last one.
+    Shapes: three K blocks, one full K block with two row blocks and an edge panel, one short block."""
+    rng = np.random.default_rng(m * n + k)
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    bias = rng.standard_normal(m if bias_mode == "row" else n).astype(np.float32) if bias_mode else None
+    res = rng.standard_normal((m, n)).astype(np.float32) if with_residual else None
+    offsets, end = {}, 64
+    for key, size in (("a", a.nbytes), ("b", packed_b_size(k, n)), ("c", m * n * 4), ("bias", max(m, n) * 4),
+                      ("res", m * n * 4), ("scratch", gemm_scratch_bytes(m, k))):
+        offsets[key], end = end, end + size + 16
+    func = render_gemm(m, n, k, a_offset=offsets["a"], b_packed_offset=offsets["b"], c_offset=offsets["c"],
+                       bias_offset=offsets["bias"] if bias is not None else None, bias_per_row=bias_mode == "row",
+                       residual_offset=offsets["res"] if res is not None else None, epilogue=epilogue,
+                       a_scratch_offset=offsets["scratch"], features=SIMD_FMA)
+    assert "(func $gemm_k_acc" in func and "(call $gemm_k_" in func
+    store, inst = instantiate(func, end, SIMD_FMA)
+    write(store, inst, offsets["a"], a), write(store, inst, offsets["b"], pack_b(b))
+    write(store, inst, offsets["c"], np.full((m, n), np.nan, np.float32))
+    if bias is not None:
+        write(store, inst, offsets["bias"], bias)
+    if res is not None:
+        write(store, inst, offsets["res"], res)
+    inst.exports(store)["gemm"](store)
+    assert_close(read(store, inst, offsets["c"], (m, n)), reference(a, b, bias, res, epilogue, bias_mode == "row"), k)
+
+
+@pytest.mark.parametrize("epilogue", [None, "gelu"])
+def test_in_place_residual_survives_the_k_function(epilogue):
+    """C = act(A @ B + C) across three K blocks on the function path: the residual is read before the
+    first block's sums overwrite it."""
+    m, n, k = 12, 32, 300
+    rng = np.random.default_rng(13)
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    c0 = rng.standard_normal((m, n)).astype(np.float32)
+    c_off = a.nbytes + packed_b_size(k, n)
+    scratch = c_off + c0.nbytes
+    func = render_gemm(m, n, k, a_offset=0, b_packed_offset=a.nbytes, c_offset=c_off, residual_offset=c_off,
+                       epilogue=epilogue, a_scratch_offset=scratch, features=SIMD_FMA)
+    assert "(call $gemm_k_acc" in func
+    store, inst = instantiate(func, scratch + gemm_scratch_bytes(m, k), SIMD_FMA)
+    write(store, inst, 0, a), write(store, inst, a.nbytes, pack_b(b)), write(store, inst, c_off, c0)
+    inst.exports(store)["gemm"](store)
+    assert_close(read(store, inst, c_off, (m, n)), reference(a, b, None, c0, epilogue), k)
+
+
+def test_k_function_is_used_only_with_relaxed_simd_and_packed_a():
+    """Measured faster only with FMA (see `_k_function_unroll`); mul + add keeps the inline loop, and A
+    read in place has no one-load tile to call it for."""
+    args = dict(a_offset=0, b_packed_offset=1 << 16, c_offset=1 << 18, bias_offset=64, epilogue="relu")
+    assert "(call $gemm_k_" in render_gemm(64, 64, 256, a_scratch_offset=1 << 19, features=SIMD_FMA, **args)
+    assert "$gemm_k_" not in render_gemm(64, 64, 256, a_scratch_offset=1 << 19, features=SIMD, **args)
+    assert "$gemm_k_" not in render_gemm(64, 64, 256, features=SIMD_FMA, **args)
+    assert "$gemm_k_" not in render_gemm(64, 64, 256, a_scratch_offset=1 << 19, features=SCALAR, **args)

@@ -12,7 +12,8 @@ Entry points
   residual_offset=None, features=SIMD_FMA, trans_a=False, lda=None, ldc=None, batch=1,
   batch_strides=None, bias_per_row=False, a_scratch_offset=None, tile_rows=4, name="gemm") -> str`: a
   `(func $name)` with no parameters or results that reads and writes memory 0 at the given byte
-  offsets.
+  offsets, followed by the functions it calls (`$name_k_zero`, `$name_k_acc`: the tiles' k loop,
+  see `_k_function_unroll`) when it uses them.
   - A is M x K row-major with row stride `lda` elements (default K); with `trans_a` it is stored
     K x M (row stride `lda`, default M), as Gemm's transA means.
   - C and the residual are M x N with row stride `ldc` (default N). The residual may be C itself
@@ -39,7 +40,8 @@ into panels, the weight as A unchanged, the NCHW output as C with a per-row bias
 
 Blocking: the loops run K blocks of 128 (outermost), then 16-column panels, then 4-row tiles, so one
 K block of a panel (8 KiB) stays in L1 while every row tile streams past it; a 4-row tile runs as
-two passes of 4 x 8 over it (kernels/microkernel.py). With one row (GEMV, bandwidth-bound) there is
+two passes of 4 x 8 over it (kernels/microkernel.py), with relaxed SIMD each pass's k loop a call
+of a function of its own, so that the epilogue around it costs the loop no registers. With one row (GEMV, bandwidth-bound) there is
 no K blocking.
 """
 
@@ -49,7 +51,7 @@ import numpy as np
 
 from backends.wasm.kernels.activation import check_epilogue, f32_activation, scratch_locals
 from backends.wasm.kernels.microkernel import (MAX_ROWS, PANEL, PANEL_BYTES, UNROLL, TileGeometry, Vec,
-                                               render_tile, tile_locals)
+                                               render_k_functions, render_tile, tile_locals)
 
 SCALAR: frozenset[str] = frozenset()
 SIMD: frozenset[str] = frozenset({"simd"})
@@ -108,8 +110,8 @@ def render_gemm(m: int, n: int, k: int, *, a_offset: int, b_packed_offset: int, 
     a_k_step, a_row_step = (lda * 4, 4) if trans_a else (4, lda * 4)
     body = _simd_body if "simd" in features else _scalar_body
     bias = None if bias_offset is None else ("row" if bias_per_row else "column")
-    inner = body(m, n, k, a_k_step, a_row_step, ldc * 4, bias, residual_offset is not None, epilogue,
-                 "relaxed-simd" in features, a_scratch_offset, tile_rows)
+    inner, helpers = body(m, n, k, a_k_step, a_row_step, ldc * 4, bias, residual_offset is not None, epilogue,
+                          "relaxed-simd" in features, a_scratch_offset, tile_rows, name)
     pointers = [
         f"(local.set $A (i32.const {a_offset}))",
         f"(local.set $B (i32.const {b_packed_offset}))",
@@ -128,7 +130,7 @@ def render_gemm(m: int, n: int, k: int, *, a_offset: int, b_packed_offset: int, 
     title = (f";; C[{m}x{n}] = {epilogue or 'identity'}(A{'^T' if trans_a else ''}[{m}x{k}] @ B[{k}x{n}]"
              f"{' + bias' if bias_offset is not None else ''}{' + residual' if residual_offset is not None else ''})"
              f"{f' x {batch} batches' if batch > 1 else ''}; features: {','.join(sorted(features)) or 'scalar'}")
-    return _func(name, title, decls, code)
+    return _func(name, title, decls, code) + helpers
 
 
 def _func(name: str, title: str, decls: list[str], code: list[str]) -> str:
@@ -174,7 +176,8 @@ def gemm_scratch_bytes(m: int, k: int, tile_rows: int = TILE_ROWS) -> int:
 
 
 def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, epilogue, fma, a_pack,
-               rows_per_tile) -> list[str]:
+               rows_per_tile, name) -> tuple[list[str], str]:
+    """The function's body, and the functions it calls (the tiles' k loops, see `_k_function_unroll`)."""
     kc = k if m <= rows_per_tile else min(k, K_BLOCK)
     blocks = -(-k // kc)
     # Packed, a full tile's A values for one k are 16 contiguous bytes: one load for the 4 rows (see
@@ -191,6 +194,9 @@ def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, ep
                             static_first=True if blocks == 1 else None,
                             static_last=True if blocks == 1 else None,
                             unroll=_unroll(blocks, bias, has_residual, epilogue))
+    function_unroll = _k_function_unroll(fma) if packed and rows_per_tile == MAX_ROWS else None
+    k_function = f"{name}_k" if function_unroll else None
+    helpers = render_k_functions(k_function, geometry, function_unroll) if k_function else ""
 
     def pack_a(rows: int) -> list[str]:
         """Rows $ib .. $ib + rows, columns $k0 .. $k0 + $klen of A into the scratch groups: groups of 4
@@ -229,7 +235,7 @@ def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, ep
              f"(local.set $pbias (i32.add (local.get $BIAS) (i32.mul (local.get $j) (i32.const {PANEL_BYTES}))))"),
             f"(local.set $pend (i32.add (local.get $pb) (i32.mul (local.get $klen) (i32.const {PANEL_BYTES}))))",
             f"(local.set $pend4 (i32.add (local.get $pb) (i32.mul (i32.and (local.get $klen) (i32.const {-UNROLL})) (i32.const {PANEL_BYTES}))))",
-            *render_tile(rows, vecs, geometry),
+            *render_tile(rows, vecs, geometry, k_function),
         ]
 
     def rows_loop(vecs: list[Vec], rows: int) -> list[str]:
@@ -271,7 +277,7 @@ def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, ep
         f"(local.set $klen (select (i32.sub (i32.const {k}) (local.get $k0)) (i32.const {kc}) (local.get $last)))",
         *code,
     ]
-    return _counted("$k0", 0, k, kc, k_block)
+    return _counted("$k0", 0, k, kc, k_block), helpers
 
 
 def _lanes32(*lanes: int) -> str:
@@ -342,8 +348,36 @@ def _unroll(blocks: int, bias, has_residual: bool, epilogue) -> int:
     return 8 if plain and blocks > 1 else 1
 
 
+def _k_function_unroll(fma: bool) -> int | None:
+    """Unroll of the tiles' k loop as a function of its own (kernels/microkernel.py,
+    `render_k_functions`), or None to keep the loop inline (then `_unroll` decides).
+
+    With relaxed SIMD the function, unrolled 8 times, is faster than the inline loop for every shape
+    and epilogue measured, plain products included: its loop has no spill and no register move
+    (objdump of the serialized module), where the inline one unrolled spills with an epilogue and
+    runs unroll 1. Measured (wasmtime 50, relaxed SIMD, A packed, CPU time, median of 5 interleaved
+    rounds of both kernels, this rule overridden, GFLOP/s, inline -> function; `python -m
+    bench.gemm_bench --epilogues` times the kernel chosen here on the same cases):
+      shape          bias         bias+relu    bias+gelu    residual     plain
+      512^3          39.2 -> 47.3 39.2 -> 46.6 37.6 -> 44.5 37.9 -> 46.1 42.6 -> 47.3
+      256^3          40.5 -> 49.2 40.1 -> 46.9 37.1 -> 43.5 39.8 -> 47.7 46.1 -> 48.2
+      128x384x384    39.1 -> 48.0 40.5 -> 48.4 37.4 -> 44.3 40.2 -> 49.5 44.8 -> 49.6
+      128x1536x384   38.9 -> 47.6 40.1 -> 47.5 38.3 -> 45.0 40.0 -> 47.4 44.2 -> 49.2
+      128x384x1536   40.6 -> 49.6 40.7 -> 49.6 36.6 -> 44.6 38.6 -> 46.9 44.4 -> 47.2
+      64x3136x576 *  37.1 -> 44.9 35.5 -> 42.5 34.2 -> 40.3 35.6 -> 42.6 38.6 -> 40.8
+      256x784x1152 * 38.0 -> 45.9 37.9 -> 46.0 37.8 -> 45.1 38.2 -> 46.6 42.2 -> 46.6
+    (* per-row bias, as Conv's). One K block (bias+relu / plain): 512x512x128 38.5 -> 45.2 /
+    39.6 -> 48.4, 128^3 38.5 -> 46.0 / 39.2 -> 48.9, 64^3 37.4 -> 42.6 / 38.3 -> 48.2.
+    The function unrolled 2 or 4 times spills an accumulator in its loop (Cranelift's choice, not
+    register pressure: 8 accumulators, 4 splats, 2 B vectors) and runs at 26-28 and 32-36.
+    With mul + add (SIMD without relaxed) the inline loop stays: 512^3 bias 36.9 vs 35.9, plain
+    35.8 vs 33.7, 128x1536x384 bias+gelu 31.3 vs 30.6, 256x784x1152 bias 35.5 vs 34.1.
+    """
+    return 8 if fma else None
+
+
 def _scalar_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, epilogue, fma, a_pack,
-                 rows_per_tile) -> list[str]:
+                 rows_per_tile, name) -> tuple[list[str], str]:
     """Plain f32 loops over the same packed B, for hosts without SIMD128."""
     index = "$i" if bias == "row" else "$j"
     init = f"(f32.load (i32.add (local.get $BIAS) (i32.shl (local.get {index}) (i32.const 2))))" if bias else "(f32.const 0)"
@@ -364,7 +398,7 @@ def _scalar_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, 
         *f32_activation(epilogue, "$acc"),
         f"(f32.store (i32.add (local.get $C) {c_at}) (local.get $acc))",
     ]
-    return _counted("$i", 0, m, 1, _counted("$j", 0, n, 1, col))
+    return _counted("$i", 0, m, 1, _counted("$j", 0, n, 1, col)), ""
 
 
 def render_pack_b(k: int, n: int, *, src_offset: int, dst_offset: int, trans_b: bool = False,

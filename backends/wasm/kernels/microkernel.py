@@ -12,6 +12,10 @@ Two loops, by how A is laid out:
   `$pend4`, then a one-step tail.
 The multiply-add is `f32x4.relaxed_madd` (one FMA on x86) with relaxed SIMD, `f32x4.mul` +
 `f32x4.add` otherwise.
+With `render_tile(..., k_function=NAME)` the 4-row passes of packed A call the loop rendered as its
+own functions by `render_k_functions` (unrolled 8 times, accumulating in C) and keep only the bias,
+residual and activation inline: Cranelift then allocates the loop's registers alone, without the
+epilogue's constants and pointers (backends/wasm/gemm.py, `_k_function_unroll`, has the figures).
 
 Why this shape, from the machine code wasmtime 50 (Cranelift) produces on an AMD EPYC Zen 4 (16 xmm
 registers, 2 FMA pipes), read with `objdump -d` on `wasmtime.Module(...).serialize()`:
@@ -111,16 +115,22 @@ def tile_locals() -> list[str]:
     return [regs, f"{splats} {b_vectors} (local $av v128) (local $bv v128) (local $tile_pa i32) (local $tile_pb i32)"]
 
 
-def render_tile(rows: int, vecs: list[Vec], g: TileGeometry) -> list[str]:
+def render_tile(rows: int, vecs: list[Vec], g: TileGeometry, k_function: str | None = None) -> list[str]:
+    """The tile's code. With `k_function` (the name given to `render_k_functions`, whose functions
+    must be in the module), the passes that fit them (4 rows of packed A, 2 whole vectors) call them
+    for their k loop and keep only the epilogue inline; the other passes run as without."""
     assert 1 <= rows <= MAX_ROWS and vecs and g.unroll in UNROLLS
     passes = _column_passes(rows, vecs, g)
     code: list[str] = []
-    if len(passes) > 1:  # every pass walks K from the tile's start
+    called = [bool(k_function) and _fits_k_function(rows, part, g) for part in passes]
+    moved = False  # whether an inline pass has moved $pa and $pb: every pass walks K from the tile's start
+    if not all(called[:-1]):
         code += ["(local.set $tile_pa (local.get $pa))", "(local.set $tile_pb (local.get $pb))"]
-    for n, part in enumerate(passes):
-        if n:
+    for part, is_called in zip(passes, called):
+        if moved:
             code += ["(local.set $pa (local.get $tile_pa))", "(local.set $pb (local.get $tile_pb))"]
-        code += _pass(rows, part, g)
+        code += _called_pass(part, g, k_function) if is_called else _pass(rows, part, g)
+        moved = not is_called
     return code
 
 
@@ -173,20 +183,86 @@ def _branch(static: bool | None, flag: str, then: list[str], otherwise: list[str
 def _init(rows: int, vecs: list[Vec], g: TileGeometry) -> list[str]:
     """First K block: start from the bias (broadcast over rows) plus the residual. Reading the residual
     here, before any store to this tile, is what lets the residual alias C."""
-    code = []
-    for r in range(rows):
-        for v, vec in enumerate(vecs):
-            if not g.has_bias:
-                value = ZERO
-            elif g.bias_per_row:
-                value = f"(f32x4.splat (f32.load offset={4 * r} (local.get $pbias)))"
-            else:
-                value = _load("$pbias", vec.c_offset, vec.lanes)
-            if g.has_residual:
-                res = _load("$pr", r * g.c_row_step + vec.c_offset, vec.lanes)
-                value = res if not g.has_bias else f"(f32x4.add {value} {res})"
-            code.append(f"(local.set {acc(r, v)} {value})")
-    return code
+    return [f"(local.set {acc(r, v)} {_init_value(r, vec, g)})" for r in range(rows) for v, vec in enumerate(vecs)]
+
+
+def _init_value(r: int, vec: Vec, g: TileGeometry) -> str:
+    if not g.has_bias:
+        value = ZERO
+    elif g.bias_per_row:
+        value = f"(f32x4.splat (f32.load offset={4 * r} (local.get $pbias)))"
+    else:
+        value = _load("$pbias", vec.c_offset, vec.lanes)
+    if g.has_residual:
+        res = _load("$pr", r * g.c_row_step + vec.c_offset, vec.lanes)
+        value = res if not g.has_bias else f"(f32x4.add {value} {res})"
+    return value
+
+
+# The k loop as a function of its own (`render_k_functions`): Cranelift allocates registers per
+# function and does not inline, so nothing the epilogue needs (its constants, the bias and residual
+# pointers) is live around the loop, and the loop runs unrolled without spills whatever the epilogue.
+# The passes it serves: 4 rows of packed A times 2 whole vectors; the function starts from zero or
+# from the tile in C and leaves the sums in C, where the epilogue (still in L1) finishes them.
+K_FUNCTION_VECTORS = 2
+
+
+def _fits_k_function(rows: int, vecs: list[Vec], g: TileGeometry) -> bool:
+    return (_one_load_a(rows, g) and len(vecs) == K_FUNCTION_VECTORS and all(v.lanes == 4 for v in vecs)
+            and all(v.panel == vecs[0].panel and v.index == vecs[0].index + n for n, v in enumerate(vecs)))
+
+
+def render_k_functions(name: str, g: TileGeometry, unroll: int) -> str:
+    """`(func $NAME_zero)` and `(func $NAME_acc)`, both (param $pa $pb $pc $pend): one pass of a 4-row
+    tile over K from $pb to $pend, `unroll` steps per iteration, adding A @ B to zero / to the 4 x 8
+    tile at $pc, and storing the sums at $pc."""
+    rows, vecs = MAX_ROWS, [Vec(0, v) for v in range(K_FUNCTION_VECTORS)]
+    assert unroll in UNROLLS and _one_load_a(rows, g)
+    loop_g = TileGeometry(g.k, g.a_k_step, g.a_row_step, g.c_row_step, False, False, False, None, g.fma,
+                          None, None, unroll)
+    locals_ = (" ".join(f"(local {acc(r, v)} v128)" for r in range(rows) for v in range(len(vecs)))
+               + " " + " ".join(f"(local $a{r} v128)" for r in range(rows))
+               + " " + " ".join(f"(local $b{v} v128)" for v in range(len(vecs))) + " (local $av v128) (local $bv v128)")
+    funcs = []
+    for suffix, start_from_c in (("zero", False), ("acc", True)):
+        init = [f"(local.set {acc(r, v)} {_load('$pc', r * g.c_row_step + vec.c_offset, 4) if start_from_c else ZERO})"
+                for r in range(rows) for v, vec in enumerate(vecs)]
+        stores = [line for r in range(rows) for v, vec in enumerate(vecs)
+                  for line in _store("$pc", r * g.c_row_step + vec.c_offset, 4, acc(r, v))]
+        body = init + _k_loop(rows, vecs, loop_g) + stores
+        funcs.append("\n".join([f"(func ${name}_{suffix} (param $pa i32) (param $pb i32) (param $pc i32) (param $pend i32)",
+                                 f"  {locals_}", *("  " + line for line in body), ")"]) + "\n")
+    return "".join(funcs)
+
+
+def _called_pass(vecs: list[Vec], g: TileGeometry, k_function: str) -> list[str]:
+    """A pass whose k loop is a call of `render_k_functions`' function: on the first K block the
+    bias and residual go into C first (or the loop starts from zero), after the last the activation
+    runs over the tile in C."""
+    rows, first = MAX_ROWS, vecs[0]
+    b_shift, c_shift = first.panel * g.k * PANEL_BYTES + first.index * 16, first.c_offset
+
+    def shifted(ptr: str, by: int) -> str:
+        return f"(i32.add (local.get {ptr}) (i32.const {by}))" if by else f"(local.get {ptr})"
+
+    args = f"(local.get $pa) {shifted('$pb', b_shift)} {shifted('$pc', c_shift)} {shifted('$pend', b_shift)}"
+    call_acc = [f"(call ${k_function}_acc {args})"]
+    if g.has_bias or g.has_residual:
+        first_block = [line for r in range(rows) for vec in vecs
+                       for line in [f"(v128.store offset={r * g.c_row_step + vec.c_offset} (local.get $pc) {_init_value(r, vec, g)})"]]
+        first_block += call_acc
+    else:
+        first_block = [f"(call ${k_function}_zero {args})"]
+    code = _branch(g.static_first, "$first", first_block, call_acc)
+    act = []
+    if g.epilogue is not None:
+        for r in range(rows):
+            for v, vec in enumerate(vecs):
+                at = r * g.c_row_step + vec.c_offset
+                act += [f"(local.set {acc(r, v)} (v128.load offset={at} (local.get $pc)))",
+                        *v128_activation(g.epilogue, acc(r, v)),
+                        f"(v128.store offset={at} (local.get $pc) (local.get {acc(r, v)}))"]
+    return code + _branch(g.static_last, "$last", act, [])
 
 
 def _k_loop(rows: int, vecs: list[Vec], g: TileGeometry) -> list[str]:
