@@ -192,11 +192,12 @@ def test_implicit_gemm_reads_a_compile_time_packed_weight_and_no_im2col():
 @pytest.mark.parametrize("spec,faster", [
     (Conv2dSpec(1, 128, 56, 56, 32, (3, 3), pads=(1, 1, 1, 1)), True),     # densenet121's dense-layer 3x3
     (Conv2dSpec(1, 64, 55, 55, 16, (1, 1)), True),                         # squeezenet's squeeze
-    (Conv2dSpec(1, 512, 7, 7, 128, (1, 1)), True),                         # a 1x1 on a small image
-    (Conv2dSpec(1, 64, 224, 224, 64, (3, 3), pads=(1, 1, 1, 1)), True),    # vgg19's: a large plane
-    (Conv2dSpec(1, 512, 14, 14, 512, (3, 3), pads=(1, 1, 1, 1)), False),   # wide, on a small plane
-    (Conv2dSpec(1, 256, 14, 14, 1024, (1, 1)), False),                     # a wide 1x1
-    (Conv2dSpec(1, 64, 56, 56, 128, (1, 1)), False),                       # a 1x1 widening a large image
+    (Conv2dSpec(1, 480, 13, 13, 64, (1, 1)), True),                        # inception_v1's, a small image
+    (Conv2dSpec(1, 64, 224, 224, 64, (3, 3), pads=(1, 1, 1, 1)), True),    # vgg19's second
+    (Conv2dSpec(1, 512, 7, 7, 128, (1, 1)), False),                        # 128 channels: a tie, left alone
+    (Conv2dSpec(1, 256, 56, 56, 256, (3, 3), pads=(1, 1, 1, 1)), False),
+    (Conv2dSpec(1, 32, 13, 13, 64, (5, 5), pads=(2, 2, 2, 2)), False),     # 4 of every 17 columns wasted
+    (Conv2dSpec(1, 64, 56, 56, 64, (1, 1)), False),                        # a 1x1 on a large image, no squeeze
     (Conv2dSpec(1, 3, 224, 224, 64, (7, 7), strides=(2, 2), pads=(3, 3, 3, 3)), False),  # 3-channel stem
     (Conv2dSpec(1, 256, 56, 56, 512, (1, 1), strides=(2, 2)), False),      # strided
     (Conv2dSpec(1, 8, 6, 6, 12, (3, 3), pads=(1, 1, 1, 1), groups=4), False),

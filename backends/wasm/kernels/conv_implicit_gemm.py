@@ -60,40 +60,41 @@ def can_run_as_implicit_gemm(spec, features) -> bool:
 
 
 def implicit_gemm_is_faster(spec, features) -> bool:
-    """The rule that picks this orientation over im2col, from timing both on every Conv shape of
-    densenet121, resnet50, squeezenet, vgg19, inception_v1, bvlc_alexnet and zfnet512 (165 shapes
-    with one group; wasmtime 50, relaxed SIMD, pixel groups of 256 KiB, CPU time, median of
-    interleaved runs; implicit / im2col time, on a machine shared with other work, so ratios within
-    about 0.1 of 1 move between runs):
-    - few output channels is where it wins: the im2col packing costs as much as a product with
-      small M. densenet121's 3x3 128->32: 56x56 12.7 ms -> 0.56 of it (35.7 GFLOP/s for the whole
-      Conv), 28x28 0.65, 14x14 0.72, 7x7 0.70; resnet50's 3x3 64->64 at 56x56 0.74; squeezenet's
-      squeeze 1x1s 0.62-0.86, its 3x3 16->64 0.67; inception_v1's 1x1s to 16-64 channels 0.49-0.80,
-      its 5x5 16->32 0.80;
-    - 3x3s on planes of 27x27 and more, up to 256 output channels (the kw - 1 columns computed past
-      each row's end are under a tenth of the work): vgg19's 64->64 at 224x224 0.74, 64->128 and
-      128->128 at 112x112 0.84, 128->256 and 256->256 at 56x56 0.81, 0.86; inception_v1's 64->192
-      at 55x55 0.81, 96->128 and 128->192 at 27x27 0.90, 0.96; resnet50's 128->128 at 28x28 0.93.
-      With 512 output channels they lose (vgg19's at 28x28 1.07-1.08), and so do wide Convs on
-      small planes (13x13 3x3s to 208-320 channels 1.00-1.06, 6x6 1.09-1.23, 12x12 1.07-1.18);
-    - 1x1s on images of 27x27 and less, up to 256 output channels: 0.49-1.07 (densenet121's 14x14 and
-      7x7 ones to 128 channels 0.68-1.07, rerun alone 0.91-1.00); with 512-2048 channels they lose
-      (rerun alone: 256->1024 at 14x14 1.13-1.17, 512->2048 at 7x7 1.10). On larger images only a
-      squeeze (64 channels or less, at most half the input's) wins: squeezenet's 64->16 and 128->16
-      at 55x55 0.78, 0.86, resnet50's 256->64 at 56x56 0.92; 64->64 is 1.03-1.08, 56x56 to 128+
-      channels 0.97-1.18;
+    """The rule that picks this orientation over im2col: few output channels, stride 1.
+
+    Measured by timing both orientations on every Conv shape of densenet121, resnet50, squeezenet,
+    vgg19, inception_v1, bvlc_alexnet and zfnet512 (165 shapes with one group), each compiled alone
+    into a module (wasmtime 50, relaxed SIMD, pixel groups of 256 KiB, CPU time, median of
+    interleaved runs, on a machine shared with other work: ratios within about 0.1 of 1 move between
+    runs), then the doubtful classes again as one-Conv models through the whole compiler
+    (`cortex.load`, CPU time of the CU). Implicit / im2col time:
+    - few output channels is where it wins, the im2col packing costing as much as a product with
+      small M: densenet121's 3x3 128->32 at 56x56 0.56 (12.7 ms -> 35.7 GFLOP/s; through the
+      compiler 10.8 -> 7.3 ms), 28x28 0.65, 14x14 0.72, 7x7 0.70; resnet50's 3x3 64->64 at 56x56
+      0.74; vgg19's 64->64 at 224x224 0.74 (compiler: 122.7 -> 101.8 ms); squeezenet's squeeze 1x1s
+      0.62-0.86 (compiler, 64->16 at 55x55: 0.61) and its 3x3 16->64 0.67; inception_v1's 1x1s to
+      16-64 channels 0.49-0.80 (compiler, 480->64 at 13x13: 0.87), its 5x5 16->32 0.80;
+    - with 128-256 output channels the single modules still show gains on large planes (vgg19's
+      3x3s at 56x56-112x112 0.81-0.86) and for 1x1s on small images (0.68-1.07), but through the
+      compiler those are ties or losses (1x1 512->128 at 14x14 1.03, 832->256 at 7x7 1.01,
+      1024->256 at 14x14 1.09-1.14; resnet50's and vgg19's CUs holding them 1.00-1.04), so they
+      stay on im2col; so does anything wider (vgg19's 512-channel 3x3s 1.07-1.28);
+    - on small planes the kw - 1 columns computed past each row's end cost: 5x5s to 64 channels on
+      13x13 (4 of every 17 columns) 0.97-1.01, so past a fifth of the work only 32 channels or
+      fewer take this orientation;
+    - a 1x1 to 64 channels on a large image wins only as a squeeze (at most half the input's
+      channels): resnet50's 256->64 at 56x56 0.92, but 64->64 1.03-1.08, 16->64 0.98;
     - strided Convs tie or lose (3x3 stride 2: 0.95-1.12, 1x1 stride 2: 1.14-1.35), and so do Convs
       of 3 input channels (vgg19's first 1.61, the 7x7 stems 1.36-1.38), one K block per channel.
-    With this rule 96 of the 165 shapes take this orientation; summed over each model's Convs
-    (single-Conv modules), densenet121 249 -> 190 ms, resnet50 271 -> 259, inception_v1 96 -> 87,
-    squeezenet 30.1 -> 26.4, vgg19 1212 -> 1085 (alexnet and zfnet512 keep im2col)."""
+    Per model, whole runs through the compiler (CPU time, median of 10 interleaved): see the commit
+    that set this rule."""
     if not can_run_as_implicit_gemm(spec, features) or spec.strides != (1, 1) or spec.in_channels < 16:
         return False
     oc = spec.out_channels
     if spec.kernel == (1, 1):
-        return (spec.pixels <= 27 * 27 and oc <= 256) or (oc <= 64 and spec.in_channels >= 2 * oc)
+        return oc <= 64 and (spec.pixels <= 27 * 27 or spec.in_channels >= 2 * oc)
     wasted = (spec.kernel[1] - 1) * spec.dilations[1] / _plane(spec)[1]  # of each line row
-    return oc <= 32 or (oc <= 64 and wasted <= 0.2) or (oc <= 256 and wasted <= 0.1)
+    return oc <= 32 or (oc <= 64 and wasted <= 0.2)
 
 
 def pack_implicit_gemm_weight(spec, w: np.ndarray) -> np.ndarray:
