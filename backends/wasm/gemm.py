@@ -326,7 +326,10 @@ def _pack_a_group4(a_pack: int, kc: int, a_k_step: int, a_row_step: int) -> list
 
 
 def _unroll(blocks: int, bias, has_residual: bool, epilogue) -> int:
-    """k steps per iteration of the tile's loop. More steps share the back-edge's register moves (8
+    """k steps per iteration of the tile's inline loop: with mul + add, and with relaxed SIMD for the
+    passes `_k_function_unroll`'s function does not serve (edge vectors, short and one-row tiles, A
+    read in place). The measurements below are of the inline loop with relaxed SIMD, from before
+    that function. More steps share the back-edge's register moves (8
     per iteration), but whether Cranelift's register allocator then keeps all 8 accumulators in
     registers depends on the code around the loop, and a spill that lands in an accumulator's
     dependency chain costs about a third of the speed. Measured (relaxed SIMD, A packed, wasmtime

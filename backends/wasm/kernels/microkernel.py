@@ -52,6 +52,10 @@ splats 37, with `v128.load32_splat` 37, with mul + add instead of FMA 39, 3 x 16
   512^3        35.0-36.0 -> 41.8   30.2-31.6 -> 35.6    34.4-36.1 -> 46.5-46.9
   1024^3       34.4-34.7 -> 42.5   28.9-30.3 -> 36.7    33.2-33.6 -> 46.4-47.0
   1x3072x768   17.3-20.1 -> 25.3   18.7-21.0 -> 29.8    21.7-23.0 -> 27.7-28.7
+Then with the k loop as a function of its own (relaxed SIMD; one run of `python -m bench.gemm_bench
+--rounds 3`, peaks wasmtime FMA 58.0, V8 59.6): wasmtime 64^3 47.8, 256^3 48.9, 512^3 46.3,
+1024^3 48.2, 1x3072x768 27.6 (GEMV: not this path); V8 50.7, 53.1, 48.7, 48.0, 29.0. V8 does not
+lose from the call either.
 
 The caller (backends/wasm/gemm.py) sets these i32 locals before the tile: `$pa` (A at row i, k0,
 or the row group in packed A), `$pb` (packed B at panel j, k0), `$pc` (C at row i, column 16 j),
