@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from backends.wasm.gemm import (SCALAR, SIMD, SIMD_FMA, gemm_scratch_bytes, pack_b, packed_b_size,
                                 render_gemm, render_pack_b)
+from backends.wasm.kernels.microkernel import edge_pass_lanes
 from backends.wasm.kernels.standalone import instantiate, read, write
 
 FEATURE_SETS = {"scalar": SCALAR, "simd": SIMD, "relaxed-simd": SIMD_FMA}
@@ -306,3 +307,29 @@ def test_k_function_is_used_only_with_relaxed_simd_and_packed_a():
     assert "$gemm_k_" not in render_gemm(64, 64, 256, a_scratch_offset=1 << 19, features=SIMD, **args)
     assert "$gemm_k_" not in render_gemm(64, 64, 256, features=SIMD_FMA, **args)
     assert "$gemm_k_" not in render_gemm(64, 64, 256, a_scratch_offset=1 << 19, features=SCALAR, **args)
+
+
+@pytest.mark.parametrize("edge", range(1, 16))
+def test_edge_panels_of_every_width_run_their_own_k_functions(edge):
+    """An edge panel's passes (1 vector, or 2 with a partial one) call k functions rendered for their
+    widths; one vector sums its even and odd k steps apart, so K of both parities over 2 blocks."""
+    m, n = 8, 16 + edge
+    for k in (135, 136):
+        rng = np.random.default_rng(edge * 1000 + k)
+        a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+        bias, res = rng.standard_normal(m).astype(np.float32), rng.standard_normal((m, n)).astype(np.float32)
+        offsets, end = {}, 64
+        for key, size in (("a", a.nbytes), ("b", packed_b_size(k, n)), ("c", m * n * 4), ("bias", m * 4),
+                          ("res", m * n * 4), ("scratch", gemm_scratch_bytes(m, k))):
+            offsets[key], end = end, end + size + 16
+        func = render_gemm(m, n, k, a_offset=offsets["a"], b_packed_offset=offsets["b"], c_offset=offsets["c"],
+                           bias_offset=offsets["bias"], bias_per_row=True, residual_offset=offsets["res"],
+                           epilogue="gelu", a_scratch_offset=offsets["scratch"], features=SIMD_FMA)
+        widths = ["".join(map(str, lanes)) for lanes in edge_pass_lanes(edge)]  # edge 8: one whole pair
+        assert "(call $gemm_k_acc" in func and all(f"(call $gemm_k_{w}_acc" in func for w in widths)
+        store, inst = instantiate(func, end, SIMD_FMA)
+        write(store, inst, offsets["a"], a), write(store, inst, offsets["b"], pack_b(b))
+        write(store, inst, offsets["c"], np.full((m, n), np.nan, np.float32))
+        write(store, inst, offsets["bias"], bias), write(store, inst, offsets["res"], res)
+        inst.exports(store)["gemm"](store)
+        assert_close(read(store, inst, offsets["c"], (m, n)), reference(a, b, bias, res, "gelu", True), k)

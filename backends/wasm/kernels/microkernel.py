@@ -13,7 +13,8 @@ Two loops, by how A is laid out:
 The multiply-add is `f32x4.relaxed_madd` (one FMA on x86) with relaxed SIMD, `f32x4.mul` +
 `f32x4.add` otherwise.
 With `render_tile(..., k_function=NAME)` the 4-row passes of packed A call the loop rendered as its
-own functions by `render_k_functions` (unrolled 8 times, accumulating in C) and keep only the bias,
+own functions by `render_k_functions` (unrolled 8 times, accumulating in C; an edge panel's passes
+call functions rendered for their widths, `edge_pass_lanes`) and keep only the bias,
 residual and activation inline: Cranelift then allocates the loop's registers alone, without the
 epilogue's constants and pointers (backends/wasm/gemm.py, `_k_function_unroll`, has the figures).
 
@@ -206,37 +207,90 @@ def _init_value(r: int, vec: Vec, g: TileGeometry) -> str:
 # The k loop as a function of its own (`render_k_functions`): Cranelift allocates registers per
 # function and does not inline, so nothing the epilogue needs (its constants, the bias and residual
 # pointers) is live around the loop, and the loop runs unrolled without spills whatever the epilogue.
-# The passes it serves: 4 rows of packed A times 2 whole vectors; the function starts from zero or
-# from the tile in C and leaves the sums in C, where the epilogue (still in L1) finishes them.
+# The passes it serves: 4 rows of packed A times 2 whole vectors, or times 1 vector of any width (an
+# edge panel's last); the function starts from zero or from the tile in C and leaves the sums in C,
+# where the epilogue (still in L1) finishes them.
 K_FUNCTION_VECTORS = 2
 
 
 def _fits_k_function(rows: int, vecs: list[Vec], g: TileGeometry) -> bool:
-    return (_one_load_a(rows, g) and len(vecs) == K_FUNCTION_VECTORS and all(v.lanes == 4 for v in vecs)
+    return (_one_load_a(rows, g) and len(vecs) <= K_FUNCTION_VECTORS and all(v.lanes == 4 for v in vecs[:-1])
             and all(v.panel == vecs[0].panel and v.index == vecs[0].index + n for n, v in enumerate(vecs)))
 
 
-def render_k_functions(name: str, g: TileGeometry, unroll: int) -> str:
+def _k_function_name(k_function: str, lanes: tuple[int, ...]) -> str:
+    return k_function if lanes == (4,) * K_FUNCTION_VECTORS else f"{k_function}_{''.join(map(str, lanes))}"
+
+
+def edge_pass_lanes(columns: int) -> list[tuple[int, ...]]:
+    """The column widths of the passes of a 4-row tile over an edge panel of `columns` columns that
+    are not whole pairs of vectors: what `render_k_functions` needs as `edge_lanes`."""
+    lanes = [min(4, columns - 4 * v) for v in range(-(-columns // 4))]
+    passes = [tuple(lanes[i:i + K_FUNCTION_VECTORS]) for i in range(0, len(lanes), K_FUNCTION_VECTORS)]
+    return [p for p in passes if p != (4,) * K_FUNCTION_VECTORS]
+
+
+def render_k_functions(name: str, g: TileGeometry, unroll: int, edge_lanes: list[tuple[int, ...]] = ()) -> str:
     """`(func $NAME_zero)` and `(func $NAME_acc)`, both (param $pa $pb $pc $pend): one pass of a 4-row
     tile over K from $pb to $pend, `unroll` steps per iteration, adding A @ B to zero / to the 4 x 8
-    tile at $pc, and storing the sums at $pc."""
-    rows, vecs = MAX_ROWS, [Vec(0, v) for v in range(K_FUNCTION_VECTORS)]
-    assert unroll in UNROLLS and _one_load_a(rows, g)
+    tile at $pc, and storing the sums at $pc. For each tuple of vector widths in `edge_lanes` (see
+    `edge_pass_lanes`), the same for a tile of those vectors, `$NAME_{widths}_zero` / `_acc`."""
+    assert unroll in UNROLLS and unroll % 2 == 0 and _one_load_a(MAX_ROWS, g)
+    return "".join(_k_function(_k_function_name(name, lanes), g, unroll, [Vec(0, v, n) for v, n in enumerate(lanes)])
+                   for lanes in [(4,) * K_FUNCTION_VECTORS, *edge_lanes])
+
+
+def _k_function(name: str, g: TileGeometry, unroll: int, vecs: list[Vec]) -> str:
+    rows = MAX_ROWS
     loop_g = TileGeometry(g.k, g.a_k_step, g.a_row_step, g.c_row_step, False, False, False, None, g.fma,
                           None, None, unroll)
-    locals_ = (" ".join(f"(local {acc(r, v)} v128)" for r in range(rows) for v in range(len(vecs)))
+    # One vector has 4 accumulators, too few to cover the multiply-add's latency: even and odd k
+    # steps go to two sets (acc(r, 0), acc(r, 1)), added at the end.
+    split = len(vecs) == 1
+    sets = 2 if split else len(vecs)
+    locals_ = (" ".join(f"(local {acc(r, v)} v128)" for r in range(rows) for v in range(sets))
                + " " + " ".join(f"(local $a{r} v128)" for r in range(rows))
                + " " + " ".join(f"(local $b{v} v128)" for v in range(len(vecs))) + " (local $av v128) (local $bv v128)")
+    loop = _k_loop_split(rows, vecs[0], loop_g) if split else _k_loop(rows, vecs, loop_g)
     funcs = []
     for suffix, start_from_c in (("zero", False), ("acc", True)):
-        init = [f"(local.set {acc(r, v)} {_load('$pc', r * g.c_row_step + vec.c_offset, 4) if start_from_c else ZERO})"
+        init = [f"(local.set {acc(r, v)} {_load('$pc', r * g.c_row_step + vec.c_offset, vec.lanes) if start_from_c else ZERO})"
                 for r in range(rows) for v, vec in enumerate(vecs)]
+        if split:
+            init += [f"(local.set {acc(r, 1)} {ZERO})" for r in range(rows)]
+            init_sum = [f"(local.set {acc(r, 0)} (f32x4.add (local.get {acc(r, 0)}) (local.get {acc(r, 1)})))" for r in range(rows)]
+        else:
+            init_sum = []
         stores = [line for r in range(rows) for v, vec in enumerate(vecs)
-                  for line in _store("$pc", r * g.c_row_step + vec.c_offset, 4, acc(r, v))]
-        body = init + _k_loop(rows, vecs, loop_g) + stores
+                  for line in _store("$pc", r * g.c_row_step + vec.c_offset, vec.lanes, acc(r, v))]
+        body = init + loop + init_sum + stores
         funcs.append("\n".join([f"(func ${name}_{suffix} (param $pa i32) (param $pb i32) (param $pc i32) (param $pend i32)",
                                  f"  {locals_}", *("  " + line for line in body), ")"]) + "\n")
     return "".join(funcs)
+
+
+def _k_loop_split(rows: int, vec: Vec, g: TileGeometry) -> list[str]:
+    """`_k_loop` for one vector, even steps into acc(r, 0), odd ones into acc(r, 1)."""
+    body: list[str] = []
+    for u in range(g.unroll):
+        body += [f"(local.set $av (v128.load (local.get $pa)))",
+                 *(f"(local.set $a{r} (i8x16.shuffle {_lane_splat(r)} (local.get $av) (local.get $av)))" for r in range(rows)),
+                 f"(local.set $b0 (v128.load offset={vec.index * 16} (local.get $pb)))"]
+        for r in range(rows):
+            x, y, c = f"(local.get $a{r})", "(local.get $b0)", f"(local.get {acc(r, u % 2)})"
+            madd = f"(f32x4.relaxed_madd {x} {y} {c})" if g.fma else f"(f32x4.add (f32x4.mul {x} {y}) {c})"
+            body.append(f"(local.set {acc(r, u % 2)} {madd})")
+        body += [f"(local.set $pa (i32.add (local.get $pa) (i32.const {g.a_k_step})))",
+                 f"(local.set $pb (i32.add (local.get $pb) (i32.const {PANEL_BYTES})))"]
+        if u < g.unroll - 1:
+            body.append("(br_if $tile_kdone (i32.ge_u (local.get $pb) (local.get $pend)))")
+    body.append("(br_if $tile_k (i32.lt_u (local.get $pb) (local.get $pend)))")
+    return [
+        "(if (i32.lt_u (local.get $pb) (local.get $pend))",
+        "  (then (block $tile_kdone (loop $tile_k",
+        *("    " + s for s in body),
+        "  ))))",
+    ]
 
 
 def _called_pass(vecs: list[Vec], g: TileGeometry, k_function: str) -> list[str]:
@@ -245,27 +299,31 @@ def _called_pass(vecs: list[Vec], g: TileGeometry, k_function: str) -> list[str]
     runs over the tile in C."""
     rows, first = MAX_ROWS, vecs[0]
     b_shift, c_shift = first.panel * g.k * PANEL_BYTES + first.index * 16, first.c_offset
+    function = _k_function_name(k_function, tuple(v.lanes for v in vecs))
 
     def shifted(ptr: str, by: int) -> str:
         return f"(i32.add (local.get {ptr}) (i32.const {by}))" if by else f"(local.get {ptr})"
 
     args = f"(local.get $pa) {shifted('$pb', b_shift)} {shifted('$pc', c_shift)} {shifted('$pend', b_shift)}"
-    call_acc = [f"(call ${k_function}_acc {args})"]
+    call_acc = [f"(call ${function}_acc {args})"]
     if g.has_bias or g.has_residual:
-        first_block = [line for r in range(rows) for vec in vecs
-                       for line in [f"(v128.store offset={r * g.c_row_step + vec.c_offset} (local.get $pc) {_init_value(r, vec, g)})"]]
+        first_block = []
+        for r in range(rows):
+            for v, vec in enumerate(vecs):
+                first_block += [f"(local.set {acc(r, v)} {_init_value(r, vec, g)})",
+                                *_store("$pc", r * g.c_row_step + vec.c_offset, vec.lanes, acc(r, v))]
         first_block += call_acc
     else:
-        first_block = [f"(call ${k_function}_zero {args})"]
+        first_block = [f"(call ${function}_zero {args})"]
     code = _branch(g.static_first, "$first", first_block, call_acc)
     act = []
     if g.epilogue is not None:
         for r in range(rows):
             for v, vec in enumerate(vecs):
                 at = r * g.c_row_step + vec.c_offset
-                act += [f"(local.set {acc(r, v)} (v128.load offset={at} (local.get $pc)))",
+                act += [f"(local.set {acc(r, v)} {_load('$pc', at, vec.lanes)})",
                         *v128_activation(g.epilogue, acc(r, v)),
-                        f"(v128.store offset={at} (local.get $pc) (local.get {acc(r, v)}))"]
+                        *_store("$pc", at, vec.lanes, acc(r, v))]
     return code + _branch(g.static_last, "$last", act, [])
 
 
