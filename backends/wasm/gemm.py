@@ -378,7 +378,11 @@ def _k_function_unroll(fma: bool) -> int | None:
     vector: even and odd k steps into two sets of accumulators), instead of the inline loop at
     unroll 1 (bias+relu / bias+gelu, inline edge -> function edge): 512x49x4608 35.4 -> 37.3 /
     35.9 -> 36.7, 2048x49x512 38.4 -> 40.7 / 37.3 -> 38.5, 256x52x1152 42.1 -> 44.2 / 36.7 -> 40.7,
-    128x20x384 38.4 -> 40.2 / 22.9 -> 24.6, 64x3137x576 39.5 -> 41.2 / 38.3 -> 38.9.
+    128x20x384 38.0 -> 42.1 / 36.6 -> 38.4, 64x3137x576 39.5 -> 41.2 / 38.3 -> 38.9.
+    Whole models through the compiler (relaxed SIMD, sum over CUs of each CU's min_ms over 3
+    interleaved runs of `cortex bench DAG --repeat 5 --json`, before -> with the function -> with
+    the edge functions too): MiniLM-L6 at 128 tokens 82.2 -> 69.1 ms (its products have no edge),
+    light_resnet50 239.6 -> 215.3 -> 212.4 ms.
     With mul + add (SIMD without relaxed) the inline loop stays: 512^3 bias 36.9 vs 35.9, plain
     35.8 vs 33.7, 128x1536x384 bias+gelu 31.3 vs 30.6, 256x784x1152 bias 35.5 vs 34.1.
     """
