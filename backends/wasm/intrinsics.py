@@ -1,5 +1,7 @@
 """The ready-made kernels the WebAssembly backend offers the lowerings: the packed-panel SIMD GEMM
-(`backends/wasm/gemm.py`) for MatMul and Gemm, and im2col + GEMM (`kernels/conv.py`) for 2-D Conv.
+(`backends/wasm/gemm.py`) for MatMul and Gemm, and im2col + GEMM (`kernels/conv.py`) for 2-D Conv,
+or, where `Conv2dHooks.prefers_implicit_gemm`, the implicit GEMM over output pixels with the weight
+packed at compile time (`kernels/conv_implicit_gemm.py`).
 
 `hooks(options)` is what the builder sees (how to pack a weight, how much scratch a kernel needs);
 `render_intrinsic` turns an `Intrinsic` statement into WAT functions once the memory plan has

@@ -86,8 +86,9 @@ def implicit_gemm_is_faster(spec, features) -> bool:
       channels): resnet50's 256->64 at 56x56 0.92, but 64->64 1.03-1.08, 16->64 0.98;
     - strided Convs tie or lose (3x3 stride 2: 0.95-1.12, 1x1 stride 2: 1.14-1.35), and so do Convs
       of 3 input channels (vgg19's first 1.61, the 7x7 stems 1.36-1.38), one K block per channel.
-    Per model, whole runs through the compiler (CPU time, median of 10 interleaved): see the commit
-    that set this rule."""
+    Whole light models compiled with this rule against im2col only (opt-level 3, relaxed SIMD, CPU
+    time of a run, median of 10 interleaved runs, vgg19 4): densenet121 194.0 -> 168.2 ms,
+    squeezenet 23.2 -> 22.3, inception_v1 82.8 -> 81.0, resnet50 214.9 -> 212.1, vgg19 992 -> 968."""
     if not can_run_as_implicit_gemm(spec, features) or spec.strides != (1, 1) or spec.in_channels < 16:
         return False
     oc = spec.out_channels
