@@ -245,8 +245,10 @@ def _render_product(spec, x: int, w: int, yt: int, bias: int | None, epilogue: s
     else:
         row_len, last_len, rows, in_row_step = spec.out_width, 0, spec.out_height, sh * wp * 4
         group_rows = max(1, min(rows, chunk // row_len))
-    geometry = TileGeometry(k_total, plane, sw * 4, c_row, bias is not None, False, False, epilogue, fma,
-                            static_first=True if blocks == 1 else None, static_last=True if blocks == 1 else None)
+    geometry = TileGeometry(k=k_total, a_k_step=plane, a_row_step=sw * 4, c_row_step=c_row,
+                            has_bias=bias is not None, bias_per_row=False, has_residual=False, epilogue=epilogue,
+                            fma=fma, static_first=True if blocks == 1 else None,
+                            static_last=True if blocks == 1 else None)
 
     def tile(pixels: int, vecs: list[Vec]) -> list[str]:
         return [
