@@ -189,6 +189,21 @@ def test_implicit_gemm_reads_a_compile_time_packed_weight_and_no_im2col():
     assert "im2col" not in wat and "implicit GEMM" in wat
 
 
+@pytest.mark.parametrize("name,calls", [("3x3-pad1-odd-width", ["conv_k"]),
+                                        ("3x3-two-channel-blocks-partial-panel", ["conv_k", "conv_k_41"]),
+                                        ("3x3-stride2", [])])
+def test_implicit_gemm_tiles_call_the_gemm_k_functions_with_relaxed_simd_and_stride_1(name, calls):
+    """The 4-pixel passes of a stride-1 Conv read A as one v128 per k step, as packed A in the GEMM,
+    so they call its unrolled k functions (one per edge width); strided tiles keep the inline loop."""
+    spec = IMPLICIT_SPECS[name]
+    wat = render_conv2d(spec, x_offset=0, w_offset=0, y_offset=0, scratch_offset=0, features=SIMD_FMA)
+    called = sorted({c.split()[0][1:].rsplit("_", 1)[0] for c in wat.split("(call ")[1:] if "_zero" in c.split()[0] or "_acc" in c.split()[0]})
+    assert called == calls
+    for function in calls:
+        assert f"(func ${function}_acc " in wat
+    assert "_k_acc" not in render_conv2d(spec, x_offset=0, w_offset=0, y_offset=0, scratch_offset=0, features=SIMD)
+
+
 @pytest.mark.parametrize("spec,faster", [
     (Conv2dSpec(1, 128, 56, 56, 32, (3, 3), pads=(1, 1, 1, 1)), True),     # densenet121's dense-layer 3x3
     (Conv2dSpec(1, 64, 55, 55, 16, (1, 1)), True),                         # squeezenet's squeeze
