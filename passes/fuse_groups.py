@@ -6,10 +6,17 @@ elementwise members whose every input is the anchor's output, another member's o
 constant, and whose outputs are read only by members, except the one sink whose output is the
 group's result. Chains (Conv -> Add -> Relu) are such groups, and so are diamonds such as the erf
 GELU after a MatMul: x is read by x / sqrt 2 and by x * 0.5, which meet again at the final Mul.
-That rule is what keeps every group convex: a path that left the group and came back would have to
-enter a member through an input that is not a member's output or a constant, which only the anchor
-has, and the anchor cannot be reached from its own descendants. Partitioning treats a group as one
-op and never cuts it.
+One member may take an input from outside the group: a residual Add (`_is_residual_add`: an Add,
+or a Sum of two, of a member's output and a non-constant tensor of exactly its shape), resnet's
+Conv -> Add(shortcut) -> Relu and a transformer's MatMul -> Add(bias) -> Add(residual), whose
+kernels read the residual in their epilogue.
+That rule is what keeps every group convex. A path that leaves the group leaves from the sink,
+since every other member's output is read only by members; a path that came back would enter a
+member through an input that is not a member's output or a constant: the anchor's inputs or the
+residual. The anchor cannot be reached from its own descendants. Nor can the residual be reached
+from a member: the path would leave from the sink, and the residual Add is the sink or one of its
+ancestors, which would make a cycle. So the residual is produced before the anchor runs, or
+independently of it. Partitioning treats a group as one op and never cuts it.
 """
 
 from __future__ import annotations
@@ -87,11 +94,13 @@ def _is_member_kind(node: Node) -> bool:
 
 def _candidates(anchor: Node, users: dict[Value, list[Node]], grouped: set[int]) -> list[Node]:
     """The anchor and every ungrouped elementwise node reachable from it whose inputs are all the
-    anchor's output, a candidate's output or constants."""
+    anchor's output, a candidate's output or constants; and at most one residual Add, whose other
+    input comes from outside."""
     if len(anchor.outputs) != 1:
         return [anchor]
     found = [anchor]
     produced = {id(anchor.outputs[0])}
+    residual_taken = False
     changed = True
     while changed and len(found) < MAX_GROUP_MEMBERS:
         changed = False
@@ -99,11 +108,27 @@ def _candidates(anchor: Node, users: dict[Value, list[Node]], grouped: set[int])
             for reader in users.get(member.outputs[0], []):
                 if id(reader.outputs[0]) in produced or id(reader) in grouped or not _is_member_kind(reader):
                     continue
-                if all(v is None or v.is_const or id(v) in produced for v in reader.inputs):
+                inside = all(v is None or v.is_const or id(v) in produced for v in reader.inputs)
+                residual = not inside and not residual_taken and _is_residual_add(reader, produced)
+                if inside or residual:
                     found.append(reader)
                     produced.add(id(reader.outputs[0]))
+                    residual_taken |= residual
                     changed = True
     return found
+
+
+def _is_residual_add(node: Node, produced: set[int]) -> bool:
+    """An Add (or a Sum of two) of a value in `produced` and a non-constant value from outside of
+    exactly the same shape and dtype (no broadcast): what a GEMM or Conv kernel adds in its epilogue."""
+    if node.op_type not in ("Add", "Sum") or len(node.inputs) != 2 or any(v is None for v in node.inputs):
+        return False
+    a, b = node.inputs
+    if (id(a) in produced) == (id(b) in produced):
+        return False
+    inner, outer = (a, b) if id(a) in produced else (b, a)
+    return (not outer.is_const and outer.dtype == inner.dtype and inner.shape is not None
+            and tuple(outer.shape or ()) == tuple(inner.shape) == tuple(node.outputs[0].shape or ()))
 
 
 def _closed_group(anchor: Node, candidates: list[Node], users, graph_outputs: set[int], order) -> list[Node]:

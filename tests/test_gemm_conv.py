@@ -272,3 +272,54 @@ def test_convs_sharing_one_weight_share_its_packed_panels():
     graph, _ = run_pipeline(import_model(model), optimize_pipeline(require_static=True))
     program = lower_graph(graph, hooks(parse_options(None, "simd", "2")))
     assert [s.nbytes for s in program.storages if s.kind == WEIGHT] == [16 * 16 * 9 * 4]
+
+
+def _compiled_kernels(model, features="simd"):
+    from backends.wasm.intrinsics import hooks
+    from backends.wasm.options import parse_options
+    from ir.loops import lower_graph
+    from ir.onnx_import import import_model
+    from passes import optimize_pipeline, run_pipeline
+    graph, _ = run_pipeline(import_model(model), optimize_pipeline(require_static=True))
+    return [k for k in lower_graph(graph, hooks(parse_options(None, features, "2"))).kernels if k.body]
+
+
+@pytest.mark.parametrize("residual_first", [False, True], ids=["conv+residual", "residual+conv"])
+@pytest.mark.parametrize("out_channels,group", [(24, 1), (80, 1), (16, 16)], ids=["implicit-gemm", "im2col", "depthwise"])
+def test_a_residual_add_and_relu_after_a_conv_run_in_the_conv_kernel(out_channels, group, residual_first):
+    """resnet50's block end: Conv(+bias) -> Add(shortcut) -> Relu is one kernel, the shortcut read by
+    the Conv's epilogue (the implicit GEMM's transpose pass, im2col's GEMM, the depthwise loop)."""
+    from wasm_cases import assert_matches_onnxruntime, make_model
+
+    rng = np.random.default_rng(5)
+    x, shortcut = (rng.standard_normal((1, 16, 9, 11)).astype(np.float32),
+                   rng.standard_normal((1, out_channels, 9, 11)).astype(np.float32))
+    init = lambda name, *shape: onnx.numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)  # noqa: E731
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], group=group),
+             helper.make_node("Add", ["s", "c"] if residual_first else ["c", "s"], ["a"]),
+             helper.make_node("Relu", ["a"], ["y"])]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape)),
+                               helper.make_tensor_value_info("s", TensorProto.FLOAT, list(shortcut.shape))],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                       [init("w", out_channels, 16 // group, 3, 3), init("b", out_channels)])
+    assert_matches_onnxruntime(model, {"x": x, "s": shortcut}, configs=[
+        ("simd,bulk-memory", "2"), ("simd,bulk-memory,relaxed-simd", "3"), ("", "2")], rtol=1e-4, atol=1e-3)
+    kernels = _compiled_kernels(model)
+    assert [k.op_type for k in kernels] == ["Conv"]
+    (conv,) = [s for s in kernels[0].body if getattr(s, "name", None) == "conv2d"]
+    assert conv.operands["residual"] is not None and conv.params.get("implicit_gemm", False) == (out_channels == 24)
+
+
+def test_a_conv_add_with_a_broadcast_operand_is_not_a_residual():
+    """A per-pixel map broadcast over the channels is no residual: the Add stays a pass of its own."""
+    from wasm_cases import assert_matches_onnxruntime, make_model
+
+    rng = np.random.default_rng(6)
+    x, plane = rng.standard_normal((1, 16, 9, 11)).astype(np.float32), rng.standard_normal((1, 1, 9, 11)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Add", ["c", "p"], ["y"])]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape)),
+                               helper.make_tensor_value_info("p", TensorProto.FLOAT, list(plane.shape))],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                       [onnx.numpy_helper.from_array(rng.standard_normal((24, 16, 3, 3)).astype(np.float32), "w")])
+    assert_matches_onnxruntime(model, {"x": x, "p": plane}, configs=[("simd,bulk-memory", "2")], rtol=1e-4, atol=1e-3)
+    assert sorted(k.op_type for k in _compiled_kernels(model)) == ["Add", "Conv"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper
 
 from ir.onnx_export import export_model
@@ -192,6 +193,85 @@ def test_a_group_ends_where_an_inner_value_is_read_outside_it():
     # the sink itself may be read anywhere: the group stops at g, the Relu is not in it
     assert all(groups[v] == groups["mm"] for v in ("a", "d", "e", "p", "m", "g"))
     assert groups["y"] != groups["mm"]
+
+
+def _residual_block(add_inputs=("c", "s"), shortcut_shape=(1, 4, 5, 5), op="Add", shortcut_from_conv=False):
+    """Conv -> Add(c, shortcut) -> Relu, resnet's block end; the shortcut a model input, or computed
+    from the Conv's own output (so the Add cannot join without making the group non-convex)."""
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1])]
+    if shortcut_from_conv:
+        nodes.append(n("MaxPool", ["c"], ["s"], kernel_shape=[1, 1]))
+    nodes += [n(op, list(add_inputs), ["a"]), n("Relu", ["a"], ["y"])]
+    inputs = [tensor("x", TensorProto.FLOAT, [1, 3, 5, 5])]
+    if not shortcut_from_conv:
+        inputs.append(tensor("s", TensorProto.FLOAT, list(shortcut_shape)))
+    inits = [helper.make_tensor("w", TensorProto.FLOAT, [4, 3, 3, 3], np.ones(108))]
+    return _fusion_groups(make_model(nodes, inputs, [tensor("y", TensorProto.FLOAT, [1, 4, 5, 5])], inits))
+
+
+def _fusion_groups(model) -> dict:
+    """Output name -> fusion group, after the optimizing passes (which infer the shapes)."""
+    from passes.fuse_groups import FuseGroups
+    graph, _ = run_pipeline(import_model(model), [*optimize_pipeline(require_static=True), FuseGroups()])
+    return {node.outputs[0].name: node.fusion_group for node in graph.nodes}
+
+
+@pytest.mark.parametrize("op,add_inputs", [("Add", ("c", "s")), ("Add", ("s", "c")), ("Sum", ("s", "c"))])
+def test_a_residual_add_and_its_relu_join_the_group_of_their_conv(op, add_inputs):
+    groups = _residual_block(add_inputs, op=op)
+    assert groups["c"] is not None and groups["a"] == groups["c"] and groups["y"] == groups["c"]
+
+
+def test_an_add_of_a_broadcast_operand_does_not_join_as_a_residual():
+    groups = _residual_block(shortcut_shape=(1, 1, 5, 5))
+    assert groups["a"] != groups["c"] and groups["y"] != groups["c"]
+
+
+def test_a_residual_computed_from_the_anchor_outside_the_group_does_not_join():
+    """Conv -> MaxPool -> Add(Conv, MaxPool): with the Add in the Conv's group, the path through the
+    MaxPool would leave the group and come back."""
+    groups = _residual_block(shortcut_from_conv=True)
+    assert groups["a"] != groups["c"]
+
+
+def test_a_group_takes_at_most_one_residual_add():
+    n = helper.make_node
+    nodes = [n("MatMul", ["x", "w"], ["mm"]), n("Add", ["mm", "r1"], ["a1"]), n("Add", ["a1", "r2"], ["a2"])]
+    shape = [4, 6]
+    model = make_model(nodes, [tensor("x", TensorProto.FLOAT, [4, 5]), tensor("r1", TensorProto.FLOAT, shape),
+                               tensor("r2", TensorProto.FLOAT, shape)], [tensor("a2", TensorProto.FLOAT, shape)],
+                       [helper.make_tensor("w", TensorProto.FLOAT, [5, 6], np.ones(30))])
+    groups = _fusion_groups(model)
+    assert groups["mm"] is not None and groups["a1"] == groups["mm"] and groups["a2"] != groups["mm"]
+
+
+def test_partitioning_keeps_a_residual_group_whole_and_its_shortcut_before_it():
+    """resnet's downsampling block: the main branch's last Conv and the shortcut's Conv both read
+    the block input and meet at the Add; whatever the cap, the group (a Conv, the Add, the Relu)
+    lands in one CU, and the CUs still run in an order that computes the model."""
+    from passes.fuse_groups import FuseGroups
+    from passes.partition import partition_graph
+    n = helper.make_node
+    rng = np.random.default_rng(2)
+    nodes = [n("Conv", ["x", "w1"], ["main"], pads=[1, 1, 1, 1], name="main"),
+             n("Conv", ["x", "w2"], ["short"], name="short"),
+             n("Add", ["main", "short"], ["a"], name="add"), n("Relu", ["a"], ["y"], name="relu")]
+    inits = [helper.make_tensor("w1", TensorProto.FLOAT, [8, 8, 3, 3], rng.standard_normal(576).astype(np.float32)),
+             helper.make_tensor("w2", TensorProto.FLOAT, [8, 8, 1, 1], rng.standard_normal(64).astype(np.float32))]
+    model = make_model(nodes, [tensor("x", TensorProto.FLOAT, [1, 8, 5, 5])], [tensor("y", TensorProto.FLOAT, [1, 8, 5, 5])],
+                       inits)
+    graph, _ = run_pipeline(import_model(model), [*optimize_pipeline(require_static=True), FuseGroups()])
+    label = {node.name: node.fusion_group for node in graph.nodes}
+    assert label["add"] is not None and label["relu"] == label["add"]
+    assert label["add"] in (label["main"], label["short"])
+    for cap in (576, 640, 1000):
+        part = partition_graph(graph, min_cu_size=0, max_cu_size=cap, max_cu_depth=1)
+        cu_of = {node.name: i for i, cu in enumerate(part.cus) for node in cu.nodes}
+        assert len({cu_of[name] for name, group in label.items() if group == label["add"]}) == 1
+        anchor = next(name for name in ("main", "short") if label[name] == label["add"])
+        other = "short" if anchor == "main" else "main"
+        assert cu_of[other] <= cu_of[anchor]  # the residual's CU runs first (or is the same CU)
 
 
 def test_a_split_matmul_keeps_its_gelu_diamond_whole_after_the_join():

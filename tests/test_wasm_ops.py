@@ -440,6 +440,47 @@ def test_erf_gelu_after_conv_runs_as_the_conv_epilogue(group):
     assert _kernel_op_types(model) == ["Conv"]
 
 
+@pytest.mark.parametrize("residual_first", [False, True], ids=["product+residual", "residual+product"])
+@pytest.mark.parametrize("op", ["MatMul", "Gemm"])
+def test_a_residual_add_after_matmul_and_bias_runs_in_the_gemm_kernel(op, residual_first):
+    """MiniLM's attention-output and FFN-output pattern: MatMul -> Add(bias) -> Add(residual), the
+    residual an activation of exactly the product's shape, added in either operand order."""
+    x, r = randn(2, 6, 8), randn(2, 6, 20)
+    if op == "MatMul":
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"]), helper.make_node("Add", ["mm", "b"], ["mmb"])]
+        shapes, w = ([2, 6, 8], [2, 6, 20]), randn(8, 20)
+    else:
+        x, r = x.reshape(12, 8), r.reshape(12, 20)
+        nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["mmb"], transB=1)]
+        shapes, w = ([12, 8], [12, 20]), randn(20, 8)
+    nodes.append(helper.make_node("Add", ["r", "mmb"] if residual_first else ["mmb", "r"], ["y"]))
+    model = make_model(nodes, [vi("x", shapes[0]), vi("r", shapes[1])], [out("y")], [const("w", w), const("b", randn(20))])
+    assert_matches_onnxruntime(model, {"x": x, "r": r}, configs=[("simd,bulk-memory", "2"), ("simd,relaxed-simd", "3"),
+                                                                 ("", "1")])
+    assert _kernel_op_types(model) == [op]
+
+
+def test_a_residual_add_with_a_broadcast_operand_stays_a_pass_of_its_own():
+    """An Add whose other operand broadcasts (one row here) is not a residual the kernel can read."""
+    x, r = randn(2, 6, 8), randn(1, 6, 20)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"]), helper.make_node("Add", ["mm", "r"], ["y"])]
+    model = make_model(nodes, [vi("x", [2, 6, 8]), vi("r", [1, 6, 20])], [out("y")], [const("w", randn(8, 20))])
+    assert_matches_onnxruntime(model, {"x": x, "r": r}, configs=[("simd,bulk-memory", "2")])
+    assert _kernel_op_types(model) == ["Add", "MatMul"]
+
+
+def test_a_residual_computed_after_the_product_in_graph_order_stays_a_pass_of_its_own():
+    """The kernel reads the residual while it writes the output: one whose producer comes later in
+    graph order has not run yet when the product's kernel does."""
+    x = randn(4, 8)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"]), helper.make_node("Relu", ["x"], ["late"]),
+             helper.make_node("MatMul", ["late", "w"], ["r"]), helper.make_node("Add", ["mm", "r"], ["y"])]
+    model = make_model(nodes, [vi("x", [4, 8])], [out("y")], [const("w", randn(8, 8))])
+    assert_matches_onnxruntime(model, {"x": x}, configs=[("simd,bulk-memory", "2")])
+    # the second product's kernel takes the Add: its residual, the first product, ran before it
+    assert _kernel_op_types(model) == ["MatMul", "MatMul", "Relu"]
+
+
 def test_a_relu_after_a_batch_norm_runs_in_the_same_pass():
     x = randn(2, 4, 5, 6)
     s, b, m, v = randn(4), randn(4), randn(4), np.abs(randn(4)) + 0.1

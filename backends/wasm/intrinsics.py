@@ -5,7 +5,9 @@ packed at compile time (`kernels/conv_implicit_gemm.py`).
 
 `hooks(options)` is what the builder sees (how to pack a weight, how much scratch a kernel needs);
 `render_intrinsic` turns an `Intrinsic` statement into WAT functions once the memory plan has
-placed its buffers. Opt-level 0 (plain loops) and z (smallest code) use none of them.
+placed its buffers. A `residual` operand (the lowering's fused residual Add, see `_fused_epilogue` in
+`ir/ops/nn.py`) is added by the kernel before the activation. Opt-level 0 (plain loops) and z
+(smallest code) use none of them.
 """
 
 from __future__ import annotations
@@ -68,14 +70,15 @@ def render_intrinsic(stmt: Intrinsic, name: str, options: WasmOptions) -> str:
     ops, p = stmt.operands, stmt.params
     features = kernel_features(options)
     if stmt.name == "conv2d":
-        bias = ops.get("bias")
+        bias, residual = ops.get("bias"), ops.get("residual")
         spec = Conv2dSpec(**{k: v for k, v in p.items() if k != "epilogue"})
         return render_conv2d(spec, epilogue=p.get("epilogue"), x_offset=_at(ops["x"]), w_offset=_at(ops["w"]), y_offset=_at(ops["y"]),
                              scratch_offset=_at(ops["scratch"]), bias_offset=_at(bias) if bias is not None else None,
+                             residual_offset=_at(residual) if residual is not None else None,
                              features=features, name=name)
     if stmt.name == "gemm":
         m, n, k, batch = p["m"], p["n"], p["k"], p.get("batch", 1)
-        bias = ops.get("bias")
+        bias, residual = ops.get("bias"), ops.get("residual")
         scratch = ops.get("b_scratch")
         a_scratch = ops.get("a_scratch")
         funcs, calls = [], []
@@ -87,7 +90,8 @@ def render_intrinsic(stmt: Intrinsic, name: str, options: WasmOptions) -> str:
             calls.append(f"(call ${name}_pack)")
         b_packed = _at(scratch if scratch is not None else ops["b"])
         funcs.append(render_gemm(m, n, k, a_offset=_at(ops["a"]), b_packed_offset=b_packed, c_offset=_at(ops["c"]),
-                                 bias_offset=_at(bias) if bias is not None else None, features=features,
+                                 bias_offset=_at(bias) if bias is not None else None,
+                                 residual_offset=_at(residual) if residual is not None else None, features=features,
                                  trans_a=p.get("trans_a", False), batch=batch, epilogue=p.get("epilogue"),
                                  batch_strides=(m * k * 4, packed_b_size(k, n), m * n * 4) if batch > 1 else None,
                                  a_scratch_offset=_at(a_scratch) if a_scratch is not None else None,

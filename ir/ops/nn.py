@@ -84,12 +84,14 @@ def _f32(*values) -> bool:
     return all(v is None or v.dtype == 1 for v in values)   # TensorProto.FLOAT
 
 
-def _fused_epilogue(b, value, bias_width: int | None = None):
-    """What of the ops after a GEMM its kernel can do: an Add of a constant per-column bias (when
-    `bias_width` is given), then a Relu or an exact GELU (an ONNX Gelu, or its erf diamond
-    x * 0.5 * (1 + erf(x / sqrt 2)), see `erf_gelu_nodes`). Returns (output buffer, bias buffer or
-    None, epilogue or None); the absorbed nodes then emit nothing."""
-    bias, out = None, None
+def _fused_epilogue(b, node, bias_width: int | None = None):
+    """What of the ops after a GEMM or Conv `node` its kernel can do: an Add of a constant
+    per-column bias (when `bias_width` is given), then an Add of a residual (see `_residual`), then
+    a Relu or an exact GELU (an ONNX Gelu, or its erf diamond x * 0.5 * (1 + erf(x / sqrt 2)), see
+    `erf_gelu_nodes`). Returns (output buffer, bias buffer or None, residual buffer or None,
+    epilogue or None); the absorbed nodes then emit nothing."""
+    value = node.outputs[0]
+    bias, residual, out = None, None, None
     reader = b.sole_reader(value)
     if bias_width is not None and reader is not None and reader.op_type == "Add" and _f32(*reader.inputs):
         other = reader.inputs[1] if reader.inputs[0] is value else reader.inputs[0]
@@ -98,17 +100,49 @@ def _fused_epilogue(b, value, bias_width: int | None = None):
             bias = b.constant(np.asarray(other.const, dtype=np.float32).reshape(-1), other.name + "_bias")
             out = b.absorb(reader)
             value, reader = reader.outputs[0], b.sole_reader(reader.outputs[0])
+    if (other := _residual(b, node, reader, value)) is not None:
+        residual = b.buffer(other)
+        out = b.absorb(reader)
+        value, reader = reader.outputs[0], b.sole_reader(reader.outputs[0])
     if reader is not None and reader.op_type == "Relu" and _f32(reader.outputs[0]):
-        return b.absorb(reader), bias, "relu"
+        return b.absorb(reader), bias, residual, "relu"
     if reader is not None and reader.op_type == "Gelu" and reader.attrs.get("approximate", "none") == "none" \
             and _f32(reader.outputs[0]):
-        return b.absorb(reader), bias, "gelu"
+        return b.absorb(reader), bias, residual, "gelu"
     if _f32(value) and (gelu := erf_gelu_nodes(value, b.graph.users(), {id(v) for v in b.graph.outputs})) \
             and all(_f32(n.outputs[0]) for n in gelu):
-        for node in gelu:
-            out = b.absorb(node)
-        return out, bias, "gelu"
-    return (out if out is not None else b.buffer(value)), bias, None
+        for gelu_node in gelu:
+            out = b.absorb(gelu_node)
+        return out, bias, residual, "gelu"
+    return (out if out is not None else b.buffer(value)), bias, residual, None
+
+
+_NODE_ORDER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # builder -> {id(node): position}
+
+
+def _residual(b, anchor, add, value):
+    """The other operand of `add` when it adds a residual to `value` (the product so far): a float32
+    Add (or a Sum of two, as older exporters write resnet's shortcut) whose other operand is not a
+    constant and has exactly the output's shape (no broadcast), in either order. The kernel reads that operand while it writes the output, so it must already be
+    computed when the anchor's kernel runs: its producer comes before the anchor in graph order
+    (kernels run in that order; a producer after it, though independent of it, would not yet have
+    run). The memory plan never overlaps two temporaries one kernel touches, so the residual and the
+    output stay apart."""
+    if add is None or add.op_type not in ("Add", "Sum") or add.domain not in ("", "ai.onnx") or len(add.inputs) != 2 \
+            or not _f32(*add.inputs, add.outputs[0]) or (add.inputs[0] is value) == (add.inputs[1] is value):
+        return None
+    other = add.inputs[1] if add.inputs[0] is value else add.inputs[0]
+    shape = tuple(value.shape)
+    if other.is_const or tuple(other.shape or ()) != shape or tuple(add.outputs[0].shape or ()) != shape:
+        return None
+    order = _NODE_ORDER.get(b)
+    if order is None or len(order) != len(b.graph.nodes):
+        order = _NODE_ORDER[b] = {id(n): i for i, n in enumerate(b.graph.nodes)}
+    if id(anchor) not in order:  # a node of a branch or a function body: no graph order to rely on
+        return None
+    if other.producer is not None and order.get(id(other.producer), -1) >= order[id(anchor)]:
+        return None  # (-1: produced outside this graph, an input here)
+    return other
 
 
 def _matmul_as_gemm(b, node) -> bool:
@@ -119,8 +153,8 @@ def _matmul_as_gemm(b, node) -> bool:
         k, n = wv.shape
         m = int(np.prod(av.shape[:-1], dtype=np.int64))
         packed = b.constant(b.intrinsics["gemm"].pack_weight(np.asarray(wv.const), False), wv.name + "_packed")
-        y, bias, epilogue = _fused_epilogue(b, node.outputs[0], bias_width=n)
-        b.call_intrinsic("gemm", {"a": b.buffer(av), "b": packed, "c": y, "bias": bias,
+        y, bias, residual, epilogue = _fused_epilogue(b, node, bias_width=n)
+        b.call_intrinsic("gemm", {"a": b.buffer(av), "b": packed, "c": y, "bias": bias, "residual": residual,
                                   "a_scratch": _a_scratch(b, m, k, av.name)}, m=m, n=n, k=k, epilogue=epilogue)
         return True
     y = b.output(node)
@@ -157,8 +191,8 @@ def _gemm_as_gemm(b, node) -> bool:
     weights = np.asarray(wv.const, dtype=np.float32) * np.float32(alpha) if alpha != 1.0 else np.asarray(wv.const)
     packed = b.constant(b.intrinsics["gemm"].pack_weight(weights, trans_b), wv.name + "_packed")
     k = wv.shape[1] if trans_b else wv.shape[0]
-    y, _, epilogue = _fused_epilogue(b, node.outputs[0])
-    b.call_intrinsic("gemm", {"a": b.input(node, 0), "b": packed, "c": y, "bias": bias,
+    y, _, residual, epilogue = _fused_epilogue(b, node)
+    b.call_intrinsic("gemm", {"a": b.input(node, 0), "b": packed, "c": y, "bias": bias, "residual": residual,
                               "a_scratch": _a_scratch(b, m, k, node.inputs[0].name)},
                      m=m, n=n, k=k, trans_a=trans_a, epilogue=epilogue)
     return True
@@ -172,7 +206,7 @@ def _conv_as_intrinsic(b, node) -> bool:
     if not b.has_intrinsic("conv2d") or not _f32(*node.inputs, node.outputs[0]) or len(wv.shape) != 4:
         return False
     x = b.input(node, 0)
-    y, _, epilogue = _fused_epilogue(b, node.outputs[0])
+    y, _, residual, epilogue = _fused_epilogue(b, node)
     geo = window_geometry(node, x.shape[2:], wv.shape[2:], y.shape[2:])
     params = dict(batch=x.shape[0], in_channels=x.shape[1], height=x.shape[2], width=x.shape[3],
                   out_channels=wv.shape[0], kernel=tuple(wv.shape[2:]), strides=tuple(geo.strides),
@@ -188,7 +222,8 @@ def _conv_as_intrinsic(b, node) -> bool:
     else:
         w = b.input(node, 1)
     scratch = b.temp("float32", (hooks.scratch_elements(params),), x.name + "_im2col")
-    b.call_intrinsic("conv2d", {"x": x, "w": w, "y": y, "bias": b.input(node, 2), "scratch": scratch},
+    b.call_intrinsic("conv2d", {"x": x, "w": w, "y": y, "bias": b.input(node, 2), "residual": residual,
+                                "scratch": scratch},
                      epilogue=epilogue, **params)
     return True
 
