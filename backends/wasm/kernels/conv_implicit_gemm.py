@@ -246,9 +246,9 @@ def _render_k_functions(spec, geometry: TileGeometry, name: str) -> tuple[str | 
     With relaxed SIMD the 4-pixel passes call the GEMM's k functions (unrolled, no spills; see
     `gemm._k_function_unroll`): their A is 4 pixels 4 bytes apart, one v128 per k step, as packed A
     in the GEMM. Stride 1 only: strided tiles read pixels `stride*4` bytes apart. Measured (Conv +
-    bias + relu, wasmtime 50, CPU time, GFLOP/s, inline loop -> function): resnet50's 3x3 64->64 at
-    56x56 36.5 -> 41.2, densenet121's 3x3 128->32 at 56x56 37.1 -> 40.4, 1x1 256->64 at 56x56
-    38.5 -> 41.9."""
+    bias + relu as one module, wasmtime 50, relaxed SIMD, CPU time of the call, median of 7
+    interleaved rounds, GFLOP/s, inline loop -> function): resnet50's 3x3 64->64 at 56x56
+    37.0 -> 42.5, densenet121's 3x3 128->32 at 56x56 36.7 -> 39.5, 1x1 256->64 at 56x56 37.3 -> 41.3."""
     unroll = _k_function_unroll(geometry.fma) if spec.strides[1] == 1 else None
     if unroll is None:
         return None, ""
