@@ -63,6 +63,19 @@ SPECS = {
     "dilated-asymmetric-pads": Conv2dSpec(1, 4, 10, 12, 5, (3, 2), pads=(2, 0, 1, 1), dilations=(2, 3)),
     "batch-of-two": Conv2dSpec(2, 3, 7, 7, 4, (3, 3), pads=(1, 1, 1, 1)),
     "wide-image-packs-a": Conv2dSpec(1, 3, 24, 20, 9, (3, 3), pads=(1, 1, 1, 1)),  # 480 pixels >= 384
+    # im2col's runs of in-image pixels: every stride the vector copy has a load form for (1 contiguous,
+    # 2 and 3 shuffled, 4 lane by lane), rows that cross 16-pixel panel boundaries at every offset
+    # (widths 23, 37), rows narrower than one v128 (widths 1-3), padding on one side only
+    "stride1-odd-width-crosses-panels": Conv2dSpec(1, 3, 7, 23, 5, (3, 3), pads=(1, 1, 1, 1)),
+    "stride2-crosses-panels": Conv2dSpec(1, 2, 13, 75, 6, (3, 3), strides=(2, 2), pads=(0, 1, 1, 0)),
+    "stride3-asymmetric-pads": Conv2dSpec(1, 3, 16, 47, 4, (5, 4), strides=(3, 3), pads=(2, 0, 1, 3)),
+    "stride4-11x11-alexnet-like": Conv2dSpec(1, 3, 47, 51, 8, (11, 11), strides=(4, 4), pads=(2, 2, 2, 2)),
+    "stride2-dilated-grouped": Conv2dSpec(1, 4, 21, 29, 6, (3, 3), strides=(2, 2), pads=(2, 2, 2, 2),
+                                          dilations=(2, 2), groups=2),
+    "width-1": Conv2dSpec(1, 2, 9, 1, 3, (3, 1), pads=(1, 0, 1, 0)),
+    "width-2-stride2": Conv2dSpec(1, 2, 9, 4, 3, (3, 3), strides=(2, 2), pads=(1, 1, 1, 1)),
+    "width-3-wider-padding-than-image": Conv2dSpec(1, 3, 5, 3, 4, (3, 3), pads=(1, 3, 1, 2)),
+    "stride3-horizontal-1-vertical": Conv2dSpec(1, 3, 10, 40, 4, (2, 3), strides=(1, 3)),
     # depthwise: the direct kernel (kernels/depthwise.py), not im2col
     "depthwise-3x3-batch-of-two": Conv2dSpec(2, 5, 7, 10, 5, (3, 3), pads=(1, 1, 1, 1), groups=5),
     "depthwise-5x5-stride3-asymmetric-pads": Conv2dSpec(1, 4, 11, 13, 4, (5, 5), strides=(3, 3), pads=(2, 1, 0, 2), groups=4),

@@ -127,7 +127,7 @@ def render_conv2d(spec: Conv2dSpec, *, x_offset: int, w_offset: int, y_offset: i
                                        batch_strides=(k * n * 4, packed_b_size(k, n)), name=pack_name,
                                        features=simd))
         else:
-            funcs.append(_render_im2col(spec, x, scratch_offset, pack_name))
+            funcs.append(_render_im2col(spec, x, scratch_offset, pack_name, vector="simd" in simd))
         funcs.append(render_gemm(m, n, k, a_offset=w_offset, b_packed_offset=scratch_offset, c_offset=y,
                                  bias_offset=bias_offset, bias_per_row=True, residual_offset=res,
                                  epilogue=epilogue, features=features, batch=g,
@@ -139,13 +139,15 @@ def render_conv2d(spec: Conv2dSpec, *, x_offset: int, w_offset: int, y_offset: i
     return "".join(funcs) + "\n".join([f"(func ${name}", title, *calls, ")"]) + "\n"
 
 
-def _render_im2col(spec: Conv2dSpec, src: int, dst: int, name: str) -> str:
+def _render_im2col(spec: Conv2dSpec, src: int, dst: int, name: str, vector: bool = False) -> str:
     """dst[group][p / 16][k][p % 16] = x[c, oy*sh - pt + ky*dh, ox*sw - pl + kx*dw] (0 in the padding
     and past the last pixel), with k = (c, ky, kx) inside the group and p = (oy, ox).
 
     For one (c, ky, kx) the columns ox whose input column is inside the image form one range
     [$lo, $hi), computed once; each output row is then zeros, a copy, zeros, with no bounds test
-    per pixel (a row whose input row is padding is all zeros)."""
+    per pixel (a row whose input row is padding is all zeros). With `vector` (SIMD128) each run is
+    cut at the 16-pixel panel boundaries, inside which consecutive pixels are contiguous in dst, and
+    every segment is moved 4 pixels per v128 (`_vector_run`), its last 0-3 pixels one by one."""
     (kh, kw), (sh, sw), (dh, dw) = spec.kernel, spec.strides, spec.dilations
     pt, pl = spec.pads[0], spec.pads[1]
     h, w, oh, ow = spec.height, spec.width, spec.out_height, spec.out_width
@@ -159,7 +161,7 @@ def _render_im2col(spec: Conv2dSpec, src: int, dst: int, name: str) -> str:
         f"  ;; im2col of {channels}x{h}x{w} for a {kh}x{kw} kernel into 16-pixel panels ({spec.groups} groups)",
         "  (local $c i32) (local $ky i32) (local $kx i32) (local $oy i32) (local $ox i32) (local $k i32)",
         "  (local $iy i32) (local $p i32) (local $row i32) (local $lo i32) (local $hi i32) (local $t i32)",
-        "  (local $pa i32) (local $stop i32)",
+        "  (local $pa i32) (local $stop i32) (local $end i32) (local $q i32)",
     ]
 
     def first_ox(bound: str) -> str:
@@ -168,9 +170,12 @@ def _render_im2col(spec: Conv2dSpec, src: int, dst: int, name: str) -> str:
                 f" (i32.gt_s (i32.div_s (i32.add {bound} (i32.const {sw - 1})) (i32.const {sw})) (i32.const {ow})))"
                 f" (i32.le_s {bound} (i32.const 0)))")
 
+    # where pixel $p of the k row at $row lies in the packed panels
+    address = (f"(i32.add (local.get $row) (i32.add (i32.mul (i32.shr_u (local.get $p) (i32.const 4))"
+               f" (i32.const {panel_stride})) (i32.shl (i32.and (local.get $p) (i32.const 15)) (i32.const 2))))")
+
     def store_at_p(value: str) -> str:
-        return (f"(f32.store (i32.add (local.get $row) (i32.add (i32.mul (i32.shr_u (local.get $p) (i32.const 4))"
-                f" (i32.const {panel_stride})) (i32.shl (i32.and (local.get $p) (i32.const 15)) (i32.const 2)))) {value})")
+        return f"(f32.store {address} {value})"
 
     def run(until: str, body: list[str]) -> list[str]:
         """Pixels $p .. until (exclusive, possibly none), each running `body` then advancing $p."""
@@ -181,9 +186,13 @@ def _render_im2col(spec: Conv2dSpec, src: int, dst: int, name: str) -> str:
                 "  (local.set $p (i32.add (local.get $p) (i32.const 1)))",
                 "  (br $pixels)))"]
 
-    zeros = [store_at_p("(f32.const 0)")]
-    copy = [store_at_p("(f32.load (local.get $pa))"),
-            f"(local.set $pa (i32.add (local.get $pa) (i32.const {sw * 4})))"]
+    if vector:
+        zero_run = lambda until: _vector_run(until, address, sw, copying=False)  # noqa: E731
+        copy_run = lambda until: _vector_run(until, address, sw, copying=True)  # noqa: E731
+    else:
+        zero_run = lambda until: run(until, [store_at_p("(f32.const 0)")])  # noqa: E731
+        copy_run = lambda until: run(until, [store_at_p("(f32.load (local.get $pa))"),  # noqa: E731
+                                             f"(local.set $pa (i32.add (local.get $pa) (i32.const {sw * 4})))"])
     row_start = f"(i32.mul (local.get $oy) (i32.const {ow}))"
     body = [
         # $row: where this k row starts in the packed B of the channel's group
@@ -206,12 +215,12 @@ def _render_im2col(spec: Conv2dSpec, src: int, dst: int, name: str) -> str:
             f"    (local.set $pa (i32.add (i32.const {src}) (i32.shl (i32.add (i32.mul (i32.add (i32.mul (local.get $c)"
             f" (i32.const {h})) (local.get $iy)) (i32.const {w})) (i32.add (i32.mul (local.get $lo) (i32.const {sw})) (local.get $t)))"
             " (i32.const 2))))",
-            *("    " + x for x in run(f"(i32.add {row_start} (local.get $lo))", zeros)),
-            *("    " + x for x in run(f"(i32.add {row_start} (local.get $hi))", copy)),
-            *("    " + x for x in run(f"(i32.add {row_start} (i32.const {ow}))", zeros)),
+            *("    " + x for x in zero_run(f"(i32.add {row_start} (local.get $lo))")),
+            *("    " + x for x in copy_run(f"(i32.add {row_start} (local.get $hi))")),
+            *("    " + x for x in zero_run(f"(i32.add {row_start} (i32.const {ow}))")),
             "  )",
             "  (else",
-            *("    " + x for x in run(f"(i32.add {row_start} (i32.const {ow}))", zeros)),
+            *("    " + x for x in zero_run(f"(i32.add {row_start} (i32.const {ow}))")),
             "  ))",
         ]),
     ]
@@ -219,10 +228,61 @@ def _render_im2col(spec: Conv2dSpec, src: int, dst: int, name: str) -> str:
     if tail:  # the last panel's lanes past the last pixel must hold zeros
         body += [
             f"(local.set $p (i32.const {pixels}))",
-            *run(f"(i32.const {pixels - tail + PANEL})", zeros),
+            *zero_run(f"(i32.const {pixels - tail + PANEL})"),
         ]
     lines += ["  " + s for s in _loop("$c", channels, _loop("$ky", kh, _loop("$kx", kw, body)))]
     return "\n".join(lines + [")"]) + "\n"
+
+
+# i8x16.shuffle byte lanes picking floats 0, s, 2s, 3s out of v128.load(pa) and v128.load(pa + 3s - 3):
+# the two loads cover exactly floats pa .. pa + 3s, so they never read past the last pixel copied
+_STRIDED_SHUFFLE = {2: (0, 2, 5, 7), 3: (0, 3, 4, 7)}
+
+
+def _strided_load(stride: int) -> str:
+    """Four input floats $pa, $pa + stride, ... as one v128, reading only floats of that span."""
+    if stride == 1:
+        return "(v128.load (local.get $pa))"
+    if stride in _STRIDED_SHUFFLE:
+        lanes = " ".join(str(4 * lane + byte) for lane in _STRIDED_SHUFFLE[stride] for byte in range(4))
+        return (f"(i8x16.shuffle {lanes} (v128.load (local.get $pa))"
+                f" (v128.load offset={(3 * stride - 3) * 4} (local.get $pa)))")
+    text = "(v128.load32_zero (local.get $pa))"
+    for lane in range(1, 4):
+        text = f"(v128.load32_lane offset={lane * stride * 4} {lane} (local.get $pa) {text})"
+    return text
+
+
+def _vector_run(until: str, address: str, stride: int, copying: bool) -> list[str]:
+    """Pixels $p .. until (exclusive) of the k row at $row: zeros, or (`copying`) the input floats
+    $pa, $pa + stride, ...; one segment per panel the run touches, 4 pixels per v128.store."""
+    vector, scalar, advance = "(v128.const i32x4 0 0 0 0)", "(f32.const 0)", []
+    if copying:
+        vector, scalar = _strided_load(stride), "(f32.load (local.get $pa))"
+        advance = [f"(local.set $pa (i32.add (local.get $pa) (i32.const {{}})))"]
+    step = lambda pixels: [a.format(pixels * stride * 4) for a in advance]  # noqa: E731
+    return [f"(local.set $stop {until})",
+            "(block $run_done (loop $segments",
+            "  (br_if $run_done (i32.ge_u (local.get $p) (local.get $stop)))",
+            "  ;; this segment ends at the panel's end or the run's, whichever comes first",
+            "  (local.set $end (i32.add (i32.or (local.get $p) (i32.const 15)) (i32.const 1)))",
+            "  (local.set $end (select (local.get $end) (local.get $stop) (i32.lt_u (local.get $end) (local.get $stop))))",
+            f"  (local.set $q {address})",
+            "  (block $quads_done (loop $quads",
+            "    (br_if $quads_done (i32.gt_u (i32.add (local.get $p) (i32.const 4)) (local.get $end)))",
+            f"    (v128.store (local.get $q) {vector})",
+            *("    " + a for a in step(4)),
+            "    (local.set $q (i32.add (local.get $q) (i32.const 16)))",
+            "    (local.set $p (i32.add (local.get $p) (i32.const 4)))",
+            "    (br $quads)))",
+            "  (block $singles_done (loop $singles",
+            "    (br_if $singles_done (i32.ge_u (local.get $p) (local.get $end)))",
+            f"    (f32.store (local.get $q) {scalar})",
+            *("    " + a for a in step(1)),
+            "    (local.set $q (i32.add (local.get $q) (i32.const 4)))",
+            "    (local.set $p (i32.add (local.get $p) (i32.const 1)))",
+            "    (br $singles)))",
+            "  (br $segments)))"]
 
 
 def _loop(var: str, count: int, body: list[str]) -> list[str]:
