@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.wasm.gemm import (SCALAR, SIMD, SIMD_FMA, gemm_scratch_bytes, pack_b, packed_b_size,
-                                render_gemm, render_pack_b)
+from backends.wasm.gemm import (SCALAR, SIMD, SIMD_FMA, gemm_scratch_bytes, pack_a, pack_b, packed_a_size,
+                                packed_b_size, packs_a, render_gemm, render_pack_b)
 from backends.wasm.kernels.microkernel import edge_pass_lanes
 from backends.wasm.kernels.standalone import instantiate, read, write
 
@@ -109,6 +109,50 @@ def test_packing_a_into_scratch_gives_the_same_product(features, m, n, k, trans_
     want = reference(a.T if trans_a else a, b, bias, None, "relu")
     assert_close(read(store, inst, c_off, (m, n)), want, k)
     assert (read(store, inst, 0, a.shape) == a).all(), "A itself is never written"
+
+
+@pytest.mark.parametrize("features", [SIMD, SIMD_FMA], ids=["simd", "relaxed-simd"])
+@pytest.mark.parametrize("m,n,k,batch", [(5, 20, 3, 1), (96, 400, 147, 1), (250, 390, 140, 1), (245, 17, 256, 1),
+                                         (7, 33, 300, 3)])
+def test_a_packed_at_compile_time_gives_the_same_product_without_packing_at_run_time(features, m, n, k, batch):
+    """A weight given as pack_a(A): short last row group, last K block shorter, two row blocks, batches."""
+    rng = np.random.default_rng(m * n + k)
+    a, b = rng.standard_normal((batch, m, k)).astype(np.float32), rng.standard_normal((batch, k, n)).astype(np.float32)
+    bias = rng.standard_normal(batch * m).astype(np.float32)
+    packed = np.concatenate([pack_a(a[i]) for i in range(batch)])
+    assert packed.nbytes == batch * packed_a_size(m, k)
+    b_off = packed.nbytes + 64
+    c_off = b_off + batch * packed_b_size(k, n)
+    bias_off = c_off + batch * m * n * 4
+    func = render_gemm(m, n, k, a_offset=64, b_packed_offset=b_off, c_offset=c_off, bias_offset=bias_off,
+                       bias_per_row=True, epilogue="relu", features=features, a_packed=True, batch=batch,
+                       batch_strides=(packed_a_size(m, k), packed_b_size(k, n), m * n * 4))
+    assert "$pack_k" not in func
+    store, inst = instantiate(func, bias_off + bias.nbytes, features)
+    write(store, inst, 64, packed), write(store, inst, b_off, b"".join(pack_b(b[i]) for i in range(batch)))
+    write(store, inst, bias_off, bias)
+    inst.exports(store)["gemm"](store)
+    got = read(store, inst, c_off, (batch, m, n))
+    for i in range(batch):
+        assert_close(got[i], reference(a[i], b[i], bias[i * m:(i + 1) * m], None, "relu", True), k)
+
+
+def test_a_packed_a_is_refused_where_the_kernel_reads_a_in_place():
+    args = dict(a_offset=0, b_packed_offset=0, c_offset=0, a_packed=True)
+    assert not packs_a(4, SIMD_FMA) and not packs_a(64, SCALAR) and packs_a(5, SIMD)
+    for bad in (dict(m=4, features=SIMD_FMA), dict(m=64, features=SCALAR), dict(m=64, features=SIMD, trans_a=True)):
+        with pytest.raises(ValueError, match="packed A"):
+            render_gemm(n=16, k=16, **args, **bad)
+
+
+def test_pack_a_lays_out_k_blocks_of_4_row_groups_zero_padded():
+    a = np.arange(6 * 130, dtype=np.float32).reshape(6, 130)
+    packed = pack_a(a)
+    assert packed.size == 8 * 130
+    block0 = packed[:8 * 128].reshape(2, 128, 4)      # [row group][k][row]
+    assert (block0[0, 5] == a[0:4, 5]).all() and (block0[1, 7, :2] == a[4:6, 7]).all() and (block0[1, :, 2:] == 0).all()
+    block1 = packed[8 * 128:].reshape(2, 2, 4)        # the last K block: 2 columns
+    assert (block1[1, 1, :2] == a[4:6, 129]).all()
 
 
 @pytest.mark.parametrize("tile_rows", [1, 2, 3, 4])

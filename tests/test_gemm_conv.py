@@ -10,7 +10,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from backends.wasm.gemm import SCALAR, SIMD, SIMD_FMA
-from backends.wasm.kernels.conv import Conv2dSpec, conv_scratch_bytes, pack_conv_weight, render_conv2d
+from backends.wasm.kernels.conv import (Conv2dSpec, conv_scratch_bytes, pack_conv_weight, render_conv2d,
+                                        weight_packs_as_a)
 from backends.wasm.kernels.conv_implicit_gemm import implicit_gemm_is_faster
 from backends.wasm.kernels.standalone import instantiate, read, write
 
@@ -95,6 +96,38 @@ def test_conv_as_gemm_matches_onnxruntime(name, features):
     want = onnxruntime_conv(spec, x, w, bias)
     got = run_conv(spec, x, w, bias, None, None, features)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+# im2col with the weight packed at compile time as the GEMM's A: two K blocks (k = 147), a short
+# last row group, groups of 9 channels each, two row blocks of the GEMM (250 channels), two images
+PACKED_A_SPECS = {
+    **{name: SPECS[name] for name in ("3x3-pad1", "7x7-stride2-pad3", "pointwise", "stride2-crosses-panels",
+                                      "dilated-asymmetric-pads", "stride4-11x11-alexnet-like")},
+    "grouped-9-channels-each": Conv2dSpec(1, 8, 7, 9, 18, (3, 3), pads=(1, 1, 1, 1), groups=2),
+    "250-channels": Conv2dSpec(1, 2, 6, 7, 250, (3, 3)),
+    "batch-of-two-pointwise-grouped": Conv2dSpec(2, 6, 5, 5, 15, (1, 1), groups=3),
+}
+
+
+@pytest.mark.parametrize("features", [SIMD_FMA, SIMD], ids=["relaxed-simd", "simd"])
+@pytest.mark.parametrize("name", PACKED_A_SPECS)
+def test_conv_with_the_weight_packed_as_a_matches_onnxruntime(name, features):
+    spec = PACKED_A_SPECS[name]
+    assert weight_packs_as_a(spec, features) and not weight_packs_as_a(spec, SCALAR)
+    packed = Conv2dSpec(**{**spec.__dict__, "packed_a": True})
+    x, w, bias, residual = _random_case(spec, len(name), with_residual=True)
+    want = np.maximum(onnxruntime_conv(spec, x, w, bias) + residual, 0)
+    got = run_conv(packed, x, w, bias, residual, "relu", features)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-4 * np.sqrt(spec.gemm_k))
+    wat = render_conv2d(packed, x_offset=0, w_offset=0, y_offset=0, scratch_offset=0, features=features)
+    assert "$pack_k" not in wat and conv_scratch_bytes(packed) < conv_scratch_bytes(spec)
+
+
+def test_a_conv_with_four_channels_per_group_keeps_the_onnx_weight():
+    """One 4-row tile reads A in place: nothing to pack, at compile time or at run time."""
+    assert not weight_packs_as_a(SPECS["grouped"], SIMD_FMA)  # 12 channels in 4 groups
+    with pytest.raises(ValueError, match="packed A"):
+        Conv2dSpec(1, 6, 9, 9, 6, (3, 3), groups=6, packed_a=True)  # depthwise
 
 
 def test_conv_epilogue_adds_the_residual_then_applies_relu():
@@ -242,7 +275,8 @@ def test_a_grouped_conv_cannot_be_an_implicit_gemm():
 
 def test_a_compiled_model_runs_its_few_channel_convs_as_implicit_gemms_and_matches_onnxruntime():
     """Through the compiler: the lowering packs the weight at compile time for the Convs the rule
-    picks (3x3 32 -> 24 and 1x1 24 -> 16, stride 1) and keeps im2col for the strided one."""
+    picks (3x3 32 -> 24 and 1x1 24 -> 16, stride 1) and keeps im2col for the strided one, whose
+    weight it packs as the GEMM's A."""
     from backends.wasm.intrinsics import hooks
     from backends.wasm.options import parse_options
     from ir.loops import lower_graph
@@ -266,6 +300,7 @@ def test_a_compiled_model_runs_its_few_channel_convs_as_implicit_gemms_and_match
     program = lower_graph(graph, hooks(parse_options(None, "simd", "2")))
     convs = [s.params for k in program.kernels for s in k.body if getattr(s, "name", None) == "conv2d"]
     assert [p.get("implicit_gemm", False) for p in convs] == [True, True, False]
+    assert [p.get("packed_a", False) for p in convs] == [False, False, True]  # 8 channels: two row tiles
 
 
 def test_convs_sharing_one_weight_share_its_packed_panels():

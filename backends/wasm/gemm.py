@@ -10,7 +10,8 @@ Entry points
   `[ceil(N/16)][K][16]`, the last panel zero-padded; `packed_b_size(k, n)` is its length.
 - `render_gemm(m, n, k, *, a_offset, b_packed_offset, c_offset, bias_offset=None, epilogue=None,
   residual_offset=None, features=SIMD_FMA, trans_a=False, lda=None, ldc=None, batch=1,
-  batch_strides=None, bias_per_row=False, a_scratch_offset=None, tile_rows=4, name="gemm") -> str`: a
+  batch_strides=None, bias_per_row=False, a_scratch_offset=None, tile_rows=4, a_packed=False,
+  name="gemm") -> str`: a
   `(func $name)` with no parameters or results that reads and writes memory 0 at the given byte
   offsets, followed by the functions it calls (`$name_k_zero`, `$name_k_acc`: the tiles' k loop,
   see `_k_function_unroll`) when it uses them.
@@ -28,6 +29,12 @@ Entry points
   - `a_scratch_offset`: where the kernel may copy blocks of A (`gemm_scratch_bytes(m, k, tile_rows)`
     bytes) so that a tile reads its rows' values for one k as one v128; used whenever M is more than
     one tile. Without it A is read in place.
+  - `a_packed`: A at `a_offset` already is `pack_a(A)` (a weight packed at compile time): the kernel
+    reads it as it reads the scratch blocks and packs nothing; only where `packs_a(m, features,
+    tile_rows)`. The batch stride of A is then `packed_a_size(m, k)`.
+- `pack_a(a, tile_rows=4) -> np.ndarray`: A (M x K) in the order the tiles read packed A: for each
+  K block of 128, groups of `tile_rows` rows (the last zero-padded) as [k][row]; `packed_a_size(m, k)`
+  is its length in bytes.
   - `features`: a set of "simd", "relaxed-simd". With relaxed SIMD the inner product uses
     `f32x4.relaxed_madd` (the host must enable relaxed SIMD; results may differ from mul+add in the
     last bit, as FMA does); with only "simd" it uses mul + add; with neither, scalar f32 code.
@@ -36,7 +43,8 @@ Entry points
   the panel layout at `dst_offset` (`packed_b_size(k, n)` bytes per batch).
 
 Conv lowers to this through `backends/wasm/kernels/conv.py` (`render_conv2d`): im2col packed straight
-into panels, the weight as A unchanged, the NCHW output as C with a per-row bias.
+into panels, the weight as A (as `pack_a` packed it at compile time where the kernel reads A packed),
+the NCHW output as C with a per-row bias.
 
 Blocking: the loops run K blocks of 128 (outermost), then 16-column panels, then 4-row tiles, so one
 K block of a panel (8 KiB) stays in L1 while every row tile streams past it; a 4-row tile runs as
@@ -82,6 +90,30 @@ def pack_b(b: np.ndarray, trans_b: bool = False) -> bytes:
     return padded.reshape(k, panels, PANEL).transpose(1, 0, 2).tobytes()
 
 
+def packs_a(m: int, features, tile_rows: int = TILE_ROWS) -> bool:
+    """Whether the SIMD kernel reads A packed (from its scratch, or `pack_a`'s layout with `a_packed`):
+    more than one row tile."""
+    return "simd" in frozenset(features) and m > tile_rows
+
+
+def packed_a_size(m: int, k: int, tile_rows: int = TILE_ROWS) -> int:
+    return -(-m // tile_rows) * tile_rows * k * 4
+
+
+def pack_a(a: np.ndarray, tile_rows: int = TILE_ROWS) -> np.ndarray:
+    """A (M x K, more than one tile of rows) as the tiles read it packed: K blocks of `K_BLOCK`, each
+    [ceil(M/tile_rows)][klen][tile_rows], the rows past M zero. Block k0 starts at k0 * Mp floats (Mp:
+    M rounded up to the tile), the group of row i at i * klen inside it."""
+    a = np.asarray(a, dtype=np.float32)
+    m, k = a.shape
+    rows = -(-m // tile_rows) * tile_rows
+    padded = np.zeros((rows, k), np.float32)
+    padded[:m] = a
+    blocks = [padded[:, k0:k0 + K_BLOCK].reshape(rows // tile_rows, tile_rows, -1).transpose(0, 2, 1).ravel()
+              for k0 in range(0, k, K_BLOCK)]
+    return np.concatenate(blocks)
+
+
 def _check_features(features) -> frozenset[str]:
     features = frozenset(features)
     unknown = features - KNOWN_FEATURES
@@ -97,21 +129,25 @@ def render_gemm(m: int, n: int, k: int, *, a_offset: int, b_packed_offset: int, 
                 residual_offset: int | None = None, features=SIMD_FMA, trans_a: bool = False,
                 lda: int | None = None, ldc: int | None = None, batch: int = 1,
                 batch_strides: tuple[int, int, int] | None = None, bias_per_row: bool = False,
-                a_scratch_offset: int | None = None, tile_rows: int = TILE_ROWS, name: str = "gemm") -> str:
+                a_scratch_offset: int | None = None, tile_rows: int = TILE_ROWS, a_packed: bool = False,
+                name: str = "gemm") -> str:
     features = _check_features(features)
     check_epilogue(epilogue)
     if not 1 <= tile_rows <= MAX_ROWS:
         raise ValueError(f"tile_rows must be 1..{MAX_ROWS}, got {tile_rows}")
     if min(m, n, k, batch) < 1:
         raise ValueError(f"GEMM dims must be positive, got m={m} n={n} k={k} batch={batch}")
+    if a_packed and (trans_a or lda or not packs_a(m, features, tile_rows)):
+        raise ValueError(f"a packed A needs SIMD, more than {tile_rows} rows and no transA/lda (m={m})")
     lda = lda or (m if trans_a else k)
     ldc = ldc or n
     strides = batch_strides or (m * k * 4, packed_b_size(k, n), m * n * 4)
     a_k_step, a_row_step = (lda * 4, 4) if trans_a else (4, lda * 4)
     body = _simd_body if "simd" in features else _scalar_body
     bias = None if bias_offset is None else ("row" if bias_per_row else "column")
+    a_pack = "packed" if a_packed else a_scratch_offset
     inner, helpers = body(m, n, k, a_k_step, a_row_step, ldc * 4, bias, residual_offset is not None, epilogue,
-                          "relaxed-simd" in features, a_scratch_offset, tile_rows, name)
+                          "relaxed-simd" in features, a_pack, tile_rows, name)
     pointers = [
         f"(local.set $A (i32.const {a_offset}))",
         f"(local.set $B (i32.const {b_packed_offset}))",
@@ -177,7 +213,9 @@ def gemm_scratch_bytes(m: int, k: int, tile_rows: int = TILE_ROWS) -> int:
 
 def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, epilogue, fma, a_pack,
                rows_per_tile, name) -> tuple[list[str], str]:
-    """The function's body, and the functions it calls (the tiles' k loops, see `_k_function_unroll`)."""
+    """The function's body, and the functions it calls (the tiles' k loops, see `_k_function_unroll`).
+    `a_pack`: the scratch offset A's blocks are packed into, "packed" when A already is `pack_a(A)`,
+    None to read A in place."""
     kc = k if m <= rows_per_tile else min(k, K_BLOCK)
     blocks = -(-k // kc)
     # Packed, a full tile's A values for one k are 16 contiguous bytes: one load for the 4 rows (see
@@ -220,7 +258,12 @@ def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, ep
 
     def tile_at(rows: int, vecs: list[Vec]) -> list[str]:
         """Point $pa/$pb/$pc/$pr/$pbias at tile (i, j) of block k0, then run the tile."""
-        if packed:  # tiles start rows_per_tile apart from $ib: group (i - ib) / rows_per_tile
+        if a_pack == "packed":  # pack_a's layout: block k0 at k0 * Mp floats, row i's group at i * klen
+            padded_rows = -(-m // rows_per_tile) * rows_per_tile
+            a_at = (f"(i32.add (i32.mul (local.get $k0) (i32.const {padded_rows * 4}))"
+                    f" (i32.mul (local.get $i) (i32.shl (local.get $klen) (i32.const 2))))")
+            a_base = "(local.get $A)"
+        elif packed:  # tiles start rows_per_tile apart from $ib: group (i - ib) / rows_per_tile
             a_at = f"(i32.mul (i32.sub (local.get $i) (local.get $ib)) (i32.const {kc * 4}))"
             a_base = f"(i32.const {a_pack})"
         else:
@@ -266,7 +309,7 @@ def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, ep
 
     # Row blocks of M_BLOCK keep the A block (M_BLOCK x 128 floats) in L2 while the panels sweep it.
     def block(rows: int) -> list[str]:
-        return (pack_a(rows) if packed else []) + panels(rows)
+        return (pack_a(rows) if packed and a_pack != "packed" else []) + panels(rows)
 
     full_blocks, last_rows = divmod(m, M_BLOCK)
     code = _counted("$ib", 0, full_blocks * M_BLOCK, M_BLOCK, block(M_BLOCK)) if full_blocks else []

@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from backends.wasm.gemm import SCALAR, gemm_scratch_bytes, pack_b, packed_b_size, render_gemm, render_pack_b
-from backends.wasm.kernels.conv import Conv2dSpec, conv_scratch_bytes, pack_conv_weight, render_conv2d
+from backends.wasm.kernels.conv import (Conv2dSpec, conv_scratch_bytes, pack_conv_weight, render_conv2d,
+                                        weight_packs_as_a)
 from backends.wasm.kernels.conv_implicit_gemm import implicit_gemm_is_faster
 from backends.wasm.options import WasmOptions
 from ir.loops.program import Intrinsic
@@ -43,6 +44,11 @@ class Conv2dHooks:
     def prefers_implicit_gemm(self, params: dict) -> bool:
         """Whether this Conv runs faster as an implicit GEMM (its weight then packed by `pack_weight`)."""
         return implicit_gemm_is_faster(Conv2dSpec(**params), self.features)
+
+    def packs_weight_as_a(self, params: dict) -> bool:
+        """Whether this im2col Conv's weight is best packed at compile time as the GEMM's A (then
+        `packed_a`, and `pack_weight` packs it)."""
+        return weight_packs_as_a(Conv2dSpec(**params), self.features)
 
     @staticmethod
     def pack_weight(params: dict, weights: np.ndarray) -> np.ndarray:

@@ -215,10 +215,15 @@ def _conv_as_intrinsic(b, node) -> bool:
     hooks = b.intrinsics["conv2d"]
     if wv.is_const and hooks.prefers_implicit_gemm(params):  # the weight is packed here, at compile time
         params["implicit_gemm"] = True
-        panels = _CONV_PANELS.setdefault(b, {})  # Convs sharing one weight share its panels
-        if id(wv) not in panels:
-            panels[id(wv)] = b.constant(hooks.pack_weight(params, np.asarray(wv.const)), wv.name + "_panels")
-        w = panels[id(wv)]
+    elif wv.is_const and hooks.packs_weight_as_a(params):   # im2col: the weight as the GEMM's packed A
+        params["packed_a"] = True
+    if params.get("implicit_gemm") or params.get("packed_a"):
+        layout = "implicit_gemm" if params.get("implicit_gemm") else "packed_a"
+        panels = _CONV_PANELS.setdefault(b, {})  # Convs sharing one weight (and layout) share its packing
+        if (id(wv), layout) not in panels:
+            suffix = "_panels" if layout == "implicit_gemm" else "_packed_a"
+            panels[(id(wv), layout)] = b.constant(hooks.pack_weight(params, np.asarray(wv.const)), wv.name + suffix)
+        w = panels[(id(wv), layout)]
     else:
         w = b.input(node, 1)
     scratch = b.temp("float32", (hooks.scratch_elements(params),), x.name + "_im2col")

@@ -16,7 +16,11 @@ Entry point
   residual_offset=None, epilogue=None, features=SIMD_FMA, name="conv") -> str`: WAT functions, the
   one to call being `$name` (no parameters); `conv_scratch_bytes(spec)` is what it needs at
   `scratch_offset` (the packed im2col of one image, all groups, and the GEMM's A blocks). With
-  `spec.implicit_gemm` the weight at `w_offset` is `pack_conv_weight(spec, w)`, not ONNX's layout.
+  `spec.implicit_gemm` or `spec.packed_a` the weight at `w_offset` is `pack_conv_weight(spec, w)`,
+  not ONNX's layout.
+- `weight_packs_as_a(spec, features)`: whether the lowering should pack this Conv's (constant) weight
+  at compile time in the GEMM's packed-A layout (then `packed_a=True`), so that the kernel reads it as
+  it is instead of copying blocks of it into its scratch on every call.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from backends.wasm.gemm import SIMD_FMA, gemm_scratch_bytes, packed_b_size, render_gemm, render_pack_b
+from backends.wasm.gemm import (SIMD_FMA, gemm_scratch_bytes, pack_a, packed_a_size, packed_b_size, packs_a,
+                                render_gemm, render_pack_b)
 from backends.wasm.kernels.conv_implicit_gemm import (implicit_gemm_scratch_bytes, pack_implicit_gemm_weight,
                                                       render_conv2d_implicit_gemm)
 from backends.wasm.kernels.depthwise import depthwise_scratch_bytes, is_depthwise, render_depthwise
@@ -46,12 +51,15 @@ class Conv2dSpec:
     dilations: tuple[int, int] = (1, 1)
     groups: int = 1
     implicit_gemm: bool = False  # output pixels as GEMM rows, the weight as packed B (conv_implicit_gemm.py)
+    packed_a: bool = False       # im2col, the weight given as the GEMM's packed A (gemm.pack_a, per group)
 
     def __post_init__(self):
         if self.in_channels % self.groups or self.out_channels % self.groups:
             raise ValueError(f"channels {self.in_channels} -> {self.out_channels} do not split into {self.groups} groups")
         if self.implicit_gemm and self.groups != 1:
             raise ValueError(f"a grouped Conv ({self.groups} groups) runs on im2col, not as an implicit GEMM")
+        if self.packed_a and (self.implicit_gemm or is_depthwise(self)):
+            raise ValueError("only an im2col Conv (not implicit GEMM, not depthwise) reads its weight as packed A")
         if self.out_height < 1 or self.out_width < 1:
             raise ValueError(f"Conv output would be empty: {self}")
 
@@ -85,15 +93,33 @@ def conv_scratch_bytes(spec: Conv2dSpec) -> int:
         return implicit_gemm_scratch_bytes(spec)
     if is_depthwise(spec):
         return depthwise_scratch_bytes(spec)
+    if spec.packed_a:
+        return _im2col_bytes(spec)
     return _im2col_bytes(spec) + gemm_scratch_bytes(spec.out_channels // spec.groups, spec.gemm_k)
 
 
+def weight_packs_as_a(spec: Conv2dSpec, features) -> bool:
+    """Whether an im2col Conv's GEMM reads its weight packed (more than one 4-row tile, SIMD128): then
+    packing it at compile time saves the kernel's run-time packing of A. That packing costs most where
+    few pixels share it: measured (relaxed SIMD, wasmtime 50, CPU time, median of 9 interleaved rounds,
+    ms, packed at run time -> at compile time) 3x3 512->512 at 7x7 5.40 -> 5.13, 1x1 2048->512 at 7x7
+    2.49 -> 2.30, 3x3 512->512 at 14x14 19.15 -> 18.82; large images unchanged (7x7s2 3->96 at 224
+    8.70 -> 8.60). Whole models, sum of per-CU min_ms of `cortex bench --repeat 3`, median of 3
+    interleaved rounds: light_resnet50 200.5 -> 191.3, light_zfnet512 92.6 -> 89.5, light_vgg19
+    953.9 -> 946.9, light_bvlc_alexnet 40.5 -> 39.8."""
+    return not spec.implicit_gemm and not is_depthwise(spec) and packs_a(spec.out_channels // spec.groups, features)
+
+
 def pack_conv_weight(spec: Conv2dSpec, w: np.ndarray) -> np.ndarray:
-    """The weight as `render_conv2d` reads it: ONNX's [OC, C/g, kh, kw] as is for im2col, 16-channel
-    panels for the implicit GEMM."""
+    """The weight as `render_conv2d` reads it: ONNX's [OC, C/g, kh, kw] as is for im2col, each group's
+    [OC/g, K] as `gemm.pack_a` with `packed_a`, 16-channel panels for the implicit GEMM."""
     if spec.implicit_gemm:
         return pack_implicit_gemm_weight(spec, w)
-    return np.asarray(w, dtype=np.float32)
+    w = np.asarray(w, dtype=np.float32)
+    if spec.packed_a:
+        per_group = w.reshape(spec.groups, spec.out_channels // spec.groups, spec.gemm_k)
+        return np.concatenate([pack_a(a) for a in per_group])
+    return w
 
 
 def _im2col_bytes(spec: Conv2dSpec) -> int:
@@ -128,11 +154,13 @@ def render_conv2d(spec: Conv2dSpec, *, x_offset: int, w_offset: int, y_offset: i
                                        features=simd))
         else:
             funcs.append(_render_im2col(spec, x, scratch_offset, pack_name, vector="simd" in simd))
+        a_stride = packed_a_size(m, k) if spec.packed_a else m * k * 4
         funcs.append(render_gemm(m, n, k, a_offset=w_offset, b_packed_offset=scratch_offset, c_offset=y,
                                  bias_offset=bias_offset, bias_per_row=True, residual_offset=res,
                                  epilogue=epilogue, features=features, batch=g,
-                                 batch_strides=(m * k * 4, packed_b_size(k, n), m * n * 4),
-                                 a_scratch_offset=scratch_offset + _im2col_bytes(spec), name=gemm_name))
+                                 batch_strides=(a_stride, packed_b_size(k, n), m * n * 4),
+                                 a_scratch_offset=None if spec.packed_a else scratch_offset + _im2col_bytes(spec),
+                                 a_packed=spec.packed_a, name=gemm_name))
         calls += [f"  (call ${pack_name})", f"  (call ${gemm_name})"]
     title = (f"  ;; Conv {spec.in_channels}x{spec.height}x{spec.width} -> {spec.out_channels}x{spec.out_height}x"
              f"{spec.out_width}, kernel {spec.kernel}, groups {g}, batch {spec.batch}: im2col + GEMM")
