@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.wasm.gemm import (SCALAR, SIMD, SIMD_FMA, gemm_scratch_bytes, pack_a, pack_b, packed_a_size,
-                                packed_b_size, packs_a, render_gemm, render_pack_b)
+from backends.wasm.gemm import (SCALAR, SIMD, SIMD_FMA, gemm_scratch_bytes, k_block_size, pack_a, pack_b,
+                                packed_a_size, packed_b_size, packs_a, render_gemm, render_pack_b)
 from backends.wasm.kernels.microkernel import edge_pass_lanes
 from backends.wasm.kernels.standalone import instantiate, read, write
 
@@ -146,13 +146,20 @@ def test_a_packed_a_is_refused_where_the_kernel_reads_a_in_place():
 
 
 def test_pack_a_lays_out_k_blocks_of_4_row_groups_zero_padded():
-    a = np.arange(6 * 130, dtype=np.float32).reshape(6, 130)
+    a = np.arange(6 * 170, dtype=np.float32).reshape(6, 170)
     packed = pack_a(a)
-    assert packed.size == 8 * 130
+    assert packed.size == 8 * 170
     block0 = packed[:8 * 128].reshape(2, 128, 4)      # [row group][k][row]
     assert (block0[0, 5] == a[0:4, 5]).all() and (block0[1, 7, :2] == a[4:6, 7]).all() and (block0[1, :, 2:] == 0).all()
-    block1 = packed[8 * 128:].reshape(2, 2, 4)        # the last K block: 2 columns
-    assert (block1[1, 1, :2] == a[4:6, 129]).all()
+    block1 = packed[8 * 128:].reshape(2, 42, 4)       # the last K block: 42 columns
+    assert (block1[1, 41, :2] == a[4:6, 169]).all()
+
+
+@pytest.mark.parametrize("k,blocks", [(100, 1), (128, 1), (159, 1), (160, 2), (300, 3), (1152, 9)])
+def test_a_last_k_block_shorter_than_a_quarter_block_is_not_a_block_of_its_own(k, blocks):
+    assert -(-k // k_block_size(k)) == blocks
+    a = np.ones((8, k), np.float32)
+    assert pack_a(a).size == 8 * k and gemm_scratch_bytes(8, k) == 8 * k_block_size(k) * 4
 
 
 @pytest.mark.parametrize("tile_rows", [1, 2, 3, 4])

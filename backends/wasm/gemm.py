@@ -46,8 +46,8 @@ Conv lowers to this through `backends/wasm/kernels/conv.py` (`render_conv2d`): i
 into panels, the weight as A (as `pack_a` packed it at compile time where the kernel reads A packed),
 the NCHW output as C with a per-row bias.
 
-Blocking: the loops run K blocks of 128 (outermost), then 16-column panels, then 4-row tiles, so one
-K block of a panel (8 KiB) stays in L1 while every row tile streams past it; a 4-row tile runs as
+Blocking: the loops run K blocks of 128 (`k_block_size`: all of K below 160) (outermost), then
+16-column panels, then 4-row tiles, so one K block of a panel (8 KiB) stays in L1 while every row tile streams past it; a 4-row tile runs as
 two passes of 4 x 8 over it (kernels/microkernel.py), with relaxed SIMD each pass's k loop a call
 of a function of its own, so that the epilogue around it costs the loop no registers. With one row (GEMV, bandwidth-bound) there is
 no K blocking.
@@ -90,6 +90,16 @@ def pack_b(b: np.ndarray, trans_b: bool = False) -> bytes:
     return padded.reshape(k, panels, PANEL).transpose(1, 0, 2).tobytes()
 
 
+def k_block_size(k: int) -> int:
+    """K columns per block (of a product of more than one row tile): K_BLOCK, or all of K when the
+    last block would be shorter than a quarter of one. Each block is a pass over C, and a short last
+    one costs a pass for little work: measured (relaxed SIMD, wasmtime 50, CPU time, median of 9
+    interleaved rounds, blocks of 128 -> one block) Conv 7x7s2 3->96 at 224 (k = 147) 9.68 -> 8.33 ms,
+    3->64 7.39 -> 6.41; GEMM GFLOP/s 512x512x150 47.5 -> 48.9, 128x384x150 + gelu 39.0 -> 40.4,
+    64x3136x147 + relu 45.7 -> 46.9, 256x784x144 45.9 -> 46.5, 1024x256x140 46.8 -> 47.2."""
+    return k if k < K_BLOCK + K_BLOCK // 4 else K_BLOCK
+
+
 def packs_a(m: int, features, tile_rows: int = TILE_ROWS) -> bool:
     """Whether the SIMD kernel reads A packed (from its scratch, or `pack_a`'s layout with `a_packed`):
     more than one row tile."""
@@ -101,7 +111,7 @@ def packed_a_size(m: int, k: int, tile_rows: int = TILE_ROWS) -> int:
 
 
 def pack_a(a: np.ndarray, tile_rows: int = TILE_ROWS) -> np.ndarray:
-    """A (M x K, more than one tile of rows) as the tiles read it packed: K blocks of `K_BLOCK`, each
+    """A (M x K, more than one tile of rows) as the tiles read it packed: K blocks of `k_block_size(K)`, each
     [ceil(M/tile_rows)][klen][tile_rows], the rows past M zero. Block k0 starts at k0 * Mp floats (Mp:
     M rounded up to the tile), the group of row i at i * klen inside it."""
     a = np.asarray(a, dtype=np.float32)
@@ -109,8 +119,9 @@ def pack_a(a: np.ndarray, tile_rows: int = TILE_ROWS) -> np.ndarray:
     rows = -(-m // tile_rows) * tile_rows
     padded = np.zeros((rows, k), np.float32)
     padded[:m] = a
-    blocks = [padded[:, k0:k0 + K_BLOCK].reshape(rows // tile_rows, tile_rows, -1).transpose(0, 2, 1).ravel()
-              for k0 in range(0, k, K_BLOCK)]
+    kc = k_block_size(k)
+    blocks = [padded[:, k0:k0 + kc].reshape(rows // tile_rows, tile_rows, -1).transpose(0, 2, 1).ravel()
+              for k0 in range(0, k, kc)]
     return np.concatenate(blocks)
 
 
@@ -208,7 +219,7 @@ def _counted(var: str, start: int, stop: int, step: int, body: list[str]) -> lis
 def gemm_scratch_bytes(m: int, k: int, tile_rows: int = TILE_ROWS) -> int:
     """What `a_scratch_offset` must hold: one packed block of A (row groups of the tile height)."""
     rows = -(-min(m, M_BLOCK) // tile_rows) * tile_rows
-    return rows * min(k, K_BLOCK) * 4
+    return rows * k_block_size(k) * 4
 
 
 def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, epilogue, fma, a_pack,
@@ -216,7 +227,7 @@ def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, ep
     """The function's body, and the functions it calls (the tiles' k loops, see `_k_function_unroll`).
     `a_pack`: the scratch offset A's blocks are packed into, "packed" when A already is `pack_a(A)`,
     None to read A in place."""
-    kc = k if m <= rows_per_tile else min(k, K_BLOCK)
+    kc = k if m <= rows_per_tile else k_block_size(k)
     blocks = -(-k // kc)
     # Packed, a full tile's A values for one k are 16 contiguous bytes: one load for the 4 rows (see
     # kernels/microkernel.py). Measured (relaxed SIMD, wasmtime, CPU time): 256^3 36 -> 38 GFLOP/s,
