@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from bench.page import replace_section
 from cortex.commands.decompose import decompose_model
 from cortex.dag import build_dag
 from ir.onnx_export import write_bytes_atomically
@@ -101,13 +102,7 @@ def render(rows: list[dict]) -> str:
 
 def write_section(path: Path, section: str) -> None:
     """Replace this benchmark's section of the page (or append it); other sections stay as they are."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n\n"
-    if BEGIN in text and END in text:
-        before, rest = text.split(BEGIN, 1)
-        text = before + section.rstrip("\n") + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    write_bytes_atomically(path, text.encode())
+    replace_section(path, section, BEGIN, END)
 
 
 def main() -> None:

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.page import replace_section
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
@@ -163,14 +165,7 @@ def render_section(document: dict) -> str:
 
 def write_section(path: Path, section: str) -> None:
     """Replace this section of the page (or append it); the rest of the page stays as it is."""
-    from ir.onnx_export import write_bytes_atomically
-    text = path.read_text() if path.exists() else "# Benchmarks\n\n"
-    if BEGIN in text and END in text:
-        before, rest = text.split(BEGIN, 1)
-        text = before + section.rstrip("\n") + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    write_bytes_atomically(path, text.encode())
+    replace_section(path, section, BEGIN, END)
 
 
 def _commit() -> str:
