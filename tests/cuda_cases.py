@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
+from backends.cuda import device as cuda_device
 from backends.cuda.build import compile_cu_dir
 from cortex.commands.decompose import decompose_model
 from cortex.dag import build_dag
@@ -82,3 +85,46 @@ def run_cuda_sim(model, feeds: dict, seed: int = 0, with_source: bool = False, *
         results = CuProgram(None, record, folder, seed=seed, host_threads=2).run(feeds)
         outputs = {name: np.array(value) for name, value in results.items()}
         return (outputs, source.text) if with_source else outputs
+
+
+class HostMemoryGpu:
+    """A stand-in for CudaDevice with the same methods, whose "device memory" is host memory and whose
+    modules run under cuda-sim: it lets the `cuda` runtime path run where there is no GPU."""
+
+    def __init__(self, sources_by_ptx: dict):
+        self.sources_by_ptx = sources_by_ptx
+        self.arrays, self.uploads, self.downloads = [], 0, 0
+
+    def alloc(self, nbytes):
+        array = np.zeros(max(1, nbytes), np.uint8)
+        self.arrays.append(array)
+        return cuda_device.DeviceBuffer(array.ctypes.data, nbytes)
+
+    def upload(self, array, buffer=None):
+        array = np.ascontiguousarray(array)
+        buffer = buffer or self.alloc(array.nbytes)
+        self.uploads += 1
+        np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint8 * max(1, array.nbytes)).from_address(buffer.ptr))[:array.nbytes] = \
+            array.view(np.uint8).reshape(-1)
+        return buffer
+
+    def download(self, buffer, shape, dtype):
+        self.downloads += 1
+        count = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        raw = (np.ctypeslib.ctypes.c_uint8 * max(1, count)).from_address(buffer.ptr)
+        return np.frombuffer(bytes(raw)[:count], dtype).reshape(shape).copy()
+
+    def load_module(self, cubins, ptx, signatures):
+        import hashlib
+        from backends.cuda.sim import SimModule
+        module = SimModule(self.sources_by_ptx[hashlib.sha256(ptx).hexdigest()])
+
+        class Module:
+            def kernel(self, name):
+                sim = module.kernel(name)
+
+                class Kernel:
+                    def launch(self, grid, block, shared, args, **_):
+                        sim.launch(grid, block, shared, [a.ptr if isinstance(a, cuda_device.DeviceBuffer) else a for a in args])
+                return Kernel()
+        return Module()

@@ -57,55 +57,12 @@ def test_a_kernel_runs_on_the_gpu_and_tensors_stay_on_the_device():
     np.testing.assert_allclose(gpu.download(dy, (1000,), np.float32), 1 + 3 * 2.0 * x)
 
 
-class _HostMemoryGpu:
-    """A stand-in for CudaDevice with the same methods, whose "device memory" is host memory and whose
-    modules run under cuda-sim: it lets the `cuda` runtime path run where there is no GPU."""
-
-    def __init__(self, sources_by_ptx: dict):
-        self.sources_by_ptx = sources_by_ptx
-        self.arrays, self.uploads, self.downloads = [], 0, 0
-
-    def alloc(self, nbytes):
-        array = np.zeros(max(1, nbytes), np.uint8)
-        self.arrays.append(array)
-        return cuda_device.DeviceBuffer(array.ctypes.data, nbytes)
-
-    def upload(self, array, buffer=None):
-        array = np.ascontiguousarray(array)
-        buffer = buffer or self.alloc(array.nbytes)
-        self.uploads += 1
-        np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint8 * max(1, array.nbytes)).from_address(buffer.ptr))[:array.nbytes] = \
-            array.view(np.uint8).reshape(-1)
-        return buffer
-
-    def download(self, buffer, shape, dtype):
-        self.downloads += 1
-        count = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        raw = (np.ctypeslib.ctypes.c_uint8 * max(1, count)).from_address(buffer.ptr)
-        return np.frombuffer(bytes(raw)[:count], dtype).reshape(shape).copy()
-
-    def load_module(self, cubins, ptx, signatures):
-        import hashlib
-        from backends.cuda.sim import SimModule
-        module = SimModule(self.sources_by_ptx[hashlib.sha256(ptx).hexdigest()])
-
-        class Module:
-            def kernel(self, name):
-                sim = module.kernel(name)
-
-                class Kernel:
-                    def launch(self, grid, block, shared, args, **_):
-                        sim.launch(grid, block, shared, [a.ptr if isinstance(a, cuda_device.DeviceBuffer) else a for a in args])
-                return Kernel()
-        return Module()
-
-
 @pytest.mark.skipif(find_nvcc() is None and nvrtc_version() is None, reason="no CUDA compiler")
 def test_the_cuda_runtime_path_keeps_tensors_on_the_device_between_cus(tmp_path, monkeypatch):
     import json
 
     import cortex
-    from cuda_cases import compile_cuda_pipeline
+    from cuda_cases import HostMemoryGpu, compile_cuda_pipeline
     from testdata import assert_values_close, sample_model
     case = sample_model("transformer_block")
     dag_path = compile_cuda_pipeline(case, tmp_path, min_cu_size=64, max_cu_depth=3)
@@ -113,7 +70,7 @@ def test_the_cuda_runtime_path_keeps_tensors_on_the_device_between_cus(tmp_path,
     assert len(dag["cus"]) > 1
     sources = {cu["artifacts"]["cuda"]["ptx"]["sha256"]: dag_path.parent / cu["artifacts"]["cuda"]["folder"]
                / cu["artifacts"]["cuda"]["source"]["file"] for cu in dag["cus"]}
-    gpu = _HostMemoryGpu(sources)
+    gpu = HostMemoryGpu(sources)
     monkeypatch.setattr(cuda_device, "CudaDevice", lambda: gpu)
     model = cortex.load(dag_path, device="cuda")
     uploads_at_load = gpu.uploads                   # the weights, once per CU

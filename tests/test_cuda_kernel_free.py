@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 import cortex
 from backends.cuda import device as cuda_device
 from backends.cuda.compile import find_nvcc, nvrtc_version
-from cuda_cases import compile_cuda_pipeline
+from cuda_cases import HostMemoryGpu, compile_cuda_pipeline
 from testdata import ModelCase, run_onnxruntime
 
 HAS_COMPILER = find_nvcc() is not None or nvrtc_version() is not None
@@ -71,22 +71,11 @@ def test_a_kernel_free_cu_runs_on_cuda_sim_and_matches_onnxruntime(tmp_path):
     _assert_same(cortex.load(dag_path, device="cuda-sim").run(case.inputs), case.outputs)
 
 
-class _GpuWithoutModules:
+class _GpuWithoutModules(HostMemoryGpu):
     """A stand-in for CudaDevice whose memory is host memory and which fails if asked to load code."""
 
     def __init__(self):
-        self.arrays = []
-
-    def alloc(self, nbytes):
-        array = np.zeros(max(1, nbytes), np.uint8)
-        self.arrays.append(array)
-        return cuda_device.DeviceBuffer(array.ctypes.data, nbytes)
-
-    def upload(self, array, buffer=None):
-        array = np.ascontiguousarray(array)
-        buffer = buffer or self.alloc(array.nbytes)
-        assert array.nbytes == 0 or buffer.nbytes >= array.nbytes
-        return buffer
+        super().__init__(sources_by_ptx={})
 
     def download(self, buffer, shape, dtype):
         assert int(np.prod(shape)) == 0, "only empty tensors come out of a kernel-free CU"
