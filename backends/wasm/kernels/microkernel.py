@@ -271,26 +271,17 @@ def _k_function(name: str, g: TileGeometry, unroll: int, vecs: list[Vec]) -> str
 
 def _k_loop_split(rows: int, vec: Vec, g: TileGeometry) -> list[str]:
     """`_k_loop` for one vector, even steps into acc(r, 0), odd ones into acc(r, 1)."""
-    body: list[str] = []
+    steps = []
     for u in range(g.unroll):
-        body += [f"(local.set $av (v128.load (local.get $pa)))",
-                 *(f"(local.set $a{r} (i8x16.shuffle {_lane_splat(r)} (local.get $av) (local.get $av)))" for r in range(rows)),
-                 f"(local.set $b0 (v128.load offset={vec.index * 16} (local.get $pb)))"]
+        step = [f"(local.set $av (v128.load (local.get $pa)))",
+                *(f"(local.set $a{r} (i8x16.shuffle {_lane_splat(r)} (local.get $av) (local.get $av)))" for r in range(rows)),
+                f"(local.set $b0 (v128.load offset={vec.index * 16} (local.get $pb)))"]
         for r in range(rows):
             x, y, c = f"(local.get $a{r})", "(local.get $b0)", f"(local.get {acc(r, u % 2)})"
             madd = f"(f32x4.relaxed_madd {x} {y} {c})" if g.fma else f"(f32x4.add (f32x4.mul {x} {y}) {c})"
-            body.append(f"(local.set {acc(r, u % 2)} {madd})")
-        body += [f"(local.set $pa (i32.add (local.get $pa) (i32.const {g.a_k_step})))",
-                 f"(local.set $pb (i32.add (local.get $pb) (i32.const {PANEL_BYTES})))"]
-        if u < g.unroll - 1:
-            body.append("(br_if $tile_kdone (i32.ge_u (local.get $pb) (local.get $pend)))")
-    body.append("(br_if $tile_k (i32.lt_u (local.get $pb) (local.get $pend)))")
-    return [
-        "(if (i32.lt_u (local.get $pb) (local.get $pend))",
-        "  (then (block $tile_kdone (loop $tile_k",
-        *("    " + s for s in body),
-        "  ))))",
-    ]
+            step.append(f"(local.set {acc(r, u % 2)} {madd})")
+        steps.append(step)
+    return _stepped_k_loop(steps, g)
 
 
 def _called_pass(vecs: list[Vec], g: TileGeometry, k_function: str) -> list[str]:
@@ -332,12 +323,18 @@ def _k_loop(rows: int, vecs: list[Vec], g: TileGeometry) -> list[str]:
     tail (no second loop), and it is what keeps each step's loads next to its multiply-adds (Cranelift
     places pure instructions at their first use, so without a branch between steps every load of the
     iteration would come first and stay live)."""
+    return _stepped_k_loop([_k_step(rows, vecs, g) for _ in range(g.unroll)], g)
+
+
+def _stepped_k_loop(steps: list[list[str]], g: TileGeometry) -> list[str]:
+    """The k loop around `steps` (one list of lines per k step of an iteration): each step moves $pa
+    and $pb on by one k and, but for the last, leaves the loop when $pb reaches $pend."""
     body: list[str] = []
-    for u in range(g.unroll):
-        body += _k_step(rows, vecs, g)
+    for u, step in enumerate(steps):
+        body += step
         body += [f"(local.set $pa (i32.add (local.get $pa) (i32.const {g.a_k_step})))",
                  f"(local.set $pb (i32.add (local.get $pb) (i32.const {PANEL_BYTES})))"]
-        if u < g.unroll - 1:
+        if u < len(steps) - 1:
             body.append("(br_if $tile_kdone (i32.ge_u (local.get $pb) (local.get $pend)))")
     body.append("(br_if $tile_k (i32.lt_u (local.get $pb) (local.get $pend)))")
     return [
