@@ -130,15 +130,18 @@ def test_a_conv_with_four_channels_per_group_keeps_the_onnx_weight():
         Conv2dSpec(1, 6, 9, 9, 6, (3, 3), groups=6, packed_a=True)  # depthwise
 
 
-def test_conv_epilogue_adds_the_residual_then_applies_relu():
-    spec = SPECS["3x3-pad1"]
-    rng = np.random.default_rng(9)
-    x = rng.standard_normal((1, 3, 9, 11)).astype(np.float32)
-    w = rng.standard_normal((8, 3, 3, 3)).astype(np.float32)
-    residual = rng.standard_normal((1, 8, 9, 11)).astype(np.float32)
+def _check_residual_then_relu(spec: Conv2dSpec, features, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((spec.batch, spec.in_channels, spec.height, spec.width)).astype(np.float32)
+    w = rng.standard_normal((spec.out_channels, spec.in_channels // spec.groups, *spec.kernel)).astype(np.float32)
+    residual = rng.standard_normal((spec.batch, spec.out_channels, spec.out_height, spec.out_width)).astype(np.float32)
     want = np.maximum(onnxruntime_conv(spec, x, w, None) + residual, 0)
-    got = run_conv(spec, x, w, None, residual, "relu", SIMD_FMA)
+    got = run_conv(spec, x, w, None, residual, "relu", features)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_conv_epilogue_adds_the_residual_then_applies_relu():
+    _check_residual_then_relu(SPECS["3x3-pad1"], SIMD_FMA, seed=9)
 
 
 def test_a_conv_with_no_output_pixels_is_refused():
@@ -148,14 +151,7 @@ def test_a_conv_with_no_output_pixels_is_refused():
 
 @pytest.mark.parametrize("features", [SIMD_FMA, SCALAR], ids=["relaxed-simd", "scalar"])
 def test_depthwise_conv_without_bias_adds_the_residual_then_applies_relu(features):
-    spec = SPECS["depthwise-stride2"]
-    rng = np.random.default_rng(4)
-    x = rng.standard_normal((1, 6, 9, 9)).astype(np.float32)
-    w = rng.standard_normal((6, 1, 3, 3)).astype(np.float32)
-    residual = rng.standard_normal((1, 6, 5, 5)).astype(np.float32)
-    want = np.maximum(onnxruntime_conv(spec, x, w, None) + residual, 0)
-    got = run_conv(spec, x, w, None, residual, "relu", features)
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    _check_residual_then_relu(SPECS["depthwise-stride2"], features, seed=4)
 
 
 def test_depthwise_conv_runs_directly_on_a_padded_plane_instead_of_im2col():
