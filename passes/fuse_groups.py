@@ -164,9 +164,8 @@ def fold_scales_and_shifts_into_batch_norms(graph: Graph) -> int:
     graph_outputs = {id(v) for v in graph.outputs}
     removed: set[int] = set()
     for bn in graph.nodes:
-        if bn.op_type != "BatchNormalization" or bn.domain not in ("", "ai.onnx") or id(bn) in removed \
-                or len(bn.present_inputs) != 5 or bn.attrs.get("training_mode", 0) or len(bn.outputs) != 1 \
-                or not all(v.is_const for v in bn.inputs[1:5]) or bn.inputs[1].const.dtype.kind != "f":
+        if not _is_inference_batch_norm(bn) or bn.domain not in ("", "ai.onnx") or id(bn) in removed \
+                or bn.inputs[1].const.dtype.kind != "f":
             continue
         scale, bias = (bn.inputs[i].const.astype(np.float64) for i in (1, 2))
         folded = 0
