@@ -183,11 +183,7 @@ class CudaRenderer:
     def function(self, name: str, kernel: Kernel, nest: ParallelNest | None, stmts: list[Stmt],
                  rows: dict[int, StridedLoop] | None = None) -> str:
         self._names = {}
-        params = ", ".join(f"unsigned char* __restrict__ p{i}" for i in range(len(self.params) - 2))
-        params = (params + ", " if params else "") + "const unsigned char* __restrict__ weights, unsigned char* __restrict__ scratch"
-        lines = [f'extern "C" __global__ void __launch_bounds__({BLOCK_THREADS}) {name}({params}) {{',
-                 f"  // {kernel.op_type} ({kernel.name})"]
-        lines += self.pointers(stmts)
+        lines = self.header(name, kernel, stmts, BLOCK_THREADS)
         used_locals = _locals_in(stmts)
         for loc in kernel.locals:
             if loc.uid in used_locals:
