@@ -142,25 +142,24 @@ class CudaRenderer:
 
     def emit(self, unit: Unit) -> str:
         kernel, nest, name = unit.kernel, unit.nest, unit.name
+        # A launch names every node kernel it runs (one, unless maps were fused into it).
+        node_kernels = "+".join(p.kernel.name for p in unit.parts)
+        op_types = "+".join(p.kernel.op_type for p in unit.parts)
         tiled = plan_tiled(nest) if self.tiled else None
         if unit.fused and tiled is None:
-            parts = unit.parts
             threads = nest.thread_count
             block = min(BLOCK_THREADS, -(-threads // 32) * 32)
-            self.launches.append(Launch(name, "+".join(p.kernel.name for p in parts),
-                                        "+".join(p.kernel.op_type for p in parts), -(-threads // block), block, threads))
+            self.launches.append(Launch(name, node_kernels, op_types, -(-threads // block), block, threads))
             return self.fused_function(unit)
         if tiled is not None:
             m, n, b = (tiled.extent(x) for x in (tiled.rows, tiled.cols, tiled.batch))
-            parts = unit.parts
-            self.launches.append(Launch(name, "+".join(p.kernel.name for p in parts),
-                                        "+".join(p.kernel.op_type for p in parts), [-(-n // TILE), -(-m // TILE), b],
+            self.launches.append(Launch(name, node_kernels, op_types, [-(-n // TILE), -(-m // TILE), b],
                                         [TILE, TILE, 1], m * n * b))
             return self.tiled_function(unit, tiled)
         rows = plan_warp_rows(nest)
         threads = (nest.thread_count * (32 if rows else 1)) if nest else 1
         block = min(BLOCK_THREADS, -(-threads // 32) * 32) if nest else 1
-        self.launches.append(Launch(name, kernel.name, kernel.op_type, -(-threads // block), block, threads))
+        self.launches.append(Launch(name, node_kernels, op_types, -(-threads // block), block, threads))
         return self.function(name, kernel, nest, unit.stmts, rows)
 
     def fused_function(self, unit: Unit) -> str:
