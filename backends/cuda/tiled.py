@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ir.loops.expr import Expr, Fma, Load, walk
+from ir.loops.expr import Expr, Fma, Load, Var, walk
 from ir.loops.program import Loop, Store
 
 from backends.cuda.parallelize import ParallelNest, affine
@@ -40,8 +40,12 @@ class TiledContraction:
 
 
 def _vars(e: Expr) -> set[int]:
-    from ir.loops.expr import Var
     return {x.uid for x in walk(e) if isinstance(x, Var)}
+
+
+def _only_in(threads: list[Loop], mine: set[int], other: set[int]) -> list[Loop]:
+    """The thread loops (of more than one iteration) that one operand indexes and the other does not."""
+    return [t for t in threads if t.var.uid in mine and t.var.uid not in other and t.extent > 1]
 
 
 def plan_tiled(nest: ParallelNest | None) -> TiledContraction | None:
@@ -58,12 +62,10 @@ def plan_tiled(nest: ParallelNest | None) -> TiledContraction | None:
     k_vars = {loop.var.uid for loop in nest.serial}
     a, b = value.a, value.b
     used_a, used_b = _vars(a), _vars(b)
-    rows = [t for t in nest.threads if t.var.uid in used_a and t.var.uid not in used_b and t.extent > 1]
-    cols = [t for t in nest.threads if t.var.uid in used_b and t.var.uid not in used_a and t.extent > 1]
+    rows, cols = _only_in(nest.threads, used_a, used_b), _only_in(nest.threads, used_b, used_a)
     if not rows or not cols:
         a, b, used_a, used_b = b, a, used_b, used_a
-        rows = [t for t in nest.threads if t.var.uid in used_a and t.var.uid not in used_b and t.extent > 1]
-        cols = [t for t in nest.threads if t.var.uid in used_b and t.var.uid not in used_a and t.extent > 1]
+        rows, cols = cols, rows
     if not rows or not cols or not (k_vars & used_a) or not (k_vars & used_b) or _vars(store.index) & k_vars:
         return None
     if any(isinstance(x, Load) and x.buffer.storage is store.buffer.storage for x in [*walk(a), *walk(b)]):
