@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import statistics
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.page import replace_section
+from bench.report import geomean
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -120,11 +120,6 @@ def run_conformance(jobs: int) -> dict:
         return {"exit_code": code, "error": f"`{' '.join(command[1:])}` exited with {code}"}
     document = json.loads(report.read_text())
     return {"exit_code": code, "summary": document["summary"], "table": "docs/conformance-cuda.md"}
-
-
-def geomean(values: list[float]) -> float | None:
-    values = [v for v in values if v and v > 0]
-    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
 
 
 def _ms(value: float | None) -> str:
