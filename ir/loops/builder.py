@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Callable
 
 import numpy as np
 
@@ -48,6 +49,8 @@ class LoopBuilder:
         self._kernel: Kernel | None = None
         self._output_ids = {id(v) for v in graph.outputs}
         self._readers = {id(v): nodes for v, nodes in graph.users().items()}
+        self._positions = {id(n): i for i, n in enumerate(graph.nodes)}
+        self._shared_constants: dict = {}
         self._absorbed: set[int] = set()     # nodes another node's kernel computes (epilogues)
         for v in graph.inputs:
             if not v.is_const:
@@ -96,6 +99,13 @@ class LoopBuilder:
         buf.storage.data = data
         return buf
 
+    def shared_constant(self, key, make: Callable[[], np.ndarray], name: str) -> Buffer:
+        """The constant `make()` builds, built once per `key` (a weight packed the same way for
+        several kernels that read it)."""
+        if key not in self._shared_constants:
+            self._shared_constants[key] = self.constant(make(), name)
+        return self._shared_constants[key]
+
     def temp(self, dtype: str, shape, name: str = "tmp") -> Buffer:
         return self._new_buffer(name, dtype, tuple(int(d) for d in shape), TEMP)
 
@@ -104,6 +114,11 @@ class LoopBuilder:
         that node in and never materialise `value`)."""
         readers = self._readers.get(id(value), [])
         return readers[0] if len(readers) == 1 and id(value) not in self._output_ids else None
+
+    def position(self, node: Node) -> int | None:
+        """`node`'s place in the graph's order (the order kernels run in); None for a node of a
+        branch or a function body."""
+        return self._positions.get(id(node))
 
     def absorb(self, node: Node) -> Buffer:
         """Mark `node` as computed by the current kernel (an epilogue); returns its output buffer,

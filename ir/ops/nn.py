@@ -27,8 +27,6 @@ register("MaxRoiPool", "RoiAlign", "AffineGrid",
 
 # -- lowerings to loop nests ---------------------------------------------------------------------
 
-import weakref  # noqa: E402
-
 import numpy as np  # noqa: E402
 
 from ir.errors import UnsupportedError  # noqa: E402
@@ -117,9 +115,6 @@ def _fused_epilogue(b, node, bias_width: int | None = None):
     return (out if out is not None else b.buffer(value)), bias, residual, None
 
 
-_NODE_ORDER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # builder -> {id(node): position}
-
-
 def _residual(b, anchor, add, value):
     """The other operand of `add` when it adds a residual to `value` (the product so far): a float32
     Add (or a Sum of two, as older exporters write resnet's shortcut) whose other operand is not a
@@ -135,13 +130,12 @@ def _residual(b, anchor, add, value):
     shape = tuple(value.shape)
     if other.is_const or tuple(other.shape or ()) != shape or tuple(add.outputs[0].shape or ()) != shape:
         return None
-    order = _NODE_ORDER.get(b)
-    if order is None or len(order) != len(b.graph.nodes):
-        order = _NODE_ORDER[b] = {id(n): i for i, n in enumerate(b.graph.nodes)}
-    if id(anchor) not in order:  # a node of a branch or a function body: no graph order to rely on
+    anchor_at = b.position(anchor)
+    if anchor_at is None:  # a node of a branch or a function body: no graph order to rely on
         return None
-    if other.producer is not None and order.get(id(other.producer), -1) >= order[id(anchor)]:
-        return None  # (-1: produced outside this graph, an input here)
+    producer_at = b.position(other.producer) if other.producer is not None else None
+    if producer_at is not None and producer_at >= anchor_at:   # None: produced outside this graph
+        return None
     return other
 
 
@@ -198,9 +192,6 @@ def _gemm_as_gemm(b, node) -> bool:
     return True
 
 
-_CONV_PANELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # builder -> {id(weight): packed buffer}
-
-
 def _conv_as_intrinsic(b, node) -> bool:
     wv = node.inputs[1]
     if not b.has_intrinsic("conv2d") or not _f32(*node.inputs, node.outputs[0]) or len(wv.shape) != 4:
@@ -219,11 +210,10 @@ def _conv_as_intrinsic(b, node) -> bool:
         params["packed_a"] = True
     if params.get("implicit_gemm") or params.get("packed_a"):
         layout = "implicit_gemm" if params.get("implicit_gemm") else "packed_a"
-        panels = _CONV_PANELS.setdefault(b, {})  # Convs sharing one weight (and layout) share its packing
-        if (id(wv), layout) not in panels:
-            suffix = "_panels" if layout == "implicit_gemm" else "_packed_a"
-            panels[(id(wv), layout)] = b.constant(hooks.pack_weight(params, np.asarray(wv.const)), wv.name + suffix)
-        w = panels[(id(wv), layout)]
+        suffix = "_panels" if layout == "implicit_gemm" else "_packed_a"
+        # Convs sharing one weight (and layout) share its packing
+        w = b.shared_constant((id(wv), layout), lambda: hooks.pack_weight(params, np.asarray(wv.const)),
+                              wv.name + suffix)
     else:
         w = b.input(node, 1)
     scratch = b.temp("float32", (hooks.scratch_elements(params),), x.name + "_im2col")
