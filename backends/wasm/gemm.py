@@ -60,6 +60,7 @@ import numpy as np
 from backends.wasm.kernels.activation import check_epilogue, f32_activation, scratch_locals
 from backends.wasm.kernels.microkernel import (MAX_ROWS, PANEL, PANEL_BYTES, UNROLL, TileGeometry, Vec,
                                                edge_pass_lanes, render_k_functions, render_tile, tile_locals)
+from backends.wasm.simd_lanes import shuffle_lanes
 
 SCALAR: frozenset[str] = frozenset()
 SIMD: frozenset[str] = frozenset({"simd"})
@@ -335,11 +336,6 @@ def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, ep
     return _counted("$k0", 0, k, kc, k_block), helpers
 
 
-def _lanes32(*lanes: int) -> str:
-    """i8x16.shuffle byte indices that pick these 32-bit lanes (4..7: the second operand's)."""
-    return " ".join(str(4 * lane + byte) for lane in lanes for byte in range(4))
-
-
 def _pack_a_group4(a_pack: int, kc: int, a_k_step: int, a_row_step: int) -> list[str]:
     """Rows $ib + $i .. + 3 of the K block into their group [klen][4] of the scratch, v128 at a time.
     Rows along k (A as given): 4 k at a time, a 4x4 transpose by shuffles, then the last klen % 4 k
@@ -358,9 +354,9 @@ def _pack_a_group4(a_pack: int, kc: int, a_k_step: int, a_row_step: int) -> list
             "  (br_if $pack_k (i32.lt_u (local.get $pb) (local.get $pend))))",
         ]
     row = [f"(local.get $a{r})" for r in range(4)]
-    low = [f"(i8x16.shuffle {_lanes32(0, 4, 1, 5)} {row[0]} {row[1]})", f"(i8x16.shuffle {_lanes32(0, 4, 1, 5)} {row[2]} {row[3]})"]
-    high = [f"(i8x16.shuffle {_lanes32(2, 6, 3, 7)} {row[0]} {row[1]})", f"(i8x16.shuffle {_lanes32(2, 6, 3, 7)} {row[2]} {row[3]})"]
-    columns = [f"(i8x16.shuffle {_lanes32(*lanes)} {pair[0]} {pair[1]})"
+    low = [f"(i8x16.shuffle {shuffle_lanes(0, 4, 1, 5)} {row[0]} {row[1]})", f"(i8x16.shuffle {shuffle_lanes(0, 4, 1, 5)} {row[2]} {row[3]})"]
+    high = [f"(i8x16.shuffle {shuffle_lanes(2, 6, 3, 7)} {row[0]} {row[1]})", f"(i8x16.shuffle {shuffle_lanes(2, 6, 3, 7)} {row[2]} {row[3]})"]
+    columns = [f"(i8x16.shuffle {shuffle_lanes(*lanes)} {pair[0]} {pair[1]})"
                for pair in (low, high) for lanes in ((0, 1, 4, 5), (2, 3, 6, 7))]  # k, k+1, k+2, k+3
     return code + [
         "(local.set $pend (i32.add (local.get $pb) (i32.shl (i32.and (local.get $klen) (i32.const -4)) (i32.const 4))))",

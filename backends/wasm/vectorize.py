@@ -25,6 +25,7 @@ from ir.loops.expr import (COMPARISONS, Binary, Cast, Const, Expr, Fma, Load, Lo
 from ir.loops.program import Assign, Loop, Store
 
 from backends.wasm.mathlib import INLINE_VECTOR_FUNCTIONS, VECTOR_MATH, VECTOR_MATH_BINARY, inline_vector_call
+from backends.wasm.simd_lanes import strided_load
 
 LANES = 4
 _VECTOR_DTYPES = ("float32", "int32")
@@ -171,11 +172,6 @@ def _pseudo_min_max(e: Select) -> str | None:
     return {"gt": "pmax", "lt": "pmin"}.get(c.op)
 
 
-# i8x16.shuffle byte lanes picking elements 0, s, 2s, 3s out of v128.load(base) and
-# v128.load(base + 3s - 3): those two loads cover exactly elements base .. base + 3s
-_STRIDED_SHUFFLE = {2: (0, 2, 5, 7), 3: (0, 3, 4, 7)}
-
-
 class VectorRenderer:
     def __init__(self, scalar, loop: Loop, var: str):
         self.scalar = scalar           # the WatRenderer, for scalar sub-expressions and addresses
@@ -273,17 +269,9 @@ class VectorRenderer:
         step = _load_stride(e, self.loop.var)
         if step == 1:
             return f"(v128.load offset={offset} {address})"
-        size = e.buffer.storage.itemsize
         if step == 0:
             return f"(v128.load32_splat offset={offset} {address})"
-        if step in _STRIDED_SHUFFLE:
-            lanes = " ".join(str(4 * lane + byte) for lane in _STRIDED_SHUFFLE[step] for byte in range(4))
-            return (f"(i8x16.shuffle {lanes} (v128.load offset={offset} {address}) "
-                    f"(v128.load offset={offset + (3 * step - 3) * size} {address}))")
-        text = f"(v128.load32_zero offset={offset} {address})"
-        for lane in range(1, LANES):
-            text = f"(v128.load32_lane offset={offset + lane * step * size} {lane} {address} {text})"
-        return text
+        return strided_load(address, step, offset, e.buffer.storage.itemsize)
 
     def vector(self, e: Expr) -> str:
         if not _varies(e, self.loop.var, self.private):

@@ -35,6 +35,7 @@ from backends.wasm.kernels.conv_implicit_gemm import (implicit_gemm_scratch_byte
                                                       render_conv2d_implicit_gemm)
 from backends.wasm.kernels.depthwise import depthwise_scratch_bytes, is_depthwise, render_depthwise
 from backends.wasm.kernels.microkernel import PANEL
+from backends.wasm.simd_lanes import strided_load
 
 
 @dataclass(frozen=True)
@@ -262,23 +263,11 @@ def _render_im2col(spec: Conv2dSpec, src: int, dst: int, name: str, vector: bool
     return "\n".join(lines + [")"]) + "\n"
 
 
-# i8x16.shuffle byte lanes picking floats 0, s, 2s, 3s out of v128.load(pa) and v128.load(pa + 3s - 3):
-# the two loads cover exactly floats pa .. pa + 3s, so they never read past the last pixel copied
-_STRIDED_SHUFFLE = {2: (0, 2, 5, 7), 3: (0, 3, 4, 7)}
-
-
 def _strided_load(stride: int) -> str:
     """Four input floats $pa, $pa + stride, ... as one v128, reading only floats of that span."""
     if stride == 1:
         return "(v128.load (local.get $pa))"
-    if stride in _STRIDED_SHUFFLE:
-        lanes = " ".join(str(4 * lane + byte) for lane in _STRIDED_SHUFFLE[stride] for byte in range(4))
-        return (f"(i8x16.shuffle {lanes} (v128.load (local.get $pa))"
-                f" (v128.load offset={(3 * stride - 3) * 4} (local.get $pa)))")
-    text = "(v128.load32_zero (local.get $pa))"
-    for lane in range(1, 4):
-        text = f"(v128.load32_lane offset={lane * stride * 4} {lane} (local.get $pa) {text})"
-    return text
+    return strided_load("(local.get $pa)", stride)
 
 
 def _vector_run(until: str, address: str, stride: int, copying: bool) -> list[str]:

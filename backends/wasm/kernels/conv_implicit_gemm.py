@@ -43,6 +43,7 @@ from backends.wasm.gemm import SIMD_FMA, _k_function_unroll, pack_b
 from backends.wasm.kernels.activation import check_epilogue, f32_activation, scratch_locals, v128_activation
 from backends.wasm.kernels.microkernel import (PANEL, PANEL_BYTES, UNROLL, TileGeometry, Vec, edge_pass_lanes,
                                                render_k_functions, render_tile, tile_locals)
+from backends.wasm.simd_lanes import shuffle_lanes
 
 K_BLOCK = 128   # input channels per K block: one panel's block of B is 8 KiB, as in the GEMM
 TILE_PIXELS = 4
@@ -360,12 +361,8 @@ def _render_product(spec, x: int, w: int, yt: int, bias: int | None, epilogue: s
 
 # i8x16.shuffle lane lists for a 4x4 transpose of f32 lanes: interleave low / high halves of two rows,
 # then take the 64-bit halves of two interleaved results.
-def _lanes(*f32_lanes: int) -> str:
-    return " ".join(str(4 * lane + b) for lane in f32_lanes for b in range(4))
-
-
-_LO, _HI = _lanes(0, 4, 1, 5), _lanes(2, 6, 3, 7)
-_HALF_LO, _HALF_HI = _lanes(0, 1, 4, 5), _lanes(2, 3, 6, 7)
+_LO, _HI = shuffle_lanes(0, 4, 1, 5), shuffle_lanes(2, 6, 3, 7)
+_HALF_LO, _HALF_HI = shuffle_lanes(0, 1, 4, 5), shuffle_lanes(2, 3, 6, 7)
 
 
 def _render_transpose(spec, yt: int, y: int, residual: int | None, epilogue: str | None, name: str) -> str:

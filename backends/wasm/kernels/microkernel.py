@@ -70,6 +70,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from backends.wasm.kernels.activation import v128_activation
+from backends.wasm.simd_lanes import shuffle_lanes
 
 PANEL = 16          # columns per packed B panel
 PANEL_BYTES = PANEL * 4
@@ -400,7 +401,7 @@ def _k_step(rows: int, vecs: list[Vec], g: TileGeometry, u: int = 0) -> list[str
 
 
 def _lane_splat(lane: int) -> str:
-    return " ".join(str(4 * lane + byte) for _ in range(4) for byte in range(4))
+    return shuffle_lanes(lane, lane, lane, lane)
 
 
 def _load(ptr: str, offset: int, lanes: int) -> str:
