@@ -16,7 +16,6 @@ import hashlib
 import json
 import os
 import stat
-import tempfile
 import time
 
 from pathlib import Path
@@ -28,6 +27,7 @@ from backends.wasm.assemble import make_engine
 from backends.wasm.device import WasmInstance
 from backends.wasm.options import WasmOptions, parse_options
 from ir.errors import CortexError
+from ir.onnx_export import write_bytes_atomically
 
 
 class WasmDevice:
@@ -217,10 +217,7 @@ def _verified_cache(cache: Path, entry) -> dict | None:
 def _write_file(target: Path, content: bytes) -> bool:
     """Best effort: a read-only artifact folder just means compiling on every load."""
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        with os.fdopen(fd, "wb") as f:
-            f.write(content)
-        os.replace(tmp, target)
+        write_bytes_atomically(target, content)   # also removes its temporary file when a write fails
         return True
     except OSError:
         return False
