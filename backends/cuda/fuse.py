@@ -13,6 +13,7 @@ after it stores the finished sum (MatMul + bias Add + Relu, Conv + per-channel A
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ir.loops.expr import Load, walk
@@ -73,13 +74,6 @@ def _form(index, positions: dict[int, int], extents: list[int]):
     return tuple(extents), terms, form[1]
 
 
-def _total(extents: list[int]) -> int:
-    n = 1
-    for e in extents:
-        n *= e
-    return n
-
-
 def _accesses(unit: Unit):
     stores, loads = [], []
     for s in walk_stmts(unit.nest.body):
@@ -130,7 +124,7 @@ def _can_join(unit: Unit, extents, written: dict, read: set) -> bool:
     if "closed" in written or extents is None:
         return False
     mine, positions = _canonical(unit)
-    if _total(mine) != _total(extents):
+    if math.prod(mine) != math.prod(extents):
         return False
     stores, loads = _accesses(unit)
     if any(id(storage) in written or id(storage) in read for storage, _ in stores):

@@ -11,6 +11,7 @@ the original order starting from y's value, so the result is bit-identical to th
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ir.loops.expr import Expr, Fma, Load, Var, walk
@@ -33,10 +34,7 @@ class TiledContraction:
 
     @staticmethod
     def extent(loops: list[Loop]) -> int:
-        n = 1
-        for loop in loops:
-            n *= loop.extent
-        return n
+        return math.prod(loop.extent for loop in loops)
 
 
 def _vars(e: Expr) -> set[int]:
