@@ -8,6 +8,7 @@ import numpy as np
 
 from ir.errors import UnsupportedError
 from ir.loops.expr import gt, maximum, minimum, select, unary
+from ir.ops.reduce import extreme_value
 from ir.ops.registry import OTHER, lowering, register
 from ir.ops.windows import pad_buffer, pool_divisors, window_geometry
 
@@ -32,7 +33,7 @@ def _pool(b, node):
     geo = window_geometry(node, x.shape[2:], kernel, y.shape[2:])
     is_max = node.op_type == "MaxPool"
     p = int(node.attrs.get("p", 2))
-    fill = _lowest(x.dtype) if is_max else 0.0
+    fill = extreme_value(x.dtype, lowest=True) if is_max else 0.0
     needs_padding = any(geo.pads_begin) or list(geo.padded) != list(x.shape[2:])
     scale = None
     if node.op_type == "AveragePool":
@@ -144,7 +145,7 @@ def _global_pool(b, node):
     p = int(node.attrs.get("p", 2))
     with b.loops((n, c)) as (i, j):
         if node.op_type == "GlobalMaxPool":
-            acc = b.local(x.compute_type, _lowest(x.dtype))
+            acc = b.local(x.compute_type, extreme_value(x.dtype, lowest=True))
             with b.loop(area) as s:
                 b.assign(acc, maximum(acc, x[i, j, s]))
             b.store(y, (i, j), acc)
@@ -171,12 +172,6 @@ def _root(v, p):
         return unary("sqrt", v)
     from ir.loops.expr import binary
     return binary("pow", v, 1.0 / p)
-
-
-def _lowest(dtype: str):
-    if dtype.startswith("float") or dtype == "bfloat16":
-        return float("-inf")
-    return int(np.iinfo(np.dtype(dtype)).min)
 
 
 @lowering("loops", "MaxUnpool")

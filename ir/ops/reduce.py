@@ -70,14 +70,15 @@ def _reduce(b, node):
         else:
             init, step, finish = _REDUCERS[node.op_type]
             if init in ("lowest", "highest"):
-                init = _extreme(x.dtype, init == "lowest")
+                init = extreme_value(x.dtype, init == "lowest")
             acc = b.local(t, init, "acc")
             with b.loops([x.shape[d] for d in axes], "r") as red:
                 b.assign(acc, step(acc, cast(x[tuple(at(red))], t)))
             b.store(y_full, out_at, finish(acc, count))
 
 
-def _extreme(dtype: str, lowest: bool):
+def extreme_value(dtype: str, lowest: bool):
+    """The lowest (or highest) value of `dtype`: the identity of a max (or min) reduction."""
     if dtype.startswith("float") or dtype == "bfloat16":
         return float("-inf") if lowest else float("inf")
     info = np.iinfo(np.dtype(dtype if dtype != "bool" else "uint8"))
