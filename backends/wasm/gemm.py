@@ -287,7 +287,7 @@ def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, ep
             f"(local.set $pb (i32.add (local.get $B) (i32.mul (i32.add (i32.mul (local.get $j) (i32.const {k})) (local.get $k0)) (i32.const {PANEL_BYTES}))))",
             f"(local.set $pc (i32.add (local.get $C) {c_at}))",
             f"(local.set $pr (i32.add (local.get $R) {c_at}))",
-            (f"(local.set $pbias (i32.add (local.get $BIAS) (i32.shl (local.get $i) (i32.const 2))))" if bias == "row" else
+            ("(local.set $pbias (i32.add (local.get $BIAS) (i32.shl (local.get $i) (i32.const 2))))" if bias == "row" else
              f"(local.set $pbias (i32.add (local.get $BIAS) (i32.mul (local.get $j) (i32.const {PANEL_BYTES}))))"),
             f"(local.set $pend (i32.add (local.get $pb) (i32.mul (local.get $klen) (i32.const {PANEL_BYTES}))))",
             f"(local.set $pend4 (i32.add (local.get $pb) (i32.mul (i32.and (local.get $klen) (i32.const {-UNROLL})) (i32.const {PANEL_BYTES}))))",

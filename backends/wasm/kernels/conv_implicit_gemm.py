@@ -380,7 +380,7 @@ def _render_transpose(spec, yt: int, y: int, residual: int | None, epilogue: str
             code.append(f"(local.set {reg} (f32x4.add (local.get {reg}) (v128.load (i32.add (i32.const {residual}) {at}))))")
         return code + v128_activation(epilogue, reg)
 
-    block = [f"(local.set $s (local.get $src))"]
+    block = ["(local.set $s (local.get $src))"]
     block += [f"(local.set $r{i} (v128.load offset={i * c_row} (local.get $s)))" for i in range(4)]
     block += [f"(local.set $u0 (i8x16.shuffle {_LO} (local.get $r0) (local.get $r1)))",
               f"(local.set $u1 (i8x16.shuffle {_HI} (local.get $r0) (local.get $r1)))",

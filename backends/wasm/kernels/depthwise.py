@@ -29,7 +29,7 @@ def is_depthwise(spec) -> bool:
 def _plane(spec, lanes: int) -> tuple[int, int]:
     """(rows, row length) of the zero-bordered plane: wide enough that the last vector of a row
     may read its whole span (the lanes past the output width are computed and not stored)."""
-    (kh, kw), (sh, sw), (dh, dw) = spec.kernel, spec.strides, spec.dilations
+    kw, sw, dw = spec.kernel[1], spec.strides[1], spec.dilations[1]
     pt, pl, pb, pr = spec.pads
     vectors = -(-spec.out_width // lanes)
     span = 1 if lanes == 1 else (4 if sw == 1 else 8 if sw == 2 else 3 * sw + 1)
@@ -98,7 +98,7 @@ def render_depthwise(spec, *, x_offset: int, w_offset: int, y_offset: int, scrat
                      for i in range(copy_vec)]
     row_copy += [f"(f32.store offset={16 * copy_vec + 4 * i} (local.get $pin) (f32.load offset={16 * copy_vec + 4 * i} (local.get $pa)))"
                  for i in range(copy_tail)]
-    copy = [f"(local.set $pa (local.get $px))",
+    copy = ["(local.set $pa (local.get $px))",
             f"(local.set $pin (i32.const {plane + (pt * width + pl) * 4}))",
             f"(local.set $pend (i32.add (local.get $pin) (i32.const {h * width * 4})))",
             "(loop $copy",

@@ -274,7 +274,7 @@ def _k_loop_split(rows: int, vec: Vec, g: TileGeometry) -> list[str]:
     """`_k_loop` for one vector, even steps into acc(r, 0), odd ones into acc(r, 1)."""
     steps = []
     for u in range(g.unroll):
-        step = [f"(local.set $av (v128.load (local.get $pa)))",
+        step = ["(local.set $av (v128.load (local.get $pa)))",
                 *(f"(local.set $a{r} (i8x16.shuffle {_lane_splat(r)} (local.get $av) (local.get $av)))" for r in range(rows)),
                 f"(local.set $b0 (v128.load offset={vec.index * 16} (local.get $pb)))"]
         for r in range(rows):
