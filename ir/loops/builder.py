@@ -47,8 +47,10 @@ class LoopBuilder:
         self._names: set[str] = set()
         self._stack: list[list[Stmt]] = []
         self._kernel: Kernel | None = None
-        self._output_ids = {id(v) for v in graph.outputs}
-        self._readers = {id(v): nodes for v, nodes in graph.users().items()}
+        # computed once: the graph does not change while it is lowered
+        self.output_ids = {id(v) for v in graph.outputs}
+        self.users = graph.users()
+        self._readers = {id(v): nodes for v, nodes in self.users.items()}
         self._positions = {id(n): i for i, n in enumerate(graph.nodes)}
         self._shared_constants: dict = {}
         self._absorbed: set[int] = set()     # nodes another node's kernel computes (epilogues)
@@ -65,7 +67,7 @@ class LoopBuilder:
             if value.is_const:
                 buf = self.constant(np.asarray(value.const), value.name)
             else:
-                kind = OUTPUT if id(value) in self._output_ids else TEMP
+                kind = OUTPUT if id(value) in self.output_ids else TEMP
                 buf = self._new_buffer(value.name, storage_dtype(value), _shape(value), kind)
             self._buffers[id(value)] = buf
         return buf
@@ -113,7 +115,7 @@ class LoopBuilder:
         """The one node reading `value`, when it is also not a graph output (so a kernel may fuse
         that node in and never materialise `value`)."""
         readers = self._readers.get(id(value), [])
-        return readers[0] if len(readers) == 1 and id(value) not in self._output_ids else None
+        return readers[0] if len(readers) == 1 and id(value) not in self.output_ids else None
 
     def position(self, node: Node) -> int | None:
         """`node`'s place in the graph's order (the order kernels run in); None for a node of a
@@ -130,7 +132,7 @@ class LoopBuilder:
         """Let `out` share `source`'s storage under its own shape (Reshape, Squeeze, Identity...).
         A graph output always owns its storage, so it gets a copy instead."""
         shape = _shape(out)
-        if id(out) in self._output_ids:
+        if id(out) in self.output_ids:
             self.copy(self.buffer(out), source)
         else:
             self._buffers[id(out)] = source.view(shape)

@@ -107,7 +107,7 @@ def _fused_epilogue(b, node, bias_width: int | None = None):
     if reader is not None and reader.op_type == "Gelu" and reader.attrs.get("approximate", "none") == "none" \
             and _f32(reader.outputs[0]):
         return b.absorb(reader), bias, residual, "gelu"
-    if _f32(value) and (gelu := erf_gelu_nodes(value, b.graph.users(), {id(v) for v in b.graph.outputs})) \
+    if _f32(value) and (gelu := erf_gelu_nodes(value, b.users, b.output_ids)) \
             and all(_f32(n.outputs[0]) for n in gelu):
         for gelu_node in gelu:
             out = b.absorb(gelu_node)
