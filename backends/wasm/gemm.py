@@ -249,7 +249,7 @@ def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, ep
     edge_lanes = edge_pass_lanes(n % PANEL) if n % PANEL else []
     helpers = render_k_functions(k_function, geometry, function_unroll, edge_lanes) if k_function else ""
 
-    def pack_a(rows: int) -> list[str]:
+    def pack_a_block(rows: int) -> list[str]:
         """Rows $ib .. $ib + rows, columns $k0 .. $k0 + $klen of A into the scratch groups: groups of 4
         rows with v128 loads and stores, the rest one float at a time."""
         vector = rows_per_tile == 4 and 4 in (a_k_step, a_row_step)
@@ -321,7 +321,7 @@ def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, ep
 
     # Row blocks of M_BLOCK keep the A block (M_BLOCK x 128 floats) in L2 while the panels sweep it.
     def block(rows: int) -> list[str]:
-        return (pack_a(rows) if packed and a_pack != "packed" else []) + panels(rows)
+        return (pack_a_block(rows) if packed and a_pack != "packed" else []) + panels(rows)
 
     full_blocks, last_rows = divmod(m, M_BLOCK)
     code = _counted("$ib", 0, full_blocks * M_BLOCK, M_BLOCK, block(M_BLOCK)) if full_blocks else []
