@@ -9,6 +9,7 @@ are emitted, with what they depend on.
 from __future__ import annotations
 
 import math
+import re
 
 
 def _horner(var: str, coeffs: list[float]) -> str:
@@ -385,7 +386,6 @@ def inline_vector_call(name: str, args: list[str], fused: bool, fresh_local) -> 
     its parameters and locals renamed to v128 locals that `fresh_local()` gives the caller. A call
     would spill every v128 value live across it (x86 has no callee-saved xmm registers in
     Cranelift's ABI) and keeps Cranelift from interleaving the unrolled iterations."""
-    import re
     text = (FUSED_VECTOR_FUNCTIONS if fused else VECTOR_FUNCTIONS)[name][1].strip()
     header, _, body = text.partition("\n")
     params = re.findall(r"\(param \$(\w+) v128\)", header)
