@@ -1,17 +1,23 @@
 """The `cortex` command line. Each command lives in `cortex/commands/`; this file wires them up and
-turns user mistakes into one line on stderr with exit code 2."""
+is the one funnel from exceptions to exit codes:
+
+    0    success
+    1    a check failed (`verify` outside its tolerance), out of memory, or a bug in Cortex (one line)
+    2    a user mistake: a bad file, flag or model (one line naming it)
+    130  interrupted (SIGINT); atomic writers have removed their temporary files
+
+Commands are invoked through click's public API (`make_context` + `invoke`) rather than typer's
+`standalone_mode=False`, which returns a `typer.Exit`'s code instead of raising it and turns
+KeyboardInterrupt into `Exit(130)`: an exit code that the caller must not lose.
+"""
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 import typer
-
-try:  # typer >= 0.20 vendors its own copy of click
-    from typer._click import exceptions as click_exceptions
-except ImportError:  # pragma: no cover
-    from click import exceptions as click_exceptions
 
 from ir.errors import CortexError
 
@@ -39,33 +45,44 @@ app.command("bench")(bench.bench)
 
 
 def main(argv: list[str] | None = None) -> None:
+    sys.exit(exit_code(sys.argv[1:] if argv is None else list(argv)))
+
+
+def exit_code(argv: list[str]) -> int:
+    """Run `cortex ARGV` and return its exit code; every failure has printed one line by then."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)   # KeyboardInterrupt: writers clean up
+    command = typer.main.get_command(app)
+    if not argv:
+        with command.make_context("cortex", ["--help"], resilient_parsing=True) as ctx:
+            print(ctx.get_help(), file=sys.stderr)
+        return 2
     try:
-        app(args=argv, prog_name="cortex", standalone_mode=False)
+        with command.make_context("cortex", argv) as ctx:
+            command.invoke(ctx)
+        return 0
+    except typer.Exit as e:               # --help, or a command's own exit code (verify: 1)
+        return e.exit_code
     except CortexError as e:
-        _fail(str(e), e.exit_code)
-    except click_exceptions.NoArgsIsHelpError as e:
-        print(e.ctx.get_help() if e.ctx else "", file=sys.stderr)
-        sys.exit(2)
-    except click_exceptions.UsageError as e:
-        command = e.ctx.command_path if e.ctx else "cortex"
-        _fail(f"{e.format_message()} (see '{command} --help')", 2)
-    except click_exceptions.Abort:
-        _fail("aborted", 130)
-    except click_exceptions.Exit as e:
-        sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        _fail("interrupted", 130)
-    except MemoryError:
-        _fail("out of memory", 1)
+        return _fail(str(e), e.exit_code)
+    except typer.TyperException as e:     # click's usage errors: bad option, missing argument (2)
+        context = getattr(e, "ctx", None)
+        where = context.command_path if context is not None else "cortex"
+        return _fail(f"{e.format_message()} (see '{where} --help')", getattr(e, "exit_code", 2))
+    except (KeyboardInterrupt, typer.Abort):
+        return _fail("interrupted", 130)
+    except MemoryError as e:
+        return _fail(f"out of memory{f': {e}' if str(e) else ''}", 1)
+    except BrokenPipeError:               # `cortex inspect ... | head`: the reader left
+        return 1
     except Exception as e:  # a bug in Cortex, not a user mistake
         if os.environ.get("CORTEX_DEBUG"):
             raise
-        _fail(f"internal error: {type(e).__name__}: {e} (set CORTEX_DEBUG=1 for a traceback)", 1)
+        return _fail(f"internal error: {type(e).__name__}: {e} (set CORTEX_DEBUG=1 for a traceback)", 1)
 
 
-def _fail(message: str, code: int) -> None:
+def _fail(message: str, code: int) -> int:
     print(f"error: {' '.join(message.split())}", file=sys.stderr)
-    sys.exit(code)
+    return code
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ def verify(
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable report.")] = False,
 ) -> None:
     """Check a compiled model against onnxruntime: the same inputs must give the same outputs."""
+    if not (rtol >= 0 and atol >= 0):       # also refuses NaN, which would pass nothing
+        raise CortexError(f"--rtol {rtol:g} / --atol {atol:g}: tolerances must be zero or positive")
     compiled = load(dag, device)
     _check_same_model(model, compiled.dag)
     feeds = {**example_feeds(compiled.inputs), **read_inputs(input or [])}
