@@ -51,11 +51,62 @@ def read_model_proto(path: str | os.PathLike) -> onnx.ModelProto:
         raise ModelError(f"{path}: not a valid ONNX model (no graph)")
     if not model.opset_import and model.ir_version == 0:
         raise ModelError(f"{path}: not a valid ONNX model (no ir_version and no opset_import)")
+    bad = first_invalid_utf8(model)
+    if bad is not None:
+        where, raw = bad
+        raise ModelError(f"{path}: {where} is not valid UTF-8 ({raw[:40]!r}); ONNX strings must be UTF-8")
     try:
         onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
     except (OSError, ValueError) as e:
         raise ModelError(f"{path}: cannot load external data: {e}") from None
     return model
+
+
+def first_invalid_utf8(message, where: str = "") -> tuple[str, bytes] | None:
+    """The first string of `message` (names, doc strings, metadata, attribute strings) that is not
+    UTF-8, as (its place, its bytes). protobuf hands such a proto2 string field back as bytes
+    instead of str. String tensors hold arbitrary bytes: only a tensor's name is checked."""
+    for field, value in message.ListFields():
+        items = list(value) if field.is_repeated else [value]
+        for i, item in enumerate(items):
+            label = _label(message, field.name, where) + (f"[{i}]" if field.is_repeated else "")
+            if field.type == field.TYPE_MESSAGE:
+                found = (_invalid_name(item, label) if isinstance(item, onnx.TensorProto)
+                         else first_invalid_utf8(item, label))
+                if found is not None:
+                    return found
+            elif field.type == field.TYPE_STRING or (isinstance(message, onnx.AttributeProto)
+                                                      and field.name in ("s", "strings")):
+                if isinstance(item, bytes) and not _is_utf8(item):
+                    return label, item
+    return None
+
+
+def _invalid_name(tensor: onnx.TensorProto, where: str) -> tuple[str, bytes] | None:
+    for field in ("name", "doc_string"):
+        value = getattr(tensor, field)
+        if isinstance(value, bytes):
+            return f"{where}.{field}", value
+    return None
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def _label(message, field: str, where: str) -> str:
+    """`graph.node[3](Relu).name`, `...attribute[0](auto_pad).s`: the op type or attribute name
+    helps find the place when the broken string is the node's own name."""
+    tag_field = "op_type" if isinstance(message, onnx.NodeProto) else \
+        "name" if isinstance(message, onnx.AttributeProto) else None
+    tag = getattr(message, tag_field) if tag_field else None
+    if tag and isinstance(tag, str) and field != tag_field:
+        where = f"{where}({tag})"
+    return f"{where}.{field}" if where else field
 
 
 def import_model(model: onnx.ModelProto) -> Graph:
