@@ -15,7 +15,7 @@ from pathlib import Path
 
 from bench import gemm_bench, machine, model_bench, report
 from bench.node_runner import NodeRunner, NodeUnavailable
-from ir.onnx_export import write_bytes_atomically
+from ir.fs import write_bytes_atomically
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,7 +43,7 @@ def build(case, out: Path, compiler: str) -> Path:
     from backends.cuda.compile import DEFAULT_ARCHS
     from cortex.commands.decompose import decompose_model
     from cortex.dag import build_dag
-    from ir.onnx_export import write_bytes_atomically
+    from ir.fs import write_bytes_atomically
     decompose_model(Path(case.path), out / "cus", case.input_shapes or {}, case.dims or {}, 4096, 50_000_000, 8)
     dag_path = out / "dag.json"
     write_bytes_atomically(dag_path, json.dumps(build_dag(out / "cus", dag_path), indent=2).encode())
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
                 "compiler": f"nvcc {nvcc_version(find_nvcc())}" if compiler == "nvcc" else f"NVRTC {nvrtc_version()}",
                 "commit": _commit(), "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
                 "repeats": args.repeats, "models": rows, "conformance": conformance}
-    from ir.onnx_export import write_bytes_atomically
+    from ir.fs import write_bytes_atomically
     args.output.parent.mkdir(parents=True, exist_ok=True)
     write_bytes_atomically(args.output, (json.dumps(document, indent=2) + "\n").encode())
     write_section(args.docs, render_section(document))

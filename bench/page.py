@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ir.onnx_export import write_bytes_atomically
+from ir.fs import write_bytes_atomically
 
 
 def replace_section(path: Path, section: str, begin: str, end: str) -> None:

@@ -12,7 +12,7 @@ from cortex.pipeline import load_and_optimize
 from ir.errors import CortexError, UnsupportedError
 from ir.graph import Graph
 from ir.loops.builder import describe_unsupported, unsupported_nodes
-from ir.onnx_export import write_bytes_atomically
+from ir.fs import write_bytes_atomically
 
 
 def read_cus_for_target(cu_dir: Path, target: str) -> tuple[dict, dict[str, Graph]]:

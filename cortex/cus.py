@@ -8,28 +8,22 @@ the backends and `build-dag` read.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable
 
 import numpy as np
 
 from cortex.flops import node_flops
 from ir import dtypes
 from ir.errors import CortexError, UnsupportedError
+from ir.fs import file_sha256, sha256_bytes, write_directory_atomically
 from ir.graph import Graph, Node, Value, outer_reads
 from ir.onnx_export import export_model
 from passes.partition import Partition
 
 MANIFEST_SCHEMA = "cortex.cus/1"
 MANIFEST = "manifest.json"
-
-T = TypeVar("T")
-
 
 def cu_id(index: int) -> str:
     return f"cu-{index:04d}"
@@ -99,7 +93,7 @@ def write_cus(graph: Graph, partition: Partition, out_dir: Path, source: dict, o
                 if n.fusion_group is not None:
                     groups.setdefault(n.fusion_group, []).append(n.name)
             entries.append({
-                "id": name, "path": f"{name}/cu.onnx", "sha256": hashlib.sha256(data).hexdigest(),
+                "id": name, "path": f"{name}/cu.onnx", "sha256": sha256_bytes(data),
                 "nodes": [n.name for n in cu.nodes],
                 "op_types": sorted({n.op_type for n in cu.nodes}),
                 "fusion_groups": [g for g in groups.values() if len(g) > 1],
@@ -140,38 +134,6 @@ def check_output_dir(out_dir: Path, model_path: Path) -> None:
                           "as a whole, so give a new or empty folder")
     if Path(model_path).resolve().is_relative_to(out_dir.resolve()):
         raise CortexError(f"--output-dir {out_dir} contains the model {model_path}; give another folder")
-
-
-def write_directory_atomically(out_dir: Path, fill: Callable[[Path], T]) -> T:
-    """Fill a temporary sibling folder, then swap it in for `out_dir`; on any failure `out_dir`
-    is left as it was."""
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise CortexError(f"output folder {out_dir} exists and is not a folder")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
-    try:
-        os.chmod(tmp, 0o755)
-        result = fill(tmp)
-        old = None
-        if out_dir.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".old", dir=out_dir.parent))
-            os.replace(out_dir, old / "previous")
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    return result
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_manifest(cu_dir: Path, check_hashes: bool = True) -> dict:

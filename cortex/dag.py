@@ -12,9 +12,11 @@ import os
 from functools import cache
 from pathlib import Path
 
+import jsonschema
 import networkx as nx
 
 from cortex.cus import read_manifest
+from cortex.dag_checks import first_violation
 from ir.errors import CortexError
 
 DAG_SCHEMA = "cortex.dag/1"
@@ -125,24 +127,35 @@ def dag_schema() -> dict:
 
 def validate_dag(dag: dict) -> None:
     """Raise jsonschema.ValidationError if `dag` does not follow the cortex.dag/1 schema."""
-    import jsonschema
     jsonschema.validate(dag, dag_schema())
 
 
 def read_dag(path: Path, option: str | None = None) -> dict:
-    """A dag.json written by build-dag; any problem is one line naming the file (and the option
-    it came from, when there is one)."""
+    """A dag.json written by build-dag, checked before anything uses it: a dag.json may come from
+    an artifact store or a CDN. Any problem is one line naming the file (and the option it came
+    from, when there is one): not JSON, not the schema, or an invariant the schema cannot say
+    (see `dag_checks`)."""
     path = Path(path)
     label = f"{option} {path}" if option else str(path)
     if not path.is_file():
         raise CortexError(f"{label}: no such file (run 'cortex build-dag' first)")
     try:
         dag = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise CortexError(f"{label}: not readable JSON: {e}") from None
     if not isinstance(dag, dict) or dag.get("schema") != DAG_SCHEMA:
         raise CortexError(f"{label}: not a {DAG_SCHEMA} document")
-    for key in ("inputs", "outputs", "cus", "order"):
-        if key not in dag:
-            raise CortexError(f"{label}: missing key {key!r}")
+    error = jsonschema.exceptions.best_match(_validator().iter_errors(dag))
+    if error is not None:
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path).lstrip(".")
+        message = error.message if len(error.message) <= 160 else error.message[:160] + "..."
+        raise CortexError(f"{label}: does not follow the {DAG_SCHEMA} schema at {where or 'the top'}: {message}")
+    problem = first_violation(dag, path.parent)
+    if problem is not None:
+        raise CortexError(f"{label}: {problem}")
     return dag
+
+
+@cache
+def _validator():
+    return jsonschema.Draft202012Validator(dag_schema())

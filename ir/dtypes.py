@@ -37,4 +37,19 @@ def from_name(text: str) -> int:
         raise ValueError(f"unknown dtype {text!r}") from None
 
 
-__all__ = ["UNDEFINED", "FLOAT", "INT64", "to_numpy", "from_numpy", "name", "itemsize", "from_name", "onnx"]
+__all__ = ["UNDEFINED", "FLOAT", "INT64", "NUMPY_NAMES", "to_numpy", "from_numpy", "name", "itemsize", "from_name", "onnx"]
+
+
+def _numpy_names() -> frozenset[str]:
+    names = set()
+    for value in TensorProto.DataType.values():
+        try:
+            names.add(to_numpy(value).name)
+        except (KeyError, TypeError, ValueError):
+            pass     # UNDEFINED and types numpy cannot hold
+    names.discard("object")
+    return frozenset(names)
+
+
+# The spelling of every element type in manifest.json and dag.json (numpy's: float32, bool...).
+NUMPY_NAMES = _numpy_names()

@@ -7,7 +7,6 @@ model (a whole model or one CU) is self-contained and passes `onnx.checker` with
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +14,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ir import dtypes
+from ir.fs import write_bytes_atomically
 from ir.graph import Graph, Node, Value, outer_reads
 
 
@@ -39,19 +39,6 @@ def save_model(graph_or_model: Graph | onnx.ModelProto, path: str | os.PathLike)
     """Write atomically: a temporary file in the same folder, then rename."""
     model = export_model(graph_or_model) if isinstance(graph_or_model, Graph) else graph_or_model
     write_bytes_atomically(Path(path), model.SerializeToString())
-
-
-def write_bytes_atomically(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def make_value_info(value: Value) -> onnx.ValueInfoProto:
@@ -165,5 +152,5 @@ def _constants_homed_in(graph: Graph, homes: dict[int, Graph]) -> list[Value]:
     return list(seen.values())
 
 
-__all__ = ["export_model", "save_model", "write_bytes_atomically", "make_value_info", "make_tensor",
+__all__ = ["export_model", "save_model", "make_value_info", "make_tensor",
            "outer_reads"]

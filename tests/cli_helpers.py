@@ -1,24 +1,34 @@
-"""Running the `cortex` CLI in-process from tests, and what a user-mistake error must look like."""
+"""Running the installed `cortex` console script from tests, and what a user-mistake error must
+look like. Always a subprocess of the real entry point: exit codes and signals are part of the
+command's contract, and an in-process runner can hide what reaches the process."""
 
 from __future__ import annotations
 
-import pytest
+import os
+import subprocess
+import sys
+from pathlib import Path
 
-from cortex.cli import main
+# The script pip installed next to the interpreter running the tests (.venv/bin/cortex).
+CORTEX = Path(sys.executable).with_name("cortex")
+TIMEOUT_S = 900
 
 
-def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
+def cortex_command(*argv) -> list[str]:
+    assert CORTEX.is_file(), f"{CORTEX} is not installed; run 'make setup'"
+    return [str(CORTEX), *map(str, argv)]
+
+
+def run_cli(argv: list, env: dict | None = None, cwd: Path | None = None) -> tuple[int, str, str]:
     """(exit code, stdout, stderr) of `cortex ARGV`."""
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-        raise SystemExit(0)
-    captured = capsys.readouterr()
-    return exit_info.value.code, captured.out, captured.err
+    result = subprocess.run(cortex_command(*argv), capture_output=True, text=True, timeout=TIMEOUT_S,
+                            env={**os.environ, **(env or {})}, cwd=cwd)
+    return result.returncode, result.stdout, result.stderr
 
 
-def assert_one_line_error(code: int, err: str, *fragments: str) -> None:
-    """Exit code 2, one `error: ...` line on stderr holding every fragment, no traceback."""
-    assert code == 2, f"exit code {code}, stderr: {err}"
+def assert_one_line_error(code: int, err: str, *fragments: str, exit_code: int = 2) -> None:
+    """The exit code, one `error: ...` line on stderr holding every fragment, no traceback."""
+    assert code == exit_code, f"exit code {code}, stderr: {err}"
     lines = err.strip().splitlines()
     assert len(lines) == 1, f"expected one line, got: {err!r}"
     assert lines[0].startswith("error: ")

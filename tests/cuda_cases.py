@@ -12,7 +12,7 @@ from backends.cuda import device as cuda_device
 from backends.cuda.build import compile_cu_dir
 from cortex.commands.decompose import decompose_model
 from cortex.dag import build_dag
-from ir.onnx_export import write_bytes_atomically
+from ir.fs import write_bytes_atomically
 
 
 def compile_cuda_pipeline(case, out_dir, compiler="auto", archs=("sm_80", "sm_90"), min_cu_size=4096,

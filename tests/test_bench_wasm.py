@@ -14,8 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from bench import report
 from bench.model_bench import ModelResult
 from bench.timing import InProcess, interleave
-from cortex.cli import main
-from tests.test_cli_errors import assert_one_line_error, run_cli
+from cli_helpers import assert_one_line_error, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -36,15 +35,13 @@ def compiled_dag(tmp_path_factory):
                  ["build-dag", "--cu-dir", str(folder / "cus"), "--output", str(folder / "dag.json")],
                  ["compile-wasm", "--cu-dir", str(folder / "cus"), "--output", str(folder / "wasm"),
                   "--dag", str(folder / "dag.json")]):
-        with pytest.raises(SystemExit) as done:
-            main(argv)
-            raise SystemExit(0)
-        assert done.value.code == 0, argv
+        code, _, err = run_cli(argv)
+        assert code == 0, (argv, err)
     return folder / "dag.json"
 
 
-def test_bench_reports_every_run_and_every_cu(compiled_dag, capsys):
-    code, out, err = run_cli(["bench", str(compiled_dag), "--repeat", "4", "--warmup", "1", "--json"], capsys)
+def test_bench_reports_every_run_and_every_cu(compiled_dag):
+    code, out, err = run_cli(["bench", str(compiled_dag), "--repeat", "4", "--warmup", "1", "--json"])
     assert code == 0, err
     result = json.loads(out)
     dag = json.loads(compiled_dag.read_text())
@@ -56,20 +53,20 @@ def test_bench_reports_every_run_and_every_cu(compiled_dag, capsys):
     assert [c["median_ms"] for c in result["cus"]] == sorted((c["median_ms"] for c in result["cus"]), reverse=True)
 
 
-def test_bench_prints_a_table_by_default(compiled_dag, capsys):
-    code, out, err = run_cli(["bench", str(compiled_dag), "--repeat", "2", "--warmup", "0"], capsys)
+def test_bench_prints_a_table_by_default(compiled_dag):
+    code, out, err = run_cli(["bench", str(compiled_dag), "--repeat", "2", "--warmup", "0"])
     assert code == 0, err
     assert "median" in out and "cu-0000" in out
 
 
 @pytest.mark.parametrize("argv,fragment", [(["--repeat", "0"], "--repeat"), (["--warmup", "-1"], "--warmup"),
                                            (["--top", "-2"], "--top")])
-def test_bench_refuses_bad_counts(compiled_dag, capsys, argv, fragment):
-    assert_one_line_error(*run_cli(["bench", str(compiled_dag), *argv], capsys)[::2], fragment)
+def test_bench_refuses_bad_counts(compiled_dag, argv, fragment):
+    assert_one_line_error(*run_cli(["bench", str(compiled_dag), *argv])[::2], fragment)
 
 
-def test_bench_of_a_missing_dag_is_one_line(tmp_path, capsys):
-    assert_one_line_error(*run_cli(["bench", str(tmp_path / "nope.json")], capsys)[::2], "nope.json")
+def test_bench_of_a_missing_dag_is_one_line(tmp_path):
+    assert_one_line_error(*run_cli(["bench", str(tmp_path / "nope.json")])[::2], "nope.json")
 
 
 def test_interleaving_gives_every_contestant_the_same_number_of_runs():

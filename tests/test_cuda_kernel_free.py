@@ -103,17 +103,17 @@ def test_a_cu_with_one_empty_output_among_others_keeps_its_kernels(tmp_path):
     _assert_same(cortex.load(dag_path, device="cuda-sim").run(case.inputs), case.outputs)
 
 
-def test_compile_cuda_and_run_on_cuda_sim_through_the_cli(tmp_path, capsys):
+def test_compile_cuda_and_run_on_cuda_sim_through_the_cli(tmp_path):
     from cli_helpers import run_cli
     case = _empty_reshape(tmp_path)
     dag_path = compile_cuda_pipeline(case, tmp_path / "out")
     code, out, _ = run_cli(["compile-cuda", "--cu-dir", str(tmp_path / "out" / "cus"), "--output",
-                            str(tmp_path / "out" / "cuda-bin"), "--dag", str(dag_path), "--json"], capsys)
+                            str(tmp_path / "out" / "cuda-bin"), "--dag", str(dag_path), "--json"])
     assert code == 0
     summary = json.loads(out)
     assert summary["kernels"] == 0 and summary["compiler"] is None
     np.save(tmp_path / "data.npy", case.inputs["data"])
     code, out, err = run_cli(["run", str(dag_path), "--device", "cuda-sim", "--input", f"data={tmp_path / 'data.npy'}",
-                              "--output", str(tmp_path / "y.npz")], capsys)
+                              "--output", str(tmp_path / "y.npz")])
     assert code == 0, err
     assert np.load(tmp_path / "y.npz")["reshaped"].shape == (3, 4, 0)

@@ -11,7 +11,7 @@ import pytest
 
 from cortex.commands.decompose import decompose_model
 from cortex.dag import SCHEMA_FILE, build_dag, dag_schema, to_dot, validate_dag
-from ir.onnx_export import write_bytes_atomically
+from ir.fs import write_bytes_atomically
 from testdata import sample_model
 
 

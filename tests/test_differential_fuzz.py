@@ -29,7 +29,7 @@ from backends.wasm.options import OPT_LEVELS, parse_options
 from cortex.commands.decompose import decompose_model
 from cortex.dag import build_dag
 from cortex.runtime import load
-from ir.onnx_export import write_bytes_atomically
+from ir.fs import write_bytes_atomically
 from passes.partition import PartitionIntoCUs
 
 RTOL, ATOL = 1e-4, 1e-5

@@ -40,8 +40,7 @@ def save_array(path: Path, array: np.ndarray) -> Path:
     return path
 
 
-def compile_and_run(model: onnx.ModelProto, frozen: dict[str, np.ndarray], data: np.ndarray, tmp: Path,
-                    capsys) -> tuple[np.ndarray, dict]:
+def compile_and_run(model: onnx.ModelProto, frozen: dict[str, np.ndarray], data: np.ndarray, tmp: Path) -> tuple[np.ndarray, dict]:
     onnx.save(model, tmp / "model.onnx")
     freeze = [arg for name, value in frozen.items()
               for arg in ("--freeze-input", f"{name}={save_array(tmp / f'{name}.npy', value)}")]
@@ -51,7 +50,7 @@ def compile_and_run(model: onnx.ModelProto, frozen: dict[str, np.ndarray], data:
                   "--dag", str(tmp / "dag.json")],
                  ["run", str(tmp / "dag.json"), "--input", f"x={save_array(tmp / 'x.npy', data)}",
                   "--output", str(tmp / "out.npz")]):
-        code, _, err = run_cli(argv, capsys)
+        code, _, err = run_cli(argv)
         assert code == 0, f"{argv[0]}: {err}"
     manifest = json.loads((tmp / "cus" / "manifest.json").read_text())
     return np.load(tmp / "out.npz")["y"], manifest
@@ -62,39 +61,38 @@ def onnxruntime_result(model: onnx.ModelProto, feeds: dict) -> np.ndarray:
     return session.run(None, feeds)[0]
 
 
-def test_frozen_slice_bounds_match_onnxruntime(tmp_path, capsys):
+def test_frozen_slice_bounds_match_onnxruntime(tmp_path):
     x = np.arange(48, dtype=np.float32).reshape(6, 8)
     frozen = {"starts": np.array([1, 2], dtype=np.int64), "ends": np.array([5, 7], dtype=np.int64)}
-    got, manifest = compile_and_run(slice_model(), frozen, x, tmp_path, capsys)
+    got, manifest = compile_and_run(slice_model(), frozen, x, tmp_path)
     want = onnxruntime_result(slice_model(), {"x": x, **frozen})
     np.testing.assert_array_equal(got, want)
     assert [i["name"] for i in manifest["inputs"]] == ["x"]
 
 
-def test_frozen_reduce_axes_match_onnxruntime(tmp_path, capsys):
+def test_frozen_reduce_axes_match_onnxruntime(tmp_path):
     x = np.random.default_rng(0).standard_normal((3, 4, 5)).astype(np.float32)
     frozen = {"axes": np.array([1], dtype=np.int64)}
-    got, _ = compile_and_run(reduce_sum_model(), frozen, x, tmp_path, capsys)
+    got, _ = compile_and_run(reduce_sum_model(), frozen, x, tmp_path)
     want = onnxruntime_result(reduce_sum_model(), {"x": x, **frozen})
     assert got.shape == want.shape == (3, 5)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_the_manifest_and_dag_record_what_was_frozen(tmp_path, capsys):
+def test_the_manifest_and_dag_record_what_was_frozen(tmp_path):
     axes = np.array([2], dtype=np.int64)
-    _, manifest = compile_and_run(reduce_sum_model(), {"axes": axes}, np.ones((3, 4, 5), np.float32), tmp_path,
-                                  capsys)
+    _, manifest = compile_and_run(reduce_sum_model(), {"axes": axes}, np.ones((3, 4, 5), np.float32), tmp_path)
     assert manifest["options"]["frozen_inputs"] == [
         {"name": "axes", "dtype": "int64", "shape": [1], "sha256": hashlib.sha256(axes.tobytes()).hexdigest()}]
     dag = json.loads((tmp_path / "dag.json").read_text())
     assert "axes" not in json.dumps(dag.get("inputs", []))
 
 
-def test_an_npz_freezes_every_array_it_holds(tmp_path, capsys):
+def test_an_npz_freezes_every_array_it_holds(tmp_path):
     onnx.save(slice_model(), tmp_path / "model.onnx")
     np.savez(tmp_path / "bounds.npz", starts=np.array([0, 0], np.int64), ends=np.array([2, 3], np.int64))
     code, _, err = run_cli(["decompose", "--model-path", str(tmp_path / "model.onnx"), "--output-dir",
-                            str(tmp_path / "cus"), "--freeze-input", str(tmp_path / "bounds.npz")], capsys)
+                            str(tmp_path / "cus"), "--freeze-input", str(tmp_path / "bounds.npz")])
     assert code == 0, err
     manifest = json.loads((tmp_path / "cus" / "manifest.json").read_text())
     assert [f["name"] for f in manifest["options"]["frozen_inputs"]] == ["ends", "starts"]
@@ -107,21 +105,21 @@ def test_an_npz_freezes_every_array_it_holds(tmp_path, capsys):
     ("axes", np.array([1, 2], np.int64), ["axes", "[2]", "[1]"]),
     ("axes", np.array(1, np.int64), ["axes", "contradicts"]),
 ])
-def test_a_value_that_contradicts_the_model_is_one_line(tmp_path, capsys, name, value, fragments):
+def test_a_value_that_contradicts_the_model_is_one_line(tmp_path, name, value, fragments):
     onnx.save(reduce_sum_model(), tmp_path / "model.onnx")
     path = save_array(tmp_path / "v.npy", value)
     code, _, err = run_cli(["decompose", "--model-path", str(tmp_path / "model.onnx"), "--output-dir",
-                            str(tmp_path / "cus"), "--freeze-input", f"{name}={path}"], capsys)
+                            str(tmp_path / "cus"), "--freeze-input", f"{name}={path}"])
     assert_one_line_error(code, err, "--freeze-input", *fragments)
     assert not (tmp_path / "cus").exists()
 
 
 @pytest.mark.parametrize("content", [None, b"not an array"])
-def test_an_unreadable_file_is_one_line(tmp_path, capsys, content):
+def test_an_unreadable_file_is_one_line(tmp_path, content):
     onnx.save(reduce_sum_model(), tmp_path / "model.onnx")
     path = tmp_path / "axes.npy"
     if content is not None:
         path.write_bytes(content)
     code, _, err = run_cli(["decompose", "--model-path", str(tmp_path / "model.onnx"), "--output-dir",
-                            str(tmp_path / "cus"), "--freeze-input", f"axes={path}"], capsys)
+                            str(tmp_path / "cus"), "--freeze-input", f"axes={path}"])
     assert_one_line_error(code, err, "--freeze-input", "axes.npy")

@@ -121,29 +121,29 @@ def test_trace_records_time_and_bytes_per_cu(cnn):
         assert event["ph"] == "X" and event["name"] == t["cu"]
 
 
-def test_cli_run_writes_outputs_and_trace(cnn, tmp_path, capsys):
+def test_cli_run_writes_outputs_and_trace(cnn, tmp_path):
     case, dag_path = cnn
     np.save(tmp_path / "x.npy", case.inputs["x"])
     code, out, err = run_cli(["run", str(dag_path), "--input", f"x={tmp_path / 'x.npy'}", "--output",
-                              str(tmp_path / "y.npz"), "--trace", str(tmp_path / "t.json")], capsys)
+                              str(tmp_path / "y.npz"), "--trace", str(tmp_path / "t.json")])
     assert code == 0, err
     np.testing.assert_allclose(np.load(tmp_path / "y.npz")["y"], case.outputs["y"], rtol=1e-4, atol=1e-5)
     assert json.loads((tmp_path / "t.json").read_text())["device"] == "wasm"
     np.savez(tmp_path / "inputs.npz", x=case.inputs["x"])
     code, _, err = run_cli(["run", str(dag_path), "--input", str(tmp_path / "inputs.npz"), "--output",
-                            str(tmp_path / "y2.npz")], capsys)
+                            str(tmp_path / "y2.npz")])
     assert code == 0, err
     np.testing.assert_array_equal(np.load(tmp_path / "y2.npz")["y"], np.load(tmp_path / "y.npz")["y"])
 
 
-def test_cli_run_errors_are_one_line(cnn, tmp_path, capsys):
+def test_cli_run_errors_are_one_line(cnn, tmp_path):
     case, dag_path = cnn
     np.save(tmp_path / "bad.npy", case.inputs["x"][0])
-    code, _, err = run_cli(["run", str(dag_path), "--input", f"x={tmp_path / 'bad.npy'}"], capsys)
+    code, _, err = run_cli(["run", str(dag_path), "--input", f"x={tmp_path / 'bad.npy'}"])
     assert_one_line_error(code, err, "input 'x' has shape [3, 32, 32]")
-    code, _, err = run_cli(["run", str(dag_path), "--input", f"x={tmp_path / 'missing.npy'}"], capsys)
+    code, _, err = run_cli(["run", str(dag_path), "--input", f"x={tmp_path / 'missing.npy'}"])
     assert_one_line_error(code, err, "does not exist")
-    code, _, err = run_cli(["run", str(dag_path), "--device", "tpu", "--example-inputs"], capsys)
+    code, _, err = run_cli(["run", str(dag_path), "--device", "tpu", "--example-inputs"])
     assert_one_line_error(code, err, "unknown device 'tpu'")
-    code, _, err = run_cli(["run", str(tmp_path / "nope.json")], capsys)
+    code, _, err = run_cli(["run", str(tmp_path / "nope.json")])
     assert_one_line_error(code, err, "nope.json", "no such file")

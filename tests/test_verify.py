@@ -14,18 +14,18 @@ from cortex.commands.verify import compare
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 
 
-def test_compiled_sample_verifies_against_onnxruntime(tmp_path, capsys):
+def test_compiled_sample_verifies_against_onnxruntime(tmp_path):
     model = SAMPLES / "mlp.onnx"
     assert run_cli(["decompose", "--model-path", str(model), "--output-dir", str(tmp_path / "cus"), "--dim", "batch=2",
-                "--json"], capsys)[0] == 0
-    assert run_cli(["build-dag", "--cu-dir", str(tmp_path / "cus"), "--output", str(tmp_path / "dag.json"), "--json"], capsys)[0] == 0
+                "--json"])[0] == 0
+    assert run_cli(["build-dag", "--cu-dir", str(tmp_path / "cus"), "--output", str(tmp_path / "dag.json"), "--json"])[0] == 0
     assert run_cli(["compile-wasm", "--cu-dir", str(tmp_path / "cus"), "--dag", str(tmp_path / "dag.json"),
-                "--output", str(tmp_path / "wasm"), "--json"], capsys)[0] == 0
-    code, out, err = run_cli(["verify", str(tmp_path / "dag.json"), "--model", str(model), "--json"], capsys)
+                "--output", str(tmp_path / "wasm"), "--json"])[0] == 0
+    code, out, err = run_cli(["verify", str(tmp_path / "dag.json"), "--model", str(model), "--json"])
     assert code == 0, err
     report = json.loads(out)
     assert report["ok"] and report["outputs"] and all(o["max_abs_error"] < 1e-4 for o in report["outputs"])
-    code, _, err = run_cli(["verify", str(tmp_path / "dag.json"), "--model", str(SAMPLES / "cnn.onnx")], capsys)
+    code, _, err = run_cli(["verify", str(tmp_path / "dag.json"), "--model", str(SAMPLES / "cnn.onnx")])
     assert code == 2 and "not the model this dag.json was built from" in err
 
 

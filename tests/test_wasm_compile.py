@@ -13,7 +13,7 @@ from onnx import helper
 
 from backends.wasm.options import parse_options
 from cli_helpers import assert_one_line_error, run_cli
-from cortex.cus import file_sha256
+from ir.fs import file_sha256
 from cortex.dag import validate_dag
 from ir.errors import CortexError
 from testdata import sample_model
@@ -31,12 +31,12 @@ def cnn_dirs(tmp_path_factory):
     return out
 
 
-def compile_cli(capsys, out, *extra, output="bin"):
-    return run_cli(["compile-wasm", "--cu-dir", str(out / "cus"), "--output", str(out / output), "--json", *extra], capsys)
+def compile_cli(out, *extra, output="bin"):
+    return run_cli(["compile-wasm", "--cu-dir", str(out / "cus"), "--output", str(out / output), "--json", *extra])
 
 
-def test_dag_records_each_artifact_and_still_validates(cnn_dirs, capsys):
-    code, _, err = compile_cli(capsys, cnn_dirs, "--dag", str(cnn_dirs / "dag.json"), "--features", "simd",
+def test_dag_records_each_artifact_and_still_validates(cnn_dirs):
+    code, _, err = compile_cli(cnn_dirs, "--dag", str(cnn_dirs / "dag.json"), "--features", "simd",
                                "--opt-level", "1", output="wasm-bin")
     assert code == 0, err
     dag = json.loads((cnn_dirs / "dag.json").read_text())
@@ -50,9 +50,9 @@ def test_dag_records_each_artifact_and_still_validates(cnn_dirs, capsys):
         assert [e["name"] for e in record["memory"]["outputs"]] == cu["outputs"]
 
 
-def test_builds_are_byte_identical(cnn_dirs, capsys):
+def test_builds_are_byte_identical(cnn_dirs):
     for name in ("a", "b"):
-        code, _, err = compile_cli(capsys, cnn_dirs, "--opt-level", "3", "--features", "simd,relaxed-simd", output=name)
+        code, _, err = compile_cli(cnn_dirs, "--opt-level", "3", "--features", "simd,relaxed-simd", output=name)
         assert code == 0, err
     a, b = sorted((cnn_dirs / "a").glob("*.wasm")), sorted((cnn_dirs / "b").glob("*.wasm"))
     assert a and [p.read_bytes() for p in a] == [p.read_bytes() for p in b]
@@ -67,8 +67,8 @@ def test_builds_are_byte_identical(cnn_dirs, capsys):
     ("simd", "2", ["v128"], ["memory.init", "data.drop"]),                 # active, mapped copy-on-write
     ("simd", "z", [], ["v128"]),
 ])
-def test_features_and_opt_levels_shape_the_code(cnn_dirs, capsys, features, level, present, absent):
-    code, _, err = compile_cli(capsys, cnn_dirs, "--features", features, "--opt-level", level, "--emit-wat", output="w")
+def test_features_and_opt_levels_shape_the_code(cnn_dirs, features, level, present, absent):
+    code, _, err = compile_cli(cnn_dirs, "--features", features, "--opt-level", level, "--emit-wat", output="w")
     assert code == 0, err
     wat = "\n".join(p.read_text() for p in sorted((cnn_dirs / "w").glob("*.wat")))
     for text in present:
@@ -83,13 +83,13 @@ def test_features_and_opt_levels_shape_the_code(cnn_dirs, capsys, features, leve
     (["--target", "wasm64-unknown-unknown"], ["unknown --target 'wasm64-unknown-unknown'"]),
     (["--opt-level", "4"], ["unknown --opt-level '4'"]),
 ])
-def test_bad_options_are_one_line_errors(cnn_dirs, capsys, argv, fragments):
-    code, _, err = compile_cli(capsys, cnn_dirs, *argv, output="never")
+def test_bad_options_are_one_line_errors(cnn_dirs, argv, fragments):
+    code, _, err = compile_cli(cnn_dirs, *argv, output="never")
     assert_one_line_error(code, err, *fragments)
     assert not (cnn_dirs / "never").exists()
 
 
-def test_unsupported_ops_are_listed_and_the_output_folder_is_untouched(tmp_path, capsys):
+def test_unsupported_ops_are_listed_and_the_output_folder_is_untouched(tmp_path):
     model = make_model([helper.make_node("Relu", ["x"], ["r"], name="relu"),
                         helper.make_node("Col2Im", ["r", "image", "block"], ["d"], name="fold_columns")],
                        [helper.make_tensor_value_info("x", T.FLOAT, [1, 4, 9])],
@@ -98,24 +98,24 @@ def test_unsupported_ops_are_listed_and_the_output_folder_is_untouched(tmp_path,
                         onnx.numpy_helper.from_array(np.array([2, 2], dtype=np.int64), "block")], opset=18)
     onnx.save(model, tmp_path / "m.onnx")
     assert run_cli(["decompose", "--model-path", str(tmp_path / "m.onnx"), "--output-dir", str(tmp_path / "cus"),
-                    "--json"], capsys)[0] == 0
+                    "--json"])[0] == 0
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "keep.txt").write_text("previous build")
-    code, _, err = run_cli(["compile-wasm", "--cu-dir", str(tmp_path / "cus"), "--output", str(tmp_path / "bin")], capsys)
+    code, _, err = run_cli(["compile-wasm", "--cu-dir", str(tmp_path / "cus"), "--output", str(tmp_path / "bin")])
     assert_one_line_error(code, err, "Col2Im (fold_columns)")
     assert [p.name for p in (tmp_path / "bin").iterdir()] == ["keep.txt"]
 
 
-def test_stale_dag_is_refused(cnn_dirs, tmp_path, capsys):
+def test_stale_dag_is_refused(cnn_dirs, tmp_path):
     dag = json.loads((cnn_dirs / "dag.json").read_text())
     dag["cus"][0]["sha256"] = "0" * 64
     (tmp_path / "dag.json").write_text(json.dumps(dag))
-    code, _, err = compile_cli(capsys, cnn_dirs, "--dag", str(tmp_path / "dag.json"), output="stale")
+    code, _, err = compile_cli(cnn_dirs, "--dag", str(tmp_path / "dag.json"), output="stale")
     assert_one_line_error(code, err, "does not describe the CUs", "build-dag")
 
 
-def test_missing_cu_dir_is_a_one_line_error(tmp_path, capsys):
-    code, _, err = run_cli(["compile-wasm", "--cu-dir", str(tmp_path / "nope"), "--output", str(tmp_path / "b")], capsys)
+def test_missing_cu_dir_is_a_one_line_error(tmp_path):
+    code, _, err = run_cli(["compile-wasm", "--cu-dir", str(tmp_path / "nope"), "--output", str(tmp_path / "b")])
     assert_one_line_error(code, err, "nope")
 
 

@@ -63,7 +63,7 @@ def compile_pipeline(model_path, out_dir, features="simd,bulk-memory", opt_level
     from backends.wasm.build import compile_cu_dir
     from cortex.commands.decompose import decompose_model
     from cortex.dag import build_dag
-    from ir.onnx_export import write_bytes_atomically
+    from ir.fs import write_bytes_atomically
 
     out_dir = Path(out_dir)
     decompose_model(Path(model_path), out_dir / "cus", input_shapes or {}, dims or {}, min_cu_size, max_cu_size,

@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 from backends.cuda.compile import compile_cuda
 from backends.cuda.render import CudaSource, render_cuda
 from cortex.artifacts import read_cus_for_target, read_dag_for_cus, write_dag
-from cortex.cus import write_directory_atomically
+from ir.fs import write_directory_atomically
 from ir.errors import CortexError
 from ir.loops import lower_graph
 

@@ -18,7 +18,7 @@ from typing import Callable
 from backends.wasm.compile import compile_graph
 from backends.wasm.options import WasmOptions
 from cortex.artifacts import read_cus_for_target, read_dag_for_cus, write_dag
-from cortex.cus import write_directory_atomically
+from ir.fs import write_directory_atomically
 from ir.errors import CortexError
 
 

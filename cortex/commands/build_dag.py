@@ -13,7 +13,7 @@ from cortex.console import print_json, print_summary
 from cortex.dag import build_dag as build_dag_document
 from cortex.dag import to_dot
 from ir.errors import CortexError
-from ir.onnx_export import write_bytes_atomically
+from ir.fs import write_bytes_atomically
 
 FORMATS = ("json", "dot")
 

@@ -13,7 +13,7 @@ import typer
 from cortex.console import out, print_json
 from cortex.runtime import DEVICES, load
 from ir.errors import CortexError
-from ir.onnx_export import write_bytes_atomically
+from ir.fs import write_bytes_atomically
 
 
 def run(

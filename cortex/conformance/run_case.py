@@ -23,7 +23,7 @@ from cortex.conformance.cases import describe_case, parameter_inputs, tolerances
 from cortex.conformance.devices import compile_for_device
 from cortex.options import parse_input_shapes
 from ir.errors import CortexError
-from ir.onnx_export import write_bytes_atomically
+from ir.fs import write_bytes_atomically
 from samples.node_tests import load_node_test
 
 # The loop-nest backends' refusal of an op parameter fed as a graph input (ir/loops/builder.py).

@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from cortex.conformance.run_case import CaseResult
-from ir.onnx_export import write_bytes_atomically
+from ir.fs import write_bytes_atomically
 
 COUNTED = ("passed", "failed", "unsupported", "crashed")
 

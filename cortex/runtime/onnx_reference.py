@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from cortex.cus import file_sha256
+from ir.fs import file_sha256
 from ir.errors import CortexError
 
 

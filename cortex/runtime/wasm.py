@@ -27,7 +27,7 @@ from backends.wasm.assemble import make_engine
 from backends.wasm.device import WasmInstance
 from backends.wasm.options import WasmOptions, parse_options
 from ir.errors import CortexError
-from ir.onnx_export import write_bytes_atomically
+from ir.fs import confined_path, write_bytes_atomically
 
 
 class WasmDevice:
@@ -48,7 +48,7 @@ class WasmDevice:
         stamps = _Stamps()
         for cu in dag["cus"]:
             record = records[cu["id"]]
-            path = dag_path.parent / record["path"]
+            path = confined_path(dag_path.parent, record["path"])   # read_dag checked it stays inside
             module = _load_module(self.engine, path, record["sha256"], dag_path, cu["id"], stamps)
             self.instances[cu["id"]] = WasmInstance(self.engine, module, record["memory"])
         stamps.save()

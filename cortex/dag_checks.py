@@ -1,0 +1,170 @@
+"""What a dag.json must hold beyond its JSON Schema before a runtime trusts it.
+
+The schema fixes the types; these are the invariants that relate one part of the document to
+another: every CU input is a model input or produced by a CU earlier in `order`; `order` lists
+each CU once; every tensor's dtype is one Cortex knows and its bytes match its shape; each
+artifact's memory plan fits its memory and agrees with the tensors; every artifact path stays
+inside the folder of dag.json. `first_violation` names the first broken one in one line.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import ml_dtypes  # noqa: F401  (registers bfloat16 and the float8 types with numpy)
+import numpy as np
+
+from ir.dtypes import NUMPY_NAMES
+from ir.fs import confined_path
+
+# Larger than any tensor a device can hold: such a shape is damage, not a model.
+MAX_TENSOR_BYTES = 1 << 40
+WASM_MEMORY_LIMIT = 1 << 32
+
+
+def first_violation(dag: dict, folder: Path) -> str | None:
+    for check in (_cu_ids, _tensors, _interface, _data_flow, _artifacts):
+        problem = check(dag, folder)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _cu_ids(dag: dict, folder: Path) -> str | None:
+    ids = [cu["id"] for cu in dag["cus"]]
+    if len(set(ids)) != len(ids):
+        return f"CU {next(i for i in ids if ids.count(i) > 1)} is listed twice"
+    if sorted(dag["order"]) != sorted(ids):
+        missing = sorted(set(ids) - set(dag["order"])) or sorted(set(dag["order"]) - set(ids))
+        return f"'order' does not list every CU exactly once ({missing[0]})"
+    return None
+
+
+def tensor_bytes(dtype: str, shape: list[int]) -> int | None:
+    """Bytes of a tensor; None when the dtype is not one Cortex writes."""
+    if dtype not in NUMPY_NAMES:
+        return None
+    return math.prod(shape) * np.dtype(dtype).itemsize
+
+
+def _tensor_problem(name: str, spec: dict) -> str | None:
+    size = tensor_bytes(spec["dtype"], spec["shape"])
+    if size is None:
+        return f"tensor {name!r} has unknown dtype {spec['dtype']!r}"
+    if size > MAX_TENSOR_BYTES:
+        return f"tensor {name!r} of shape {spec['shape']} would need {size:,} bytes"
+    if "bytes" in spec and spec["bytes"] != size:
+        return f"tensor {name!r} says {spec['bytes']} bytes, its shape {spec['shape']} needs {size}"
+    return None
+
+
+def _tensors(dag: dict, folder: Path) -> str | None:
+    for name, spec in dag["tensors"].items():
+        problem = _tensor_problem(name, spec)
+        if problem:
+            return problem
+    return None
+
+
+def _interface(dag: dict, folder: Path) -> str | None:
+    tensors = dag["tensors"]
+    for spec in [*dag["inputs"], *dag["outputs"]]:
+        problem = _tensor_problem(spec["name"], spec)
+        if problem:
+            return problem
+        known = tensors.get(spec["name"])
+        if known is not None and (known["dtype"], known["shape"]) != (spec["dtype"], spec["shape"]):
+            return f"model input/output {spec['name']!r} is {spec['dtype']}{spec['shape']} but its tensor entry " \
+                   f"says {known['dtype']}{known['shape']}"
+    for cu in dag["cus"]:
+        for name in [*cu["inputs"], *cu["outputs"]]:
+            if name not in tensors:
+                return f"{cu['id']} names tensor {name!r}, which 'tensors' does not describe"
+    return None
+
+
+def _data_flow(dag: dict, folder: Path) -> str | None:
+    cus = {cu["id"]: cu for cu in dag["cus"]}
+    producer: dict[str, str] = {}
+    model_inputs = {spec["name"] for spec in dag["inputs"]}
+    for cu in dag["cus"]:
+        for name in cu["outputs"]:
+            if name in producer or name in model_inputs:
+                return f"tensor {name!r} is produced twice ({producer.get(name, 'a model input')} and {cu['id']})"
+            producer[name] = cu["id"]
+    ready = set(model_inputs)
+    for cu_id in dag["order"]:
+        for name in cus[cu_id]["inputs"]:
+            if name in ready:
+                continue
+            if name in producer:
+                return f"'order' is not topological: {cu_id} reads {name!r} before {producer[name]} produces it"
+            return f"{cu_id} reads {name!r}, which no CU produces and which is not a model input"
+        ready.update(cus[cu_id]["outputs"])
+    for spec in dag["outputs"]:
+        if spec["name"] not in ready:
+            return f"model output {spec['name']!r} is produced by no CU"
+    return None
+
+
+def _artifacts(dag: dict, folder: Path) -> str | None:
+    for cu in dag["cus"]:
+        artifacts = cu.get("artifacts", {})
+        for check, key in ((_wasm_record, "wasm"), (_cuda_record, "cuda")):
+            if key in artifacts:
+                problem = check(cu, artifacts[key], dag["tensors"], folder)
+                if problem:
+                    return f"{cu['id']}'s {key} artifact: {problem}"
+    return None
+
+
+def _outside(folder: Path, relative: str) -> str | None:
+    if confined_path(folder, relative) is None:
+        return f"path {relative!r} leaves the folder of dag.json (absolute, '..' or a link out of it)"
+    return None
+
+
+def _same_tensors(kind: str, entries: list[dict], names: list[str], tensors: dict) -> str | None:
+    if sorted(e["name"] for e in entries) != sorted(names):
+        return f"its {kind} {sorted(e['name'] for e in entries)} are not the CU's {sorted(names)}"
+    for e in entries:
+        t = tensors[e["name"]]
+        if (e["dtype"], e["shape"]) != (t["dtype"], t["shape"]):
+            return f"{kind[:-1]} {e['name']!r} is {e['dtype']}{e['shape']}, the tensor is {t['dtype']}{t['shape']}"
+        if tensor_bytes(e["dtype"], e["shape"]) != e["bytes"]:
+            return f"{kind[:-1]} {e['name']!r} says {e['bytes']} bytes for shape {e['shape']}"
+    return None
+
+
+def _wasm_record(cu: dict, record: dict, tensors: dict, folder: Path) -> str | None:
+    problem = _outside(folder, record["path"])
+    if problem:
+        return problem
+    memory = record["memory"]
+    for kind, names in (("inputs", cu["inputs"]), ("outputs", cu["outputs"])):
+        problem = _same_tensors(kind, memory[kind], names, tensors)
+        if problem:
+            return problem
+        for e in memory[kind]:
+            if e["offset"] + e["bytes"] > memory["memory_bytes"]:
+                return f"{kind[:-1]} {e['name']!r} at offset {e['offset']} (+{e['bytes']} bytes) lies past the " \
+                       f"module's {memory['memory_bytes']} bytes of memory"
+    return None
+
+
+def _cuda_record(cu: dict, record: dict, tensors: dict, folder: Path) -> str | None:
+    problem = _outside(folder, record["folder"])
+    if problem:
+        return problem
+    entries = [record["source"], record["ptx"], record["weights"], *record["cubins"].values()]
+    for entry in filter(None, entries):
+        problem = _outside(folder, f"{record['folder']}/{entry['file']}")
+        if problem:
+            return problem
+    for kind, names in (("inputs", cu["inputs"]), ("outputs", cu["outputs"])):
+        params = [p for p in record["params"] if p["kind"] == kind[:-1]]
+        problem = _same_tensors(kind, params, names, tensors)
+        if problem:
+            return problem
+    return None
