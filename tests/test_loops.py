@@ -10,7 +10,8 @@ from onnx import helper
 
 from backends.wasm.vectorize import vectorizable
 from ir.errors import UnsupportedError
-from ir.loops import Loop, Store, Var, const, lower_graph, stride_of, walk_stmts
+from ir.loops import (Assign, If, Intrinsic, Local, Loop, Store, Var, buffers_accessed, const, loads_in,
+                      lower_graph, lt, stride_of, walk_stmts)
 from ir.loops.builder import collapse_broadcast
 from ir.loops.program import Buffer, Storage
 from ir.onnx_import import import_model
@@ -37,6 +38,21 @@ def test_stride_of_affine_and_gathered_indices():
     table = buffer((8,), "int32")
     assert stride_of(x.flat_index((i, table[j])), j) is None
     assert stride_of(x.flat_index((i, table[i])), j) == 0
+
+
+def test_statement_walks_see_every_expression_and_buffer():
+    i = Var("i")
+    x, y, z, w = buffer((4,)), buffer((4,)), buffer((4,)), buffer((4,))
+    acc = Local("acc", "f32")
+    add = Assign(acc, acc + x[i])
+    store = Store(y, i, z[i])
+    call = Intrinsic("gemm", {"a": w, "bias": None})
+    guard = If(lt(i, 2), [add], [store])
+    body = [Loop(i, 4, [guard]), call]
+    assert [type(s) for s in walk_stmts(body)] == [Loop, If, Assign, Store, Intrinsic]
+    assert guard.exprs() == (guard.cond,) and store.exprs() == (store.index, store.value)
+    assert [load.buffer for load in loads_in(body)] == [x, z]
+    assert list(buffers_accessed(body)) == [x, y, z, w]
 
 
 @pytest.mark.parametrize("out,ins,expected", [

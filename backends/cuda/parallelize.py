@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ir.loops.expr import Binary, Cast, Const, Expr, Load, Var, walk
-from ir.loops.program import Assign, If, Loop, Stmt, Store, walk_stmts
+from ir.loops.expr import Binary, Cast, Const, Expr, Var
+from ir.loops.program import Loop, Stmt, Store, loads_in, walk_stmts
 
 Affine = tuple[dict[int, int], int]    # var uid -> coefficient, constant
 
@@ -88,7 +88,6 @@ def threads_are_independent(thread_loops: list[Loop], chain: list[Loop], body: l
             extents[s.var.uid] = s.extent
     thread_vars = {loop.var.uid for loop in thread_loops}
     stores: dict[int, list[Affine]] = {}
-    exprs: list[Expr] = []
     for s in walk_stmts(body):
         if isinstance(s, Store):
             form = affine(s.index)
@@ -97,23 +96,17 @@ def threads_are_independent(thread_loops: list[Loop], chain: list[Loop], body: l
             if any(form[0].get(uid, 0) == 0 for uid in thread_vars):
                 return False      # a thread loop the store ignores: threads would collide
             stores.setdefault(id(s.buffer.storage), []).append(form)
-            exprs += [s.index, s.value]
-        elif isinstance(s, Assign):
-            exprs.append(s.value)
-        elif isinstance(s, If):
-            exprs.append(s.cond)
     written = {}
     for key, forms in stores.items():
         signatures = {_signature(f, thread_vars, extents) for f in forms}
         if len(signatures) != 1:
             return False
         written[key] = signatures.pop()
-    for e in exprs:
-        for x in walk(e):
-            if isinstance(x, Load) and id(x.buffer.storage) in written:
-                form = affine(x.index)
-                if form is None or _signature(form, thread_vars, extents) != written[id(x.buffer.storage)]:
-                    return False
+    for x in loads_in(body):
+        if id(x.buffer.storage) in written:
+            form = affine(x.index)
+            if form is None or _signature(form, thread_vars, extents) != written[id(x.buffer.storage)]:
+                return False
     return True
 
 

@@ -55,8 +55,8 @@ def _strided_loop(loop: Loop, row_loops: list[Loop]) -> StridedLoop | None:
         elif isinstance(s, If) and any(isinstance(x, Assign) for x in walk_stmts(s.body + s.orelse)):
             return None
     if ops and any(isinstance(x, Local) and x.uid in ops
-                   for s in walk_stmts(loop.body) if isinstance(s, (Store, If))
-                   for e in ([s.index, s.value] if isinstance(s, Store) else [s.cond]) for x in walk(e)):
+                   for s in walk_stmts(loop.body) if not isinstance(s, Assign)
+                   for e in s.exprs() for x in walk(e)):
         return None   # a partial accumulator must not leak into a store
     if plan.stores and not threads_are_independent([loop], row_loops + [loop], loop.body):
         return None

@@ -83,18 +83,14 @@ def _private_locals(loop: Loop) -> set[int] | None:
                 return None
         else:
             return None
-        read |= {x.uid for e in _exprs(s) for x in walk(e) if isinstance(x, Local)}
+        read |= {x.uid for e in s.exprs() for x in walk(e) if isinstance(x, Local)}
     # an accumulator is only read by its own update: its partial lanes mean nothing elsewhere
     for s in loop.body:
-        reads = {x.uid for e in _exprs(s) for x in walk(e) if isinstance(x, Local)}
+        reads = {x.uid for e in s.exprs() for x in walk(e) if isinstance(x, Local)}
         own = {s.local.uid} if isinstance(s, Assign) else set()
         if (reads - own) & accumulators:
             return None
     return private
-
-
-def _exprs(s) -> list[Expr]:
-    return [s.value] + ([s.index] if isinstance(s, Store) else [])
 
 
 def reduction_step(s: Assign):
