@@ -9,9 +9,10 @@ from onnx import TensorProto as T
 from onnx import helper
 
 from backends.wasm.vectorize import vectorizable
+from codegen.affine import affine, stride_of
 from ir.errors import UnsupportedError
 from ir.loops import (Assign, If, Intrinsic, Local, Loop, Store, Var, buffers_accessed, const, loads_in,
-                      lower_graph, lt, stride_of, walk_stmts)
+                      lower_graph, lt, walk_stmts)
 from ir.loops.builder import collapse_broadcast
 from ir.loops.program import Buffer, Storage
 from ir.onnx_import import import_model
@@ -38,6 +39,17 @@ def test_stride_of_affine_and_gathered_indices():
     table = buffer((8,), "int32")
     assert stride_of(x.flat_index((i, table[j])), j) is None
     assert stride_of(x.flat_index((i, table[i])), j) == 0
+
+
+def test_affine_form_is_exact_unless_told_what_is_opaque():
+    i, j = Var("i"), Var("j")
+    x, table = buffer((4, 8)), buffer((8,), "int32")
+    assert affine(x.flat_index((i, j * 2 + 1))) == ({i.uid: 8, j.uid: 2}, 1)
+    gathered = x.flat_index((i, table[i]))
+    assert affine(gathered) is None
+    # a gathered offset taken as an unknown constant keeps the variable terms, not the constant
+    assert affine(gathered + j, lambda e: True) == ({i.uid: 8, j.uid: 1}, None)
+    assert stride_of(gathered * j, j) is None and stride_of(gathered + j * 3, j) == 3
 
 
 def test_statement_walks_see_every_expression_and_buffer():

@@ -16,9 +16,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from codegen.affine import affine
 from ir.loops.program import Assign, Kernel, Stmt, Store, loads_in, walk_stmts
 
-from backends.cuda.parallelize import ParallelNest, affine
+from backends.cuda.parallelize import ParallelNest
 from backends.cuda.tiled import plan_tiled
 
 

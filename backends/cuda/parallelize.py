@@ -16,10 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ir.loops.expr import Binary, Cast, Const, Expr, Var
+from codegen.affine import Affine, affine
 from ir.loops.program import Loop, Stmt, Store, loads_in, walk_stmts
-
-Affine = tuple[dict[int, int], int]    # var uid -> coefficient, constant
 
 
 @dataclass
@@ -34,31 +32,6 @@ class ParallelNest:
         for loop in self.threads:
             n *= loop.extent
         return n
-
-
-def affine(e: Expr) -> Affine | None:
-    """e as sum(coef * var) + const over loop variables, or None if it is not affine."""
-    if isinstance(e, Const):
-        return ({}, int(e.value)) if isinstance(e.value, int) else None
-    if isinstance(e, Var):
-        return {e.uid: 1}, 0
-    if isinstance(e, Cast) and e.type in ("i32", "i64") and e.a.type in ("i32", "i64"):
-        return affine(e.a)
-    if isinstance(e, Binary) and e.op in ("add", "sub", "mul"):
-        a, b = affine(e.a), affine(e.b)
-        if a is None or b is None:
-            return None
-        if e.op == "mul":
-            if a[0] and b[0]:
-                return None
-            (terms, c), k = (a, b[1]) if not b[0] else (b, a[1])
-            return {v: coef * k for v, coef in terms.items() if coef * k}, c * k
-        sign = 1 if e.op == "add" else -1
-        terms = dict(a[0])
-        for v, coef in b[0].items():
-            terms[v] = terms.get(v, 0) + sign * coef
-        return {v: c for v, c in terms.items() if c}, a[1] + sign * b[1]
-    return None
 
 
 def _injective(form: Affine, extents: dict[int, int]) -> bool:

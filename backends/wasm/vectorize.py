@@ -20,8 +20,8 @@ The trip count splits into an unrolled vector part, a plain vector part and a sc
 
 from __future__ import annotations
 
-from ir.loops.expr import (COMPARISONS, Binary, Cast, Expr, Fma, Load, Local, Select, Unary, Var,
-                           stride_of, walk)
+from codegen.affine import stride_of
+from ir.loops.expr import COMPARISONS, Binary, Cast, Expr, Fma, Load, Local, Select, Unary, Var, walk
 from ir.loops.program import Assign, Loop, Store
 
 from backends.wasm.mathlib import INLINE_VECTOR_FUNCTIONS, VECTOR_MATH, VECTOR_MATH_BINARY, inline_vector_call
