@@ -10,9 +10,10 @@ from onnx import helper
 
 from backends.wasm.vectorize import vectorizable
 from codegen.affine import affine, stride_of
+from codegen.reductions import accumulators, reduction_step
 from ir.errors import UnsupportedError
 from ir.loops import (Assign, If, Intrinsic, Local, Loop, Store, Var, buffers_accessed, const, loads_in,
-                      lower_graph, lt, walk_stmts)
+                      lower_graph, lt, maximum, walk_stmts)
 from ir.loops.builder import collapse_broadcast
 from ir.loops.program import Buffer, Storage
 from ir.onnx_import import import_model
@@ -65,6 +66,20 @@ def test_statement_walks_see_every_expression_and_buffer():
     assert guard.exprs() == (guard.cond,) and store.exprs() == (store.index, store.value)
     assert [load.buffer for load in loads_in(body)] == [x, z]
     assert list(buffers_accessed(body)) == [x, y, z, w]
+
+
+def test_reduction_steps_fold_a_term_free_of_the_accumulator():
+    i = Var("i")
+    x = buffer((4,))
+    acc, other = Local("acc", "f32"), Local("other", "f32")
+    term = x[i]
+    step = reduction_step(Assign(acc, term * acc))
+    assert step.op == "mul" and step.operand is term
+    assert reduction_step(Assign(acc, acc - x[i])) is None                  # not associative
+    assert reduction_step(Assign(acc, acc + acc * x[i])) is None            # the term reads acc
+    assert accumulators([Loop(i, 4, [Assign(acc, acc + x[i]), Assign(other, other + 1.0)])]) == \
+        {acc.uid: (acc, "add"), other.uid: (other, "add")}
+    assert accumulators([Assign(acc, acc + x[i]), Assign(acc, maximum(acc, x[i]))]) is None   # two ops
 
 
 @pytest.mark.parametrize("out,ins,expected", [

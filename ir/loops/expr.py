@@ -285,5 +285,5 @@ def walk(e: Expr):
         stack.extend(children(x))
 
 
-def uses(e: Expr, var: Var) -> bool:
+def uses(e: Expr, var: Var | Local) -> bool:
     return any(x is var for x in walk(e))
