@@ -9,8 +9,11 @@ from onnx import TensorProto as T
 from onnx import helper
 
 from backends.wasm.vectorize import vectorizable
+from codegen.affine import affine, stride_of
+from codegen.reductions import accumulators, reduction_step
 from ir.errors import UnsupportedError
-from ir.loops import Loop, Store, Var, const, lower_graph, stride_of, walk_stmts
+from ir.loops import (Assign, If, Intrinsic, Local, Loop, Store, Var, buffers_accessed, const, loads_in,
+                      lower_graph, lt, maximum, walk_stmts)
 from ir.loops.builder import collapse_broadcast
 from ir.loops.program import Buffer, Storage
 from ir.onnx_import import import_model
@@ -37,6 +40,46 @@ def test_stride_of_affine_and_gathered_indices():
     table = buffer((8,), "int32")
     assert stride_of(x.flat_index((i, table[j])), j) is None
     assert stride_of(x.flat_index((i, table[i])), j) == 0
+
+
+def test_affine_form_is_exact_unless_told_what_is_opaque():
+    i, j = Var("i"), Var("j")
+    x, table = buffer((4, 8)), buffer((8,), "int32")
+    assert affine(x.flat_index((i, j * 2 + 1))) == ({i.uid: 8, j.uid: 2}, 1)
+    gathered = x.flat_index((i, table[i]))
+    assert affine(gathered) is None
+    # a gathered offset taken as an unknown constant keeps the variable terms, not the constant
+    assert affine(gathered + j, lambda e: True) == ({i.uid: 8, j.uid: 1}, None)
+    assert stride_of(gathered * j, j) is None and stride_of(gathered + j * 3, j) == 3
+
+
+def test_statement_walks_see_every_expression_and_buffer():
+    i = Var("i")
+    x, y, z, w = buffer((4,)), buffer((4,)), buffer((4,)), buffer((4,))
+    acc = Local("acc", "f32")
+    add = Assign(acc, acc + x[i])
+    store = Store(y, i, z[i])
+    call = Intrinsic("gemm", {"a": w, "bias": None})
+    guard = If(lt(i, 2), [add], [store])
+    body = [Loop(i, 4, [guard]), call]
+    assert [type(s) for s in walk_stmts(body)] == [Loop, If, Assign, Store, Intrinsic]
+    assert guard.exprs() == (guard.cond,) and store.exprs() == (store.index, store.value)
+    assert [load.buffer for load in loads_in(body)] == [x, z]
+    assert list(buffers_accessed(body)) == [x, y, z, w]
+
+
+def test_reduction_steps_fold_a_term_free_of_the_accumulator():
+    i = Var("i")
+    x = buffer((4,))
+    acc, other = Local("acc", "f32"), Local("other", "f32")
+    term = x[i]
+    step = reduction_step(Assign(acc, term * acc))
+    assert step.op == "mul" and step.operand is term
+    assert reduction_step(Assign(acc, acc - x[i])) is None                  # not associative
+    assert reduction_step(Assign(acc, acc + acc * x[i])) is None            # the term reads acc
+    assert accumulators([Loop(i, 4, [Assign(acc, acc + x[i]), Assign(other, other + 1.0)])]) == \
+        {acc.uid: (acc, "add"), other.uid: (other, "add")}
+    assert accumulators([Assign(acc, acc + x[i]), Assign(acc, maximum(acc, x[i]))]) is None   # two ops
 
 
 @pytest.mark.parametrize("out,ins,expected", [

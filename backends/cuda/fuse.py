@@ -16,10 +16,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ir.loops.expr import Load, walk
-from ir.loops.program import Assign, Kernel, Stmt, Store, walk_stmts
+from codegen.affine import affine
+from ir.loops.program import Assign, Kernel, Stmt, Store, loads_in, walk_stmts
 
-from backends.cuda.parallelize import ParallelNest, affine
+from backends.cuda.parallelize import ParallelNest
 from backends.cuda.tiled import plan_tiled
 
 
@@ -75,15 +75,9 @@ def _form(index, positions: dict[int, int], extents: list[int]):
 
 
 def _accesses(unit: Unit):
-    stores, loads = [], []
-    for s in walk_stmts(unit.nest.body):
-        exprs = []
-        if isinstance(s, Store):
-            stores.append((s.buffer.storage, s.index))
-            exprs = [s.index, s.value]
-        elif hasattr(s, "cond"):
-            exprs = [s.cond]
-        loads += [(x.buffer.storage, x.index) for e in exprs for x in walk(e) if isinstance(x, Load)]
+    body = unit.nest.body
+    stores = [(s.buffer.storage, s.index) for s in walk_stmts(body) if isinstance(s, Store)]
+    loads = [(x.buffer.storage, x.index) for x in loads_in(body)]
     return stores, loads
 
 

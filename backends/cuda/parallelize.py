@@ -16,10 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ir.loops.expr import Binary, Cast, Const, Expr, Load, Var, walk
-from ir.loops.program import Assign, If, Loop, Stmt, Store, walk_stmts
-
-Affine = tuple[dict[int, int], int]    # var uid -> coefficient, constant
+from codegen.affine import Affine, affine
+from ir.loops.program import Loop, Stmt, Store, loads_in, walk_stmts
 
 
 @dataclass
@@ -34,31 +32,6 @@ class ParallelNest:
         for loop in self.threads:
             n *= loop.extent
         return n
-
-
-def affine(e: Expr) -> Affine | None:
-    """e as sum(coef * var) + const over loop variables, or None if it is not affine."""
-    if isinstance(e, Const):
-        return ({}, int(e.value)) if isinstance(e.value, int) else None
-    if isinstance(e, Var):
-        return {e.uid: 1}, 0
-    if isinstance(e, Cast) and e.type in ("i32", "i64") and e.a.type in ("i32", "i64"):
-        return affine(e.a)
-    if isinstance(e, Binary) and e.op in ("add", "sub", "mul"):
-        a, b = affine(e.a), affine(e.b)
-        if a is None or b is None:
-            return None
-        if e.op == "mul":
-            if a[0] and b[0]:
-                return None
-            (terms, c), k = (a, b[1]) if not b[0] else (b, a[1])
-            return {v: coef * k for v, coef in terms.items() if coef * k}, c * k
-        sign = 1 if e.op == "add" else -1
-        terms = dict(a[0])
-        for v, coef in b[0].items():
-            terms[v] = terms.get(v, 0) + sign * coef
-        return {v: c for v, c in terms.items() if c}, a[1] + sign * b[1]
-    return None
 
 
 def _injective(form: Affine, extents: dict[int, int]) -> bool:
@@ -88,7 +61,6 @@ def threads_are_independent(thread_loops: list[Loop], chain: list[Loop], body: l
             extents[s.var.uid] = s.extent
     thread_vars = {loop.var.uid for loop in thread_loops}
     stores: dict[int, list[Affine]] = {}
-    exprs: list[Expr] = []
     for s in walk_stmts(body):
         if isinstance(s, Store):
             form = affine(s.index)
@@ -97,23 +69,17 @@ def threads_are_independent(thread_loops: list[Loop], chain: list[Loop], body: l
             if any(form[0].get(uid, 0) == 0 for uid in thread_vars):
                 return False      # a thread loop the store ignores: threads would collide
             stores.setdefault(id(s.buffer.storage), []).append(form)
-            exprs += [s.index, s.value]
-        elif isinstance(s, Assign):
-            exprs.append(s.value)
-        elif isinstance(s, If):
-            exprs.append(s.cond)
     written = {}
     for key, forms in stores.items():
         signatures = {_signature(f, thread_vars, extents) for f in forms}
         if len(signatures) != 1:
             return False
         written[key] = signatures.pop()
-    for e in exprs:
-        for x in walk(e):
-            if isinstance(x, Load) and id(x.buffer.storage) in written:
-                form = affine(x.index)
-                if form is None or _signature(form, thread_vars, extents) != written[id(x.buffer.storage)]:
-                    return False
+    for x in loads_in(body):
+        if id(x.buffer.storage) in written:
+            form = affine(x.index)
+            if form is None or _signature(form, thread_vars, extents) != written[id(x.buffer.storage)]:
+                return False
     return True
 
 

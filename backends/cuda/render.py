@@ -23,7 +23,8 @@ from backends.cuda.tiled import TILE, TiledContraction, plan_tiled
 from backends.cuda.warp_rows import StridedLoop, plan_warp_rows
 from ir.errors import UnsupportedError
 from ir.loops.expr import (FLOAT_TYPES, Binary, Cast, Const, Expr, Fma, Load, Local, Select, Unary, Var, walk)
-from ir.loops.program import INPUT, OUTPUT, TEMP, WEIGHT, Assign, If, Kernel, Loop, Program, Stmt, Store, walk_stmts
+from ir.loops.program import (INPUT, OUTPUT, TEMP, WEIGHT, Assign, If, Kernel, Loop, Program, Stmt, Store,
+                              buffers_accessed, walk_stmts)
 
 BLOCK_THREADS = 256
 ALIGN = 256   # cudaMalloc's alignment; keeps every tensor aligned for vector loads
@@ -219,17 +220,13 @@ class CudaRenderer:
 
     def pointers(self, stmts: list[Stmt]) -> list[str]:
         seen, lines = {}, []
-        for s in walk_stmts(stmts):
-            buffers = [s.buffer] if isinstance(s, Store) else []
-            for e in _exprs_of(s):
-                buffers += [x.buffer for x in walk(e) if isinstance(x, Load)]
-            for buf in buffers:
-                st = buf.storage
-                if id(st) not in seen:
-                    seen[id(st)] = True
-                    const = "const " if st.kind in (WEIGHT, INPUT) else ""
-                    lines.append(f"  {const}{C_STORAGE[st.dtype]}* __restrict__ {self.buffer_name(st)} = "
-                                 f"({const}{C_STORAGE[st.dtype]}*){self.address[id(st)]};")
+        for buf in buffers_accessed(stmts):
+            st = buf.storage
+            if id(st) not in seen:
+                seen[id(st)] = True
+                const = "const " if st.kind in (WEIGHT, INPUT) else ""
+                lines.append(f"  {const}{C_STORAGE[st.dtype]}* __restrict__ {self.buffer_name(st)} = "
+                             f"({const}{C_STORAGE[st.dtype]}*){self.address[id(st)]};")
         return lines
 
     def header(self, name: str, kernel: Kernel, stmts: list[Stmt], threads: int) -> list[str]:
@@ -436,22 +433,12 @@ class CudaRenderer:
         return f"b{self.program.storages.index(storage)}"
 
 
-def _exprs_of(s: Stmt) -> list[Expr]:
-    if isinstance(s, Store):
-        return [s.index, s.value]
-    if isinstance(s, Assign):
-        return [s.value]
-    if isinstance(s, If):
-        return [s.cond]
-    return []
-
-
 def _locals_in(stmts: list[Stmt]) -> set[int]:
     found = set()
     for s in walk_stmts(stmts):
         if isinstance(s, Assign):
             found.add(s.local.uid)
-        for e in _exprs_of(s):
+        for e in s.exprs():
             found |= {x.uid for x in walk(e) if isinstance(x, Local)}
     return found
 

@@ -14,10 +14,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from codegen.affine import affine
 from ir.loops.expr import Expr, Fma, Load, Var, walk
 from ir.loops.program import Loop, Store
 
-from backends.cuda.parallelize import ParallelNest, affine
+from backends.cuda.parallelize import ParallelNest
 
 TILE = 16
 

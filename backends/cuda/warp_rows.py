@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from backends.cuda.parallelize import ParallelNest, threads_are_independent
-from ir.loops.expr import Binary, Local, walk
+from codegen.reductions import accumulators
+from ir.loops.expr import Local, walk
 from ir.loops.program import Assign, If, Loop, Stmt, Store, walk_stmts
 
-ASSOCIATIVE = ("add", "mul", "max", "min")
 MIN_ROW = 32      # shorter rows leave most lanes idle: one thread per row is as good
 
 
@@ -29,34 +29,24 @@ class StridedLoop:
     stores: bool = False
 
 
-def _reduction_step(s: Assign) -> str | None:
-    """op if `s` is `acc = acc op e` with e free of acc, else None."""
-    v = s.value
-    if not isinstance(v, Binary) or v.op not in ASSOCIATIVE:
-        return None
-    if v.a is s.local and not any(x is s.local for x in walk(v.b)):
-        return v.op
-    if v.b is s.local and not any(x is s.local for x in walk(v.a)):
-        return v.op
-    return None
+def _assigns_inside(s: Stmt) -> bool:
+    """Whether `s` is an If that assigns a local in one of its branches."""
+    return isinstance(s, If) and any(isinstance(x, Assign) for x in walk_stmts(s.body + s.orelse))
 
 
 def _strided_loop(loop: Loop, row_loops: list[Loop]) -> StridedLoop | None:
     plan = StridedLoop(loop)
-    ops: dict[int, tuple[Local, str]] = {}
+    ops = accumulators(loop.body)
+    if ops is None:
+        return None
     for s in walk_stmts(loop.body):
-        if isinstance(s, Assign):
-            op = _reduction_step(s)
-            if op is None or ops.get(s.local.uid, (s.local, op))[1] != op:
-                return None
-            ops[s.local.uid] = (s.local, op)
-        elif isinstance(s, Store):
+        if isinstance(s, Store):
             plan.stores = True
-        elif isinstance(s, If) and any(isinstance(x, Assign) for x in walk_stmts(s.body + s.orelse)):
+        elif _assigns_inside(s):
             return None
     if ops and any(isinstance(x, Local) and x.uid in ops
-                   for s in walk_stmts(loop.body) if isinstance(s, (Store, If))
-                   for e in ([s.index, s.value] if isinstance(s, Store) else [s.cond]) for x in walk(e)):
+                   for s in walk_stmts(loop.body) if not isinstance(s, Assign)
+                   for e in s.exprs() for x in walk(e)):
         return None   # a partial accumulator must not leak into a store
     if plan.stores and not threads_are_independent([loop], row_loops + [loop], loop.body):
         return None
@@ -78,6 +68,6 @@ def plan_warp_rows(nest: ParallelNest | None) -> dict[int, StridedLoop] | None:
             plans[id(s)] = plan
             if plan.accumulators:
                 longest = max(longest, s.extent)
-        elif isinstance(s, If) and any(isinstance(x, Assign) for x in walk_stmts(s.body + s.orelse)):
+        elif _assigns_inside(s):
             return None
     return plans if longest >= MIN_ROW else None

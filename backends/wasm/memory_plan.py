@@ -10,8 +10,7 @@ two temporaries alive in the same kernel never overlap. The renderer only reads 
 from __future__ import annotations
 
 from ir.errors import UnsupportedError
-from ir.loops.expr import Load, walk
-from ir.loops.program import INPUT, OUTPUT, TEMP, WEIGHT, Assign, If, Intrinsic, Loop, Program, Store, walk_stmts
+from ir.loops.program import INPUT, OUTPUT, TEMP, WEIGHT, Program, buffers_accessed
 from passes.plan_memory import Buffer as Lifetime
 from passes.plan_memory import plan_memory as place_buffers
 
@@ -49,31 +48,11 @@ def _temp_lifetimes(program: Program, temp_ids: set[int]) -> dict[int, tuple[int
     """Storage id -> (first kernel, last kernel) that reads or writes it."""
     spans: dict[int, tuple[int, int]] = {}
     for step, kernel in enumerate(program.kernels):
-        for storage_id in _storages_touched(kernel.body):
+        for storage_id in {id(b.storage) for b in buffers_accessed(kernel.body)}:
             if storage_id in temp_ids:
                 first, _ = spans.get(storage_id, (step, step))
                 spans[storage_id] = (first, step)
     return spans
-
-
-def _storages_touched(body) -> set[int]:
-    touched: set[int] = set()
-    for stmt in walk_stmts(body):
-        exprs = []
-        if isinstance(stmt, Store):
-            touched.add(id(stmt.buffer.storage))
-            exprs = [stmt.index, stmt.value]
-        elif isinstance(stmt, Assign):
-            exprs = [stmt.value]
-        elif isinstance(stmt, If):
-            exprs = [stmt.cond]
-        elif isinstance(stmt, Intrinsic):
-            touched.update(id(b.storage) for b in stmt.operands.values() if b is not None)
-        elif isinstance(stmt, Loop):
-            continue
-        for e in exprs:
-            touched.update(id(x.buffer.storage) for x in walk(e) if isinstance(x, Load))
-    return touched
 
 
 def describe_plan(program: Program, memory_bytes: int, arena_bytes: int) -> dict:

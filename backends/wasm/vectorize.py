@@ -20,8 +20,9 @@ The trip count splits into an unrolled vector part, a plain vector part and a sc
 
 from __future__ import annotations
 
-from ir.loops.expr import (COMPARISONS, Binary, Cast, Expr, Fma, Load, Local, Select, Unary, Var,
-                           stride_of, walk)
+from codegen.affine import stride_of
+from codegen.reductions import ReductionStep, reduction_step
+from ir.loops.expr import COMPARISONS, Binary, Cast, Expr, Fma, Load, Local, Select, Unary, Var, uses, walk
 from ir.loops.program import Assign, Loop, Store
 
 from backends.wasm.mathlib import INLINE_VECTOR_FUNCTIONS, VECTOR_MATH, VECTOR_MATH_BINARY, inline_vector_call
@@ -38,9 +39,10 @@ _F32_UNARY = ("neg", "abs", "sqrt", "floor", "ceil", "trunc", "nearest")
 _I32_UNARY = ("neg", "abs")
 
 
-# Reductions a vector accumulator can carry: op -> (lane identity, f32x4 instruction). max and min
-# run on pmax/pmin (one maxps/minps on the loop-carried path, where the NaN-propagating f32x4.max is
-# a chain of eight instructions under Cranelift) and a second partial ORs in which lanes saw a NaN,
+# Reductions a vector accumulator can carry (every op of codegen.reductions.ASSOCIATIVE): op ->
+# (lane identity, f32x4 instruction). max and min run on pmax/pmin (one maxps/minps on the
+# loop-carried path, where the NaN-propagating f32x4.max is a chain of eight instructions under
+# Cranelift) and a second partial ORs in which lanes saw a NaN,
 # so the folded result is NaN exactly when wasm's max/min would give NaN. (The sign of a zero
 # maximum may differ: pmax does not order -0 below +0.)
 _REDUCTIONS = {"add": (0.0, "f32x4.add"), "mul": (1.0, "f32x4.mul"), "max": (float("-inf"), "f32x4.pmax"),
@@ -63,13 +65,13 @@ def _private_locals(loop: Loop) -> set[int] | None:
     for s in loop.body:
         if isinstance(s, Assign):
             uid = s.local.uid
-            step = reduction_step(s) if uid not in private else None
+            step = _vector_reduction(s) if uid not in private else None
             if step is not None and (uid in accumulators or uid not in read):
-                if not _vector_ok(step[1], var, private) or not _varies(step[1], var, private):
+                if not _vector_ok(step.operand, var, private) or not _varies(step.operand, var, private):
                     return None
                 accumulators.add(uid)
             elif s.local.type in ("f32", "i32") and uid not in accumulators and \
-                    (uid in private or (uid not in read and not _reads(s.value, s.local))):
+                    (uid in private or (uid not in read and not uses(s.value, s.local))):
                 if not _vector_ok(s.value, var, private):
                     return None
                 private.add(uid)
@@ -83,34 +85,19 @@ def _private_locals(loop: Loop) -> set[int] | None:
                 return None
         else:
             return None
-        read |= {x.uid for e in _exprs(s) for x in walk(e) if isinstance(x, Local)}
+        read |= {x.uid for e in s.exprs() for x in walk(e) if isinstance(x, Local)}
     # an accumulator is only read by its own update: its partial lanes mean nothing elsewhere
     for s in loop.body:
-        reads = {x.uid for e in _exprs(s) for x in walk(e) if isinstance(x, Local)}
+        reads = {x.uid for e in s.exprs() for x in walk(e) if isinstance(x, Local)}
         own = {s.local.uid} if isinstance(s, Assign) else set()
         if (reads - own) & accumulators:
             return None
     return private
 
 
-def _exprs(s) -> list[Expr]:
-    return [s.value] + ([s.index] if isinstance(s, Store) else [])
-
-
-def reduction_step(s: Assign):
-    """(op, operand) when `s` is `acc = acc op operand` (or `operand op acc`) on f32, else None."""
-    v = s.value
-    if s.local.type != "f32" or not isinstance(v, Binary) or v.op not in _REDUCTIONS:
-        return None
-    if v.a is s.local and not _reads(v.b, s.local):
-        return v.op, v.b
-    if v.b is s.local and not _reads(v.a, s.local):
-        return v.op, v.a
-    return None
-
-
-def _reads(e: Expr, loc: Local) -> bool:
-    return any(x is loc for x in walk(e))
+def _vector_reduction(s: Assign) -> ReductionStep | None:
+    """The reduction `s` makes, if a vector accumulator can carry it: f32 only (an f32x4 of partials)."""
+    return reduction_step(s) if s.local.type == "f32" else None
 
 
 def _reads_private(e: Expr, private: set[int]) -> bool:
@@ -189,7 +176,7 @@ class VectorRenderer:
                 table = self.lanes if s.local.uid in self.private else self.partials
                 if s.local.uid not in table:
                     table[s.local.uid] = self.scalar.vector_local()
-                    if table is self.partials and reduction_step(s)[0] in _NAN_TRACKED:
+                    if table is self.partials and _vector_reduction(s).op in _NAN_TRACKED:
                         self.operands[s.local.uid] = self.scalar.vector_local()
                         self.nans[s.local.uid] = self.scalar.vector_local()
         vector_body = "\n".join(indent + "  " + self.statement(s) for s in self.loop.body)
@@ -209,7 +196,7 @@ class VectorRenderer:
             return self.store(s)
         if s.local.uid in self.lanes:
             return f"(local.set {self.lanes[s.local.uid]} {self.vector(s.value)})"
-        op, operand = reduction_step(s)
+        op, operand = _vector_reduction(s)
         partial = self.partials[s.local.uid]
         if op in _NAN_TRACKED:
             # pmax(x, acc) is `x < acc ? acc : x`: the max of numbers; the NaN lanes are remembered
@@ -230,7 +217,7 @@ class VectorRenderer:
     def init_partials(self, indent: str) -> str:
         lines = []
         for s in self.accumulations():
-            op = reduction_step(s)[0]
+            op = _vector_reduction(s).op
             lines.append(f"{indent}(local.set {self.partials[s.local.uid]} (f32x4.splat (f32.const {_f32(_REDUCTIONS[op][0])})))")
             if op in _NAN_TRACKED:
                 lines.append(f"{indent}(local.set {self.nans[s.local.uid]} (v128.const i32x4 0 0 0 0))")
@@ -239,7 +226,7 @@ class VectorRenderer:
     def fold_partials(self, indent: str) -> str:
         lines = []
         for s in self.accumulations():
-            op = reduction_step(s)[0]
+            op = _vector_reduction(s).op
             name, partial = self.scalar.local_name(s.local), self.partials[s.local.uid]
             total = f"(local.get {name})"
             for lane in range(LANES):

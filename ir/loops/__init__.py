@@ -7,8 +7,9 @@ that op lowerings (registered as `@lowering("loops", ...)` next to each op in `i
 from ir.loops.builder import BACKEND, LoopBuilder, broadcast_load, lower_graph, unsupported_nodes
 from ir.loops.expr import (Binary, Cast, Const, Expr, Fma, Load, Local, Select, Unary, Var, binary, cast, const,
                            eq, fma, ge, gt, le, lift, logical_and, logical_or, lt, maximum, minimum, ne,
-                           select, stride_of, unary)
+                           select, unary)
 from ir.loops.program import (COMPUTE_TYPE, INPUT, OUTPUT, TEMP, WEIGHT, Assign, Buffer, If, Intrinsic, Kernel, Loop,
-                              Program, Stmt, Storage, Store, walk_stmts)
+                              Program, Stmt, Storage, Store, buffers_accessed, exprs_in, loads_in,
+                              walk_stmts)
 
 __all__ = [name for name in dir() if not name.startswith("_")]

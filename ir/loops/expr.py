@@ -285,29 +285,5 @@ def walk(e: Expr):
         stack.extend(children(x))
 
 
-def uses(e: Expr, var: Var) -> bool:
+def uses(e: Expr, var: Var | Local) -> bool:
     return any(x is var for x in walk(e))
-
-
-def stride_of(index: Expr, var: Var) -> int | None:
-    """How far `index` moves when `var` grows by one, if that is a constant (None: it is not affine
-    in `var`, e.g. a gathered index). This is what vectorisation and tiling decisions look at."""
-    if index is var:
-        return 1
-    if isinstance(index, (Const, Var, Local)):
-        return 0
-    if isinstance(index, Binary) and index.op in ("add", "sub"):
-        sa, sb = stride_of(index.a, var), stride_of(index.b, var)
-        if sa is None or sb is None:
-            return None
-        return sa + sb if index.op == "add" else sa - sb
-    if isinstance(index, Binary) and index.op == "mul":
-        sa, sb = stride_of(index.a, var), stride_of(index.b, var)
-        if sa == 0 and sb == 0:
-            return 0
-        if sa is not None and isinstance(index.b, Const) and sb == 0:
-            return sa * index.b.value
-        if sb is not None and isinstance(index.a, Const) and sa == 0:
-            return sb * index.a.value
-        return None
-    return None if uses(index, var) else 0

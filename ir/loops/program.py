@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ir.loops.expr import Expr, Local, Var, lift
+from ir.loops.expr import Expr, Load, Local, Var, lift, walk
 
 # Storage dtypes (numpy names) and the compute type each widens to.
 COMPUTE_TYPE = {
@@ -82,14 +82,12 @@ class Buffer:
         return flat
 
     def __getitem__(self, index) -> Expr:
-        from ir.loops.expr import Load
         if not isinstance(index, tuple):
             index = (index,)
         return Load(self, self.flat_index(index))
 
     def at(self, flat: Expr) -> Expr:
         """Load by flat element index."""
-        from ir.loops.expr import Load
         return Load(self, lift(flat, "i32"))
 
     def view(self, shape) -> Buffer:
@@ -100,7 +98,20 @@ class Buffer:
 
 
 class Stmt:
-    pass
+    """A statement. Analyses walk statements through three questions every kind answers, so a new
+    kind of statement is taught to them once, here, rather than in each backend's walker."""
+
+    def exprs(self) -> tuple[Expr, ...]:
+        """The expressions this statement itself evaluates (not those of nested statements)."""
+        return ()
+
+    def blocks(self) -> tuple[list[Stmt], ...]:
+        """The statement lists nested directly inside this one."""
+        return ()
+
+    def buffers(self) -> tuple[Buffer, ...]:
+        """The buffers this statement accesses other than through a `Load` in its expressions."""
+        return ()
 
 
 @dataclass(eq=False)
@@ -109,6 +120,9 @@ class Loop(Stmt):
     extent: int
     body: list[Stmt] = field(default_factory=list)
 
+    def blocks(self) -> tuple[list[Stmt], ...]:
+        return (self.body,)
+
 
 @dataclass(eq=False)
 class Store(Stmt):
@@ -116,11 +130,20 @@ class Store(Stmt):
     index: Expr                      # flat element index
     value: Expr
 
+    def exprs(self) -> tuple[Expr, ...]:
+        return (self.index, self.value)
+
+    def buffers(self) -> tuple[Buffer, ...]:
+        return (self.buffer,)
+
 
 @dataclass(eq=False)
 class Assign(Stmt):
     local: Local
     value: Expr
+
+    def exprs(self) -> tuple[Expr, ...]:
+        return (self.value,)
 
 
 @dataclass(eq=False)
@@ -128,6 +151,12 @@ class If(Stmt):
     cond: Expr
     body: list[Stmt] = field(default_factory=list)
     orelse: list[Stmt] = field(default_factory=list)
+
+    def exprs(self) -> tuple[Expr, ...]:
+        return (self.cond,)
+
+    def blocks(self) -> tuple[list[Stmt], ...]:
+        return (self.body, self.orelse)
 
 
 @dataclass(eq=False)
@@ -137,6 +166,9 @@ class Intrinsic(Stmt):
     name: str
     operands: dict[str, Buffer | None]
     params: dict = field(default_factory=dict)
+
+    def buffers(self) -> tuple[Buffer, ...]:
+        return tuple(b for b in self.operands.values() if b is not None)
 
 
 @dataclass(eq=False)
@@ -157,10 +189,29 @@ class Program:
 
 
 def walk_stmts(stmts):
+    """Every statement of `stmts` and of the blocks nested in them, each before its children."""
     for s in stmts:
         yield s
-        if isinstance(s, Loop):
-            yield from walk_stmts(s.body)
-        elif isinstance(s, If):
-            yield from walk_stmts(s.body)
-            yield from walk_stmts(s.orelse)
+        for block in s.blocks():
+            yield from walk_stmts(block)
+
+
+def exprs_in(stmts):
+    """The top of every expression evaluated anywhere in `stmts`, statement by statement."""
+    for s in walk_stmts(stmts):
+        yield from s.exprs()
+
+
+def loads_in(stmts):
+    """Every `Load` anywhere in the expressions of `stmts`."""
+    for e in exprs_in(stmts):
+        yield from (x for x in walk(e) if isinstance(x, Load))
+
+
+def buffers_accessed(stmts):
+    """Every buffer `stmts` read or write, in statement order (a buffer may come more than once):
+    for each statement its own buffers, then those its expressions load from."""
+    for s in walk_stmts(stmts):
+        yield from s.buffers()
+        for e in s.exprs():
+            yield from (x.buffer for x in walk(e) if isinstance(x, Load))
