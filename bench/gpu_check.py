@@ -39,15 +39,18 @@ RTOL, ATOL = 1e-3, 1e-4
 
 
 def build(case, out: Path, compiler: str) -> Path:
-    from backends.cuda.build import compile_cu_dir
-    from backends.cuda.compile import DEFAULT_ARCHS
+    from backends.cuda.build import CudaOptions
+    from backends.registry import target
+    from cortex.compile import compile_cu_dir
+    from passes.partition import PartitionIntoCUs
     from cortex.commands.decompose import decompose_model
     from cortex.dag import build_dag
     from ir.fs import write_bytes_atomically
-    decompose_model(Path(case.path), out / "cus", case.input_shapes or {}, case.dims or {}, 4096, 50_000_000, 8)
+    decompose_model(Path(case.path), out / "cus", PartitionIntoCUs(4096, 50_000_000, 8),
+                    input_shapes=case.input_shapes, dims=case.dims)
     dag_path = out / "dag.json"
     write_bytes_atomically(dag_path, json.dumps(build_dag(out / "cus", dag_path), indent=2).encode())
-    compile_cu_dir(out / "cus", out / "cuda-bin", DEFAULT_ARCHS, compiler, dag_path)
+    compile_cu_dir(target("cuda"), out / "cus", out / "cuda-bin", CudaOptions(compiler=compiler), dag_path)
     return dag_path
 
 
@@ -181,8 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=4, help="conformance cases at a time")
     args = parser.parse_args(argv)
 
-    from backends.cuda.compile import choose_compiler
-    from backends.cuda.device import CudaDevice
+    from backends.cuda.toolchain import choose_compiler
+    from backends.cuda.driver import CudaDevice
     from ir.errors import CortexError
     try:
         gpu = CudaDevice()            # no driver or no GPU: one line, nothing written
@@ -204,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = run_models(cases, args)
     conformance = {"error": "skipped (--no-conformance)"} if args.no_conformance else run_conformance(args.jobs)
 
-    from backends.cuda.compile import find_nvcc, nvcc_version, nvrtc_version
+    from backends.cuda.toolchain import find_nvcc, nvcc_version, nvrtc_version
     document = {"gpu": gpu.name, "arch": gpu.arch,
                 "compiler": f"nvcc {nvcc_version(find_nvcc())}" if compiler == "nvcc" else f"NVRTC {nvrtc_version()}",
                 "commit": _commit(), "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),

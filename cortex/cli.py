@@ -21,8 +21,9 @@ import typer
 
 from ir.errors import CortexError
 
-from cortex.commands import (bench, build_dag, compile_cuda, compile_wasm, decompose, inspect_model, run,
-                             verify)
+from backends.registry import targets
+from cortex.commands import bench, build_dag, decompose, inspect_model, run, verify
+from cortex.commands.compile_target import compile_command
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   rich_markup_mode=None, help="Cortex: an ahead-of-time compiler from ONNX to computation units.")
@@ -37,8 +38,8 @@ def _group() -> None:
 app.command("inspect")(inspect_model.inspect)
 app.command("decompose")(decompose.decompose)
 app.command("build-dag")(build_dag.build_dag)
-app.command("compile-wasm")(compile_wasm.compile_wasm)
-app.command("compile-cuda")(compile_cuda.compile_cuda)
+for _target in targets().values():
+    app.command(f"compile-{_target.name}")(compile_command(_target))
 app.command("run")(run.run)
 app.command("verify")(verify.verify)
 app.command("bench")(bench.bench)

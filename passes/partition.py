@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from ir.errors import CortexError
 from ir.graph import Graph, Node, Value, outer_reads
+from ir.options import option, option_fields
 from passes.base import Pass
 from passes.split_large_ops import split_large_ops
 
@@ -57,13 +58,20 @@ class Partition:
 @dataclass
 class PartitionIntoCUs(Pass):
     name = "partition-into-cus"
-    min_cu_size: int = 256
-    max_cu_size: int | None = 1_000_000
-    max_cu_depth: int = 3
+    min_cu_size: int = field(default=256, metadata=option(
+        "Merge CUs with fewer parameters into a neighbour where the limits allow."))
+    max_cu_size: int | None = field(default=1_000_000, metadata=option(
+        "Most parameters a CU may own; larger ops are split along output channels."))
+    max_cu_depth: int = field(default=3, metadata=option(
+        "Most ops on a path inside a CU (a fusion group counts as one)."))
     result: Partition | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         check_limits(self.min_cu_size, self.max_cu_size, self.max_cu_depth)
+
+    def limits(self) -> dict:
+        """The options as manifest.json records them."""
+        return {f.name: getattr(self, f.name) for f, _ in option_fields(type(self))}
 
     def run(self, graph: Graph) -> Graph:
         materialize_constant_outputs(graph)

@@ -9,21 +9,24 @@ from pathlib import Path
 import numpy as np
 
 from backends.cuda import device as cuda_device
-from backends.cuda.build import compile_cu_dir
+from backends.cuda.build import CudaOptions
+from backends.registry import target
+from cortex.compile import compile_cu_dir
 from cortex.commands.decompose import decompose_model
 from cortex.dag import build_dag
 from ir.fs import write_bytes_atomically
+from passes.partition import PartitionIntoCUs
 
 
 def compile_cuda_pipeline(case, out_dir, compiler="auto", archs=("sm_80", "sm_90"), min_cu_size=4096,
                           max_cu_size=50_000_000, max_cu_depth=8) -> Path:
     """Returns the dag.json path with `artifacts.cuda` filled in."""
     out_dir = Path(out_dir)
-    decompose_model(Path(case.path), out_dir / "cus", case.input_shapes or {}, case.dims or {}, min_cu_size,
-                    max_cu_size, max_cu_depth)
+    decompose_model(Path(case.path), out_dir / "cus", PartitionIntoCUs(min_cu_size, max_cu_size, max_cu_depth),
+                    input_shapes=case.input_shapes, dims=case.dims)
     dag_path = out_dir / "dag.json"
     write_bytes_atomically(dag_path, json.dumps(build_dag(out_dir / "cus", dag_path), indent=2).encode())
-    compile_cu_dir(out_dir / "cus", out_dir / "cuda-bin", archs, compiler, dag_path)
+    compile_cu_dir(target("cuda"), out_dir / "cus", out_dir / "cuda-bin", CudaOptions(tuple(archs), compiler), dag_path)
     return dag_path
 
 
@@ -34,7 +37,7 @@ def check_each_cu_against_onnxruntime(dag_path: Path, inputs: dict, rtol: float,
     import numpy as np
     import onnxruntime as ort
 
-    from backends.cuda.program import CuProgram
+    from backends.cuda.runner import CuRunner
     from testdata import assert_values_close
 
     dag_path = Path(dag_path)
@@ -48,7 +51,7 @@ def check_each_cu_against_onnxruntime(dag_path: Path, inputs: dict, rtol: float,
         session = ort.InferenceSession(str(cu_model), providers=["CPUExecutionProvider"])
         feeds = {i.name: env[i.name] for i in session.get_inputs()}
         expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
-        got = CuProgram(None, record, dag_path.parent / record["folder"], seed=seed, host_threads=2).run(feeds)
+        got = CuRunner(None, record, dag_path.parent / record["folder"], seed=seed, host_threads=2).run(feeds)
         for name, want in expected.items():
             try:
                 assert_values_close(got[name], want, rtol=rtol, atol=atol)
@@ -67,7 +70,7 @@ def run_cuda_sim(model, feeds: dict, seed: int = 0, with_source: bool = False, *
 
     import numpy as np
 
-    from backends.cuda.program import CuProgram
+    from backends.cuda.runner import CuRunner
     from backends.cuda.render import render_cuda
     from ir.loops import lower_graph
     from ir.onnx_import import import_model
@@ -82,7 +85,7 @@ def run_cuda_sim(model, feeds: dict, seed: int = 0, with_source: bool = False, *
         record = {"params": [asdict(p) for p in source.params], "launches": [asdict(l) for l in source.launches],
                   "weights": {"file": "cu.weights", "bytes": len(source.weights)},
                   "scratch_bytes": source.scratch_bytes, "source": {"file": "cu.cu"}}
-        results = CuProgram(None, record, folder, seed=seed, host_threads=2).run(feeds)
+        results = CuRunner(None, record, folder, seed=seed, host_threads=2).run(feeds)
         outputs = {name: np.array(value) for name, value in results.items()}
         return (outputs, source.text) if with_source else outputs
 

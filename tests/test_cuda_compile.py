@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from backends.cuda import compile as cuda_compile
-from backends.cuda.compile import CudaCompileError, compile_cuda, parse_archs, parse_ptxas_log
+from backends.cuda import toolchain as cuda_compile
+from backends.cuda.toolchain import CudaCompileError, compile_cuda, parse_archs, parse_ptxas_log
 from ir.errors import CortexError
 
 KERNELS = """

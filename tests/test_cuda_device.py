@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from backends.cuda import device as cuda_device
-from backends.cuda.compile import compile_cuda, find_nvcc, nvrtc_version
-from backends.cuda.device import CudaDevice, CudaDeviceError
+from backends.cuda.toolchain import compile_cuda, find_nvcc, nvrtc_version
+from backends.cuda.driver import CudaDevice, CudaDeviceError
 
 
 def _gpu_available() -> bool:

@@ -10,8 +10,8 @@ from onnx import TensorProto as T
 from onnx import helper
 from onnx import numpy_helper as nh
 
-from backends.cuda import compile as cuda_compile
-from backends.cuda.compile import compile_cuda
+from backends.cuda import toolchain as cuda_compile
+from backends.cuda.toolchain import compile_cuda
 from backends.cuda.render import render_cuda
 from ir.loops import lower_graph
 from ir.onnx_import import import_model

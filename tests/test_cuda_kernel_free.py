@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 
 import cortex
 from backends.cuda import device as cuda_device
-from backends.cuda.compile import find_nvcc, nvrtc_version
+from backends.cuda.toolchain import find_nvcc, nvrtc_version
 from cuda_cases import HostMemoryGpu, compile_cuda_pipeline
 from testdata import ModelCase, run_onnxruntime
 

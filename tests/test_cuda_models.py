@@ -12,9 +12,12 @@ import numpy as np
 import pytest
 
 import cortex
-from backends.cuda import compile as cuda_compile
-from backends.cuda.compile import CudaCompileError
-from backends.cuda.program import CuProgram
+from backends.cuda import toolchain as cuda_compile
+from backends.cuda.toolchain import CudaCompileError
+from backends.cuda.build import CudaOptions
+from backends.cuda.runner import CuRunner
+from backends.registry import target
+from cortex.compile import compile_cu_dir
 from cortex.dag import validate_dag
 from cuda_cases import check_each_cu_against_onnxruntime, compile_cuda_pipeline
 from testdata import LARGE_LIGHT_MODELS, LIGHT_MODEL_NAMES, SAMPLE_NAMES, assert_values_close, light_model, minilm, sample_model
@@ -92,7 +95,7 @@ def test_generated_kernels_have_no_races_under_permuted_order(tmp_path):
     for cu_id in dag["order"]:
         cu = next(c for c in dag["cus"] if c["id"] == cu_id)
         record = cu["artifacts"]["cuda"]
-        program = CuProgram(None, record, dag_path.parent / record["folder"], seed=12345, host_threads=2)
+        program = CuRunner(None, record, dag_path.parent / record["folder"], seed=12345, host_threads=2)
         env.update({k: v.copy() for k, v in program.run({n: env[n] for n in cu["inputs"]}).items()})
     for name, want in case.outputs.items():
         assert_values_close(env[name], want, rtol=RTOL, atol=ATOL)
@@ -117,9 +120,9 @@ def test_a_failed_compile_leaves_the_output_folder_as_it_was(tmp_path):
     (output / "keep.txt").write_text("before")
     compile_cuda_pipeline(case, tmp_path, "nvcc")   # a good build first: the folder then holds it
     before = {p.name: p.read_bytes() for p in output.iterdir()}
-    from backends.cuda.build import compile_cu_dir
     with pytest.raises(CudaCompileError, match="cu-0000"):
-        compile_cu_dir(tmp_path / "cus", output, ("sm_80", "sm_5"), "nvcc", tmp_path / "dag.json")
+        compile_cu_dir(target("cuda"), tmp_path / "cus", output, CudaOptions(("sm_80", "sm_5"), "nvcc"),
+                       tmp_path / "dag.json")
     assert {p.name: p.read_bytes() for p in output.iterdir()} == before
 
 
@@ -137,7 +140,7 @@ def test_cli_mistakes_are_one_line_with_exit_code_2(tmp_path):
 
 @needs_nvcc
 def test_run_on_cuda_without_a_gpu_is_one_line(tmp_path):
-    from backends.cuda.device import CudaDeviceError, open_driver
+    from backends.cuda.driver import CudaDeviceError, open_driver
     try:
         open_driver()
         pytest.skip("this machine has a CUDA driver")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import test_wasm_ops as op_cases
-from backends.cuda.compile import compile_cuda, nvrtc_version
+from backends.cuda.toolchain import compile_cuda, nvrtc_version
 from cuda_cases import run_cuda_sim
 from wasm_cases import run_onnxruntime
 

@@ -13,14 +13,16 @@ from cortex.commands.decompose import decompose_model
 from cortex.dag import SCHEMA_FILE, build_dag, dag_schema, to_dot, validate_dag
 from ir.fs import write_bytes_atomically
 from testdata import sample_model
+from passes.partition import PartitionIntoCUs
 
 
 @pytest.fixture(scope="module")
 def transformer_dag(tmp_path_factory) -> tuple[dict, Path]:
     case = sample_model("transformer_block")
     folder = tmp_path_factory.mktemp("dag")
-    decompose_model(case.path, folder / "cus", case.input_shapes, case.dims, min_cu_size=256,
-                    max_cu_size=1_000_000, max_cu_depth=1)
+    decompose_model(case.path, folder / "cus", PartitionIntoCUs(min_cu_size=256, max_cu_size=1_000_000,
+                                                                max_cu_depth=1),
+                    input_shapes=case.input_shapes, dims=case.dims)
     dag = build_dag(folder / "cus", folder / "out" / "dag.json")
     return dag, folder
 

@@ -16,6 +16,7 @@ from cortex.commands.decompose import decompose_model
 from cortex.dag import SCHEMA_FILE, build_dag, validate_dag
 from cortex.runtime.onnx_reference import run_dag
 from ir.errors import CortexError
+from passes.partition import PartitionIntoCUs
 from testdata import (LIGHT_MODEL_NAMES, SAMPLE_NAMES, assert_values_close, light_model, node_test_case,
                       node_test_names, onnxruntime_reproduces, run_onnxruntime, sample_model)
 
@@ -32,7 +33,7 @@ MANIFEST_SCHEMA = SCHEMA_FILE.with_name("manifest.schema.json")
 def decompose_and_run(case, folder: Path, **limits) -> dict:
     """Decompose, build the dag, check the artifacts' contracts, and run the CUs in order."""
     cus = folder / "cus"
-    decompose_model(case.path, cus, case.input_shapes, case.dims, **limits)
+    decompose_model(case.path, cus, PartitionIntoCUs(**limits), input_shapes=case.input_shapes, dims=case.dims)
     dag = build_dag(cus, folder / "dag.json")
     validate_dag(dag)
     (folder / "dag.json").write_text(json.dumps(dag))
@@ -100,8 +101,8 @@ def test_minilm_is_reproduced_cu_by_cu(setting, tmp_path, minilm_case):
 
 
 def test_minilm_embedding_table_is_split_to_respect_max_cu_size(tmp_path, minilm_case):
-    summary = decompose_model(minilm_case.path, tmp_path / "cus", minilm_case.input_shapes, minilm_case.dims,
-                              min_cu_size=256, max_cu_size=1_000_000, max_cu_depth=3)
+    summary = decompose_model(minilm_case.path, tmp_path / "cus", PartitionIntoCUs(),
+                              input_shapes=minilm_case.input_shapes, dims=minilm_case.dims)
     manifest = json.loads((tmp_path / "cus" / "manifest.json").read_text())
     assert summary["split_ops"] >= 1  # the 30522 x 384 word embedding alone holds 11.7 M parameters
     assert max(cu["params"] for cu in manifest["cus"]) <= 1_000_000
@@ -125,7 +126,7 @@ def test_node_tests_are_reproduced_cu_by_cu(name, tmp_path):
     case = dataclasses.replace(case, input_shapes={k: v.shape for k, v in case.inputs.items()
                                                    if isinstance(v, np.ndarray)})
     try:
-        decompose_model(case.path, tmp_path / "probe", case.input_shapes, {}, **DEFAULTS)
+        decompose_model(case.path, tmp_path / "probe", PartitionIntoCUs(**DEFAULTS), input_shapes=case.input_shapes)
     except CortexError as e:
         pytest.skip(f"not decomposable: {e}")
     got = decompose_and_run(case, tmp_path / "run", **DEFAULTS)

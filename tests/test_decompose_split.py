@@ -15,6 +15,7 @@ from cortex.dag import build_dag, validate_dag
 from cortex.runtime.onnx_reference import run_dag
 from ir.errors import CortexError
 from testdata import run_onnxruntime
+from passes.partition import PartitionIntoCUs
 
 RNG = np.random.default_rng(0)
 
@@ -34,7 +35,7 @@ def save(tmp_path, nodes, inputs, outputs, inits, opset=17):
 
 def decompose_and_compare(tmp_path, path, feeds, **limits) -> dict:
     limits = dict(dict(min_cu_size=0, max_cu_size=1_000_000, max_cu_depth=3), **limits)
-    decompose_model(path, tmp_path / "cus", {}, {}, **limits)
+    decompose_model(path, tmp_path / "cus", PartitionIntoCUs(**limits))
     dag = build_dag(tmp_path / "cus", tmp_path / "dag.json")
     validate_dag(dag)
     (tmp_path / "dag.json").write_text(json.dumps(dag))
@@ -112,7 +113,7 @@ def test_one_output_channel_larger_than_the_cap_is_a_clear_error(tmp_path):
                    [("x", [1, 64])], ["y"], [const("w", 64, 8)])
     with pytest.raises(CortexError, match=r"node 'mm' \(MatMul\): one output channel needs 64 parameters, more than "
                                           r"--max-cu-size 10"):
-        decompose_model(path, tmp_path / "cus", {}, {}, min_cu_size=0, max_cu_size=10, max_cu_depth=3)
+        decompose_model(path, tmp_path / "cus", PartitionIntoCUs(min_cu_size=0, max_cu_size=10, max_cu_depth=3))
     assert not (tmp_path / "cus").exists()
 
 
@@ -133,4 +134,4 @@ def test_an_op_that_cannot_split_says_so(tmp_path):
                    [("x", [1, 64])], ["y"], [const("scale", 1, 64)])
     with pytest.raises(CortexError, match=r"node 'scale' \(Mul\) holds 64 parameters, more than --max-cu-size 20, "
                                           r"and Cortex cannot split Mul"):
-        decompose_model(path, tmp_path / "cus", {}, {}, min_cu_size=0, max_cu_size=20, max_cu_depth=3)
+        decompose_model(path, tmp_path / "cus", PartitionIntoCUs(min_cu_size=0, max_cu_size=20, max_cu_depth=3))

@@ -24,7 +24,8 @@ from hypothesis import HealthCheck, given, note, reject, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from backends.wasm.build import compile_cu_dir
+from backends.registry import target
+from cortex.compile import compile_cu_dir
 from backends.wasm.options import OPT_LEVELS, parse_options
 from cortex.commands.decompose import decompose_model
 from cortex.dag import build_dag
@@ -327,15 +328,14 @@ def run_cortex_everywhere(model: onnx.ModelProto, feeds: dict):
     with tempfile.TemporaryDirectory(prefix="cortex-fuzz-") as tmp:
         tmp = Path(tmp)
         onnx.save(model, tmp / "model.onnx")
-        decompose_model(tmp / "model.onnx", tmp / "cus", {}, {}, defaults.min_cu_size, defaults.max_cu_size,
-                        defaults.max_cu_depth)
+        decompose_model(tmp / "model.onnx", tmp / "cus", defaults)
         for features in FEATURE_SETS:
             for level in OPT_LEVELS:
                 build = tmp / f"build-{features or 'none'}-{level}"
                 dag_path = build / "dag.json"
                 build.mkdir()
                 write_bytes_atomically(dag_path, json.dumps(build_dag(tmp / "cus", dag_path)).encode())
-                compile_cu_dir(tmp / "cus", build / "wasm-bin", parse_options(None, features, level), dag_path)
+                compile_cu_dir(target("wasm"), tmp / "cus", build / "wasm-bin", parse_options(None, features, level), dag_path)
                 outputs = load(dag_path, "wasm").run(feeds)
                 yield features, level, outputs[model.graph.output[0].name]
 

@@ -197,8 +197,9 @@ def test_random_dags_run_cu_by_cu_reproduce_the_model(seed, n_nodes, max_cu_dept
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         onnx.save(random_model(seed, n_nodes), folder / "m.onnx")
-        decompose_model(folder / "m.onnx", folder / "cus", {}, {}, min_cu_size=min(64, max_cu_size),
-                        max_cu_size=max_cu_size, max_cu_depth=max_cu_depth)
+        decompose_model(folder / "m.onnx", folder / "cus", PartitionIntoCUs(min_cu_size=min(64, max_cu_size),
+                                                                            max_cu_size=max_cu_size,
+                                                                            max_cu_depth=max_cu_depth))
         (folder / "dag.json").write_text(json.dumps(build_dag(folder / "cus", folder / "dag.json")))
         feeds = {"x": np.linspace(-2, 2, WIDTH, dtype=np.float32).reshape(1, WIDTH)}
         got, expected = run_dag(folder / "dag.json", feeds), run_onnxruntime(folder / "m.onnx", feeds)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import cortex
-import cortex.runtime.wasm as wasm_runtime
+import backends.wasm.native_cache as wasm_runtime
 from ir.errors import CortexError
 from testdata import sample_model
 from wasm_cases import compile_pipeline

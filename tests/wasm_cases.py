@@ -11,10 +11,11 @@ from onnx import helper
 
 from backends.wasm.assemble import make_engine
 from backends.wasm.compile import compile_graph
-from backends.wasm.device import WasmInstance
+from backends.wasm.instance import WasmInstance
 from backends.wasm.options import parse_options
 from ir.onnx_import import import_model
 from passes import optimize_pipeline, run_pipeline
+from passes.partition import PartitionIntoCUs
 
 CONFIGS = [("", "0"), ("simd,bulk-memory", "3"), ("simd,bulk-memory,relaxed-simd", "3"), ("simd", "1")]
 
@@ -60,17 +61,19 @@ def compile_pipeline(model_path, out_dir, features="simd,bulk-memory", opt_level
     import json
     from pathlib import Path
 
-    from backends.wasm.build import compile_cu_dir
+    from backends.registry import target
+    from cortex.compile import compile_cu_dir
     from cortex.commands.decompose import decompose_model
     from cortex.dag import build_dag
     from ir.fs import write_bytes_atomically
 
     out_dir = Path(out_dir)
-    decompose_model(Path(model_path), out_dir / "cus", input_shapes or {}, dims or {}, min_cu_size, max_cu_size,
-                    max_cu_depth)
+    decompose_model(Path(model_path), out_dir / "cus", PartitionIntoCUs(min_cu_size, max_cu_size, max_cu_depth),
+                    input_shapes=input_shapes, dims=dims)
     dag_path = out_dir / "dag.json"
     write_bytes_atomically(dag_path, json.dumps(build_dag(out_dir / "cus", dag_path), indent=2).encode())
-    compile_cu_dir(out_dir / "cus", out_dir / "wasm-bin", parse_options(None, features, opt_level), dag_path)
+    compile_cu_dir(target("wasm"), out_dir / "cus", out_dir / "wasm-bin", parse_options(None, features, opt_level),
+                   dag_path)
     return dag_path
 
 

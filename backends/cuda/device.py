@@ -1,167 +1,130 @@
-"""The `cuda` device: load cubins/PTX and launch kernels on a GPU through the CUDA driver API.
+"""The `cuda` and `cuda-sim` devices.
 
-`cuda.bindings.driver` gives cuInit, cuModuleLoadData, cuLaunchKernel and cuMemAlloc/cuMemcpy*;
-tensors are device allocations that stay on the GPU between launches and between CUs (only graph
-inputs are copied in and graph outputs copied out). The interface matches cuda-sim's (`SimModule`,
-`SimKernel.launch`), so the code that runs a CU's launch list is the same for both devices.
-
-Without a driver (no libcuda.so.1) or without a GPU, opening the device is one clear error.
+Both read each CU's `artifacts.cuda` record from dag.json, refuse files whose sha256 differs, and
+run the CU's launch list (`CuRunner`). `cuda-sim` compiles the `.cu` for the host and runs it on
+the CPU with numpy arrays as device memory. `cuda` loads the cubin for the GPU's architecture (or
+JITs the PTX) and keeps every tensor on the device: model inputs are uploaded once (`to_device`),
+CU outputs are device buffers handed to the next CU, and only what the caller asks for is copied
+back (`to_host`).
 """
 
 from __future__ import annotations
 
-import ctypes
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Sequence
+from pathlib import Path
 
 import numpy as np
 
+from backends.cuda.driver import CudaDevice, CudaDeviceError, DeviceBuffer, open_driver
+from backends.cuda.runner import CuRunner
+from backends.cuda.sim import build as build_for_host
 from ir.errors import CortexError
-
-_SCALARS = {"f32": ctypes.c_float, "f64": ctypes.c_double, "i8": ctypes.c_int8, "i16": ctypes.c_int16,
-            "i32": ctypes.c_int32, "i64": ctypes.c_int64, "u8": ctypes.c_uint8, "u16": ctypes.c_uint16,
-            "u32": ctypes.c_uint32, "u64": ctypes.c_uint64, "bool": ctypes.c_bool}
-# Above this much dynamic shared memory a kernel must opt in (cuFuncSetAttribute).
-_DEFAULT_SHARED_LIMIT = 48 * 1024
+from ir.fs import confined_path, file_sha256
 
 
-class CudaDeviceError(CortexError):
-    """No usable GPU, or the driver reported an error."""
+def _record(cu: dict, dag_path: Path) -> tuple[dict, Path]:
+    """The CU's record and its folder, every file in it checked against its sha256."""
+    record = cu.get("artifacts", {}).get("cuda")
+    if record is None:
+        raise CortexError(f"{dag_path}: {cu['id']} has no cuda artifact; run 'cortex compile-cuda --dag {dag_path}' first")
+    folder = confined_path(dag_path.parent, record["folder"])    # read_dag checked it stays inside
+    entries = [record["source"], record["weights"], record["ptx"], *record["cubins"].values()]
+    for entry in filter(None, entries):   # a kernel-free CU has no source, PTX or cubins
+        path = folder / entry["file"]
+        if not path.is_file():
+            raise CortexError(f"{path}: missing ({cu['id']} in {dag_path}); run 'cortex compile-cuda' again")
+        if file_sha256(path) != entry["sha256"]:
+            raise CortexError(f"{path}: sha256 differs from {dag_path} (modified or stale); run 'cortex compile-cuda' again")
+    return record, folder
 
 
-def _driver():
-    try:
-        from cuda.bindings import driver
-    except ImportError:
-        raise CudaDeviceError("--device cuda needs the cuda-bindings package (pip install cuda-bindings)") from None
-    return driver
+def _check_artifacts(dag: dict, dag_path: Path) -> None:
+    for cu in dag["cus"]:
+        if "cuda" not in cu.get("artifacts", {}):
+            raise CortexError(f"{dag_path}: {cu['id']} has no cuda artifact; run 'cortex compile-cuda --dag {dag_path}' first")
 
 
-def _check(result, what: str) -> None:
-    driver = _driver()
-    if result != driver.CUresult.CUDA_SUCCESS:
-        _, text = driver.cuGetErrorString(result)
-        detail = text.decode() if isinstance(text, bytes) else result.name
-        raise CudaDeviceError(f"CUDA driver: {what} failed: {result.name} ({detail})")
+class CudaSimDevice:
+    name = "cuda-sim"
+
+    def __init__(self, dag: dict, dag_path: Path, *, seed: int = 0, host_threads: int | None = None):
+        _check_artifacts(dag, Path(dag_path))
+        self.dag_path = Path(dag_path)
+        self.seed = seed
+        self.threads = host_threads or int(os.environ.get("CORTEX_SIM_THREADS", 0)) or (os.cpu_count() or 1)
+        self.runners: dict[str, CuRunner] = {}
+
+    def load(self, cus: list[dict]) -> None:
+        records = {cu["id"]: _record(cu, self.dag_path) for cu in cus if cu["id"] not in self.runners}
+        # Host compilation dominates loading: build every CU's library at once (g++ processes).
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            list(pool.map(lambda rf: build_for_host(rf[1] / rf[0]["source"]["file"]),
+                          [rf for rf in records.values() if rf[0].get("module", True)]))
+        for cu_id, (record, folder) in records.items():
+            self.runners[cu_id] = CuRunner(None, record, folder, seed=self.seed, host_threads=self.threads)
+
+    def run(self, cu: dict, inputs: dict) -> dict[str, np.ndarray]:
+        return self.runners[cu["id"]].run(inputs)
+
+    def to_device(self, array: np.ndarray) -> np.ndarray:
+        return array
+
+    def to_host(self, tensor: np.ndarray) -> np.ndarray:
+        return np.array(tensor)
+
+    def resident_bytes(self, cu_id: str) -> int:
+        runner = self.runners.get(cu_id)
+        return runner.resident_bytes if runner else 0
 
 
-def open_driver() -> None:
-    """cuInit, with the two ways a machine without a GPU fails turned into one line each."""
-    driver = _driver()
-    try:
-        (result,) = driver.cuInit(0)
-    except Exception as e:  # the bindings raise when libcuda.so.1 cannot be loaded
-        raise CudaDeviceError(f"--device cuda: no CUDA driver on this machine (libcuda.so.1 could not be "
-                              f"loaded: {' '.join(str(e).split())[:160]}); use --device cuda-sim to run the "
-                              "CUDA build on the CPU") from None
-    if result == driver.CUresult.CUDA_ERROR_NO_DEVICE:
-        raise CudaDeviceError("--device cuda: the CUDA driver found no GPU (CUDA_ERROR_NO_DEVICE); use "
-                              "--device cuda-sim to run the CUDA build on the CPU")
-    _check(result, "cuInit")
+@dataclass(frozen=True)
+class GpuTensor:
+    """A tensor in GPU memory: the buffer, and what the host needs to copy it back."""
+    buffer: DeviceBuffer
+    shape: tuple[int, ...]
+    dtype: str
 
 
-@dataclass
-class DeviceBuffer:
-    ptr: int
-    nbytes: int
+class CudaGpuDevice:
+    name = "cuda"
 
+    def __init__(self, dag: dict, dag_path: Path):
+        _check_artifacts(dag, Path(dag_path))
+        self.dag_path = Path(dag_path)
+        self.gpu = CudaDevice()
+        self.runners: dict[str, CuRunner] = {}
 
-class CudaDevice:
-    """One GPU with a current context; kernels of loaded modules launch on its default stream."""
+    def load(self, cus: list[dict]) -> None:
+        for cu in cus:
+            if cu["id"] not in self.runners:
+                record, folder = _record(cu, self.dag_path)
+                self.runners[cu["id"]] = CuRunner(self.gpu, record, folder)
 
-    def __init__(self, ordinal: int = 0):
-        open_driver()
-        driver = _driver()
-        result, self.device = driver.cuDeviceGet(ordinal)
-        _check(result, f"cuDeviceGet({ordinal})")
-        result, self.context = driver.cuDevicePrimaryCtxRetain(self.device)
-        _check(result, "cuDevicePrimaryCtxRetain")
-        (result,) = driver.cuCtxSetCurrent(self.context)
-        _check(result, "cuCtxSetCurrent")
-        attr = driver.CUdevice_attribute
-        result, major = driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.device)
-        _check(result, "cuDeviceGetAttribute")
-        result, minor = driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.device)
-        _check(result, "cuDeviceGetAttribute")
-        self.arch = f"sm_{major}{minor}"
-        result, name = driver.cuDeviceGetName(128, self.device)
-        self.name = name.split(b"\0")[0].decode() if result == driver.CUresult.CUDA_SUCCESS else "GPU"
+    def run(self, cu: dict, inputs: dict[str, GpuTensor]) -> dict[str, GpuTensor]:
+        runner = self.runners[cu["id"]]
+        buffers = runner.run({name: tensor.buffer for name, tensor in inputs.items()})
+        specs = {p["name"]: p for p in runner.params}
+        return {name: GpuTensor(buffer, tuple(specs[name]["shape"]), specs[name]["dtype"])
+                for name, buffer in buffers.items()}
 
-    # -- memory --------------------------------------------------------------------------------
-    def alloc(self, nbytes: int) -> DeviceBuffer:
-        result, ptr = _driver().cuMemAlloc(max(1, nbytes))
-        _check(result, f"cuMemAlloc({nbytes})")
-        return DeviceBuffer(int(ptr), nbytes)
-
-    def free(self, buffer: DeviceBuffer) -> None:
-        _check(_driver().cuMemFree(buffer.ptr)[0], "cuMemFree")
-
-    def upload(self, array: np.ndarray, buffer: DeviceBuffer | None = None) -> DeviceBuffer:
+    def to_device(self, array: np.ndarray) -> GpuTensor:
         array = np.ascontiguousarray(array)
-        buffer = buffer or self.alloc(array.nbytes)
-        if array.nbytes:
-            _check(_driver().cuMemcpyHtoD(buffer.ptr, array.ctypes.data, array.nbytes)[0], "cuMemcpyHtoD")
-        return buffer
+        return GpuTensor(self.gpu.upload(array), array.shape, array.dtype.name)
 
-    def download(self, buffer: DeviceBuffer, shape, dtype) -> np.ndarray:
-        out = np.empty(shape, dtype)
-        if out.nbytes:
-            _check(_driver().cuMemcpyDtoH(out.ctypes.data, buffer.ptr, out.nbytes)[0], "cuMemcpyDtoH")
-        return out
+    def to_host(self, tensor: GpuTensor) -> np.ndarray:
+        return self.gpu.download(tensor.buffer, tensor.shape, tensor.dtype)
 
-    def synchronize(self) -> None:
-        _check(_driver().cuCtxSynchronize()[0], "cuCtxSynchronize")
-
-    # -- code ----------------------------------------------------------------------------------
-    def load_module(self, cubins: dict[str, bytes], ptx: bytes, signatures: dict[str, Sequence[str]]) -> CudaModule:
-        """Load the cubin built for this GPU's architecture, else JIT the PTX."""
-        image = cubins.get(self.arch) or (ptx.rstrip(b"\0") + b"\0")
-        result, module = _driver().cuModuleLoadData(image)
-        _check(result, f"cuModuleLoadData ({'cubin ' + self.arch if self.arch in cubins else 'PTX JIT'})")
-        return CudaModule(module, signatures)
+    def resident_bytes(self, cu_id: str) -> int:
+        runner = self.runners.get(cu_id)
+        return runner.resident_bytes if runner else 0
 
 
-class CudaModule:
-    def __init__(self, module, signatures: dict[str, Sequence[str]]):
-        self.module = module
-        self.kernels = {}
-        for name, signature in signatures.items():
-            result, function = _driver().cuModuleGetFunction(module, name.encode())
-            _check(result, f"cuModuleGetFunction({name})")
-            self.kernels[name] = CudaKernel(name, tuple(signature), function)
-
-    def kernel(self, name: str) -> CudaKernel:
-        if name not in self.kernels:
-            raise CudaDeviceError(f"module has no kernel {name!r}")
-        return self.kernels[name]
-
-
-@dataclass
-class CudaKernel:
-    name: str
-    signature: tuple[str, ...]
-    function: object
-
-    def launch(self, grid: Sequence[int], block: Sequence[int], shared_bytes: int, args: Sequence, **_) -> None:
-        """cuLaunchKernel on the default stream. A pointer parameter takes a DeviceBuffer or an address."""
-        driver = _driver()
-        if len(args) != len(self.signature):
-            raise CudaDeviceError(f"kernel {self.name} takes {len(self.signature)} parameters, got {len(args)}")
-        values = []
-        for code, value in zip(self.signature, args):
-            if code == "ptr":
-                values.append(ctypes.c_void_p(value.ptr if isinstance(value, DeviceBuffer) else int(value)))
-            else:
-                values.append(_SCALARS[code](value.item() if isinstance(value, np.generic) else value))
-        pointers = (ctypes.c_void_p * max(1, len(values)))(*[ctypes.addressof(v) for v in values])
-        if shared_bytes > _DEFAULT_SHARED_LIMIT:
-            attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-            _check(driver.cuFuncSetAttribute(self.function, attr, shared_bytes)[0], "cuFuncSetAttribute")
-        g, b = _dims(grid), _dims(block)
-        (result,) = driver.cuLaunchKernel(self.function, *g, *b, shared_bytes, 0, ctypes.addressof(pointers), 0)  # stream 0, no `extra`
-        _check(result, f"cuLaunchKernel({self.name})")
-
-
-def _dims(d) -> list[int]:
-    d = [d] if isinstance(d, int) else list(d)
-    return (d + [1, 1, 1])[:3]
+def gpu_unavailable() -> str | None:
+    """Why `--device cuda` cannot run in this process, or None."""
+    try:
+        open_driver()
+    except CudaDeviceError as e:
+        return str(e)
+    return None

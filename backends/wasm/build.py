@@ -1,61 +1,35 @@
-"""Compile a CU folder (the output of `cortex decompose`) into one .wasm module per CU.
+"""The wasm target: one CU's graph -> `cu-NNNN.wasm` (+ `.wat` with `--emit-wat`) and its record.
 
-Every CU is checked for unsupported ops before anything is compiled, so a model Cortex cannot
-lower fails at once with one line naming the op types and nodes. The modules are written into a
-temporary sibling of the output folder that replaces it only when all of them succeeded; dag.json,
-when given, then gets each CU's artifact record (path, sha256, size, options, memory plan) and is
-rewritten atomically.
+The record in dag.json (`cus[i].artifacts.wasm`) holds the module's path relative to dag.json, its
+sha256 and size, the options it was built with, and its memory plan (where the host writes inputs
+and reads outputs).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import time
-from pathlib import Path
-from typing import Callable
-
+from backends.registry import BuiltCU
 from backends.wasm.compile import compile_graph
 from backends.wasm.options import WasmOptions
-from cortex.artifacts import read_cus_for_target, read_dag_for_cus, write_dag
-from ir.fs import write_directory_atomically
-from ir.errors import CortexError
+from ir.graph import Graph
 
 
-def compile_cu_dir(cu_dir: Path, output: Path, options: WasmOptions, dag_path: Path | None = None,
-                   emit_wat: bool = False, on_cu: Callable[[str], None] | None = None) -> dict:
-    cu_dir, output = Path(cu_dir), Path(output)
-    start = time.perf_counter()
-    manifest, graphs = read_cus_for_target(cu_dir, "WebAssembly")
-    dag = read_dag_for_cus(dag_path, manifest, cu_dir) if dag_path is not None else None
+def build_cu(graph: Graph, options: WasmOptions, cu_id: str) -> BuiltCU:
+    artifact = compile_graph(graph, options)
+    name = f"{cu_id}.wasm"
+    files = {name: artifact.wasm}
+    if options.emit_wat:
+        files[f"{cu_id}.wat"] = artifact.wat.encode()
+    record = {"file": name, "sha256": artifact.sha256, "bytes": len(artifact.wasm),
+              "options": options.to_json(), "memory": artifact.plan}
+    return BuiltCU(files, record)
 
-    def fill(folder: Path) -> dict:
-        records = {}
-        for cu in manifest["cus"]:
-            try:
-                artifact = compile_graph(graphs[cu["id"]], options)
-            except CortexError as e:
-                raise type(e)(f"{cu['id']} ({cu_dir / cu['path']}): {e}") from None
-            name = f"{cu['id']}.wasm"
-            (folder / name).write_bytes(artifact.wasm)
-            if emit_wat:
-                (folder / f"{cu['id']}.wat").write_text(artifact.wat)
-            records[cu["id"]] = {"file": name, "sha256": artifact.sha256, "bytes": len(artifact.wasm),
-                                 "options": options.to_json(), "memory": artifact.plan}
-            if on_cu:
-                on_cu(cu["id"])
-        index = {"schema": "cortex.wasm/1", "options": options.to_json(), "cus": records}
-        (folder / "index.json").write_text(json.dumps(index, indent=2) + "\n")
-        return records
 
-    records = write_directory_atomically(output, fill)
-    if dag is not None:
-        base = Path(os.path.relpath(output.resolve(), dag_path.resolve().parent))
-        for cu in dag["cus"]:
-            record = dict(records[cu["id"]])
-            record["path"] = (base / record.pop("file")).as_posix()
-            cu.setdefault("artifacts", {})["wasm"] = record
-        write_dag(dag, dag_path)
-    return {"output": str(output), "dag": str(dag_path) if dag_path else None, "cus": len(records),
-            "bytes": sum(r["bytes"] for r in records.values()), "options": options.to_json(),
-            "seconds": round(time.perf_counter() - start, 3)}
+def place(record: dict, folder: str) -> dict:
+    """The record as dag.json holds it: the module's path instead of its file name."""
+    placed = dict(record)
+    placed["path"] = f"{folder}/{placed.pop('file')}"
+    return placed
+
+
+def summarize(records: dict[str, dict], options: WasmOptions) -> dict:
+    return {"bytes": sum(r["bytes"] for r in records.values()), "options": options.to_json()}

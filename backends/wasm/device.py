@@ -1,50 +1,80 @@
-"""Running one compiled module under wasmtime.
+"""The wasm device: runs CUs compiled by `cortex compile-wasm` under wasmtime.
 
-An instance owns its store and memory; inputs are written and outputs read through numpy views of
-that memory at the offsets of the module's memory plan, so the host side is one copy in, one call,
-and zero-copy views out. Views are rebuilt if the memory ever grows (growing may move it).
+One wasmtime Engine, configured with the features the modules were built with, serves every CU.
+`load` checks each module's sha256 against dag.json (a tampered or stale file is refused) and
+instantiates it from its cached native code (`native_cache`). Running copies a CU's inputs into
+its memory, makes one call, and hands its outputs on as zero-copy views of that memory, valid until
+the CU runs again; `to_host` copies them out.
 """
 
 from __future__ import annotations
 
-import math
+from pathlib import Path
 
-import ml_dtypes  # noqa: F401  (registers numpy's bfloat16 dtype, which tensors may use)
 import numpy as np
 import wasmtime
 
-
-class WasmInstance:
-    def __init__(self, engine: wasmtime.Engine, module: wasmtime.Module, plan: dict):
-        self.store = wasmtime.Store(engine)
-        self.instance = wasmtime.Instance(self.store, module, [])
-        exports = self.instance.exports(self.store)
-        self.memory: wasmtime.Memory = exports["memory"]
-        self._run = exports["run"]
-        self.plan = plan
-        self._views_len = -1
-        self._refresh_views()
-
-    def _refresh_views(self) -> None:
-        size = self.memory.data_len(self.store)
-        if size == self._views_len:
-            return
-        raw = np.frombuffer(self.memory.get_buffer_ptr(self.store), dtype=np.uint8)
-        self.inputs = {e["name"]: _view(raw, e) for e in self.plan["inputs"]}
-        self.outputs = {e["name"]: _view(raw, e) for e in self.plan["outputs"]}
-        self._views_len = size
-
-    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Copy `inputs` in, run, and return views of the outputs (valid until the next run)."""
-        self._refresh_views()
-        for name, view in self.inputs.items():
-            view[...] = inputs[name]
-        self._run(self.store)
-        self._refresh_views()
-        return self.outputs
+from backends.wasm.assemble import make_engine
+from backends.wasm.instance import WasmInstance
+from backends.wasm.native_cache import Stamps, load_module
+from backends.wasm.options import WasmOptions, parse_options
+from ir.errors import CortexError
+from ir.fs import confined_path
 
 
-def _view(raw: np.ndarray, entry: dict) -> np.ndarray:
-    dtype = np.dtype(entry["dtype"])
-    count = math.prod(entry["shape"])     # math.prod: np.prod costs more than the view itself
-    return np.frombuffer(raw, dtype=dtype, count=count, offset=entry["offset"]).reshape(entry["shape"])
+class WasmDevice:
+    name = "wasm"
+
+    def __init__(self, dag: dict, dag_path: Path):
+        self.dag_path = Path(dag_path)
+        for cu in dag["cus"]:
+            if "wasm" not in cu.get("artifacts", {}):
+                raise CortexError(f"{dag_path}: {cu['id']} has no wasm artifact; run 'cortex compile-wasm "
+                                  f"--dag {dag_path}' first")
+        self.options = _common_options([cu["artifacts"]["wasm"] for cu in dag["cus"]], self.dag_path)
+        self.engine = make_engine(self.options)
+        self.instances: dict[str, WasmInstance] = {}
+
+    def load(self, cus: list[dict]) -> None:
+        stamps = Stamps()
+        for cu in cus:
+            if cu["id"] in self.instances:
+                continue
+            record = cu["artifacts"]["wasm"]
+            path = confined_path(self.dag_path.parent, record["path"])   # read_dag checked it stays inside
+            module = load_module(self.engine, path, record["sha256"], self.dag_path, cu["id"], stamps)
+            self.instances[cu["id"]] = WasmInstance(self.engine, module, record["memory"])
+        stamps.save()
+
+    def run(self, cu: dict, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        try:
+            return self.instances[cu["id"]].run(inputs)
+        except wasmtime.Trap as e:
+            raise CortexError(f"{cu['id']} ({', '.join(cu.get('op_types', []))}) trapped: {_trap_reason(e)}") from None
+
+    def to_device(self, array: np.ndarray) -> np.ndarray:
+        return array
+
+    def to_host(self, tensor: np.ndarray) -> np.ndarray:
+        return np.array(tensor)
+
+    def resident_bytes(self, cu_id: str) -> int:
+        instance = self.instances.get(cu_id)
+        return instance.memory.data_len(instance.store) if instance else 0
+
+
+def _trap_reason(trap: wasmtime.Trap) -> str:
+    """wasmtime puts the backtrace first and the reason ("wasm trap: ...") last."""
+    lines = [line.strip() for line in str(trap).splitlines() if line.strip()]
+    reasons = [line.removeprefix("wasm trap: ") for line in lines if line.startswith("wasm trap:")]
+    return reasons[-1] if reasons else (lines[-1] if lines else "unknown trap")
+
+
+def _common_options(records: list[dict], dag_path: Path) -> WasmOptions:
+    """One engine for all modules: it enables the union of the features they were built with."""
+    features = sorted({f for r in records for f in r["options"]["features"]})
+    target = records[0]["options"].get("target") if records else None
+    try:
+        return parse_options(target, ",".join(features), None)
+    except CortexError as e:
+        raise CortexError(f"{dag_path}: wasm artifacts record unusable options: {e}") from None

@@ -1,10 +1,12 @@
-"""What `compile-wasm` can be asked for: target, WebAssembly features and optimisation level."""
+"""What `compile-wasm` can be asked for: target, WebAssembly features, optimisation level and
+whether to write the WAT listing. The fields are the CLI's options (`ir.options`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ir.errors import CortexError
+from ir.options import from_text, option
 
 TARGETS = ("wasm32-unknown-unknown",)
 FEATURES = ("simd", "bulk-memory", "relaxed-simd")
@@ -13,11 +15,29 @@ OPT_LEVELS = ("0", "1", "2", "3", "s", "z")
 DEFAULT_FEATURES = ("simd",)
 
 
+def parse_features(text: str) -> tuple[str, ...]:
+    chosen = {f.strip() for f in text.split(",") if f.strip()}
+    unknown = sorted(chosen - set(FEATURES))
+    if unknown:
+        raise CortexError(f"unknown --features {', '.join(unknown)}: expected a comma-separated "
+                          f"subset of {', '.join(FEATURES)}")
+    return tuple(sorted(chosen))
+
+
 @dataclass(frozen=True)
 class WasmOptions:
-    target: str = TARGETS[0]
-    features: tuple[str, ...] = DEFAULT_FEATURES     # sorted, no duplicates
-    opt_level: str = "2"
+    target: str = field(default=TARGETS[0], metadata=option(f"One of: {', '.join(TARGETS)}.", choices=TARGETS))
+    features: tuple[str, ...] = field(default=DEFAULT_FEATURES, metadata=option(
+        f"Comma-separated subset of {','.join(FEATURES)}.", parse=parse_features, show=",".join))
+    opt_level: str = field(default="2", metadata=option(
+        f"One of {', '.join(OPT_LEVELS)}: 0 plain loops, 1-3 more vectorisation and unrolling, s/z smaller code.",
+        choices=OPT_LEVELS))
+    emit_wat: bool = field(default=False, compare=False, metadata=option(
+        "Also write cu-NNNN.wat next to each module."))
+
+    def __post_init__(self):
+        if "relaxed-simd" in self.features and "simd" not in self.features:
+            raise CortexError("--features relaxed-simd needs simd as well")
 
     @property
     def simd(self) -> bool:
@@ -42,24 +62,11 @@ class WasmOptions:
         return {"2": 2, "3": 4}.get(self.opt_level, 1)
 
     def to_json(self) -> dict:
+        """What the module depends on, as dag.json records it."""
         return {"target": self.target, "features": list(self.features), "opt_level": self.opt_level}
 
 
 def parse_options(target: str | None, features: str | None, opt_level: str | None) -> WasmOptions:
-    target = target or TARGETS[0]
-    if target not in TARGETS:
-        raise CortexError(f"unknown --target {target!r}: expected one of {', '.join(TARGETS)}")
-    if features is None:
-        chosen = set(DEFAULT_FEATURES)
-    else:
-        chosen = {f.strip() for f in features.split(",") if f.strip()}
-        unknown = sorted(chosen - set(FEATURES))
-        if unknown:
-            raise CortexError(f"unknown --features {', '.join(unknown)}: expected a comma-separated "
-                              f"subset of {', '.join(FEATURES)}")
-    if "relaxed-simd" in chosen and "simd" not in chosen:
-        raise CortexError("--features relaxed-simd needs simd as well")
-    level = str(opt_level if opt_level is not None else "2")
-    if level not in OPT_LEVELS:
-        raise CortexError(f"unknown --opt-level {level!r}: expected one of {', '.join(OPT_LEVELS)}")
-    return WasmOptions(target, tuple(sorted(chosen)), level)
+    """The options as typed (None: the default), e.g. parse_options(None, "simd,relaxed-simd", "3")."""
+    return from_text(WasmOptions, target=target, features=features,
+                     opt_level=None if opt_level is None else str(opt_level))

@@ -17,7 +17,8 @@ from rich.table import Table
 
 from cortex.commands.run import example_feeds, read_inputs
 from cortex.console import out, print_json
-from cortex.runtime import DEVICES, load
+from cortex.commands.shared_options import DeviceOption
+from cortex.runtime import load
 from ir.errors import CortexError
 
 
@@ -26,7 +27,7 @@ def bench(
     repeat: Annotated[int, typer.Option("--repeat", help="Timed runs.")] = 20,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed runs first (caches, lazy set-up).")] = 3,
     input: Annotated[Optional[list[str]], typer.Option("--input", help="NAME=FILE.npy, or FILE.npz holding inputs by name (repeatable); others get example inputs.")] = None,
-    device: Annotated[str, typer.Option("--device", help=f"One of: {', '.join(DEVICES)}.")] = "wasm",
+    device: DeviceOption = "wasm",
     top: Annotated[int, typer.Option("--top", help="CUs to list, slowest first (0: all).")] = 10,
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable report.")] = False,
 ) -> None:

@@ -12,6 +12,7 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from cortex.commands.generated_options import with_options
 from cortex.commands.inspect_model import Dims, InputShapes
 from cortex.commands.run import read_inputs
 from cortex.console import out, print_json, print_summary
@@ -22,47 +23,45 @@ from ir.errors import CortexError
 from passes import run_pipeline
 from passes.freeze_inputs import frozen_summary
 from passes.fuse_groups import FuseGroups
-from passes.partition import Partition, PartitionIntoCUs, check_limits
+from passes.partition import Partition, PartitionIntoCUs
 
-_DEFAULTS = PartitionIntoCUs()  # the CLI defaults are the pass's own field defaults
-
-
+@with_options(PartitionIntoCUs, into="limits")
 def decompose(
     model_path: Annotated[Path, typer.Option("--model-path", help="The ONNX model file.")],
     output_dir: Annotated[Path, typer.Option("--output-dir", help="Folder for cu-NNNN/cu.onnx and manifest.json (replaced).")],
+    limits: PartitionIntoCUs,
     input_shape: InputShapes = None,
     dim: Dims = None,
-    min_cu_size: Annotated[int, typer.Option("--min-cu-size", help="Merge CUs with fewer parameters into a neighbour where the limits allow.")] = _DEFAULTS.min_cu_size,
-    max_cu_size: Annotated[int, typer.Option("--max-cu-size", help="Most parameters a CU may own; larger ops are split along output channels.")] = _DEFAULTS.max_cu_size,
-    max_cu_depth: Annotated[int, typer.Option("--max-cu-depth", help="Most ops on a path inside a CU (a fusion group counts as one).")] = _DEFAULTS.max_cu_depth,
     freeze_input: Annotated[Optional[list[str]], typer.Option("--freeze-input", help="NAME=FILE.npy, or an .npz of arrays by name: the input becomes a constant with that value (repeatable).")] = None,
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
 ) -> None:
     """Partition a model into computation units (CUs), each a self-contained ONNX model."""
-    summary = decompose_model(model_path, output_dir, parse_input_shapes(input_shape), parse_dims(dim),
-                              min_cu_size, max_cu_size, max_cu_depth, show_progress=not json,
-                              frozen_inputs=read_frozen_inputs(freeze_input or []))
+    summary = decompose_model(model_path, output_dir, limits, input_shapes=parse_input_shapes(input_shape),
+                              dims=parse_dims(dim), frozen_inputs=read_frozen_inputs(freeze_input or []),
+                              show_progress=not json)
     if json:
         print_json(summary)
     else:
         _print_summary(summary)
 
 
-def decompose_model(model_path: Path, output_dir: Path, input_shapes: dict, dims: dict, min_cu_size: int,
-                    max_cu_size: int, max_cu_depth: int, show_progress: bool = False,
-                    frozen_inputs: dict | None = None) -> dict:
-    check_limits(min_cu_size, max_cu_size, max_cu_depth)
+def decompose_model(model_path: Path, output_dir: Path, limits: PartitionIntoCUs | None = None, *,
+                    input_shapes: dict | None = None, dims: dict | None = None,
+                    frozen_inputs: dict | None = None, show_progress: bool = False) -> dict:
+    """Optimise, fuse and partition the model under `limits` (a PartitionIntoCUs pass, whose fields
+    are decompose's options) and write the CU folder; returns the summary."""
+    limits = limits or PartitionIntoCUs()
+    input_shapes, dims = input_shapes or {}, dims or {}
     check_output_dir(Path(output_dir), Path(model_path))
     start = time.perf_counter()
     with _progress(show_progress) as step:
         step("optimising")
         optimized = load_and_optimize(model_path, input_shapes, dims, require_static=True,
                                       frozen_inputs=frozen_inputs)
-        partition_pass = PartitionIntoCUs(min_cu_size, max_cu_size, max_cu_depth)
         step("fusing and partitioning")
-        graph, _ = run_pipeline(optimized.graph, [FuseGroups(), partition_pass])
-        partition = partition_pass.result
-        options = {"min_cu_size": min_cu_size, "max_cu_size": max_cu_size, "max_cu_depth": max_cu_depth,
+        graph, _ = run_pipeline(optimized.graph, [FuseGroups(), limits])
+        partition = limits.result
+        options = {**limits.limits(),
                    "input_shapes": {k: list(v) for k, v in sorted(input_shapes.items())},
                    "dims": dict(sorted(dims.items()))}
         if frozen_inputs:

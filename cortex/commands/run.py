@@ -11,7 +11,8 @@ import numpy as np
 import typer
 
 from cortex.console import out, print_json
-from cortex.runtime import DEVICES, load
+from cortex.commands.shared_options import DeviceOption
+from cortex.runtime import load
 from ir.errors import CortexError
 from ir.fs import write_bytes_atomically
 
@@ -20,7 +21,7 @@ def run(
     dag: Annotated[Path, typer.Argument(help="The dag.json, compiled for the device.")],
     input: Annotated[Optional[list[str]], typer.Option("--input", help="NAME=FILE.npy, or FILE.npz holding inputs by name (repeatable).")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", help="The .npz file to write the outputs to.")] = None,
-    device: Annotated[str, typer.Option("--device", help=f"One of: {', '.join(DEVICES)}.")] = "wasm",
+    device: DeviceOption = "wasm",
     trace: Annotated[Optional[Path], typer.Option("--trace", help="Write per-CU wall time and bytes moved (JSON).")] = None,
     example_inputs: Annotated[bool, typer.Option("--example-inputs", help="Feed inputs not given with --input a "
                                                  "deterministic example (floats arange(n)/n, integers and bools 0).")] = False,

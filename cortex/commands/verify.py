@@ -13,7 +13,8 @@ from rich.table import Table
 
 from cortex.commands.run import example_feeds, read_inputs
 from cortex.console import out, print_json
-from cortex.runtime import DEVICES, load
+from cortex.commands.shared_options import DeviceOption
+from cortex.runtime import load
 from ir.errors import CortexError
 
 
@@ -22,7 +23,7 @@ def verify(
     model: Annotated[Path, typer.Option("--model", help="The source ONNX model the dag was built from.")],
     input: Annotated[Optional[list[str]], typer.Option("--input", help="NAME=FILE.npy or FILE.npz (repeatable); "
                                                        "inputs not given get a deterministic example.")] = None,
-    device: Annotated[str, typer.Option("--device", help=f"One of: {', '.join(DEVICES)}.")] = "wasm",
+    device: DeviceOption = "wasm",
     rtol: Annotated[float, typer.Option("--rtol")] = 1e-4,
     atol: Annotated[float, typer.Option("--atol")] = 1e-5,
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable report.")] = False,

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from cortex.conformance.devices import DEVICES, unavailable_reason
+from cortex.conformance.devices import device_names, unavailable_reason
 from cortex.conformance.pool import run_cases
 from cortex.conformance.table import headline, summarize, write_json, write_markdown
 from samples.node_tests import node_test_names
@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cortex.conformance", description=__doc__)
-    parser.add_argument("--device", default="wasm", choices=DEVICES)
+    parser.add_argument("--device", default="wasm", choices=device_names())
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=None,
                         help="seconds per case (default 60 on wasm; 300 on cuda-sim and cuda, which compile C++ per CU)")

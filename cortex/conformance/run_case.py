@@ -104,9 +104,7 @@ def _run_through_cortex(case, device: str, result: CaseResult, frozen: dict | No
     from cortex.commands.decompose import decompose_model
     from cortex.dag import build_dag
     from cortex.runtime import load
-    from passes.partition import PartitionIntoCUs
 
-    defaults = PartitionIntoCUs()
     with tempfile.TemporaryDirectory(prefix="cortex-conformance-") as tmp:
         out = Path(tmp)
         stage = "decompose"
@@ -117,8 +115,7 @@ def _run_through_cortex(case, device: str, result: CaseResult, frozen: dict | No
             shapes = parse_input_shapes([f"{k}={_shape_text(v)}" for k, v in case.inputs.items()
                                          if isinstance(v, np.ndarray) and k not in static_inputs(case.path)
                                          and k not in frozen])
-            decompose_model(case.path, out / "cus", shapes, {}, defaults.min_cu_size, defaults.max_cu_size,
-                            defaults.max_cu_depth, frozen_inputs=frozen)
+            decompose_model(case.path, out / "cus", input_shapes=shapes, frozen_inputs=frozen)
             stage = "build-dag"
             dag = build_dag(out / "cus", out / "dag.json")
             write_bytes_atomically(out / "dag.json", (json.dumps(dag, indent=2) + "\n").encode())

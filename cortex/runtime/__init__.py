@@ -1,5 +1,5 @@
 """Load a dag.json and run its CUs on a device (`cortex.load`, `cortex run`)."""
 
-from cortex.runtime.loader import DEVICES, CompiledModel, load
+from cortex.runtime.loader import CompiledModel, device_names, load
 
-__all__ = ["DEVICES", "CompiledModel", "load"]
+__all__ = ["CompiledModel", "device_names", "load"]

@@ -1,36 +1,37 @@
-"""`cortex.load(dag.json, device=...)`: a compiled model that runs its CUs in dag.json's order.
+"""`cortex.load(dag.json, device=...)`: a compiled model, ready to `run({name: array})`.
 
-Inputs are checked against dag.json (names, dtypes, shapes) with one clear error; tensors move from
-CU to CU as numpy arrays (views of the producing module's memory until the next run); outputs are
-returned as arrays the caller owns. `trace` records each CU's wall time and the bytes it moved.
+The dag.json is checked before anything is loaded (`cortex.dag.read_dag`: schema, data flow,
+memory plans, artifact paths confined to its folder); the device comes from the registry by name;
+the scheduler decides what runs. Inputs are checked against dag.json (names, dtypes, shapes) with
+one clear error; outputs are arrays the caller owns. `trace` records each CU's wall time, the bytes
+it read and wrote, and the memory it holds.
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
 
+from backends.registry import device as device_spec
+from backends.registry import devices
 from cortex.dag import read_dag
+from cortex.runtime.scheduler import SequentialScheduler
 from ir.errors import CortexError
 
-DEVICES = ("wasm", "cuda", "cuda-sim")
+
+def device_names() -> list[str]:
+    return list(devices())
 
 
 class CompiledModel:
     def __init__(self, dag_path: Path, device: str = "wasm"):
         self.path = Path(dag_path)
+        spec = device_spec(device)
         self.dag = read_dag(self.path)
-        if device not in DEVICES:
-            raise CortexError(f"unknown device {device!r}: expected one of {', '.join(DEVICES)}")
-        if device == "wasm":
-            from cortex.runtime.wasm import WasmDevice
-            self.device = WasmDevice(self.dag, self.path)
-        else:
-            from backends.cuda.runtime_device import CudaGpuDevice, CudaSimDevice
-            self.device = (CudaSimDevice if device == "cuda-sim" else CudaGpuDevice)(self.dag, self.path)
-        self._cus = {cu["id"]: cu for cu in self.dag["cus"]}
+        self.device = spec.open(self.dag, self.path)
+        self.scheduler = SequentialScheduler(self.dag, self.device)
+        self.scheduler.load()
         self.trace: list[dict] = []
 
     @property
@@ -42,18 +43,8 @@ class CompiledModel:
         return list(self.dag["outputs"])
 
     def run(self, feeds: dict) -> dict[str, np.ndarray]:
-        env = self._checked_inputs(feeds)
-        self.trace = []
-        for cu_id in self.dag["order"]:
-            cu = self._cus[cu_id]
-            start = time.perf_counter()
-            results = self.device.run_cu(cu, env)
-            seconds = time.perf_counter() - start
-            env.update(results)
-            self.trace.append({"cu": cu_id, "op_types": cu.get("op_types", []), "start": start, "seconds": seconds,
-                               "bytes_in": int(sum(env[n].nbytes for n in cu["inputs"])),
-                               "bytes_out": int(sum(r.nbytes for r in results.values()))})
-        return {spec["name"]: np.array(env[spec["name"]]) for spec in self.dag["outputs"]}
+        outputs, self.trace = self.scheduler.run(self._checked_inputs(feeds))
+        return outputs
 
     def _checked_inputs(self, feeds: dict) -> dict[str, np.ndarray]:
         if not isinstance(feeds, dict):

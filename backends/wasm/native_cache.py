@@ -1,12 +1,9 @@
-"""The wasm device: run a dag.json whose CUs were compiled by `cortex compile-wasm`.
+"""The native code of each module, cached next to it and trusted without re-hashing while unchanged.
 
-Loading checks every module's sha256 against dag.json (a tampered or stale file is refused),
-configures one wasmtime Engine with the features the modules were built with, and compiles each
-module once: the native code is cached next to the artifact (`cu-0003.<hash>.cwasm`, its verified
-stamp in the folder's `cwasm.verified.json`) and reused by later loads, which mmap it; weights sit
-in active data segments, so instantiating maps them copy-on-write from that file instead of
-copying them. Running copies each CU's inputs into its memory, makes one call, and hands its
-outputs on as zero-copy views of that memory.
+`load_module` compiles a .wasm once: the native code is cached next to the artifact
+(`cu-0003.<hash>.cwasm`, its verified stamp in the folder's `cwasm.verified.json`) and reused by
+later loads, which mmap it; weights sit in active data segments, so instantiating maps them
+copy-on-write from that file instead of copying them.
 """
 
 from __future__ import annotations
@@ -17,72 +14,20 @@ import json
 import os
 import stat
 import time
-
+from importlib.metadata import version
 from pathlib import Path
 
-import numpy as np
 import wasmtime
 
-from backends.wasm.assemble import make_engine
-from backends.wasm.device import WasmInstance
-from backends.wasm.options import WasmOptions, parse_options
 from ir.errors import CortexError
-from ir.fs import confined_path, write_bytes_atomically
+from ir.fs import write_bytes_atomically
 
 
-class WasmDevice:
-    name = "wasm"
-
-    def __init__(self, dag: dict, dag_path: Path):
-        self.dag = dag
-        records = {}
-        for cu in dag["cus"]:
-            record = cu.get("artifacts", {}).get("wasm")
-            if record is None:
-                raise CortexError(f"{dag_path}: {cu['id']} has no wasm artifact; run 'cortex compile-wasm "
-                                  f"--dag {dag_path}' first")
-            records[cu["id"]] = record
-        self.options = _common_options(records.values(), dag_path)
-        self.engine = make_engine(self.options)
-        self.instances: dict[str, WasmInstance] = {}
-        stamps = _Stamps()
-        for cu in dag["cus"]:
-            record = records[cu["id"]]
-            path = confined_path(dag_path.parent, record["path"])   # read_dag checked it stays inside
-            module = _load_module(self.engine, path, record["sha256"], dag_path, cu["id"], stamps)
-            self.instances[cu["id"]] = WasmInstance(self.engine, module, record["memory"])
-        stamps.save()
-
-    def run_cu(self, cu: dict, env: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        instance = self.instances[cu["id"]]
-        try:
-            return instance.run({name: env[name] for name in cu["inputs"]})
-        except wasmtime.Trap as e:
-            raise CortexError(f"{cu['id']} ({', '.join(cu.get('op_types', []))}) trapped: {_trap_reason(e)}") from None
-
-
-def _trap_reason(trap: wasmtime.Trap) -> str:
-    """wasmtime puts the backtrace first and the reason ("wasm trap: ...") last."""
-    lines = [line.strip() for line in str(trap).splitlines() if line.strip()]
-    reasons = [line.removeprefix("wasm trap: ") for line in lines if line.startswith("wasm trap:")]
-    return reasons[-1] if reasons else (lines[-1] if lines else "unknown trap")
-
-
-def _common_options(records, dag_path: Path) -> WasmOptions:
-    seen = {(tuple(r["options"]["features"]), r["options"].get("target"), r["options"].get("opt_level")) for r in records}
-    features = sorted({f for feats, _, _ in seen for f in feats})
-    target = next(iter(seen))[1] if seen else None
-    try:
-        return parse_options(target, ",".join(features), "2")
-    except CortexError as e:
-        raise CortexError(f"{dag_path}: wasm artifacts record unusable options: {e}") from None
-
-
-def _load_module(engine: wasmtime.Engine, path: Path, sha256: str, dag_path: Path, cu_id: str,
-                 stamps: _Stamps) -> wasmtime.Module:
+def load_module(engine: wasmtime.Engine, path: Path, sha256: str, dag_path: Path, cu_id: str,
+                stamps: Stamps) -> wasmtime.Module:
     """The module compiled to native code, from the cache when it holds this exact module.
 
-    A warm load reads neither file: the cache's stamp (see `_Stamps`) records, for the .wasm and the
+    A warm load reads neither file: the cache's stamp (see `Stamps`) records, for the .wasm and the
     .cwasm, the sha256 verified at an earlier load together with the file's size, inode, mtime and
     ctime. While those still match, the content is the one that was hashed (rewriting a file moves
     its ctime, which no user can set back), so hundreds of MB of weights are not hashed again and
@@ -130,7 +75,6 @@ def _engine_key(sha256: str) -> str:
 
 @functools.cache
 def _wasmtime_version() -> str:
-    from importlib.metadata import version
     return getattr(wasmtime, "__version__", None) or version("wasmtime")
 
 
@@ -139,7 +83,7 @@ def _wasmtime_version() -> str:
 RACY_SECONDS = 0.1
 
 
-class _Stamps:
+class Stamps:
     """The stamps of one load: one JSON file per artifact folder (`STAMP_FILE`, cache file name ->
     stamp), read once and written back once at the end if anything changed, so a warm load of a
     model with hundreds of CUs opens one small file instead of one per CU. Concurrent loads may

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
+from backends.cuda.sim import SimModule
 from ir.errors import CortexError
 
 
-class CuProgram:
+class CuRunner:
     def __init__(self, device, record: dict, folder: Path, *, seed: int = 0, host_threads: int = 1):
         """`device`: a CudaDevice, or None for cuda-sim. `folder`: where the record's files are."""
         self.device = device
@@ -34,7 +35,6 @@ class CuProgram:
             # No kernel (every output is empty): nothing to load, and the launch list is empty.
             self.module = self.weights = self.scratch = None
         elif device is None:
-            from backends.cuda.sim import SimModule
             self.module = SimModule(folder / record["source"]["file"])
             self.weights, self.scratch = weights, np.zeros(scratch_bytes, np.uint8)
         else:
@@ -43,6 +43,8 @@ class CuProgram:
             self.module = device.load_module(cubins, ptx, signatures)
             self.weights, self.scratch = device.upload(weights), device.alloc(scratch_bytes)
         self.outputs = {p["name"]: self._alloc(p) for p in self.params if p["kind"] == "output"}
+        self.resident_bytes = (len(weights) + scratch_bytes + sum(p["bytes"] for p in self.params if p["kind"] == "output")
+                               if self.module is not None else 0)
 
     def _alloc(self, param: dict):
         if self.device is None:

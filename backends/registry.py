@@ -1,0 +1,131 @@
+"""The registry of targets and devices: the one place the CLI, the runtime and the conformance
+harness ask what exists.
+
+A *target* turns one CU's optimised graph into artifact files and a record for dag.json
+(`cus[i].artifacts[target.artifact]`); `cortex compile-<name>` is generated from it. A *device*
+runs the artifacts of one target: it loads CUs and runs one CU at a time, and never decides what
+runs (that is the scheduler's job, in cortex/runtime).
+
+Each folder under backends/ registers what it provides when it is imported (its `__init__.py`);
+`targets()` and `devices()` import every such folder first, so adding a target is adding a folder,
+and adding a device is one module that calls `register_device`. Tests may register their own.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Protocol
+
+import numpy as np
+
+from ir.errors import CortexError
+from ir.graph import Graph
+
+
+class Device(Protocol):
+    """Runs the artifacts of one CU at a time. Tensors it returns may live on the device (a GPU
+    buffer) or in a CU's memory (a view valid until that CU runs again); `to_host` copies them out."""
+
+    name: str
+
+    def load(self, cus: list[dict]) -> None:
+        """Make these CUs runnable: check each artifact's sha256, compile or instantiate it."""
+
+    def run(self, cu: dict, inputs: dict) -> dict:
+        """Run one loaded CU on its inputs (by name); returns its outputs by name."""
+
+    def to_device(self, array: np.ndarray):
+        """A model input as this device's tensor."""
+
+    def to_host(self, tensor) -> np.ndarray:
+        """A tensor as a numpy array the caller owns."""
+
+    def resident_bytes(self, cu_id: str) -> int:
+        """Memory the loaded CU holds (its instance, weights and scratch)."""
+
+
+@dataclass(frozen=True)
+class BuiltCU:
+    """What a target makes of one CU: files by name, and the record for dag.json."""
+    files: dict[str, bytes]
+    record: dict
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str                                   # "wasm": `cortex compile-wasm`
+    artifact: str                               # key under cus[i].artifacts in dag.json
+    options: type                               # a dataclass; its fields are the CLI options
+    build: Callable[[Graph, object, str], BuiltCU]       # (graph, options, cu id)
+    place: Callable[[dict, str], dict]          # (record, output folder relative to dag.json) -> dag record
+    summarize: Callable[[dict[str, dict], object], dict]    # (records by CU, options) -> summary figures
+    description: str = ""
+    jobs: int = 1                               # CUs built at once (threads; compilers are subprocesses)
+    check: Callable[[object], None] = lambda options: None   # fail before any work (no compiler...)
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    name: str
+    artifact: str | None                        # which target's artifacts it runs (None: the cu.onnx files)
+    open: Callable[[dict, Path], Device]        # (dag, path of dag.json) -> Device
+    unavailable: Callable[[], str | None] = lambda: None   # why it cannot run here, in one line
+    description: str = ""
+    compile_options: dict = field(default_factory=dict)   # target options (as text) that suit this device
+
+
+_TARGETS: dict[str, Target] = {}
+_DEVICES: dict[str, DeviceSpec] = {}
+_discovered = False
+
+
+def register_target(target: Target) -> Target:
+    _TARGETS[target.name] = target
+    return target
+
+
+def register_device(spec: DeviceSpec) -> DeviceSpec:
+    _DEVICES[spec.name] = spec
+    return spec
+
+
+def unregister_device(name: str) -> None:
+    _DEVICES.pop(name, None)
+
+
+def _discover() -> None:
+    """Import every backend folder once, so that each registers itself."""
+    global _discovered
+    if _discovered:
+        return
+    _discovered = True
+    for module in pkgutil.iter_modules([str(Path(__file__).parent)]):
+        if module.ispkg:
+            importlib.import_module(f"{__package__}.{module.name}")
+
+
+def targets() -> dict[str, Target]:
+    _discover()
+    return dict(_TARGETS)
+
+
+def devices() -> dict[str, DeviceSpec]:
+    _discover()
+    return dict(_DEVICES)
+
+
+def target(name: str) -> Target:
+    known = targets()
+    if name not in known:
+        raise CortexError(f"unknown target {name!r}: expected one of {', '.join(known)}")
+    return known[name]
+
+
+def device(name: str) -> DeviceSpec:
+    known = devices()
+    if name not in known:
+        raise CortexError(f"unknown device {name!r}: expected one of {', '.join(known)}")
+    return known[name]

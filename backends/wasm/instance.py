@@ -1,0 +1,50 @@
+"""Running one compiled module under wasmtime.
+
+An instance owns its store and memory; inputs are written and outputs read through numpy views of
+that memory at the offsets of the module's memory plan, so the host side is one copy in, one call,
+and zero-copy views out. Views are rebuilt if the memory ever grows (growing may move it).
+"""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes  # noqa: F401  (registers numpy's bfloat16 dtype, which tensors may use)
+import numpy as np
+import wasmtime
+
+
+class WasmInstance:
+    def __init__(self, engine: wasmtime.Engine, module: wasmtime.Module, plan: dict):
+        self.store = wasmtime.Store(engine)
+        self.instance = wasmtime.Instance(self.store, module, [])
+        exports = self.instance.exports(self.store)
+        self.memory: wasmtime.Memory = exports["memory"]
+        self._run = exports["run"]
+        self.plan = plan
+        self._views_len = -1
+        self._refresh_views()
+
+    def _refresh_views(self) -> None:
+        size = self.memory.data_len(self.store)
+        if size == self._views_len:
+            return
+        raw = np.frombuffer(self.memory.get_buffer_ptr(self.store), dtype=np.uint8)
+        self.inputs = {e["name"]: _view(raw, e) for e in self.plan["inputs"]}
+        self.outputs = {e["name"]: _view(raw, e) for e in self.plan["outputs"]}
+        self._views_len = size
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Copy `inputs` in, run, and return views of the outputs (valid until the next run)."""
+        self._refresh_views()
+        for name, view in self.inputs.items():
+            view[...] = inputs[name]
+        self._run(self.store)
+        self._refresh_views()
+        return self.outputs
+
+
+def _view(raw: np.ndarray, entry: dict) -> np.ndarray:
+    dtype = np.dtype(entry["dtype"])
+    count = math.prod(entry["shape"])     # math.prod: np.prod costs more than the view itself
+    return np.frombuffer(raw, dtype=dtype, count=count, offset=entry["offset"]).reshape(entry["shape"])

@@ -1,0 +1,47 @@
+"""`cortex compile-<target>`, one command per registered target: its options are the fields of
+the target's options dataclass, the work is `cortex.compile.compile_cu_dir`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Callable, Optional
+
+import typer
+
+from backends.registry import Target
+from cortex.commands.generated_options import with_options
+from cortex.compile import compile_cu_dir
+from cortex.console import print_json, print_summary
+
+
+def compile_command(target: Target) -> Callable:
+    def compile_target(
+        cu_dir: Annotated[Path, typer.Option("--cu-dir", help="The --output-dir of 'cortex decompose'.")],
+        output: Annotated[Path, typer.Option("--output", help="Folder for the artifacts (replaced as a whole).")],
+        options: object,
+        dag: Annotated[Optional[Path], typer.Option("--dag", help="dag.json to record the artifacts in (rewritten); "
+                                                    "--output must lie in its folder.")] = None,
+        json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
+    ) -> None:
+        summary = compile_cu_dir(target, cu_dir, output, options, dag)
+        if json:
+            print_json(summary)
+            return
+        rows = [(key.replace("_", " "), _text(value)) for key, value in summary.items()
+                if key not in ("output", "dag", "seconds")]
+        rows += [("dag.json updated", str(dag) if dag else "no (--dag not given)"),
+                 ("time", f"{summary['seconds']:.2f} s")]
+        print_summary(f"{target.name} artifacts written to {output}", rows)
+
+    compile_target.__doc__ = target.description
+    return with_options(target.options, into="options")(compile_target)
+
+
+def _text(value) -> str:
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_text(v)}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value)) or "none"
+    return "none" if value is None else str(value)

@@ -1,0 +1,53 @@
+"""CLI options generated from the option fields of a dataclass (`ir.options`): a pass's, a
+target's. Name, type, default and help are written once, on the field.
+
+    @app.command()
+    @with_options(PartitionIntoCUs, into="limits")
+    def decompose(model: ..., limits: PartitionIntoCUs): ...
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import typing
+from typing import Annotated, Callable
+
+import typer
+
+from ir.options import default_text, flag_of, from_text, option_fields, parses_text
+
+
+def option_parameters(cls) -> list[inspect.Parameter]:
+    hints = typing.get_type_hints(cls)
+    params = []
+    for field, spec in option_fields(cls):
+        kind = str if parses_text(field, spec) else hints[field.name]
+        help_text = spec.help
+        annotation = Annotated[kind, typer.Option(flag_of(field, spec), help=help_text, show_default=True)]
+        params.append(inspect.Parameter(field.name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
+                                        default=default_text(field, spec)))
+    return params
+
+
+def with_options(cls, into: str) -> Callable:
+    """Replace the parameter `into` of a command by one CLI option per option field of `cls`;
+    the command receives the `cls` instance built from them (`ir.options.from_text`)."""
+    names = [field.name for field, _ in option_fields(cls)]
+
+    def decorate(command: Callable) -> Callable:
+        signature = inspect.signature(command, eval_str=True)
+
+        @functools.wraps(command)
+        def wrapper(**kwargs):
+            values = {name: kwargs.pop(name) for name in names}
+            return command(**kwargs, **{into: from_text(cls, **values)})
+
+        params = [p for p in signature.parameters.values() if p.name != into]
+        keyword = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in params]
+        wrapper.__signature__ = signature.replace(parameters=keyword + option_parameters(cls))
+        wrapper.__annotations__ = {p.name: p.annotation for p in wrapper.__signature__.parameters.values()}
+        del wrapper.__wrapped__      # typer must read the new signature, not the command's
+        return wrapper
+
+    return decorate

@@ -1,0 +1,112 @@
+"""`cortex compile-<target>`: build every CU of a CU folder for one registered target.
+
+What every target shares lives here: the CU folder it reads (each cu.onnx loaded and optimised as
+decompose left it), the check that every op has a lowering (before anything is built, so a model
+Cortex cannot lower fails at once with one line naming the ops and nodes), the output folder
+written atomically (a temporary sibling that replaces it only when every CU built), `index.json`,
+and each CU's record written back into dag.json. A target contributes `build` (one CU) and
+`place` (its record as dag.json holds it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+from backends.registry import Target
+from cortex.cus import read_manifest
+from cortex.dag import read_dag
+from cortex.pipeline import load_and_optimize
+from ir.errors import CortexError, UnsupportedError
+from ir.fs import write_bytes_atomically, write_directory_atomically
+from ir.graph import Graph
+from ir.loops.builder import describe_unsupported, unsupported_nodes
+
+INDEX_SCHEMA = "cortex.{target}/1"
+
+
+def compile_cu_dir(target: Target, cu_dir: Path, output: Path, options, dag_path: Path | None = None,
+                   on_cu: Callable[[str], None] | None = None, jobs: int | None = None) -> dict:
+    cu_dir, output = Path(cu_dir), Path(output)
+    start = time.perf_counter()
+    target.check(options)
+    manifest, graphs = read_cus(cu_dir, target.name)
+    dag = read_dag_for_cus(dag_path, manifest, cu_dir) if dag_path is not None else None
+    folder_in_dag = _folder_relative_to(output, dag_path) if dag_path is not None else None
+
+    def build_one(cu: dict):
+        try:
+            return target.build(graphs[cu["id"]], options, cu["id"])
+        except CortexError as e:
+            raise type(e)(f"{cu['id']} ({cu_dir / cu['path']}): {e}") from None
+
+    def fill(folder: Path) -> dict:
+        with ThreadPoolExecutor(max_workers=jobs or min(target.jobs, os.cpu_count() or 1)) as pool:
+            built = list(pool.map(build_one, manifest["cus"]))
+        records = {}
+        for cu, result in zip(manifest["cus"], built):
+            for name, data in result.files.items():
+                (folder / name).write_bytes(data)
+            records[cu["id"]] = result.record
+            if on_cu:
+                on_cu(cu["id"])
+        index = {"schema": INDEX_SCHEMA.format(target=target.name), "options": _as_json(options), "cus": records}
+        (folder / "index.json").write_text(json.dumps(index, indent=2) + "\n")
+        return records
+
+    records = write_directory_atomically(output, fill)
+    if dag is not None:
+        for cu in dag["cus"]:
+            cu.setdefault("artifacts", {})[target.artifact] = target.place(records[cu["id"]], folder_in_dag)
+        write_bytes_atomically(Path(dag_path), (json.dumps(dag, indent=2) + "\n").encode())
+    return {"output": str(output), "dag": str(dag_path) if dag_path else None, "cus": len(records),
+            **target.summarize(records, options), "seconds": round(time.perf_counter() - start, 3)}
+
+
+def read_cus(cu_dir: Path, target_name: str) -> tuple[dict, dict[str, Graph]]:
+    """The manifest and each CU's optimised graph; fails at once, in one line, when any CU holds
+    ops without a loop-nest lowering."""
+    manifest = read_manifest(cu_dir)
+    graphs, missing = {}, []
+    for cu in manifest["cus"]:
+        graph = load_and_optimize(cu_dir / cu["path"], require_static=True).graph
+        missing += unsupported_nodes(graph)
+        graphs[cu["id"]] = graph
+    if missing:
+        raise UnsupportedError(f"{cu_dir}: cannot compile to {target_name}: {describe_unsupported(missing)}")
+    return manifest, graphs
+
+
+def read_dag_for_cus(dag_path: Path, manifest: dict, cu_dir: Path) -> dict:
+    """dag.json, checked to describe the same CUs as the manifest (not a stale one)."""
+    dag = read_dag(dag_path, option="--dag")
+    by_id = {cu["id"]: cu for cu in manifest["cus"]}
+    for cu in dag["cus"]:
+        mine = by_id.get(cu["id"])
+        if mine is None or mine["sha256"] != cu["sha256"]:
+            raise CortexError(f"--dag {dag_path} does not describe the CUs in {cu_dir} ({cu['id']} differs); "
+                              "run 'cortex build-dag' again")
+    if len(dag["cus"]) != len(by_id):
+        raise CortexError(f"--dag {dag_path} has {len(dag['cus'])} CUs, {cu_dir} has {len(by_id)}; "
+                          "run 'cortex build-dag' again")
+    return dag
+
+
+def _as_json(options) -> dict:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(options).items()}
+
+
+def _folder_relative_to(output: Path, dag_path: Path) -> str:
+    """The output folder as dag.json names it. It must lie inside the folder of dag.json: the
+    runtimes refuse artifact paths that leave it, so that a bundle is self-contained."""
+    base = Path(dag_path).resolve().parent
+    folder = Path(output).resolve()
+    if not folder.is_relative_to(base) or folder == base:
+        raise CortexError(f"--output {output} must be a folder inside {base} (the folder of --dag {dag_path}), "
+                          "so that dag.json and its artifacts form one self-contained bundle")
+    return Path(os.path.relpath(folder, base)).as_posix()
