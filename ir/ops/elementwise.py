@@ -6,7 +6,7 @@ register("Abs", "Neg", "Reciprocal", "Floor", "Ceil", "Round", "Sqrt", "Exp", "L
          "Relu", "LeakyRelu", "PRelu", "Elu", "Selu", "Celu", "ThresholdedRelu", "Sigmoid",
          "HardSigmoid", "HardSwish", "Tanh", "Softplus", "Softsign", "Gelu", "Mish", "Erf",
          "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh",
-         "Not", "IsNaN", "IsInf", "Clip", "Cast", "CastLike", "Identity", "BitwiseNot",
+         "Not", "IsNaN", "IsInf", "Clip", "Cast", "CastLike", "BitwiseNot",
          "Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Sum", "Mean",
          "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor",
          "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "Where",
@@ -181,11 +181,6 @@ def _cast(b, node):
         b.elementwise(node, lambda x, *_: ne(x, 0), inputs=[0])
     else:
         b.elementwise(node, lambda x, *_: cast(x, out.compute_type), inputs=[0])
-
-
-@lowering("loops", "Identity")
-def _identity(b, node):
-    b.alias(node.outputs[0], b.input(node, 0))
 
 
 @lowering("loops", "Dropout")

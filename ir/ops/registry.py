@@ -1,8 +1,9 @@
 """The op registry: the one place that says what Cortex knows about each op.
 
 An entry holds the op's kind (how fusion and partitioning treat it), its shape rule, which inputs are
-weights and how its weight splits along output channels, and the lowerings backends register next
-to it. The shape rule defaults to the op's ONNX schema inference, which covers every standard op;
+weights and how its weight splits along output channels, whether its output is a view of its input,
+and the lowerings backends register next to it. Passes and backends ask these questions of the
+registry (`view_ops`, ...) rather than keep lists of op names of their own. The shape rule defaults to the op's ONNX schema inference, which covers every standard op;
 an entry overrides it only where ONNX's rule is missing.
 """
 
@@ -35,6 +36,9 @@ class OpDef:
     weight_input: int | None = None
     weight_axis: Callable | None = None     # node -> axis of the weight holding output channels
     output_axis: Callable | None = None     # node -> axis of the output holding those channels
+    # The output holds exactly the first input's bytes in the same order (Reshape, Identity...): it
+    # can be the input's memory, and is a no-op when the shapes agree.
+    view: bool = False
     lowerings: dict[str, Callable] = field(default_factory=dict)
 
     @property
@@ -66,6 +70,16 @@ def lowering(backend: str, *op_types: str, domain: str = ""):
             entry.lowerings[backend] = fn
         return fn
     return attach
+
+
+def view_ops() -> frozenset[str]:
+    """The op types of the default domain whose output is a view of their first input."""
+    return frozenset(op_type for (domain, op_type), entry in REGISTRY.items() if entry.view and not domain)
+
+
+def is_view(op_type: str, domain: str = "") -> bool:
+    entry = lookup(op_type, domain)
+    return entry is not None and entry.view
 
 
 def kind_of(op_type: str, domain: str = "") -> str:
