@@ -18,11 +18,11 @@ from typing import Callable, TypeVar
 
 import numpy as np
 
-from cortex.flops import node_flops
 from ir import dtypes
 from ir.errors import CortexError, UnsupportedError
 from ir.graph import Graph, Node, Value, outer_reads
 from ir.onnx_export import export_model
+from ir.ops.registry import node_flops
 from passes.partition import Partition
 
 MANIFEST_SCHEMA = "cortex.cus/1"

@@ -1,20 +1,55 @@
 """Contractions (the ops that own weights) and the other neural-network ops."""
 
-from ir.ops.registry import CONTRACTION, OTHER, register
+import math
+
+from ir.ops.registry import CONTRACTION, OTHER, output_elements, register, static_dim, static_numel
 
 
 def _gemm_weight_axis(node):
     return 0 if node.attrs.get("transB", 0) else 1
 
 
+# Contractions cost a multiply and an add per weight use: 2 * output elements * reduction length.
+
+def _matmul_flops(node):
+    a = node.inputs[0]
+    if a is None or not a.shape:
+        return output_elements(node)
+    return 2 * output_elements(node) * static_dim(a.shape[-1])
+
+
+def _gemm_flops(node):
+    a = node.inputs[0]
+    if a is None or not a.shape:
+        return output_elements(node)
+    return 2 * output_elements(node) * static_dim(a.shape[0] if node.attrs.get("transA", 0) else a.shape[-1])
+
+
+def _conv_flops(node):
+    """Conv weight (M, C/group, k...): each output element reads C/group * prod(k) inputs."""
+    w = node.inputs[1]
+    if w is None or not w.shape:
+        return output_elements(node)
+    return 2 * output_elements(node) * math.prod(static_dim(d) for d in w.shape[1:])
+
+
+def _conv_transpose_flops(node):
+    """ConvTranspose weight (C, M/group, k...): each input element feeds M/group * prod(k) outputs."""
+    w = node.inputs[1]
+    if w is None or not w.shape:
+        return output_elements(node)
+    return 2 * static_numel(node.inputs[0].shape) * math.prod(static_dim(d) for d in w.shape[1:])
+
+
 register("MatMul", kind=CONTRACTION, weight_input=1,
-         weight_axis=lambda node: -1, output_axis=lambda node: -1)
+         weight_axis=lambda node: -1, output_axis=lambda node: -1, flops=_matmul_flops)
 register("Gemm", kind=CONTRACTION, weight_input=1,
-         weight_axis=_gemm_weight_axis, output_axis=lambda node: 1)
+         weight_axis=_gemm_weight_axis, output_axis=lambda node: 1, flops=_gemm_flops)
 register("Conv", kind=CONTRACTION, weight_input=1,
-         weight_axis=lambda node: 0, output_axis=lambda node: 1)
-register("ConvTranspose", "ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul",
-         "DeformConv", "Einsum", kind=CONTRACTION)
+         weight_axis=lambda node: 0, output_axis=lambda node: 1, flops=_conv_flops)
+register("ConvTranspose", kind=CONTRACTION, flops=_conv_transpose_flops)
+register("ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul", "DeformConv", "Einsum",
+         kind=CONTRACTION)
 
 register("MaxRoiPool", "RoiAlign", "AffineGrid",
          "Col2Im", "NonMaxSuppression", "Attention",
