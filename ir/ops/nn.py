@@ -66,7 +66,7 @@ import numpy as np  # noqa: E402
 
 from ir.errors import UnsupportedError  # noqa: E402
 from ir.loops.expr import fma  # noqa: E402
-from ir.ops.registry import lowering  # noqa: E402
+from ir.ops.registry import epilogue_of, lowering  # noqa: E402
 from ir.ops.gelu_pattern import erf_gelu_nodes  # noqa: E402
 from ir.ops.windows import pad_buffer, window_geometry  # noqa: E402
 
@@ -118,15 +118,16 @@ def _f32(*values) -> bool:
 
 
 def _fused_epilogue(b, node, bias_width: int | None = None):
-    """What of the ops after a GEMM or Conv `node` its kernel can do: an Add of a constant
-    per-column bias (when `bias_width` is given), then an Add of a residual (see `_residual`), then
-    a Relu or an exact GELU (an ONNX Gelu, or its erf diamond x * 0.5 * (1 + erf(x / sqrt 2)), see
-    `erf_gelu_nodes`). Returns (output buffer, bias buffer or None, residual buffer or None,
-    epilogue or None); the absorbed nodes then emit nothing."""
+    """What of the ops after a GEMM or Conv `node` its kernel can do, as the registry's `epilogue`
+    entries say: an Add of a constant per-column bias (when `bias_width` is given), then an Add of a
+    residual (see `_residual`), then an activation (a Relu or an exact GELU; also GELU's erf
+    diamond x * 0.5 * (1 + erf(x / sqrt 2)), see `erf_gelu_nodes`). Returns (output buffer, bias
+    buffer or None, residual buffer or None, activation or None); the absorbed nodes then emit
+    nothing."""
     value = node.outputs[0]
     bias, residual, out = None, None, None
     reader = b.sole_reader(value)
-    if bias_width is not None and reader is not None and reader.op_type == "Add" and _f32(*reader.inputs):
+    if bias_width is not None and _absorbable(reader, "bias") and _f32(*reader.inputs):
         other = reader.inputs[1] if reader.inputs[0] is value else reader.inputs[0]
         if other.is_const and other.const.size == bias_width and other.shape[-1:] == (bias_width,) \
                 and tuple(reader.outputs[0].shape) == tuple(value.shape):
@@ -137,17 +138,21 @@ def _fused_epilogue(b, node, bias_width: int | None = None):
         residual = b.buffer(other)
         out = b.absorb(reader)
         value, reader = reader.outputs[0], b.sole_reader(reader.outputs[0])
-    if reader is not None and reader.op_type == "Relu" and _f32(reader.outputs[0]):
-        return b.absorb(reader), bias, residual, "relu"
-    if reader is not None and reader.op_type == "Gelu" and reader.attrs.get("approximate", "none") == "none" \
-            and _f32(reader.outputs[0]):
-        return b.absorb(reader), bias, residual, "gelu"
+    if (activation := _absorbable(reader, "activation")) and _f32(reader.outputs[0]):
+        return b.absorb(reader), bias, residual, activation
     if _f32(value) and (gelu := erf_gelu_nodes(value, b.users, b.output_ids)) \
             and all(_f32(n.outputs[0]) for n in gelu):
         for gelu_node in gelu:
             out = b.absorb(gelu_node)
         return out, bias, residual, "gelu"
     return (out if out is not None else b.buffer(value)), bias, residual, None
+
+
+def _absorbable(reader, part: str):
+    """`part` ("bias" or "activation") of what the registry says a kernel may absorb of `reader`;
+    falsy when there is no reader or it cannot be that part."""
+    epilogue = epilogue_of(reader) if reader is not None else None
+    return getattr(epilogue, part) if epilogue is not None else None
 
 
 def _residual(b, anchor, add, value):
