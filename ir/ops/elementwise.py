@@ -8,8 +8,8 @@ def _exact_gelu(node) -> bool:
 
 
 # What a GEMM or Conv kernel can absorb after it (see `_fused_epilogue` in `nn`): a bias Add, a
-# residual Add or Sum, then one activation. The kernels compute GELU's exact (erf) form only, not
-# the tanh approximation.
+# residual Add or Sum (`residual_pattern`), then one activation. The kernels compute GELU's exact
+# (erf) form only, not the tanh approximation.
 register("Add", kind=ELEMENTWISE, epilogue=Epilogue(bias=True, residual=True))
 register("Sum", kind=ELEMENTWISE, epilogue=Epilogue(residual=True))
 register("Relu", kind=ELEMENTWISE, epilogue=Epilogue(activation="relu"))

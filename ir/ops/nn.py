@@ -68,6 +68,7 @@ from ir.errors import UnsupportedError  # noqa: E402
 from ir.loops.expr import fma  # noqa: E402
 from ir.ops.registry import epilogue_of, lowering  # noqa: E402
 from ir.ops.gelu_pattern import erf_gelu_nodes  # noqa: E402
+from ir.ops.residual_pattern import residual_operand  # noqa: E402
 from ir.ops.windows import pad_buffer, window_geometry  # noqa: E402
 
 
@@ -156,19 +157,16 @@ def _absorbable(reader, part: str):
 
 
 def _residual(b, anchor, add, value):
-    """The other operand of `add` when it adds a residual to `value` (the product so far): a float32
-    Add (or a Sum of two, as older exporters write resnet's shortcut) whose other operand is not a
-    constant and has exactly the output's shape (no broadcast), in either order. The kernel reads that operand while it writes the output, so it must already be
-    computed when the anchor's kernel runs: its producer comes before the anchor in graph order
-    (kernels run in that order; a producer after it, though independent of it, would not yet have
-    run). The memory plan never overlaps two temporaries one kernel touches, so the residual and the
-    output stay apart."""
-    if add is None or add.op_type not in ("Add", "Sum") or add.domain not in ("", "ai.onnx") or len(add.inputs) != 2 \
-            or not _f32(*add.inputs, add.outputs[0]) or (add.inputs[0] is value) == (add.inputs[1] is value):
+    """The other operand of `add` when it adds a residual to `value` (the product so far) by the rule
+    of `residual_operand`, and everything is float32. The kernel reads that operand while it writes
+    the output, so it must already be computed when the anchor's kernel runs: its producer comes
+    before the anchor in graph order (kernels run in that order; a producer after it, though
+    independent of it, would not yet have run). The memory plan never overlaps two temporaries one
+    kernel touches, so the residual and the output stay apart."""
+    if add is None or not _f32(*add.inputs, add.outputs[0]):
         return None
-    other = add.inputs[1] if add.inputs[0] is value else add.inputs[0]
-    shape = tuple(value.shape)
-    if other.is_const or tuple(other.shape or ()) != shape or tuple(add.outputs[0].shape or ()) != shape:
+    other = residual_operand(add, lambda v: v is value)
+    if other is None:
         return None
     anchor_at = b.position(anchor)
     if anchor_at is None:  # a node of a branch or a function body: no graph order to rely on
