@@ -14,12 +14,12 @@ from typing import Callable
 
 import numpy as np
 
-from cortex.flops import node_flops
 from ir import dtypes
 from ir.errors import CortexError, UnsupportedError
 from ir.fs import file_sha256, sha256_bytes, write_directory_atomically
 from ir.graph import Graph, Node, Value, outer_reads
 from ir.onnx_export import export_model
+from ir.ops.registry import node_flops
 from passes.partition import Partition
 
 MANIFEST_SCHEMA = "cortex.cus/1"

@@ -6,7 +6,7 @@ elementwise members whose every input is the anchor's output, another member's o
 constant, and whose outputs are read only by members, except the one sink whose output is the
 group's result. Chains (Conv -> Add -> Relu) are such groups, and so are diamonds such as the erf
 GELU after a MatMul: x is read by x / sqrt 2 and by x * 0.5, which meet again at the final Mul.
-One member may take an input from outside the group: a residual Add (`_is_residual_add`: an Add,
+One member may take an input from outside the group: a residual Add (`residual_operand`: an Add,
 or a Sum of two, of a member's output and a non-constant tensor of exactly its shape), resnet's
 Conv -> Add(shortcut) -> Relu and a transformer's MatMul -> Add(bias) -> Add(residual), whose
 kernels read the residual in their epilogue.
@@ -27,6 +27,7 @@ import numpy as np
 
 from ir.graph import Graph, Node, Value
 from ir.ops import CONTRACTION, ELEMENTWISE, kind_of, lookup
+from ir.ops.residual_pattern import residual_operand
 from passes.base import Pass
 
 
@@ -109,26 +110,14 @@ def _candidates(anchor: Node, users: dict[Value, list[Node]], grouped: set[int])
                 if id(reader.outputs[0]) in produced or id(reader) in grouped or not _is_member_kind(reader):
                     continue
                 inside = all(v is None or v.is_const or id(v) in produced for v in reader.inputs)
-                residual = not inside and not residual_taken and _is_residual_add(reader, produced)
+                residual = not inside and not residual_taken \
+                    and residual_operand(reader, lambda v: id(v) in produced) is not None
                 if inside or residual:
                     found.append(reader)
                     produced.add(id(reader.outputs[0]))
                     residual_taken |= residual
                     changed = True
     return found
-
-
-def _is_residual_add(node: Node, produced: set[int]) -> bool:
-    """An Add (or a Sum of two) of a value in `produced` and a non-constant value from outside of
-    exactly the same shape and dtype (no broadcast): what a GEMM or Conv kernel adds in its epilogue."""
-    if node.op_type not in ("Add", "Sum") or len(node.inputs) != 2 or any(v is None for v in node.inputs):
-        return False
-    a, b = node.inputs
-    if (id(a) in produced) == (id(b) in produced):
-        return False
-    inner, outer = (a, b) if id(a) in produced else (b, a)
-    return (not outer.is_const and outer.dtype == inner.dtype and inner.shape is not None
-            and tuple(outer.shape or ()) == tuple(inner.shape) == tuple(node.outputs[0].shape or ()))
 
 
 def _closed_group(anchor: Node, candidates: list[Node], users, graph_outputs: set[int], order) -> list[Node]:

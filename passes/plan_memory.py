@@ -31,11 +31,8 @@ from typing import Iterable, Sequence
 
 from ir.errors import CortexError
 from ir.graph import Graph, Value
-from ir.ops.registry import ELEMENTWISE, kind_of
+from ir.ops.registry import ELEMENTWISE, is_view, kind_of
 from passes.base import Pass
-
-# Ops whose output holds exactly the input's bytes: the output can be the input's memory.
-VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
 
 
 @dataclass(frozen=True)
@@ -260,7 +257,7 @@ def _in_place_candidates(graph: Graph, io: set[int]) -> dict[str, str]:
             continue
         out = node.outputs[0]
         elementwise = kind_of(node.op_type, node.domain) == ELEMENTWISE
-        if not (elementwise or (node.op_type in VIEW_OPS and not node.domain)):
+        if not (elementwise or (is_view(node.op_type) and not node.domain)):
             continue
         for v in node.present_inputs if elementwise else node.present_inputs[:1]:
             if (not v.is_const and v.is_tensor and id(v) not in io and last_read.get(id(v)) == step

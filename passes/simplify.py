@@ -1,7 +1,8 @@
 """Remove ops that do nothing and collapse pairs that cancel.
 
-- Identity, inference-mode Dropout, Cast to the same type, Reshape/Flatten/Squeeze/Unsqueeze whose
-  output shape equals the input's: the output becomes an alias of the input.
+- Identity, inference-mode Dropout, Cast to the same type, a view (Reshape, Squeeze...: what the
+  registry calls `view`) whose output shape equals the input's: the output becomes an alias of the
+  input.
 - Transpose of a Transpose: one Transpose with the composed permutation, or none if it is the
   identity permutation.
 - Reshape of a Reshape: the inner one is skipped (Reshape only depends on element order).
@@ -16,9 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ir.graph import Graph, Node, Value
+from ir.ops.registry import is_view
 from passes.base import Pass
-
-SHAPE_ONLY_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
 
 
 @dataclass
@@ -78,7 +78,7 @@ def _forwarded_input(node: Node, users) -> Value | None:
         return None
     if node.op_type == "Cast" and x.dtype and node.attrs.get("to") == x.dtype:
         return x
-    if node.op_type in SHAPE_ONLY_OPS and x.is_static and out.is_static and x.shape == out.shape:
+    if is_view(node.op_type, node.domain) and x.is_static and out.is_static and x.shape == out.shape:
         return x
     return None
 

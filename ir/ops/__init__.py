@@ -4,7 +4,9 @@ from ir.ops import (control, elementwise, indexing, nn, normalization, pooling, 
                     grid_sample, linalg, recurrent, resize, spectral, tensor)
 from ir.ops import function_bodies  # noqa: F401,E402  (last: it looks at every family's entries)
 from ir.ops.registry import (CONTRACTION, CONTROL, ELEMENTWISE, LAYOUT, NORMALIZATION, OTHER, RANDOM,
-                             REDUCTION, REGISTRY, SHAPE, OpDef, kind_of, lookup, lowering, register)
+                             REDUCTION, REGISTRY, SHAPE, Epilogue, OpDef, epilogue_activations, epilogue_of,
+                             is_view, kind_of, lookup, lowering, node_flops, register, view_ops)
 
-__all__ = ["REGISTRY", "OpDef", "kind_of", "lookup", "lowering", "register", "CONTRACTION", "CONTROL",
-           "ELEMENTWISE", "LAYOUT", "NORMALIZATION", "OTHER", "RANDOM", "REDUCTION", "SHAPE"]
+__all__ = ["REGISTRY", "Epilogue", "OpDef", "epilogue_activations", "epilogue_of", "is_view", "kind_of", "lookup",
+           "lowering", "node_flops", "register", "view_ops", "CONTRACTION", "CONTROL", "ELEMENTWISE", "LAYOUT",
+           "NORMALIZATION", "OTHER", "RANDOM", "REDUCTION", "SHAPE"]

@@ -1,13 +1,26 @@
 """Elementwise ops: each output element depends on the same (broadcast) position of the inputs."""
 
-from ir.ops.registry import ELEMENTWISE, RANDOM, register
+from ir.ops.registry import ELEMENTWISE, RANDOM, Epilogue, register
+
+
+def _exact_gelu(node) -> bool:
+    return node.attrs.get("approximate", "none") == "none"
+
+
+# What a GEMM or Conv kernel can absorb after it (see `_fused_epilogue` in `nn`): a bias Add, a
+# residual Add or Sum (`residual_pattern`), then one activation. The kernels compute GELU's exact
+# (erf) form only, not the tanh approximation.
+register("Add", kind=ELEMENTWISE, epilogue=Epilogue(bias=True, residual=True))
+register("Sum", kind=ELEMENTWISE, epilogue=Epilogue(residual=True))
+register("Relu", kind=ELEMENTWISE, epilogue=Epilogue(activation="relu"))
+register("Gelu", kind=ELEMENTWISE, epilogue=Epilogue(activation="gelu", applies=_exact_gelu))
 
 register("Abs", "Neg", "Reciprocal", "Floor", "Ceil", "Round", "Sqrt", "Exp", "Log", "Sign",
-         "Relu", "LeakyRelu", "PRelu", "Elu", "Selu", "Celu", "ThresholdedRelu", "Sigmoid",
-         "HardSigmoid", "HardSwish", "Tanh", "Softplus", "Softsign", "Gelu", "Mish", "Erf",
+         "LeakyRelu", "PRelu", "Elu", "Selu", "Celu", "ThresholdedRelu", "Sigmoid",
+         "HardSigmoid", "HardSwish", "Tanh", "Softplus", "Softsign", "Mish", "Erf",
          "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh",
-         "Not", "IsNaN", "IsInf", "Clip", "Cast", "CastLike", "Identity", "BitwiseNot",
-         "Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Sum", "Mean",
+         "Not", "IsNaN", "IsInf", "Clip", "Cast", "CastLike", "BitwiseNot",
+         "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Mean",
          "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor",
          "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "Where",
          "QuantizeLinear", "DequantizeLinear", "Shrink", "Swish",
@@ -181,11 +194,6 @@ def _cast(b, node):
         b.elementwise(node, lambda x, *_: ne(x, 0), inputs=[0])
     else:
         b.elementwise(node, lambda x, *_: cast(x, out.compute_type), inputs=[0])
-
-
-@lowering("loops", "Identity")
-def _identity(b, node):
-    b.alias(node.outputs[0], b.input(node, 0))
 
 
 @lowering("loops", "Dropout")

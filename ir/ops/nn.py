@@ -1,20 +1,55 @@
 """Contractions (the ops that own weights) and the other neural-network ops."""
 
-from ir.ops.registry import CONTRACTION, OTHER, register
+import math
+
+from ir.ops.registry import CONTRACTION, OTHER, output_elements, register, static_dim, static_numel
 
 
 def _gemm_weight_axis(node):
     return 0 if node.attrs.get("transB", 0) else 1
 
 
+# Contractions cost a multiply and an add per weight use: 2 * output elements * reduction length.
+
+def _matmul_flops(node):
+    a = node.inputs[0]
+    if a is None or not a.shape:
+        return output_elements(node)
+    return 2 * output_elements(node) * static_dim(a.shape[-1])
+
+
+def _gemm_flops(node):
+    a = node.inputs[0]
+    if a is None or not a.shape:
+        return output_elements(node)
+    return 2 * output_elements(node) * static_dim(a.shape[0] if node.attrs.get("transA", 0) else a.shape[-1])
+
+
+def _conv_flops(node):
+    """Conv weight (M, C/group, k...): each output element reads C/group * prod(k) inputs."""
+    w = node.inputs[1]
+    if w is None or not w.shape:
+        return output_elements(node)
+    return 2 * output_elements(node) * math.prod(static_dim(d) for d in w.shape[1:])
+
+
+def _conv_transpose_flops(node):
+    """ConvTranspose weight (C, M/group, k...): each input element feeds M/group * prod(k) outputs."""
+    w = node.inputs[1]
+    if w is None or not w.shape:
+        return output_elements(node)
+    return 2 * static_numel(node.inputs[0].shape) * math.prod(static_dim(d) for d in w.shape[1:])
+
+
 register("MatMul", kind=CONTRACTION, weight_input=1,
-         weight_axis=lambda node: -1, output_axis=lambda node: -1)
+         weight_axis=lambda node: -1, output_axis=lambda node: -1, flops=_matmul_flops)
 register("Gemm", kind=CONTRACTION, weight_input=1,
-         weight_axis=_gemm_weight_axis, output_axis=lambda node: 1)
+         weight_axis=_gemm_weight_axis, output_axis=lambda node: 1, flops=_gemm_flops)
 register("Conv", kind=CONTRACTION, weight_input=1,
-         weight_axis=lambda node: 0, output_axis=lambda node: 1)
-register("ConvTranspose", "ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul",
-         "DeformConv", "Einsum", kind=CONTRACTION)
+         weight_axis=lambda node: 0, output_axis=lambda node: 1, flops=_conv_flops)
+register("ConvTranspose", kind=CONTRACTION, flops=_conv_transpose_flops)
+register("ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul", "DeformConv", "Einsum",
+         kind=CONTRACTION)
 
 register("MaxRoiPool", "RoiAlign", "AffineGrid",
          "Col2Im", "NonMaxSuppression", "Attention",
@@ -31,8 +66,9 @@ import numpy as np  # noqa: E402
 
 from ir.errors import UnsupportedError  # noqa: E402
 from ir.loops.expr import fma  # noqa: E402
-from ir.ops.registry import lowering  # noqa: E402
+from ir.ops.registry import epilogue_of, lowering  # noqa: E402
 from ir.ops.gelu_pattern import erf_gelu_nodes  # noqa: E402
+from ir.ops.residual_pattern import residual_operand  # noqa: E402
 from ir.ops.windows import pad_buffer, window_geometry  # noqa: E402
 
 
@@ -83,15 +119,16 @@ def _f32(*values) -> bool:
 
 
 def _fused_epilogue(b, node, bias_width: int | None = None):
-    """What of the ops after a GEMM or Conv `node` its kernel can do: an Add of a constant
-    per-column bias (when `bias_width` is given), then an Add of a residual (see `_residual`), then
-    a Relu or an exact GELU (an ONNX Gelu, or its erf diamond x * 0.5 * (1 + erf(x / sqrt 2)), see
-    `erf_gelu_nodes`). Returns (output buffer, bias buffer or None, residual buffer or None,
-    epilogue or None); the absorbed nodes then emit nothing."""
+    """What of the ops after a GEMM or Conv `node` its kernel can do, as the registry's `epilogue`
+    entries say: an Add of a constant per-column bias (when `bias_width` is given), then an Add of a
+    residual (see `_residual`), then an activation (a Relu or an exact GELU; also GELU's erf
+    diamond x * 0.5 * (1 + erf(x / sqrt 2)), see `erf_gelu_nodes`). Returns (output buffer, bias
+    buffer or None, residual buffer or None, activation or None); the absorbed nodes then emit
+    nothing."""
     value = node.outputs[0]
     bias, residual, out = None, None, None
     reader = b.sole_reader(value)
-    if bias_width is not None and reader is not None and reader.op_type == "Add" and _f32(*reader.inputs):
+    if bias_width is not None and _absorbable(reader, "bias") and _f32(*reader.inputs):
         other = reader.inputs[1] if reader.inputs[0] is value else reader.inputs[0]
         if other.is_const and other.const.size == bias_width and other.shape[-1:] == (bias_width,) \
                 and tuple(reader.outputs[0].shape) == tuple(value.shape):
@@ -102,11 +139,8 @@ def _fused_epilogue(b, node, bias_width: int | None = None):
         residual = b.buffer(other)
         out = b.absorb(reader)
         value, reader = reader.outputs[0], b.sole_reader(reader.outputs[0])
-    if reader is not None and reader.op_type == "Relu" and _f32(reader.outputs[0]):
-        return b.absorb(reader), bias, residual, "relu"
-    if reader is not None and reader.op_type == "Gelu" and reader.attrs.get("approximate", "none") == "none" \
-            and _f32(reader.outputs[0]):
-        return b.absorb(reader), bias, residual, "gelu"
+    if (activation := _absorbable(reader, "activation")) and _f32(reader.outputs[0]):
+        return b.absorb(reader), bias, residual, activation
     if _f32(value) and (gelu := erf_gelu_nodes(value, b.users, b.output_ids)) \
             and all(_f32(n.outputs[0]) for n in gelu):
         for gelu_node in gelu:
@@ -115,20 +149,24 @@ def _fused_epilogue(b, node, bias_width: int | None = None):
     return (out if out is not None else b.buffer(value)), bias, residual, None
 
 
+def _absorbable(reader, part: str):
+    """`part` ("bias" or "activation") of what the registry says a kernel may absorb of `reader`;
+    falsy when there is no reader or it cannot be that part."""
+    epilogue = epilogue_of(reader) if reader is not None else None
+    return getattr(epilogue, part) if epilogue is not None else None
+
+
 def _residual(b, anchor, add, value):
-    """The other operand of `add` when it adds a residual to `value` (the product so far): a float32
-    Add (or a Sum of two, as older exporters write resnet's shortcut) whose other operand is not a
-    constant and has exactly the output's shape (no broadcast), in either order. The kernel reads that operand while it writes the output, so it must already be
-    computed when the anchor's kernel runs: its producer comes before the anchor in graph order
-    (kernels run in that order; a producer after it, though independent of it, would not yet have
-    run). The memory plan never overlaps two temporaries one kernel touches, so the residual and the
-    output stay apart."""
-    if add is None or add.op_type not in ("Add", "Sum") or add.domain not in ("", "ai.onnx") or len(add.inputs) != 2 \
-            or not _f32(*add.inputs, add.outputs[0]) or (add.inputs[0] is value) == (add.inputs[1] is value):
+    """The other operand of `add` when it adds a residual to `value` (the product so far) by the rule
+    of `residual_operand`, and everything is float32. The kernel reads that operand while it writes
+    the output, so it must already be computed when the anchor's kernel runs: its producer comes
+    before the anchor in graph order (kernels run in that order; a producer after it, though
+    independent of it, would not yet have run). The memory plan never overlaps two temporaries one
+    kernel touches, so the residual and the output stay apart."""
+    if add is None or not _f32(*add.inputs, add.outputs[0]):
         return None
-    other = add.inputs[1] if add.inputs[0] is value else add.inputs[0]
-    shape = tuple(value.shape)
-    if other.is_const or tuple(other.shape or ()) != shape or tuple(add.outputs[0].shape or ()) != shape:
+    other = residual_operand(add, lambda v: v is value)
+    if other is None:
         return None
     anchor_at = b.position(anchor)
     if anchor_at is None:  # a node of a branch or a function body: no graph order to rely on

@@ -4,7 +4,7 @@ import numpy as np
 
 from ir.errors import UnsupportedError
 from ir.loops.expr import eq, fma, lt, maximum, select, unary
-from ir.ops.registry import NORMALIZATION, lowering, register
+from ir.ops.registry import NORMALIZATION, epilogue_of, lowering, register
 
 register("BatchNormalization", "InstanceNormalization", "LayerNormalization", "GroupNormalization",
          "LpNormalization", "MeanVarianceNormalization", "LRN", "RMSNormalization",
@@ -30,8 +30,8 @@ def _batch_norm(b, node):
         add_of = lambda c: beta[c] - mean_[c] * mul_of(c)  # noqa: E731
     # a Relu that only reads the result runs in the same pass (densenet's BN -> Relu before each Conv)
     relu = b.sole_reader(node.outputs[0])
-    with_relu = relu is not None and relu.op_type == "Relu" and relu.domain in ("", "ai.onnx") \
-        and relu.outputs[0].dtype == node.outputs[0].dtype
+    with_relu = relu is not None and (epilogue := epilogue_of(relu)) is not None \
+        and epilogue.activation == "relu" and relu.outputs[0].dtype == node.outputs[0].dtype
     y = b.absorb(relu) if with_relu else b.output(node)
     n, c = x.shape[:2]
     area = int(np.prod(x.shape[2:], dtype=np.int64))

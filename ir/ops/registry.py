@@ -1,15 +1,23 @@
 """The op registry: the one place that says what Cortex knows about each op.
 
 An entry holds the op's kind (how fusion and partitioning treat it), its shape rule, which inputs are
-weights and how its weight splits along output channels, and the lowerings backends register next
-to it. The shape rule defaults to the op's ONNX schema inference, which covers every standard op;
-an entry overrides it only where ONNX's rule is missing.
+weights and how its weight splits along output channels, whether its output is a view of its input,
+what a GEMM or Conv kernel may absorb of it as an epilogue, its cost in flops, and the lowerings
+backends register next to it. Passes and backends ask the registry these questions (`is_view`,
+`epilogue_of`, `node_flops`...) rather than keep lists of op names of their own.
+
+The shape rule defaults to the op's ONNX schema inference, which covers every standard op; an entry
+overrides it only where ONNX's rule is missing. The flop rule defaults to one operation per output
+element; contractions override it.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
+
+from ir.graph import Node
 
 # How an op behaves, for the passes that group and split nodes.
 ELEMENTWISE = "elementwise"    # one output element from the same position of each (broadcast) input
@@ -21,6 +29,15 @@ SHAPE = "shape"                # computes shapes; folded away once inputs are bo
 CONTROL = "control"
 RANDOM = "random"              # never folded, never deduplicated
 OTHER = "other"
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """What a GEMM or Conv kernel can do of an op that reads its result, in the kernel's last pass."""
+    bias: bool = False                  # an Add of a constant per-output-channel vector
+    residual: bool = False              # an Add (or a Sum of two) of a tensor of the result's exact shape
+    activation: str | None = None       # the activation the kernel applies last ("relu", "gelu")
+    applies: Callable | None = None     # node -> whether its attributes are the form the kernel computes
 
 
 @dataclass
@@ -35,6 +52,12 @@ class OpDef:
     weight_input: int | None = None
     weight_axis: Callable | None = None     # node -> axis of the weight holding output channels
     output_axis: Callable | None = None     # node -> axis of the output holding those channels
+    # The output holds exactly the first input's bytes in the same order (Reshape, Identity...): it
+    # can be the input's memory, and is a no-op when the shapes agree.
+    view: bool = False
+    epilogue: Epilogue | None = None
+    # node -> floating-point operations, from static shapes; None: one per output element.
+    flops: Callable | None = None
     lowerings: dict[str, Callable] = field(default_factory=dict)
 
     @property
@@ -68,6 +91,56 @@ def lowering(backend: str, *op_types: str, domain: str = ""):
     return attach
 
 
+def view_ops() -> frozenset[str]:
+    """The op types of the default domain whose output is a view of their first input."""
+    return frozenset(op_type for (domain, op_type), entry in REGISTRY.items() if entry.view and not domain)
+
+
+def is_view(op_type: str, domain: str = "") -> bool:
+    entry = lookup(op_type, domain)
+    return entry is not None and entry.view
+
+
 def kind_of(op_type: str, domain: str = "") -> str:
     entry = lookup(op_type, domain)
     return entry.kind if entry else OTHER
+
+
+def epilogue_of(node: Node) -> Epilogue | None:
+    """What a contraction's kernel can absorb of `node`, given its attributes; None: nothing."""
+    entry = lookup(node.op_type, node.domain)
+    found = entry.epilogue if entry is not None else None
+    if found is None or (found.applies is not None and not found.applies(node)):
+        return None
+    return found
+
+
+def epilogue_activations() -> tuple[str, ...]:
+    """The activations some op asks a kernel's epilogue for, in registration order."""
+    return tuple(dict.fromkeys(entry.epilogue.activation for entry in REGISTRY.values()
+                               if entry.epilogue is not None and entry.epilogue.activation))
+
+
+# -- the cost model: floating-point operations per node, from static shapes only -----------------
+# Good enough to rank CUs and find the critical path of a schedule; not a performance prediction.
+
+def node_flops(node: Node) -> int:
+    entry = lookup(node.op_type, node.domain)
+    rule = entry.flops if entry is not None and entry.flops is not None else output_elements
+    return rule(node)
+
+
+def output_elements(node: Node) -> int:
+    """The default cost: one operation per output element."""
+    return sum(static_numel(v.shape) for v in node.outputs)
+
+
+def static_numel(shape) -> int:
+    if shape is None:
+        return 0
+    return math.prod(static_dim(d) for d in shape)
+
+
+def static_dim(d) -> int:
+    """A dimension's size; one not known statically (a symbol) counts as 1."""
+    return d if isinstance(d, int) else 1

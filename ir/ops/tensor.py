@@ -1,8 +1,12 @@
 """Layout ops (data movement without arithmetic) and shape computations."""
 
-from ir.ops.registry import LAYOUT, SHAPE, register
+from ir.ops.registry import ELEMENTWISE, LAYOUT, SHAPE, register, view_ops
 
-register("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Concat", "Split", "Slice",
+# Views: row-major data is unchanged by these, so the output is the input's storage.
+register("Reshape", "Flatten", "Squeeze", "Unsqueeze", kind=LAYOUT, view=True)
+# Identity is a view too, and also the simplest one-position map: elementwise for fusion.
+register("Identity", kind=ELEMENTWISE, view=True)
+register("Transpose", "Concat", "Split", "Slice",
          "GatherElements", "GatherND", "ScatterElements", "ScatterND", "Scatter", "Expand",
          "Tile", "Pad", "DepthToSpace", "SpaceToDepth", "ReverseSequence", "ConstantOfShape",
          kind=LAYOUT)
@@ -31,9 +35,9 @@ from ir.loops.expr import all_of, cast, ge, in_range, lt, maximum, minimum, sele
 from ir.ops.registry import lowering  # noqa: E402
 
 
-@lowering("loops", "Reshape", "Flatten", "Squeeze", "Unsqueeze")
+@lowering("loops", *view_ops())
 def _view(b, node):
-    """Row-major data is unchanged by these: the output is a new view of the same storage."""
+    """The output is a new view of the input's storage."""
     b.alias(node.outputs[0], b.input(node, 0))
 
 

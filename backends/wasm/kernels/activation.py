@@ -11,7 +11,10 @@ error is below 3e-7 (float32 rounding adds about 1e-6 relative): only mul, add a
 
 from __future__ import annotations
 
-EPILOGUES = (None, "relu", "gelu")
+from ir.ops.registry import epilogue_activations
+
+# No activation, or one that an op's registration asks of a kernel's epilogue ("relu", "gelu").
+EPILOGUES = (None, *epilogue_activations())
 
 # Abramowitz & Stegun 7.1.28 coefficients a6 .. a1 (Horner order).
 _ERF_COEFFS = (0.0000430638, 0.0002765672, 0.0001520143, 0.0092705272, 0.0422820123, 0.0705230784)
@@ -34,7 +37,9 @@ def v128_activation(epilogue: str | None, reg: str) -> list[str]:
         return []
     if epilogue == "relu":
         return [f"(local.set {reg} (f32x4.max {get} (v128.const f32x4 0 0 0 0)))"]
-    return _gelu(reg, lanes="f32x4")
+    if epilogue == "gelu":
+        return _gelu(reg, lanes="f32x4")
+    raise _no_spelling(epilogue)
 
 
 def f32_activation(epilogue: str | None, reg: str) -> list[str]:
@@ -44,7 +49,14 @@ def f32_activation(epilogue: str | None, reg: str) -> list[str]:
         return []
     if epilogue == "relu":
         return [f"(local.set {reg} (f32.max {get} (f32.const 0)))"]
-    return _gelu(reg, lanes="f32")
+    if epilogue == "gelu":
+        return _gelu(reg, lanes="f32")
+    raise _no_spelling(epilogue)
+
+
+def _no_spelling(epilogue: str) -> ValueError:
+    """A registered activation these kernels have no WAT for yet: fail rather than compute another."""
+    return ValueError(f"GEMM epilogue {epilogue!r} has no WebAssembly spelling")
 
 
 def _const(lanes: str, x: float) -> str:
