@@ -33,7 +33,7 @@ test-all: setup
 DEVICE ?= wasm
 JOBS   ?= 2
 conformance: setup
-	$(BIN)/python -m cortex.conformance --device $(DEVICE) --jobs $(JOBS)
+	$(BIN)/python -m bench.conformance --device $(DEVICE) --jobs $(JOBS)
 
 ## decompose + build-dag on MiniLM and synthetic 5k/10k/20k-node graphs: the Decompose section of docs/benchmarks.md.
 bench-decompose: setup

@@ -5,7 +5,7 @@ decompose -> build-dag -> compile-cuda -> `cortex.load(dag, device="cuda")`, out
 onnxruntime (CPU), then timed against onnxruntime's CUDA execution provider when onnxruntime-gpu is
 installed (`pip install onnxruntime-gpu` in place of onnxruntime), else against torch on CUDA through
 onnx2torch when both are installed, else alone (the table says which). Then the ONNX node-test
-conformance suite runs on `--device cuda` (`python -m cortex.conformance --device cuda`, which writes
+conformance suite runs on `--device cuda` (`python -m bench.conformance --device cuda`, which writes
 docs/conformance-cuda.md/.json).
 
 The figures go into their own generated section of docs/benchmarks.md (other sections stay as they
@@ -116,7 +116,7 @@ def run_models(cases, args) -> list[dict]:
 
 def run_conformance(jobs: int) -> dict:
     """The node-test suite on `--device cuda`, in its own process; its summary, or why it did not run."""
-    command = [sys.executable, "-m", "cortex.conformance", "--device", "cuda", "--jobs", str(jobs)]
+    command = [sys.executable, "-m", "bench.conformance", "--device", "cuda", "--jobs", str(jobs)]
     code = subprocess.run(command, cwd=ROOT).returncode
     report = ROOT / "docs" / "conformance-cuda.json"
     if code != 0 or not report.is_file():

@@ -5,11 +5,6 @@
     outputs = model.run({"x": x})          # dict of name -> numpy array
 """
 
+from cortex.runtime import CompiledModel, load
 
-def load(dag_path, device: str = "wasm"):
-    """A compiled model from dag.json, ready to `run({name: array}) -> {name: array}`."""
-    from cortex.runtime import load as _load
-    return _load(dag_path, device)
-
-
-__all__ = ["load"]
+__all__ = ["CompiledModel", "load"]

@@ -25,7 +25,7 @@ from cortex.pipeline import load_and_optimize
 from ir.errors import CortexError, UnsupportedError
 from ir.fs import write_bytes_atomically, write_directory_atomically
 from ir.graph import Graph
-from ir.loops.builder import describe_unsupported, unsupported_nodes
+from codegen.lower import describe_unsupported, unsupported_nodes
 
 INDEX_SCHEMA = "cortex.{target}/1"
 

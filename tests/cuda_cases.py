@@ -72,7 +72,7 @@ def run_cuda_sim(model, feeds: dict, seed: int = 0, with_source: bool = False, *
 
     from backends.cuda.runner import CuRunner
     from backends.cuda.render import render_cuda
-    from ir.loops import lower_graph
+    from codegen.lower import lower_graph
     from ir.onnx_import import import_model
     from passes import optimize_pipeline, run_pipeline
 

@@ -16,12 +16,12 @@ import numpy as np
 import onnx
 import pytest
 
-from cortex.conformance import __main__ as conformance_cli
-from cortex.conformance import pool
-from cortex.conformance.cases import case_op, describe_case, parameter_inputs
-from cortex.conformance.devices import unavailable_reason
-from cortex.conformance.run_case import CaseResult, compare_outputs, run_case
-from cortex.conformance.table import render_markdown, summarize
+from bench.conformance import __main__ as conformance_cli
+from bench.conformance import pool
+from bench.conformance.cases import case_op, describe_case, parameter_inputs
+from bench.conformance.devices import unavailable_reason
+from bench.conformance.run_case import CaseResult, compare_outputs, run_case
+from bench.conformance.table import render_markdown, summarize
 from samples.node_tests import NODE_TESTS_DIR, ensure_node_tests
 
 REPRESENTATIVE = [
@@ -193,6 +193,6 @@ def test_the_command_writes_the_table_and_its_json(tmp_path, capsys):
     assert "1 of 1 cases that onnxruntime passes pass through Cortex (100.0%)" in text
     assert "| Relu | 1 | 1 | 0 | 0 | 0 |  |" in text
     document = json.loads(output.with_suffix(".json").read_text())
-    assert document["schema"] == "cortex.conformance/1" and document["device"] == "wasm"
+    assert document["schema"] == "bench.conformance/1" and document["device"] == "wasm"
     assert {c["name"]: c["outcome"] for c in document["cases"]} == {"test_adam": "out-of-scope", "test_relu": "passed"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["conformance.json", "conformance.md"]  # no temporaries left

@@ -13,7 +13,7 @@ from onnx import numpy_helper as nh
 from backends.cuda import toolchain as cuda_compile
 from backends.cuda.toolchain import compile_cuda
 from backends.cuda.render import render_cuda
-from ir.loops import lower_graph
+from codegen.lower import lower_graph
 from ir.onnx_import import import_model
 from passes import optimize_pipeline, run_pipeline
 from wasm_cases import make_model, run_onnxruntime

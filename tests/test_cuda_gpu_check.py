@@ -69,7 +69,7 @@ def test_rewriting_the_section_keeps_the_rest_of_the_page(tmp_path):
 
 @pytest.mark.skipif(_gpu_available(), reason="this machine has a CUDA driver and a GPU")
 def test_the_conformance_suite_knows_the_cuda_device_and_says_why_it_cannot_run_here():
-    from cortex.conformance.devices import device_names, unavailable_reason
+    from bench.conformance.devices import device_names, unavailable_reason
     assert "cuda" in device_names()
     reason = unavailable_reason("cuda")
     assert reason.startswith("--device cuda:") and "\n" not in reason

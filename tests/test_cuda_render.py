@@ -11,7 +11,7 @@ from onnx import numpy_helper as nh
 
 from backends.cuda.parallelize import plan_parallel
 from backends.cuda.render import BLOCK_THREADS, render_cuda
-from ir.loops import lower_graph
+from codegen.lower import lower_graph
 from ir.onnx_import import import_model
 from passes import optimize_pipeline, run_pipeline
 from wasm_cases import make_model

@@ -275,7 +275,7 @@ def test_a_compiled_model_runs_its_few_channel_convs_as_implicit_gemms_and_match
     weight it packs as the GEMM's A."""
     from backends.wasm.intrinsics import hooks
     from backends.wasm.options import parse_options
-    from ir.loops import lower_graph
+    from codegen.lower import lower_graph
     from ir.onnx_import import import_model
     from passes import optimize_pipeline, run_pipeline
     from wasm_cases import assert_matches_onnxruntime, make_model
@@ -302,7 +302,7 @@ def test_a_compiled_model_runs_its_few_channel_convs_as_implicit_gemms_and_match
 def test_convs_sharing_one_weight_share_its_packed_panels():
     from backends.wasm.intrinsics import hooks
     from backends.wasm.options import parse_options
-    from ir.loops import lower_graph
+    from codegen.lower import lower_graph
     from ir.loops.program import WEIGHT
     from ir.onnx_import import import_model
     from passes import optimize_pipeline, run_pipeline
@@ -321,7 +321,7 @@ def test_convs_sharing_one_weight_share_its_packed_panels():
 def _compiled_kernels(model, features="simd"):
     from backends.wasm.intrinsics import hooks
     from backends.wasm.options import parse_options
-    from ir.loops import lower_graph
+    from codegen.lower import lower_graph
     from ir.onnx_import import import_model
     from passes import optimize_pipeline, run_pipeline
     graph, _ = run_pipeline(import_model(model), optimize_pipeline(require_static=True))

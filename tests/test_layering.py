@@ -65,7 +65,10 @@ def imports_of(name: str, path: Path) -> list[tuple[str, bool, int]]:
             base = node.module or ""
             if node.level:
                 base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
-            targets = [base]
+            # `from package import module` imports the module, not only the package.
+            targets = [f"{base}.{alias.name}" if (ROOT / Path(*base.split("."), alias.name)).with_suffix(".py").is_file()
+                       or (ROOT / Path(*base.split("."), alias.name, "__init__.py")).is_file() else base
+                       for alias in node.names]
         else:
             continue
         for target in targets:
@@ -100,7 +103,6 @@ def test_no_import_cycles():
     known = modules()
     for name, path in known.items():
         for target, _, _ in imports_of(name, path):
-            # `from package import module` names the package; the module is what is imported.
             graph.add_edge(name, target if target in known else target.rpartition(".")[0])
     cycles = [c for c in nx.simple_cycles(graph) if len(c) > 1 and not _package_and_its_module(c)]
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c + [c[0]]) for c in cycles[:10])

@@ -13,7 +13,8 @@ from codegen.affine import affine, stride_of
 from codegen.reductions import accumulators, reduction_step
 from ir.errors import UnsupportedError
 from ir.loops import (Assign, If, Intrinsic, Local, Loop, Store, Var, buffers_accessed, const, loads_in,
-                      lower_graph, lt, maximum, walk_stmts)
+                      lt, maximum, walk_stmts)
+from codegen.lower import lower_graph
 from ir.loops.builder import collapse_broadcast
 from ir.loops.program import Buffer, Storage
 from ir.onnx_import import import_model

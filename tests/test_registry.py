@@ -12,7 +12,7 @@ import pytest
 
 import cortex
 from backends.registry import DeviceSpec, devices, register_device, targets, unregister_device
-from cortex.conformance.devices import device_names as harness_devices
+from bench.conformance.devices import device_names as harness_devices
 from cortex.runtime import device_names
 from ir.errors import CortexError
 from testdata import assert_values_close, sample_model

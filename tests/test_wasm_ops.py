@@ -325,7 +325,7 @@ def test_gemm_kernels_absorb_bias_and_relu_epilogues():
     model = make_model(nodes, [vi("x", [2, 5, 8]), vi("img", [1, 3, 6, 6])], [out("y"), out("z")],
                        [const("w", randn(8, 16)), const("bias", randn(16)), const("k", randn(4, 3, 3, 3))])
     assert_matches_onnxruntime(model, {"x": x, "img": img}, configs=[("simd,bulk-memory", "2"), ("", "1")])
-    from ir.loops import lower_graph
+    from codegen.lower import lower_graph
     from backends.wasm.intrinsics import hooks
     from backends.wasm.options import parse_options
     from ir.onnx_import import import_model
@@ -388,7 +388,7 @@ _GELU_CONSTANTS = [const("sqrt2", np.float32(np.sqrt(2))), const("inv_sqrt2", np
 def _kernel_op_types(model):
     from backends.wasm.intrinsics import hooks
     from backends.wasm.options import parse_options
-    from ir.loops import lower_graph
+    from codegen.lower import lower_graph
     from ir.onnx_import import import_model
     from passes import optimize_pipeline, run_pipeline
     graph, _ = run_pipeline(import_model(model), optimize_pipeline(require_static=True))

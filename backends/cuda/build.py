@@ -18,7 +18,7 @@ from backends.cuda.toolchain import COMPILERS, DEFAULT_ARCHS, choose_compiler, c
 from backends.registry import BuiltCU
 from ir.errors import CortexError
 from ir.graph import Graph
-from ir.loops import lower_graph
+from codegen.lower import lower_graph
 from ir.options import option
 
 RECORD_SCHEMA = "cortex.cuda/1"

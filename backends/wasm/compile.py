@@ -16,7 +16,7 @@ from backends.wasm.memory_plan import describe_plan, plan_memory
 from backends.wasm.options import WasmOptions
 from backends.wasm.render import render_module
 from ir.graph import Graph
-from ir.loops import lower_graph
+from codegen.lower import lower_graph
 from ir.loops.program import WEIGHT
 
 # WAT files show weights inline only up to this size; bigger ones are elided (the .wasm has them).

@@ -12,6 +12,7 @@ Innermost loops the vectoriser accepts are rendered with SIMD128 (see `vectorize
 from __future__ import annotations
 
 from backends.wasm import mathlib
+from backends.wasm.intrinsics import render_intrinsic
 from backends.wasm.options import WasmOptions
 from backends.wasm.vectorize import VectorRenderer, vectorizable
 from ir.loops.expr import (FLOAT_TYPES, MATH_UNARY, Binary, Cast, Const, Expr, Fma, Load, Local, Select, Unary,
@@ -114,7 +115,6 @@ class WatRenderer:
         if isinstance(s, Loop):
             return self.loop(s, depth, indent)
         if isinstance(s, Intrinsic):
-            from backends.wasm.intrinsics import render_intrinsic
             name = f"{self._kernel_name}_{s.name}{len(self.intrinsic_funcs)}"
             self.intrinsic_funcs.append(render_intrinsic(s, name, self.options).strip())
             return f"{indent}(call ${name})"

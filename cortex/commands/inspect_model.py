@@ -13,6 +13,7 @@ from cortex.options import parse_dims, parse_input_shapes
 from cortex.pipeline import load_and_optimize
 from cortex.summary import GraphSummary, summarize_graph
 from ir.errors import CortexError
+from ir.ops import REGISTRY
 
 InputShapes = Annotated[Optional[list[str]], typer.Option("--input-shape", help="Bind an input: NAME=1x3x224x224 (repeatable).")]
 Dims = Annotated[Optional[list[str]], typer.Option("--dim", help="Bind a named dynamic dim: NAME=N (repeatable).")]
@@ -47,7 +48,6 @@ def inspect(
 
 
 def _backends() -> tuple[str, ...]:
-    from ir.ops import REGISTRY
     return tuple(sorted({b for entry in REGISTRY.values() for b in entry.lowerings}))
 
 

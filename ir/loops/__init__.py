@@ -2,9 +2,10 @@
 
 `expr` holds scalar expressions, `program` the statements and buffers, `builder` the `LoopBuilder`
 that op lowerings (registered as `@lowering("loops", ...)` next to each op in `ir/ops/`) write with.
+`codegen.lower.lower_graph` drives it; this package knows no op and imports no pass.
 """
 
-from ir.loops.builder import BACKEND, LoopBuilder, broadcast_load, lower_graph, unsupported_nodes
+from ir.loops.builder import BACKEND, LoopBuilder, broadcast_load
 from ir.loops.expr import (Binary, Cast, Const, Expr, Fma, Load, Local, Select, Unary, Var, binary, cast, const,
                            eq, fma, ge, gt, le, lift, logical_and, logical_or, lt, maximum, minimum, ne,
                            select, unary)

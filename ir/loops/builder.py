@@ -38,8 +38,14 @@ def storage_dtype(value: Value, node: Node | None = None) -> str:
 
 
 class LoopBuilder:
-    def __init__(self, graph: Graph, intrinsics: dict | None = None):
+    def __init__(self, graph: Graph, intrinsics: dict | None = None,
+                 lowering_of: Callable[[Node], Callable | None] = lambda node: None,
+                 expand: Callable[[Node, dict], Graph] | None = None):
+        """`lowering_of(node)`: the op's registered lowering (the op registry sits above this IR);
+        `expand(node, opsets)`: its ONNX function body as a static graph, for ops without one."""
         self.graph = graph
+        self._lowering_of = lowering_of
+        self._expand = expand
         # name -> the target's hooks for a ready-made kernel it offers (see `Intrinsic`)
         self.intrinsics = dict(intrinsics or {})
         self.program = Program()
@@ -239,7 +245,7 @@ class LoopBuilder:
 
     def lower_inline(self, node: Node) -> None:
         """Lower `node` into the statements being built (a kernel, a branch of an If)."""
-        fn = _lowering(node)
+        fn = self._lowering_of(node)
         if fn is not None:
             fn(self, node)
         else:
@@ -247,8 +253,9 @@ class LoopBuilder:
 
     def lower_function_body(self, node: Node) -> None:
         """An op without a lowering of its own, through its ONNX function body (see functions.py)."""
-        from ir.loops.functions import expand, wanted_outputs
-        body = expand(node, self.graph.opset_imports)
+        if self._expand is None:
+            raise UnsupportedError(f"{node.op_type} ({node.name}) has no loop-nest lowering")
+        body = self._expand(node, self.graph.opset_imports)
         outer = {v.name: v for v in node.inputs if v is not None}
         for v in body.inputs:
             self._buffers[id(v)] = self.buffer(outer[v.name])
@@ -293,36 +300,9 @@ class LoopBuilder:
         return self.program
 
 
-def lower_graph(graph: Graph, intrinsics: dict | None = None) -> Program:
-    unsupported = unsupported_nodes(graph)
-    if unsupported:
-        raise UnsupportedError(describe_unsupported(unsupported))
-    b = LoopBuilder(graph, intrinsics)
-    for node in graph.nodes:
-        b.lower(node)
-    return b.finish()
-
-
-def unsupported_nodes(graph: Graph) -> list[Node]:
-    """Nodes with neither a lowering nor an ONNX function body to expand."""
-    from ir.loops.functions import function_body
-    opset = graph.opset_imports.get("", 21)
-    return [n for n in graph.nodes
-            if _lowering(n) is None and function_body(n, graph.opset_imports.get(n.domain, opset)) is None]
-
-
-def _lowering(node: Node):
-    from ir.ops import lookup
-    entry = lookup(node.op_type, node.domain)
-    return entry.lowerings.get(BACKEND) if entry else None
-
-
-def describe_unsupported(nodes: list[Node]) -> str:
-    by_op: dict[str, list[str]] = {}
-    for n in nodes:
-        by_op.setdefault(n.op_type if not n.domain else f"{n.domain}::{n.op_type}", []).append(n.name or "?")
-    parts = [f"{op} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})" for op, names in sorted(by_op.items())]
-    return "ops without a loop-nest lowering: " + "; ".join(parts)
+def wanted_outputs(node: Node) -> list[int]:
+    """The outputs the model asked for (an omitted optional output has no type)."""
+    return [j for j, v in enumerate(node.outputs) if v.dtype]
 
 
 def broadcast_load(buf: Buffer, out_shape, idx) -> Expr:

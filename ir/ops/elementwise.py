@@ -37,8 +37,9 @@ register("RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike
 
 import math  # noqa: E402
 
+from ir.errors import UnsupportedError  # noqa: E402
 from ir.loops.expr import (Const, binary, cast, const, eq, ge, gt, le, logical_and, logical_or, lt,  # noqa: E402
-                           maximum, minimum, ne, select, unary)
+                           maximum, minimum, ne, reinterpret, select, unary)
 from ir.ops.registry import lowering  # noqa: E402
 
 
@@ -201,7 +202,6 @@ def _dropout(b, node):
     """Inference: the data passes through and the mask, if asked for, is all true."""
     training = node.inputs[2] if len(node.inputs) > 2 else None
     if training is not None and (not training.is_const or bool(training.const)):
-        from ir.errors import UnsupportedError
         raise UnsupportedError(f"{node.describe()}: Dropout in training mode (random) is not supported")
     b.alias(node.outputs[0], b.input(node, 0))
     if len(node.outputs) > 1 and node.outputs[1].name:
@@ -264,8 +264,6 @@ def _bit_shift(b, node):
 def _bit_cast(b, node):
     """Same-width integers keep their bits through a plain conversion (loads widen, stores wrap);
     floats and integers swap them with a reinterpretation."""
-    from ir.errors import UnsupportedError
-    from ir.loops.expr import reinterpret
     x, y = b.input(node, 0), b.output(node)
     if {x.dtype, y.dtype} & {"float16", "bfloat16"}:
         raise UnsupportedError(f"{node.describe()}: BitCast of 16-bit floats is not supported")

@@ -65,7 +65,8 @@ register("MaxRoiPool", "RoiAlign", "AffineGrid",
 import numpy as np  # noqa: E402
 
 from ir.errors import UnsupportedError  # noqa: E402
-from ir.loops.expr import fma  # noqa: E402
+from ir.loops.builder import broadcast_load  # noqa: E402
+from ir.loops.expr import all_of, cast, fma, in_range, maximum, minimum, select, unary  # noqa: E402
 from ir.ops.registry import epilogue_of, lowering  # noqa: E402
 from ir.ops.gelu_pattern import erf_gelu_nodes  # noqa: E402
 from ir.ops.residual_pattern import residual_operand  # noqa: E402
@@ -104,7 +105,6 @@ def _gemm(b, node):
     with b.loops((m, n)) as (i, j):
         init = 0.0
         if c is not None and beta != 0.0:
-            from ir.loops.builder import broadcast_load
             init = broadcast_load(c, (m, n), (i, j)) * beta if beta != 1.0 else broadcast_load(c, (m, n), (i, j))
         b.store(y, (i, j), init)
     with b.loop(m, "i") as i, b.loop(k, "k") as kk, b.loop(n, "j") as j:
@@ -316,7 +316,6 @@ def _conv(b, node):
 def _conv_transpose(b, node):
     """Scatter form: every input pixel adds its kernel-weighted footprint into a full-size
     accumulator (no bounds checks), which is then cropped by the padding into the output."""
-    from ir.loops.expr import all_of, in_range, maximum, minimum, select
     x, w, bias, y = b.input(node, 0), b.input(node, 1), b.input(node, 2), b.output(node)
     group = int(node.attrs.get("group", 1))
     n_batch, channels, *spatial = x.shape
@@ -386,7 +385,6 @@ def _einsum(b, node):
 @lowering("loops", "MatMulInteger", "QLinearMatMul")
 def _integer_matmul(b, node):
     """int32 products of zero-point-shifted 8-bit operands; QLinearMatMul then requantises."""
-    from ir.loops.expr import cast, maximum, minimum, unary
     qlinear = node.op_type == "QLinearMatMul"
     if qlinear:
         a, a_scale, a_zero, w, w_scale, w_zero, y_scale, y_zero = (b.input(node, i) for i in range(8))
@@ -425,7 +423,6 @@ def _integer_matmul(b, node):
 def _dynamic_quantize(b, node):
     """uint8 quantisation with the scale and zero point taken from the data's range (which always
     includes 0), as the spec computes them."""
-    from ir.loops.expr import cast, maximum, minimum, unary
     x, y, scale, zero = b.input(node, 0), b.output(node, 0), b.output(node, 1), b.output(node, 2)
     low = b.local("f32", 0.0, "low")
     high = b.local("f32", 0.0, "high")
@@ -445,7 +442,6 @@ def _dynamic_quantize(b, node):
 def _integer_conv(b, node):
     """int32 sums of zero-point-shifted 8-bit products; the padding holds the input's zero point so
     it contributes nothing. QLinearConv then adds its int32 bias and requantises."""
-    from ir.loops.expr import cast, maximum, minimum, unary
     qlinear = node.op_type == "QLinearConv"
     if qlinear:
         x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero, bias = (b.input(node, i) for i in range(9))

@@ -3,7 +3,8 @@
 import numpy as np
 
 from ir.errors import UnsupportedError
-from ir.loops.expr import eq, fma, lt, maximum, select, unary
+from ir.loops.builder import broadcast_load
+from ir.loops.expr import binary, cast, eq, fma, ge, logical_and, lt, maximum, select, unary
 from ir.ops.registry import NORMALIZATION, epilogue_of, lowering, register
 
 register("BatchNormalization", "InstanceNormalization", "LayerNormalization", "GroupNormalization",
@@ -54,7 +55,6 @@ def _lrn(b, node):
     before = (size - 1) // 2
     with b.loop(n) as i, b.loop(c) as j, b.loop(size, "w") as k:
         src = j + k - before
-        from ir.loops.expr import ge, logical_and
         with b.when(logical_and(ge(src, 0), lt(src, c))):
             with b.loop(area) as s:
                 v = xv[i, src, s]
@@ -66,7 +66,6 @@ def _lrn(b, node):
 def _power(z, exponent: float):
     """z ** exponent, with square roots for the exponents LRN uses (AlexNet and GoogLeNet: beta 0.75):
     correctly rounded sqrt and one division instead of exp(y log z), several times cheaper as f32x4."""
-    from ir.loops.expr import binary
     if exponent == -0.75:
         root = unary("sqrt", z)
         return 1.0 / (root * unary("sqrt", root))
@@ -97,11 +96,9 @@ def _softmax(b, node):
         if node.op_type == "Hardmax":
             first = b.local("i32", -1, "first")
             with b.loop(d, "d") as k:
-                from ir.loops.expr import eq, logical_and
                 hit = logical_and(eq(xv[o, k, i], top), lt(first, 0))
                 b.assign(first, select(hit, k, first))
             with b.loop(d, "d") as k:
-                from ir.loops.expr import cast, eq
                 b.store(yv, (o, k, i), cast(eq(k, first), t))
         else:
             total = b.local(t, 0.0, "sum")
@@ -133,7 +130,6 @@ def _layer_norm(b, node):
     xv, yv = x.view((outer, inner)), y.view((outer, inner))
     extra = [b.output(node, i).view((outer,)) if len(node.outputs) > i and node.outputs[i].name else None
              for i in (1, 2)]
-    from ir.loops.builder import broadcast_load
     t = x.compute_type
     with b.loop(outer, "o") as o:
         mean = b.local(t, 0.0, "mean")
@@ -202,7 +198,6 @@ def _rms_norm(b, node):
     outer, inner = _rows(x, axis)
     inner_shape = x.shape[axis:]
     xv, yv = x.view((outer, inner)), y.view((outer, inner))
-    from ir.loops.builder import broadcast_load
     t = x.compute_type
     with b.loop(outer, "o") as o:
         sq = b.local(t, 0.0, "sq")

@@ -7,7 +7,7 @@ import operator
 import numpy as np
 
 from ir.errors import UnsupportedError
-from ir.loops.expr import gt, maximum, minimum, select, unary
+from ir.loops.expr import binary, cast, gt, maximum, minimum, select, unary
 from ir.ops.reduce import extreme_value
 from ir.ops.registry import OTHER, lowering, register
 from ir.ops.windows import pad_buffer, pool_divisors, window_geometry
@@ -161,7 +161,6 @@ def _abs_pow(v, p):
         return unary("abs", v)
     if p == 2:
         return v * v
-    from ir.loops.expr import binary
     return binary("pow", unary("abs", v), float(p))
 
 
@@ -170,14 +169,12 @@ def _root(v, p):
         return v
     if p == 2:
         return unary("sqrt", v)
-    from ir.loops.expr import binary
     return binary("pow", v, 1.0 / p)
 
 
 @lowering("loops", "MaxUnpool")
 def _max_unpool(b, node):
     """Zeros, with each input value put back at the flat output position its index names."""
-    from ir.loops.expr import binary, cast
     x, indices, y = b.input(node, 0), b.input(node, 1), b.output(node)
     kernel = [int(k) for k in node.attrs["kernel_shape"]]
     rank = len(kernel)

@@ -11,7 +11,7 @@ register("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "Red
 
 import numpy as np  # noqa: E402
 
-from ir.loops.expr import cast, gt, logical_or, lt, maximum, minimum, select, unary  # noqa: E402
+from ir.loops.expr import cast, eq, gt, logical_or, lt, maximum, minimum, select, unary  # noqa: E402
 from ir.ops.registry import lowering  # noqa: E402
 
 # op -> (initial value, step(acc, x), finish(acc, count)); None as initial: the lowest/highest value.
@@ -102,7 +102,6 @@ def _arg_extreme(b, node):
             v = xv[o, k, i]
             take = better(v, best)
             if last:
-                from ir.loops.expr import eq
                 take = logical_or(take, eq(v, best))
             b.assign(where, select(take, k, where))
             b.assign(best, select(take, v, best))

@@ -15,7 +15,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ir.errors import UnsupportedError
-from ir.loops.expr import cast
+from ir.loops.expr import cast, unary
 from ir.ops.registry import OTHER, lowering, register
 
 register("Resize", "Upsample", kind=OTHER)
@@ -121,6 +121,5 @@ def _resize(b, node):
             b.assign(acc, acc + (value * weight if weight is not None else value))
         result = acc
         if y.compute_type in ("i32", "i64"):
-            from ir.loops.expr import unary
             result = unary("nearest", acc)
         b.store(y, tuple(out_idx), cast(result, y.compute_type))

@@ -31,7 +31,7 @@ register("Gather", kind=LAYOUT, weight_input=0, weight_axis=_gather_table_axis,
 import numpy as np  # noqa: E402
 
 from ir.loops.builder import broadcast_load  # noqa: E402
-from ir.loops.expr import all_of, cast, ge, in_range, lt, maximum, minimum, select  # noqa: E402
+from ir.loops.expr import all_of, binary, cast, ge, in_range, lt, maximum, minimum, select  # noqa: E402
 from ir.ops.registry import lowering  # noqa: E402
 
 
@@ -244,7 +244,6 @@ def _depth_space(b, node):
 
 
 def _div(a, d):
-    from ir.loops.expr import binary
     return binary("div", a, d)
 
 

@@ -19,9 +19,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from cortex.conformance.cases import describe_case, parameter_inputs, tolerances
-from cortex.conformance.devices import compile_for_device
+from bench.conformance.cases import describe_case, parameter_inputs, tolerances
+from bench.conformance.devices import compile_for_device
+from cortex.commands.decompose import decompose_model
+from cortex.dag import build_dag
 from cortex.options import parse_input_shapes
+from cortex.runtime import load
 from ir.errors import CortexError
 from ir.fs import write_bytes_atomically
 from samples.node_tests import load_node_test
@@ -101,10 +104,6 @@ def _retry_with_frozen_parameters(case, model: onnx.ModelProto, device: str, res
 
 
 def _run_through_cortex(case, device: str, result: CaseResult, frozen: dict | None = None) -> None:
-    from cortex.commands.decompose import decompose_model
-    from cortex.dag import build_dag
-    from cortex.runtime import load
-
     with tempfile.TemporaryDirectory(prefix="cortex-conformance-") as tmp:
         out = Path(tmp)
         stage = "decompose"

@@ -3,7 +3,7 @@ by expanding that body, so each op is written once, by ONNX, rather than again h
 
 The node becomes a one-node model whose op is a model-local function holding the schema's body
 (for context-dependent functions, the body ONNX builds for these input types); `onnx.inliner`
-inlines it, and the optimisation passes bind shapes and fold what they can. The builder then lowers
+inlines it, and the optimisation passes bind shapes and fold what they can. `codegen.lower` hands `expand` to the builder, which lowers
 the body's nodes in place of the node, reading its input buffers and writing its output buffers.
 """
 
@@ -15,7 +15,10 @@ from onnx import helper
 
 from ir.errors import UnsupportedError
 from ir.graph import Graph, Node
+from ir.loops.builder import wanted_outputs
 from ir.onnx_export import export_attribute, make_tensor
+from ir.onnx_import import import_model
+from passes import optimize_pipeline, run_pipeline
 
 _LOCAL_DOMAIN = "cortex.expanded"
 
@@ -45,17 +48,9 @@ def function_body(node: Node, opset: int) -> onnx.FunctionProto | None:
     return function
 
 
-def wanted_outputs(node: Node) -> list[int]:
-    """The outputs the model asked for (an omitted optional output has no type)."""
-    return [j for j, v in enumerate(node.outputs) if v.dtype]
-
-
 def expand(node: Node, opset_imports: dict[str, int]) -> Graph:
     """The node's function body as a static-shape graph whose inputs are the node's present inputs
     and whose outputs are its `wanted_outputs`, in order."""
-    from ir.onnx_import import import_model
-    from passes import optimize_pipeline, run_pipeline
-
     opset = opset_imports.get(node.domain, opset_imports.get("", 21))
     function = function_body(node, opset)
     if function is None:

@@ -4,5 +4,5 @@ Each case is decomposed with its real input shapes bound, turned into dag.json, 
 device, run with `cortex.load(...).run(...)` and compared with the case's reference outputs under
 the backend tests' tolerances. Cases onnxruntime itself cannot reproduce say nothing about Cortex
 and leave the denominators; training, string, sequence/optional/map and random cases are out of
-scope. `python -m cortex.conformance` writes docs/conformance.md and docs/conformance.json.
+scope. `python -m bench.conformance` writes docs/conformance.md and docs/conformance.json.
 """

@@ -19,12 +19,12 @@ from typing import Callable, Iterable
 
 import onnx
 
-from cortex.conformance.cases import case_op
-from cortex.conformance.run_case import CaseResult, run_case
+from bench.conformance.cases import case_op
+from bench.conformance.run_case import CaseResult, run_case
 from samples.node_tests import NODE_TESTS_DIR
 
 
-PRELOAD = ["cortex.conformance.run_case", "cortex.commands.decompose", "cortex.dag", "cortex.runtime",
+PRELOAD = ["bench.conformance.run_case", "cortex.commands.decompose", "cortex.dag", "cortex.runtime",
            "backends.wasm.build"]
 
 

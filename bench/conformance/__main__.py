@@ -1,4 +1,4 @@
-"""`python -m cortex.conformance [--device wasm] [--jobs 2] [--cases REGEX]`: run the node tests
+"""`python -m bench.conformance [--device wasm] [--jobs 2] [--cases REGEX]`: run the node tests
 through Cortex and write docs/conformance.md and docs/conformance.json."""
 
 from __future__ import annotations
@@ -11,16 +11,16 @@ import sys
 import time
 from pathlib import Path
 
-from cortex.conformance.devices import device_names, unavailable_reason
-from cortex.conformance.pool import run_cases
-from cortex.conformance.table import headline, summarize, write_json, write_markdown
+from bench.conformance.devices import device_names, unavailable_reason
+from bench.conformance.pool import run_cases
+from bench.conformance.table import headline, summarize, write_json, write_markdown
 from samples.node_tests import node_test_names
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cortex.conformance", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.conformance", description=__doc__)
     parser.add_argument("--device", default="wasm", choices=device_names())
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=None,
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     names = [n for n in node_test_names() if args.cases is None or re.search(args.cases, n)]
     meta = {"device": args.device, "commit": _commit(), "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "command": "make conformance" + ("" if args.device == "wasm" else f" DEVICE={args.device}")
-            if args.cases is None else "python -m cortex.conformance " + " ".join(sys.argv[1:] if argv is None else argv)}
+            if args.cases is None else "python -m bench.conformance " + " ".join(sys.argv[1:] if argv is None else argv)}
     unavailable = unavailable_reason(args.device)
     start = time.monotonic()
     if unavailable:

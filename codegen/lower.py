@@ -1,0 +1,45 @@
+"""Lowering a graph to loop nests: each node through the lowering registered next to its op
+(`ir/ops/`), or through its ONNX function body when it has none (`function_bodies`).
+
+This sits above the IR because it joins its parts: the op registry, the loop-nest builder, and the
+optimisation passes that bind a function body's shapes.
+"""
+
+from __future__ import annotations
+
+from codegen.function_bodies import expand, function_body
+from ir.errors import UnsupportedError
+from ir.graph import Graph, Node
+from ir.loops.builder import BACKEND, LoopBuilder
+from ir.loops.program import Program
+from ir.ops import lookup
+
+
+def lowering_of(node: Node):
+    entry = lookup(node.op_type, node.domain)
+    return entry.lowerings.get(BACKEND) if entry else None
+
+
+def lower_graph(graph: Graph, intrinsics: dict | None = None) -> Program:
+    unsupported = unsupported_nodes(graph)
+    if unsupported:
+        raise UnsupportedError(describe_unsupported(unsupported))
+    b = LoopBuilder(graph, intrinsics, lowering_of, expand)
+    for node in graph.nodes:
+        b.lower(node)
+    return b.finish()
+
+
+def unsupported_nodes(graph: Graph) -> list[Node]:
+    """Nodes with neither a lowering nor an ONNX function body to expand."""
+    opset = graph.opset_imports.get("", 21)
+    return [n for n in graph.nodes
+            if lowering_of(n) is None and function_body(n, graph.opset_imports.get(n.domain, opset)) is None]
+
+
+def describe_unsupported(nodes: list[Node]) -> str:
+    by_op: dict[str, list[str]] = {}
+    for n in nodes:
+        by_op.setdefault(n.op_type if not n.domain else f"{n.domain}::{n.op_type}", []).append(n.name or "?")
+    parts = [f"{op} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})" for op, names in sorted(by_op.items())]
+    return "ops without a loop-nest lowering: " + "; ".join(parts)
