@@ -2,12 +2,14 @@
 tensor is dead.
 
 Entry points
-- `plan_memory(buffers, in_place=True) -> MemoryPlan`: the core. A `Buffer` lives from the step that
-  writes it (`first_use`) to the last step that reads it (`last_use`), both inclusive; two buffers
-  live at a common step never share a byte. A buffer may name `may_alias_input`, a buffer whose
-  last read is the step that writes this one (an elementwise op's input, a reshape's source): it is
-  then placed at the same offset, in place, which the caller vouches is legal for that op.
-- `buffers_for_schedule(steps, sizes, inputs, outputs)`: lifetimes from a schedule given as
+- `plan_memory(lifetimes, in_place=True) -> MemoryPlan`: the core. A `Lifetime` is one buffer to
+  place: it lives from the step that writes it (`first_use`) to the last step that reads it
+  (`last_use`), both inclusive; two buffers live at a common step never share a byte. A lifetime may
+  name `may_alias_input`, a buffer whose last read is the step that writes this one (an elementwise
+  op's input, a reshape's source): it is then placed at the same offset, in place, which the caller
+  vouches is legal for that op. (Not to be confused with `ir.loops.program.Buffer`, a view of a
+  loop-nest storage: lifetimes name what they place by a string.)
+- `lifetimes_for_schedule(steps, sizes, inputs, outputs)`: lifetimes from a schedule given as
   (reads, writes) per step, e.g. the CU schedule of a whole model, each CU one step.
 - `plan_dag_memory(dag)`: the tensors passed between CUs of a dag.json (`cortex.dag/1`), over its
   CU order: what a runtime keeping them in one arena would need.
@@ -36,7 +38,7 @@ from passes.base import Pass
 
 
 @dataclass(frozen=True)
-class Buffer:
+class Lifetime:
     name: str
     size: int                   # bytes
     first_use: int              # step that writes it (inputs: the first step)
@@ -65,7 +67,7 @@ class MemoryPlan:
 @dataclass
 class _Group:
     """Buffers sharing one offset (an in-place chain), placed as one."""
-    members: list[Buffer]
+    members: list[Lifetime]
     size: int
     alignment: int
     first: int
@@ -76,10 +78,10 @@ class _Group:
         return self.members[0].name
 
 
-def plan_memory(buffers: Iterable[Buffer], in_place: bool = True) -> MemoryPlan:
-    buffers = list(buffers)
-    _validate(buffers)
-    groups, aliases = _merge_in_place(buffers) if in_place else ([_single(b) for b in buffers], {})
+def plan_memory(lifetimes: Iterable[Lifetime], in_place: bool = True) -> MemoryPlan:
+    lifetimes = list(lifetimes)
+    _validate(lifetimes)
+    groups, aliases = _merge_in_place(lifetimes) if in_place else ([_single(b) for b in lifetimes], {})
     best: tuple[int, str, dict[str, int]] | None = None
     for strategy, key in _ORDERS.items():
         offsets = _place(sorted(groups, key=key))
@@ -88,7 +90,7 @@ def plan_memory(buffers: Iterable[Buffer], in_place: bool = True) -> MemoryPlan:
             best = (arena, strategy, offsets)
     arena, strategy, group_offsets = best
     offsets = {b.name: group_offsets[g.name] for g in groups for b in g.members}
-    return MemoryPlan({b.name: offsets[b.name] for b in buffers}, arena, _lower_bound(groups), aliases, strategy)
+    return MemoryPlan({b.name: offsets[b.name] for b in lifetimes}, arena, _lower_bound(groups), aliases, strategy)
 
 
 _ORDERS = {
@@ -98,9 +100,9 @@ _ORDERS = {
 }
 
 
-def _validate(buffers: list[Buffer]) -> None:
+def _validate(lifetimes: list[Lifetime]) -> None:
     names = set()
-    for b in buffers:
+    for b in lifetimes:
         if b.name in names:
             raise ValueError(f"buffer {b.name!r} listed twice")
         names.add(b.name)
@@ -110,17 +112,17 @@ def _validate(buffers: list[Buffer]) -> None:
             raise ValueError(f"buffer {b.name!r}: alignment {b.alignment} is not a power of two")
 
 
-def _single(b: Buffer) -> _Group:
+def _single(b: Lifetime) -> _Group:
     return _Group([b], b.size, b.alignment, b.first_use, b.last_use)
 
 
-def _merge_in_place(buffers: list[Buffer]) -> tuple[list[_Group], dict[str, str]]:
+def _merge_in_place(lifetimes: list[Lifetime]) -> tuple[list[_Group], dict[str, str]]:
     """Chain each buffer onto the input it may overwrite, when that input dies where it is born."""
-    by_name = {b.name: b for b in buffers}
+    by_name = {b.name: b for b in lifetimes}
     group_of: dict[str, _Group] = {}
     taken: set[str] = set()      # an input's memory goes to one output only
     aliases: dict[str, str] = {}
-    for b in sorted(buffers, key=lambda b: (b.first_use, b.name)):
+    for b in sorted(lifetimes, key=lambda b: (b.first_use, b.name)):
         src = by_name.get(b.may_alias_input) if b.may_alias_input else None
         if (src is not None and src.name not in taken and src.last_use == b.first_use
                 and src.first_use < b.first_use and b.size <= src.size and src.name in group_of
@@ -176,10 +178,10 @@ def _lower_bound(groups: list[_Group]) -> int:
 
 # -- lifetimes from a schedule ------------------------------------------------------------------
 
-def buffers_for_schedule(steps: Sequence[tuple[Sequence[str], Sequence[str]]], sizes: dict[str, int],
-                         inputs: Sequence[str] = (), outputs: Sequence[str] = (), alignment: int = 16,
-                         in_place: dict[str, str] | None = None) -> list[Buffer]:
-    """Buffers for tensors read and written by `steps` (a list of (reads, writes)). Inputs are live
+def lifetimes_for_schedule(steps: Sequence[tuple[Sequence[str], Sequence[str]]], sizes: dict[str, int],
+                           inputs: Sequence[str] = (), outputs: Sequence[str] = (), alignment: int = 16,
+                           in_place: dict[str, str] | None = None) -> list[Lifetime]:
+    """Lifetimes of the tensors read and written by `steps` (a list of (reads, writes)). Inputs are live
     from step 0 (the host writes them before the run), outputs until the last step (read after it);
     a tensor written but never read still needs its step. `in_place` maps output -> input it may
     overwrite. Tensors missing from `sizes` (weights, constants) are not planned."""
@@ -199,7 +201,7 @@ def buffers_for_schedule(steps: Sequence[tuple[Sequence[str], Sequence[str]]], s
         if name in first:
             last[name] = end
     in_place = in_place or {}
-    return [Buffer(name, sizes[name], first[name], last[name], alignment, in_place.get(name)) for name in first]
+    return [Lifetime(name, sizes[name], first[name], last[name], alignment, in_place.get(name)) for name in first]
 
 
 def plan_dag_memory(dag: dict, alignment: int = 16) -> MemoryPlan:
@@ -207,9 +209,9 @@ def plan_dag_memory(dag: dict, alignment: int = 16) -> MemoryPlan:
     cus = {cu["id"]: cu for cu in dag["cus"]}
     steps = [(cus[cu_id]["inputs"], cus[cu_id]["outputs"]) for cu_id in dag["order"]]
     sizes = {name: int(t["bytes"]) for name, t in dag["tensors"].items()}
-    buffers = buffers_for_schedule(steps, sizes, [t["name"] for t in dag["inputs"]],
-                                   [t["name"] for t in dag["outputs"]], alignment)
-    return plan_memory(buffers, in_place=False)  # a CU may read its inputs after writing an output
+    lifetimes = lifetimes_for_schedule(steps, sizes, [t["name"] for t in dag["inputs"]],
+                                       [t["name"] for t in dag["outputs"]], alignment)
+    return plan_memory(lifetimes, in_place=False)  # a CU may read its inputs after writing an output
 
 
 # -- graphs ---------------------------------------------------------------------------------------
@@ -223,9 +225,9 @@ def plan_graph_memory(graph: Graph, alignment: int = 16, in_place: bool = True,
     sizes = {v.name: _nbytes(v) for v in planned}
     steps = [([v.name for v in _reads(node)], [v.name for v in node.outputs]) for node in graph.nodes]
     aliases = _in_place_candidates(graph, io) if in_place else {}
-    buffers = buffers_for_schedule(steps, sizes, [v.name for v in graph.inputs if v.name in sizes],
-                                   [v.name for v in graph.outputs if v.name in sizes], alignment, aliases)
-    return plan_memory(buffers, in_place=in_place)
+    lifetimes = lifetimes_for_schedule(steps, sizes, [v.name for v in graph.inputs if v.name in sizes],
+                                       [v.name for v in graph.outputs if v.name in sizes], alignment, aliases)
+    return plan_memory(lifetimes, in_place=in_place)
 
 
 def _reads(node) -> list[Value]:

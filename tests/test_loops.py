@@ -8,6 +8,7 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper
 
+from backends.wasm.memory_plan import describe_plan, place_storages
 from backends.wasm.vectorize import vectorizable
 from codegen.affine import affine, stride_of
 from codegen.reductions import accumulators, reduction_step
@@ -145,11 +146,10 @@ def test_unsupported_ops_are_named_with_their_nodes():
 
 def test_temporaries_share_memory_once_dead():
     """A chain of elementwise ops needs two live temporaries at a time, not one per op."""
-    from backends.wasm.memory_plan import describe_plan, plan_memory
     nodes = [helper.make_node("Neg", [f"t{i}"], [f"t{i + 1}"]) for i in range(6)]
     program = lowered(nodes, [helper.make_tensor_value_info("t0", T.FLOAT, [256])],
                       [helper.make_tensor_value_info("t6", T.FLOAT, [256])])
-    memory, arena = plan_memory(program)
+    memory, arena = place_storages(program)
     plan = describe_plan(program, memory, arena)
     assert plan["temp_bytes"] == 5 * 1024 and arena == 2 * 1024
     temps = [s for s in program.storages if s.kind == "temp"]

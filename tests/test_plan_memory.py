@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 from ir.errors import CortexError
 from ir.onnx_import import load_model
 from passes import InferShapes, optimize_pipeline, run_pipeline
-from passes.plan_memory import (Buffer, PlanMemory, buffers_for_schedule, plan_dag_memory, plan_graph_memory,
+from passes.plan_memory import (Lifetime, PlanMemory, lifetimes_for_schedule, plan_dag_memory, plan_graph_memory,
                                 plan_memory)
 from tests.testdata import LIGHT_MODEL_NAMES, light_model
 
@@ -31,17 +31,17 @@ def buffer_lists(draw):
         alias = None
         if buffers and draw(st.booleans()):
             alias = draw(st.sampled_from(buffers)).name  # often illegal: the planner must check
-        buffers.append(Buffer(f"t{i}", draw(st.integers(0, 5000)), first, last,
+        buffers.append(Lifetime(f"t{i}", draw(st.integers(0, 5000)), first, last,
                               draw(st.sampled_from([1, 4, 16, 64])), alias))
     return buffers
 
 
-def _overlaps(a: Buffer, b: Buffer, plan) -> bool:
+def _overlaps(a: Lifetime, b: Lifetime, plan) -> bool:
     oa, ob = plan.offsets[a.name], plan.offsets[b.name]
     return a.size > 0 and b.size > 0 and oa < ob + b.size and ob < oa + a.size
 
 
-def _handover(a: Buffer, b: Buffer, plan) -> bool:
+def _handover(a: Lifetime, b: Lifetime, plan) -> bool:
     """b writes over a in place, at the step where a dies and b is born."""
     return plan.aliases.get(b.name) == a.name and a.last_use == b.first_use
 
@@ -79,23 +79,23 @@ def test_without_in_place_the_lower_bound_is_the_peak_of_live_bytes(buffers):
 
 
 def test_a_buffer_reuses_the_memory_of_one_that_died():
-    plan = plan_memory([Buffer("a", 1024, 0, 1), Buffer("b", 1024, 1, 2), Buffer("c", 1024, 2, 3)])
+    plan = plan_memory([Lifetime("a", 1024, 0, 1), Lifetime("b", 1024, 1, 2), Lifetime("c", 1024, 2, 3)])
     assert plan.offsets["a"] == plan.offsets["c"] and plan.arena_bytes == 2048 == plan.lower_bound
 
 
 def test_in_place_only_when_the_input_dies_where_the_output_is_born():
-    legal = plan_memory([Buffer("x", 64, 0, 1), Buffer("y", 64, 1, 2, may_alias_input="x")])
+    legal = plan_memory([Lifetime("x", 64, 0, 1), Lifetime("y", 64, 1, 2, may_alias_input="x")])
     assert legal.aliases == {"y": "x"} and legal.offsets["x"] == legal.offsets["y"] and legal.arena_bytes == 64
-    still_read_later = plan_memory([Buffer("x", 64, 0, 2), Buffer("y", 64, 1, 2, may_alias_input="x")])
+    still_read_later = plan_memory([Lifetime("x", 64, 0, 2), Lifetime("y", 64, 1, 2, may_alias_input="x")])
     assert not still_read_later.aliases and still_read_later.arena_bytes == 128
-    larger_output = plan_memory([Buffer("x", 64, 0, 1), Buffer("y", 128, 1, 2, may_alias_input="x")])
+    larger_output = plan_memory([Lifetime("x", 64, 0, 1), Lifetime("y", 128, 1, 2, may_alias_input="x")])
     assert not larger_output.aliases
 
 
 def test_schedule_lifetimes_keep_inputs_from_the_start_and_outputs_to_the_end():
     steps = [(["in"], ["a"]), (["a"], ["b"]), (["b"], ["out"]), (["out"], ["tail"])]
     sizes = {"in": 4, "a": 4, "b": 4, "out": 4, "tail": 4}
-    by_name = {b.name: b for b in buffers_for_schedule(steps, sizes, ["in"], ["out", "tail"])}
+    by_name = {b.name: b for b in lifetimes_for_schedule(steps, sizes, ["in"], ["out", "tail"])}
     assert (by_name["in"].first_use, by_name["in"].last_use) == (0, 0)
     assert (by_name["a"].first_use, by_name["a"].last_use) == (0, 1)
     assert (by_name["out"].first_use, by_name["out"].last_use) == (2, 3)

@@ -9,6 +9,11 @@ a nest sees everything the nests before it wrote.
 All kernels of a CU share one parameter layout: one pointer per CU input and output, then the
 weights (one blob uploaded once, `cu-NNNN.weights`) and the scratch space for temporaries. The same
 source runs on a GPU and, unchanged, under cuda-sim.
+
+Temporaries share the scratch space by lifetime (`codegen.memory_plan`), measured in launches: a
+temporary lives from the first launch that touches it to the last, so everything one launch
+touches, whichever of its fused kernels touches it, is alive at once and gets bytes of its own
+(its threads run together), while a temporary dead before a later launch starts lends it its bytes.
 """
 
 from __future__ import annotations
@@ -21,14 +26,17 @@ from backends.cuda.parallelize import ParallelNest, plan_parallel
 from backends.cuda.spelling import C_COMPUTE, C_STORAGE, PRELUDE, binary, cast, combine, identity, number, unary
 from backends.cuda.tiled import TILE, TiledContraction, plan_tiled
 from backends.cuda.warp_rows import StridedLoop, plan_warp_rows
+from codegen.memory_plan import place_temporaries
 from ir.errors import UnsupportedError
 from ir.loops.expr import (FLOAT_TYPES, Binary, Cast, Const, Expr, Fma, Load, Local, Select, Unary, Var, walk)
 from ir.loops.program import (INPUT, OUTPUT, TEMP, WEIGHT, Assign, If, Kernel, Loop, Program, Stmt, Store,
                               buffers_accessed, walk_stmts)
 
 BLOCK_THREADS = 256
-ALIGN = 256   # cudaMalloc's alignment; keeps every tensor aligned for vector loads
-
+# cudaMalloc's alignment, for weights and each temporary in the scratch space alike: a tensor starts
+# where its own allocation would, aligned for any vector load and on a 128-byte line, so sharing the
+# scratch space never makes a kernel's accesses less coalesced than separate buffers would.
+ALIGN = 256
 
 
 @dataclass
@@ -104,12 +112,17 @@ class CudaRenderer:
                 self.address[id(storage)] = f"(weights + {len(self.weight_blob)})"
                 data = storage.data or b""
                 self.weight_blob += data + b"\0" * (_align(len(data)) - len(data))
-            elif storage.kind == TEMP:
-                self.address[id(storage)] = f"(scratch + {self.scratch})"
-                self.scratch += _align(storage.nbytes)
-            else:
+            elif storage.kind != TEMP:       # temporaries are placed once the launches are known
                 raise UnsupportedError(f"tensor {storage.name!r} ({storage.kind}) is not bound to a CU input or output")
         self.params.append(Param("weights", "weights", bytes=len(self.weight_blob)))
+
+    def place_scratch(self, launches: list[Unit]) -> None:
+        """Temporaries in the scratch space, one lifetime step per launch (a fused unit is one)."""
+        steps = [[s for part in unit.parts for s in part.stmts] for unit in launches]
+        plan = place_temporaries(self.program, ALIGN, steps)
+        for storage, offset in plan.offsets.items():
+            self.address[id(storage)] = f"(scratch + {offset})"
+        self.scratch = plan.arena_bytes
         self.params.append(Param("scratch", "scratch", bytes=self.scratch))
 
     # -- module --------------------------------------------------------------------------------
@@ -118,7 +131,9 @@ class CudaRenderer:
         units = []
         for index, kernel in enumerate(self.program.kernels):
             units += self.units(index, kernel)
-        functions = [self.emit(unit) for unit in fuse_elementwise(units, epilogues=self.epilogues)]
+        launches = fuse_elementwise(units, epilogues=self.epilogues)
+        self.place_scratch(launches)
+        functions = [self.emit(unit) for unit in launches]
         return CudaSource(PRELUDE + "\n" + "\n".join(functions), self.launches, self.params,
                           bytes(self.weight_blob), self.scratch)
 

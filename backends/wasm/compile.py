@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from backends.wasm.assemble import assemble
 from backends.wasm.intrinsics import hooks as intrinsic_hooks
-from backends.wasm.memory_plan import describe_plan, plan_memory
+from backends.wasm.memory_plan import describe_plan, place_storages
 from backends.wasm.options import WasmOptions
 from backends.wasm.render import render_module
 from ir.graph import Graph
@@ -36,7 +36,7 @@ class WasmArtifact:
 
 def compile_graph(graph: Graph, options: WasmOptions) -> WasmArtifact:
     program = lower_graph(graph, intrinsic_hooks(options))
-    memory_bytes, arena_bytes = plan_memory(program)
+    memory_bytes, arena_bytes = place_storages(program)
     wat = render_module(program, options, memory_bytes)
     wasm = assemble(wat, program, options)
     return WasmArtifact(wasm, _with_inline_weights(wat, program), describe_plan(program, memory_bytes, arena_bytes))
