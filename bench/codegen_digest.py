@@ -57,8 +57,9 @@ def digest_model(path: Path, bindings: list[str], work: Path) -> dict[str, str]:
 
 
 def compare(a: dict, b: dict) -> list[str]:
+    """The files that differ, for the models both runs digested."""
     differences = []
-    for model in sorted(set(a) | set(b)):
+    for model in sorted(set(a) & set(b)):
         fa, fb = a.get(model, {}), b.get(model, {})
         for name in sorted(set(fa) | set(fb)):
             if fa.get(name) != fb.get(name):
@@ -75,7 +76,8 @@ def main() -> None:
     if args.compare:
         a, b = (json.loads(p.read_text()) for p in args.compare)
         differences = compare(a, b)
-        print("\n".join(differences) or f"identical: {sum(len(v) for v in a.values())} files")
+        common = sorted(set(a) & set(b))
+        print("\n".join(differences) or f"identical: {sum(len(a[m]) for m in common)} files of {len(common)} models")
         sys.exit(1 if differences else 0)
     chosen = models()
     if args.models:

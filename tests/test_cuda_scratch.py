@@ -15,7 +15,7 @@ from onnx import numpy_helper as nh
 from backends.cuda.render import ALIGN, render_cuda
 from codegen.memory_plan import aligned_size, place_temporaries
 from cuda_cases import run_cuda_sim
-from ir.loops import lower_graph
+from codegen.lower import lower_graph
 from ir.onnx_import import import_model
 from passes import optimize_pipeline, run_pipeline
 from wasm_cases import make_model, run_onnxruntime
