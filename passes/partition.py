@@ -395,10 +395,9 @@ class _Partitioner:
         return Partition(cus)
 
 
-def partition_graph(graph: Graph, min_cu_size: int = 256, max_cu_size: int | None = 1_000_000,
-                    max_cu_depth: int = 3) -> Partition:
-    """Assign every node to exactly one CU (see the module doc for how)."""
-    check_limits(min_cu_size, max_cu_size, max_cu_depth)
+def partition_graph(graph: Graph, min_cu_size: int, max_cu_size: int | None, max_cu_depth: int) -> Partition:
+    """Assign every node to exactly one CU (see the module doc for how). The limits are the
+    fields of a `PartitionIntoCUs`, which checked them."""
     graph.topologically_sort()
     partitioner = _Partitioner(_build_atoms(graph), min_cu_size, max_cu_size, max_cu_depth)
     partitioner.grow()

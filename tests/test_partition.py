@@ -187,7 +187,7 @@ def test_bad_limits_are_user_errors(limits, message):
 
 
 def test_partition_of_an_empty_graph_has_no_cus():
-    assert partition_graph(Graph()).cus == []
+    assert partition_graph(Graph(), 256, 1_000_000, 3).cus == []
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])

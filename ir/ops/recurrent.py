@@ -6,6 +6,8 @@ length when `sequence_lens` is given). Steps past a sequence's length leave its 
 and write zeros to Y, as the spec says.
 """
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ir.errors import UnsupportedError
@@ -114,7 +116,8 @@ def _recurrent(b, node):
             # 2. state update
             cond_ctx = b.when(active) if active is not None else _nothing()
             with cond_ctx:
-                _update(b, op, pre, state, cell, peep, acts, n, d, hidden, clip, linear_before_reset, r, bias, gates)
+                _update(b, _Layer(op, hidden, gates, clip, linear_before_reset, r, bias, peep), acts,
+                        (pre, state, cell), n, d)
             y = outputs[0]
             if y is not None:
                 with b.loop(hidden, "j") as j:
@@ -126,7 +129,26 @@ def _recurrent(b, node):
                     b.store(outputs[i], state_index(d, n, j), buf[(n, j)])
 
 
-def _update(b, op, pre, state, cell, peep, acts, n, d, hidden, clip, linear_before_reset, r, bias, gates):
+@dataclass(frozen=True)
+class _Layer:
+    """What one recurrent layer's state update reads besides the step's buffers."""
+    op: str
+    hidden: int
+    gates: int
+    clip: float | None
+    linear_before_reset: bool
+    r: object              # the recurrence weights (buffer)
+    bias: object | None
+    peep: object | None
+
+
+def _update(b, layer: _Layer, acts, buffers, n, d):
+    """The state update of one batch row `n` in direction `d`; `buffers` = (gate pre-activations,
+    hidden state, cell state or None)."""
+    pre, state, cell = buffers
+    op, hidden, gates, clip = layer.op, layer.hidden, layer.gates, layer.clip
+    linear_before_reset, r, bias, peep = layer.linear_before_reset, layer.r, layer.bias, layer.peep
+
     def clipped(v):
         return minimum(maximum(v, -float(clip)), float(clip)) if clip is not None else v
     if op == "RNN":
