@@ -11,6 +11,7 @@ from codegen.function_bodies import expand, function_body
 from ir.errors import UnsupportedError
 from ir.graph import Graph, Node
 from ir.loops.builder import BACKEND, LoopBuilder
+from ir.loops.contraction import ContractionKernels
 from ir.loops.program import Program
 from ir.ops import lookup
 
@@ -20,11 +21,12 @@ def lowering_of(node: Node):
     return entry.lowerings.get(BACKEND) if entry else None
 
 
-def lower_graph(graph: Graph, intrinsics: dict | None = None) -> Program:
+def lower_graph(graph: Graph, kernels: ContractionKernels | None = None) -> Program:
+    """`kernels`: the target's ready-made contraction kernels (`ir/loops/contraction.py`), if any."""
     unsupported = unsupported_nodes(graph)
     if unsupported:
         raise UnsupportedError(describe_unsupported(unsupported))
-    b = LoopBuilder(graph, intrinsics, lowering_of, expand)
+    b = LoopBuilder(graph, kernels, lowering_of, expand)
     for node in graph.nodes:
         b.lower(node)
     return b.finish()

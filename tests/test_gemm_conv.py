@@ -10,6 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from backends.wasm.gemm import SCALAR, SIMD, SIMD_FMA
+from backends.wasm.intrinsics import conv_kernel_spec
 from backends.wasm.kernels.conv import (Conv2dSpec, conv_scratch_bytes, pack_conv_weight, render_conv2d,
                                         weight_packs_as_a)
 from backends.wasm.kernels.conv_implicit_gemm import implicit_gemm_is_faster
@@ -273,7 +274,7 @@ def test_a_compiled_model_runs_its_few_channel_convs_as_implicit_gemms_and_match
     """Through the compiler: the lowering packs the weight at compile time for the Convs the rule
     picks (3x3 32 -> 24 and 1x1 24 -> 16, stride 1) and keeps im2col for the strided one, whose
     weight it packs as the GEMM's A."""
-    from backends.wasm.intrinsics import hooks
+    from backends.wasm.intrinsics import kernels as target_kernels
     from backends.wasm.options import parse_options
     from codegen.lower import lower_graph
     from ir.onnx_import import import_model
@@ -293,14 +294,15 @@ def test_a_compiled_model_runs_its_few_channel_convs_as_implicit_gemms_and_match
     assert_matches_onnxruntime(model, {"x": x}, configs=[("simd,bulk-memory", "2"), ("simd,bulk-memory,relaxed-simd", "3"),
                                                          ("", "2")], rtol=1e-4, atol=1e-3)
     graph, _ = run_pipeline(import_model(model), optimize_pipeline(require_static=True))
-    program = lower_graph(graph, hooks(parse_options(None, "simd", "2")))
-    convs = [s.params for k in program.kernels for s in k.body if getattr(s, "name", None) == "conv2d"]
-    assert [p.get("implicit_gemm", False) for p in convs] == [True, True, False]
-    assert [p.get("packed_a", False) for p in convs] == [False, False, True]  # 8 channels: two row tiles
+    program = lower_graph(graph, target_kernels(parse_options(None, "simd", "2")))
+    convs = [conv_kernel_spec(s.spec, frozenset({"simd"})) for k in program.kernels for s in k.body
+             if getattr(s, "name", None) == "conv2d"]
+    assert [c.implicit_gemm for c in convs] == [True, True, False]
+    assert [c.packed_a for c in convs] == [False, False, True]  # 8 channels: two row tiles
 
 
 def test_convs_sharing_one_weight_share_its_packed_panels():
-    from backends.wasm.intrinsics import hooks
+    from backends.wasm.intrinsics import kernels as target_kernels
     from backends.wasm.options import parse_options
     from codegen.lower import lower_graph
     from ir.loops.program import WEIGHT
@@ -314,18 +316,18 @@ def test_convs_sharing_one_weight_share_its_packed_panels():
     model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])],
                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
     graph, _ = run_pipeline(import_model(model), optimize_pipeline(require_static=True))
-    program = lower_graph(graph, hooks(parse_options(None, "simd", "2")))
+    program = lower_graph(graph, target_kernels(parse_options(None, "simd", "2")))
     assert [s.nbytes for s in program.storages if s.kind == WEIGHT] == [16 * 16 * 9 * 4]
 
 
 def _compiled_kernels(model, features="simd"):
-    from backends.wasm.intrinsics import hooks
+    from backends.wasm.intrinsics import kernels as target_kernels
     from backends.wasm.options import parse_options
     from codegen.lower import lower_graph
     from ir.onnx_import import import_model
     from passes import optimize_pipeline, run_pipeline
     graph, _ = run_pipeline(import_model(model), optimize_pipeline(require_static=True))
-    return [k for k in lower_graph(graph, hooks(parse_options(None, features, "2"))).kernels if k.body]
+    return [k for k in lower_graph(graph, target_kernels(parse_options(None, features, "2"))).kernels if k.body]
 
 
 @pytest.mark.parametrize("residual_first", [False, True], ids=["conv+residual", "residual+conv"])
@@ -351,7 +353,8 @@ def test_a_residual_add_and_relu_after_a_conv_run_in_the_conv_kernel(out_channel
     kernels = _compiled_kernels(model)
     assert [k.op_type for k in kernels] == ["Conv"]
     (conv,) = [s for s in kernels[0].body if getattr(s, "name", None) == "conv2d"]
-    assert conv.operands["residual"] is not None and conv.params.get("implicit_gemm", False) == (out_channels == 24)
+    assert conv.operands.residual is not None and conv.spec.epilogue.residual
+    assert conv_kernel_spec(conv.spec, frozenset({"simd"})).implicit_gemm == (out_channels == 24)
 
 
 def test_a_conv_add_with_a_broadcast_operand_is_not_a_residual():

@@ -62,10 +62,13 @@ register("MaxRoiPool", "RoiAlign", "AffineGrid",
 
 # -- lowerings to loop nests ---------------------------------------------------------------------
 
+from dataclasses import replace  # noqa: E402
+
 import numpy as np  # noqa: E402
 
 from ir.errors import UnsupportedError  # noqa: E402
 from ir.loops.builder import broadcast_load  # noqa: E402
+from ir.loops.contraction import ContractionOperands, ConvSpec, Epilogue, GemmSpec  # noqa: E402
 from ir.loops.expr import all_of, cast, fma, in_range, maximum, minimum, select, unary  # noqa: E402
 from ir.ops.registry import epilogue_of, lowering  # noqa: E402
 from ir.ops.gelu_pattern import erf_gelu_nodes  # noqa: E402
@@ -177,43 +180,54 @@ def _residual(b, anchor, add, value):
     return other
 
 
+def _static(*values) -> bool:
+    return all(v is None or v.is_static for v in values)
+
+
+def _ints(shape) -> tuple[int, ...]:
+    return tuple(int(d) for d in shape)
+
+
+def _with_epilogue(spec, bias, residual, activation):
+    return replace(spec, epilogue=Epilogue(bias is not None, residual is not None, activation))
+
+
 def _matmul_as_gemm(b, node) -> bool:
-    if not b.has_intrinsic("gemm") or not _f32(*node.inputs, node.outputs[0]):
-        return False
     av, wv = node.inputs[0], node.inputs[1]
+    if not _f32(*node.inputs, node.outputs[0]) or not _static(av, wv):
+        return False
     if wv.is_const and len(wv.shape) == 2:
-        k, n = wv.shape
-        m = int(np.prod(av.shape[:-1], dtype=np.int64))
-        packed = b.constant(b.intrinsics["gemm"].pack_weight(np.asarray(wv.const), False), wv.name + "_packed")
-        y, bias, residual, epilogue = _fused_epilogue(b, node, bias_width=n)
-        b.call_intrinsic("gemm", {"a": b.buffer(av), "b": packed, "c": y, "bias": bias, "residual": residual,
-                                  "a_scratch": _a_scratch(b, m, k, av.name)}, m=m, n=n, k=k, epilogue=epilogue)
+        k, n = _ints(wv.shape)
+        spec = GemmSpec(int(np.prod(av.shape[:-1], dtype=np.int64)), n, k)
+        if not b.offers(spec):
+            return False
+        packed = b.contraction_weight(spec, wv)
+        y, bias, residual, activation = _fused_epilogue(b, node, bias_width=n)
+        b.call_contraction(_with_epilogue(spec, bias, residual, activation),
+                           ContractionOperands(b.buffer(av), packed, y, bias, residual), av.name, wv.name)
         return True
-    y = b.output(node)
     if len(av.shape) == len(wv.shape) >= 2 and list(av.shape[:-2]) == list(wv.shape[:-2]) and not av.is_const:
-        (m, k), n = av.shape[-2:], wv.shape[-1]
-        batch = int(np.prod(av.shape[:-2], dtype=np.int64))
-        scratch = b.temp("float32", (b.intrinsics["gemm"].packed_elements(k, n) * batch,), wv.name + "_panels")
-        b.call_intrinsic("gemm", {"a": b.buffer(av), "b": b.buffer(wv), "b_scratch": scratch, "c": y,
-                                  "a_scratch": _a_scratch(b, m, k, av.name)}, m=m, n=n, k=k, batch=batch)
+        (m, k), n = _ints(av.shape[-2:]), int(wv.shape[-1])
+        spec = GemmSpec(m, n, k, batch=int(np.prod(av.shape[:-2], dtype=np.int64)), constant_b=False)
+        if not b.offers(spec):
+            return False
+        b.call_contraction(spec, ContractionOperands(b.buffer(av), b.contraction_weight(spec, wv), b.output(node)),
+                           av.name, wv.name)
         return True
     return False
 
 
-def _a_scratch(b, m: int, k: int, name: str):
-    """Where the GEMM kernel packs blocks of A, when it has a use for one."""
-    elements = b.intrinsics["gemm"].a_scratch_elements(m, k)
-    return b.temp("float32", (elements,), name + "_apack") if elements else None
-
-
 def _gemm_as_gemm(b, node) -> bool:
-    wv, cv = node.inputs[1], node.inputs[2] if len(node.inputs) > 2 else None
-    if not b.has_intrinsic("gemm") or not _f32(*node.inputs, node.outputs[0]) or not wv.is_const:
+    av, wv, cv = node.inputs[0], node.inputs[1], node.inputs[2] if len(node.inputs) > 2 else None
+    if not _f32(*node.inputs, node.outputs[0]) or not wv.is_const or not _static(node.outputs[0], wv):
         return False
     alpha, beta = float(node.attrs.get("alpha", 1.0)), float(node.attrs.get("beta", 1.0))
     trans_a, trans_b = bool(node.attrs.get("transA", 0)), bool(node.attrs.get("transB", 0))
+    (m, n), (rows, columns) = _ints(node.outputs[0].shape), _ints(wv.shape)
+    spec = GemmSpec(m, n, columns if trans_b else rows, trans_a=trans_a, trans_b=trans_b)
+    if not b.offers(spec):
+        return False
     y = b.output(node)
-    m, n = y.shape
     bias = None
     if cv is not None and beta != 0.0:
         if not cv.is_const or int(np.asarray(cv.const).size) not in (1, n) or (len(cv.shape) == 2 and cv.shape[0] != 1):
@@ -221,43 +235,32 @@ def _gemm_as_gemm(b, node) -> bool:
         bias = b.constant((np.broadcast_to(np.asarray(cv.const, dtype=np.float64).reshape(-1), (n,)) * beta)
                           .astype(np.float32), cv.name + "_bias")
     weights = np.asarray(wv.const, dtype=np.float32) * np.float32(alpha) if alpha != 1.0 else np.asarray(wv.const)
-    packed = b.constant(b.intrinsics["gemm"].pack_weight(weights, trans_b), wv.name + "_packed")
-    k = wv.shape[1] if trans_b else wv.shape[0]
-    y, _, residual, epilogue = _fused_epilogue(b, node)
-    b.call_intrinsic("gemm", {"a": b.input(node, 0), "b": packed, "c": y, "bias": bias, "residual": residual,
-                              "a_scratch": _a_scratch(b, m, k, node.inputs[0].name)},
-                     m=m, n=n, k=k, trans_a=trans_a, epilogue=epilogue)
+    packed = b.contraction_weight(spec, wv, weights)
+    y, _, residual, activation = _fused_epilogue(b, node)
+    b.call_contraction(_with_epilogue(spec, bias, residual, activation),
+                       ContractionOperands(b.input(node, 0), packed, y, bias, residual), av.name, wv.name)
     return True
 
 
 def _conv_as_intrinsic(b, node) -> bool:
-    wv = node.inputs[1]
-    if not b.has_intrinsic("conv2d") or not _f32(*node.inputs, node.outputs[0]) or len(wv.shape) != 4:
+    xv, wv, yv = node.inputs[0], node.inputs[1], node.outputs[0]
+    if not _f32(*node.inputs, yv) or len(wv.shape) != 4 or not _static(xv, wv, yv):
+        return False
+    (batch, channels, height, width), (out_channels, _, *kernel) = _ints(xv.shape), _ints(wv.shape)
+    geo = window_geometry(node, (height, width), kernel, _ints(yv.shape)[2:])
+    spec = ConvSpec(batch=batch, in_channels=channels, height=height, width=width,
+                    out_channels=out_channels, kernel=tuple(kernel), strides=tuple(geo.strides),
+                    pads=(geo.pads_begin[0], geo.pads_begin[1], geo.pads_end[0], geo.pads_end[1]),
+                    dilations=tuple(geo.dilations), groups=int(node.attrs.get("group", 1)),
+                    constant_weight=wv.is_const)
+    if not b.offers(spec):
         return False
     x = b.input(node, 0)
-    y, _, residual, epilogue = _fused_epilogue(b, node)
-    geo = window_geometry(node, x.shape[2:], wv.shape[2:], y.shape[2:])
-    params = dict(batch=x.shape[0], in_channels=x.shape[1], height=x.shape[2], width=x.shape[3],
-                  out_channels=wv.shape[0], kernel=tuple(wv.shape[2:]), strides=tuple(geo.strides),
-                  pads=(geo.pads_begin[0], geo.pads_begin[1], geo.pads_end[0], geo.pads_end[1]),
-                  dilations=tuple(geo.dilations), groups=int(node.attrs.get("group", 1)))
-    hooks = b.intrinsics["conv2d"]
-    if wv.is_const and hooks.prefers_implicit_gemm(params):  # the weight is packed here, at compile time
-        params["implicit_gemm"] = True
-    elif wv.is_const and hooks.packs_weight_as_a(params):   # im2col: the weight as the GEMM's packed A
-        params["packed_a"] = True
-    if params.get("implicit_gemm") or params.get("packed_a"):
-        layout = "implicit_gemm" if params.get("implicit_gemm") else "packed_a"
-        suffix = "_panels" if layout == "implicit_gemm" else "_packed_a"
-        # Convs sharing one weight (and layout) share its packing
-        w = b.shared_constant((id(wv), layout), lambda: hooks.pack_weight(params, np.asarray(wv.const)),
-                              wv.name + suffix)
-    else:
-        w = b.input(node, 1)
-    scratch = b.temp("float32", (hooks.scratch_elements(params),), x.name + "_im2col")
-    b.call_intrinsic("conv2d", {"x": x, "w": w, "y": y, "bias": b.input(node, 2), "residual": residual,
-                                "scratch": scratch},
-                     epilogue=epilogue, **params)
+    y, _, residual, activation = _fused_epilogue(b, node)
+    has_bias = len(node.inputs) > 2 and node.inputs[2] is not None
+    spec = replace(spec, epilogue=Epilogue(has_bias, residual is not None, activation))
+    w = b.contraction_weight(spec, wv)
+    b.call_contraction(spec, ContractionOperands(x, w, y, b.input(node, 2), residual), x.name, wv.name)
     return True
 
 
