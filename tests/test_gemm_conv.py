@@ -14,6 +14,7 @@ from backends.wasm.intrinsics import conv_kernel_spec
 from backends.wasm.kernels.conv import (Conv2dSpec, conv_scratch_bytes, pack_conv_weight, render_conv2d,
                                         weight_packs_as_a)
 from backends.wasm.kernels.conv_implicit_gemm import implicit_gemm_is_faster
+from backends.wasm.kernels.operands import ConvOffsets
 from backends.wasm.kernels.standalone import instantiate, read, write
 
 
@@ -39,10 +40,10 @@ def run_conv(spec: Conv2dSpec, x, w, bias, residual, epilogue, features):
                       ("y", int(np.prod(y_shape)) * 4), ("r", int(np.prod(y_shape)) * 4),
                       ("scratch", conv_scratch_bytes(spec))):
         layout[key], end = end, end + size + 16
-    funcs = render_conv2d(spec, x_offset=layout["x"], w_offset=layout["w"], y_offset=layout["y"],
-                          scratch_offset=layout["scratch"], bias_offset=layout["b"] if bias is not None else None,
-                          residual_offset=layout["r"] if residual is not None else None, epilogue=epilogue,
-                          features=features)
+    at = ConvOffsets(layout["x"], layout["w"], layout["y"], layout["scratch"],
+                     bias=layout["b"] if bias is not None else None,
+                     residual=layout["r"] if residual is not None else None)
+    funcs = render_conv2d(spec, at, epilogue=epilogue, features=features)
     store, inst = instantiate(funcs, end, features)
     write(store, inst, layout["x"], x)
     write(store, inst, layout["w"], w)
@@ -120,7 +121,7 @@ def test_conv_with_the_weight_packed_as_a_matches_onnxruntime(name, features):
     want = np.maximum(onnxruntime_conv(spec, x, w, bias) + residual, 0)
     got = run_conv(packed, x, w, bias, residual, "relu", features)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-4 * np.sqrt(spec.gemm_k))
-    wat = render_conv2d(packed, x_offset=0, w_offset=0, y_offset=0, scratch_offset=0, features=features)
+    wat = render_conv2d(packed, ConvOffsets(0, 0, 0, 0), features=features)
     assert "$pack_k" not in wat and conv_scratch_bytes(packed) < conv_scratch_bytes(spec)
 
 
@@ -158,7 +159,7 @@ def test_depthwise_conv_without_bias_adds_the_residual_then_applies_relu(feature
 def test_depthwise_conv_runs_directly_on_a_padded_plane_instead_of_im2col():
     spec = Conv2dSpec(1, 136, 28, 28, 136, (3, 3), pads=(1, 1, 1, 1), groups=136)  # ShuffleNet's
     assert conv_scratch_bytes(spec) == 30 * 30 * 4     # one zero-bordered plane, vs 9 x 136 x 784 floats
-    wat = render_conv2d(spec, x_offset=0, w_offset=0, y_offset=0, scratch_offset=0, features=SIMD_FMA)
+    wat = render_conv2d(spec, ConvOffsets(0, 0, 0, 0), features=SIMD_FMA)
     assert "im2col" not in wat and "depthwise" in wat
 
 
@@ -228,7 +229,7 @@ def test_implicit_gemm_reads_a_compile_time_packed_weight_and_no_im2col():
     spec = IMPLICIT_SPECS["3x3-two-channel-blocks-partial-panel"]
     packed = pack_conv_weight(spec, np.zeros((37, 130, 3, 3), np.float32))
     assert packed.size == 3 * 16 * 130 * 9           # 37 channels -> 3 panels of 16, k = 9 x 130
-    wat = render_conv2d(spec, x_offset=0, w_offset=0, y_offset=0, scratch_offset=0, features=SIMD_FMA)
+    wat = render_conv2d(spec, ConvOffsets(0, 0, 0, 0), features=SIMD_FMA)
     assert "im2col" not in wat and "implicit GEMM" in wat
 
 
@@ -239,12 +240,12 @@ def test_implicit_gemm_tiles_call_the_gemm_k_functions_with_relaxed_simd_and_str
     """The 4-pixel passes of a stride-1 Conv read A as one v128 per k step, as packed A in the GEMM,
     so they call its unrolled k functions (one per edge width); strided tiles keep the inline loop."""
     spec = IMPLICIT_SPECS[name]
-    wat = render_conv2d(spec, x_offset=0, w_offset=0, y_offset=0, scratch_offset=0, features=SIMD_FMA)
+    wat = render_conv2d(spec, ConvOffsets(0, 0, 0, 0), features=SIMD_FMA)
     called = sorted({c.split()[0][1:].rsplit("_", 1)[0] for c in wat.split("(call ")[1:] if "_zero" in c.split()[0] or "_acc" in c.split()[0]})
     assert called == calls
     for function in calls:
         assert f"(func ${function}_acc " in wat
-    assert "_k_acc" not in render_conv2d(spec, x_offset=0, w_offset=0, y_offset=0, scratch_offset=0, features=SIMD)
+    assert "_k_acc" not in render_conv2d(spec, ConvOffsets(0, 0, 0, 0), features=SIMD)
 
 
 @pytest.mark.parametrize("spec,faster", [

@@ -19,6 +19,7 @@ from backends.wasm.gemm import SCALAR, gemm_scratch_bytes, pack_b, packed_b_size
 from backends.wasm.kernels.conv import (Conv2dSpec, conv_scratch_bytes, pack_conv_weight, render_conv2d,
                                         weight_packs_as_a)
 from backends.wasm.kernels.conv_implicit_gemm import implicit_gemm_is_faster
+from backends.wasm.kernels.operands import ConvOffsets, GemmOffsets
 from backends.wasm.options import WasmOptions
 from ir.loops.contraction import ContractionSpec, ConvSpec, GemmSpec, Scratch, WeightLayout
 from ir.loops.program import Intrinsic
@@ -96,9 +97,9 @@ def render_intrinsic(stmt: Intrinsic, name: str, options: WasmOptions) -> str:
     features = kernel_features(options)
     if isinstance(spec, ConvSpec):
         (scratch,) = ops.scratch
-        return render_conv2d(conv_kernel_spec(spec, features), epilogue=spec.epilogue.activation, x_offset=_at(ops.a),
-                             w_offset=_at(ops.b), y_offset=_at(ops.out), scratch_offset=_at(scratch),
-                             bias_offset=_at_or_none(ops.bias), residual_offset=_at_or_none(ops.residual),
+        at = ConvOffsets(_at(ops.a), _at(ops.b), _at(ops.out), _at(scratch), bias=_at_or_none(ops.bias),
+                         residual=_at_or_none(ops.residual))
+        return render_conv2d(conv_kernel_spec(spec, features), at, epilogue=spec.epilogue.activation,
                              features=features, name=name)
     if isinstance(spec, GemmSpec):
         return _render_gemm_call(spec, ops, features, name)
@@ -106,24 +107,18 @@ def render_intrinsic(stmt: Intrinsic, name: str, options: WasmOptions) -> str:
 
 
 def _render_gemm_call(spec: GemmSpec, ops, features: frozenset[str], name: str) -> str:
-    m, n, k, batch = spec.m, spec.n, spec.k, spec.batch
     panels, blocks = _gemm_scratch(spec)
     scratch = iter(ops.scratch)
     b_scratch = next(scratch) if panels is not None else None
     a_scratch = next(scratch) if blocks is not None else None
     funcs, calls = [], []
     if b_scratch is not None:     # B is an activation: pack it into panels first
-        per = packed_b_size(k, n)
-        funcs.append(render_pack_b(k, n, src_offset=_at(ops.b), dst_offset=_at(b_scratch), batch=batch,
-                                   batch_strides=(k * n * 4, per), name=f"{name}_pack",
-                                   features=features & {"simd"}))
+        funcs.append(render_pack_b(spec.k, spec.n, src_offset=_at(ops.b), dst_offset=_at(b_scratch),
+                                   batch=spec.batch, name=f"{name}_pack", features=features & {"simd"}))
         calls.append(f"(call ${name}_pack)")
-    b_packed = _at(b_scratch if b_scratch is not None else ops.b)
-    funcs.append(render_gemm(m, n, k, a_offset=_at(ops.a), b_packed_offset=b_packed, c_offset=_at(ops.out),
-                             bias_offset=_at_or_none(ops.bias), residual_offset=_at_or_none(ops.residual),
-                             features=features, trans_a=spec.trans_a, batch=batch, epilogue=spec.epilogue.activation,
-                             batch_strides=(m * k * 4, packed_b_size(k, n), m * n * 4) if batch > 1 else None,
-                             a_scratch_offset=_at_or_none(a_scratch), name=f"{name}_gemm"))
+    at = GemmOffsets(_at(ops.a), _at(b_scratch if b_scratch is not None else ops.b), _at(ops.out),
+                     bias=_at_or_none(ops.bias), residual=_at_or_none(ops.residual), a_scratch=_at_or_none(a_scratch))
+    funcs.append(render_gemm(spec, at, features=features, name=f"{name}_gemm"))
     calls.append(f"(call ${name}_gemm)")
     return "".join(funcs) + f"(func ${name}\n  " + "\n  ".join(calls) + "\n)\n"
 
