@@ -25,7 +25,7 @@ from backends.wasm.kernels.operands import GemmLayout, GemmOffsets
 from backends.wasm.kernels.standalone import engine_for, instantiate, module_text, read, write
 from bench.node_runner import NodeContestant, NodeRunner, NodeUnavailable
 from bench.timing import InProcess, Timings, interleave, repeats_for
-from ir.loops.contraction import Epilogue, GemmSpec
+from ir.loops.contraction import EpilogueSpec, GemmSpec
 
 SHAPES = ((64, 64, 64), (256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (1, 3072, 768))  # m, n, k
 PEAK_ITERATIONS = 2_000_000
@@ -210,7 +210,8 @@ def bench_epilogue(shape, per_row: bool, case: str, features=SIMD_FMA, rounds: i
     for key, size in (("a", a.nbytes), ("b", packed_b_size(k, n)), ("c", m * n * 4), ("res", m * n * 4),
                       ("bias", bias.nbytes), ("scratch", gemm_scratch_bytes(m, k))):
         offsets[key], end = end, end + size
-    spec = GemmSpec(m, n, k, epilogue=Epilogue(bool(opts.get("bias")), bool(opts.get("residual")), opts.get("epilogue")))
+    epilogue = EpilogueSpec(bool(opts.get("bias")), bool(opts.get("residual")), opts.get("epilogue"))
+    spec = GemmSpec(m, n, k, epilogue=epilogue)
     at = GemmOffsets(0, offsets["b"], offsets["c"], bias=offsets["bias"] if opts.get("bias") else None,
                      residual=offsets["res"] if opts.get("residual") else None, a_scratch=offsets["scratch"])
     func = render_gemm(spec, at, features=features, layout=GemmLayout(bias_per_row=per_row)) + _REPEAT

@@ -14,7 +14,7 @@ from backends.wasm.gemm import (SCALAR, SIMD, SIMD_FMA, gemm_scratch_bytes, k_bl
 from backends.wasm.kernels.microkernel import edge_pass_lanes
 from backends.wasm.kernels.operands import GemmLayout, GemmOffsets
 from backends.wasm.kernels.standalone import instantiate, read, write
-from ir.loops.contraction import Epilogue, GemmSpec
+from ir.loops.contraction import EpilogueSpec, GemmSpec
 
 FEATURE_SETS = {"scalar": SCALAR, "simd": SIMD, "relaxed-simd": SIMD_FMA}
 _erf = np.vectorize(math.erf)
@@ -29,7 +29,7 @@ def gemm_wat(m, n, k, *, epilogue=None, trans_a=False, batch=1, features=SIMD_FM
     layout's (`lda`, `bias_per_row`...)."""
     at = GemmOffsets(**{_OFFSETS[key]: placement.pop(key) for key in list(placement) if key in _OFFSETS})
     spec = GemmSpec(m, n, k, batch=batch, trans_a=trans_a,
-                    epilogue=Epilogue(at.bias is not None, at.residual is not None, epilogue))
+                    epilogue=EpilogueSpec(at.bias is not None, at.residual is not None, epilogue))
     return render_gemm(spec, at, features=features, layout=GemmLayout(**placement))
 
 

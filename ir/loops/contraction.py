@@ -20,10 +20,11 @@ from ir.loops.program import Buffer
 
 
 @dataclass(frozen=True)
-class Epilogue:
+class EpilogueSpec:
     """What a contraction's kernel does to each sum before it stores it, in this order: add the
     bias (per column of a GEMM, per output channel of a Conv), add the residual (a tensor of the
-    output's shape), apply the activation (one of `epilogue_activations()` of the op registry)."""
+    output's shape), apply the activation (one of `epilogue_activations()` of the op registry).
+    The registry's `Epilogue` says what a kernel may absorb of an op; this, what one kernel does."""
     bias: bool = False
     residual: bool = False
     activation: str | None = None
@@ -42,7 +43,7 @@ class GemmSpec:
     trans_a: bool = False
     trans_b: bool = False
     constant_b: bool = True
-    epilogue: Epilogue = Epilogue()
+    epilogue: EpilogueSpec = EpilogueSpec()
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class ConvSpec:
     dilations: tuple[int, int] = (1, 1)
     groups: int = 1
     constant_weight: bool = True
-    epilogue: Epilogue = Epilogue()
+    epilogue: EpilogueSpec = EpilogueSpec()
 
 
 ContractionSpec = GemmSpec | ConvSpec

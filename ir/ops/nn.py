@@ -68,7 +68,7 @@ import numpy as np  # noqa: E402
 
 from ir.errors import UnsupportedError  # noqa: E402
 from ir.loops.builder import broadcast_load  # noqa: E402
-from ir.loops.contraction import ContractionOperands, ConvSpec, Epilogue, GemmSpec  # noqa: E402
+from ir.loops.contraction import ContractionOperands, ConvSpec, EpilogueSpec, GemmSpec  # noqa: E402
 from ir.loops.expr import all_of, cast, fma, in_range, maximum, minimum, select, unary  # noqa: E402
 from ir.ops.registry import epilogue_of, lowering  # noqa: E402
 from ir.ops.gelu_pattern import erf_gelu_nodes  # noqa: E402
@@ -189,7 +189,7 @@ def _ints(shape) -> tuple[int, ...]:
 
 
 def _with_epilogue(spec, bias, residual, activation):
-    return replace(spec, epilogue=Epilogue(bias is not None, residual is not None, activation))
+    return replace(spec, epilogue=EpilogueSpec(bias is not None, residual is not None, activation))
 
 
 def _matmul_as_gemm(b, node) -> bool:
@@ -258,7 +258,7 @@ def _conv_as_intrinsic(b, node) -> bool:
     x = b.input(node, 0)
     y, _, residual, activation = _fused_epilogue(b, node)
     has_bias = len(node.inputs) > 2 and node.inputs[2] is not None
-    spec = replace(spec, epilogue=Epilogue(has_bias, residual is not None, activation))
+    spec = replace(spec, epilogue=EpilogueSpec(has_bias, residual is not None, activation))
     w = b.contraction_weight(spec, wv)
     b.call_contraction(spec, ContractionOperands(x, w, y, b.input(node, 2), residual), x.name, wv.name)
     return True

@@ -36,7 +36,7 @@ from backends.wasm.kernels.depthwise import depthwise_scratch_bytes, is_depthwis
 from backends.wasm.kernels.microkernel import PANEL
 from backends.wasm.kernels.operands import ConvOffsets, GemmLayout, GemmOffsets
 from backends.wasm.simd_lanes import strided_load
-from ir.loops.contraction import Epilogue, GemmSpec
+from ir.loops.contraction import EpilogueSpec, GemmSpec
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,7 @@ def render_conv2d(spec: Conv2dSpec, at: ConvOffsets, *, epilogue: str | None = N
     y_image = spec.out_channels * n * 4
     funcs, calls = [], []
     simd = frozenset(features) & {"simd"}
-    product = GemmSpec(m, n, k, batch=g, epilogue=Epilogue(at.bias is not None, at.residual is not None, epilogue))
+    product = GemmSpec(m, n, k, batch=g, epilogue=EpilogueSpec(at.bias is not None, at.residual is not None, epilogue))
     a_stride = packed_a_size(m, k) if spec.packed_a else m * k * 4
     layout = GemmLayout(batch_strides=(a_stride, packed_b_size(k, n), m * n * 4), bias_per_row=True,
                         a_packed=spec.packed_a)
