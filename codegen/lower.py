@@ -1,8 +1,9 @@
 """Lowering a graph to loop nests: each node through the lowering registered next to its op
 (`ir/ops/`), or through its ONNX function body when it has none (`function_bodies`).
 
-This sits above the IR because it joins its parts: the op registry, the loop-nest builder, and the
-optimisation passes that bind a function body's shapes.
+This sits above the IR because it joins its parts: the op registry, the loop-nest builder, the
+optimisation passes that bind a function body's shapes, and the fusion groups of
+`passes/fuse_groups.py`, which decide which nodes a kernel may absorb as its epilogue.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from ir.loops.builder import BACKEND, LoopBuilder
 from ir.loops.contraction import ContractionKernels
 from ir.loops.program import Program
 from ir.ops import lookup
+from passes.fuse_groups import fusion_groups
 
 
 def lowering_of(node: Node):
@@ -26,7 +28,8 @@ def lower_graph(graph: Graph, kernels: ContractionKernels | None = None) -> Prog
     unsupported = unsupported_nodes(graph)
     if unsupported:
         raise UnsupportedError(describe_unsupported(unsupported))
-    b = LoopBuilder(graph, kernels, lowering_of, expand)
+    group_of = {id(member): i for i, members in enumerate(fusion_groups(graph)) for member in members}
+    b = LoopBuilder(graph, kernels, lowering_of, expand, group_of)
     for node in graph.nodes:
         b.lower(node)
     return b.finish()

@@ -41,11 +41,13 @@ def storage_dtype(value: Value, node: Node | None = None) -> str:
 class LoopBuilder:
     def __init__(self, graph: Graph, kernels: ContractionKernels | None = None,
                  lowering_of: Callable[[Node], Callable | None] = lambda node: None,
-                 expand: Callable[[Node, dict], Graph] | None = None):
+                 expand: Callable[[Node, dict], Graph] | None = None, group_of: dict[int, int] | None = None):
         """`kernels`: the ready-made contraction kernels the target offers (see `Intrinsic`), None
         for none; `lowering_of(node)`: the op's registered lowering (the op registry sits above
-        this IR); `expand(node, opsets)`: its ONNX function body as a static graph, for ops without one."""
+        this IR); `expand(node, opsets)`: its ONNX function body as a static graph, for ops without
+        one; `group_of`: id(node) -> its fusion group (`passes/fuse_groups.py`), see `fused`."""
         self.graph = graph
+        self._group_of = dict(group_of or {})
         self._lowering_of = lowering_of
         self._expand = expand
         self._kernels = kernels
@@ -128,6 +130,15 @@ class LoopBuilder:
         """`node`'s place in the graph's order (the order kernels run in); None for a node of a
         branch or a function body."""
         return self._positions.get(id(node))
+
+    def fused(self, anchor: Node, node: Node) -> bool:
+        """Whether the fusion groups put `node` with `anchor`, so that `anchor`'s kernel may absorb
+        it. A node of a branch or a function body has no group: for it, the lowering's own checks
+        decide alone."""
+        if self.position(anchor) is None:
+            return True
+        group = self._group_of.get(id(anchor))
+        return group is not None and group == self._group_of.get(id(node))
 
     def absorb(self, node: Node) -> Buffer:
         """Mark `node` as computed by the current kernel (an epilogue); returns its output buffer,

@@ -125,13 +125,15 @@ def _fused_epilogue(b, node, bias_width: int | None = None):
     """What of the ops after a GEMM or Conv `node` its kernel can do, as the registry's `epilogue`
     entries say: an Add of a constant per-column bias (when `bias_width` is given), then an Add of a
     residual (see `_residual`), then an activation (a Relu or an exact GELU; also GELU's erf
-    diamond x * 0.5 * (1 + erf(x / sqrt 2)), see `erf_gelu_nodes`). Returns (output buffer, bias
-    buffer or None, residual buffer or None, activation or None); the absorbed nodes then emit
-    nothing."""
-    value = node.outputs[0]
+    diamond x * 0.5 * (1 + erf(x / sqrt 2)), see `erf_gelu_nodes`). Only nodes the fusion groups
+    put with `node` (`LoopBuilder.fused`): the kernel absorbs a chain of its group, or, from the
+    residual Add on, of the group FuseGroups gave that Add to (see `_residual`). Returns (output
+    buffer, bias buffer or None, residual buffer or None, activation or None); the absorbed nodes
+    then emit nothing."""
+    value, group = node.outputs[0], node
     bias, residual, out = None, None, None
     reader = b.sole_reader(value)
-    if bias_width is not None and _absorbable(reader, "bias") and _f32(*reader.inputs):
+    if bias_width is not None and _absorbable(reader, "bias") and _f32(*reader.inputs) and b.fused(group, reader):
         other = reader.inputs[1] if reader.inputs[0] is value else reader.inputs[0]
         if other.is_const and other.const.size == bias_width and other.shape[-1:] == (bias_width,) \
                 and tuple(reader.outputs[0].shape) == tuple(value.shape):
@@ -139,13 +141,15 @@ def _fused_epilogue(b, node, bias_width: int | None = None):
             out = b.absorb(reader)
             value, reader = reader.outputs[0], b.sole_reader(reader.outputs[0])
     if (other := _residual(b, node, reader, value)) is not None:
+        if not b.fused(group, reader):
+            group = reader
         residual = b.buffer(other)
         out = b.absorb(reader)
         value, reader = reader.outputs[0], b.sole_reader(reader.outputs[0])
-    if (activation := _absorbable(reader, "activation")) and _f32(reader.outputs[0]):
+    if (activation := _absorbable(reader, "activation")) and _f32(reader.outputs[0]) and b.fused(group, reader):
         return b.absorb(reader), bias, residual, activation
     if _f32(value) and (gelu := erf_gelu_nodes(value, b.users, b.output_ids)) \
-            and all(_f32(n.outputs[0]) for n in gelu):
+            and all(_f32(n.outputs[0]) and b.fused(group, n) for n in gelu):
         for gelu_node in gelu:
             out = b.absorb(gelu_node)
         return out, bias, residual, "gelu"
@@ -169,7 +173,10 @@ def _residual(b, anchor, add, value):
     if add is None or not _f32(*add.inputs, add.outputs[0]):
         return None
     other = residual_operand(add, lambda v: v is value)
-    if other is None:
+    # FuseGroups gives the Add to the first of its two producers' groups in graph order, taking the
+    # other operand as the residual; the kernel must run after the residual is computed, so it may
+    # be this anchor's kernel that absorbs the Add with the roles swapped.
+    if other is None or not (b.fused(anchor, add) or (other.producer is not None and b.fused(other.producer, add))):
         return None
     anchor_at = b.position(anchor)
     if anchor_at is None:  # a node of a branch or a function body: no graph order to rely on
