@@ -21,9 +21,11 @@ import wasmtime
 from onnx import TensorProto, helper, numpy_helper
 
 from backends.wasm.gemm import SIMD, SIMD_FMA, gemm_scratch_bytes, pack_b, packed_b_size, render_gemm
+from backends.wasm.kernels.operands import GemmLayout, GemmOffsets
 from backends.wasm.kernels.standalone import engine_for, instantiate, module_text, read, write
 from bench.node_runner import NodeContestant, NodeRunner, NodeUnavailable
 from bench.timing import InProcess, Timings, interleave, repeats_for
+from ir.loops.contraction import EpilogueSpec, GemmSpec
 
 SHAPES = ((64, 64, 64), (256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (1, 3072, 768))  # m, n, k
 PEAK_ITERATIONS = 2_000_000
@@ -111,8 +113,8 @@ def bench_gemm(shape, node: NodeRunner | None, workdir: Path, rounds: int) -> Ge
     # the Cortex kernel is `calls` calls from a loop inside the module (the same under V8).
     calls = max(1, int(-(-20e6 // flops)))
     for label, features in (("cortex-wasmtime", SIMD_FMA), ("cortex-wasmtime-simd", SIMD)):
-        func = render_gemm(m, n, k, a_offset=offsets["a"], b_packed_offset=offsets["b"],
-                           c_offset=offsets["c"], a_scratch_offset=offsets["scratch"], features=features)
+        func = render_gemm(GemmSpec(m, n, k), GemmOffsets(offsets["a"], offsets["b"], offsets["c"],
+                                                          a_scratch=offsets["scratch"]), features=features)
         func += _REPEAT
         store, inst = instantiate(func, end, features)
         write(store, inst, offsets["a"], a)
@@ -208,10 +210,11 @@ def bench_epilogue(shape, per_row: bool, case: str, features=SIMD_FMA, rounds: i
     for key, size in (("a", a.nbytes), ("b", packed_b_size(k, n)), ("c", m * n * 4), ("res", m * n * 4),
                       ("bias", bias.nbytes), ("scratch", gemm_scratch_bytes(m, k))):
         offsets[key], end = end, end + size
-    func = render_gemm(m, n, k, a_offset=0, b_packed_offset=offsets["b"], c_offset=offsets["c"],
-                       bias_offset=offsets["bias"] if opts.get("bias") else None, bias_per_row=per_row,
-                       residual_offset=offsets["res"] if opts.get("residual") else None,
-                       epilogue=opts.get("epilogue"), a_scratch_offset=offsets["scratch"], features=features) + _REPEAT
+    epilogue = EpilogueSpec(bool(opts.get("bias")), bool(opts.get("residual")), opts.get("epilogue"))
+    spec = GemmSpec(m, n, k, epilogue=epilogue)
+    at = GemmOffsets(0, offsets["b"], offsets["c"], bias=offsets["bias"] if opts.get("bias") else None,
+                     residual=offsets["res"] if opts.get("residual") else None, a_scratch=offsets["scratch"])
+    func = render_gemm(spec, at, features=features, layout=GemmLayout(bias_per_row=per_row)) + _REPEAT
     store, inst = instantiate(func, end, features)
     for key, value in (("a", a), ("b", pack_b(b)), ("bias", bias), ("res", res)):
         write(store, inst, offsets[key], value)

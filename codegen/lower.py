@@ -1,8 +1,9 @@
 """Lowering a graph to loop nests: each node through the lowering registered next to its op
 (`ir/ops/`), or through its ONNX function body when it has none (`function_bodies`).
 
-This sits above the IR because it joins its parts: the op registry, the loop-nest builder, and the
-optimisation passes that bind a function body's shapes.
+This sits above the IR because it joins its parts: the op registry, the loop-nest builder, the
+optimisation passes that bind a function body's shapes, and the fusion groups of
+`passes/fuse_groups.py`, which decide which nodes a kernel may absorb as its epilogue.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from codegen.function_bodies import expand, function_body
 from ir.errors import UnsupportedError
 from ir.graph import Graph, Node
 from ir.loops.builder import BACKEND, LoopBuilder
+from ir.loops.contraction import ContractionKernels
 from ir.loops.program import Program
 from ir.ops import lookup
+from passes.fuse_groups import fusion_groups
 
 
 def lowering_of(node: Node):
@@ -20,11 +23,13 @@ def lowering_of(node: Node):
     return entry.lowerings.get(BACKEND) if entry else None
 
 
-def lower_graph(graph: Graph, intrinsics: dict | None = None) -> Program:
+def lower_graph(graph: Graph, kernels: ContractionKernels | None = None) -> Program:
+    """`kernels`: the target's ready-made contraction kernels (`ir/loops/contraction.py`), if any."""
     unsupported = unsupported_nodes(graph)
     if unsupported:
         raise UnsupportedError(describe_unsupported(unsupported))
-    b = LoopBuilder(graph, intrinsics, lowering_of, expand)
+    group_of = {id(member): i for i, members in enumerate(fusion_groups(graph)) for member in members}
+    b = LoopBuilder(graph, kernels, lowering_of, expand, group_of)
     for node in graph.nodes:
         b.lower(node)
     return b.finish()

@@ -52,23 +52,31 @@ def assign_fusion_groups(graph: Graph) -> int:
     """Annotate `node.fusion_group` on every group of two or more fusable nodes; returns the count."""
     for node in graph.nodes:
         node.fusion_group = None
+    groups = fusion_groups(graph)
+    for count, members in enumerate(groups):
+        for member in members:
+            member.fusion_group = f"fusion_{count}"
+    return len(groups)
+
+
+def fusion_groups(graph: Graph) -> list[list[Node]]:
+    """The groups of two or more fusable nodes, each in graph order, anchors in graph order: the
+    one rule, which the loop-nest lowering also asks (`codegen/lower.py`) about a CU's graph, whose
+    nodes lost their labels in cu.onnx."""
     users = graph.users()
     graph_outputs = {id(v) for v in graph.outputs}
     order = {id(n): i for i, n in enumerate(graph.nodes)}
     grouped: set[int] = set()
-    count = 0
+    groups = []
     for node in graph.nodes:
         if id(node) in grouped or not _can_start_group(node):
             continue
         members = _closed_group(node, _candidates(node, users, grouped), users, graph_outputs, order)
         if len(members) < 2:
             continue
-        label = f"fusion_{count}"
-        count += 1
-        for member in members:
-            member.fusion_group = label
-            grouped.add(id(member))
-    return count
+        groups.append(members)
+        grouped.update(id(member) for member in members)
+    return groups
 
 
 def _can_start_group(node: Node) -> bool:

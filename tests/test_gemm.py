@@ -12,10 +12,25 @@ from hypothesis import strategies as st
 from backends.wasm.gemm import (SCALAR, SIMD, SIMD_FMA, gemm_scratch_bytes, k_block_size, pack_a, pack_b,
                                 packed_a_size, packed_b_size, packs_a, render_gemm, render_pack_b)
 from backends.wasm.kernels.microkernel import edge_pass_lanes
+from backends.wasm.kernels.operands import GemmLayout, GemmOffsets
 from backends.wasm.kernels.standalone import instantiate, read, write
+from ir.loops.contraction import EpilogueSpec, GemmSpec
 
 FEATURE_SETS = {"scalar": SCALAR, "simd": SIMD, "relaxed-simd": SIMD_FMA}
 _erf = np.vectorize(math.erf)
+
+
+_OFFSETS = {"a_offset": "a", "b_packed_offset": "b_packed", "c_offset": "c", "bias_offset": "bias",
+            "residual_offset": "residual", "a_scratch_offset": "a_scratch"}
+
+
+def gemm_wat(m, n, k, *, epilogue=None, trans_a=False, batch=1, features=SIMD_FMA, **placement):
+    """`render_gemm` from keywords: the spec's, the offsets' (`a_offset`, `bias_offset`...) and the
+    layout's (`lda`, `bias_per_row`...)."""
+    at = GemmOffsets(**{_OFFSETS[key]: placement.pop(key) for key in list(placement) if key in _OFFSETS})
+    spec = GemmSpec(m, n, k, batch=batch, trans_a=trans_a,
+                    epilogue=EpilogueSpec(at.bias is not None, at.residual is not None, epilogue))
+    return render_gemm(spec, at, features=features, layout=GemmLayout(**placement))
 
 
 def reference(a, b, bias=None, residual=None, epilogue=None, bias_per_row=False):
@@ -40,7 +55,7 @@ def run_gemm(a, b, *, bias=None, residual=None, epilogue=None, features=SIMD_FMA
     for key, size in (("a", a.nbytes), ("b", packed_b_size(k, n)), ("c", m * n * 4),
                       ("bias", max(m, n) * 4), ("res", m * n * 4)):
         offsets[key], end = end, end + size + 16
-    func = render_gemm(m, n, k, a_offset=offsets["a"], b_packed_offset=offsets["b"], c_offset=offsets["c"],
+    func = gemm_wat(m, n, k, a_offset=offsets["a"], b_packed_offset=offsets["b"], c_offset=offsets["c"],
                        bias_offset=offsets["bias"] if bias is not None else None,
                        residual_offset=offsets["res"] if residual is not None else None,
                        epilogue=epilogue, features=features, trans_a=trans_a, bias_per_row=bias_per_row)
@@ -99,7 +114,7 @@ def test_packing_a_into_scratch_gives_the_same_product(features, m, n, k, trans_
     b_off = a.nbytes
     c_off = b_off + packed_b_size(k, n)
     scratch = c_off + m * n * 4
-    func = render_gemm(m, n, k, a_offset=0, b_packed_offset=b_off, c_offset=c_off, bias_offset=scratch + gemm_scratch_bytes(m, k),
+    func = gemm_wat(m, n, k, a_offset=0, b_packed_offset=b_off, c_offset=c_off, bias_offset=scratch + gemm_scratch_bytes(m, k),
                        epilogue="relu", features=features, trans_a=trans_a, a_scratch_offset=scratch)
     assert ("$pack_k" in func) == ("simd" in features and (n >= 384 or (not trans_a and k * 4 % 4096 == 0)))
     store, inst = instantiate(func, scratch + gemm_scratch_bytes(m, k) + n * 4, features)
@@ -124,7 +139,7 @@ def test_a_packed_at_compile_time_gives_the_same_product_without_packing_at_run_
     b_off = packed.nbytes + 64
     c_off = b_off + batch * packed_b_size(k, n)
     bias_off = c_off + batch * m * n * 4
-    func = render_gemm(m, n, k, a_offset=64, b_packed_offset=b_off, c_offset=c_off, bias_offset=bias_off,
+    func = gemm_wat(m, n, k, a_offset=64, b_packed_offset=b_off, c_offset=c_off, bias_offset=bias_off,
                        bias_per_row=True, epilogue="relu", features=features, a_packed=True, batch=batch,
                        batch_strides=(packed_a_size(m, k), packed_b_size(k, n), m * n * 4))
     assert "$pack_k" not in func
@@ -142,7 +157,7 @@ def test_a_packed_a_is_refused_where_the_kernel_reads_a_in_place():
     assert not packs_a(4, SIMD_FMA) and not packs_a(64, SCALAR) and packs_a(5, SIMD)
     for bad in (dict(m=4, features=SIMD_FMA), dict(m=64, features=SCALAR), dict(m=64, features=SIMD, trans_a=True)):
         with pytest.raises(ValueError, match="packed A"):
-            render_gemm(n=16, k=16, **args, **bad)
+            gemm_wat(n=16, k=16, **args, **bad)
 
 
 def test_pack_a_lays_out_k_blocks_of_4_row_groups_zero_padded():
@@ -169,7 +184,7 @@ def test_every_tile_height_gives_the_same_product(tile_rows):
     a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
     b_off, c_off = a.nbytes, a.nbytes + packed_b_size(k, n)
     scratch = c_off + m * n * 4
-    func = render_gemm(m, n, k, a_offset=0, b_packed_offset=b_off, c_offset=c_off, a_scratch_offset=scratch,
+    func = gemm_wat(m, n, k, a_offset=0, b_packed_offset=b_off, c_offset=c_off, a_scratch_offset=scratch,
                        tile_rows=tile_rows)
     store, inst = instantiate(func, scratch + gemm_scratch_bytes(m, k, tile_rows), SIMD_FMA)
     write(store, inst, 0, a), write(store, inst, b_off, pack_b(b))
@@ -188,7 +203,7 @@ def test_unrolled_k_loop_may_stop_after_any_step(features, packed):
         a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
         b_off, c_off = a.nbytes, a.nbytes + packed_b_size(k, n)
         scratch = c_off + m * n * 4
-        func = render_gemm(m, n, k, a_offset=0, b_packed_offset=b_off, c_offset=c_off, features=features,
+        func = gemm_wat(m, n, k, a_offset=0, b_packed_offset=b_off, c_offset=c_off, features=features,
                            a_scratch_offset=scratch if packed else None)
         store, inst = instantiate(func, scratch + gemm_scratch_bytes(m, k), features)
         write(store, inst, 0, a), write(store, inst, b_off, pack_b(b))
@@ -200,8 +215,8 @@ def test_packed_a_is_broadcast_from_one_load_per_k_step():
     """With A packed, a 4-row tile reads its four A values for one k as one v128 and splats them by
     shuffles; without packing (A's rows apart) each row is its own scalar load."""
     args = dict(a_offset=0, b_packed_offset=1 << 16, c_offset=1 << 18, features=SIMD_FMA)
-    packed = render_gemm(64, 64, 64, a_scratch_offset=1 << 19, **args)
-    in_place = render_gemm(64, 64, 64, **args)
+    packed = gemm_wat(64, 64, 64, a_scratch_offset=1 << 19, **args)
+    in_place = gemm_wat(64, 64, 64, **args)
     assert "(local.set $av (v128.load offset=0 (local.get $pa)))" in packed and "i8x16.shuffle" in packed
     assert "(local.set $av" not in in_place and "f32x4.splat (f32.load" in in_place
 
@@ -220,7 +235,7 @@ def test_residual_may_be_c_itself_across_k_blocks(features):
     rng = np.random.default_rng(3)
     a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
     c0 = rng.standard_normal((m, n)).astype(np.float32)
-    func = render_gemm(m, n, k, a_offset=0, b_packed_offset=a.nbytes, c_offset=a.nbytes + packed_b_size(k, n),
+    func = gemm_wat(m, n, k, a_offset=0, b_packed_offset=a.nbytes, c_offset=a.nbytes + packed_b_size(k, n),
                        residual_offset=a.nbytes + packed_b_size(k, n), features=features)
     store, inst = instantiate(func, a.nbytes + packed_b_size(k, n) + c0.nbytes, features)
     write(store, inst, 0, a), write(store, inst, a.nbytes, pack_b(b))
@@ -237,7 +252,7 @@ def test_batched_gemm_with_strided_rows_and_broadcast_b(features):
     b = rng.standard_normal((k, n)).astype(np.float32)
     b_off = a.nbytes
     c_off = b_off + packed_b_size(k, n)
-    func = render_gemm(m, n, k, a_offset=0, b_packed_offset=b_off, c_offset=c_off, features=features, ldc=ldc,
+    func = gemm_wat(m, n, k, a_offset=0, b_packed_offset=b_off, c_offset=c_off, features=features, ldc=ldc,
                        batch=batch, batch_strides=(m * k * 4, 0, m * ldc * 4))
     store, inst = instantiate(func, c_off + batch * m * ldc * 4, features)
     write(store, inst, 0, a), write(store, inst, b_off, pack_b(b))
@@ -275,9 +290,9 @@ def test_pack_b_lays_out_16_column_panels_zero_padded():
 
 
 def test_relaxed_simd_uses_fma_and_plain_simd_does_not():
-    fma = render_gemm(8, 32, 16, a_offset=0, b_packed_offset=512, c_offset=4096, features=SIMD_FMA)
-    plain = render_gemm(8, 32, 16, a_offset=0, b_packed_offset=512, c_offset=4096, features=SIMD)
-    scalar = render_gemm(8, 32, 16, a_offset=0, b_packed_offset=512, c_offset=4096, features=SCALAR)
+    fma = gemm_wat(8, 32, 16, a_offset=0, b_packed_offset=512, c_offset=4096, features=SIMD_FMA)
+    plain = gemm_wat(8, 32, 16, a_offset=0, b_packed_offset=512, c_offset=4096, features=SIMD)
+    scalar = gemm_wat(8, 32, 16, a_offset=0, b_packed_offset=512, c_offset=4096, features=SCALAR)
     assert "f32x4.relaxed_madd" in fma and "f32x4.relaxed_madd" not in plain
     assert "f32x4.splat (f32.load" in fma and "load32_splat" not in fma  # A in place: a scalar load per row
     assert "v128" not in scalar
@@ -285,14 +300,14 @@ def test_relaxed_simd_uses_fma_and_plain_simd_does_not():
 
 def test_rendering_is_deterministic():
     args = dict(a_offset=16, b_packed_offset=4096, c_offset=65536, bias_offset=128, epilogue="gelu")
-    assert render_gemm(13, 70, 200, **args) == render_gemm(13, 70, 200, **args)
+    assert gemm_wat(13, 70, 200, **args) == gemm_wat(13, 70, 200, **args)
 
 
 @pytest.mark.parametrize("bad", [dict(features={"avx"}), dict(features={"relaxed-simd"}), dict(epilogue="tanh"),
                                  dict(tile_rows=5), dict(tile_rows=0)])
 def test_bad_kernel_requests_are_refused(bad):
     with pytest.raises(ValueError):
-        render_gemm(2, 2, 2, a_offset=0, b_packed_offset=64, c_offset=128, **bad)
+        gemm_wat(2, 2, 2, a_offset=0, b_packed_offset=64, c_offset=128, **bad)
 
 
 EPILOGUE_COMBINATIONS = [  # (bias, residual, epilogue): every combination the models produce and then some
@@ -315,7 +330,7 @@ def test_every_epilogue_is_right_when_the_k_loop_is_its_own_function(bias_mode, 
     for key, size in (("a", a.nbytes), ("b", packed_b_size(k, n)), ("c", m * n * 4), ("bias", max(m, n) * 4),
                       ("res", m * n * 4), ("scratch", gemm_scratch_bytes(m, k))):
         offsets[key], end = end, end + size + 16
-    func = render_gemm(m, n, k, a_offset=offsets["a"], b_packed_offset=offsets["b"], c_offset=offsets["c"],
+    func = gemm_wat(m, n, k, a_offset=offsets["a"], b_packed_offset=offsets["b"], c_offset=offsets["c"],
                        bias_offset=offsets["bias"] if bias is not None else None, bias_per_row=bias_mode == "row",
                        residual_offset=offsets["res"] if res is not None else None, epilogue=epilogue,
                        a_scratch_offset=offsets["scratch"], features=SIMD_FMA)
@@ -341,7 +356,7 @@ def test_in_place_residual_survives_the_k_function(epilogue):
     c0 = rng.standard_normal((m, n)).astype(np.float32)
     c_off = a.nbytes + packed_b_size(k, n)
     scratch = c_off + c0.nbytes
-    func = render_gemm(m, n, k, a_offset=0, b_packed_offset=a.nbytes, c_offset=c_off, residual_offset=c_off,
+    func = gemm_wat(m, n, k, a_offset=0, b_packed_offset=a.nbytes, c_offset=c_off, residual_offset=c_off,
                        epilogue=epilogue, a_scratch_offset=scratch, features=SIMD_FMA)
     assert "(call $gemm_k_acc" in func
     store, inst = instantiate(func, scratch + gemm_scratch_bytes(m, k), SIMD_FMA)
@@ -354,10 +369,10 @@ def test_k_function_is_used_only_with_relaxed_simd_and_packed_a():
     """Measured faster only with FMA (see `_k_function_unroll`); mul + add keeps the inline loop, and A
     read in place has no one-load tile to call it for."""
     args = dict(a_offset=0, b_packed_offset=1 << 16, c_offset=1 << 18, bias_offset=64, epilogue="relu")
-    assert "(call $gemm_k_" in render_gemm(64, 64, 256, a_scratch_offset=1 << 19, features=SIMD_FMA, **args)
-    assert "$gemm_k_" not in render_gemm(64, 64, 256, a_scratch_offset=1 << 19, features=SIMD, **args)
-    assert "$gemm_k_" not in render_gemm(64, 64, 256, features=SIMD_FMA, **args)
-    assert "$gemm_k_" not in render_gemm(64, 64, 256, a_scratch_offset=1 << 19, features=SCALAR, **args)
+    assert "(call $gemm_k_" in gemm_wat(64, 64, 256, a_scratch_offset=1 << 19, features=SIMD_FMA, **args)
+    assert "$gemm_k_" not in gemm_wat(64, 64, 256, a_scratch_offset=1 << 19, features=SIMD, **args)
+    assert "$gemm_k_" not in gemm_wat(64, 64, 256, features=SIMD_FMA, **args)
+    assert "$gemm_k_" not in gemm_wat(64, 64, 256, a_scratch_offset=1 << 19, features=SCALAR, **args)
 
 
 @pytest.mark.parametrize("edge", range(1, 16))
@@ -373,7 +388,7 @@ def test_edge_panels_of_every_width_run_their_own_k_functions(edge):
         for key, size in (("a", a.nbytes), ("b", packed_b_size(k, n)), ("c", m * n * 4), ("bias", m * 4),
                           ("res", m * n * 4), ("scratch", gemm_scratch_bytes(m, k))):
             offsets[key], end = end, end + size + 16
-        func = render_gemm(m, n, k, a_offset=offsets["a"], b_packed_offset=offsets["b"], c_offset=offsets["c"],
+        func = gemm_wat(m, n, k, a_offset=offsets["a"], b_packed_offset=offsets["b"], c_offset=offsets["c"],
                            bias_offset=offsets["bias"], bias_per_row=True, residual_offset=offsets["res"],
                            epilogue="gelu", a_scratch_offset=offsets["scratch"], features=SIMD_FMA)
         widths = ["".join(map(str, lanes)) for lanes in edge_pass_lanes(edge)]  # edge 8: one whole pair

@@ -10,9 +10,11 @@ import pytest
 from onnx import TensorProto, helper
 
 from backends.wasm.gemm import SCALAR, SIMD, SIMD_FMA
+from backends.wasm.intrinsics import conv_kernel_spec
 from backends.wasm.kernels.conv import (Conv2dSpec, conv_scratch_bytes, pack_conv_weight, render_conv2d,
                                         weight_packs_as_a)
 from backends.wasm.kernels.conv_implicit_gemm import implicit_gemm_is_faster
+from backends.wasm.kernels.operands import ConvOffsets
 from backends.wasm.kernels.standalone import instantiate, read, write
 
 
@@ -38,10 +40,10 @@ def run_conv(spec: Conv2dSpec, x, w, bias, residual, epilogue, features):
                       ("y", int(np.prod(y_shape)) * 4), ("r", int(np.prod(y_shape)) * 4),
                       ("scratch", conv_scratch_bytes(spec))):
         layout[key], end = end, end + size + 16
-    funcs = render_conv2d(spec, x_offset=layout["x"], w_offset=layout["w"], y_offset=layout["y"],
-                          scratch_offset=layout["scratch"], bias_offset=layout["b"] if bias is not None else None,
-                          residual_offset=layout["r"] if residual is not None else None, epilogue=epilogue,
-                          features=features)
+    at = ConvOffsets(layout["x"], layout["w"], layout["y"], layout["scratch"],
+                     bias=layout["b"] if bias is not None else None,
+                     residual=layout["r"] if residual is not None else None)
+    funcs = render_conv2d(spec, at, epilogue=epilogue, features=features)
     store, inst = instantiate(funcs, end, features)
     write(store, inst, layout["x"], x)
     write(store, inst, layout["w"], w)
@@ -119,7 +121,7 @@ def test_conv_with_the_weight_packed_as_a_matches_onnxruntime(name, features):
     want = np.maximum(onnxruntime_conv(spec, x, w, bias) + residual, 0)
     got = run_conv(packed, x, w, bias, residual, "relu", features)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-4 * np.sqrt(spec.gemm_k))
-    wat = render_conv2d(packed, x_offset=0, w_offset=0, y_offset=0, scratch_offset=0, features=features)
+    wat = render_conv2d(packed, ConvOffsets(0, 0, 0, 0), features=features)
     assert "$pack_k" not in wat and conv_scratch_bytes(packed) < conv_scratch_bytes(spec)
 
 
@@ -157,7 +159,7 @@ def test_depthwise_conv_without_bias_adds_the_residual_then_applies_relu(feature
 def test_depthwise_conv_runs_directly_on_a_padded_plane_instead_of_im2col():
     spec = Conv2dSpec(1, 136, 28, 28, 136, (3, 3), pads=(1, 1, 1, 1), groups=136)  # ShuffleNet's
     assert conv_scratch_bytes(spec) == 30 * 30 * 4     # one zero-bordered plane, vs 9 x 136 x 784 floats
-    wat = render_conv2d(spec, x_offset=0, w_offset=0, y_offset=0, scratch_offset=0, features=SIMD_FMA)
+    wat = render_conv2d(spec, ConvOffsets(0, 0, 0, 0), features=SIMD_FMA)
     assert "im2col" not in wat and "depthwise" in wat
 
 
@@ -227,7 +229,7 @@ def test_implicit_gemm_reads_a_compile_time_packed_weight_and_no_im2col():
     spec = IMPLICIT_SPECS["3x3-two-channel-blocks-partial-panel"]
     packed = pack_conv_weight(spec, np.zeros((37, 130, 3, 3), np.float32))
     assert packed.size == 3 * 16 * 130 * 9           # 37 channels -> 3 panels of 16, k = 9 x 130
-    wat = render_conv2d(spec, x_offset=0, w_offset=0, y_offset=0, scratch_offset=0, features=SIMD_FMA)
+    wat = render_conv2d(spec, ConvOffsets(0, 0, 0, 0), features=SIMD_FMA)
     assert "im2col" not in wat and "implicit GEMM" in wat
 
 
@@ -238,12 +240,12 @@ def test_implicit_gemm_tiles_call_the_gemm_k_functions_with_relaxed_simd_and_str
     """The 4-pixel passes of a stride-1 Conv read A as one v128 per k step, as packed A in the GEMM,
     so they call its unrolled k functions (one per edge width); strided tiles keep the inline loop."""
     spec = IMPLICIT_SPECS[name]
-    wat = render_conv2d(spec, x_offset=0, w_offset=0, y_offset=0, scratch_offset=0, features=SIMD_FMA)
+    wat = render_conv2d(spec, ConvOffsets(0, 0, 0, 0), features=SIMD_FMA)
     called = sorted({c.split()[0][1:].rsplit("_", 1)[0] for c in wat.split("(call ")[1:] if "_zero" in c.split()[0] or "_acc" in c.split()[0]})
     assert called == calls
     for function in calls:
         assert f"(func ${function}_acc " in wat
-    assert "_k_acc" not in render_conv2d(spec, x_offset=0, w_offset=0, y_offset=0, scratch_offset=0, features=SIMD)
+    assert "_k_acc" not in render_conv2d(spec, ConvOffsets(0, 0, 0, 0), features=SIMD)
 
 
 @pytest.mark.parametrize("spec,faster", [
@@ -273,7 +275,7 @@ def test_a_compiled_model_runs_its_few_channel_convs_as_implicit_gemms_and_match
     """Through the compiler: the lowering packs the weight at compile time for the Convs the rule
     picks (3x3 32 -> 24 and 1x1 24 -> 16, stride 1) and keeps im2col for the strided one, whose
     weight it packs as the GEMM's A."""
-    from backends.wasm.intrinsics import hooks
+    from backends.wasm.intrinsics import kernels as target_kernels
     from backends.wasm.options import parse_options
     from codegen.lower import lower_graph
     from ir.onnx_import import import_model
@@ -293,14 +295,15 @@ def test_a_compiled_model_runs_its_few_channel_convs_as_implicit_gemms_and_match
     assert_matches_onnxruntime(model, {"x": x}, configs=[("simd,bulk-memory", "2"), ("simd,bulk-memory,relaxed-simd", "3"),
                                                          ("", "2")], rtol=1e-4, atol=1e-3)
     graph, _ = run_pipeline(import_model(model), optimize_pipeline(require_static=True))
-    program = lower_graph(graph, hooks(parse_options(None, "simd", "2")))
-    convs = [s.params for k in program.kernels for s in k.body if getattr(s, "name", None) == "conv2d"]
-    assert [p.get("implicit_gemm", False) for p in convs] == [True, True, False]
-    assert [p.get("packed_a", False) for p in convs] == [False, False, True]  # 8 channels: two row tiles
+    program = lower_graph(graph, target_kernels(parse_options(None, "simd", "2")))
+    convs = [conv_kernel_spec(s.spec, frozenset({"simd"})) for k in program.kernels for s in k.body
+             if getattr(s, "name", None) == "conv2d"]
+    assert [c.implicit_gemm for c in convs] == [True, True, False]
+    assert [c.packed_a for c in convs] == [False, False, True]  # 8 channels: two row tiles
 
 
 def test_convs_sharing_one_weight_share_its_packed_panels():
-    from backends.wasm.intrinsics import hooks
+    from backends.wasm.intrinsics import kernels as target_kernels
     from backends.wasm.options import parse_options
     from codegen.lower import lower_graph
     from ir.loops.program import WEIGHT
@@ -314,18 +317,18 @@ def test_convs_sharing_one_weight_share_its_packed_panels():
     model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])],
                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
     graph, _ = run_pipeline(import_model(model), optimize_pipeline(require_static=True))
-    program = lower_graph(graph, hooks(parse_options(None, "simd", "2")))
+    program = lower_graph(graph, target_kernels(parse_options(None, "simd", "2")))
     assert [s.nbytes for s in program.storages if s.kind == WEIGHT] == [16 * 16 * 9 * 4]
 
 
 def _compiled_kernels(model, features="simd"):
-    from backends.wasm.intrinsics import hooks
+    from backends.wasm.intrinsics import kernels as target_kernels
     from backends.wasm.options import parse_options
     from codegen.lower import lower_graph
     from ir.onnx_import import import_model
     from passes import optimize_pipeline, run_pipeline
     graph, _ = run_pipeline(import_model(model), optimize_pipeline(require_static=True))
-    return [k for k in lower_graph(graph, hooks(parse_options(None, features, "2"))).kernels if k.body]
+    return [k for k in lower_graph(graph, target_kernels(parse_options(None, features, "2"))).kernels if k.body]
 
 
 @pytest.mark.parametrize("residual_first", [False, True], ids=["conv+residual", "residual+conv"])
@@ -351,7 +354,8 @@ def test_a_residual_add_and_relu_after_a_conv_run_in_the_conv_kernel(out_channel
     kernels = _compiled_kernels(model)
     assert [k.op_type for k in kernels] == ["Conv"]
     (conv,) = [s for s in kernels[0].body if getattr(s, "name", None) == "conv2d"]
-    assert conv.operands["residual"] is not None and conv.params.get("implicit_gemm", False) == (out_channels == 24)
+    assert conv.operands.residual is not None and conv.spec.epilogue.residual
+    assert conv_kernel_spec(conv.spec, frozenset({"simd"})).implicit_gemm == (out_channels == 24)
 
 
 def test_a_conv_add_with_a_broadcast_operand_is_not_a_residual():

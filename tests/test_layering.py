@@ -119,3 +119,24 @@ def test_no_file_is_over_500_lines(package):
     long = [f"{p.relative_to(ROOT)}: {n} lines" for p in (ROOT / package).rglob("*.py")
             if (n := len(p.read_text().splitlines())) > 520]
     assert not long, "\n".join(long)
+
+
+MAX_PARAMETERS = 8
+
+
+@pytest.mark.parametrize("package", ["codegen", "backends"])
+def test_no_codegen_function_has_more_than_8_parameters(package):
+    """A renderer that needs more takes a spec or a small dataclass of offsets or options instead
+    (`GemmSpec` with `GemmOffsets` and `GemmLayout`, `ConvOffsets`). Every parameter counts but
+    `self` and `cls`, `*args` and `**kwargs` included."""
+    wide = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                a = node.args
+                names = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg) if x is not None]
+                count = len([name for name in names if name not in ("self", "cls")])
+                if count > MAX_PARAMETERS:
+                    wide.append(f"{path.relative_to(ROOT)}:{node.lineno} {getattr(node, 'name', 'lambda')}: "
+                                f"{count} parameters")
+    assert not wide, "\n".join(wide)

@@ -16,6 +16,7 @@ from ir.errors import UnsupportedError
 from ir.loops import (Assign, If, Intrinsic, Local, Loop, Store, Var, buffers_accessed, const, loads_in,
                       lt, maximum, walk_stmts)
 from codegen.lower import lower_graph
+from ir.loops.contraction import ContractionOperands, GemmSpec
 from ir.loops.builder import collapse_broadcast
 from ir.loops.program import Buffer, Storage
 from ir.onnx_import import import_model
@@ -61,13 +62,13 @@ def test_statement_walks_see_every_expression_and_buffer():
     acc = Local("acc", "f32")
     add = Assign(acc, acc + x[i])
     store = Store(y, i, z[i])
-    call = Intrinsic("gemm", {"a": w, "bias": None})
+    call = Intrinsic(GemmSpec(4, 1, 1), ContractionOperands(w, x, y))
     guard = If(lt(i, 2), [add], [store])
     body = [Loop(i, 4, [guard]), call]
     assert [type(s) for s in walk_stmts(body)] == [Loop, If, Assign, Store, Intrinsic]
     assert guard.exprs() == (guard.cond,) and store.exprs() == (store.index, store.value)
     assert [load.buffer for load in loads_in(body)] == [x, z]
-    assert list(buffers_accessed(body)) == [x, y, z, w]
+    assert list(buffers_accessed(body)) == [x, y, z, w, x, y]
 
 
 def test_reduction_steps_fold_a_term_free_of_the_accumulator():

@@ -326,12 +326,12 @@ def test_gemm_kernels_absorb_bias_and_relu_epilogues():
                        [const("w", randn(8, 16)), const("bias", randn(16)), const("k", randn(4, 3, 3, 3))])
     assert_matches_onnxruntime(model, {"x": x, "img": img}, configs=[("simd,bulk-memory", "2"), ("", "1")])
     from codegen.lower import lower_graph
-    from backends.wasm.intrinsics import hooks
+    from backends.wasm.intrinsics import kernels as target_kernels
     from backends.wasm.options import parse_options
     from ir.onnx_import import import_model
     from passes import optimize_pipeline, run_pipeline
     graph, _ = run_pipeline(import_model(model), optimize_pipeline(require_static=True))
-    program = lower_graph(graph, hooks(parse_options(None, None, "2")))
+    program = lower_graph(graph, target_kernels(parse_options(None, None, "2")))
     assert sorted(k.op_type for k in program.kernels if k.body) == ["Conv", "MatMul"]
 
 
@@ -386,13 +386,13 @@ _GELU_CONSTANTS = [const("sqrt2", np.float32(np.sqrt(2))), const("inv_sqrt2", np
 
 
 def _kernel_op_types(model):
-    from backends.wasm.intrinsics import hooks
+    from backends.wasm.intrinsics import kernels as target_kernels
     from backends.wasm.options import parse_options
     from codegen.lower import lower_graph
     from ir.onnx_import import import_model
     from passes import optimize_pipeline, run_pipeline
     graph, _ = run_pipeline(import_model(model), optimize_pipeline(require_static=True))
-    return sorted(k.op_type for k in lower_graph(graph, hooks(parse_options(None, "simd", "2"))).kernels if k.body)
+    return sorted(k.op_type for k in lower_graph(graph, target_kernels(parse_options(None, "simd", "2"))).kernels if k.body)
 
 
 @pytest.mark.parametrize("variant", ["hf", "swapped", "mul-inverse", "half-first", "half-on-erf"])

@@ -11,7 +11,7 @@ import hashlib
 from dataclasses import dataclass
 
 from backends.wasm.assemble import assemble
-from backends.wasm.intrinsics import hooks as intrinsic_hooks
+from backends.wasm.intrinsics import kernels as contraction_kernels
 from backends.wasm.memory_plan import describe_plan, place_storages
 from backends.wasm.options import WasmOptions
 from backends.wasm.render import render_module
@@ -35,7 +35,7 @@ class WasmArtifact:
 
 
 def compile_graph(graph: Graph, options: WasmOptions) -> WasmArtifact:
-    program = lower_graph(graph, intrinsic_hooks(options))
+    program = lower_graph(graph, contraction_kernels(options))
     memory_bytes, arena_bytes = place_storages(program)
     wat = render_module(program, options, memory_bytes)
     wasm = assemble(wat, program, options)

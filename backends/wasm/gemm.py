@@ -8,38 +8,24 @@ offsets, strides) is a compile-time constant baked into the code.
 Entry points
 - `pack_b(b, trans_b=False) -> bytes`: B (K x N, or N x K with trans_b) as float32 panels
   `[ceil(N/16)][K][16]`, the last panel zero-padded; `packed_b_size(k, n)` is its length.
-- `render_gemm(m, n, k, *, a_offset, b_packed_offset, c_offset, bias_offset=None, epilogue=None,
-  residual_offset=None, features=SIMD_FMA, trans_a=False, lda=None, ldc=None, batch=1,
-  batch_strides=None, bias_per_row=False, a_scratch_offset=None, tile_rows=4, a_packed=False,
-  name="gemm") -> str`: a
-  `(func $name)` with no parameters or results that reads and writes memory 0 at the given byte
-  offsets, followed by the functions it calls (`$name_k_zero`, `$name_k_acc`: the tiles' k loop,
-  see `_k_function_unroll`) when it uses them.
-  - A is M x K row-major with row stride `lda` elements (default K); with `trans_a` it is stored
-    K x M (row stride `lda`, default M), as Gemm's transA means.
-  - C and the residual are M x N with row stride `ldc` (default N). The residual may be C itself
-    (in-place accumulate: it is read before the tile is first written).
-  - bias is N floats, broadcast over rows (with `bias_per_row`, M floats broadcast over columns: a
-    Conv's per-channel bias when C is its NCHW output). `epilogue` is None, "relu" or "gelu" (erf
-    form), applied after bias and residual: C = epilogue(A @ B + bias + residual).
-  - `batch` > 1 repeats the product; `batch_strides = (a, b, c)` in bytes (0 broadcasts an operand;
-    default: dense). The residual follows C's stride; a column bias is shared, a per-row bias moves
-    on by M floats per batch (a grouped Conv's groups each have their own channels' bias).
-  - `tile_rows`: rows per register tile, 1 to 4 (default 4).
-  - `a_scratch_offset`: where the kernel may copy blocks of A (`gemm_scratch_bytes(m, k, tile_rows)`
-    bytes) so that a tile reads its rows' values for one k as one v128; used whenever M is more than
-    one tile. Without it A is read in place.
-  - `a_packed`: A at `a_offset` already is `pack_a(A)` (a weight packed at compile time): the kernel
-    reads it as it reads the scratch blocks and packs nothing; only where `packs_a(m, features,
-    tile_rows)`. The batch stride of A is then `packed_a_size(m, k)`.
-- `pack_a(a, tile_rows=4) -> np.ndarray`: A (M x K) in the order the tiles read packed A: for each
-  K block of 128, groups of `tile_rows` rows (the last zero-padded) as [k][row]; `packed_a_size(m, k)`
-  is its length in bytes.
+- `render_gemm(spec, at, *, features=SIMD_FMA, layout=GemmLayout(), name="gemm") -> str`: the
+  `GemmSpec` (shapes, `trans_a`, batch, the epilogue) at the byte offsets `at` (`GemmOffsets`,
+  kernels/operands.py), laid out as `layout` says (`GemmLayout`: row strides, batch strides, a
+  per-row bias, the tile height, A packed at compile time), as a `(func $name)` with no parameters
+  or results that reads and writes memory 0, followed by the functions it calls (`$name_k_zero`,
+  `$name_k_acc`: the tiles' k loop, see `_k_function_unroll`) when it uses them.
+  - A is M x K row-major; with `trans_a` it is stored K x M, as Gemm's transA means.
+  - C and the residual are M x N. The bias is N floats broadcast over rows (M over columns with
+    `bias_per_row`). The activation is None, "relu" or "gelu" (erf form), applied after bias and
+    residual: C = activation(A @ B + bias + residual).
   - `features`: a set of "simd", "relaxed-simd". With relaxed SIMD the inner product uses
     `f32x4.relaxed_madd` (the host must enable relaxed SIMD; results may differ from mul+add in the
     last bit, as FMA does); with only "simd" it uses mul + add; with neither, scalar f32 code.
-- `render_pack_b(k, n, *, src_offset, dst_offset, trans_b=False, batch=1, batch_strides=None,
-  name="pack_b", features=SIMD) -> str`: a function that packs a row-major B living in memory into
+- `pack_a(a, tile_rows=4) -> np.ndarray`: A (M x K) in the order the tiles read packed A: for each
+  K block of 128, groups of `tile_rows` rows (the last zero-padded) as [k][row]; `packed_a_size(m, k)`
+  is its length in bytes.
+- `render_pack_b(k, n, *, src_offset, dst_offset, trans_b=False, batch=1, name="pack_b",
+  features=SIMD) -> str`: a function that packs a row-major B living in memory into
   the panel layout at `dst_offset` (`packed_b_size(k, n)` bytes per batch).
 
 Conv lowers to this through `backends/wasm/kernels/conv.py` (`render_conv2d`): im2col packed straight
@@ -55,12 +41,16 @@ no K blocking.
 
 from __future__ import annotations
 
+from dataclasses import astuple, dataclass
+
 import numpy as np
 
 from backends.wasm.kernels.activation import check_epilogue, f32_activation, scratch_locals
 from backends.wasm.kernels.microkernel import (MAX_ROWS, PANEL, PANEL_BYTES, UNROLL, TileGeometry, Vec,
                                                edge_pass_lanes, render_k_functions, render_tile, tile_locals)
+from backends.wasm.kernels.operands import GemmLayout, GemmOffsets
 from backends.wasm.simd_lanes import shuffle_lanes
+from ir.loops.contraction import GemmSpec
 
 SCALAR: frozenset[str] = frozenset()
 SIMD: frozenset[str] = frozenset({"simd"})
@@ -136,38 +126,37 @@ def _check_features(features) -> frozenset[str]:
     return features
 
 
-def render_gemm(m: int, n: int, k: int, *, a_offset: int, b_packed_offset: int, c_offset: int,
-                bias_offset: int | None = None, epilogue: str | None = None,
-                residual_offset: int | None = None, features=SIMD_FMA, trans_a: bool = False,
-                lda: int | None = None, ldc: int | None = None, batch: int = 1,
-                batch_strides: tuple[int, int, int] | None = None, bias_per_row: bool = False,
-                a_scratch_offset: int | None = None, tile_rows: int = TILE_ROWS, a_packed: bool = False,
+def render_gemm(spec: GemmSpec, at: GemmOffsets, *, features=SIMD_FMA, layout: GemmLayout = GemmLayout(),
                 name: str = "gemm") -> str:
+    m, n, k, batch, trans_a, epilogue = spec.m, spec.n, spec.k, spec.batch, spec.trans_a, spec.epilogue.activation
+    tile_rows = layout.tile_rows if layout.tile_rows is not None else TILE_ROWS
     features = _check_features(features)
     check_epilogue(epilogue)
+    if spec.epilogue.bias != (at.bias is not None) or spec.epilogue.residual != (at.residual is not None):
+        raise ValueError(f"the epilogue {spec.epilogue} needs exactly its bias and residual offsets, got {at}")
     if not 1 <= tile_rows <= MAX_ROWS:
         raise ValueError(f"tile_rows must be 1..{MAX_ROWS}, got {tile_rows}")
     if min(m, n, k, batch) < 1:
         raise ValueError(f"GEMM dims must be positive, got m={m} n={n} k={k} batch={batch}")
-    if a_packed and (trans_a or lda or not packs_a(m, features, tile_rows)):
+    if layout.a_packed and (trans_a or layout.lda or not packs_a(m, features, tile_rows)):
         raise ValueError(f"a packed A needs SIMD, more than {tile_rows} rows and no transA/lda (m={m})")
-    lda = lda or (m if trans_a else k)
-    ldc = ldc or n
-    strides = batch_strides or (m * k * 4, packed_b_size(k, n), m * n * 4)
+    lda = layout.lda or (m if trans_a else k)
+    ldc = layout.ldc or n
+    strides = layout.batch_strides or (m * k * 4, packed_b_size(k, n), m * n * 4)
     a_k_step, a_row_step = (lda * 4, 4) if trans_a else (4, lda * 4)
     body = _simd_body if "simd" in features else _scalar_body
-    bias = None if bias_offset is None else ("row" if bias_per_row else "column")
-    a_pack = "packed" if a_packed else a_scratch_offset
-    inner, helpers = body(m, n, k, a_k_step, a_row_step, ldc * 4, bias, residual_offset is not None, epilogue,
-                          "relaxed-simd" in features, a_pack, tile_rows, name)
+    bias = None if at.bias is None else ("row" if layout.bias_per_row else "column")
+    a_pack = "packed" if layout.a_packed else at.a_scratch
+    inner, helpers = body(_Body(m, n, k, a_k_step, a_row_step, ldc * 4, bias, at.residual is not None, epilogue,
+                                "relaxed-simd" in features, a_pack, tile_rows), name)
     pointers = [
-        f"(local.set $A (i32.const {a_offset}))",
-        f"(local.set $B (i32.const {b_packed_offset}))",
-        f"(local.set $C (i32.const {c_offset}))",
-        f"(local.set $R (i32.const {residual_offset or 0}))",
-        f"(local.set $BIAS (i32.const {bias_offset or 0}))",
+        f"(local.set $A (i32.const {at.a}))",
+        f"(local.set $B (i32.const {at.b_packed}))",
+        f"(local.set $C (i32.const {at.c}))",
+        f"(local.set $R (i32.const {at.residual or 0}))",
+        f"(local.set $BIAS (i32.const {at.bias or 0}))",
     ]
-    code = pointers + _batch_loop(batch, strides, inner, bias_step=4 * m if bias_per_row else 0)
+    code = pointers + _batch_loop(batch, strides, inner, bias_step=4 * m if layout.bias_per_row else 0)
     decls = ["(local $A i32) (local $B i32) (local $C i32) (local $R i32) (local $BIAS i32) (local $n i32)",
              "(local $i i32) (local $ib i32) (local $iend i32) (local $j i32) (local $k0 i32) (local $klen i32) (local $first i32) (local $last i32)",
              "(local $pa i32) (local $pb i32) (local $pc i32) (local $pr i32) (local $pbias i32)",
@@ -176,9 +165,29 @@ def render_gemm(m: int, n: int, k: int, *, a_offset: int, b_packed_offset: int, 
         decls += tile_locals() + scratch_locals("v128")
     decls += scratch_locals("f32")
     title = (f";; C[{m}x{n}] = {epilogue or 'identity'}(A{'^T' if trans_a else ''}[{m}x{k}] @ B[{k}x{n}]"
-             f"{' + bias' if bias_offset is not None else ''}{' + residual' if residual_offset is not None else ''})"
+             f"{' + bias' if at.bias is not None else ''}{' + residual' if at.residual is not None else ''})"
              f"{f' x {batch} batches' if batch > 1 else ''}; features: {','.join(sorted(features)) or 'scalar'}")
     return _func(name, title, decls, code) + helpers
+
+
+@dataclass(frozen=True)
+class _Body:
+    """What the body renderers need: the product's shape, A's and C's steps in bytes, the bias
+    ("row", "column" or None), the residual and the activation, FMA, how A is read (`a_pack`: the
+    scratch offset its blocks are packed into, "packed" when A already is `pack_a(A)`, None to read
+    it in place) and the tile height."""
+    m: int
+    n: int
+    k: int
+    a_k_step: int
+    a_row_step: int
+    c_row_step: int
+    bias: str | None
+    has_residual: bool
+    epilogue: str | None
+    fma: bool
+    a_pack: int | str | None
+    rows_per_tile: int
 
 
 def _func(name: str, title: str, decls: list[str], code: list[str]) -> str:
@@ -223,11 +232,9 @@ def gemm_scratch_bytes(m: int, k: int, tile_rows: int = TILE_ROWS) -> int:
     return rows * k_block_size(k) * 4
 
 
-def _simd_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, epilogue, fma, a_pack,
-               rows_per_tile, name) -> tuple[list[str], str]:
-    """The function's body, and the functions it calls (the tiles' k loops, see `_k_function_unroll`).
-    `a_pack`: the scratch offset A's blocks are packed into, "packed" when A already is `pack_a(A)`,
-    None to read A in place."""
+def _simd_body(p: _Body, name: str) -> tuple[list[str], str]:
+    """The function's body, and the functions it calls (the tiles' k loops, see `_k_function_unroll`)."""
+    m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, epilogue, fma, a_pack, rows_per_tile = astuple(p)
     kc = k if m <= rows_per_tile else k_block_size(k)
     blocks = -(-k // kc)
     # Packed, a full tile's A values for one k are 16 contiguous bytes: one load for the 4 rows (see
@@ -439,9 +446,9 @@ def _k_function_unroll(fma: bool) -> int | None:
     return 8 if fma else None
 
 
-def _scalar_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, epilogue, fma, a_pack,
-                 rows_per_tile, name) -> tuple[list[str], str]:
+def _scalar_body(p: _Body, name: str) -> tuple[list[str], str]:
     """Plain f32 loops over the same packed B, for hosts without SIMD128."""
+    m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, epilogue = astuple(p)[:9]
     index = "$i" if bias == "row" else "$j"
     init = f"(f32.load (i32.add (local.get $BIAS) (i32.shl (local.get {index}) (i32.const 2))))" if bias else "(f32.const 0)"
     c_at = f"(i32.add (i32.mul (local.get $i) (i32.const {c_row_step})) (i32.shl (local.get $j) (i32.const 2)))"
@@ -465,12 +472,11 @@ def _scalar_body(m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, 
 
 
 def render_pack_b(k: int, n: int, *, src_offset: int, dst_offset: int, trans_b: bool = False,
-                  batch: int = 1, batch_strides: tuple[int, int] | None = None, name: str = "pack_b",
-                  features=SIMD) -> str:
+                  batch: int = 1, name: str = "pack_b", features=SIMD) -> str:
     """Pack B (K x N row-major, or N x K with trans_b) from memory into panels, at run time, for
-    products whose B is an activation (attention's Q @ K^T, scores @ V). batch_strides = (src, dst) bytes."""
+    products whose B is an activation (attention's Q @ K^T, scores @ V); `batch` dense matrices."""
     features = _check_features(features)
-    src_stride, dst_stride = batch_strides or (k * n * 4, packed_b_size(k, n))
+    src_stride, dst_stride = k * n * 4, packed_b_size(k, n)
     panels = -(-n // PANEL)
     # dst[p][kk][l] = B[kk, 16p + l] or 0 past N; B[kk, c] is at src + (kk*n + c)*4, or (c*k + kk)*4 transposed
     full_rows = "simd" in features and not trans_b and n % PANEL == 0

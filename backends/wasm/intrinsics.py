@@ -1,13 +1,14 @@
 """The ready-made kernels the WebAssembly backend offers the lowerings: the packed-panel SIMD GEMM
-(`backends/wasm/gemm.py`) for MatMul and Gemm, and im2col + GEMM (`kernels/conv.py`) for 2-D Conv,
-or, where `Conv2dHooks.prefers_implicit_gemm`, the implicit GEMM over output pixels with the weight
-packed at compile time (`kernels/conv_implicit_gemm.py`).
+(`backends/wasm/gemm.py`) for a `GemmSpec` (MatMul, Gemm), and for a `ConvSpec` im2col + GEMM
+(`kernels/conv.py`) or, where `implicit_gemm_is_faster`, the implicit GEMM over output pixels with
+the weight packed at compile time (`kernels/conv_implicit_gemm.py`).
 
-`hooks(options)` is what the builder sees (how to pack a weight, how much scratch a kernel needs);
-`render_intrinsic` turns an `Intrinsic` statement into WAT functions once the memory plan has
-placed its buffers. A `residual` operand (the lowering's fused residual Add, see `_fused_epilogue` in
-`ir/ops/nn.py`) is added by the kernel before the activation. Opt-level 0 (plain loops) and z
-(smallest code) use none of them.
+`kernels(options)` is what the builder sees (`ContractionKernels`: how to pack a weight, how much
+scratch a kernel needs, all decided from the spec); `render_intrinsic` turns an `Intrinsic`
+statement into WAT functions once the memory plan has placed its buffers, taking the same
+decisions again from the same spec (`conv_kernel_spec`, `_gemm_scratch`). A residual (the
+lowering's fused residual Add, see `_fused_epilogue` in `ir/ops/nn.py`) is added by the kernel
+before the activation. Opt-level 0 (plain loops) and z (smallest code) use none of them.
 """
 
 from __future__ import annotations
@@ -18,51 +19,70 @@ from backends.wasm.gemm import SCALAR, gemm_scratch_bytes, pack_b, packed_b_size
 from backends.wasm.kernels.conv import (Conv2dSpec, conv_scratch_bytes, pack_conv_weight, render_conv2d,
                                         weight_packs_as_a)
 from backends.wasm.kernels.conv_implicit_gemm import implicit_gemm_is_faster
+from backends.wasm.kernels.operands import ConvOffsets, GemmOffsets
 from backends.wasm.options import WasmOptions
+from ir.loops.contraction import ContractionSpec, ConvSpec, GemmSpec, Scratch, WeightLayout
 from ir.loops.program import Intrinsic
 
 
-class GemmHooks:
-    @staticmethod
-    def pack_weight(weights: np.ndarray, trans_b: bool) -> np.ndarray:
-        return np.frombuffer(pack_b(weights, trans_b), dtype="<f4")
+class WasmKernels:
+    """The `ContractionKernels` of the WebAssembly backend at one set of features."""
 
-    @staticmethod
-    def packed_elements(k: int, n: int) -> int:
-        return packed_b_size(k, n) // 4
-
-    @staticmethod
-    def a_scratch_elements(m: int, k: int) -> int:
-        """Room for one packed block of A: the kernel's fast path reads a tile's 4 rows in one load."""
-        return gemm_scratch_bytes(m, k) // 4
-
-
-class Conv2dHooks:
     def __init__(self, features: frozenset[str]):
         self.features = features
 
-    def prefers_implicit_gemm(self, params: dict) -> bool:
-        """Whether this Conv runs faster as an implicit GEMM (its weight then packed by `pack_weight`)."""
-        return implicit_gemm_is_faster(Conv2dSpec(**params), self.features)
+    def offers(self, spec: ContractionSpec) -> bool:
+        return isinstance(spec, (GemmSpec, ConvSpec))
 
-    def packs_weight_as_a(self, params: dict) -> bool:
-        """Whether this im2col Conv's weight is best packed at compile time as the GEMM's A (then
-        `packed_a`, and `pack_weight` packs it)."""
-        return weight_packs_as_a(Conv2dSpec(**params), self.features)
+    def weight_layout(self, spec: ContractionSpec) -> WeightLayout | None:
+        """A GEMM's constant B in 16-column panels (`gemm.pack_b`); a Conv's weight as its kernel
+        reads it (`pack_conv_weight`), packed once per weight."""
+        if isinstance(spec, GemmSpec):
+            return WeightLayout("_packed") if spec.constant_b else None
+        conv = conv_kernel_spec(spec, self.features)
+        if conv.implicit_gemm:
+            return WeightLayout("_panels", shared=True)
+        if conv.packed_a:
+            return WeightLayout("_packed_a", shared=True)
+        return None
 
-    @staticmethod
-    def pack_weight(params: dict, weights: np.ndarray) -> np.ndarray:
-        return pack_conv_weight(Conv2dSpec(**params), weights)
+    def pack_weight(self, spec: ContractionSpec, weight: np.ndarray) -> np.ndarray:
+        if isinstance(spec, GemmSpec):
+            return np.frombuffer(pack_b(weight, spec.trans_b), dtype="<f4")
+        return pack_conv_weight(conv_kernel_spec(spec, self.features), weight)
 
-    @staticmethod
-    def scratch_elements(params: dict) -> int:
-        return conv_scratch_bytes(Conv2dSpec(**params)) // 4
+    def scratch(self, spec: ContractionSpec) -> tuple[Scratch, ...]:
+        if isinstance(spec, GemmSpec):
+            return tuple(s for s in _gemm_scratch(spec) if s is not None)
+        return (Scratch("a", "_im2col", conv_scratch_bytes(conv_kernel_spec(spec, self.features)) // 4),)
 
 
-def hooks(options: WasmOptions) -> dict:
+def _gemm_scratch(spec: GemmSpec) -> tuple[Scratch | None, Scratch | None]:
+    """(B's panels, packed at run time when B is an activation; one packed block of A, which the
+    kernel's fast path reads a tile's 4 rows of in one load), None for one not needed."""
+    panels = None if spec.constant_b else Scratch("b", "_panels", packed_b_size(spec.k, spec.n) // 4 * spec.batch)
+    blocks = gemm_scratch_bytes(spec.m, spec.k) // 4
+    return panels, Scratch("a", "_apack", blocks) if blocks else None
+
+
+def conv_kernel_spec(spec: ConvSpec, features: frozenset[str]) -> Conv2dSpec:
+    """The Conv kernel `spec` runs on: the implicit GEMM where it is the faster and the weight is
+    packed at compile time, else im2col, reading a constant weight as the GEMM's packed A where
+    `weight_packs_as_a`."""
+    geometry = Conv2dSpec(batch=spec.batch, in_channels=spec.in_channels, height=spec.height, width=spec.width,
+                          out_channels=spec.out_channels, kernel=spec.kernel, strides=spec.strides, pads=spec.pads,
+                          dilations=spec.dilations, groups=spec.groups)
+    if spec.constant_weight and implicit_gemm_is_faster(geometry, features):
+        return Conv2dSpec(**{**geometry.__dict__, "implicit_gemm": True})
+    if spec.constant_weight and weight_packs_as_a(geometry, features):
+        return Conv2dSpec(**{**geometry.__dict__, "packed_a": True})
+    return geometry
+
+
+def kernels(options: WasmOptions) -> WasmKernels | None:
     if options.opt_level in ("0", "z"):
-        return {}
-    return {"gemm": GemmHooks(), "conv2d": Conv2dHooks(kernel_features(options))}
+        return None
+    return WasmKernels(kernel_features(options))
 
 
 def kernel_features(options: WasmOptions) -> frozenset[str]:
@@ -73,39 +93,39 @@ def kernel_features(options: WasmOptions) -> frozenset[str]:
 
 def render_intrinsic(stmt: Intrinsic, name: str, options: WasmOptions) -> str:
     """WAT functions implementing `stmt`, the one to call being `$name`."""
-    ops, p = stmt.operands, stmt.params
+    spec, ops = stmt.spec, stmt.operands
     features = kernel_features(options)
-    if stmt.name == "conv2d":
-        bias, residual = ops.get("bias"), ops.get("residual")
-        spec = Conv2dSpec(**{k: v for k, v in p.items() if k != "epilogue"})
-        return render_conv2d(spec, epilogue=p.get("epilogue"), x_offset=_at(ops["x"]), w_offset=_at(ops["w"]), y_offset=_at(ops["y"]),
-                             scratch_offset=_at(ops["scratch"]), bias_offset=_at(bias) if bias is not None else None,
-                             residual_offset=_at(residual) if residual is not None else None,
+    if isinstance(spec, ConvSpec):
+        (scratch,) = ops.scratch
+        at = ConvOffsets(_at(ops.a), _at(ops.b), _at(ops.out), _at(scratch), bias=_at_or_none(ops.bias),
+                         residual=_at_or_none(ops.residual))
+        return render_conv2d(conv_kernel_spec(spec, features), at, epilogue=spec.epilogue.activation,
                              features=features, name=name)
-    if stmt.name == "gemm":
-        m, n, k, batch = p["m"], p["n"], p["k"], p.get("batch", 1)
-        bias, residual = ops.get("bias"), ops.get("residual")
-        scratch = ops.get("b_scratch")
-        a_scratch = ops.get("a_scratch")
-        funcs, calls = [], []
-        if scratch is not None:     # B is an activation: pack it into panels first
-            per = packed_b_size(k, n)
-            funcs.append(render_pack_b(k, n, src_offset=_at(ops["b"]), dst_offset=_at(scratch), batch=batch,
-                                       batch_strides=(k * n * 4, per), name=f"{name}_pack",
-                                       features=features & {"simd"}))
-            calls.append(f"(call ${name}_pack)")
-        b_packed = _at(scratch if scratch is not None else ops["b"])
-        funcs.append(render_gemm(m, n, k, a_offset=_at(ops["a"]), b_packed_offset=b_packed, c_offset=_at(ops["c"]),
-                                 bias_offset=_at(bias) if bias is not None else None,
-                                 residual_offset=_at(residual) if residual is not None else None, features=features,
-                                 trans_a=p.get("trans_a", False), batch=batch, epilogue=p.get("epilogue"),
-                                 batch_strides=(m * k * 4, packed_b_size(k, n), m * n * 4) if batch > 1 else None,
-                                 a_scratch_offset=_at(a_scratch) if a_scratch is not None else None,
-                                 name=f"{name}_gemm"))
-        calls.append(f"(call ${name}_gemm)")
-        return "".join(funcs) + f"(func ${name}\n  " + "\n  ".join(calls) + "\n)\n"
-    raise ValueError(f"the WebAssembly backend has no intrinsic {stmt.name!r}")
+    if isinstance(spec, GemmSpec):
+        return _render_gemm_call(spec, ops, features, name)
+    raise ValueError(f"the WebAssembly backend has no kernel for {spec!r}")
+
+
+def _render_gemm_call(spec: GemmSpec, ops, features: frozenset[str], name: str) -> str:
+    panels, blocks = _gemm_scratch(spec)
+    scratch = iter(ops.scratch)
+    b_scratch = next(scratch) if panels is not None else None
+    a_scratch = next(scratch) if blocks is not None else None
+    funcs, calls = [], []
+    if b_scratch is not None:     # B is an activation: pack it into panels first
+        funcs.append(render_pack_b(spec.k, spec.n, src_offset=_at(ops.b), dst_offset=_at(b_scratch),
+                                   batch=spec.batch, name=f"{name}_pack", features=features & {"simd"}))
+        calls.append(f"(call ${name}_pack)")
+    at = GemmOffsets(_at(ops.a), _at(b_scratch if b_scratch is not None else ops.b), _at(ops.out),
+                     bias=_at_or_none(ops.bias), residual=_at_or_none(ops.residual), a_scratch=_at_or_none(a_scratch))
+    funcs.append(render_gemm(spec, at, features=features, name=f"{name}_gemm"))
+    calls.append(f"(call ${name}_gemm)")
+    return "".join(funcs) + f"(func ${name}\n  " + "\n  ".join(calls) + "\n)\n"
 
 
 def _at(buffer) -> int:
     return buffer.storage.offset
+
+
+def _at_or_none(buffer) -> int | None:
+    return buffer.storage.offset if buffer is not None else None

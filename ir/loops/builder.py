@@ -18,6 +18,7 @@ import numpy as np
 from ir import dtypes
 from ir.errors import UnsupportedError
 from ir.graph import Graph, Node, Value
+from ir.loops.contraction import ContractionKernels, ContractionOperands, ContractionSpec
 from ir.loops.expr import Expr, Local, Var, cast, lift
 from ir.loops.program import (COMPUTE_TYPE, INPUT, OUTPUT, TEMP, WEIGHT, Assign, Buffer, If, Intrinsic, Kernel, Loop,
                               Program, Stmt, Storage, Store)
@@ -38,16 +39,18 @@ def storage_dtype(value: Value, node: Node | None = None) -> str:
 
 
 class LoopBuilder:
-    def __init__(self, graph: Graph, intrinsics: dict | None = None,
+    def __init__(self, graph: Graph, kernels: ContractionKernels | None = None,
                  lowering_of: Callable[[Node], Callable | None] = lambda node: None,
-                 expand: Callable[[Node, dict], Graph] | None = None):
-        """`lowering_of(node)`: the op's registered lowering (the op registry sits above this IR);
-        `expand(node, opsets)`: its ONNX function body as a static graph, for ops without one."""
+                 expand: Callable[[Node, dict], Graph] | None = None, group_of: dict[int, int] | None = None):
+        """`kernels`: the ready-made contraction kernels the target offers (see `Intrinsic`), None
+        for none; `lowering_of(node)`: the op's registered lowering (the op registry sits above
+        this IR); `expand(node, opsets)`: its ONNX function body as a static graph, for ops without
+        one; `group_of`: id(node) -> its fusion group (`passes/fuse_groups.py`), see `fused`."""
         self.graph = graph
+        self._group_of = dict(group_of or {})
         self._lowering_of = lowering_of
         self._expand = expand
-        # name -> the target's hooks for a ready-made kernel it offers (see `Intrinsic`)
-        self.intrinsics = dict(intrinsics or {})
+        self._kernels = kernels
         self.program = Program()
         self._buffers: dict[int, Buffer] = {}
         self._names: set[str] = set()
@@ -128,6 +131,15 @@ class LoopBuilder:
         branch or a function body."""
         return self._positions.get(id(node))
 
+    def fused(self, anchor: Node, node: Node) -> bool:
+        """Whether the fusion groups put `node` with `anchor`, so that `anchor`'s kernel may absorb
+        it. A node of a branch or a function body has no group: for it, the lowering's own checks
+        decide alone."""
+        if self.position(anchor) is None:
+            return True
+        group = self._group_of.get(id(anchor))
+        return group is not None and group == self._group_of.get(id(node))
+
     def absorb(self, node: Node) -> Buffer:
         """Mark `node` as computed by the current kernel (an epilogue); returns its output buffer,
         which the current kernel writes instead."""
@@ -188,11 +200,31 @@ class LoopBuilder:
         finally:
             self._stack.pop()
 
-    def has_intrinsic(self, name: str) -> bool:
-        return name in self.intrinsics
+    # -- ready-made contraction kernels (ir/loops/contraction.py) -------------------------------
+    def offers(self, spec: ContractionSpec) -> bool:
+        """Whether the target has a kernel for `spec`."""
+        return self._kernels is not None and self._kernels.offers(spec)
 
-    def call_intrinsic(self, name: str, operands: dict, **params) -> None:
-        self.emit(Intrinsic(name, operands, params))
+    def contraction_weight(self, spec: ContractionSpec, weight: Value, values: np.ndarray | None = None) -> Buffer:
+        """The weight of `spec` as the target's kernel reads it: `weight`'s buffer, or, where the
+        target repacks a constant weight, the packed constant (of `values`, default the weight's own)."""
+        layout = self._kernels.weight_layout(spec)
+        if layout is None:
+            return self.buffer(weight)
+        source = np.asarray(weight.const) if values is None else values
+        name = weight.name + layout.suffix
+        if layout.shared:   # packed once per weight and layout
+            return self.shared_constant((id(weight), layout.suffix),
+                                        lambda: self._kernels.pack_weight(spec, source), name)
+        return self.constant(self._kernels.pack_weight(spec, source), name)
+
+    def call_contraction(self, spec: ContractionSpec, operands: ContractionOperands, a_name: str, b_name: str) -> None:
+        """Emit the target's kernel for `spec` over `operands`, with the scratch it asks for (named
+        after `a_name` or `b_name`, the operand each belongs to)."""
+        names = {"a": a_name, "b": b_name}
+        operands.scratch = tuple(self.temp("float32", (s.elements,), names[s.of] + s.suffix)
+                                 for s in self._kernels.scratch(spec))
+        self.emit(Intrinsic(spec, operands))
 
     def store(self, buf: Buffer, index, value) -> None:
         if not isinstance(index, (list, tuple)):

@@ -161,14 +161,19 @@ class If(Stmt):
 
 @dataclass(eq=False)
 class Intrinsic(Stmt):
-    """A call to a kernel the target provides ready-made (a blocked GEMM, an im2col convolution),
-    chosen by a lowering only when the target offers it (`LoopBuilder.has_intrinsic`)."""
-    name: str
-    operands: dict[str, Buffer | None]
-    params: dict = field(default_factory=dict)
+    """A call to a kernel the target provides ready-made (a GEMM, a convolution), chosen by a
+    lowering only when the target offers one for `spec` (`LoopBuilder.offers`): `spec` says what is
+    computed (a frozen spec of `ir/loops/contraction.py`), `operands` the buffers it reads and
+    writes (anything with a `buffers()` method, e.g. `ContractionOperands`)."""
+    spec: object
+    operands: object
+
+    @property
+    def name(self) -> str:
+        return self.spec.kind
 
     def buffers(self) -> tuple[Buffer, ...]:
-        return tuple(b for b in self.operands.values() if b is not None)
+        return self.operands.buffers()
 
 
 @dataclass(eq=False)

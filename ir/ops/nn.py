@@ -62,10 +62,13 @@ register("MaxRoiPool", "RoiAlign", "AffineGrid",
 
 # -- lowerings to loop nests ---------------------------------------------------------------------
 
+from dataclasses import replace  # noqa: E402
+
 import numpy as np  # noqa: E402
 
 from ir.errors import UnsupportedError  # noqa: E402
 from ir.loops.builder import broadcast_load  # noqa: E402
+from ir.loops.contraction import ContractionOperands, ConvSpec, EpilogueSpec, GemmSpec  # noqa: E402
 from ir.loops.expr import all_of, cast, fma, in_range, maximum, minimum, select, unary  # noqa: E402
 from ir.ops.registry import epilogue_of, lowering  # noqa: E402
 from ir.ops.gelu_pattern import erf_gelu_nodes  # noqa: E402
@@ -122,13 +125,15 @@ def _fused_epilogue(b, node, bias_width: int | None = None):
     """What of the ops after a GEMM or Conv `node` its kernel can do, as the registry's `epilogue`
     entries say: an Add of a constant per-column bias (when `bias_width` is given), then an Add of a
     residual (see `_residual`), then an activation (a Relu or an exact GELU; also GELU's erf
-    diamond x * 0.5 * (1 + erf(x / sqrt 2)), see `erf_gelu_nodes`). Returns (output buffer, bias
-    buffer or None, residual buffer or None, activation or None); the absorbed nodes then emit
-    nothing."""
-    value = node.outputs[0]
+    diamond x * 0.5 * (1 + erf(x / sqrt 2)), see `erf_gelu_nodes`). Only nodes the fusion groups
+    put with `node` (`LoopBuilder.fused`): the kernel absorbs a chain of its group, or, from the
+    residual Add on, of the group FuseGroups gave that Add to (see `_residual`). Returns (output
+    buffer, bias buffer or None, residual buffer or None, activation or None); the absorbed nodes
+    then emit nothing."""
+    value, group = node.outputs[0], node
     bias, residual, out = None, None, None
     reader = b.sole_reader(value)
-    if bias_width is not None and _absorbable(reader, "bias") and _f32(*reader.inputs):
+    if bias_width is not None and _absorbable(reader, "bias") and _f32(*reader.inputs) and b.fused(group, reader):
         other = reader.inputs[1] if reader.inputs[0] is value else reader.inputs[0]
         if other.is_const and other.const.size == bias_width and other.shape[-1:] == (bias_width,) \
                 and tuple(reader.outputs[0].shape) == tuple(value.shape):
@@ -136,13 +141,15 @@ def _fused_epilogue(b, node, bias_width: int | None = None):
             out = b.absorb(reader)
             value, reader = reader.outputs[0], b.sole_reader(reader.outputs[0])
     if (other := _residual(b, node, reader, value)) is not None:
+        if not b.fused(group, reader):
+            group = reader
         residual = b.buffer(other)
         out = b.absorb(reader)
         value, reader = reader.outputs[0], b.sole_reader(reader.outputs[0])
-    if (activation := _absorbable(reader, "activation")) and _f32(reader.outputs[0]):
+    if (activation := _absorbable(reader, "activation")) and _f32(reader.outputs[0]) and b.fused(group, reader):
         return b.absorb(reader), bias, residual, activation
     if _f32(value) and (gelu := erf_gelu_nodes(value, b.users, b.output_ids)) \
-            and all(_f32(n.outputs[0]) for n in gelu):
+            and all(_f32(n.outputs[0]) and b.fused(group, n) for n in gelu):
         for gelu_node in gelu:
             out = b.absorb(gelu_node)
         return out, bias, residual, "gelu"
@@ -166,7 +173,10 @@ def _residual(b, anchor, add, value):
     if add is None or not _f32(*add.inputs, add.outputs[0]):
         return None
     other = residual_operand(add, lambda v: v is value)
-    if other is None:
+    # FuseGroups gives the Add to the first of its two producers' groups in graph order, taking the
+    # other operand as the residual; the kernel must run after the residual is computed, so it may
+    # be this anchor's kernel that absorbs the Add with the roles swapped.
+    if other is None or not (b.fused(anchor, add) or (other.producer is not None and b.fused(other.producer, add))):
         return None
     anchor_at = b.position(anchor)
     if anchor_at is None:  # a node of a branch or a function body: no graph order to rely on
@@ -177,43 +187,54 @@ def _residual(b, anchor, add, value):
     return other
 
 
+def _static(*values) -> bool:
+    return all(v is None or v.is_static for v in values)
+
+
+def _ints(shape) -> tuple[int, ...]:
+    return tuple(int(d) for d in shape)
+
+
+def _with_epilogue(spec, bias, residual, activation):
+    return replace(spec, epilogue=EpilogueSpec(bias is not None, residual is not None, activation))
+
+
 def _matmul_as_gemm(b, node) -> bool:
-    if not b.has_intrinsic("gemm") or not _f32(*node.inputs, node.outputs[0]):
-        return False
     av, wv = node.inputs[0], node.inputs[1]
+    if not _f32(*node.inputs, node.outputs[0]) or not _static(av, wv):
+        return False
     if wv.is_const and len(wv.shape) == 2:
-        k, n = wv.shape
-        m = int(np.prod(av.shape[:-1], dtype=np.int64))
-        packed = b.constant(b.intrinsics["gemm"].pack_weight(np.asarray(wv.const), False), wv.name + "_packed")
-        y, bias, residual, epilogue = _fused_epilogue(b, node, bias_width=n)
-        b.call_intrinsic("gemm", {"a": b.buffer(av), "b": packed, "c": y, "bias": bias, "residual": residual,
-                                  "a_scratch": _a_scratch(b, m, k, av.name)}, m=m, n=n, k=k, epilogue=epilogue)
+        k, n = _ints(wv.shape)
+        spec = GemmSpec(int(np.prod(av.shape[:-1], dtype=np.int64)), n, k)
+        if not b.offers(spec):
+            return False
+        packed = b.contraction_weight(spec, wv)
+        y, bias, residual, activation = _fused_epilogue(b, node, bias_width=n)
+        b.call_contraction(_with_epilogue(spec, bias, residual, activation),
+                           ContractionOperands(b.buffer(av), packed, y, bias, residual), av.name, wv.name)
         return True
-    y = b.output(node)
     if len(av.shape) == len(wv.shape) >= 2 and list(av.shape[:-2]) == list(wv.shape[:-2]) and not av.is_const:
-        (m, k), n = av.shape[-2:], wv.shape[-1]
-        batch = int(np.prod(av.shape[:-2], dtype=np.int64))
-        scratch = b.temp("float32", (b.intrinsics["gemm"].packed_elements(k, n) * batch,), wv.name + "_panels")
-        b.call_intrinsic("gemm", {"a": b.buffer(av), "b": b.buffer(wv), "b_scratch": scratch, "c": y,
-                                  "a_scratch": _a_scratch(b, m, k, av.name)}, m=m, n=n, k=k, batch=batch)
+        (m, k), n = _ints(av.shape[-2:]), int(wv.shape[-1])
+        spec = GemmSpec(m, n, k, batch=int(np.prod(av.shape[:-2], dtype=np.int64)), constant_b=False)
+        if not b.offers(spec):
+            return False
+        b.call_contraction(spec, ContractionOperands(b.buffer(av), b.contraction_weight(spec, wv), b.output(node)),
+                           av.name, wv.name)
         return True
     return False
 
 
-def _a_scratch(b, m: int, k: int, name: str):
-    """Where the GEMM kernel packs blocks of A, when it has a use for one."""
-    elements = b.intrinsics["gemm"].a_scratch_elements(m, k)
-    return b.temp("float32", (elements,), name + "_apack") if elements else None
-
-
 def _gemm_as_gemm(b, node) -> bool:
-    wv, cv = node.inputs[1], node.inputs[2] if len(node.inputs) > 2 else None
-    if not b.has_intrinsic("gemm") or not _f32(*node.inputs, node.outputs[0]) or not wv.is_const:
+    av, wv, cv = node.inputs[0], node.inputs[1], node.inputs[2] if len(node.inputs) > 2 else None
+    if not _f32(*node.inputs, node.outputs[0]) or not wv.is_const or not _static(node.outputs[0], wv):
         return False
     alpha, beta = float(node.attrs.get("alpha", 1.0)), float(node.attrs.get("beta", 1.0))
     trans_a, trans_b = bool(node.attrs.get("transA", 0)), bool(node.attrs.get("transB", 0))
+    (m, n), (rows, columns) = _ints(node.outputs[0].shape), _ints(wv.shape)
+    spec = GemmSpec(m, n, columns if trans_b else rows, trans_a=trans_a, trans_b=trans_b)
+    if not b.offers(spec):
+        return False
     y = b.output(node)
-    m, n = y.shape
     bias = None
     if cv is not None and beta != 0.0:
         if not cv.is_const or int(np.asarray(cv.const).size) not in (1, n) or (len(cv.shape) == 2 and cv.shape[0] != 1):
@@ -221,43 +242,32 @@ def _gemm_as_gemm(b, node) -> bool:
         bias = b.constant((np.broadcast_to(np.asarray(cv.const, dtype=np.float64).reshape(-1), (n,)) * beta)
                           .astype(np.float32), cv.name + "_bias")
     weights = np.asarray(wv.const, dtype=np.float32) * np.float32(alpha) if alpha != 1.0 else np.asarray(wv.const)
-    packed = b.constant(b.intrinsics["gemm"].pack_weight(weights, trans_b), wv.name + "_packed")
-    k = wv.shape[1] if trans_b else wv.shape[0]
-    y, _, residual, epilogue = _fused_epilogue(b, node)
-    b.call_intrinsic("gemm", {"a": b.input(node, 0), "b": packed, "c": y, "bias": bias, "residual": residual,
-                              "a_scratch": _a_scratch(b, m, k, node.inputs[0].name)},
-                     m=m, n=n, k=k, trans_a=trans_a, epilogue=epilogue)
+    packed = b.contraction_weight(spec, wv, weights)
+    y, _, residual, activation = _fused_epilogue(b, node)
+    b.call_contraction(_with_epilogue(spec, bias, residual, activation),
+                       ContractionOperands(b.input(node, 0), packed, y, bias, residual), av.name, wv.name)
     return True
 
 
 def _conv_as_intrinsic(b, node) -> bool:
-    wv = node.inputs[1]
-    if not b.has_intrinsic("conv2d") or not _f32(*node.inputs, node.outputs[0]) or len(wv.shape) != 4:
+    xv, wv, yv = node.inputs[0], node.inputs[1], node.outputs[0]
+    if not _f32(*node.inputs, yv) or len(wv.shape) != 4 or not _static(xv, wv, yv):
+        return False
+    (batch, channels, height, width), (out_channels, _, *kernel) = _ints(xv.shape), _ints(wv.shape)
+    geo = window_geometry(node, (height, width), kernel, _ints(yv.shape)[2:])
+    spec = ConvSpec(batch=batch, in_channels=channels, height=height, width=width,
+                    out_channels=out_channels, kernel=tuple(kernel), strides=tuple(geo.strides),
+                    pads=(geo.pads_begin[0], geo.pads_begin[1], geo.pads_end[0], geo.pads_end[1]),
+                    dilations=tuple(geo.dilations), groups=int(node.attrs.get("group", 1)),
+                    constant_weight=wv.is_const)
+    if not b.offers(spec):
         return False
     x = b.input(node, 0)
-    y, _, residual, epilogue = _fused_epilogue(b, node)
-    geo = window_geometry(node, x.shape[2:], wv.shape[2:], y.shape[2:])
-    params = dict(batch=x.shape[0], in_channels=x.shape[1], height=x.shape[2], width=x.shape[3],
-                  out_channels=wv.shape[0], kernel=tuple(wv.shape[2:]), strides=tuple(geo.strides),
-                  pads=(geo.pads_begin[0], geo.pads_begin[1], geo.pads_end[0], geo.pads_end[1]),
-                  dilations=tuple(geo.dilations), groups=int(node.attrs.get("group", 1)))
-    hooks = b.intrinsics["conv2d"]
-    if wv.is_const and hooks.prefers_implicit_gemm(params):  # the weight is packed here, at compile time
-        params["implicit_gemm"] = True
-    elif wv.is_const and hooks.packs_weight_as_a(params):   # im2col: the weight as the GEMM's packed A
-        params["packed_a"] = True
-    if params.get("implicit_gemm") or params.get("packed_a"):
-        layout = "implicit_gemm" if params.get("implicit_gemm") else "packed_a"
-        suffix = "_panels" if layout == "implicit_gemm" else "_packed_a"
-        # Convs sharing one weight (and layout) share its packing
-        w = b.shared_constant((id(wv), layout), lambda: hooks.pack_weight(params, np.asarray(wv.const)),
-                              wv.name + suffix)
-    else:
-        w = b.input(node, 1)
-    scratch = b.temp("float32", (hooks.scratch_elements(params),), x.name + "_im2col")
-    b.call_intrinsic("conv2d", {"x": x, "w": w, "y": y, "bias": b.input(node, 2), "residual": residual,
-                                "scratch": scratch},
-                     epilogue=epilogue, **params)
+    y, _, residual, activation = _fused_epilogue(b, node)
+    has_bias = len(node.inputs) > 2 and node.inputs[2] is not None
+    spec = replace(spec, epilogue=EpilogueSpec(has_bias, residual is not None, activation))
+    w = b.contraction_weight(spec, wv)
+    b.call_contraction(spec, ContractionOperands(x, w, y, b.input(node, 2), residual), x.name, wv.name)
     return True
 
 

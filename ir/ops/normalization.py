@@ -29,9 +29,10 @@ def _batch_norm(b, node):
         gamma, beta, mean_, var_ = (b.input(node, i) for i in range(1, 5))
         mul_of = lambda c: gamma[c] / unary("sqrt", var_[c] + eps)  # noqa: E731
         add_of = lambda c: beta[c] - mean_[c] * mul_of(c)  # noqa: E731
-    # a Relu that only reads the result runs in the same pass (densenet's BN -> Relu before each Conv)
+    # a Relu that only reads the result, in its fusion group, runs in the same pass (densenet's BN -> Relu
+    # before each Conv)
     relu = b.sole_reader(node.outputs[0])
-    with_relu = relu is not None and (epilogue := epilogue_of(relu)) is not None \
+    with_relu = relu is not None and b.fused(node, relu) and (epilogue := epilogue_of(relu)) is not None \
         and epilogue.activation == "relu" and relu.outputs[0].dtype == node.outputs[0].dtype
     y = b.absorb(relu) if with_relu else b.output(node)
     n, c = x.shape[:2]

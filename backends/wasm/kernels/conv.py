@@ -12,12 +12,11 @@ Conv whose spec says `implicit_gemm` runs the other orientation, `kernels/conv_i
 decided there, by `implicit_gemm_is_faster`.
 
 Entry point
-- `render_conv2d(spec, *, x_offset, w_offset, y_offset, scratch_offset, bias_offset=None,
-  residual_offset=None, epilogue=None, features=SIMD_FMA, name="conv") -> str`: WAT functions, the
-  one to call being `$name` (no parameters); `conv_scratch_bytes(spec)` is what it needs at
-  `scratch_offset` (the packed im2col of one image, all groups, and the GEMM's A blocks). With
-  `spec.implicit_gemm` or `spec.packed_a` the weight at `w_offset` is `pack_conv_weight(spec, w)`,
-  not ONNX's layout.
+- `render_conv2d(spec, at, *, epilogue=None, features=SIMD_FMA, name="conv") -> str`: WAT functions
+  at the offsets `at` (`ConvOffsets`, kernels/operands.py), the one to call being `$name` (no
+  parameters); `conv_scratch_bytes(spec)` is what it needs at `at.scratch` (the packed im2col of
+  one image, all groups, and the GEMM's A blocks). With `spec.implicit_gemm` or `spec.packed_a`
+  the weight at `at.w` is `pack_conv_weight(spec, w)`, not ONNX's layout.
 - `weight_packs_as_a(spec, features)`: whether the lowering should pack this Conv's (constant) weight
   at compile time in the GEMM's packed-A layout (then `packed_a=True`), so that the kernel reads it as
   it is instead of copying blocks of it into its scratch on every call.
@@ -35,7 +34,9 @@ from backends.wasm.kernels.conv_implicit_gemm import (implicit_gemm_scratch_byte
                                                       render_conv2d_implicit_gemm)
 from backends.wasm.kernels.depthwise import depthwise_scratch_bytes, is_depthwise, render_depthwise
 from backends.wasm.kernels.microkernel import PANEL
+from backends.wasm.kernels.operands import ConvOffsets, GemmLayout, GemmOffsets
 from backends.wasm.simd_lanes import strided_load
+from ir.loops.contraction import EpilogueSpec, GemmSpec
 
 
 @dataclass(frozen=True)
@@ -127,41 +128,34 @@ def _im2col_bytes(spec: Conv2dSpec) -> int:
     return spec.groups * packed_b_size(spec.gemm_k, spec.pixels)
 
 
-def render_conv2d(spec: Conv2dSpec, *, x_offset: int, w_offset: int, y_offset: int, scratch_offset: int,
-                  bias_offset: int | None = None, residual_offset: int | None = None,
-                  epilogue: str | None = None, features=SIMD_FMA, name: str = "conv") -> str:
+def render_conv2d(spec: Conv2dSpec, at: ConvOffsets, *, epilogue: str | None = None, features=SIMD_FMA,
+                  name: str = "conv") -> str:
     if spec.implicit_gemm:
-        return render_conv2d_implicit_gemm(spec, x_offset=x_offset, w_offset=w_offset, y_offset=y_offset,
-                                           scratch_offset=scratch_offset, bias_offset=bias_offset,
-                                           residual_offset=residual_offset, epilogue=epilogue, features=features,
-                                           name=name)
+        return render_conv2d_implicit_gemm(spec, at, epilogue=epilogue, features=features, name=name)
     if is_depthwise(spec):
-        return render_depthwise(spec, x_offset=x_offset, w_offset=w_offset, y_offset=y_offset,
-                                scratch_offset=scratch_offset, bias_offset=bias_offset,
-                                residual_offset=residual_offset, epilogue=epilogue, features=features, name=name)
+        return render_depthwise(spec, at, epilogue=epilogue, features=features, name=name)
     g = spec.groups
     m, n, k = spec.out_channels // g, spec.pixels, spec.gemm_k
     x_image = spec.in_channels * spec.height * spec.width * 4
     y_image = spec.out_channels * n * 4
     funcs, calls = [], []
     simd = frozenset(features) & {"simd"}
+    product = GemmSpec(m, n, k, batch=g, epilogue=EpilogueSpec(at.bias is not None, at.residual is not None, epilogue))
+    a_stride = packed_a_size(m, k) if spec.packed_a else m * k * 4
+    layout = GemmLayout(batch_strides=(a_stride, packed_b_size(k, n), m * n * 4), bias_per_row=True,
+                        a_packed=spec.packed_a)
     for image in range(spec.batch):  # each image gets its own pair: every offset stays a constant
-        x, y = x_offset + image * x_image, y_offset + image * y_image
-        res = None if residual_offset is None else residual_offset + image * y_image
+        x, y = at.x + image * x_image, at.y + image * y_image
+        res = None if at.residual is None else at.residual + image * y_image
         pack_name, gemm_name = f"{name}_pack_{image}", f"{name}_gemm_{image}"
         if spec.is_pointwise:
-            funcs.append(render_pack_b(k, n, src_offset=x, dst_offset=scratch_offset, batch=g,
-                                       batch_strides=(k * n * 4, packed_b_size(k, n)), name=pack_name,
+            funcs.append(render_pack_b(k, n, src_offset=x, dst_offset=at.scratch, batch=g, name=pack_name,
                                        features=simd))
         else:
-            funcs.append(_render_im2col(spec, x, scratch_offset, pack_name, vector="simd" in simd))
-        a_stride = packed_a_size(m, k) if spec.packed_a else m * k * 4
-        funcs.append(render_gemm(m, n, k, a_offset=w_offset, b_packed_offset=scratch_offset, c_offset=y,
-                                 bias_offset=bias_offset, bias_per_row=True, residual_offset=res,
-                                 epilogue=epilogue, features=features, batch=g,
-                                 batch_strides=(a_stride, packed_b_size(k, n), m * n * 4),
-                                 a_scratch_offset=None if spec.packed_a else scratch_offset + _im2col_bytes(spec),
-                                 a_packed=spec.packed_a, name=gemm_name))
+            funcs.append(_render_im2col(spec, x, at.scratch, pack_name, vector="simd" in simd))
+        offsets = GemmOffsets(at.w, at.scratch, y, bias=at.bias, residual=res,
+                              a_scratch=None if spec.packed_a else at.scratch + _im2col_bytes(spec))
+        funcs.append(render_gemm(product, offsets, features=features, layout=layout, name=gemm_name))
         calls += [f"  (call ${pack_name})", f"  (call ${gemm_name})"]
     title = (f"  ;; Conv {spec.in_channels}x{spec.height}x{spec.width} -> {spec.out_channels}x{spec.out_height}x"
              f"{spec.out_width}, kernel {spec.kernel}, groups {g}, batch {spec.batch}: im2col + GEMM")

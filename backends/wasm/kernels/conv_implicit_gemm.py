@@ -30,9 +30,8 @@ Entry points
 - `implicit_gemm_is_faster(spec, features) -> bool`: the rule; `can_run_as_implicit_gemm` what is possible.
 - `pack_implicit_gemm_weight(spec, w) -> np.ndarray`: the weight as this kernel reads it.
 - `implicit_gemm_scratch_bytes(spec) -> int`
-- `render_conv2d_implicit_gemm(spec, *, x_offset, w_offset, y_offset, scratch_offset, bias_offset=None,
-  residual_offset=None, epilogue=None, features=SIMD_FMA, name="conv") -> str`: WAT functions, the one
-  to call being `$name`.
+- `render_conv2d_implicit_gemm(spec, at, *, epilogue=None, features=SIMD_FMA, name="conv") -> str`:
+  WAT functions at the offsets `at` (`ConvOffsets`), the one to call being `$name`.
 """
 
 from __future__ import annotations
@@ -43,6 +42,7 @@ from backends.wasm.gemm import SIMD_FMA, _k_function_unroll, pack_b
 from backends.wasm.kernels.activation import check_epilogue, f32_activation, scratch_locals, v128_activation
 from backends.wasm.kernels.microkernel import (PANEL, PANEL_BYTES, UNROLL, TileGeometry, Vec, edge_pass_lanes,
                                                render_k_functions, render_tile, tile_locals)
+from backends.wasm.kernels.operands import ConvOffsets
 from backends.wasm.simd_lanes import shuffle_lanes
 
 K_BLOCK = 128   # input channels per K block: one panel's block of B is 8 KiB, as in the GEMM
@@ -137,9 +137,10 @@ def implicit_gemm_scratch_bytes(spec) -> int:
     return pad_bytes + _yt_pixels(spec) * _channels_padded(spec) * 4
 
 
-def render_conv2d_implicit_gemm(spec, *, x_offset: int, w_offset: int, y_offset: int, scratch_offset: int,
-                                bias_offset: int | None = None, residual_offset: int | None = None,
-                                epilogue: str | None = None, features=SIMD_FMA, name: str = "conv") -> str:
+def render_conv2d_implicit_gemm(spec, at: ConvOffsets, *, epilogue: str | None = None, features=SIMD_FMA,
+                                name: str = "conv") -> str:
+    x_offset, w_offset, y_offset, scratch_offset, bias_offset, residual_offset = (
+        at.x, at.w, at.y, at.scratch, at.bias, at.residual)
     check_epilogue(epilogue)
     if not can_run_as_implicit_gemm(spec, features):
         raise ValueError(f"Conv {spec} cannot run as an implicit GEMM with features {sorted(features)}")
@@ -151,8 +152,8 @@ def render_conv2d_implicit_gemm(spec, *, x_offset: int, w_offset: int, y_offset:
     # The tiles' k functions depend only on the geometry, the same for every image.
     product_epilogue = None if residual_offset is not None else epilogue
     fma = "relaxed-simd" in frozenset(features)
-    k_function, k_functions = _render_k_functions(
-        spec, _tile_geometry(spec, bias_offset is not None, product_epilogue, fma), f"{name}_k")
+    geometry = _tile_geometry(spec, bias_offset is not None, product_epilogue, fma)
+    k_function, k_functions = _render_k_functions(spec, geometry, f"{name}_k")
     funcs, calls = [k_functions], []
     for image in range(spec.batch):  # each image gets its own functions: every offset stays a constant
         x, y = x_offset + image * x_image, y_offset + image * y_image
@@ -161,7 +162,7 @@ def render_conv2d_implicit_gemm(spec, *, x_offset: int, w_offset: int, y_offset:
             funcs.append(_render_pad(spec, x, padded_at, f"{name}_pad_{image}"))
             calls.append(f"  (call ${name}_pad_{image})")
             x = padded_at
-        funcs.append(_render_product(spec, x, w_offset, yt_at, bias_offset, product_epilogue, fma, k_function,
+        funcs.append(_render_product(spec, x, w_offset, yt_at, bias_offset, geometry, k_function,
                                      f"{name}_gemm_{image}"))
         funcs.append(_render_transpose(spec, yt_at, y, res, epilogue if res is not None else None,
                                        f"{name}_out_{image}"))
@@ -257,10 +258,12 @@ def _render_k_functions(spec, geometry: TileGeometry, name: str) -> tuple[str | 
     return name, render_k_functions(name, geometry, unroll, edge_pass_lanes(edge) if edge else [])
 
 
-def _render_product(spec, x: int, w: int, yt: int, bias: int | None, epilogue: str | None, fma: bool,
+def _render_product(spec, x: int, w: int, yt: int, bias: int | None, geometry: TileGeometry,
                     k_function: str | None, name: str) -> str:
-    """Y^T = X-windows @ B (+ bias, then the activation when there is no residual); with
-    `k_function` (see `_render_k_functions`) the tiles call it for their k loops."""
+    """Y^T = X-windows @ B (+ bias, then the activation when there is no residual), the tiles as
+    `geometry` (`_tile_geometry`) says; with `k_function` (see `_render_k_functions`) the tiles call
+    it for their k loops."""
+    epilogue = geometry.epilogue
     (kh, kw), (sh, sw), (dh, dw) = spec.kernel, spec.strides, spec.dilations
     hp, wp = _plane(spec)
     c_in, oc = spec.in_channels, spec.out_channels
@@ -279,7 +282,6 @@ def _render_product(spec, x: int, w: int, yt: int, bias: int | None, epilogue: s
     else:
         row_len, last_len, rows, in_row_step = spec.out_width, 0, spec.out_height, sh * wp * 4
         group_rows = max(1, min(rows, chunk // row_len))
-    geometry = _tile_geometry(spec, bias is not None, epilogue, fma)
     def tile(pixels: int, vecs: list[Vec]) -> list[str]:
         return [
             "(local.set $pa (i32.add (local.get $arow) (i32.mul (local.get $ox) (i32.const %d))))" % (sw * 4),

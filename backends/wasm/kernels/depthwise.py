@@ -10,14 +10,14 @@ the even lanes; larger strides: lane by lane). The tap weights of the channel li
 Entry points
 - `is_depthwise(spec)`: whether `render_depthwise` applies (groups == in channels == out channels).
 - `depthwise_scratch_bytes(spec)`: the zero-bordered plane.
-- `render_depthwise(spec, *, x_offset, w_offset, y_offset, scratch_offset, bias_offset=None,
-  residual_offset=None, epilogue=None, features, name)`: a `(func $name)` computing
+- `render_depthwise(spec, at, *, epilogue=None, features, name)`: a `(func $name)` computing
   Y = epilogue(conv(X, W) + bias + residual) for every image, with scalar f32 code without "simd".
 """
 
 from __future__ import annotations
 
 from backends.wasm.kernels.activation import f32_activation, scratch_locals, v128_activation
+from backends.wasm.kernels.operands import ConvOffsets
 
 MAX_WEIGHT_LOCALS = 25  # taps kept in locals (5x5); larger kernels load their weights per use
 
@@ -43,9 +43,10 @@ def depthwise_scratch_bytes(spec) -> int:
     return rows * width * 4
 
 
-def render_depthwise(spec, *, x_offset: int, w_offset: int, y_offset: int, scratch_offset: int,
-                     bias_offset: int | None = None, residual_offset: int | None = None,
-                     epilogue: str | None = None, features=frozenset({"simd"}), name: str = "conv") -> str:
+def render_depthwise(spec, at: ConvOffsets, *, epilogue: str | None = None, features=frozenset({"simd"}),
+                     name: str = "conv") -> str:
+    x_offset, w_offset, y_offset, scratch_offset, bias_offset, residual_offset = (
+        at.x, at.w, at.y, at.scratch, at.bias, at.residual)
     simd = "simd" in features
     fma = "relaxed-simd" in features
     lanes = 4 if simd else 1
