@@ -47,6 +47,17 @@ class Device(Protocol):
         """Memory the loaded CU holds (its instance, weights and scratch)."""
 
 
+class HostTensors:
+    """For devices whose tensors are numpy arrays of this process (a CU's outputs may be views of
+    its memory, valid until it runs again: `to_host` copies)."""
+
+    def to_device(self, array: np.ndarray) -> np.ndarray:
+        return array
+
+    def to_host(self, tensor: np.ndarray) -> np.ndarray:
+        return np.array(tensor)
+
+
 @dataclass(frozen=True)
 class BuiltCU:
     """What a target makes of one CU: files by name, and the record for dag.json."""

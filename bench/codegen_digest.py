@@ -4,7 +4,8 @@ A refactor that claims to leave code generation alone proves it by two runs, bef
 whose files compare equal (`diff` or `python -m bench.codegen_digest --compare A B`). Each model
 goes through the installed `cortex` command, as a user runs it: decompose with defaults, build-dag,
 compile-wasm at the default options and at `--opt-level 3 --features simd,relaxed-simd` (WAT and
-.wasm), compile-cuda (the .cu sources; PTX and cubins depend on the toolkit, not on Cortex).
+.wasm), compile-cuda (the .cu sources; PTX and cubins depend on the toolkit, not on Cortex), also with
+the scratch offsets masked.
 
     python -m bench.codegen_digest --output before.json [--models cnn,minilm]
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -23,6 +25,9 @@ from samples import light_models, minilm
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 SAMPLE_BINDINGS = {"mlp": ["--dim", "batch=2"], "cnn": [], "transformer_block": ["--dim", "seq=16"]}
+# Where a temporary sits in a CUDA kernel's scratch space: the memory planner's choice. The masked
+# digest shows that a change of placement is all that changed.
+SCRATCH_OFFSET = re.compile(rb"\(scratch \+ \d+\)")
 WASM_VARIANTS = {"default": [], "o3-relaxed": ["--opt-level", "3", "--features", "simd,relaxed-simd"]}
 
 
@@ -53,6 +58,9 @@ def digest_model(path: Path, bindings: list[str], work: Path) -> dict[str, str]:
     cortex("compile-cuda", "--cu-dir", str(cus), "--output", str(out), "--compiler", "nvrtc", "--json")
     for f in sorted([*out.glob("*.cu"), *out.glob("*.weights")]):
         hashes[f"cuda/{f.name}"] = hashlib.sha256(f.read_bytes()).hexdigest()
+        if f.suffix == ".cu":
+            masked = SCRATCH_OFFSET.sub(b"(scratch + ?)", f.read_bytes())
+            hashes[f"cuda-offsets-masked/{f.name}"] = hashlib.sha256(masked).hexdigest()
     return hashes
 
 

@@ -20,6 +20,7 @@ import numpy as np
 from backends.cuda.driver import CudaDevice, CudaDeviceError, DeviceBuffer, open_driver
 from backends.cuda.runner import CuRunner
 from backends.cuda.sim import build as build_for_host
+from backends.registry import HostTensors
 from ir.errors import CortexError
 from ir.fs import confined_path, file_sha256
 
@@ -46,7 +47,7 @@ def _check_artifacts(dag: dict, dag_path: Path) -> None:
             raise CortexError(f"{dag_path}: {cu['id']} has no cuda artifact; run 'cortex compile-cuda --dag {dag_path}' first")
 
 
-class CudaSimDevice:
+class CudaSimDevice(HostTensors):
     name = "cuda-sim"
 
     def __init__(self, dag: dict, dag_path: Path, *, seed: int = 0, host_threads: int | None = None):
@@ -67,12 +68,6 @@ class CudaSimDevice:
 
     def run(self, cu: dict, inputs: dict) -> dict[str, np.ndarray]:
         return self.runners[cu["id"]].run(inputs)
-
-    def to_device(self, array: np.ndarray) -> np.ndarray:
-        return array
-
-    def to_host(self, tensor: np.ndarray) -> np.ndarray:
-        return np.array(tensor)
 
     def resident_bytes(self, cu_id: str) -> int:
         runner = self.runners.get(cu_id)

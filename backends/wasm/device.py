@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import wasmtime
 
+from backends.registry import HostTensors
 from backends.wasm.assemble import make_engine
 from backends.wasm.instance import WasmInstance
 from backends.wasm.native_cache import Stamps, load_module
@@ -22,7 +23,7 @@ from ir.errors import CortexError
 from ir.fs import confined_path
 
 
-class WasmDevice:
+class WasmDevice(HostTensors):
     name = "wasm"
 
     def __init__(self, dag: dict, dag_path: Path):
@@ -51,12 +52,6 @@ class WasmDevice:
             return self.instances[cu["id"]].run(inputs)
         except wasmtime.Trap as e:
             raise CortexError(f"{cu['id']} ({', '.join(cu.get('op_types', []))}) trapped: {_trap_reason(e)}") from None
-
-    def to_device(self, array: np.ndarray) -> np.ndarray:
-        return array
-
-    def to_host(self, tensor: np.ndarray) -> np.ndarray:
-        return np.array(tensor)
 
     def resident_bytes(self, cu_id: str) -> int:
         instance = self.instances.get(cu_id)

@@ -13,6 +13,8 @@ before the activation. Opt-level 0 (plain loops) and z (smallest code) use none 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from backends.wasm.gemm import SCALAR, gemm_scratch_bytes, pack_b, packed_b_size, render_gemm, render_pack_b
@@ -69,13 +71,11 @@ def conv_kernel_spec(spec: ConvSpec, features: frozenset[str]) -> Conv2dSpec:
     """The Conv kernel `spec` runs on: the implicit GEMM where it is the faster and the weight is
     packed at compile time, else im2col, reading a constant weight as the GEMM's packed A where
     `weight_packs_as_a`."""
-    geometry = Conv2dSpec(batch=spec.batch, in_channels=spec.in_channels, height=spec.height, width=spec.width,
-                          out_channels=spec.out_channels, kernel=spec.kernel, strides=spec.strides, pads=spec.pads,
-                          dilations=spec.dilations, groups=spec.groups)
+    geometry = Conv2dSpec(**{f.name: getattr(spec, f.name) for f in dataclasses.fields(ConvSpec)})
     if spec.constant_weight and implicit_gemm_is_faster(geometry, features):
-        return Conv2dSpec(**{**geometry.__dict__, "implicit_gemm": True})
+        return dataclasses.replace(geometry, implicit_gemm=True)
     if spec.constant_weight and weight_packs_as_a(geometry, features):
-        return Conv2dSpec(**{**geometry.__dict__, "packed_a": True})
+        return dataclasses.replace(geometry, packed_a=True)
     return geometry
 
 

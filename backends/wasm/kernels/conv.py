@@ -36,22 +36,12 @@ from backends.wasm.kernels.depthwise import depthwise_scratch_bytes, is_depthwis
 from backends.wasm.kernels.microkernel import PANEL
 from backends.wasm.kernels.operands import ConvOffsets, GemmLayout, GemmOffsets
 from backends.wasm.simd_lanes import strided_load
-from ir.loops.contraction import EpilogueSpec, GemmSpec
+from ir.loops.contraction import ConvSpec, EpilogueSpec, GemmSpec
 
 
 @dataclass(frozen=True)
-class Conv2dSpec:
-    """An ONNX Conv on NCHW float32 tensors with static shapes."""
-    batch: int
-    in_channels: int
-    height: int
-    width: int
-    out_channels: int
-    kernel: tuple[int, int]
-    strides: tuple[int, int] = (1, 1)
-    pads: tuple[int, int, int, int] = (0, 0, 0, 0)  # top, left, bottom, right (ONNX order: begins, ends)
-    dilations: tuple[int, int] = (1, 1)
-    groups: int = 1
+class Conv2dSpec(ConvSpec):
+    """A Conv (its target-neutral `ConvSpec` geometry) and the kernel variant that runs it."""
     implicit_gemm: bool = False  # output pixels as GEMM rows, the weight as packed B (conv_implicit_gemm.py)
     packed_a: bool = False       # im2col, the weight given as the GEMM's packed A (gemm.pack_a, per group)
 
