@@ -190,22 +190,23 @@ def _direction_slice(graph: Graph, v: Value | None, d: int, way: str, axis: int,
 
 
 def _direction_outputs(graph: Graph, node: Node, way: str, joined: bool, axes: tuple[int, int]) -> list[Value]:
-    """The recurrence's outputs: the node's own when there is one direction, else one per direction
-    (only those the node produces get a type; the others stay unused)."""
+    """The recurrence's outputs, all of them (ONNX infers a function call's outputs by position): the
+    node's own when there is one direction, else one per direction; those the node does not produce
+    stay untyped and unread."""
     state_axis, y_axis = axes
     outs = []
-    for i, original in enumerate(node.outputs[:len(OUTPUTS[node.op_type])]):
-        if not joined:
+    for i in range(len(OUTPUTS[node.op_type])):
+        original = node.outputs[i] if i < len(node.outputs) else None
+        if original is not None and not joined:
             outs.append(original)
-            continue
-        if not original.dtype:
+        elif original is None or not original.dtype:
             outs.append(Value(graph.fresh_name(f"{node.name}_{way}_unused{i}")))
-            continue
-        shape = list(original.shape) if original.shape is not None else None
-        if shape is not None:
-            shape[y_axis if i == 0 else state_axis] = 1
-        outs.append(Value(graph.fresh_name(f"{original.name}_{way}"), original.dtype,
-                          tuple(shape) if shape is not None else None))
+        else:
+            shape = list(original.shape) if original.shape is not None else None
+            if shape is not None:
+                shape[y_axis if i == 0 else state_axis] = 1
+            outs.append(Value(graph.fresh_name(f"{original.name}_{way}"), original.dtype,
+                              tuple(shape) if shape is not None else None))
     return outs
 
 
