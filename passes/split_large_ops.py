@@ -5,7 +5,9 @@ output the output channels live (`weight_input`, `weight_axis`, `output_axis`). 
 becomes k copies, each owning a contiguous slice of the channels, joined by a Concat along the
 output's channel axis. The fused epilogue that follows the op (bias Add, Relu, Mul by a per-channel
 scale...) is split with it as long as its other inputs are constants that are per-channel or
-broadcast along that axis; the rest of the epilogue stays after the Concat.
+broadcast along that axis; the rest of the epilogue stays after the Concat. A too-large recurrent
+layer is first split into its input projection (a MatMul, split here like any other) and its
+recurrence (passes/split_recurrent.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ir.errors import CortexError
 from ir.graph import Graph, Node, Value
 from ir.ops import lookup
 from passes.base import Pass
+from passes.split_recurrent import split_recurrent
 
 
 @dataclass
@@ -36,6 +39,7 @@ class SplitLargeOps(Pass):
 
 def split_large_ops(graph: Graph, max_params: int) -> int:
     """Rewrite every fusion group (or lone node) holding more than `max_params` parameters."""
+    recurrent = split_recurrent(graph, max_params)
     groups: dict[str, list[Node]] = {}
     units: list[list[Node]] = []
     for node in graph.nodes:
@@ -55,10 +59,10 @@ def split_large_ops(graph: Graph, max_params: int) -> int:
         for node in unit[1:]:
             replaced[id(node)] = []
     if not replaced:
-        return 0
+        return recurrent
     graph.nodes = [n for node in graph.nodes for n in replaced.get(id(node), [node])]
     graph.topologically_sort()
-    return sum(1 for nodes in replaced.values() if nodes)
+    return recurrent + sum(1 for nodes in replaced.values() if nodes)
 
 
 def unit_params(nodes: list[Node]) -> int:

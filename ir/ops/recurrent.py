@@ -4,6 +4,11 @@ input and the previous hidden state, their activations, then the state update.
 One direction at a time (a reverse one walks the steps backwards, inside each sequence's own
 length when `sequence_lens` is given). Steps past a sequence's length leave its state unchanged
 and write zeros to Y, as the spec says.
+
+`cortex::LSTMRecurrence`, `GRURecurrence` and `RNNRecurrence` are the same layers with the input
+projection X W^T already computed (passes/split_recurrent.py splits a too-large layer so): the
+standard inputs without W, X being the gates [seq, batch, directions*gates*hidden], the same
+attributes. Their ONNX meaning is the model-local function that pass adds.
 """
 
 from dataclasses import dataclass
@@ -15,9 +20,30 @@ from ir.loops.expr import cast, lt, maximum, minimum, select, unary
 from ir.ops.registry import OTHER, lowering, register
 
 register("RNN", "GRU", "LSTM", kind=OTHER)
+RECURRENCE_DOMAIN = "cortex"
+register("RNNRecurrence", "GRURecurrence", "LSTMRecurrence", domain=RECURRENCE_DOMAIN, kind=OTHER)
 
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 DEFAULT_ACTIVATIONS = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}
+
+
+# Which of activation_alpha / activation_beta each activation takes.
+TAKES = {"Affine": (True, True), "LeakyRelu": (True, False), "ThresholdedRelu": (True, False),
+         "ScaledTanh": (True, True), "HardSigmoid": (True, True), "Elu": (True, False)}
+
+
+def activation_parameters(names, alphas, betas) -> list[tuple[float | None, float | None]]:
+    """(alpha, beta) of each activation, None where it takes none or the list ran out (its default
+    then): each list is consumed in order by the activations that take that parameter, as
+    onnxruntime reads the spec."""
+    alphas, betas = iter(alphas or []), iter(betas or [])
+    found = []
+    for name in names:
+        takes_alpha, takes_beta = TAKES.get(name, (False, False))
+        alpha = next(alphas, None) if takes_alpha else None
+        beta = next(betas, None) if takes_beta else None
+        found.append((None if alpha is None else float(alpha), None if beta is None else float(beta)))
+    return found
 
 
 def _activation(name: str, alpha, beta):
@@ -43,14 +69,25 @@ def _activation(name: str, alpha, beta):
 
 @lowering("loops", "RNN", "GRU", "LSTM")
 def _recurrent(b, node):
-    op = node.op_type
+    _lower(b, node, node.op_type, projected=False)
+
+
+@lowering("loops", "RNNRecurrence", "GRURecurrence", "LSTMRecurrence", domain=RECURRENCE_DOMAIN)
+def _recurrence(b, node):
+    _lower(b, node, node.op_type.removesuffix("Recurrence"), projected=True)
+
+
+def _lower(b, node, op, projected):
+    """`projected`: X holds the gates' input projection (no W input; the later inputs move up one)."""
     gates = GATES[op]
     if node.attrs.get("input_forget", 0):
         raise UnsupportedError(f"{node.describe()}: LSTM with input_forget is not supported")
-    x, w, r = b.input(node, 0), b.input(node, 1), b.input(node, 2)
-    bias, lengths, h0 = b.input(node, 3), b.input(node, 4), b.input(node, 5)
-    c0 = b.input(node, 6) if op == "LSTM" else None
-    peep = b.input(node, 7) if op == "LSTM" else None
+    shift = 1 if projected else 0
+    x, r = b.input(node, 0), b.input(node, 2 - shift)
+    w = None if projected else b.input(node, 1)
+    bias, lengths, h0 = b.input(node, 3 - shift), b.input(node, 4 - shift), b.input(node, 5 - shift)
+    c0 = b.input(node, 6 - shift) if op == "LSTM" else None
+    peep = b.input(node, 7 - shift) if op == "LSTM" else None
     layout = int(node.attrs.get("layout", 0))
     if layout:      # batch-major: the same loops with the first two axes of X/Y and of the states swapped
         batch, seq, _ = x.shape
@@ -61,7 +98,7 @@ def _recurrent(b, node):
         node.attrs.get("direction", "forward")]
     per_dir = len(DEFAULT_ACTIVATIONS[op])
     names = node.attrs.get("activations") or DEFAULT_ACTIVATIONS[op] * len(directions)
-    alphas, betas = node.attrs.get("activation_alpha", []), node.attrs.get("activation_beta", [])
+    parameters = activation_parameters(names, node.attrs.get("activation_alpha"), node.attrs.get("activation_beta"))
     clip = node.attrs.get("clip")
     linear_before_reset = bool(node.attrs.get("linear_before_reset", 0))
     outputs = [b.output(node, i) if len(node.outputs) > i and node.outputs[i].dtype else None for i in range(3)]
@@ -77,8 +114,7 @@ def _recurrent(b, node):
     cell = b.temp(x.dtype, (batch, hidden), "c") if op == "LSTM" else None
     pre = b.temp(x.dtype, (batch, gates * hidden), "gates")
     for d, direction in enumerate(directions):
-        acts = [_activation(names[d * per_dir + i], _pick(alphas, d * per_dir + i), _pick(betas, d * per_dir + i))
-                for i in range(per_dir)]
+        acts = [_activation(names[d * per_dir + i], *parameters[d * per_dir + i]) for i in range(per_dir)]
         for buf, init in ((state, h0), (cell, c0)):
             if buf is None:
                 continue
@@ -99,6 +135,9 @@ def _recurrent(b, node):
                     if op == "GRU":      # the candidate's recurrent bias goes with its recurrent term (step 2)
                         recurrent_bias = select(lt(g_row, 2 * hidden), recurrent_bias, 0.0)
                     b.assign(acc, bias[(d, g_row)] + recurrent_bias)
+                if projected:
+                    b.assign(acc, acc + at_x(t, n, d * gates * hidden + g_row))
+                    return acc
                 with b.loop(x.shape[2], "k") as k:
                     b.assign(acc, acc + at_x(t, n, k) * w[(d, g_row, k)])
                 return acc
@@ -188,10 +227,6 @@ def _update(b, layer: _Layer, acts, buffers, n, d):
         o_gate = f(clipped(pre[(n, hidden + j)] + p_o))
         b.store(cell, (n, j), c_new)
         b.store(state, (n, j), o_gate * h(c_new))
-
-
-def _pick(values, i):
-    return float(values[i]) if i < len(values) else None
 
 
 class _nothing:
