@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 import numpy as np
 
+from ir.fs import sha256_bytes
 from ir.graph import Graph, Node, Value
 from ir.ops import lookup
 from passes.base import Pass
@@ -45,7 +45,7 @@ class EliminateCommonSubexpressions(Pass):
             arr = v.const
             if arr.dtype == object or arr.nbytes > self.max_constant_bytes:
                 continue
-            digest = hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()
+            digest = sha256_bytes(np.ascontiguousarray(arr).tobytes())
             key = (v.dtype, arr.shape, str(arr.dtype), digest)
             if key in by_content:
                 replacement[id(v)] = by_content[key]

@@ -9,13 +9,13 @@ so everything downstream sees the value as a constant.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ir import dtypes
 from ir.errors import CortexError
+from ir.fs import sha256_bytes
 from ir.graph import Graph
 from passes.base import Pass
 
@@ -53,7 +53,7 @@ class FreezeInputs(Pass):
 def frozen_summary(values: dict[str, np.ndarray]) -> list[dict]:
     """What the manifest records about frozen inputs: enough to tell which values a build baked in."""
     return [{"name": name, "dtype": str(np.asarray(a).dtype), "shape": [int(d) for d in np.shape(a)],
-             "sha256": hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()}
+             "sha256": sha256_bytes(np.ascontiguousarray(a).tobytes())}
             for name, a in sorted(values.items())]
 
 

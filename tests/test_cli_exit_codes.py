@@ -8,7 +8,6 @@ import json
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import numpy as np
 import onnx

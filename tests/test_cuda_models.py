@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -21,7 +20,7 @@ from backends.registry import target
 from cortex.compile import compile_cu_dir
 from cortex.dag import validate_dag
 from cuda_cases import check_each_cu_against_onnxruntime, compile_cuda_pipeline
-from testdata import LARGE_LIGHT_MODELS, LIGHT_MODEL_NAMES, SAMPLE_NAMES, assert_values_close, light_model, minilm, sample_model
+from testdata import LIGHT_MODEL_NAMES, SAMPLE_NAMES, assert_values_close, light_model, minilm, sample_model
 
 RTOL, ATOL = 1e-4, 1e-5
 needs_nvcc = pytest.mark.skipif(cuda_compile.find_nvcc() is None, reason="nvcc not installed")

@@ -13,6 +13,7 @@ import pytest
 
 import cortex
 import backends.wasm.native_cache as wasm_runtime
+from ir.fs import file_sha256
 from ir.errors import CortexError
 from testdata import sample_model
 from wasm_cases import compile_pipeline
@@ -35,7 +36,11 @@ def _artifacts_read(monkeypatch) -> list[str]:
         if self.suffix in (".wasm", ".cwasm"):
             read.append(self.name)
         return original(self)
+    def hashing(path):
+        read.append(pathlib.Path(path).name)
+        return file_sha256(path)
     monkeypatch.setattr(pathlib.Path, "read_bytes", counting)
+    monkeypatch.setattr(wasm_runtime, "file_sha256", hashing)
     return read
 
 

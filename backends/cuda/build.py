@@ -10,22 +10,22 @@ and per-arch registers, shared memory and spills, and the parameter layout.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import asdict, dataclass, field
 
 from backends.cuda.render import CudaSource, render_cuda
 from backends.cuda.toolchain import COMPILERS, DEFAULT_ARCHS, choose_compiler, compile_cuda, parse_archs
 from backends.registry import BuiltCU
-from ir.errors import CortexError
-from ir.graph import Graph
 from codegen.lower import lower_graph
+from ir.errors import CortexError
+from ir.fs import sha256_bytes
+from ir.graph import Graph
 from ir.options import option
 
 RECORD_SCHEMA = "cortex.cuda/1"
 
 
 def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+    return sha256_bytes(data)
 
 
 def _entry(name: str, data: bytes) -> dict:

@@ -267,7 +267,7 @@ class CudaRenderer:
 
     def decompose(self, flat: str, loops: list[Loop], indent: str) -> list[str]:
         """Declare each loop's variable from a flat index over the loops (the last varies fastest)."""
-        lines, rest = [], flat
+        lines = []
         for depth, loop in enumerate(reversed(loops)):
             inner = 1
             for other in loops[len(loops) - depth:]:

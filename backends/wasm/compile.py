@@ -7,7 +7,6 @@ give byte-identical modules.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 from backends.wasm.assemble import assemble
@@ -15,8 +14,9 @@ from backends.wasm.intrinsics import kernels as contraction_kernels
 from backends.wasm.memory_plan import describe_plan, place_storages
 from backends.wasm.options import WasmOptions
 from backends.wasm.render import render_module
-from ir.graph import Graph
 from codegen.lower import lower_graph
+from ir.fs import sha256_bytes
+from ir.graph import Graph
 from ir.loops.program import WEIGHT
 
 # WAT files show weights inline only up to this size; bigger ones are elided (the .wasm has them).
@@ -31,7 +31,7 @@ class WasmArtifact:
 
     @property
     def sha256(self) -> str:
-        return hashlib.sha256(self.wasm).hexdigest()
+        return sha256_bytes(self.wasm)
 
 
 def compile_graph(graph: Graph, options: WasmOptions) -> WasmArtifact:

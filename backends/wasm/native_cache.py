@@ -9,7 +9,6 @@ copy-on-write from that file instead of copying them.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 import stat
@@ -20,7 +19,7 @@ from pathlib import Path
 import wasmtime
 
 from ir.errors import CortexError
-from ir.fs import write_bytes_atomically
+from ir.fs import file_sha256, sha256_bytes, write_bytes_atomically
 
 
 def load_module(engine: wasmtime.Engine, path: Path, sha256: str, dag_path: Path, cu_id: str,
@@ -43,7 +42,7 @@ def load_module(engine: wasmtime.Engine, path: Path, sha256: str, dag_path: Path
     wasm_entry, data = stamp.get("wasm"), None
     if not (_unchanged(wasm_entry, wasm_stat) and wasm_entry["sha256"] == sha256):
         data = path.read_bytes()
-        if hashlib.sha256(data).hexdigest() != sha256:
+        if sha256_bytes(data) != sha256:
             raise CortexError(f"{path}: sha256 differs from {dag_path} (the module was modified or is stale); "
                               "run 'cortex compile-wasm' again")
         wasm_entry = _entry(sha256, path)
@@ -62,7 +61,7 @@ def load_module(engine: wasmtime.Engine, path: Path, sha256: str, dag_path: Path
         raise CortexError(f"{path}: not a loadable module: {str(e).splitlines()[0]}") from None
     native = bytes(module.serialize())
     if _write_file(cache, native):
-        cache_entry = _entry(hashlib.sha256(native).hexdigest(), cache, written=True)
+        cache_entry = _entry(sha256_bytes(native), cache, written=True)
         if wasm_entry and cache_entry:
             stamps.set(cache, {"wasm": wasm_entry, "cwasm": cache_entry})
     return module
@@ -70,7 +69,7 @@ def load_module(engine: wasmtime.Engine, path: Path, sha256: str, dag_path: Path
 
 def _engine_key(sha256: str) -> str:
     # The module hash plus wasmtime's own version: a cache entry never outlives either.
-    return hashlib.sha256(f"{sha256}:{_wasmtime_version()}".encode()).hexdigest()[:16]
+    return sha256_bytes(f"{sha256}:{_wasmtime_version()}".encode())[:16]
 
 
 @functools.cache
@@ -151,7 +150,7 @@ def _verified_cache(cache: Path, entry) -> dict | None:
     try:
         if _unchanged(entry, cache.stat()):
             return entry
-        if hashlib.sha256(cache.read_bytes()).hexdigest() == entry.get("sha256"):
+        if file_sha256(cache) == entry.get("sha256"):
             return _entry(entry["sha256"], cache)
     except OSError:
         pass

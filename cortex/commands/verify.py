@@ -3,7 +3,6 @@ model, on the same inputs. Exit 0 when all outputs agree within tolerance, 1 whe
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -12,10 +11,11 @@ import typer
 from rich.table import Table
 
 from cortex.commands.run import example_feeds, read_inputs
-from cortex.console import out, print_json
 from cortex.commands.shared_options import DeviceOption
+from cortex.console import out, print_json
 from cortex.runtime import load
 from ir.errors import CortexError
+from ir.fs import file_sha256
 
 
 def verify(
@@ -71,7 +71,7 @@ def _check_same_model(model: Path, dag: dict) -> None:
     if not model.is_file():
         raise CortexError(f"--model {model}: no such file")
     expected = dag.get("model", {}).get("sha256")
-    actual = hashlib.sha256(model.read_bytes()).hexdigest()
+    actual = file_sha256(model)
     if expected and expected != actual:
         raise CortexError(f"--model {model} is not the model this dag.json was built from (sha256 differs)")
 

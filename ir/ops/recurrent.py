@@ -13,8 +13,6 @@ attributes. Their ONNX meaning is the model-local function that pass adds.
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from ir.errors import UnsupportedError
 from ir.loops.expr import cast, lt, maximum, minimum, select, unary
 from ir.ops.registry import OTHER, lowering, register
