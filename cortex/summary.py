@@ -43,7 +43,10 @@ class GraphSummary:
 def summarize_graph(graph: Graph, backends: tuple[str, ...] = ()) -> GraphSummary:
     ops = Counter(_qualified(n) for n in graph.walk())
     consts = graph.constants()
-    dynamic = sorted({str(d) for v in graph.inputs if v.shape for d in v.shape if not isinstance(d, int)}
+    # A named dim once by its name; an unnamed one (`?`, or `-1` as some exporters write it) by
+    # its input and axis, the place `--input-shape` binds it.
+    dynamic = sorted({str(d) if d is not None else f"{v.name}[{axis}]"
+                      for v in graph.inputs if v.shape for axis, d in enumerate(v.shape) if not isinstance(d, int)}
                      | {f"{v.name}: unknown rank" for v in graph.inputs if v.is_tensor and v.shape is None})
     control = sorted({f"{n.op_type} {n.name!r}" for n in graph.walk() if kind_of(n.op_type, n.domain) == CONTROL})
     unknown = sorted({_qualified(n) for n in graph.walk() if lookup(n.op_type, n.domain) is None})

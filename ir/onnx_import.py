@@ -4,6 +4,12 @@ Initializers and Constant nodes both become constant values (many exported model
 weight in a Constant node). Graph inputs that also have an initializer are old-style (IR < 4)
 weights and are treated as constants. External data is loaded from beside the model file.
 Domains other than the default one (ai.onnx.ml, com.microsoft, ...) are carried through as nodes.
+
+Exporter conventions onnxruntime accepts are read the way it reads them: a negative `dim_value` in
+a declared shape (PaddlePaddle's `-1` batch) is a dynamic dim, and so is a zero in the declared
+shape of a graph output or a value_info, which onnxruntime does not enforce; a zero in a graph
+input's shape is a real empty dim (onnxruntime refuses any other size there). Shapes of
+initializers and Constant nodes are data, never declarations.
 """
 
 from __future__ import annotations
@@ -148,7 +154,7 @@ class _Importer:
         for vi in gp.input:
             if vi.name in scope and scope[vi.name].is_const:
                 continue  # old-style weight listed among the inputs
-            value = _value_from_info(vi)
+            value = _value_from_info(vi, graph_input=True)
             scope[vi.name] = value
             graph.inputs.append(value)
 
@@ -269,13 +275,13 @@ def _names_in(gp: onnx.GraphProto) -> set[str]:
     return names
 
 
-def _value_from_info(vi: onnx.ValueInfoProto) -> Value:
+def _value_from_info(vi: onnx.ValueInfoProto, graph_input: bool = False) -> Value:
     t = vi.type
     if t.HasField("tensor_type"):
         tt = t.tensor_type
         shape = None
         if tt.HasField("shape"):
-            shape = tuple(_dim(d) for d in tt.shape.dim)
+            shape = tuple(_dim(d, graph_input) for d in tt.shape.dim)
         return Value(vi.name, tt.elem_type, shape)
     if not t.WhichOneof("value"):
         return Value(vi.name)
@@ -284,9 +290,12 @@ def _value_from_info(vi: onnx.ValueInfoProto) -> Value:
     return Value(vi.name, dtypes.UNDEFINED, None, type_proto=tp)
 
 
-def _dim(d: onnx.TensorShapeProto.Dimension):
+def _dim(d: onnx.TensorShapeProto.Dimension, graph_input: bool):
+    """A declared dim: its size, its symbol, or None. `-1` (and, outside graph inputs, `0`) is how
+    some exporters write a dynamic dim; onnxruntime treats them so (module docstring)."""
     if d.HasField("dim_value"):
-        return int(d.dim_value)
+        size = int(d.dim_value)
+        return size if size > 0 or (size == 0 and graph_input) else None
     if d.HasField("dim_param") and d.dim_param:
         return d.dim_param
     return None

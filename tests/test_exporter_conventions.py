@@ -1,0 +1,117 @@
+"""Models as exporters and converters really write them compile: `-1` / `0` dynamic dims, opset
+domains no node uses, and the contrib ops onnxruntime's quantizer and transformer optimizer write.
+
+The models are built here with onnx.helper, or with onnxruntime's public tools (samples/contrib_models.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from cli_helpers import assert_one_line_error, run_cli
+from ir.onnx_export import export_model
+from ir.onnx_import import import_model
+from passes import InferShapes
+from testdata import run_onnxruntime
+
+RNG = np.random.default_rng(0)
+
+
+def conv_model(input_dims, output_dims, hidden_dims, extra_opsets=()) -> onnx.ModelProto:
+    """Conv -> Relu -> global pool -> flatten -> MatMul, with the declared dims given."""
+    w = numpy_helper.from_array(RNG.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    fc = numpy_helper.from_array(RNG.standard_normal((4, 5)).astype(np.float32), "fc")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["h"], name="relu"),
+             helper.make_node("GlobalAveragePool", ["h"], ["p"], name="pool"),
+             helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
+             helper.make_node("MatMul", ["f", "fc"], ["y"], name="fc")]
+    graph = helper.make_graph(nodes, "paddle_like",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, input_dims)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, output_dims)], [w, fc],
+                              value_info=[helper.make_tensor_value_info("h", TensorProto.FLOAT, hidden_dims)])
+    opsets = [helper.make_opsetid("", 17), *(helper.make_opsetid(d, 1) for d in extra_opsets)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 8
+    return model
+
+
+MINUS_ONE = conv_model([-1, 3, -1, -1], [-1, 5], [-1, 4, -1, -1])
+ZERO_OUTPUTS = conv_model([-1, 3, 6, 10], [0, 5], [0, 4, 0, 10])
+
+
+def save(model: onnx.ModelProto, path: Path) -> Path:
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def cli_ok(argv) -> str:
+    code, out, err = run_cli(argv)
+    assert code == 0, f"{argv[0]}: {err}"
+    return out
+
+
+def compile_and_run(model_path: Path, tmp: Path, feed: np.ndarray) -> np.ndarray:
+    shape = "x=" + "x".join(map(str, feed.shape))
+    np.save(tmp / "x.npy", feed)
+    cli_ok(["decompose", "--model-path", model_path, "--output-dir", tmp / "cus", "--input-shape", shape])
+    cli_ok(["build-dag", "--cu-dir", tmp / "cus", "--output", tmp / "dag.json"])
+    cli_ok(["compile-wasm", "--cu-dir", tmp / "cus", "--output", tmp / "wasm", "--dag", tmp / "dag.json"])
+    cli_ok(["run", tmp / "dag.json", "--input", f"x={tmp / 'x.npy'}", "--output", tmp / "out.npz"])
+    return np.load(tmp / "out.npz")["y"]
+
+
+def inspect_json(model_path: Path, *argv) -> dict:
+    return json.loads(cli_ok(["inspect", model_path, "--json", *argv]))
+
+
+@pytest.mark.parametrize("model", [MINUS_ONE, ZERO_OUTPUTS], ids=["minus-one", "zero-outputs"])
+def test_exporter_dynamic_dims_compile_and_match_onnxruntime(model, tmp_path):
+    path = save(model, tmp_path / "model.onnx")
+    feed = RNG.standard_normal((2, 3, 6, 10)).astype(np.float32)
+    got = compile_and_run(path, tmp_path, feed)
+    want = run_onnxruntime(model, {"x": feed})["y"]
+    assert got.shape == want.shape == (2, 5)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_minus_one_dims_are_listed_as_dynamic_and_bound_by_input_shape(tmp_path):
+    path = save(MINUS_ONE, tmp_path / "model.onnx")
+    report = inspect_json(path)
+    assert report["source"]["dynamic_dims"] == ["x[0]", "x[2]", "x[3]"]
+    assert report["source"]["inputs"][0]["shape"] == [None, 3, None, None]
+    bound = inspect_json(path, "--input-shape", "x=1x3x48x192")
+    assert bound["optimized"]["inputs"][0]["shape"] == [1, 3, 48, 192]
+    assert bound["optimized"]["outputs"][0]["shape"] == [1, 5]
+    assert bound["optimized"]["dynamic_dims"] == []
+
+
+def test_unbound_minus_one_dim_is_one_line_naming_the_input(tmp_path):
+    path = save(MINUS_ONE, tmp_path / "model.onnx")
+    code, _, err = run_cli(["decompose", "--model-path", path, "--output-dir", tmp_path / "cus"])
+    assert_one_line_error(code, err, "'x'", "--input-shape x=")
+    assert not (tmp_path / "cus").exists()
+
+
+def test_zero_in_a_graph_input_is_an_empty_dim_as_in_onnxruntime():
+    """onnxruntime refuses any other size for an input declared with dim_value 0, so it stays 0; zeros in
+    initializers and Constant nodes are data and stay too."""
+    empty = numpy_helper.from_array(np.zeros((0, 4), np.float32), "empty")
+    const = helper.make_node("Constant", [], ["k"], name="k",
+                             value=numpy_helper.from_array(np.zeros((2, 0), np.float32)))
+    nodes = [const, helper.make_node("Concat", ["x", "empty"], ["y"], name="cat", axis=0)]
+    graph = helper.make_graph(nodes, "zeros", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [0, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [0, 4]),
+                               helper.make_tensor_value_info("k", TensorProto.FLOAT, [2, 0])], [empty])
+    g = import_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    assert g.inputs[0].shape == (0, 4)
+    assert g.outputs[0].shape is None or g.outputs[0].shape[0] is None
+    assert sorted(v.shape for v in g.constants()) == [(0, 4), (2, 0)]
+    InferShapes(require_static=True).run(g)
+    assert g.outputs[0].shape == (0, 4)
