@@ -9,7 +9,9 @@ Exporter conventions onnxruntime accepts are read the way it reads them: a negat
 a declared shape (PaddlePaddle's `-1` batch) is a dynamic dim, and so is a zero in the declared
 shape of a graph output or a value_info, which onnxruntime does not enforce; a zero in a graph
 input's shape is a real empty dim (onnxruntime refuses any other size there). Shapes of
-initializers and Constant nodes are data, never declarations.
+initializers and Constant nodes are data, never declarations. Domains listed in opset_import that
+no node uses (older converters list `com.microsoft.mlfeaturizers`, `ai.onnx.training`...) are
+dropped if Cortex does not know them; a node of such a domain is one error naming it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
 from ir import dtypes
-from ir.errors import ModelError
+from ir.errors import ModelError, UnsupportedError
 from ir.graph import CycleError, Graph, Node, Value
 
 KNOWN_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "ai.onnx.preview.training",
@@ -117,10 +119,12 @@ def _label(message, field: str, where: str) -> str:
 
 def import_model(model: onnx.ModelProto) -> Graph:
     opsets = {op.domain if op.domain != "ai.onnx" else "": op.version for op in model.opset_import}
-    local_function_domains = {f.domain for f in model.functions}
-    for domain in opsets:
-        if domain not in KNOWN_DOMAINS and domain not in local_function_domains:
-            raise ModelError(f"unknown op domain {domain!r} in opset_import")
+    known = KNOWN_DOMAINS | {f.domain for f in model.functions}
+    for where, node in _all_node_protos(model):
+        if node.domain not in known:
+            raise UnsupportedError(f"{where}node {node.name or node.op_type!r} ({node.op_type}) uses op domain "
+                                   f"{node.domain!r}, which Cortex does not support")
+    opsets = {domain: version for domain, version in opsets.items() if domain in known}
     graph = _Importer(opsets, _names_in(model.graph)).import_graph(model.graph, parent=None, scope={})
     graph.opset_imports = opsets
     graph.ir_version = model.ir_version
@@ -262,6 +266,28 @@ class _Importer:
             i += 1
         self.taken_names.add(f"__unused_{i}")
         return f"__unused_{i}"
+
+
+def _all_node_protos(model: onnx.ModelProto):
+    """(where, node) for every node: the main graph's, its subgraphs', and model-local functions'."""
+    for node in _graph_node_protos(model.graph):
+        yield "", node
+    for function in model.functions:
+        for node in function.node:
+            for inner in [node, *_subgraph_node_protos(node)]:
+                yield f"function {function.name!r}: ", inner
+
+
+def _graph_node_protos(gp: onnx.GraphProto):
+    for node in gp.node:
+        yield node
+        yield from _subgraph_node_protos(node)
+
+
+def _subgraph_node_protos(node: onnx.NodeProto):
+    for a in node.attribute:
+        for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            yield from _graph_node_protos(sub)
 
 
 def _names_in(gp: onnx.GraphProto) -> set[str]:

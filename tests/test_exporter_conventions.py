@@ -115,3 +115,56 @@ def test_zero_in_a_graph_input_is_an_empty_dim_as_in_onnxruntime():
     assert sorted(v.shape for v in g.constants()) == [(0, 4), (2, 0)]
     InferShapes(require_static=True).run(g)
     assert g.outputs[0].shape == (0, 4)
+
+
+# -- opset domains -------------------------------------------------------------------------------
+UNUSED_DOMAINS = ("com.microsoft.mlfeaturizers", "com.microsoft.experimental", "ai.onnx.training")
+
+
+def test_unused_unknown_domains_are_accepted(tmp_path):
+    model = conv_model([1, 3, 6, 10], [1, 5], [1, 4, 6, 10], extra_opsets=UNUSED_DOMAINS)
+    path = save(model, tmp_path / "model.onnx")
+    report = inspect_json(path)
+    assert not set(UNUSED_DOMAINS) & set(report["source"]["opsets"])
+    feed = RNG.standard_normal((1, 3, 6, 10)).astype(np.float32)
+    got = compile_and_run(path, tmp_path, feed)
+    np.testing.assert_allclose(got, run_onnxruntime(model, {"x": feed})["y"], rtol=1e-4, atol=1e-5)
+    for cu in sorted((tmp_path / "cus").glob("cu-*/cu.onnx")):
+        onnx.checker.check_model(onnx.load(cu), full_check=True)
+
+
+def test_exported_model_without_the_unused_domains_passes_the_checker():
+    model = conv_model([1, 3, 6, 10], [1, 5], [1, 4, 6, 10], extra_opsets=UNUSED_DOMAINS)
+    exported = export_model(import_model(model))
+    onnx.checker.check_model(exported, full_check=True)
+    assert {o.domain for o in exported.opset_import} == {""}
+
+
+def frob_model(where: str) -> onnx.ModelProto:
+    """A node of domain com.example in the main graph, an If branch, or a model-local function."""
+    frob = helper.make_node("Frobnicate", ["x"], ["y"], name="frob", domain="com.example")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)]
+    functions = []
+    if where == "graph":
+        nodes = [frob]
+    elif where == "subgraph":
+        branch = helper.make_graph([frob], "branch", [], [y])
+        cond = helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(np.array(True)))
+        nodes = [cond, helper.make_node("If", ["c"], ["y"], name="if", then_branch=branch, else_branch=branch)]
+    else:
+        functions = [helper.make_function("local", "Wrap", ["x"], ["y"], [frob], opsets)]
+        nodes = [helper.make_node("Wrap", ["x"], ["y"], name="wrap", domain="local")]
+        opsets.append(helper.make_opsetid("local", 1))
+    graph = helper.make_graph(nodes, "frob", [x], [y])
+    return helper.make_model(graph, opset_imports=opsets, functions=functions)
+
+
+@pytest.mark.parametrize("where", ["graph", "subgraph", "function"])
+def test_a_node_of_an_unknown_domain_is_one_line_naming_it(where, tmp_path):
+    path = save(frob_model(where), tmp_path / "model.onnx")
+    code, _, err = run_cli(["inspect", path])
+    assert_one_line_error(code, err, "'frob'", "Frobnicate", "'com.example'")
+    if where == "function":
+        assert "'Wrap'" in err
