@@ -35,6 +35,8 @@ class GraphSummary:
     control_flow: list[str]
     unknown_ops: list[str] = field(default_factory=list)   # not in Cortex's op registry
     unlowered_ops: dict[str, list[str]] = field(default_factory=dict)  # backend -> ops without lowering
+    # Tensors a node reads or the model outputs whose shape is not static, as "name (op)".
+    unknown_shapes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -65,7 +67,14 @@ def summarize_graph(graph: Graph, backends: tuple[str, ...] = ()) -> GraphSummar
         control_flow=control,
         unknown_ops=unknown,
         unlowered_ops=unlowered,
+        unknown_shapes=_unknown_shapes(graph),
     )
+
+
+def _unknown_shapes(graph: Graph) -> list[str]:
+    read = {id(v) for node in graph.walk() for v in node.present_inputs} | {id(v) for v in graph.outputs}
+    return [f"{out.name} ({_qualified(node)})" for node in graph.walk() for out in node.outputs
+            if id(out) in read and out.is_tensor and not out.is_static]
 
 
 def _qualified(node) -> str:
