@@ -1,11 +1,13 @@
-"""Models as exporters and converters really write them compile: `-1` / `0` dynamic dims, opset
-domains no node uses, and the contrib ops onnxruntime's quantizer and transformer optimizer write.
+"""Models as exporters and converters really write them: `-1` / `0` dynamic dims, opset domains no
+node uses, and the contrib ops onnxruntime's quantizer and transformer optimizer write.
 
-The models are built here with onnx.helper, or with onnxruntime's public tools (samples/contrib_models.py).
+The models are built here with onnx.helper, or with onnxruntime's public tools
+(samples/contrib_models.py, cached under .cache/).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -16,9 +18,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from cli_helpers import assert_one_line_error, run_cli
 from ir.onnx_export import export_model
-from ir.onnx_import import import_model
+from ir.onnx_import import import_model, load_model
 from passes import InferShapes
-from testdata import run_onnxruntime
+from samples import contrib_models as contrib
+from testdata import minilm_feed, run_onnxruntime
 
 RNG = np.random.default_rng(0)
 
@@ -168,3 +171,65 @@ def test_a_node_of_an_unknown_domain_is_one_line_naming_it(where, tmp_path):
     assert_one_line_error(code, err, "'frob'", "Frobnicate", "'com.example'")
     if where == "function":
         assert "'Wrap'" in err
+
+
+# -- contrib ops ---------------------------------------------------------------------------------
+CONTRIB_MODELS = [contrib.quantized_matmul, contrib.quantized_shared_matmuls, contrib.quantized_lstm,
+                  contrib.quantized_qoperator_net, contrib.optimized_minilm,
+                  functools.partial(contrib.optimized_minilm, gelu_approximation=True)]
+CONTRIB_IDS = ["dynamic-quantize-matmul", "matmul-integer-to-float", "dynamic-quantize-lstm", "qoperator-net",
+               "minilm-optimized", "minilm-optimized-fastgelu"]
+
+
+def binding(model: contrib.ContribModel) -> list[str]:
+    return [*(arg for name, shape in model.input_shapes.items()
+              for arg in ("--input-shape", f"{name}=" + "x".join(map(str, shape)))),
+            *(arg for name, size in model.dims.items() for arg in ("--dim", f"{name}={size}"))]
+
+
+def feed_for(model: contrib.ContribModel) -> dict[str, np.ndarray]:
+    if model.dims:
+        return minilm_feed(model.dims["batch"], model.dims["seq"])
+    return {name: RNG.standard_normal(shape).astype(np.float32) for name, shape in model.input_shapes.items()}
+
+
+@pytest.mark.parametrize("make", CONTRIB_MODELS, ids=CONTRIB_IDS)
+def test_inspect_reports_static_shapes_of_contrib_models_once_bound(make):
+    model = make()
+    report = inspect_json(model.path, *binding(model))["optimized"]
+    assert report["unknown_shapes"] == []
+    for tensor in report["inputs"] + report["outputs"]:
+        assert all(isinstance(d, int) for d in tensor["shape"]), tensor
+    for op in model.contrib_ops:
+        assert f"com.microsoft::{op}" in report["op_counts"], report["op_counts"]
+
+
+@pytest.mark.parametrize("make", CONTRIB_MODELS, ids=CONTRIB_IDS)
+def test_contrib_shapes_are_the_shapes_onnxruntime_computes(make):
+    """Every intermediate value: the inferred shape is the one onnxruntime produces for the feed."""
+    model = make()
+    graph = InferShapes(model.input_shapes, model.dims, require_static=True).run(load_model(model.path))
+    inferred = {out.name: out.shape for node in graph.walk() for out in node.outputs}
+    proto = onnx.load(model.path)
+    listed = {o.name for o in proto.graph.output}
+    proto.graph.output.extend(onnx.ValueInfoProto(name=name) for node in proto.graph.node for name in node.output
+                              if name in inferred and name not in listed)
+    ran = run_onnxruntime(proto, feed_for(model))
+    compared = {name: (inferred[name], tuple(np.shape(ran[name]))) for name in ran if name in inferred}
+    assert len(compared) >= len(proto.graph.node) // 2
+    assert {name: a for name, (a, b) in compared.items() if a != b} == {}, compared
+
+
+@pytest.mark.parametrize("make", CONTRIB_MODELS, ids=CONTRIB_IDS)
+def test_compile_wasm_names_the_contrib_ops_it_cannot_lower(make, tmp_path):
+    """The contrib ops have no lowerings yet: decompose succeeds and compile-wasm's one line names them."""
+    model = make()
+    cli_ok(["decompose", "--model-path", model.path, "--output-dir", tmp_path / "cus", "--max-cu-size", 50_000_000,
+            *binding(model)])
+    cli_ok(["build-dag", "--cu-dir", tmp_path / "cus", "--output", tmp_path / "dag.json"])
+    code, _, err = run_cli(["compile-wasm", "--cu-dir", tmp_path / "cus", "--output", tmp_path / "wasm",
+                            "--dag", tmp_path / "dag.json"])
+    assert_one_line_error(code, err, "without a loop-nest lowering",
+                          *(f"com.microsoft::{op}" for op in model.contrib_ops))
+    assert "shape" not in err
+    assert not (tmp_path / "wasm").exists()
