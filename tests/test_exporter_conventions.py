@@ -233,3 +233,45 @@ def test_compile_wasm_names_the_contrib_ops_it_cannot_lower(make, tmp_path):
                           *(f"com.microsoft::{op}" for op in model.contrib_ops))
     assert "shape" not in err
     assert not (tmp_path / "wasm").exists()
+
+
+def contrib_node_model(op: str, inputs: dict[str, np.ndarray], constants: dict[str, np.ndarray],
+                       order: list[str], **attrs) -> onnx.ModelProto:
+    """One com.microsoft node over `order` (feeds and scale / zero-point constants), output y."""
+    node = helper.make_node(op, order, ["y"], name=op.lower(), domain="com.microsoft", **attrs)
+    graph = helper.make_graph([node], op, [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype),
+                                                                            v.shape) for k, v in inputs.items()],
+                              [onnx.ValueInfoProto(name="y")],
+                              [numpy_helper.from_array(v, k) for k, v in constants.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+
+
+SCALE, ZERO = np.array(0.05, np.float32), np.array(3, np.uint8)
+Q = {"xs": SCALE, "xz": ZERO, "ys": SCALE, "yz": ZERO}
+U8 = lambda *shape: RNG.integers(0, 255, shape, dtype=np.uint8)  # noqa: E731
+HAND_RULES = {
+    "FusedMatMul-transA": ("FusedMatMul", {"a": RNG.standard_normal((2, 4, 3)).astype(np.float32),
+                                           "b": RNG.standard_normal((2, 4, 5)).astype(np.float32)}, {},
+                           ["a", "b"], {"transA": 1, "alpha": 0.5}),
+    "FusedMatMul-transB": ("FusedMatMul", {"a": RNG.standard_normal((3, 4)).astype(np.float32),
+                                           "b": RNG.standard_normal((2, 5, 4)).astype(np.float32)}, {},
+                           ["a", "b"], {"transB": 1}),
+    "QLinearLeakyRelu": ("QLinearLeakyRelu", {"x": U8(2, 3, 4)}, Q, ["x", "xs", "xz", "ys", "yz"], {"alpha": 0.1}),
+    "QLinearSoftmax": ("QLinearSoftmax", {"x": U8(2, 7)}, Q, ["x", "xs", "xz", "ys", "yz"], {"axis": -1, "opset": 13}),
+    "QLinearGlobalAveragePool": ("QLinearGlobalAveragePool", {"x": U8(1, 4, 5, 6)}, Q, ["x", "xs", "xz", "ys", "yz"],
+                                 {"channels_last": 0}),
+    "QLinearGlobalAveragePool-nhwc": ("QLinearGlobalAveragePool", {"x": U8(1, 5, 6, 4)}, Q,
+                                      ["x", "xs", "xz", "ys", "yz"], {"channels_last": 1}),
+    "QLinearConcat": ("QLinearConcat", {"a": U8(2, 3), "b": U8(2, 5)}, Q, ["ys", "yz", "a", "xs", "xz", "b", "xs", "xz"],
+                      {"axis": 1}),
+}
+
+
+@pytest.mark.parametrize("case", HAND_RULES, ids=str)
+def test_contrib_rules_cortex_adds_give_onnxruntimes_shapes(case):
+    op, inputs, constants, order, attrs = HAND_RULES[case]
+    model = contrib_node_model(op, inputs, constants, order, **attrs)
+    graph = InferShapes(require_static=True).run(import_model(model))
+    want = run_onnxruntime(model, inputs)["y"]
+    assert (graph.outputs[0].shape, graph.outputs[0].dtype) == \
+        (want.shape, helper.np_dtype_to_tensor_dtype(want.dtype))
