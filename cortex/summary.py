@@ -35,6 +35,8 @@ class GraphSummary:
     control_flow: list[str]
     unknown_ops: list[str] = field(default_factory=list)   # not in Cortex's op registry
     unlowered_ops: dict[str, list[str]] = field(default_factory=dict)  # backend -> ops without lowering
+    # Tensors a node reads or the model outputs whose shape is not static, as "name (op)".
+    unknown_shapes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -43,7 +45,10 @@ class GraphSummary:
 def summarize_graph(graph: Graph, backends: tuple[str, ...] = ()) -> GraphSummary:
     ops = Counter(_qualified(n) for n in graph.walk())
     consts = graph.constants()
-    dynamic = sorted({str(d) for v in graph.inputs if v.shape for d in v.shape if not isinstance(d, int)}
+    # A named dim once by its name; an unnamed one (`?`, or `-1` as some exporters write it) by
+    # its input and axis, the place `--input-shape` binds it.
+    dynamic = sorted({str(d) if d is not None else f"{v.name}[{axis}]"
+                      for v in graph.inputs if v.shape for axis, d in enumerate(v.shape) if not isinstance(d, int)}
                      | {f"{v.name}: unknown rank" for v in graph.inputs if v.is_tensor and v.shape is None})
     control = sorted({f"{n.op_type} {n.name!r}" for n in graph.walk() if kind_of(n.op_type, n.domain) == CONTROL})
     unknown = sorted({_qualified(n) for n in graph.walk() if lookup(n.op_type, n.domain) is None})
@@ -62,7 +67,14 @@ def summarize_graph(graph: Graph, backends: tuple[str, ...] = ()) -> GraphSummar
         control_flow=control,
         unknown_ops=unknown,
         unlowered_ops=unlowered,
+        unknown_shapes=_unknown_shapes(graph),
     )
+
+
+def _unknown_shapes(graph: Graph) -> list[str]:
+    read = {id(v) for node in graph.walk() for v in node.present_inputs} | {id(v) for v in graph.outputs}
+    return [f"{out.name} ({_qualified(node)})" for node in graph.walk() for out in node.outputs
+            if id(out) in read and out.is_tensor and not out.is_static]
 
 
 def _qualified(node) -> str:

@@ -4,6 +4,14 @@ Initializers and Constant nodes both become constant values (many exported model
 weight in a Constant node). Graph inputs that also have an initializer are old-style (IR < 4)
 weights and are treated as constants. External data is loaded from beside the model file.
 Domains other than the default one (ai.onnx.ml, com.microsoft, ...) are carried through as nodes.
+
+Exporter conventions onnxruntime accepts are read the way it reads them: a negative `dim_value` in
+a declared shape (PaddlePaddle's `-1` batch) is a dynamic dim, and so is a zero in the declared
+shape of a graph output or a value_info, which onnxruntime does not enforce; a zero in a graph
+input's shape is a real empty dim (onnxruntime refuses any other size there). Shapes of
+initializers and Constant nodes are data, never declarations. Domains listed in opset_import that
+no node uses (older converters list `com.microsoft.mlfeaturizers`, `ai.onnx.training`...) are
+dropped if Cortex does not know them; a node of such a domain is one error naming it.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
 from ir import dtypes
-from ir.errors import ModelError
+from ir.errors import ModelError, UnsupportedError
 from ir.graph import CycleError, Graph, Node, Value
 
 KNOWN_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "ai.onnx.preview.training",
@@ -111,10 +119,12 @@ def _label(message, field: str, where: str) -> str:
 
 def import_model(model: onnx.ModelProto) -> Graph:
     opsets = {op.domain if op.domain != "ai.onnx" else "": op.version for op in model.opset_import}
-    local_function_domains = {f.domain for f in model.functions}
-    for domain in opsets:
-        if domain not in KNOWN_DOMAINS and domain not in local_function_domains:
-            raise ModelError(f"unknown op domain {domain!r} in opset_import")
+    known = KNOWN_DOMAINS | {f.domain for f in model.functions}
+    for where, node in _all_node_protos(model):
+        if node.domain not in known:
+            raise UnsupportedError(f"{where}node {node.name or node.op_type!r} ({node.op_type}) uses op domain "
+                                   f"{node.domain!r}, which Cortex does not support")
+    opsets = {domain: version for domain, version in opsets.items() if domain in known}
     graph = _Importer(opsets, _names_in(model.graph)).import_graph(model.graph, parent=None, scope={})
     graph.opset_imports = opsets
     graph.ir_version = model.ir_version
@@ -148,7 +158,7 @@ class _Importer:
         for vi in gp.input:
             if vi.name in scope and scope[vi.name].is_const:
                 continue  # old-style weight listed among the inputs
-            value = _value_from_info(vi)
+            value = _value_from_info(vi, graph_input=True)
             scope[vi.name] = value
             graph.inputs.append(value)
 
@@ -258,6 +268,28 @@ class _Importer:
         return f"__unused_{i}"
 
 
+def _all_node_protos(model: onnx.ModelProto):
+    """(where, node) for every node: the main graph's, its subgraphs', and model-local functions'."""
+    for node in _graph_node_protos(model.graph):
+        yield "", node
+    for function in model.functions:
+        for node in function.node:
+            for inner in [node, *_subgraph_node_protos(node)]:
+                yield f"function {function.name!r}: ", inner
+
+
+def _graph_node_protos(gp: onnx.GraphProto):
+    for node in gp.node:
+        yield node
+        yield from _subgraph_node_protos(node)
+
+
+def _subgraph_node_protos(node: onnx.NodeProto):
+    for a in node.attribute:
+        for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            yield from _graph_node_protos(sub)
+
+
 def _names_in(gp: onnx.GraphProto) -> set[str]:
     names = {v.name for v in [*gp.input, *gp.output, *gp.initializer]}
     for node in gp.node:
@@ -269,13 +301,13 @@ def _names_in(gp: onnx.GraphProto) -> set[str]:
     return names
 
 
-def _value_from_info(vi: onnx.ValueInfoProto) -> Value:
+def _value_from_info(vi: onnx.ValueInfoProto, graph_input: bool = False) -> Value:
     t = vi.type
     if t.HasField("tensor_type"):
         tt = t.tensor_type
         shape = None
         if tt.HasField("shape"):
-            shape = tuple(_dim(d) for d in tt.shape.dim)
+            shape = tuple(_dim(d, graph_input) for d in tt.shape.dim)
         return Value(vi.name, tt.elem_type, shape)
     if not t.WhichOneof("value"):
         return Value(vi.name)
@@ -284,9 +316,12 @@ def _value_from_info(vi: onnx.ValueInfoProto) -> Value:
     return Value(vi.name, dtypes.UNDEFINED, None, type_proto=tp)
 
 
-def _dim(d: onnx.TensorShapeProto.Dimension):
+def _dim(d: onnx.TensorShapeProto.Dimension, graph_input: bool):
+    """A declared dim: its size, its symbol, or None. `-1` (and, outside graph inputs, `0`) is how
+    some exporters write a dynamic dim; onnxruntime treats them so (module docstring)."""
     if d.HasField("dim_value"):
-        return int(d.dim_value)
+        size = int(d.dim_value)
+        return size if size > 0 or (size == 0 and graph_input) else None
     if d.HasField("dim_param") and d.dim_param:
         return d.dim_param
     return None

@@ -3,7 +3,9 @@
 Each op's shape rule is its ONNX schema inference (see `ir.ops.registry`), run through
 `onnx.shape_inference` with data propagation. Shape computations (Shape -> Gather -> Concat ->
 Reshape) only become static once their inputs are constants, so inference and folding alternate
-until nothing changes.
+until nothing changes. ONNX has no rules for onnxruntime's contrib ops (com.microsoft): in a graph
+that has some, once the inputs are bound, onnxruntime's symbolic shape inference fills in the
+values ONNX left unknown (`passes.contrib_shapes`). Graphs without contrib ops never run it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from ir.errors import CortexError, ModelError
 from ir.graph import Graph, Value
 from ir.onnx_export import export_attribute, make_tensor, make_value_info
 from passes.base import Pass
+from passes.contrib_shapes import has_contrib_nodes, infer_contrib_shapes
 from passes.fold_constants import FoldConstants
 
 # Constants above this many elements are passed to ONNX inference as typed inputs, not data: no
@@ -38,6 +41,8 @@ class InferShapes(Pass):
         fold = FoldConstants()
         for _ in range(self.max_rounds):
             infer_with_onnx(graph)
+            if has_contrib_nodes(graph.walk()):
+                infer_with_contrib_rules(graph)
             before = sum(1 for _ in graph.walk())
             fold.run(graph)
             if sum(1 for _ in graph.walk()) == before:
@@ -115,6 +120,37 @@ def infer_with_onnx(graph: Graph) -> None:
                 info = found.get(out.name)
                 if info is not None:
                     _merge(out, info)
+
+
+def infer_with_contrib_rules(graph: Graph) -> None:
+    """Static dims from onnxruntime's symbolic inference for the values ONNX left unknown, once
+    every input is bound (a symbolic result would only rename what `--dim` binds)."""
+    unknown = [out for g in _graphs(graph) for node in g.nodes for out in node.outputs
+               if out.is_tensor and not out.is_static]
+    if not unknown or not all(v.is_static for v in graph.inputs if v.is_tensor):
+        return
+    inferred = infer_contrib_shapes(_inference_model(graph))
+    if inferred is None:
+        return
+    found: dict[str, onnx.ValueInfoProto] = {}
+    _collect_value_info(inferred.graph, found)
+    for value in unknown:
+        info = found.get(value.name)
+        if info is not None and info.type.HasField("tensor_type"):
+            _merge_static_dims(value, info.type.tensor_type)
+
+
+def _merge_static_dims(value: Value, tt: onnx.TypeProto.Tensor) -> None:
+    """Only what is certain: the dtype where none is known, and dims with a value."""
+    if tt.elem_type and value.dtype == dtypes.UNDEFINED:
+        value.dtype = tt.elem_type
+    if not tt.HasField("shape"):
+        return
+    new = tuple(int(d.dim_value) if d.HasField("dim_value") else None for d in tt.shape.dim)
+    if value.shape is None:
+        value.shape = new
+    elif len(value.shape) == len(new):
+        value.shape = tuple(o if isinstance(o, int) or n is None else n for o, n in zip(value.shape, new))
 
 
 def _merge(value: Value, info: onnx.ValueInfoProto) -> None:

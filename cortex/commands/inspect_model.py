@@ -69,6 +69,9 @@ def _print_report(model: Path, source: GraphSummary, after: GraphSummary, record
     out.print(f"parameters: {after.param_count:,} ({after.param_bytes / 1e6:.2f} MB) after folding; "
               f"{source.param_count:,} as stored")
     out.print("dynamic dims: " + (", ".join(after.dynamic_dims) or "none"))
+    if after.unknown_shapes:
+        first = ", ".join(after.unknown_shapes[:3]) + (", ..." if len(after.unknown_shapes) > 3 else "")
+        out.print(f"values without a static shape: {len(after.unknown_shapes)} ({first})")
     out.print("control flow: " + (", ".join(after.control_flow) or "none"))
     if after.unknown_ops:
         out.print("ops unknown to Cortex: " + ", ".join(after.unknown_ops))

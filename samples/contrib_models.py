@@ -1,0 +1,188 @@
+"""Models with onnxruntime's contrib ops (com.microsoft), made with onnxruntime's own public tools and
+cached at `.cache/models/contrib-*.onnx`:
+
+- `quantize_dynamic` on small helper-built models: DynamicQuantizeLSTM, and, once onnxruntime's
+  graph optimiser has fused the quantizer's MatMulInteger chains (the model it saves with
+  `optimized_model_filepath`), DynamicQuantizeMatMul and MatMulIntegerToFloat;
+- `quantize_static` in the QOperator format on a small Conv/Gemm/MatMul net: QLinearConv,
+  QLinearAdd, QLinearSigmoid, QGemm, QLinearMatMul;
+- `onnxruntime.transformers.optimizer.optimize_model` on MiniLM (samples/minilm.py): Attention,
+  SkipLayerNormalization, EmbedLayerNormalization, and BiasGelu or, with the GELU approximation,
+  FastGelu.
+
+The float models are built here with onnx.helper; nothing binary is committed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from samples.cache import CACHE_DIR, ensure_file
+from samples.minilm import ensure_minilm
+
+OPSET = 17
+
+
+@dataclass(frozen=True)
+class ContribModel:
+    name: str
+    path: Path
+    input_shapes: dict[str, tuple[int, ...]]
+    dims: dict[str, int]
+    contrib_ops: tuple[str, ...]    # the com.microsoft ops the tool is expected to have written
+
+
+def quantized_matmul() -> ContribModel:
+    path = _cached("dynamic-quantize-matmul", lambda d: _fused(_quantized(_matmul_model(1), d), d))
+    return ContribModel("dynamic-quantize-matmul", path, {"x": (2, 16)}, {}, ("DynamicQuantizeMatMul",))
+
+
+def quantized_shared_matmuls() -> ContribModel:
+    """Two MatMuls reading one input share its DynamicQuantizeLinear: MatMulIntegerToFloat each."""
+    path = _cached("matmul-integer-to-float", lambda d: _fused(_quantized(_matmul_model(2), d), d))
+    return ContribModel("matmul-integer-to-float", path, {"x": (2, 16)}, {}, ("MatMulIntegerToFloat",))
+
+
+def quantized_lstm() -> ContribModel:
+    path = _cached("dynamic-quantize-lstm", lambda d: _quantized(_lstm_model(), d, ["LSTM"]))
+    return ContribModel("dynamic-quantize-lstm", path, {"x": (5, 2, 4)}, {}, ("DynamicQuantizeLSTM",))
+
+
+def quantized_qoperator_net() -> ContribModel:
+    path = _cached("qoperator-net", _static_quantized)
+    return ContribModel("qoperator-net", path, {"x": (1, 3, 12, 12)}, {},
+                        ("QLinearAdd", "QLinearSigmoid", "QGemm"))
+
+
+def optimized_minilm(gelu_approximation: bool = False) -> ContribModel:
+    name = "minilm-optimized-fastgelu" if gelu_approximation else "minilm-optimized"
+    path = _cached(name, lambda d: _optimized_minilm(d, gelu_approximation))
+    gelu = "FastGelu" if gelu_approximation else "BiasGelu"
+    return ContribModel(name, path, {}, {"batch": 1, "seq": 16},
+                        ("Attention", "SkipLayerNormalization", "EmbedLayerNormalization", gelu))
+
+
+def contrib_models() -> list[ContribModel]:
+    return [quantized_matmul(), quantized_shared_matmuls(), quantized_lstm(), quantized_qoperator_net(),
+            optimized_minilm(), optimized_minilm(gelu_approximation=True)]
+
+
+# -- building ------------------------------------------------------------------------------------
+def _cached(name: str, build: Callable[[Path], Path]) -> Path:
+    """Build in a scratch folder (the tools pick the format from the file name), then cache."""
+    def write(target: Path) -> None:
+        with tempfile.TemporaryDirectory() as scratch:
+            shutil.copyfile(build(Path(scratch)), target)
+    return ensure_file(CACHE_DIR / "models" / f"contrib-{name}.onnx", write)
+
+
+def _save(model: onnx.ModelProto, folder: Path, name: str) -> Path:
+    path = folder / name
+    onnx.save(model, path)
+    return path
+
+
+def _quantized(model: onnx.ModelProto, folder: Path, op_types=None) -> Path:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    source, target = _save(model, folder, "float.onnx"), folder / "quantized.onnx"
+    quantize_dynamic(source, target, weight_type=QuantType.QInt8, op_types_to_quantize=op_types)
+    return target
+
+
+def _fused(path: Path, folder: Path) -> Path:
+    """onnxruntime's extended graph optimisations, saved: they fuse the quantizer's MatMulInteger chains."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(folder / "fused.onnx")
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return folder / "fused.onnx"
+
+
+def _static_quantized(folder: Path) -> Path:
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    rng = np.random.default_rng(1)
+
+    class Samples(CalibrationDataReader):
+        def __init__(self):
+            self.feeds = iter([{"x": rng.standard_normal((1, 3, 12, 12)).astype(np.float32)} for _ in range(4)])
+
+        def get_next(self):
+            return next(self.feeds, None)
+
+    source, target = _save(_qoperator_float_model(), folder, "float.onnx"), folder / "quantized.onnx"
+    quantize_static(source, target, Samples(), quant_format=QuantFormat.QOperator)
+    return target
+
+
+def _optimized_minilm(folder: Path, gelu_approximation: bool) -> Path:
+    from onnxruntime.transformers.fusion_options import FusionOptions
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    options = FusionOptions("bert")
+    options.enable_gelu_approximation = gelu_approximation
+    optimized = optimize_model(str(ensure_minilm()), model_type="bert", num_heads=12, hidden_size=384,
+                               opt_level=0, optimization_options=options)
+    path = folder / "optimized.onnx"
+    optimized.save_model_to_file(str(path))
+    return path
+
+
+# -- the float models ----------------------------------------------------------------------------
+def _weight(rng, name: str, shape) -> onnx.TensorProto:
+    return numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+
+
+def _model(nodes, inputs, outputs, initializers) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "float", inputs, outputs, initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+def _matmul_model(count: int) -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    widths = [32, 8][:count]
+    weights = [_weight(rng, f"w{i}", (16, n)) for i, n in enumerate(widths)]
+    nodes = [helper.make_node("MatMul", ["x", f"w{i}"], [f"y{i}"], name=f"mm{i}") for i in range(count)]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+                  [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, ["batch", n]) for i, n in enumerate(widths)],
+                  weights)
+
+
+def _lstm_model() -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    hidden, width = 8, 4
+    weights = [_weight(rng, "W", (1, 4 * hidden, width)), _weight(rng, "R", (1, 4 * hidden, hidden)),
+               _weight(rng, "B", (1, 8 * hidden))]
+    node = helper.make_node("LSTM", ["x", "W", "R", "B"], ["y", "y_h", "y_c"], name="lstm", hidden_size=hidden)
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["seq", 1, "batch", hidden]),
+               helper.make_tensor_value_info("y_h", TensorProto.FLOAT, [1, "batch", hidden])]
+    return _model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["seq", "batch", width])],
+                  outputs, weights)
+
+
+def _qoperator_float_model() -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    weights = [_weight(rng, "w", (4, 3, 3, 3)), _weight(rng, "cb", (4,)), _weight(rng, "fw", (4 * 6 * 6, 10)),
+               _weight(rng, "fb", (10,)), numpy_helper.from_array(np.array([0, -1], np.int64), "flat_shape")]
+    nodes = [helper.make_node("Conv", ["x", "w", "cb"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("MaxPool", ["r"], ["p"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Add", ["p", "p"], ["a"], name="add"),
+             helper.make_node("Sigmoid", ["a"], ["s"], name="sigmoid"),
+             helper.make_node("Reshape", ["s", "flat_shape"], ["f"], name="flatten"),
+             helper.make_node("Gemm", ["f", "fw", "fb"], ["g"], name="gemm"),
+             helper.make_node("MatMul", ["f", "fw"], ["m"], name="matmul"),
+             helper.make_node("Add", ["g", "m"], ["y"], name="sum")]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 12, 12])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 10])], weights)
