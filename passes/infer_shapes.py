@@ -17,11 +17,12 @@ from onnx import helper
 
 from ir import dtypes
 from ir.errors import CortexError, ModelError
-from ir.graph import Graph, Value
+from ir.graph import Graph, Node, Value
 from ir.onnx_export import export_attribute, make_tensor, make_value_info
 from passes.base import Pass
 from passes.contrib_shapes import has_contrib_nodes, infer_contrib_shapes
 from passes.fold_constants import FoldConstants
+from passes.inline_constant_ifs import inline_constant_ifs
 
 # Constants above this many elements are passed to ONNX inference as typed inputs, not data: no
 # shape computation reads a tensor that large, and it keeps huge models under protobuf's 2 GiB.
@@ -45,7 +46,8 @@ class InferShapes(Pass):
                 infer_with_contrib_rules(graph)
             before = sum(1 for _ in graph.walk())
             fold.run(graph)
-            if sum(1 for _ in graph.walk()) == before:
+            inlined = inline_constant_ifs(graph)
+            if not inlined and sum(1 for _ in graph.walk()) == before:
                 break
         if self.require_static:
             check_static(graph)
@@ -96,7 +98,37 @@ def check_static(graph: Graph) -> None:
         for out in node.outputs:
             if out in read and out.is_tensor and not out.is_static:
                 raise CortexError(f"{node.describe()}: cannot infer a static shape for output {out.name!r} "
-                                  f"(got {_format_shape(out.shape)})")
+                                  f"(got {_format_shape(out.shape)}){_if_hint(graph, node)}")
+
+
+def _if_hint(graph: Graph, node: Node) -> str:
+    """An If whose branches differ in shape is static only once its condition is: name the model
+    inputs that decide it, which --freeze-input turns into constants."""
+    if node.op_type != "If" or node.domain:
+        return ""
+    deciding = _inputs_reaching(graph, node.inputs[0])
+    if not deciding:
+        return ""
+    names = ", ".join(repr(v.name) for v in deciding)
+    example = " ".join(f"--freeze-input {v.name}=VALUE.npy" for v in deciding)
+    return (f"; its branches differ in shape and the branch is chosen at run time by model input {names}: "
+            f"specialise the model for one value with {example}")
+
+
+def _inputs_reaching(graph: Graph, value: Value) -> list[Value]:
+    """The non-constant model inputs `value` is computed from, in the model's input order."""
+    inputs = {id(v) for v in graph.inputs if not v.is_const}
+    seen, stack, found = set(), [value], set()
+    while stack:
+        v = stack.pop()
+        if v is None or id(v) in seen:
+            continue
+        seen.add(id(v))
+        if id(v) in inputs:
+            found.add(id(v))
+        elif v.producer is not None:
+            stack.extend(v.producer.present_inputs)
+    return [v for v in graph.inputs if id(v) in found]
 
 
 def _format_shape(shape) -> str:

@@ -15,7 +15,7 @@ from cortex.commands.shared_options import DeviceOption
 from cortex.console import out, print_json
 from cortex.runtime import load
 from ir.errors import CortexError
-from ir.fs import file_sha256
+from ir.fs import file_sha256, sha256_bytes
 
 
 def verify(
@@ -33,9 +33,11 @@ def verify(
         raise CortexError(f"--rtol {rtol:g} / --atol {atol:g}: tolerances must be zero or positive")
     compiled = load(dag, device)
     _check_same_model(model, compiled.dag)
-    feeds = {**example_feeds(compiled.inputs), **read_inputs(input or [])}
+    given = read_inputs(input or [])
+    frozen = _frozen_feeds(compiled.dag, given)
+    feeds = {**example_feeds(compiled.inputs), **{k: v for k, v in given.items() if k not in frozen}}
     ours = compiled.run(feeds)
-    reference = _run_onnxruntime(model, feeds, list(ours))
+    reference = _run_onnxruntime(model, {**feeds, **frozen}, list(ours))
     rows = [compare(name, ours[name], reference[name], rtol, atol) for name in ours]
     ok = all(r["ok"] for r in rows)
     if json:
@@ -65,6 +67,24 @@ def compare(name: str, ours: np.ndarray, reference: np.ndarray, rtol: float, ato
     rel_err = float(np.max(diff / np.maximum(np.abs(b), np.finfo(np.float32).tiny))) if diff.size else 0.0
     ok = bool(np.all(both_nan | (diff <= atol + rtol * np.abs(b))))
     return {"name": name, "shape": list(ours.shape), "ok": ok, "max_abs_error": abs_err, "max_rel_error": rel_err}
+
+
+def _frozen_feeds(dag: dict, given: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The values of inputs frozen at decompose (`--freeze-input`), which the compiled model no
+    longer takes but onnxruntime, running the source model, needs: each must be given again and be
+    the very value that was frozen."""
+    frozen = {}
+    for entry in dag.get("options", {}).get("frozen_inputs", []):
+        name = entry["name"]
+        if name not in given:
+            raise CortexError(f"input {name!r} was frozen at decompose (--freeze-input); give the same value with "
+                              f"--input {name}=FILE.npy so that onnxruntime can run the source model")
+        value = np.asarray(given[name]).astype(entry["dtype"])
+        if list(value.shape) != entry["shape"] or sha256_bytes(np.ascontiguousarray(value).tobytes()) != entry["sha256"]:
+            raise CortexError(f"--input {name}: not the value frozen at decompose (its sha256 differs); the "
+                              "compiled model is specialised for that value only")
+        frozen[name] = value
+    return frozen
 
 
 def _check_same_model(model: Path, dag: dict) -> None:
