@@ -5,7 +5,8 @@ decompose left it), the check that every op has a lowering (before anything is b
 Cortex cannot lower fails at once with one line naming the ops and nodes), the output folder
 written atomically (a temporary sibling that replaces it only when every CU built), `index.json`,
 and each CU's record written back into dag.json. A target contributes `build` (one CU) and
-`place` (its record as dag.json holds it).
+`place` (its record as dag.json holds it). Fallback CUs (`runs_on`, from `decompose --fallback`)
+are skipped: their cu.onnx is their artifact, already in dag.json as the CU's path and sha256.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def compile_cu_dir(target: Target, cu_dir: Path, output: Path, options, dag_path
     start = time.perf_counter()
     target.check(options)
     manifest, graphs = read_cus(cu_dir, target.name)
+    compiled = [cu for cu in manifest["cus"] if "runs_on" not in cu]
     dag = read_dag_for_cus(dag_path, manifest, cu_dir) if dag_path is not None else None
     folder_in_dag = _folder_relative_to(output, dag_path) if dag_path is not None else None
 
@@ -47,9 +49,9 @@ def compile_cu_dir(target: Target, cu_dir: Path, output: Path, options, dag_path
 
     def fill(folder: Path) -> dict:
         with ThreadPoolExecutor(max_workers=jobs or min(target.jobs, os.cpu_count() or 1)) as pool:
-            built = list(pool.map(build_one, manifest["cus"]))
+            built = list(pool.map(build_one, compiled))
         records = {}
-        for cu, result in zip(manifest["cus"], built):
+        for cu, result in zip(compiled, built):
             for name, data in result.files.items():
                 (folder / name).write_bytes(data)
             records[cu["id"]] = result.record
@@ -62,23 +64,28 @@ def compile_cu_dir(target: Target, cu_dir: Path, output: Path, options, dag_path
     records = write_directory_atomically(output, fill)
     if dag is not None:
         for cu in dag["cus"]:
-            cu.setdefault("artifacts", {})[target.artifact] = target.place(records[cu["id"]], folder_in_dag)
+            if cu["id"] in records:
+                cu.setdefault("artifacts", {})[target.artifact] = target.place(records[cu["id"]], folder_in_dag)
         write_bytes_atomically(Path(dag_path), (json.dumps(dag, indent=2) + "\n").encode())
     return {"output": str(output), "dag": str(dag_path) if dag_path else None, "cus": len(records),
+            "fallback_cus": len(manifest["cus"]) - len(compiled),
             **target.summarize(records, options), "seconds": round(time.perf_counter() - start, 3)}
 
 
 def read_cus(cu_dir: Path, target_name: str) -> tuple[dict, dict[str, Graph]]:
-    """The manifest and each CU's optimised graph; fails at once, in one line, when any CU holds
-    ops without a loop-nest lowering."""
+    """The manifest and each compiled CU's optimised graph (fallback CUs have none); fails at
+    once, in one line, when any of them holds ops without a loop-nest lowering."""
     manifest = read_manifest(cu_dir)
     graphs, missing = {}, []
     for cu in manifest["cus"]:
+        if "runs_on" in cu:
+            continue
         graph = load_and_optimize(cu_dir / cu["path"], require_static=True).graph
         missing += unsupported_nodes(graph)
         graphs[cu["id"]] = graph
     if missing:
-        raise UnsupportedError(f"{cu_dir}: cannot compile to {target_name}: {describe_unsupported(missing)}")
+        raise UnsupportedError(f"{cu_dir}: cannot compile to {target_name}: {describe_unsupported(missing)}; "
+                               "decompose with --fallback onnxruntime to run them on onnxruntime")
     return manifest, graphs
 
 

@@ -101,6 +101,8 @@ def write_cus(graph: Graph, partition: Partition, out_dir: Path, source: dict, o
                 "flops": sum(node_flops(n) for n in cu.nodes),
                 "inputs": [v.name for v in sub.inputs], "outputs": [v.name for v in sub.outputs],
             })
+            if cu.runs_on is not None:
+                entries[-1]["runs_on"] = cu.runs_on   # its cu.onnx is its artifact: no target builds it
             if on_cu:
                 on_cu(i)
         manifest = {

@@ -60,6 +60,7 @@ def build_dag(cu_dir: Path, output: Path) -> dict:
         "cus": [{"id": cu["id"], "path": (base / cu["path"]).as_posix(), "sha256": cu["sha256"],
                  "params": cu["params"], "depth": cu["depth"], "flops": flops[cu["id"]],
                  "op_types": cu["op_types"], "inputs": cu["inputs"], "outputs": cu["outputs"],
+                 **({"runs_on": cu["runs_on"]} if "runs_on" in cu else {}),
                  "artifacts": {}} for cu in cus],
         "edges": edges,
         "order": order,

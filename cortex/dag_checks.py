@@ -4,7 +4,8 @@ The schema fixes the types; these are the invariants that relate one part of the
 another: every CU input is a model input or produced by a CU earlier in `order`; `order` lists
 each CU once; every tensor's dtype is one Cortex knows and its bytes match its shape; each
 artifact's memory plan fits its memory and agrees with the tensors; every artifact path stays
-inside the folder of dag.json. `first_violation` names the first broken one in one line.
+inside the folder of dag.json, and so does the cu.onnx of a fallback CU (`runs_on`), which is
+that CU's artifact. `first_violation` names the first broken one in one line.
 """
 
 from __future__ import annotations
@@ -110,6 +111,10 @@ def _data_flow(dag: dict, folder: Path) -> str | None:
 
 def _artifacts(dag: dict, folder: Path) -> str | None:
     for cu in dag["cus"]:
+        if "runs_on" in cu:
+            problem = _outside(folder, cu["path"])
+            if problem:
+                return f"{cu['id']} (runs on {cu['runs_on']}): {problem}"
         artifacts = cu.get("artifacts", {})
         for check, key in ((_wasm_record, "wasm"), (_cuda_record, "cuda")):
             if key in artifacts:

@@ -15,12 +15,18 @@ How it stays near-linear on large graphs:
    of X and Y (X earlier in the order) is convex when no path from X reaches Y other than a direct
    edge; the search for one only visits CUs that lie between X and Y in the current topological
    order, and the same search yields the reordering that keeps the order topological.
+
+Fallback (`--fallback onnxruntime`): nodes no target can lower (decompose hands the pass that rule,
+`codegen.lower.unsupported_nodes`, as `cannot_lower`) make fallback atoms, which join and merge
+only with fallback CUs, and compiled atoms only with compiled CUs. Both phases keep their
+convexity arguments: a join that is refused starts a new CU, and a merge is still checked.
 """
 
 from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
+from typing import Callable
 
 from ir.errors import CortexError
 from ir.graph import Graph, Node, Value, outer_reads
@@ -33,6 +39,8 @@ SIZE = "merging would exceed --max-cu-size"
 CONVEXITY = "merging would break convexity (a path leaves and re-enters)"
 ALONE = "no neighbouring CU"
 ROUNDS = "the merge rounds ran out"
+FALLBACK = "a fallback CU merges only with fallback CUs"
+FALLBACKS = ("onnxruntime",)    # runtimes that run a CU's cu.onnx as it is
 MAX_SIBLINGS = 8  # siblings tried per CU, and the widest fan-out searched for them: they bound
 MAX_FAN = 64      # the merge phase's cost on very wide graphs
 
@@ -44,6 +52,7 @@ class CU:
     params: int
     depth: int
     small_reason: str | None = None   # why it stayed under --min-cu-size, when it did
+    runs_on: str | None = None        # the fallback runtime for a CU of nodes no target lowers
 
 
 @dataclass
@@ -64,19 +73,33 @@ class PartitionIntoCUs(Pass):
         "Most parameters a CU may own; larger ops are split along output channels."))
     max_cu_depth: int = field(default=3, metadata=option(
         "Most ops on a path inside a CU (a fusion group counts as one)."))
+    fallback: str | None = field(default=None, metadata=option(
+        "Put nodes that no target can lower into CUs of their own that run on this runtime "
+        "(their cu.onnx is the artifact); without it, compile-<target> refuses such models.",
+        choices=FALLBACKS))
+    # The rule saying which nodes need the fallback (codegen's `unsupported_nodes`, which this
+    # layer may not import); decompose sets it with `fallback`.
+    cannot_lower: Callable[[Graph], list[Node]] | None = field(default=None, repr=False, compare=False)
     result: Partition | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         check_limits(self.min_cu_size, self.max_cu_size, self.max_cu_depth)
 
     def limits(self) -> dict:
-        """The options as manifest.json records them."""
-        return {f.name: getattr(self, f.name) for f, _ in option_fields(type(self))}
+        """The options as manifest.json records them (`fallback` only when given)."""
+        return {f.name: getattr(self, f.name) for f, _ in option_fields(type(self))
+                if f.name != "fallback" or self.fallback is not None}
 
     def run(self, graph: Graph) -> Graph:
         materialize_constant_outputs(graph)
         split = split_large_ops(graph, self.max_cu_size) if self.max_cu_size is not None else 0
-        self.result = partition_graph(graph, self.min_cu_size, self.max_cu_size, self.max_cu_depth)
+        fallback = set()
+        if self.fallback is not None:
+            if self.cannot_lower is None:
+                raise AssertionError("--fallback needs the rule saying which nodes no target lowers")
+            fallback = {id(n) for n in self.cannot_lower(graph)}
+        self.result = partition_graph(graph, self.min_cu_size, self.max_cu_size, self.max_cu_depth,
+                                      fallback, self.fallback)
         self.result.split_ops = split
         return graph
 
@@ -121,9 +144,10 @@ class _Atoms:
     succs: list[list[int]]
     consts: list[dict[int, int]]       # atom -> {id(const): elements}
     model_inputs: list[set[int]]       # atom -> ids of the model inputs it reads
+    fallback: list[bool]               # atom -> holds a node no target lowers
 
 
-def _build_atoms(graph: Graph) -> _Atoms:
+def _build_atoms(graph: Graph, fallback_nodes: set[int] = frozenset()) -> _Atoms:
     atom_of_group: dict[str, int] = {}
     atom_of_node: dict[int, int] = {}
     nodes: list[list[Node]] = []
@@ -156,7 +180,8 @@ def _build_atoms(graph: Graph) -> _Atoms:
                     succs[p].append(a)
             for c in node_constants(node):
                 consts[a][id(c)] = int(c.const.size)
-    return _Atoms(nodes, preds, succs, consts, model_inputs)
+    fallback = [any(id(n) in fallback_nodes for n in members) for members in nodes]
+    return _Atoms(nodes, preds, succs, consts, model_inputs, fallback)
 
 
 def _atom_order(atoms: _Atoms) -> list[int]:
@@ -180,8 +205,10 @@ def _atom_order(atoms: _Atoms) -> list[int]:
 
 # -- the partitioner ------------------------------------------------------------------------------
 class _Partitioner:
-    def __init__(self, atoms: _Atoms, min_size: int, max_size: int | None, max_depth: int):
+    def __init__(self, atoms: _Atoms, min_size: int, max_size: int | None, max_depth: int,
+                 fallback: str | None = None):
         self.atoms, self.min_size, self.max_depth = atoms, min_size, max_depth
+        self.fallback = fallback
         self.max_size = max_size if max_size is not None else float("inf")
         self.rank = [0] * len(atoms.nodes)          # atom -> position in topological order
         self.cu_of: list[int] = [-1] * len(atoms.nodes)
@@ -198,6 +225,7 @@ class _Partitioner:
         self.inputs_of: dict[int, set[int]] = {}    # CU -> model inputs it reads
         self.input_readers: dict[int, set[int]] = {}  # model input -> CUs reading it
         self.latest_reader: dict[int, int] = {}     # model input -> newest CU reading it (greedy phase)
+        self.is_fallback: dict[int, bool] = {}      # CU -> made of fallback atoms
 
     # greedy phase
     def grow(self) -> None:
@@ -212,9 +240,11 @@ class _Partitioner:
                                   f"{int(self.max_size):,}, and cannot be split; raise --max-cu-size")
             pred_cus = {self.cu_of[p] for p in self.atoms.preds[a]}
             target = max(pred_cus, key=self.pos.__getitem__) if pred_cus else None
+            kind = self.atoms.fallback[a]
             if target is not None:
                 d = 1 + max(self.depth_in_cu[p] for p in self.atoms.preds[a] if self.cu_of[p] == target)
-                if d <= self.max_depth and self._params_with(target, self.atoms.consts[a]) <= self.max_size:
+                if self.is_fallback[target] == kind and d <= self.max_depth \
+                        and self._params_with(target, self.atoms.consts[a]) <= self.max_size:
                     self._add(target, a, d)
                     for p in pred_cus - {target}:
                         self._link(p, target)
@@ -222,7 +252,8 @@ class _Partitioner:
             else:
                 # An atom fed only by model inputs joins the newest CU reading one of them: it has
                 # no producer, so no path can enter it and the join is convex wherever it goes.
-                readers = [self.latest_reader[v] for v in self.atoms.model_inputs[a] if v in self.latest_reader]
+                readers = [self.latest_reader[v] for v in self.atoms.model_inputs[a]
+                           if v in self.latest_reader and self.is_fallback[self.latest_reader[v]] == kind]
                 reader = max(readers, key=self.pos.__getitem__, default=None)
                 if reader is not None and self._params_with(reader, self.atoms.consts[a]) <= self.max_size:
                     self._add(reader, a, 1)
@@ -230,6 +261,7 @@ class _Partitioner:
             cu = len(self.order)
             self.members[cu], self.consts[cu], self.total[cu], self.depth[cu] = [], {}, 0, 0
             self.preds[cu], self.succs[cu], self.inputs_of[cu] = set(), set(), set()
+            self.is_fallback[cu] = kind
             self.pos[cu] = len(self.order)
             self.order.append(cu)
             self._add(cu, a, 1)
@@ -311,6 +343,8 @@ class _Partitioner:
     def _try(self, x: int, y: int):
         """Merge X into Y (X earlier in the order)? Returns why not, or the new atom depths and the
         CUs that lie between them in the order and are reachable from X (moved after the merged CU)."""
+        if self.is_fallback[x] != self.is_fallback[y]:
+            return FALLBACK
         if self._params_with(x, self.consts[y]) > self.max_size:
             return SIZE
         depths = self._merged_depths(self.members[x] + self.members[y])
@@ -378,7 +412,7 @@ class _Partitioner:
             self.input_readers[v].add(y)
         self.inputs_of[y] |= self.inputs_of[x]
         for table in (self.members, self.consts, self.total, self.depth, self.preds, self.succs, self.pos,
-                      self.inputs_of):
+                      self.inputs_of, self.is_fallback):
             del table[x]
         self.reasons.pop(x, None)
         self.reasons.pop(y, None)
@@ -391,15 +425,19 @@ class _Partitioner:
             nodes = [n for a in self.members[cu] for n in self.atoms.nodes[a]]
             params = self.params(cu)
             reason = self.reasons.get(cu, ROUNDS) if params < self.min_size else None
-            cus.append(CU(nodes, params, self.depth[cu], reason))
+            cus.append(CU(nodes, params, self.depth[cu], reason,
+                          self.fallback if self.is_fallback[cu] else None))
         return Partition(cus)
 
 
-def partition_graph(graph: Graph, min_cu_size: int, max_cu_size: int | None, max_cu_depth: int) -> Partition:
+def partition_graph(graph: Graph, min_cu_size: int, max_cu_size: int | None, max_cu_depth: int,
+                    fallback_nodes: set[int] = frozenset(), fallback: str | None = None) -> Partition:
     """Assign every node to exactly one CU (see the module doc for how). The limits are the
-    fields of a `PartitionIntoCUs`, which checked them."""
+    fields of a `PartitionIntoCUs`, which checked them; `fallback_nodes` (ids) go into CUs that
+    run on `fallback`."""
     graph.topologically_sort()
-    partitioner = _Partitioner(_build_atoms(graph), min_cu_size, max_cu_size, max_cu_depth)
+    partitioner = _Partitioner(_build_atoms(graph, fallback_nodes), min_cu_size, max_cu_size, max_cu_depth,
+                               fallback)
     partitioner.grow()
     partitioner.merge_neighbours()
     part = partitioner.result()

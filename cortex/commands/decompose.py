@@ -12,6 +12,7 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from codegen.lower import unsupported_nodes
 from cortex.commands.generated_options import with_options
 from cortex.commands.inspect_model import Dims, InputShapes
 from cortex.commands.run import read_inputs
@@ -51,6 +52,8 @@ def decompose_model(model_path: Path, output_dir: Path, limits: PartitionIntoCUs
     """Optimise, fuse and partition the model under `limits` (a PartitionIntoCUs pass, whose fields
     are decompose's options) and write the CU folder; returns the summary."""
     limits = limits or PartitionIntoCUs()
+    if limits.fallback is not None:
+        limits.cannot_lower = unsupported_nodes   # the rule compile-<target> applies to each CU
     input_shapes, dims = input_shapes or {}, dims or {}
     check_output_dir(Path(output_dir), Path(model_path))
     start = time.perf_counter()
@@ -99,6 +102,8 @@ def summarize(manifest: dict, partition: Partition, output_dir: Path, seconds: f
         "max_depth": max((cu["depth"] for cu in manifest["cus"]), default=0),
         "bytes_crossing_borders": crossing,
         "small_cus": {reason: ids for reason, ids in sorted(small.items())},
+        "fallback_cus": {runtime: [cu["id"] for cu in manifest["cus"] if cu.get("runs_on") == runtime]
+                         for runtime in sorted({cu["runs_on"] for cu in manifest["cus"] if "runs_on" in cu})},
         "seconds": round(seconds, 3),
     }
 
@@ -137,5 +142,10 @@ def _print_summary(summary: dict) -> None:
         ("time", f"{summary['seconds']:.2f} s"),
     ])
     for reason, ids in summary["small_cus"].items():
-        shown = ", ".join(ids[:8]) + (f" ... ({len(ids)} in all)" if len(ids) > 8 else "")
-        out.print(f"{len(ids)} CU(s) stayed under --min-cu-size: {reason}: {shown}")
+        out.print(f"{len(ids)} CU(s) stayed under --min-cu-size: {reason}: {_shown(ids)}")
+    for runtime, ids in summary["fallback_cus"].items():
+        out.print(f"{len(ids)} fallback CU(s) run on {runtime} (nodes no target lowers): {_shown(ids)}")
+
+
+def _shown(ids: list[str]) -> str:
+    return ", ".join(ids[:8]) + (f" ... ({len(ids)} in all)" if len(ids) > 8 else "")

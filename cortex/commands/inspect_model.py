@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
+from codegen.lower import unsupported_nodes
 from cortex.console import out, print_json
 from cortex.options import parse_dims, parse_input_shapes
 from cortex.pipeline import load_and_optimize
@@ -40,11 +41,23 @@ def inspect(
         "passes": [{"name": r.name, "nodes_before": r.nodes_before, "nodes_after": r.nodes_after,
                     "seconds": round(r.seconds, 4)} for r in result.records],
         "inputs_bound": bound,
+        "fallback": _fallback(result.graph),
     }
     if json:
         print_json(report)
         return
     _print_report(model, result.source, after, result.records)
+    if report["fallback"]["nodes"]:
+        fallback = report["fallback"]
+        out.print(f"nodes no target lowers: {fallback['nodes']} ({', '.join(fallback['ops'])}); "
+                  "'cortex decompose --fallback onnxruntime' puts them in CUs that run on onnxruntime")
+
+
+def _fallback(graph) -> dict:
+    """What `decompose --fallback` would hand to the fallback runtime: the nodes no target lowers."""
+    nodes = unsupported_nodes(graph)
+    return {"nodes": len(nodes), "ops": sorted({n.op_type if not n.domain else f"{n.domain}::{n.op_type}"
+                                                for n in nodes})}
 
 
 def _backends() -> tuple[str, ...]:

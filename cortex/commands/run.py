@@ -41,13 +41,16 @@ def run(
         write_bytes_atomically(trace, (jsonlib.dumps(model.trace_document(), indent=2) + "\n").encode())
     summary = {"dag": str(dag), "device": device, "output": str(output) if output else None,
                "outputs": {k: {"dtype": str(v.dtype), "shape": list(v.shape)} for k, v in results.items()},
-               "seconds": round(sum(t["seconds"] for t in model.trace), 6)}
+               "seconds": round(sum(t["seconds"] for t in model.trace), 6),
+               "cus_by_device": model.trace_document()["cus_by_device"]}
     if json:
         print_json(summary)
         return
     for name, value in results.items():
         out.print(f"{name}: {value.dtype}{list(value.shape)}")
+    others = ", ".join(f"{n} on {name}" for name, n in summary["cus_by_device"].items() if name != device)
     out.print(f"{len(model.trace)} CUs in {summary['seconds'] * 1e3:.2f} ms on {device}"
+              + (f" ({others}: fallback)" if others else "")
               + (f"; outputs written to {output}" if output else ""))
 
 

@@ -2,9 +2,9 @@
 
 The dag.json is checked before anything is loaded (`cortex.dag.read_dag`: schema, data flow,
 memory plans, artifact paths confined to its folder); the device comes from the registry by name;
-the scheduler decides what runs. Inputs are checked against dag.json (names, dtypes, shapes) with
+the scheduler decides what runs, and where: fallback CUs on their runtime's device. Inputs are checked against dag.json (names, dtypes, shapes) with
 one clear error; outputs are arrays the caller owns. `trace` records each CU's wall time, the bytes
-it read and wrote, and the memory it holds.
+it read and wrote, the memory it holds, and the device that ran it.
 """
 
 from __future__ import annotations
@@ -27,11 +27,12 @@ def device_names() -> list[str]:
 class CompiledModel:
     def __init__(self, dag_path: Path, device: str = "wasm"):
         self.path = Path(dag_path)
-        spec = device_spec(device)
+        self.device_name = device_spec(device).name
         self.dag = read_dag(self.path)
-        self.device = spec.open(self.dag, self.path)
-        self.scheduler = SequentialScheduler(self.dag, self.device)
+        self.scheduler = SequentialScheduler(self.dag, self.path, device)
         self.scheduler.load()
+        # The model's device (None when every CU runs on a fallback device).
+        self.device = self.scheduler.devices.get(device)
         self.trace: list[dict] = []
 
     @property
@@ -70,13 +71,16 @@ class CompiledModel:
         """Per-CU timings and bytes; `traceEvents` opens in chrome://tracing or Perfetto."""
         t0 = self.trace[0]["start"] if self.trace else 0.0
         return {
-            "device": self.device.name,
+            "device": self.device_name,
             "dag": str(self.path),
+            "cus_by_device": {name: sum(1 for t in self.trace if t["device"] == name)
+                              for name in dict.fromkeys(t["device"] for t in self.trace)},
             "total_seconds": sum(t["seconds"] for t in self.trace),
             "cus": [{k: v for k, v in t.items() if k != "start"} for t in self.trace],
             "traceEvents": [{"name": t["cu"], "cat": ",".join(t["op_types"]), "ph": "X", "pid": 0, "tid": 0,
                              "ts": (t["start"] - t0) * 1e6, "dur": t["seconds"] * 1e6,
-                             "args": {"bytes_in": t["bytes_in"], "bytes_out": t["bytes_out"]}} for t in self.trace],
+                             "args": {"device": t["device"], "bytes_in": t["bytes_in"],
+                                      "bytes_out": t["bytes_out"]}} for t in self.trace],
         }
 
 

@@ -1,5 +1,11 @@
 """The scheduler decides which CUs run, in what order and where; a Device only runs what it is
-handed. Today it runs every CU, one at a time, in dag.json's topological order, on one device.
+handed. Today it runs every CU, one at a time, in dag.json's topological order.
+
+Where: each CU on the device its record asks for (`runs_on`: a fallback CU's runtime, from
+`cortex decompose --fallback`), the others on the model's device. Each device comes from the
+registry by name and is opened on the CUs it runs. Tensors cross between devices only at those
+borders, through the producer's `to_host` and the reader's `to_device`, once per tensor and device
+in a request; model inputs go to each device that reads them.
 
 The later runtime features live here: activation of conditional CUs, the result cache, memory
 tiers with prefetch, threads and remote executors all change which CU runs next, never how a CU
@@ -9,36 +15,65 @@ runs.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 
 from backends.registry import Device
+from backends.registry import device as device_spec
+
+HOST = None   # where a model input lives before any device reads it
 
 
 class SequentialScheduler:
-    def __init__(self, dag: dict, device: Device):
+    def __init__(self, dag: dict, dag_path: Path, device: str):
         self.dag = dag
-        self.device = device
         self.cus = {cu["id"]: cu for cu in dag["cus"]}
         self.tensor_bytes = {name: t["bytes"] for name, t in dag["tensors"].items()}
+        self.placement = {cu_id: self.cus[cu_id].get("runs_on", device) for cu_id in dag["order"]}
+        self.devices: dict[str, Device] = {}
+        for name in dict.fromkeys([device, *self.placement.values()]):
+            ids = [cu_id for cu_id in dag["order"] if self.placement[cu_id] == name]
+            if ids or name == device and not self.placement:
+                part = {**dag, "cus": [self.cus[i] for i in ids], "order": ids}
+                self.devices[name] = device_spec(name).open(part, Path(dag_path))
 
     def load(self) -> None:
-        """Every CU resident, before the first request."""
-        self.device.load([self.cus[cu_id] for cu_id in self.dag["order"]])
+        """Every CU resident on its device, before the first request."""
+        for name, device in self.devices.items():
+            device.load([self.cus[cu_id] for cu_id in self.dag["order"] if self.placement[cu_id] == name])
 
     def run(self, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[dict]]:
         """The model's outputs (host arrays the caller owns) and what ran, one entry per CU."""
-        env = {name: self.device.to_device(value) for name, value in feeds.items()}
+        env: dict[str, tuple[str | None, object]] = {name: (HOST, value) for name, value in feeds.items()}
+        copies: dict[tuple[str, str], object] = {}      # (tensor, device) -> the tensor there
         trace = []
         for cu_id in self.dag["order"]:
-            cu = self.cus[cu_id]
+            cu, where = self.cus[cu_id], self.placement[cu_id]
+            device = self.devices[where]
+            crossed = 0
+            inputs = {}
+            for name in cu["inputs"]:
+                home, tensor = env[name]
+                if home != where:
+                    if (name, where) not in copies:
+                        host = tensor if home is HOST else self.devices[home].to_host(tensor)
+                        copies[name, where] = device.to_device(host)
+                        crossed += self.tensor_bytes[name] if home is not HOST else 0
+                    tensor = copies[name, where]
+                inputs[name] = tensor
             start = time.perf_counter()
-            results = self.device.run(cu, {name: env[name] for name in cu["inputs"]})
+            results = device.run(cu, inputs)
             seconds = time.perf_counter() - start
-            env.update(results)
-            trace.append({"cu": cu_id, "op_types": cu.get("op_types", []), "start": start, "seconds": seconds,
+            env.update((name, (where, tensor)) for name, tensor in results.items())
+            trace.append({"cu": cu_id, "device": where, "op_types": cu.get("op_types", []), "start": start,
+                          "seconds": seconds,
                           "bytes_in": sum(self.tensor_bytes[n] for n in cu["inputs"]),
                           "bytes_out": sum(self.tensor_bytes[n] for n in cu["outputs"]),
-                          "resident_bytes": self.device.resident_bytes(cu_id)})
-        outputs = {spec["name"]: self.device.to_host(env[spec["name"]]) for spec in self.dag["outputs"]}
+                          "bytes_from_other_devices": crossed,
+                          "resident_bytes": device.resident_bytes(cu_id)})
+        outputs = {}
+        for spec in self.dag["outputs"]:
+            home, tensor = env[spec["name"]]
+            outputs[spec["name"]] = np.array(tensor) if home is HOST else self.devices[home].to_host(tensor)
         return outputs, trace
