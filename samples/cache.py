@@ -13,7 +13,20 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Callable, Iterator
+
+@dataclass
+class SampleModel:
+    """A generated or shipped test model with an input feed and its reference outputs; the input
+    shapes and dims bind its dynamic axes (`--input-shape`, `--dim`)."""
+    name: str
+    path: Path
+    inputs: dict
+    outputs: dict
+    input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    dims: dict[str, int] = field(default_factory=dict)
+
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CACHE_DIR = Path(os.environ.get("CORTEX_CACHE_DIR", REPO_ROOT / ".cache"))

@@ -7,12 +7,13 @@ They are the real ONNX model-zoo architectures with light weights, each with one
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
+
+from samples.cache import SampleModel
 
 LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 
@@ -22,16 +23,7 @@ LIGHT_MODEL_NAMES = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v
 LARGE_LIGHT_MODELS = ("bvlc_alexnet", "vgg19", "zfnet512")
 
 
-@dataclass
-class LightModel:
-    name: str
-    path: Path
-    inputs: dict[str, np.ndarray]
-    outputs: dict[str, np.ndarray]
-    input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
-
-
-def light_model(name: str) -> LightModel:
+def light_model(name: str) -> SampleModel:
     path = LIGHT_DIR / f"light_{name}.onnx"
     model = onnx.load(path, load_external_data=False)
     weights = {init.name for init in model.graph.initializer}
@@ -42,8 +34,8 @@ def light_model(name: str) -> LightModel:
     reference = onnx.TensorProto()
     reference.ParseFromString((LIGHT_DIR / f"light_{name}_output_0.pb").read_bytes())
     outputs = {model.graph.output[0].name: numpy_helper.to_array(reference)}
-    return LightModel(name, path, {vi.name: x}, outputs, {vi.name: shape})
+    return SampleModel(name, path, {vi.name: x}, outputs, {vi.name: shape})
 
 
-def light_models() -> list[LightModel]:
+def light_models() -> list[SampleModel]:
     return [light_model(name) for name in LIGHT_MODEL_NAMES]

