@@ -31,6 +31,9 @@ class Value:
     # Non-tensor types (sequence, optional, map, sparse) are carried through untouched.
     type_proto: onnx.TypeProto | None = None
     producer: Node | None = field(default=None, repr=False)
+    # Axes a graph output or value_info declared as 0: a hint, not a fact (some exporters write 0
+    # for a dynamic dim), used only where inference finds nothing (an output sized by an input's value).
+    declared_zero_axes: tuple[int, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def is_const(self) -> bool:

@@ -305,10 +305,12 @@ def _value_from_info(vi: onnx.ValueInfoProto, graph_input: bool = False) -> Valu
     t = vi.type
     if t.HasField("tensor_type"):
         tt = t.tensor_type
-        shape = None
+        shape, zeros = None, ()
         if tt.HasField("shape"):
             shape = tuple(_dim(d, graph_input) for d in tt.shape.dim)
-        return Value(vi.name, tt.elem_type, shape)
+            zeros = tuple(i for i, d in enumerate(tt.shape.dim)
+                          if not graph_input and d.HasField("dim_value") and d.dim_value == 0)
+        return Value(vi.name, tt.elem_type, shape, declared_zero_axes=zeros)
     if not t.WhichOneof("value"):
         return Value(vi.name)
     tp = onnx.TypeProto()
@@ -318,7 +320,8 @@ def _value_from_info(vi: onnx.ValueInfoProto, graph_input: bool = False) -> Valu
 
 def _dim(d: onnx.TensorShapeProto.Dimension, graph_input: bool):
     """A declared dim: its size, its symbol, or None. `-1` (and, outside graph inputs, `0`) is how
-    some exporters write a dynamic dim; onnxruntime treats them so (module docstring)."""
+    some exporters write a dynamic dim; onnxruntime treats them so (module docstring). A declared 0
+    outside the inputs stays a hint (`Value.declared_zero_axes`) for where inference finds nothing."""
     if d.HasField("dim_value"):
         size = int(d.dim_value)
         return size if size > 0 or (size == 0 and graph_input) else None

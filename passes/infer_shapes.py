@@ -44,6 +44,7 @@ class InferShapes(Pass):
             infer_with_onnx(graph)
             if has_contrib_nodes(graph.walk()):
                 infer_with_contrib_rules(graph)
+            fill_declared_zeros(graph)
             before = sum(1 for _ in graph.walk())
             fold.run(graph)
             inlined = inline_constant_ifs(graph)
@@ -52,6 +53,15 @@ class InferShapes(Pass):
         if self.require_static:
             check_static(graph)
         return graph
+
+
+def fill_declared_zeros(graph: Graph) -> None:
+    """Where inference left a dim unknown that the model declared as 0 (an output sized by an
+    input's value, such as ConstantOfShape of an input), the declaration is all there is: take it."""
+    for v in graph.values():
+        if v.declared_zero_axes and v.shape is not None:
+            v.shape = tuple(0 if i in v.declared_zero_axes and not isinstance(d, int) else d
+                            for i, d in enumerate(v.shape))
 
 
 def bind_inputs(graph: Graph, input_shapes: dict[str, tuple[int, ...]], dims: dict[str, int]) -> None:

@@ -275,3 +275,14 @@ def test_contrib_rules_cortex_adds_give_onnxruntimes_shapes(case):
     want = run_onnxruntime(model, inputs)["y"]
     assert (graph.outputs[0].shape, graph.outputs[0].dtype) == \
         (want.shape, helper.np_dtype_to_tensor_dtype(want.dtype))
+
+
+def test_a_declared_zero_is_kept_where_inference_finds_nothing(tmp_path):
+    """ConstantOfShape of an input's value: only the declared output shape [0] says how large it is,
+    so a 0 on an output is a hint that inference overrides, never a loss of the only information."""
+    graph = helper.make_graph([helper.make_node("ConstantOfShape", ["shape"], ["y"])], "zero",
+                              [helper.make_tensor_value_info("shape", TensorProto.INT64, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [0])])
+    path = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "zero.onnx")
+    report = inspect_json(path)
+    assert report["optimized"]["outputs"][0]["shape"] == [0]
