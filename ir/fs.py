@@ -88,6 +88,18 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def read_artifact(path: Path, sha256: str, owner: str, rebuild: str) -> bytes:
+    """The bytes of an artifact that `owner` (a dag.json, naming the CU) records with `sha256`;
+    a missing, modified or stale file is one line that says how to `rebuild` it."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError:
+        raise CortexError(f"{path}: missing ({owner}); {rebuild}") from None
+    if sha256_bytes(data) != sha256:
+        raise CortexError(f"{path}: sha256 differs from {owner} (modified or stale); {rebuild}")
+    return data
+
+
 def confined_path(root: Path, relative: str) -> Path | None:
     """`root / relative` when it stays inside `root` after following symlinks; None for an
     absolute path, a `..` component, or a link that leaves the folder. For paths that come from a

@@ -22,22 +22,17 @@ from backends.cuda.runner import CuRunner
 from backends.cuda.sim import build as build_for_host
 from backends.registry import HostTensors
 from ir.errors import CortexError
-from ir.fs import confined_path, file_sha256
+from ir.fs import confined_path, read_artifact
 
 
 def _record(cu: dict, dag_path: Path) -> tuple[dict, Path]:
     """The CU's record and its folder, every file in it checked against its sha256."""
-    record = cu.get("artifacts", {}).get("cuda")
-    if record is None:
-        raise CortexError(f"{dag_path}: {cu['id']} has no cuda artifact; run 'cortex compile-cuda --dag {dag_path}' first")
+    record = cu["artifacts"]["cuda"]     # _check_artifacts made sure, when the device was opened
     folder = confined_path(dag_path.parent, record["folder"])    # read_dag checked it stays inside
     entries = [record["source"], record["weights"], record["ptx"], *record["cubins"].values()]
     for entry in filter(None, entries):   # a kernel-free CU has no source, PTX or cubins
-        path = folder / entry["file"]
-        if not path.is_file():
-            raise CortexError(f"{path}: missing ({cu['id']} in {dag_path}); run 'cortex compile-cuda' again")
-        if file_sha256(path) != entry["sha256"]:
-            raise CortexError(f"{path}: sha256 differs from {dag_path} (modified or stale); run 'cortex compile-cuda' again")
+        read_artifact(folder / entry["file"], entry["sha256"], f"{cu['id']} in {dag_path}",
+                      "run 'cortex compile-cuda' again")
     return record, folder
 
 

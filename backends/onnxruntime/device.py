@@ -15,7 +15,7 @@ import onnxruntime as ort
 
 from backends.registry import HostTensors
 from ir.errors import CortexError
-from ir.fs import confined_path, sha256_bytes
+from ir.fs import confined_path, read_artifact
 
 
 class OnnxruntimeDevice(HostTensors):
@@ -37,13 +37,8 @@ class OnnxruntimeDevice(HostTensors):
             path = confined_path(self.dag_path.parent, cu["path"])
             if path is None:
                 raise CortexError(f"{self.dag_path}: {cu['id']}'s path {cu['path']!r} leaves the folder of dag.json")
-            if not path.is_file():
-                raise CortexError(f"{path}: missing ({cu['id']} in {self.dag_path}); run 'cortex decompose' and "
-                                  "'cortex build-dag' again")
-            data = path.read_bytes()
-            if sha256_bytes(data) != cu["sha256"]:
-                raise CortexError(f"{path}: sha256 differs from {self.dag_path} ({cu['id']}: modified or stale); "
-                                  "run 'cortex decompose' and 'cortex build-dag' again")
+            data = read_artifact(path, cu["sha256"], f"{cu['id']} in {self.dag_path}",
+                                 "run 'cortex decompose' and 'cortex build-dag' again")
             try:
                 self.sessions[cu["id"]] = ort.InferenceSession(data, self.options, providers=["CPUExecutionProvider"])
             except Exception as e:   # onnxruntime raises its own exception types

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from ir.fs import file_sha256
+from ir.fs import read_artifact
 from ir.errors import CortexError
 
 
@@ -33,10 +33,8 @@ def run_dag(dag_path: Path, feeds: dict[str, np.ndarray], optimize: bool = False
         env[spec["name"]] = np.asarray(feeds[spec["name"]])
     for cu_id in dag["order"]:
         cu = cus[cu_id]
-        path = dag_path.parent / cu["path"]
-        if file_sha256(path) != cu["sha256"]:
-            raise CortexError(f"{path}: sha256 differs from {dag_path}; rebuild the dag")
-        session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        data = read_artifact(dag_path.parent / cu["path"], cu["sha256"], f"{cu_id} in {dag_path}", "rebuild the dag")
+        session = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
         results = session.run(cu["outputs"], {name: env[name] for name in cu["inputs"]})
         env.update(zip(cu["outputs"], results))
     return {spec["name"]: env[spec["name"]] for spec in dag["outputs"]}

@@ -30,6 +30,9 @@ class SequentialScheduler:
         self.dag = dag
         self.cus = {cu["id"]: cu for cu in dag["cus"]}
         self.tensor_bytes = {name: t["bytes"] for name, t in dag["tensors"].items()}
+        # What a trace entry says of each CU that no run changes, computed once, not per request.
+        self.traffic = {cu_id: (sum(self.tensor_bytes[n] for n in cu["inputs"]),
+                                sum(self.tensor_bytes[n] for n in cu["outputs"])) for cu_id, cu in self.cus.items()}
         self.placement = {cu_id: self.cus[cu_id].get("runs_on", device) for cu_id in dag["order"]}
         self.devices: dict[str, Device] = {}
         for name in dict.fromkeys([device, *self.placement.values()]):
@@ -66,10 +69,9 @@ class SequentialScheduler:
             results = device.run(cu, inputs)
             seconds = time.perf_counter() - start
             env.update((name, (where, tensor)) for name, tensor in results.items())
+            bytes_in, bytes_out = self.traffic[cu_id]
             trace.append({"cu": cu_id, "device": where, "op_types": cu.get("op_types", []), "start": start,
-                          "seconds": seconds,
-                          "bytes_in": sum(self.tensor_bytes[n] for n in cu["inputs"]),
-                          "bytes_out": sum(self.tensor_bytes[n] for n in cu["outputs"]),
+                          "seconds": seconds, "bytes_in": bytes_in, "bytes_out": bytes_out,
                           "bytes_from_other_devices": crossed,
                           "resident_bytes": device.resident_bytes(cu_id)})
         outputs = {}
