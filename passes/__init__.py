@@ -3,6 +3,7 @@
 from passes.base import Pass, PassRecord, run_pipeline
 from passes.eliminate_common_subexpressions import EliminateCommonSubexpressions
 from passes.eliminate_dead_code import EliminateDeadCode
+from passes.expand_ops import ExpandOps
 from passes.fold_constants import FoldConstants
 from passes.freeze_inputs import FreezeInputs
 from passes.infer_shapes import InferShapes
@@ -14,6 +15,7 @@ def optimize_pipeline(input_shapes=None, dims=None, require_static=False, frozen
     return [
         # Only when asked, so a plain build's pass list (shown by `cortex inspect`) stays as it was.
         *([FreezeInputs(frozen_inputs)] if frozen_inputs else []),
+        ExpandOps(),
         InferShapes(input_shapes or {}, dims or {}, require_static=require_static),
         FoldConstants(),
         Simplify(),
@@ -23,5 +25,5 @@ def optimize_pipeline(input_shapes=None, dims=None, require_static=False, frozen
     ]
 
 
-__all__ = ["Pass", "PassRecord", "run_pipeline", "optimize_pipeline", "FreezeInputs", "InferShapes", "FoldConstants",
+__all__ = ["Pass", "PassRecord", "run_pipeline", "optimize_pipeline", "FreezeInputs", "ExpandOps", "InferShapes", "FoldConstants",
            "Simplify", "EliminateCommonSubexpressions", "EliminateDeadCode"]

@@ -58,6 +58,11 @@ class OpDef:
     epilogue: Epilogue | None = None
     # node -> floating-point operations, from static shapes; None: one per output element.
     flops: Callable | None = None
+    # node -> onnx.FunctionProto computing the op from other registered ops, its formal inputs and
+    # outputs in the node's order. The expand-ops pass replaces such a node by that body before
+    # shape inference, so partitioning, fusion and every backend see ordinary ops (onnxruntime's
+    # contrib ops, whose fused forms the backends need not know).
+    expansion: Callable | None = None
     lowerings: dict[str, Callable] = field(default_factory=dict)
 
     @property

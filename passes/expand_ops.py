@@ -1,0 +1,84 @@
+"""Replace each node whose op the registry defines by an expansion with that expansion's nodes.
+
+onnxruntime's quantizer and transformer optimizer write fused contrib ops (Attention,
+SkipLayerNormalization, DynamicQuantizeMatMul, QLinearAdd...). Each is registered with an ONNX
+function body over standard ops (`ir/ops/contrib_*.py`); this pass inlines those bodies first,
+before shape inference, so that everything after it (constant folding, fusion, the size limits and
+weight splitting of partitioning, every backend's kernels) sees only ops it knows, and the fused
+op's weights split like any MatMul's. An expansion may produce nodes that expand again.
+
+The body's nodes read the node's own input values (a weight stays one constant, shared) and write
+its output values (names, and with them the graph's interface, are kept); the values between them
+get fresh names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ir.function_call import inline_body
+from ir.graph import Graph, Node, Value
+from ir.ops import lookup
+from passes.base import Pass
+
+MAX_ROUNDS = 8      # expansions that produce expandable ops; none nests deeper than two
+
+
+@dataclass
+class ExpandOps(Pass):
+    name = "expand-ops"
+
+    def run(self, graph: Graph) -> Graph:
+        for _ in range(MAX_ROUNDS):
+            if not _expand_once(graph, graph):
+                break
+        return graph
+
+
+def expandable(node: Node) -> bool:
+    entry = lookup(node.op_type, node.domain)
+    return entry is not None and entry.expansion is not None
+
+
+def _expand_once(graph: Graph, model: Graph) -> bool:
+    changed = False
+    nodes: list[Node] = []
+    for node in graph.nodes:
+        for sub in node.subgraphs:
+            changed |= _expand_once(sub, model)
+        if expandable(node):
+            nodes.extend(_expansion(node, model))
+            changed = True
+        else:
+            nodes.append(node)
+    graph.nodes = nodes
+    return changed
+
+
+def _expansion(node: Node, model: Graph) -> list[Node]:
+    function = lookup(node.op_type, node.domain).expansion(node)
+    wanted = [j for j, out in enumerate(node.outputs) if out.name]
+    body = inline_body(node, function, model.opset_imports, wanted, constants_inside=False)
+    by_name = {v.name: v for v in node.inputs if v is not None}
+    renamed: dict[int, Value] = {id(v): by_name[v.name] for v in body.inputs}
+    forwarded: list[tuple[Value, Value]] = []   # a body output that is an input or a constant
+    for j, v in zip(wanted, body.outputs):
+        if id(v) in renamed or v.producer is None:
+            forwarded.append((renamed.get(id(v), v), node.outputs[j]))
+        else:
+            renamed[id(v)] = node.outputs[j]
+    prefix = node.name or node.op_type
+    for inner in body.walk():
+        inner.name = model.fresh_name(f"{prefix}/{inner.name or inner.op_type}")
+        for v in [*inner.inputs, *inner.outputs]:
+            if v is not None and id(v) not in renamed:
+                renamed[id(v)] = v
+                v.name = model.fresh_name(f"{prefix}/{v.name}")
+        inner.inputs = [renamed[id(v)] if v is not None else None for v in inner.inputs]
+        inner.outputs = [renamed[id(v)] for v in inner.outputs]
+        for out in inner.outputs:
+            out.producer = inner
+    nodes = list(body.nodes)
+    for j, (source, target) in enumerate(forwarded):
+        nodes.append(Node("Identity", [source], [target], name=model.fresh_name(f"{prefix}/forward_{j}")))
+    return nodes
