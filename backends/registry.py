@@ -76,6 +76,7 @@ class Target:
     description: str = ""
     jobs: int = 1                               # CUs built at once (threads; compilers are subprocesses)
     check: Callable[[object], None] = lambda options: None   # fail before any work (no compiler...)
+    lowering: str = "loops"                     # which of the op registry's lowerings its renderer reads
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,14 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
+from backends.registry import targets
 from codegen.lower import unsupported_nodes
 from cortex.console import out, print_json
 from cortex.options import parse_dims, parse_input_shapes
 from cortex.pipeline import load_and_optimize
 from cortex.summary import GraphSummary, summarize_graph
 from ir.errors import CortexError
-from ir.ops import REGISTRY
+from ir.ops import REGISTRY, lowering_route
 
 InputShapes = Annotated[Optional[list[str]], typer.Option("--input-shape", help="Bind an input: NAME=1x3x224x224 (repeatable).")]
 Dims = Annotated[Optional[list[str]], typer.Option("--dim", help="Bind a named dynamic dim: NAME=N (repeatable).")]
@@ -42,11 +43,12 @@ def inspect(
                     "seconds": round(r.seconds, 4)} for r in result.records],
         "inputs_bound": bound,
         "fallback": _fallback(result.graph),
+        "lowering": _lowering(list(result.source.op_counts) + list(after.op_counts)),
     }
     if json:
         print_json(report)
         return
-    _print_report(model, result.source, after, result.records)
+    _print_report(model, result.source, after, result.records, report["lowering"])
     if report["fallback"]["nodes"]:
         fallback = report["fallback"]
         out.print(f"nodes no target lowers: {fallback['nodes']} ({', '.join(fallback['ops'])}); "
@@ -60,11 +62,22 @@ def _fallback(graph) -> dict:
                                                 for n in nodes})}
 
 
+def _lowering(ops: list[str]) -> dict[str, dict]:
+    """For each op of the model, as stored and as optimised: how each target computes it, and
+    whether it can run only in a fallback CU (no target computes it)."""
+    report = {}
+    for op in dict.fromkeys(ops):
+        domain, _, op_type = op.rpartition("::")
+        routes = {name: lowering_route(op_type, domain, t.lowering) for name, t in sorted(targets().items())}
+        report[op] = {"targets": routes, "fallback_only": all(r == "none" for r in routes.values())}
+    return report
+
+
 def _backends() -> tuple[str, ...]:
     return tuple(sorted({b for entry in REGISTRY.values() for b in entry.lowerings}))
 
 
-def _print_report(model: Path, source: GraphSummary, after: GraphSummary, records) -> None:
+def _print_report(model: Path, source: GraphSummary, after: GraphSummary, records, lowering: dict) -> None:
     out.print(f"[bold]{model}[/bold]  opsets: " + ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in source.opsets.items()))
     io = Table(title="Interface (after binding and shape inference)", show_lines=False)
     for col in ("", "name", "dtype", "shape"):
@@ -73,11 +86,16 @@ def _print_report(model: Path, source: GraphSummary, after: GraphSummary, record
         for t in items:
             io.add_row(kind, t.name, t.dtype, "?" if t.shape is None else "x".join("?" if d is None else str(d) for d in t.shape) or "scalar")
     out.print(io)
-    ops = Table(title="Ops")
-    ops.add_column("op"); ops.add_column("source", justify="right"); ops.add_column("optimized", justify="right")
+    ops = Table(title="Ops (how each target computes them; fallback: only in a CU run on onnxruntime)")
+    ops.add_column("op", overflow="fold"); ops.add_column("source", justify="right"); ops.add_column("optimized", justify="right")
+    names = sorted({name for entry in lowering.values() for name in entry["targets"]})
+    for name in names:
+        ops.add_column(name)
     for op in sorted(set(source.op_counts) | set(after.op_counts), key=lambda o: -source.op_counts.get(o, 0)):
-        ops.add_row(op, str(source.op_counts.get(op, 0)), str(after.op_counts.get(op, 0)))
-    ops.add_row("[bold]total[/bold]", str(source.node_count), str(after.node_count))
+        routes = lowering[op]["targets"]
+        ops.add_row(op, str(source.op_counts.get(op, 0)), str(after.op_counts.get(op, 0)),
+                    *(routes[name] if routes[name] != "none" else "fallback" for name in names))
+    ops.add_row("[bold]total[/bold]", str(source.node_count), str(after.node_count), *("" for _ in names))
     out.print(ops)
     out.print(f"parameters: {after.param_count:,} ({after.param_bytes / 1e6:.2f} MB) after folding; "
               f"{source.param_count:,} as stored")

@@ -4,10 +4,11 @@ from ir.ops import (control, elementwise, indexing, nn, normalization, pooling, 
                     grid_sample, linalg, recurrent, resize, spectral, tensor)
 from ir.ops import contrib_transformer  # noqa: F401
 from ir.ops import function_bodies  # noqa: F401,E402  (last: it looks at every family's entries)
+from ir.ops.function_bodies import lowering_route  # noqa: E402
 from ir.ops.registry import (CONTRACTION, CONTROL, ELEMENTWISE, LAYOUT, NORMALIZATION, OTHER, RANDOM,
                              REDUCTION, REGISTRY, SHAPE, Epilogue, OpDef, epilogue_activations, epilogue_of,
                              is_view, kind_of, lookup, lowering, node_flops, register, view_ops)
 
 __all__ = ["REGISTRY", "Epilogue", "OpDef", "epilogue_activations", "epilogue_of", "is_view", "kind_of", "lookup",
-           "lowering", "node_flops", "register", "view_ops", "CONTRACTION", "CONTROL", "ELEMENTWISE", "LAYOUT",
+           "lowering", "lowering_route", "node_flops", "register", "view_ops", "CONTRACTION", "CONTROL", "ELEMENTWISE", "LAYOUT",
            "NORMALIZATION", "OTHER", "RANDOM", "REDUCTION", "SHAPE"]
