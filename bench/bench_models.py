@@ -1,7 +1,8 @@
 """`make bench`: Cortex WASM against onnxruntime (native) and onnxruntime-web on the nine light
-models, MiniLM-L6 (seq 128) and GEMM micro-benchmarks; writes its section of docs/benchmarks.md.
+models, MiniLM-L6 (seq 128), recurrent layers and quantized models (a table of their own), and GEMM
+micro-benchmarks; writes its section of docs/benchmarks.md.
 
-    python -m bench.bench_models [--models resnet50,minilm-l6-s128] [--rounds 5] [--no-gemm]
+    python -m bench.bench_models [--models resnet50,minilm-l6-s128,recurrent-gru] [--rounds 5] [--no-gemm]
                                  [--no-models] [--output docs/benchmarks.md] [--json out/bench.json]
 """
 
@@ -20,8 +21,8 @@ from ir.fs import write_bytes_atomically
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default=",".join(model_bench.MODEL_NAMES),
-                        help="comma-separated, from: " + ", ".join(model_bench.MODEL_NAMES))
+    parser.add_argument("--models", default=",".join(model_bench.ALL_NAMES),
+                        help="comma-separated, from: " + ", ".join(model_bench.ALL_NAMES))
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per measurement")
     parser.add_argument("--no-gemm", action="store_true", help="skip the GEMM micro-benchmarks")
     parser.add_argument("--no-models", action="store_true", help="skip the model benchmarks")
@@ -29,9 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the raw results here")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.models.split(",") if n.strip()]
-    unknown = [n for n in names if n not in model_bench.MODEL_NAMES]
+    unknown = [n for n in names if n not in model_bench.ALL_NAMES]
     if unknown:
-        parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(model_bench.MODEL_NAMES)}")
+        parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(model_bench.ALL_NAMES)}")
 
     info = machine.describe()
     print(f"Benchmarking on {info['cpu']} ({info['cores']} cores)", flush=True)
@@ -55,15 +56,17 @@ def main(argv: list[str] | None = None) -> int:
         if node is not None:
             node.close()
 
+    extra = [m for m in models if m.name in model_bench.EXTRA_NAMES]
+    models = [m for m in models if m.name not in model_bench.EXTRA_NAMES]
     _, model_summary = report.model_table(models)
     _, gemm_summary = report.gemm_table(gemms, peak)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    section = report.render(info, models, model_summary, gemms, gemm_summary, peak, settings, date)
+    section = report.render(info, models, model_summary, gemms, gemm_summary, peak, settings, date, extra)
     report.write_section(args.output, section)
     print(f"wrote {args.output}")
     if args.json:
         raw = {"machine": info, "settings": settings, "date": date, "peak_gflops": peak,
-               "gemm": [g.to_json() for g in gemms], "models": [m.to_json() for m in models],
+               "gemm": [g.to_json() for g in gemms], "models": [m.to_json() for m in models + extra],
                "summary": {**model_summary, **gemm_summary}}
         write_bytes_atomically(args.json, (json.dumps(raw, indent=2) + "\n").encode())
         print(f"wrote {args.json}")

@@ -17,9 +17,16 @@ from bench import cortex_side
 from bench.node_runner import NodeContestant, NodeRunner
 from bench.timing import InProcess, Timings, interleave, repeats_for
 from samples.light_models import LIGHT_MODEL_NAMES, light_model
+from samples.recurrent import SPECS as RECURRENT_SPECS
+from samples.recurrent import recurrent
 
 MINILM = "minilm-l6-s128"
 MODEL_NAMES = (*LIGHT_MODEL_NAMES, MINILM)
+# The second table: recurrent layers at realistic sizes (torch exports) and quantized models, each
+# compared on the same file.
+RECURRENT_NAMES = tuple(f"recurrent-{name}" for name in RECURRENT_SPECS)
+EXTRA_NAMES = RECURRENT_NAMES
+ALL_NAMES = (*MODEL_NAMES, *EXTRA_NAMES)
 
 
 @dataclass
@@ -32,6 +39,9 @@ class ModelCase:
 
 
 def model_case(name: str) -> ModelCase:
+    if name in RECURRENT_NAMES:
+        m = recurrent(name.removeprefix("recurrent-"))
+        return ModelCase(name, m.path, m.inputs, m.input_shapes, m.dims)
     if name == MINILM:
         from samples.minilm import minilm
         m = minilm(batch=1, seq=128)  # exports the model into .cache/models on first use

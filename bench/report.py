@@ -17,6 +17,7 @@ TARGET_GEMM_FRACTION_OF_PEAK = 0.70
 TARGET_ARENA_OVER_BOUND = 1.10
 TARGET_MINILM_COMPILE_S = 30.0
 TARGET_WARM_LOAD_S = 0.2
+TARGET_RECURRENT_VS_ORT = 1.5
 
 
 def geomean(values: list[float]) -> float | None:
@@ -101,7 +102,7 @@ def _met(value: float | None, goal: float, below: bool = True) -> str:
 
 
 def render(machine: dict, models, model_summary: dict, gemms, gemm_summary: dict, peak: dict, settings: dict,
-           date: str) -> str:
+           date: str, extra=()) -> str:
     out = [BEGIN, "## WebAssembly performance", ""]
     out.append(f"Measured {date} on {machine['cpu']} ({machine['cores']} cores), {machine['os']}; "
                f"onnxruntime {machine['onnxruntime']}, onnxruntime-web {settings.get('ortweb_version', 'n/a')} "
@@ -119,6 +120,14 @@ def render(machine: dict, models, model_summary: dict, gemms, gemm_summary: dict
             out += ["", "Why some cells are n/a:", "", *notes]
         out += ["", "Planned arena: all activations of the optimised model placed by `passes/plan_memory.py` in "
                 "node order; lower bound: the largest sum of bytes live at one step."]
+    if extra:
+        lines, _ = model_table(extra)
+        out += ["", "### Recurrent and quantized models (latency, lower is better)", "",
+                "Each contestant runs the same file (a quantized model is quantized once, by onnxruntime's "
+                "quantizer, and all three run it).", "", *lines]
+        notes = sorted({f"- {r.name}, {who}: {why}" for r in extra for who, why in r.errors.items()})
+        if notes:
+            out += ["", "Why some cells are n/a:", "", *notes]
     if gemms:
         lines, _ = gemm_table(gemms, peak)
         out += ["", "### GEMM micro-benchmarks (GFLOP/s, higher is better)", "", *lines, ""]
@@ -144,8 +153,20 @@ def render(machine: dict, models, model_summary: dict, gemms, gemm_summary: dict
     worst_load = max(loads, default=None)
     out.append(f"| warm load time, worst model | < {TARGET_WARM_LOAD_S} s | {'n/a' if worst_load is None else f'{worst_load:.3f} s'} "
                f"| {_met(worst_load, TARGET_WARM_LOAD_S)} |")
+    out += _extra_targets(models, extra)
     out.append(END)
     return "\n".join(out) + "\n"
+
+
+def _extra_targets(models, extra) -> list[str]:
+    rows = []
+    recurrent = [_ratio(r.median_ms("cortex-wasm"), r.median_ms("ort-cpu")) for r in extra if r.name.startswith("recurrent-")]
+    measured = [r for r in recurrent if r is not None]
+    if recurrent:
+        worst = max(measured, default=None)
+        rows.append(f"| Cortex / ORT on recurrent models, worst | <= {TARGET_RECURRENT_VS_ORT} | {_fmt_ratio(worst)} "
+                    f"| {_met(worst, TARGET_RECURRENT_VS_ORT)} |")
+    return rows
 
 
 def write_section(path: Path, section: str) -> None:
