@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+import onnx.numpy_helper
 
 # The default tolerance of onnx's backend-test runner (onnx.backend.test.runner) for every node case.
 RTOL, ATOL = 1e-3, 1e-7
@@ -76,22 +77,64 @@ def tolerances(case_name: str, expected: np.ndarray) -> tuple[float, float]:
     return rtol, ATOL_OVERRIDES.get(case_name, ATOL)
 
 
-def parameter_inputs(model: onnx.ModelProto) -> list[str]:
-    """Graph inputs that only ever carry op parameters (axes, pads, starts/ends, sizes, k, repeats,
-    shape...): int32/int64, read by at least one node and always at an input index >= 1, never as a
-    node's data input 0 and never a graph output. Float inputs never qualify: they are data."""
+def parameter_inputs(model: onnx.ModelProto, values: dict | None = None) -> list[str]:
+    """Graph inputs that carry op parameters rather than the data computed on, in the model's input
+    order. Two kinds qualify, and never a graph output:
+    - integer parameters: int32/int64, read by at least one node and always at an input index >= 1,
+      never as a node's data input 0 (axes, pads, starts/ends, sizes, k, repeats, shape...);
+    - shape parameters (`values` given: the case's inputs): an input of any type whose value decides
+      an output's shape, i.e. ONNX shape inference leaves some value's shape open without it and
+      finds more static shapes once it is a constant (a window's size, Range's start/limit/delta,
+      OneHot's depth, Resize's float scales). An input whose shape alone matters never qualifies."""
     integer = (onnx.TensorProto.INT32, onnx.TensorProto.INT64)
     outputs = {o.name for o in model.graph.output}
     initializers = {i.name for i in model.graph.initializer}
+    deciding = set(shape_deciding_inputs(model, values)) if values is not None else set()
     found = []
     for vi in model.graph.input:
-        if (vi.name in initializers or vi.name in outputs or not vi.type.HasField("tensor_type")
-                or vi.type.tensor_type.elem_type not in integer):
+        if vi.name in initializers or vi.name in outputs or not vi.type.HasField("tensor_type"):
             continue
         slots = [i for node in _all_nodes(model.graph) for i, name in enumerate(node.input) if name == vi.name]
-        if slots and all(i >= 1 for i in slots):
+        if vi.name in deciding or (vi.type.tensor_type.elem_type in integer and slots and all(i >= 1 for i in slots)):
             found.append(vi.name)
     return found
+
+
+def shape_deciding_inputs(model: onnx.ModelProto, values: dict) -> list[str]:
+    """The tensor inputs in `values` (name -> array) whose value, made a constant, lets ONNX shape
+    inference (with data propagation) give more values a static shape. The declared shapes of
+    outputs and intermediate values are dropped first: they would hide what inference derives."""
+    tensors = {k: np.asarray(v) for k, v in values.items() if isinstance(v, np.ndarray)}
+    base = _static_value_count(model, tensors, frozen=())
+    outputs = {o.name for o in model.graph.output}
+    return [vi.name for vi in model.graph.input if vi.name in tensors and vi.name not in outputs
+            and _static_value_count(model, tensors, frozen=(vi.name,)) > base]
+
+
+def _static_value_count(model: onnx.ModelProto, tensors: dict, frozen: tuple) -> int:
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    graph = probe.graph
+    del graph.value_info[:]
+    for o in graph.output:
+        o.type.tensor_type.ClearField("shape")
+    kept = [vi for vi in graph.input if vi.name not in frozen]
+    for vi in kept:
+        if vi.name in tensors and vi.type.HasField("tensor_type"):
+            shape = vi.type.tensor_type.shape
+            shape.ClearField("dim")
+            for d in tensors[vi.name].shape:
+                shape.dim.add().dim_value = int(d)
+    del graph.input[:]
+    graph.input.extend(kept)
+    graph.initializer.extend(onnx.numpy_helper.from_array(tensors[name], name) for name in frozen)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(probe, data_prop=True)
+    except Exception:  # onnx raises several types; a model it cannot infer decides nothing here
+        return -1
+    return sum(1 for vi in [*inferred.graph.value_info, *inferred.graph.output]
+               if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape")
+               and all(d.HasField("dim_value") for d in vi.type.tensor_type.shape.dim))
 
 
 def _qualified(node: onnx.NodeProto) -> str:
