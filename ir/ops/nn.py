@@ -53,8 +53,7 @@ register("ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul", "Deform
 
 register("MaxRoiPool", "RoiAlign", "AffineGrid",
          "Col2Im", "NonMaxSuppression", "Attention",
-         "RotaryEmbedding", "STFT", "MelWeightMatrix", "BlackmanWindow", "HannWindow",
-         "HammingWindow", "DynamicQuantizeLinear", "CenterCropPad", "ImageDecoder",
+         "RotaryEmbedding", "STFT", "DynamicQuantizeLinear", "CenterCropPad", "ImageDecoder",
          "StringNormalizer", "StringConcat", "StringSplit", "RegexFullMatch", "TfIdfVectorizer",
          "Unique", "NonZero", "Compress",
          kind=OTHER)
