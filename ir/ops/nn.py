@@ -65,7 +65,6 @@ from dataclasses import replace  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from ir.errors import UnsupportedError  # noqa: E402
 from ir.loops.builder import broadcast_load  # noqa: E402
 from ir.loops.contraction import ContractionOperands, ConvSpec, EpilogueSpec, GemmSpec  # noqa: E402
 from ir.loops.expr import all_of, cast, fma, in_range, maximum, minimum, select, unary  # noqa: E402
