@@ -48,11 +48,11 @@ register("Gemm", kind=CONTRACTION, weight_input=1,
 register("Conv", kind=CONTRACTION, weight_input=1,
          weight_axis=lambda node: 0, output_axis=lambda node: 1, flops=_conv_flops)
 register("ConvTranspose", kind=CONTRACTION, flops=_conv_transpose_flops)
-register("ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul", "DeformConv",
+register("ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul",
          kind=CONTRACTION)
 
 register("MaxRoiPool", "RoiAlign", "AffineGrid",
-         "Col2Im", "NonMaxSuppression", "Attention",
+         "NonMaxSuppression", "Attention",
          "RotaryEmbedding", "STFT", "DynamicQuantizeLinear", "CenterCropPad", "ImageDecoder",
          "StringNormalizer", "StringConcat", "StringSplit", "RegexFullMatch", "TfIdfVectorizer",
          "Unique", "NonZero", "Compress",
