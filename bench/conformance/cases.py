@@ -102,13 +102,18 @@ def parameter_inputs(model: onnx.ModelProto, values: dict | None = None) -> list
 
 def shape_deciding_inputs(model: onnx.ModelProto, values: dict) -> list[str]:
     """The tensor inputs in `values` (name -> array) whose value, made a constant, lets ONNX shape
-    inference (with data propagation) give more values a static shape. The declared shapes of
-    outputs and intermediate values are dropped first: they would hide what inference derives."""
+    inference (with data propagation) give more values a static shape: alone, or as the one input
+    missing when all the others are constants (Range's start, limit and delta decide its length only
+    together). The declared shapes of outputs and intermediate values are dropped first: they would
+    hide what inference derives."""
     tensors = {k: np.asarray(v) for k, v in values.items() if isinstance(v, np.ndarray)}
-    base = _static_value_count(model, tensors, frozen=())
     outputs = {o.name for o in model.graph.output}
-    return [vi.name for vi in model.graph.input if vi.name in tensors and vi.name not in outputs
-            and _static_value_count(model, tensors, frozen=(vi.name,)) > base]
+    names = [vi.name for vi in model.graph.input if vi.name in tensors and vi.name not in outputs]
+    none = _static_value_count(model, tensors, frozen=())
+    every = _static_value_count(model, tensors, frozen=tuple(names))
+    return [name for name in names
+            if _static_value_count(model, tensors, frozen=(name,)) > none
+            or _static_value_count(model, tensors, frozen=tuple(n for n in names if n != name)) < every]
 
 
 def _static_value_count(model: onnx.ModelProto, tensors: dict, frozen: tuple) -> int:
