@@ -109,6 +109,7 @@ def case_inputs(name: str) -> dict:
     ("test_resize_downsample_scales_cubic", ["scales"]),     # float, but it decides Y's shape; roi does not
     ("test_onehot_with_axis", ["depth"]),                    # not the indices, not the on/off values
     ("test_hannwindow", ["x"]),                              # the size, read as input 0
+    ("test_affine_grid_2d_expanded", ["size"]),              # read as input 0 in a branch, decided by folding
     ("test_range_float_type_positive_delta", ["start", "limit", "delta"]),
     ("test_matmul_2d", []),                                  # only their shapes matter
     ("test_add_bcast", []),

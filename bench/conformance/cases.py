@@ -7,12 +7,17 @@ body, whose intermediate values onnx names `<Op>_<case>_expanded_function_<name>
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
 import onnx.numpy_helper
+
+from ir.errors import CortexError
+from ir.onnx_import import import_model
+from passes.infer_shapes import InferShapes
 
 # The default tolerance of onnx's backend-test runner (onnx.backend.test.runner) for every node case.
 RTOL, ATOL = 1e-3, 1e-7
@@ -83,8 +88,7 @@ def parameter_inputs(model: onnx.ModelProto, values: dict | None = None) -> list
     - integer parameters: int32/int64, read by at least one node and always at an input index >= 1,
       never as a node's data input 0 (axes, pads, starts/ends, sizes, k, repeats, shape...);
     - shape parameters (`values` given: the case's inputs): an input of any type whose value decides
-      an output's shape, i.e. ONNX shape inference leaves some value's shape open without it and
-      finds more static shapes once it is a constant (a window's size, Range's start/limit/delta,
+      an output's shape, i.e. shape inference leaves fewer shapes open once it is a constant (a window's size, Range's start/limit/delta,
       OneHot's depth, Resize's float scales). An input whose shape alone matters never qualifies."""
     integer = (onnx.TensorProto.INT32, onnx.TensorProto.INT64)
     outputs = {o.name for o in model.graph.output}
@@ -101,22 +105,24 @@ def parameter_inputs(model: onnx.ModelProto, values: dict | None = None) -> list
 
 
 def shape_deciding_inputs(model: onnx.ModelProto, values: dict) -> list[str]:
-    """The tensor inputs in `values` (name -> array) whose value, made a constant, lets ONNX shape
-    inference (with data propagation) give more values a static shape: alone, or as the one input
-    missing when all the others are constants (Range's start, limit and delta decide its length only
-    together). The declared shapes of outputs and intermediate values are dropped first: they would
-    hide what inference derives."""
+    """The tensor inputs in `values` (name -> array) whose value, made a constant, lets Cortex's
+    shape inference (ONNX's rules alternating with constant folding, as decompose runs it) leave
+    fewer values without a static shape: alone, or as the one input missing when all the others
+    are constants (Range's start, limit and delta decide its length only together). The declared
+    shapes of outputs and intermediate values are dropped first: they would hide what is derived."""
     tensors = {k: np.asarray(v) for k, v in values.items() if isinstance(v, np.ndarray)}
     outputs = {o.name for o in model.graph.output}
     names = [vi.name for vi in model.graph.input if vi.name in tensors and vi.name not in outputs]
-    none = _static_value_count(model, tensors, frozen=())
-    every = _static_value_count(model, tensors, frozen=tuple(names))
+    none = _unknown_shape_count(model, tensors, frozen=())
+    every = _unknown_shape_count(model, tensors, frozen=tuple(names))
     return [name for name in names
-            if _static_value_count(model, tensors, frozen=(name,)) > none
-            or _static_value_count(model, tensors, frozen=tuple(n for n in names if n != name)) < every]
+            if _unknown_shape_count(model, tensors, frozen=(name,)) < none
+            or _unknown_shape_count(model, tensors, frozen=tuple(n for n in names if n != name)) > every]
 
 
-def _static_value_count(model: onnx.ModelProto, tensors: dict, frozen: tuple) -> int:
+def _unknown_shape_count(model: onnx.ModelProto, tensors: dict, frozen: tuple) -> float:
+    """How many values shape inference leaves without a static shape (infinitely many when it
+    refuses the model) with the inputs in `frozen` made constants and the others bound."""
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     graph = probe.graph
@@ -124,22 +130,15 @@ def _static_value_count(model: onnx.ModelProto, tensors: dict, frozen: tuple) ->
     for o in graph.output:
         o.type.tensor_type.ClearField("shape")
     kept = [vi for vi in graph.input if vi.name not in frozen]
-    for vi in kept:
-        if vi.name in tensors and vi.type.HasField("tensor_type"):
-            shape = vi.type.tensor_type.shape
-            shape.ClearField("dim")
-            for d in tensors[vi.name].shape:
-                shape.dim.add().dim_value = int(d)
     del graph.input[:]
     graph.input.extend(kept)
     graph.initializer.extend(onnx.numpy_helper.from_array(tensors[name], name) for name in frozen)
+    shapes = {vi.name: tuple(tensors[vi.name].shape) for vi in kept if vi.name in tensors}
     try:
-        inferred = onnx.shape_inference.infer_shapes(probe, data_prop=True)
-    except Exception:  # onnx raises several types; a model it cannot infer decides nothing here
-        return -1
-    return sum(1 for vi in [*inferred.graph.value_info, *inferred.graph.output]
-               if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape")
-               and all(d.HasField("dim_value") for d in vi.type.tensor_type.shape.dim))
+        inferred = InferShapes(input_shapes=shapes).run(import_model(probe))
+    except CortexError:
+        return math.inf
+    return sum(1 for node in inferred.walk() for v in node.outputs if v.is_tensor and not v.is_static)
 
 
 def _qualified(node: onnx.NodeProto) -> str:

@@ -67,8 +67,9 @@ def render_markdown(results: list[CaseResult], meta: dict) -> str:
         "a shape that cannot be inferred) each was run once more with its parameter inputs frozen (`cortex "
         "decompose --freeze-input`), as a deployment feeding fixed parameters does. A parameter input is one "
         "of: an int32/int64 input never read as a node's data input 0 (axes, pads, starts/ends, sizes, k, "
-        "repeats, shape...); or an input of any dtype whose value decides an output's shape, i.e. ONNX shape "
-        "inference finds more static shapes once it is a constant (a window's size, Range's start/limit/delta, "
+        "repeats, shape...); or an input of any dtype whose value decides an output's shape, i.e. shape "
+        "inference (ONNX's rules alternating with constant folding, as decompose runs it) leaves fewer shapes "
+        "open once it is a constant (a window's size, Range's start/limit/delta, AffineGrid's size, "
         "OneHot's depth, Resize's float scales). An input whose shape alone matters never qualifies, and never "
         "every input is frozen. The computation under test still runs in Cortex; only its parameters became "
         "compile-time constants. Such cases list `frozen_parameters` in the JSON.",
