@@ -1,4 +1,4 @@
-"""Every op case of the WebAssembly op suite (tests/test_wasm_ops.py), run instead through the CUDA
+"""Every op case of the WebAssembly op suites (tests/test_wasm_ops.py, test_wasm_ops_less_common.py), run instead through the CUDA
 renderer and cuda-sim, with permuted block and thread order: each op's generated kernels match
 onnxruntime, and the same source compiles with NVRTC for sm_80 without spills. The cases are written
 once; only the backend they run on differs."""
@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import test_wasm_ops as op_cases
+import test_wasm_ops_less_common as less_common_cases
 from backends.cuda.toolchain import compile_cuda, nvrtc_version
 from cuda_cases import run_cuda_sim
 from wasm_cases import run_onnxruntime
@@ -29,10 +30,12 @@ def assert_cuda_sim_matches_onnxruntime(model, feeds, configs=None, rtol=1e-4, a
 
 @pytest.fixture(autouse=True)
 def on_cuda_sim(monkeypatch):
-    monkeypatch.setattr(op_cases, "assert_matches_onnxruntime", assert_cuda_sim_matches_onnxruntime)
+    for module in (op_cases, less_common_cases):
+        monkeypatch.setattr(module, "assert_matches_onnxruntime", assert_cuda_sim_matches_onnxruntime)
 
 
 # The cases that go through the shared assertion (others test wasm-only details).
-for _name, _case in inspect.getmembers(op_cases, inspect.isfunction):
-    if _name.startswith("test_") and "assert_matches_onnxruntime" in inspect.getsource(_case):
-        globals()[_name.replace("test_", "test_cuda_", 1)] = pytest.mark.slow(_case)
+for _module in (op_cases, less_common_cases):
+    for _name, _case in inspect.getmembers(_module, inspect.isfunction):
+        if _name.startswith("test_") and "assert_matches_onnxruntime" in inspect.getsource(_case):
+            globals()[_name.replace("test_", "test_cuda_", 1)] = pytest.mark.slow(_case)

@@ -34,34 +34,34 @@ WIDTH = 8
 
 
 def mixed_model() -> onnx.ModelProto:
-    """MatMul -> Relu -> ml::Binarizer -> Col2Im -> Tanh -> Add(a ReduceMean of the Relu's output),
-    and the Binarizer's output as a second model output. Cortex lowers neither Binarizer nor
-    Col2Im; the Add reads both sides, so a CU holding the Relu and the Add around the fallback CU
-    would not be convex."""
+    """MatMul -> Relu -> Cast -> TfIdfVectorizer -> Tanh -> Add(a ReduceMean of the Relu's output),
+    and the TfIdfVectorizer's counts as a second model output. Cortex does not lower
+    TfIdfVectorizer; the Add reads both sides, so a CU holding the Relu and the Add around the
+    fallback CU would not be convex."""
     rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(rng.standard_normal((WIDTH, WIDTH)).astype(np.float32), "w"),
-             numpy_helper.from_array(np.array([3, 4], np.int64), "image_shape"),
-             numpy_helper.from_array(np.array([2, 1], np.int64), "block_shape"),
-             numpy_helper.from_array(np.array([1, 2], np.int64), "axes")]
+    inits = [numpy_helper.from_array((rng.standard_normal((WIDTH, WIDTH)) * 3).astype(np.float32), "w"),
+             numpy_helper.from_array(np.array([1], np.int64), "axes")]
     nodes = [
         helper.make_node("MatMul", ["x", "w"], ["a"], name="matmul"),
         helper.make_node("Relu", ["a"], ["b"], name="relu"),
-        helper.make_node("Binarizer", ["b"], ["mask"], name="binarize", domain="ai.onnx.ml", threshold=0.5),
-        helper.make_node("Col2Im", ["mask", "image_shape", "block_shape"], ["col"], name="col2im"),
-        helper.make_node("Tanh", ["col"], ["t"], name="tanh"),
-        helper.make_node("ReduceMean", ["b", "axes"], ["mean"], name="mean", keepdims=0),
+        helper.make_node("Cast", ["b"], ["ints"], name="cast", to=TensorProto.INT64),
+        helper.make_node("TfIdfVectorizer", ["ints"], ["counts"], name="count_ngrams", mode="TF", min_gram_length=1,
+                         max_gram_length=1, max_skip_count=0, ngram_counts=[0], ngram_indexes=[0, 1, 2],
+                         pool_int64s=[1, 2, 3]),
+        helper.make_node("Tanh", ["counts"], ["t"], name="tanh"),
+        helper.make_node("ReduceMean", ["b", "axes"], ["mean"], name="mean", keepdims=1),
         helper.make_node("Add", ["t", "mean"], ["y"], name="add"),
     ]
-    graph = helper.make_graph(nodes, "mixed", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, WIDTH])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 3, 4]),
-                               helper.make_tensor_value_info("mask", TensorProto.FLOAT, [1, 4, WIDTH])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("ai.onnx.ml", 3)])
+    graph = helper.make_graph(nodes, "mixed", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, WIDTH])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3]),
+                               helper.make_tensor_value_info("counts", TensorProto.FLOAT, [4, 3])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     onnx.checker.check_model(model, full_check=True)
     return model
 
 
 def feeds() -> dict[str, np.ndarray]:
-    return {"x": np.random.default_rng(1).standard_normal((1, 4, WIDTH)).astype(np.float32)}
+    return {"x": np.random.default_rng(1).standard_normal((4, WIDTH)).astype(np.float32)}
 
 
 @pytest.fixture
@@ -78,9 +78,9 @@ def decompose_and_build(model_path: Path, out: Path) -> Path:
     return dag_path
 
 
-def test_binarizer_and_col2im_have_no_lowering():
+def test_tfidf_vectorizer_has_no_lowering():
     graph = import_model(mixed_model())
-    assert sorted(n.op_type for n in unsupported_nodes(graph)) == ["Binarizer", "Col2Im"]
+    assert [n.op_type for n in unsupported_nodes(graph)] == ["TfIdfVectorizer"]
 
 
 def test_without_the_flag_compile_wasm_fails_in_one_line_suggesting_it(model_path, tmp_path):
@@ -89,8 +89,7 @@ def test_without_the_flag_compile_wasm_fails_in_one_line_suggesting_it(model_pat
     manifest = json.loads((tmp_path / "cus" / "manifest.json").read_text())
     assert "fallback" not in manifest["options"] and all("runs_on" not in cu for cu in manifest["cus"])
     code, _, err = run_cli(["compile-wasm", "--cu-dir", tmp_path / "cus", "--output", tmp_path / "wasm-bin"])
-    assert_one_line_error(code, err, "cannot compile to wasm", "ai.onnx.ml::Binarizer (binarize)",
-                          "Col2Im (col2im)", "--fallback onnxruntime")
+    assert_one_line_error(code, err, "cannot compile to wasm", "TfIdfVectorizer (count_ngrams)", "--fallback onnxruntime")
 
 
 def test_fallback_cus_run_on_onnxruntime_and_the_rest_on_wasm_from_the_cli(model_path, tmp_path):
@@ -102,7 +101,7 @@ def test_fallback_cus_run_on_onnxruntime_and_the_rest_on_wasm_from_the_cli(model
     manifest = json.loads((cus / "manifest.json").read_text())
     assert manifest["options"]["fallback"] == "onnxruntime"
     fallback = [cu for cu in manifest["cus"] if cu.get("runs_on") == "onnxruntime"]
-    assert [cu["op_types"] for cu in fallback] == [["Binarizer", "Col2Im"]]
+    assert [cu["op_types"] for cu in fallback] == [["TfIdfVectorizer"]]
     assert summary["fallback_cus"] == {"onnxruntime": [cu["id"] for cu in fallback]}
     assert all(cu.get("runs_on") is None for cu in manifest["cus"] if set(cu["op_types"]) & {"MatMul", "Add"})
 

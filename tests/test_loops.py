@@ -138,11 +138,12 @@ def test_reshape_is_a_view_not_a_copy():
 
 
 def test_unsupported_ops_are_named_with_their_nodes():
-    with pytest.raises(UnsupportedError, match=r"Col2Im \(fold_node\)"):
-        lowered([helper.make_node("Col2Im", ["x", "image", "block"], ["y"], name="fold_node")],
-                [helper.make_tensor_value_info("x", T.FLOAT, [1, 4, 9])],
-                [helper.make_tensor_value_info("y", T.FLOAT, [1, 1, 4, 4])],
-                [helper.make_tensor("image", T.INT64, [2], [4, 4]), helper.make_tensor("block", T.INT64, [2], [2, 2])])
+    with pytest.raises(UnsupportedError, match=r"TfIdfVectorizer \(count_ngrams\)"):
+        lowered([helper.make_node("TfIdfVectorizer", ["x"], ["y"], name="count_ngrams", mode="TF", min_gram_length=1,
+                                  max_gram_length=1, max_skip_count=0, ngram_counts=[0], ngram_indexes=[0, 1, 2],
+                                  pool_int64s=[2, 3, 5])],
+                [helper.make_tensor_value_info("x", T.INT64, [2, 6])],
+                [helper.make_tensor_value_info("y", T.FLOAT, [2, 3])])
 
 
 def test_temporaries_share_memory_once_dead():

@@ -90,19 +90,19 @@ def test_bad_options_are_one_line_errors(cnn_dirs, argv, fragments):
 
 
 def test_unsupported_ops_are_listed_and_the_output_folder_is_untouched(tmp_path):
-    model = make_model([helper.make_node("Relu", ["x"], ["r"], name="relu"),
-                        helper.make_node("Col2Im", ["r", "image", "block"], ["d"], name="fold_columns")],
-                       [helper.make_tensor_value_info("x", T.FLOAT, [1, 4, 9])],
-                       [helper.make_tensor_value_info("d", T.FLOAT, [1, 1, 4, 4])],
-                       [onnx.numpy_helper.from_array(np.array([4, 4], dtype=np.int64), "image"),
-                        onnx.numpy_helper.from_array(np.array([2, 2], dtype=np.int64), "block")], opset=18)
+    model = make_model([helper.make_node("Abs", ["x"], ["r"], name="abs"),
+                        helper.make_node("TfIdfVectorizer", ["r"], ["d"], name="count_ngrams", mode="TF",
+                                         min_gram_length=1, max_gram_length=1, max_skip_count=0, ngram_counts=[0],
+                                         ngram_indexes=[0, 1, 2], pool_int64s=[2, 3, 5])],
+                       [helper.make_tensor_value_info("x", T.INT64, [2, 6])],
+                       [helper.make_tensor_value_info("d", T.FLOAT, [2, 3])], opset=18)
     onnx.save(model, tmp_path / "m.onnx")
     assert run_cli(["decompose", "--model-path", str(tmp_path / "m.onnx"), "--output-dir", str(tmp_path / "cus"),
                     "--json"])[0] == 0
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "keep.txt").write_text("previous build")
     code, _, err = run_cli(["compile-wasm", "--cu-dir", str(tmp_path / "cus"), "--output", str(tmp_path / "bin")])
-    assert_one_line_error(code, err, "Col2Im (fold_columns)")
+    assert_one_line_error(code, err, "TfIdfVectorizer (count_ngrams)")
     assert [p.name for p in (tmp_path / "bin").iterdir()] == ["keep.txt"]
 
 

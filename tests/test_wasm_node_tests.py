@@ -24,7 +24,6 @@ FAMILIES = re.compile(r"^test_(resize|upsample|top_k|tril|triu|onehot|cumsum|eye
 KNOWN_REFUSALS = {
     "test_resize_downsample_sizes_nearest_not_smaller": "cannot reproduce output size",
     "test_resize_tf_crop_and_resize_extrapolation_value": "non-zero extrapolation_value",
-    "test_einsum_batch_diagonal": "ellipsis",
     "test_batchnorm_epsilon_training_mode": "training-mode",
     "test_batchnorm_example_training_mode": "training-mode",
 }

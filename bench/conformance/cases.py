@@ -7,11 +7,17 @@ body, whose intermediate values onnx names `<Op>_<case>_expanded_function_<name>
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
+import onnx.numpy_helper
+
+from ir.errors import CortexError
+from ir.onnx_import import import_model
+from passes.infer_shapes import InferShapes
 
 # The default tolerance of onnx's backend-test runner (onnx.backend.test.runner) for every node case.
 RTOL, ATOL = 1e-3, 1e-7
@@ -76,22 +82,63 @@ def tolerances(case_name: str, expected: np.ndarray) -> tuple[float, float]:
     return rtol, ATOL_OVERRIDES.get(case_name, ATOL)
 
 
-def parameter_inputs(model: onnx.ModelProto) -> list[str]:
-    """Graph inputs that only ever carry op parameters (axes, pads, starts/ends, sizes, k, repeats,
-    shape...): int32/int64, read by at least one node and always at an input index >= 1, never as a
-    node's data input 0 and never a graph output. Float inputs never qualify: they are data."""
+def parameter_inputs(model: onnx.ModelProto, values: dict | None = None) -> list[str]:
+    """Graph inputs that carry op parameters rather than the data computed on, in the model's input
+    order. Two kinds qualify, and never a graph output:
+    - integer parameters: int32/int64, read by at least one node and always at an input index >= 1,
+      never as a node's data input 0 (axes, pads, starts/ends, sizes, k, repeats, shape...);
+    - shape parameters (`values` given: the case's inputs): an input of any type whose value decides
+      an output's shape, i.e. shape inference leaves fewer shapes open once it is a constant (a window's size, Range's start/limit/delta,
+      OneHot's depth, Resize's float scales). An input whose shape alone matters never qualifies."""
     integer = (onnx.TensorProto.INT32, onnx.TensorProto.INT64)
     outputs = {o.name for o in model.graph.output}
     initializers = {i.name for i in model.graph.initializer}
+    deciding = set(shape_deciding_inputs(model, values)) if values is not None else set()
     found = []
     for vi in model.graph.input:
-        if (vi.name in initializers or vi.name in outputs or not vi.type.HasField("tensor_type")
-                or vi.type.tensor_type.elem_type not in integer):
+        if vi.name in initializers or vi.name in outputs or not vi.type.HasField("tensor_type"):
             continue
         slots = [i for node in _all_nodes(model.graph) for i, name in enumerate(node.input) if name == vi.name]
-        if slots and all(i >= 1 for i in slots):
+        if vi.name in deciding or (vi.type.tensor_type.elem_type in integer and slots and all(i >= 1 for i in slots)):
             found.append(vi.name)
     return found
+
+
+def shape_deciding_inputs(model: onnx.ModelProto, values: dict) -> list[str]:
+    """The tensor inputs in `values` (name -> array) whose value, made a constant, lets Cortex's
+    shape inference (ONNX's rules alternating with constant folding, as decompose runs it) leave
+    fewer values without a static shape: alone, or as the one input missing when all the others
+    are constants (Range's start, limit and delta decide its length only together). The declared
+    shapes of outputs and intermediate values are dropped first: they would hide what is derived."""
+    tensors = {k: np.asarray(v) for k, v in values.items() if isinstance(v, np.ndarray)}
+    outputs = {o.name for o in model.graph.output}
+    names = [vi.name for vi in model.graph.input if vi.name in tensors and vi.name not in outputs]
+    none = _unknown_shape_count(model, tensors, frozen=())
+    every = _unknown_shape_count(model, tensors, frozen=tuple(names))
+    return [name for name in names
+            if _unknown_shape_count(model, tensors, frozen=(name,)) < none
+            or _unknown_shape_count(model, tensors, frozen=tuple(n for n in names if n != name)) > every]
+
+
+def _unknown_shape_count(model: onnx.ModelProto, tensors: dict, frozen: tuple) -> float:
+    """How many values shape inference leaves without a static shape (infinitely many when it
+    refuses the model) with the inputs in `frozen` made constants and the others bound."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    graph = probe.graph
+    del graph.value_info[:]
+    for o in graph.output:
+        o.type.tensor_type.ClearField("shape")
+    kept = [vi for vi in graph.input if vi.name not in frozen]
+    del graph.input[:]
+    graph.input.extend(kept)
+    graph.initializer.extend(onnx.numpy_helper.from_array(tensors[name], name) for name in frozen)
+    shapes = {vi.name: tuple(tensors[vi.name].shape) for vi in kept if vi.name in tensors}
+    try:
+        inferred = InferShapes(input_shapes=shapes).run(import_model(probe))
+    except CortexError:
+        return math.inf
+    return sum(1 for node in inferred.walk() for v in node.outputs if v.is_tensor and not v.is_static)
 
 
 def _qualified(node: onnx.NodeProto) -> str:

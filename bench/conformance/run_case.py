@@ -29,8 +29,9 @@ from ir.errors import CortexError
 from ir.fs import write_bytes_atomically
 from samples.node_tests import load_node_test
 
-# The loop-nest backends' refusal of an op parameter fed as a graph input (ir/loops/builder.py).
-NEEDS_CONSTANT = "must be a constant"
+# The refusals a parameter fed as a graph input causes: a lowering that needs it constant
+# (ir/loops/builder.py), and a shape that its value decides (passes/infer_shapes.py).
+NEEDS_CONSTANT = ("must be a constant", "cannot infer a static shape")
 
 OUTCOMES = ("passed", "failed", "unsupported", "crashed", "ort-cannot-run", "out-of-scope")
 
@@ -64,7 +65,7 @@ def run_case(name: str, device: str) -> CaseResult:
             result.outcome, result.why = "ort-cannot-run", ort_problem
         else:
             _run_through_cortex(case, device, result)
-            if result.outcome == "unsupported" and NEEDS_CONSTANT in result.why:
+            if result.outcome == "unsupported" and any(text in result.why for text in NEEDS_CONSTANT):
                 _retry_with_frozen_parameters(case, model, device, result)
     result.seconds = round(time.perf_counter() - start, 3)
     return result
@@ -93,7 +94,7 @@ def onnxruntime_problem(case) -> str | None:
 def _retry_with_frozen_parameters(case, model: onnx.ModelProto, device: str, result: CaseResult) -> None:
     """A deployment feeding fixed op parameters freezes them (`--freeze-input`); the computation under
     test still runs in Cortex. Kept as refused when nothing qualifies or no model input would remain."""
-    frozen = {name: case.inputs[name] for name in parameter_inputs(model)
+    frozen = {name: case.inputs[name] for name in parameter_inputs(model, case.inputs)
               if isinstance(case.inputs.get(name), np.ndarray)}
     if not frozen or len(frozen) == len(case.inputs):
         return

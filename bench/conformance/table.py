@@ -18,7 +18,9 @@ def summarize(results: list[CaseResult]) -> dict:
     counted = sum(counts[o] for o in COUNTED)
     return {"cases": len(results), "counted": counted, **{o: counts[o] for o in
             (*COUNTED, "ort-cannot-run", "out-of-scope")},
-            "pass_rate": round(counts["passed"] / counted, 4) if counted else None}
+            "pass_rate": round(counts["passed"] / counted, 4) if counted else None,
+            # the passes that needed no --freeze-input: every input fed at run time
+            "passed_unfrozen": counts["passed"] - frozen_passes(results)}
 
 
 def headline(summary: dict) -> str:
@@ -60,12 +62,18 @@ def render_markdown(results: list[CaseResult], meta: dict) -> str:
         "- **passed**: every output matches. **failed**: a wrong result (largest errors shown). "
         "**unsupported**: Cortex refused the model with a clear error while decomposing or compiling. "
         "**crashed**: any other exception, a compiled model that failed to run, or a case over the time limit.",
-        f"- Frozen parameters: {frozen_passes(results)} of the passing cases feed op parameters (axes, pads, "
-        "starts/ends, sizes, k, repeats, shape...) as graph inputs, which the loop-nest backends need constant; "
-        "after that refusal each was run once more with those inputs frozen (`cortex decompose --freeze-input`, "
-        "only int32/int64 inputs never read as a node's data input 0, never float inputs, never every input), "
-        "as a deployment feeding fixed parameters does. The computation under test still runs in Cortex; only "
-        "its parameters became compile-time constants. Such cases list `frozen_parameters` in the JSON.",
+        f"- Frozen parameters: {frozen_passes(results)} of the passing cases feed op parameters as graph inputs, "
+        "which the loop-nest backends need constant; after that refusal (an input that must be a constant, or "
+        "a shape that cannot be inferred) each was run once more with its parameter inputs frozen (`cortex "
+        "decompose --freeze-input`), as a deployment feeding fixed parameters does. A parameter input is one "
+        "of: an int32/int64 input never read as a node's data input 0 (axes, pads, starts/ends, sizes, k, "
+        "repeats, shape...); or an input of any dtype whose value decides an output's shape, i.e. shape "
+        "inference (ONNX's rules alternating with constant folding, as decompose runs it) leaves fewer shapes "
+        "open once it is a constant (a window's size, Range's start/limit/delta, AffineGrid's size, "
+        "OneHot's depth, Resize's float scales). An input whose shape alone matters never qualifies, and never "
+        "every input is frozen. The computation under test still runs in Cortex; only its parameters became "
+        "compile-time constants. Such cases list `frozen_parameters` in the JSON.",
+        f"- Without frozen parameters: {strict_headline(summary)}",
         f"- Not counted: {summary['ort-cannot-run']} cases onnxruntime itself cannot run or reproduce, and "
         f"{summary['out-of-scope']} out-of-scope cases (training ops, string tensors, sequence/optional/map "
         "values, random outputs); both are listed at the end.",
@@ -97,6 +105,15 @@ def render_markdown(results: list[CaseResult], meta: dict) -> str:
         lines += [f"- {why}: {len(names)} ({', '.join(names[:6])}{', ...' if len(names) > 6 else ''})"
                   for why, names in sorted(grouped.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
     return "\n".join(lines) + "\n"
+
+
+def strict_headline(summary: dict) -> str:
+    """The pass rate counting every pass that needed frozen parameters as not passing."""
+    if not summary["counted"]:
+        return "no case was counted."
+    strict = summary["passed_unfrozen"]
+    return (f"{strict} of {summary['counted']} cases pass with every input fed at run time "
+            f"({100 * strict / summary['counted']:.1f}%).")
 
 
 def frozen_passes(results: list[CaseResult]) -> int:

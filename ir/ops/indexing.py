@@ -3,7 +3,6 @@ encodings, running sums and top-k selection."""
 
 import numpy as np
 
-from ir.errors import UnsupportedError
 from ir.loops.expr import cast, eq, ge, gt, le, logical_and, logical_or, lt, select
 from ir.ops.registry import OTHER, lowering, register
 
@@ -31,8 +30,12 @@ def _eye_like(b, node):
 
 @lowering("loops", "OneHot")
 def _one_hot(b, node):
+    """The depth need not be a constant: the output's shape already holds it, and the value only
+    wraps negative indices, so it is read at run time like any input."""
     ind, values, y = b.input(node, 0), b.input(node, 2), b.output(node)
-    depth = int(b.const_input(node, 1).reshape(-1)[0])
+    depth_value = node.inputs[1]
+    depth = int(np.asarray(depth_value.const).reshape(-1)[0]) if depth_value.is_const else \
+        cast(b.input(node, 1).at(0), "i64")
     axis = int(node.attrs.get("axis", -1)) % len(y.shape)
     with b.loops(y.shape) as idx:
         at = ind[tuple(idx[:axis] + idx[axis + 1:])] if len(ind.shape) else ind.at(0)
@@ -94,9 +97,16 @@ def _top_k(b, node):
 
 @lowering("loops", "Range")
 def _range(b, node):
+    """Once the output's length is static (inferred from constant operands, or declared by the
+    model), start and delta may be run-time values: element i is start + i * delta."""
     y = b.output(node)
-    start, delta = (b.const_input(node, i) for i in (0, 2))
-    if start is None or delta is None:
-        raise UnsupportedError(f"{node.describe()}: Range needs constant start and delta")
+    start, delta = (_scalar(b, node, i, y.compute_type) for i in (0, 2))
     with b.loop(y.numel) as i:
-        b.store_flat(y, i, cast(i, y.compute_type) * delta.item() + start.item())
+        b.store_flat(y, i, cast(i, y.compute_type) * delta + start)
+
+
+def _scalar(b, node, i: int, type: str):
+    value = node.inputs[i]
+    if value.is_const:
+        return np.asarray(value.const).reshape(-1)[0].item()
+    return cast(b.input(node, i).at(0), type)

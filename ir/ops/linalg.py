@@ -1,11 +1,12 @@
-"""Linear algebra on small matrices."""
+"""Linear algebra: Einsum, and determinants of small matrices."""
 
 import numpy as np
 
 from ir.loops.expr import logical_and, lt, ne, select, unary
-from ir.ops.registry import OTHER, lowering, register
+from ir.ops.registry import CONTRACTION, OTHER, lowering, register
 
 register("Det", kind=OTHER)
+register("Einsum", kind=CONTRACTION)
 
 
 @lowering("loops", "Det")
@@ -40,3 +41,45 @@ def _det(b, node):
                     with b.loop(n, "j") as j:
                         b.store(a, (i, j), a[i, j] - factor * a[k, j])
         b.store(yv, (m,), det)
+
+
+@lowering("loops", "Einsum")
+def _einsum(b, node):
+    """One loop per letter: the output's letters outside, the summed ones inside an accumulator."""
+    ins = [b.input(node, i) for i in range(len(node.inputs))]
+    terms, rhs = _einsum_terms(node.attrs["equation"], [len(x.shape) for x in ins])
+    y = b.output(node)
+    extent = {}
+    for term, x in zip(terms, ins):
+        for c, d in zip(term, x.shape):
+            extent[c] = max(extent.get(c, 1), d)
+    summed = sorted(set("".join(terms)) - set(rhs))
+    t = y.compute_type
+    with b.loops([extent[c] for c in rhs], "o") as out_idx:
+        var = dict(zip(rhs, out_idx))
+        acc = b.local(t, 0, "acc")
+        with b.loops([extent[c] for c in summed], "s") as sum_idx:
+            var.update(zip(summed, sum_idx))
+            product = None
+            for term, x in zip(terms, ins):
+                v = x[tuple(var[c] if d != 1 else 0 for c, d in zip(term, x.shape))] if term else x.at(0)
+                product = v if product is None else product * v
+            b.assign(acc, acc + product)
+        b.store(y, tuple(out_idx), acc)
+
+
+def _einsum_terms(equation: str, ranks: list[int]) -> tuple[list[str], str]:
+    """The equation's input terms and output term, with each `...` spelled out as letters the
+    equation does not use (right-aligned across terms, as the ellipsis broadcasts), and the implicit
+    output (no `->`) made explicit: the ellipsis, then the letters used once, sorted."""
+    equation = equation.replace(" ", "")
+    lhs, arrow, rhs = equation.partition("->")
+    terms = lhs.split(",")
+    spans = [rank - (len(t) - 3) if "..." in t else 0 for t, rank in zip(terms, ranks)]
+    free = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz" if c not in equation]
+    ellipsis = "".join(free[:max(spans, default=0)])
+    terms = [t.replace("...", ellipsis[len(ellipsis) - n:] if n else "") for t, n in zip(terms, spans)]
+    if not arrow:
+        letters = "".join(terms)
+        rhs = ellipsis + "".join(sorted(c for c in set(letters) if letters.count(c) == 1 and c not in ellipsis))
+    return terms, rhs.replace("...", ellipsis)

@@ -48,13 +48,12 @@ register("Gemm", kind=CONTRACTION, weight_input=1,
 register("Conv", kind=CONTRACTION, weight_input=1,
          weight_axis=lambda node: 0, output_axis=lambda node: 1, flops=_conv_flops)
 register("ConvTranspose", kind=CONTRACTION, flops=_conv_transpose_flops)
-register("ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul", "DeformConv", "Einsum",
+register("ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul",
          kind=CONTRACTION)
 
 register("MaxRoiPool", "RoiAlign", "AffineGrid",
-         "Col2Im", "NonMaxSuppression", "Attention",
-         "RotaryEmbedding", "STFT", "MelWeightMatrix", "BlackmanWindow", "HannWindow",
-         "HammingWindow", "DynamicQuantizeLinear", "CenterCropPad", "ImageDecoder",
+         "NonMaxSuppression", "Attention",
+         "RotaryEmbedding", "STFT", "DynamicQuantizeLinear", "CenterCropPad", "ImageDecoder",
          "StringNormalizer", "StringConcat", "StringSplit", "RegexFullMatch", "TfIdfVectorizer",
          "Unique", "NonZero", "Compress",
          kind=OTHER)
@@ -66,7 +65,6 @@ from dataclasses import replace  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from ir.errors import UnsupportedError  # noqa: E402
 from ir.loops.builder import broadcast_load  # noqa: E402
 from ir.loops.contraction import ContractionOperands, ConvSpec, EpilogueSpec, GemmSpec  # noqa: E402
 from ir.loops.expr import all_of, cast, fma, in_range, maximum, minimum, select, unary  # noqa: E402
@@ -358,38 +356,6 @@ def _conv_transpose(b, node):
         clamped = [minimum(maximum(s_, 0), e - 1) for s_, e in zip(src, full)]
         value = select(inside, acc[(nn, oc, *clamped)], 0.0)
         b.store(y, (nn, oc, *o), value + bias[oc] if bias is not None else value)
-
-
-@lowering("loops", "Einsum")
-def _einsum(b, node):
-    """One loop per letter: the output's letters outside, the summed ones inside an accumulator."""
-    equation = node.attrs["equation"].replace(" ", "")
-    if "..." in equation:
-        raise UnsupportedError(f"{node.describe()}: Einsum with an ellipsis is not supported")
-    lhs, _, rhs = equation.partition("->")
-    terms = lhs.split(",")
-    if not _:
-        letters = "".join(terms)
-        rhs = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
-    ins = [b.input(node, i) for i in range(len(terms))]
-    y = b.output(node)
-    extent = {}
-    for term, x in zip(terms, ins):
-        for c, d in zip(term, x.shape):
-            extent[c] = max(extent.get(c, 1), d)
-    summed = sorted(set("".join(terms)) - set(rhs))
-    t = y.compute_type
-    with b.loops([extent[c] for c in rhs], "o") as out_idx:
-        var = dict(zip(rhs, out_idx))
-        acc = b.local(t, 0, "acc")
-        with b.loops([extent[c] for c in summed], "s") as sum_idx:
-            var.update(zip(summed, sum_idx))
-            product = None
-            for term, x in zip(terms, ins):
-                v = x[tuple(var[c] if d != 1 else 0 for c, d in zip(term, x.shape))] if term else x.at(0)
-                product = v if product is None else product * v
-            b.assign(acc, acc + product)
-        b.store(y, tuple(out_idx), acc)
 
 
 @lowering("loops", "MatMulInteger", "QLinearMatMul")

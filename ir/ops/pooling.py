@@ -6,8 +6,7 @@ import operator
 
 import numpy as np
 
-from ir.errors import UnsupportedError
-from ir.loops.expr import binary, cast, gt, maximum, minimum, select, unary
+from ir.loops.expr import all_of, binary, cast, gt, in_range, logical_and, maximum, minimum, select, unary
 from ir.ops.reduce import extreme_value
 from ir.ops.registry import OTHER, lowering, register
 from ir.ops.windows import pad_buffer, pool_divisors, window_geometry
@@ -26,8 +25,9 @@ UNROLLED_TAPS = 32
 
 @lowering("loops", "MaxPool", "AveragePool", "LpPool")
 def _pool(b, node):
-    if node.op_type == "MaxPool" and len(node.outputs) > 1:
-        raise UnsupportedError(f"{node.describe()}: the Indices output of MaxPool is not supported")
+    if node.op_type == "MaxPool" and len(node.outputs) > 1 and node.outputs[1].dtype:
+        _max_pool_with_indices(b, node)
+        return
     x, y = b.input(node, 0), b.output(node)
     kernel = [int(k) for k in node.attrs["kernel_shape"]]
     geo = window_geometry(node, x.shape[2:], kernel, y.shape[2:])
@@ -126,6 +126,36 @@ def _max_windows_in_place(b, x, y, geo, kernel, window) -> None:
             if stop > start:
                 with b.loop(stop - start, "o") as j:
                     window(nc, (*outer, j + start), reader(clamp))
+
+
+def _max_pool_with_indices(b, node) -> None:
+    """MaxPool and, per output, the flat position in the input of its window's first maximum (row
+    major, or with storage_order=1 the spatial part column major), as onnxruntime scans a window:
+    taps inside the input in order, a tap replacing the best only when strictly greater."""
+    x, y, indices = b.input(node, 0), b.output(node, 0), b.output(node, 1)
+    kernel = [int(k) for k in node.attrs["kernel_shape"]]
+    spatial = list(x.shape[2:])
+    geo = window_geometry(node, spatial, kernel, y.shape[2:])
+    column_major = bool(node.attrs.get("storage_order", 0))
+    area = int(np.prod(spatial, dtype=np.int64))
+    strides = [int(np.prod(spatial[a + 1:], dtype=np.int64)) for a in range(len(spatial))]
+    if column_major:
+        strides = [int(np.prod(spatial[:a], dtype=np.int64)) for a in range(len(spatial))]
+    channels = x.shape[1]
+    with b.loops(y.shape[:2], "n") as (n, c), b.loops(y.shape[2:], "o") as o:
+        best = b.local(y.compute_type, extreme_value(x.dtype, lowest=True), "max")
+        where = b.local("i64", -1, "where")
+        with b.loops(kernel, "k") as k:
+            at = [oi * s + ki * d - pb for oi, ki, s, d, pb in zip(o, k, geo.strides, geo.dilations, geo.pads_begin)]
+            inside = all_of(in_range(a, extent) for a, extent in zip(at, spatial))
+            clamped = [minimum(maximum(a, 0), extent - 1) for a, extent in zip(at, spatial)]
+            v = x[(n, c, *clamped)]
+            take = b.local("i32", logical_and(inside, gt(v, best)), "take")
+            flat = cast((n * channels + c) * area + sum(a * st for a, st in zip(clamped, strides)), "i64")
+            b.assign(best, select(take, v, best))
+            b.assign(where, select(take, flat, where))
+        b.store(y, (n, c, *o), best)
+        b.store(indices, (n, c, *o), where)
 
 
 def _max_step(best, v):

@@ -7,7 +7,7 @@ register("Reshape", "Flatten", "Squeeze", "Unsqueeze", kind=LAYOUT, view=True)
 # Identity is a view too, and also the simplest one-position map: elementwise for fusion.
 register("Identity", kind=ELEMENTWISE, view=True)
 register("Transpose", "Concat", "Split", "Slice",
-         "GatherElements", "GatherND", "ScatterElements", "ScatterND", "Scatter", "Expand",
+         "GatherElements", "GatherND", "ScatterElements", "ScatterND", "Scatter", "TensorScatter", "Expand",
          "Tile", "Pad", "DepthToSpace", "SpaceToDepth", "ReverseSequence", "ConstantOfShape",
          kind=LAYOUT)
 register("Shape", "Size", kind=SHAPE)
@@ -163,6 +163,25 @@ def _scatter_nd(b, node):
         picked = [_wrapped(ind[tuple(idx[:lead]) + (k,)], x.shape[k]) for k in range(depth)]
         at = tuple(picked) + tuple(idx[lead:])
         b.store(y, at, _combine(reduction, y[at], upd[tuple(idx)]))
+
+
+@lowering("loops", "TensorScatter")
+def _tensor_scatter(b, node):
+    """A KV-cache write: the cache, with each batch entry's update rows placed along `axis` from
+    that entry's write index (run time; default 0) on, wrapping around in circular mode. A row a
+    linear write would place past the end is dropped rather than written out of bounds."""
+    cache, update, write_indices, y = *(b.input(node, i) for i in range(3)), b.output(node)
+    axis = int(node.attrs.get("axis", -2)) % len(cache.shape)
+    circular = node.attrs.get("mode", "linear") == "circular"
+    length = cache.shape[axis]
+    b.copy(y, cache)
+    with b.loops(update.shape) as idx:
+        start = cast(write_indices.at(idx[0]), "i32") if write_indices is not None else 0
+        row = start + idx[axis]
+        at = list(idx)
+        at[axis] = row % length if circular else row
+        with b.when(in_range(at[axis], length)):
+            b.store(y, at, update[tuple(idx)])
 
 
 def _combine(reduction, old, new):
