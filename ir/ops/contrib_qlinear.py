@@ -31,6 +31,7 @@ from ir.ops.registry import OTHER, register
 
 DOMAIN = "com.microsoft"
 QUANTIZE_ARGS = ("X", "X_scale", "X_zero_point", "Y_scale", "Y_zero_point")
+BINARY_ARGS = ("A", "A_scale", "A_zero_point", "B", "B_scale", "B_zero_point", "C_scale", "C_zero_point")
 FLT_MAX = float(np.finfo(np.float32).max)
 BIG = np.iinfo(np.int64).max
 
@@ -82,16 +83,64 @@ def _leaky_relu(body, node, real):
     return body.op("LeakyRelu", real, alpha=float(node.attrs.get("alpha", 0.01)))
 
 
-def _binary(op_type: str):
-    def expansion(node):
-        body = Body(node, ("A", "A_scale", "A_zero_point", "B", "B_scale", "B_zero_point", "C_scale",
-                           "C_zero_point"))
-        byte_type = _byte_type(body, 0, 3, 2, 5, 7)
-        a = body.op("DequantizeLinear", "A", "A_scale", body.input(2))
-        b = body.op("DequantizeLinear", "B", "B_scale", body.input(5))
-        body.op("QuantizeLinear", body.op(op_type, a, b), "C_scale", _zero_point(body, 7, byte_type), out="Y")
-        return body.function(("Y",))
-    return expansion
+def _saturated(body: Body, real: str, byte_type, zero_index: int, out: str) -> str:
+    """round-to-nearest-even(real), saturated to the output's 8 bits: QuantizeLinear with a unit
+    scale and a zero point of 0 of the output's type."""
+    if byte_type is not None:
+        zero = body.constant(0, byte_type)
+    else:
+        zero = body.op("Sub", body.input(zero_index), body.input(zero_index)) if body.present(zero_index) else ""
+    return body.op("QuantizeLinear", real, body.constant(1.0), zero, out=out)
+
+
+def _as_float(body: Body, index: int) -> str:
+    return body.op("Cast", body.input(index), to=TensorProto.FLOAT)
+
+
+def _add(node):
+    """MLAS's QLinearAdd: y = round(fixed + a * (a_scale / c_scale) + b * (b_scale / c_scale)) with
+    the zero points folded into fixed, a one-element operand folded in too, in the order of its
+    AVX2 kernel (whose fused multiply-adds are a multiply and an add here)."""
+    body = Body(node, BINARY_ARGS)
+    byte_type = _byte_type(body, 0, 3, 2, 5, 7)
+    ratio_a = body.op("Div", "A_scale", "C_scale")
+    ratio_b = body.op("Div", "B_scale", "C_scale")
+    shifts = [body.op("Mul", ratio, _as_float(body, zero)) for ratio, zero in ((ratio_a, 2), (ratio_b, 5))
+              if body.present(zero)]
+    fixed = _as_float(body, 7) if body.present(7) else body.constant(0.0)
+    if shifts:
+        fixed = body.op("Sub", fixed, shifts[0] if len(shifts) == 1 else body.op("Add", *shifts))
+
+    def term(index: int, ratio: str) -> str:
+        return body.op("Mul", _as_float(body, index), ratio)
+    one_element = [i for i in (0, 3) if body.const_input(i) is not None and body.const_input(i).size == 1]
+    first, second = ((3, ratio_b), (0, ratio_a)) if 0 not in one_element else ((0, ratio_a), (3, ratio_b))
+    if one_element:     # the kernel adds the one-element operand into the fixed part first
+        fixed = body.op("Add", fixed, term(*first))
+        real = body.op("Add", term(*second), fixed)
+    else:
+        real = body.op("Add", term(0, ratio_a), body.op("Add", term(3, ratio_b), fixed))
+    _saturated(body, real, byte_type, 7, "Y")
+    return body.function(("Y",))
+
+
+def _mul(node):
+    """MLAS's QLinearMul: the int32 product of the zero-point-shifted operands, times
+    a_scale * b_scale / c_scale, plus the output zero point, rounded and saturated."""
+    body = Body(node, BINARY_ARGS)
+    byte_type = _byte_type(body, 0, 3, 2, 5, 7)
+
+    def centred(index: int, zero: int) -> str:
+        value = body.op("Cast", body.input(index), to=TensorProto.INT32)
+        return body.op("Sub", value, body.op("Cast", body.input(zero), to=TensorProto.INT32)) \
+            if body.present(zero) else value
+    product = body.op("Cast", body.op("Mul", centred(0, 2), centred(3, 5)), to=TensorProto.FLOAT)
+    ratio = body.op("Div", body.op("Mul", "A_scale", "B_scale"), "C_scale")
+    real = body.op("Mul", product, ratio)
+    if body.present(7):
+        real = body.op("Add", real, _as_float(body, 7))
+    _saturated(body, real, byte_type, 7, "Y")
+    return body.function(("Y",))
 
 
 def _same_quantization(body: Body, first: tuple[int, int], second: tuple[int, int]) -> bool:
@@ -226,8 +275,8 @@ def _softmax(node):
 
 register("QLinearSigmoid", domain=DOMAIN, kind=OTHER, expansion=_lookup_op(_sigmoid))
 register("QLinearLeakyRelu", domain=DOMAIN, kind=OTHER, expansion=_lookup_op(_leaky_relu))
-register("QLinearAdd", domain=DOMAIN, kind=OTHER, expansion=_binary("Add"))
-register("QLinearMul", domain=DOMAIN, kind=OTHER, expansion=_binary("Mul"))
+register("QLinearAdd", domain=DOMAIN, kind=OTHER, expansion=_add)
+register("QLinearMul", domain=DOMAIN, kind=OTHER, expansion=_mul)
 register("QLinearConcat", domain=DOMAIN, kind=OTHER, expansion=_concat)
 register("QLinearWhere", domain=DOMAIN, kind=OTHER, expansion=_where)
 register("QLinearGlobalAveragePool", domain=DOMAIN, kind=OTHER, expansion=_global_average_pool)
