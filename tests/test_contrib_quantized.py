@@ -19,6 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import cortex
 from backends.cuda import toolchain as cuda_compile
+from cli_helpers import assert_one_line_error, run_cli
 from cuda_cases import run_cuda_sim
 from samples import contrib_models as contrib
 from samples import quantized_models as quantized
@@ -325,3 +326,23 @@ def test_one_node_matches_onnxruntime_on_cuda_sim(case):
     model = node_model(op, feeds, constants, order, **attrs)
     assert_quantized_close(run_cuda_sim(model, feeds), run_onnxruntime(model, feeds),
                            quanta=1 if op in ONE_QUANTUM else 0)
+
+
+@pytest.mark.parametrize("opset", [13, 21])
+@pytest.mark.parametrize("case", ["QLinearSoftmax-int8-middle-axis", "QLinearGlobalAveragePool-int8-nhwc",
+                                  "QGemm-int8-per-column-bias-transA", "DynamicQuantizeMatMul-int8-bias"])
+def test_bodies_hold_in_the_opsets_quantized_models_use(case, opset, tmp_path):
+    """The bodies' ops are read at the model's opset (the quantizer keeps a model's own, 13 or more)."""
+    op, feeds, constants, order, attrs = CASES[case]
+    model = node_model(op, feeds, constants, order, **attrs)
+    model.opset_import[0].version = opset
+    assert_quantized_close(run_on_wasm(model, feeds, tmp_path), run_onnxruntime(model, feeds),
+                           quanta=1 if op in ONE_QUANTUM else 0)
+
+
+def test_a_missing_required_attribute_is_one_line_naming_the_node(tmp_path):
+    op, feeds, constants, order, attrs = CASES["QLinearSoftmax-uint8-last-axis"]
+    path = tmp_path / "model.onnx"
+    onnx.save(node_model(op, feeds, constants, order, axis=-1), path)
+    code, _, err = run_cli(["decompose", "--model-path", path, "--output-dir", tmp_path / "cus"])
+    assert_one_line_error(code, err, "'qlinearsoftmax'", "QLinearSoftmax", "'opset'")

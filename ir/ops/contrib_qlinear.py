@@ -24,7 +24,7 @@ import numpy as np
 from onnx import TensorProto
 
 from ir import dtypes
-from ir.errors import UnsupportedError
+from ir.errors import ModelError, UnsupportedError
 from ir.function_call import node_proto
 from ir.ops.function_body import Body
 from ir.ops.registry import OTHER, register
@@ -34,6 +34,12 @@ QUANTIZE_ARGS = ("X", "X_scale", "X_zero_point", "Y_scale", "Y_zero_point")
 BINARY_ARGS = ("A", "A_scale", "A_zero_point", "B", "B_scale", "B_zero_point", "C_scale", "C_zero_point")
 FLT_MAX = float(np.finfo(np.float32).max)
 BIG = np.iinfo(np.int64).max
+
+
+def _required(node, name: str):
+    if name not in node.attrs:
+        raise ModelError(f"{node.describe()}: the attribute {name!r} is required")
+    return node.attrs[name]
 
 
 def _byte_type(body: Body, *indices: int) -> np.dtype | None:
@@ -165,7 +171,7 @@ def _concat(node):
         else:
             parts.append(_table_lookup(body, body.input(x), (body.input(x + 1), body.input(x + 2)),
                                        ("Y_scale", body.input(1)), byte_type))
-    body.op("Concat", *parts, axis=int(node.attrs["axis"]), out="Y")
+    body.op("Concat", *parts, axis=int(_required(node, "axis")), out="Y")
     return body.function(("Y",))
 
 
@@ -218,7 +224,7 @@ def _average_pool(node):
     byte_type = _byte_type(body, 0, 2, 4)
     attributes = [a for a in node_proto(node).attribute if a.name != "channels_last"]
     channels_last = bool(node.attrs.get("channels_last", 0))
-    rank = len(node.attrs["kernel_shape"]) + 2
+    rank = len(_required(node, "kernel_shape")) + 2
     real = body.op("DequantizeLinear", "X", "X_scale", body.input(2))
     if channels_last:
         real = body.op("Transpose", real, perm=[0, rank - 1, *range(1, rank - 1)])
@@ -239,7 +245,7 @@ def _softmax(node):
         raise UnsupportedError(f"{node.describe()}: the element type of X (int8 or uint8) is not stated "
                                "in the model")
     signed = byte_type == np.int8
-    opset = int(node.attrs["opset"])
+    opset = int(_required(node, "opset"))
     axis = int(node.attrs.get("axis", 1 if opset < 13 else -1))
     x = body.op("Flatten", "X", axis=axis) if opset < 13 else "X"
     axis = 1 if opset < 13 else axis
