@@ -12,9 +12,11 @@ and the MLAS routines they call), in the same number domain:
   x_scale / (y_scale * pixels).
 - QLinearSoftmax: onnxruntime's table of exp((x - max + shift) * x_scale), its sum, and its
   requantisation with floor(1 / y_scale), int8 outputs wrapping where the kernel's cast wraps.
-- QLinearAdd, QLinearMul, QLinearAveragePool: float arithmetic on the dequantized inputs, then
-  quantized (MLAS computes these in float too; its vector kernels may round a value that lies on a
-  half differently, so these match to within one quantum).
+- QLinearAdd: MLAS's float form, the inputs times the ratios of the scales plus a fixed part holding
+  the zero points (the spec's dequantize-add-quantize rounds differently on many halves);
+  QLinearMul: the int32 product of the centred inputs, times a_scale * b_scale / c_scale.
+- QLinearAveragePool: dequantized, averaged in float and quantized, as onnxruntime does (its sums
+  run in another order, so a value on a half may round the other way: one quantum).
 The ops the bodies use keep their form in every opset from 13 on.
 """
 
