@@ -57,6 +57,12 @@ def _expand_once(graph: Graph, model: Graph) -> bool:
 
 def _expansion(node: Node, model: Graph) -> list[Node]:
     function = lookup(node.op_type, node.domain).expansion(node)
+    # onnx.inliner leaves a call in place when the body's opset differs from the model's, so the
+    # body's standard ops are read at the model's opset: bodies use ops whose form does not change
+    # across the opsets of the models that hold them.
+    for opset in function.opset_import:
+        if opset.domain in ("", "ai.onnx") and "" in model.opset_imports:
+            opset.version = model.opset_imports[""]
     wanted = [j for j, out in enumerate(node.outputs) if out.name]
     body = inline_body(node, function, model.opset_imports, wanted, constants_inside=False)
     by_name = {v.name: v for v in node.inputs if v is not None}

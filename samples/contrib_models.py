@@ -41,30 +41,30 @@ class ContribModel:
 
 
 def quantized_matmul() -> ContribModel:
-    path = _cached("dynamic-quantize-matmul", lambda d: _fused(_quantized(_matmul_model(1), d), d))
+    path = cached_model("dynamic-quantize-matmul", lambda d: fused(quantized_dynamic(_matmul_model(1), d), d))
     return ContribModel("dynamic-quantize-matmul", path, {"x": (2, 16)}, {}, ("DynamicQuantizeMatMul",))
 
 
 def quantized_shared_matmuls() -> ContribModel:
     """Two MatMuls reading one input share its DynamicQuantizeLinear: MatMulIntegerToFloat each."""
-    path = _cached("matmul-integer-to-float", lambda d: _fused(_quantized(_matmul_model(2), d), d))
+    path = cached_model("matmul-integer-to-float", lambda d: fused(quantized_dynamic(_matmul_model(2), d), d))
     return ContribModel("matmul-integer-to-float", path, {"x": (2, 16)}, {}, ("MatMulIntegerToFloat",))
 
 
 def quantized_lstm() -> ContribModel:
-    path = _cached("dynamic-quantize-lstm", lambda d: _quantized(_lstm_model(), d, ["LSTM"]))
+    path = cached_model("dynamic-quantize-lstm", lambda d: quantized_dynamic(_lstm_model(), d, ["LSTM"]))
     return ContribModel("dynamic-quantize-lstm", path, {"x": (5, 2, 4)}, {}, ("DynamicQuantizeLSTM",))
 
 
 def quantized_qoperator_net() -> ContribModel:
-    path = _cached("qoperator-net", _static_quantized)
+    path = cached_model("qoperator-net", lambda d: quantized_static(_qoperator_float_model(), d, _qoperator_calibration()))
     return ContribModel("qoperator-net", path, {"x": (1, 3, 12, 12)}, {},
                         ("QLinearAdd", "QLinearSigmoid", "QGemm"))
 
 
 def optimized_minilm(gelu_approximation: bool = False) -> ContribModel:
     name = "minilm-optimized-fastgelu" if gelu_approximation else "minilm-optimized"
-    path = _cached(name, lambda d: _optimized_minilm(d, gelu_approximation))
+    path = cached_model(name, lambda d: _optimized_minilm(d, gelu_approximation))
     gelu = "FastGelu" if gelu_approximation else "BiasGelu"
     return ContribModel(name, path, {}, {"batch": 1, "seq": 16},
                         ("Attention", "SkipLayerNormalization", "EmbedLayerNormalization", gelu))
@@ -76,7 +76,7 @@ def contrib_models() -> list[ContribModel]:
 
 
 # -- building ------------------------------------------------------------------------------------
-def _cached(name: str, build: Callable[[Path], Path]) -> Path:
+def cached_model(name: str, build: Callable[[Path], Path]) -> Path:
     """Build in a scratch folder (the tools pick the format from the file name), then cache."""
     def write(target: Path) -> None:
         with tempfile.TemporaryDirectory() as scratch:
@@ -90,40 +90,45 @@ def _save(model: onnx.ModelProto, folder: Path, name: str) -> Path:
     return path
 
 
-def _quantized(model: onnx.ModelProto, folder: Path, op_types=None) -> Path:
+def quantized_dynamic(model: onnx.ModelProto | Path, folder: Path, op_types=None) -> Path:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    source, target = _save(model, folder, "float.onnx"), folder / "quantized.onnx"
+    source, target = _source(model, folder), folder / "quantized.onnx"
     quantize_dynamic(source, target, weight_type=QuantType.QInt8, op_types_to_quantize=op_types)
     return target
 
 
-def _fused(path: Path, folder: Path) -> Path:
-    """onnxruntime's extended graph optimisations, saved: they fuse the quantizer's MatMulInteger chains."""
+def fused(path: Path, folder: Path, disabled_optimizers: tuple[str, ...] = ()) -> Path:
+    """onnxruntime's extended graph optimisations, saved: they fuse the quantizer's MatMulInteger
+    chains (and, unless disabled by name, the transformer patterns)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     options.optimized_model_filepath = str(folder / "fused.onnx")
-    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"],
+                         disabled_optimizers=list(disabled_optimizers))
     return folder / "fused.onnx"
 
 
-def _static_quantized(folder: Path) -> Path:
+def quantized_static(model: onnx.ModelProto | Path, folder: Path, calibration: list[dict[str, np.ndarray]]) -> Path:
+    """The QOperator format (QLinearConv, QGemm, QLinearAdd...), calibrated on `calibration`'s feeds."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
-
-    rng = np.random.default_rng(1)
 
     class Samples(CalibrationDataReader):
         def __init__(self):
-            self.feeds = iter([{"x": rng.standard_normal((1, 3, 12, 12)).astype(np.float32)} for _ in range(4)])
+            self.feeds = iter(calibration)
 
         def get_next(self):
             return next(self.feeds, None)
 
-    source, target = _save(_qoperator_float_model(), folder, "float.onnx"), folder / "quantized.onnx"
+    source, target = _source(model, folder), folder / "quantized.onnx"
     quantize_static(source, target, Samples(), quant_format=QuantFormat.QOperator)
     return target
+
+
+def _source(model: onnx.ModelProto | Path, folder: Path) -> Path:
+    return model if isinstance(model, Path) else _save(model, folder, "float.onnx")
 
 
 def _optimized_minilm(folder: Path, gelu_approximation: bool) -> Path:
@@ -169,6 +174,11 @@ def _lstm_model() -> onnx.ModelProto:
                helper.make_tensor_value_info("y_h", TensorProto.FLOAT, [1, "batch", hidden])]
     return _model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["seq", "batch", width])],
                   outputs, weights)
+
+
+def _qoperator_calibration() -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(1)
+    return [{"x": rng.standard_normal((1, 3, 12, 12)).astype(np.float32)} for _ in range(4)]
 
 
 def _qoperator_float_model() -> onnx.ModelProto:

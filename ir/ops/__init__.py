@@ -3,6 +3,7 @@
 from ir.ops import (blocks, control, elementwise, indexing, nn, normalization, pooling, reduce,  # noqa: F401
                     grid_sample, linalg, ml, recurrent, resize, signal, spectral, tensor)
 from ir.ops import contrib_transformer  # noqa: F401
+from ir.ops import contrib_qlinear, contrib_quantized  # noqa: F401
 from ir.ops import function_bodies  # noqa: F401,E402  (last: it looks at every family's entries)
 from ir.ops.function_bodies import lowering_route  # noqa: E402
 from ir.ops.registry import (CONTRACTION, CONTROL, ELEMENTWISE, LAYOUT, NORMALIZATION, OTHER, RANDOM,

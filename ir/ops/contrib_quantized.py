@@ -1,0 +1,99 @@
+"""onnxruntime's quantized matrix products (domain com.microsoft), each registered with a function
+body over standard ops that the expand-ops pass inlines (see passes/expand_ops.py):
+DynamicQuantizeMatMul and MatMulIntegerToFloat (what `quantize_dynamic` and onnxruntime's graph
+fusions write), DynamicQuantizeLSTM, and QGemm (the QOperator format).
+
+The bodies follow onnxruntime's CPU kernels (onnxruntime/contrib_ops/cpu/quantization/): where a
+kernel multiplies 8-bit integers into int32 sums, the body does too (MatMulInteger,
+QLinearMatMul), and the float epilogue multiplies by the scales in the kernel's order, so that
+results match onnxruntime's bit for bit up to the rounding of the last float multiply-add. The ops
+the bodies use keep their form in every opset from 13 on, which is what the quantizer writes.
+"""
+
+from __future__ import annotations
+
+from onnx import TensorProto
+
+from ir.function_call import node_proto
+from ir.ops.function_body import Body
+from ir.ops.registry import OTHER, register
+
+DOMAIN = "com.microsoft"
+
+
+def _scaled_integer_product(body: Body, a: str, b: str, a_scale: str, b_scale: str, a_zero: str, b_zero: str,
+                            bias: str) -> None:
+    """Y = float(int32 A.B) * (a_scale * b_scale) [+ bias]: the kernels' scale-bias output processor."""
+    product = body.op("MatMulInteger", a, b, a_zero, b_zero)
+    multiplier = body.op("Mul", a_scale, b_scale)
+    scaled = body.op("Mul", body.op("Cast", product, to=TensorProto.FLOAT), multiplier,
+                     out=None if bias else "Y")
+    if bias:
+        body.op("Add", scaled, bias, out="Y")
+
+
+def _dynamic_quantize_matmul(node):
+    body = Body(node, ("A", "B", "b_scale", "b_zero_point", "bias"))
+    # uint8 with the range widened to hold 0, as onnxruntime's GetQuantizationParameter computes it.
+    quantized, scale, zero = body.op("DynamicQuantizeLinear", "A", outputs=3)
+    _scaled_integer_product(body, quantized, "B", scale, "b_scale", zero, body.input(3), body.input(4))
+    return body.function(("Y",))
+
+
+def _matmul_integer_to_float(node):
+    body = Body(node, ("A", "B", "a_scale", "b_scale", "a_zero_point", "b_zero_point", "bias"))
+    _scaled_integer_product(body, "A", "B", "a_scale", "b_scale", body.input(4), body.input(5), body.input(6))
+    return body.function(("Y",))
+
+
+def _qgemm(node):
+    """int32 sums of the zero-point-shifted operands plus C; then either requantised to y's 8 bits
+    with alpha * a_scale * b_scale / y_scale, or (no y_scale) that product without y_scale as float."""
+    body = Body(node, ("A", "a_scale", "a_zero_point", "B", "b_scale", "b_zero_point", "C", "y_scale",
+                       "y_zero_point"))
+    a = body.op("Transpose", "A", perm=[1, 0]) if node.attrs.get("transA", 0) else "A"
+    b = body.op("Transpose", "B", perm=[1, 0]) if node.attrs.get("transB", 0) else "B"
+    alpha = float(node.attrs.get("alpha", 1.0))
+    requantized = body.present(7)
+    if requantized and alpha == 1.0 and not body.present(6) and all(body.present(i) for i in (2, 5, 8)):
+        # No bias to add before requantising: exactly QLinearMatMul, whose kernels the targets offer.
+        body.op("QLinearMatMul", a, "a_scale", "a_zero_point", b, "b_scale", "b_zero_point", "y_scale",
+                "y_zero_point", out="Y")
+        return body.function(("Y",))
+    total = body.op("MatMulInteger", a, b, body.input(2), body.input(5))
+    if body.present(6):
+        total = body.op("Add", total, "C")
+    scale = "a_scale" if alpha == 1.0 else body.op("Mul", body.constant(alpha), "a_scale")
+    scale = body.op("Mul", scale, "b_scale")
+    if requantized:
+        scale = body.op("Div", scale, "y_scale")
+    scaled = body.op("Mul", body.op("Cast", total, to=TensorProto.FLOAT), scale, out=None if requantized else "Y")
+    if requantized:
+        # A unit scale: the kernel's requantisation is a round to nearest even, + zero point, saturated.
+        body.op("QuantizeLinear", scaled, body.constant(1.0), body.input(8), out="Y")
+    return body.function(("Y",))
+
+
+def _dynamic_quantize_lstm(node):
+    """A float LSTM over the dequantized weights, transposed to ONNX's [directions, 4*hidden, size].
+    onnxruntime also quantizes the activations (X and each step's hidden state) to uint8 for its
+    integer GEMMs; the float LSTM differs from it by that quantization error only."""
+    body = Body(node, ("X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P", "W_scale",
+                       "W_zero_point", "R_scale", "R_zero_point"))
+    per_direction = body.constant([0, 1, -1], "int64")     # [D] or [D, 4*hidden] -> broadcast over W
+
+    def dequantized(weight: str, scale: str, zero: str) -> str:
+        centred = body.op("Sub", body.op("Cast", weight, to=TensorProto.FLOAT),
+                          body.op("Reshape", body.op("Cast", zero, to=TensorProto.FLOAT), per_direction))
+        return body.op("Transpose", body.op("Mul", centred, body.op("Reshape", scale, per_direction)), perm=[0, 2, 1])
+    weights = dequantized("W", "W_scale", "W_zero_point")
+    recurrence = dequantized("R", "R_scale", "R_zero_point")
+    body.op("LSTM", "X", weights, recurrence, *(body.input(i) for i in range(3, 8)), out=("Y", "Y_h", "Y_c"),
+            attributes=node_proto(node).attribute)
+    return body.function(("Y", "Y_h", "Y_c"))
+
+
+register("DynamicQuantizeMatMul", domain=DOMAIN, kind=OTHER, expansion=_dynamic_quantize_matmul)
+register("MatMulIntegerToFloat", domain=DOMAIN, kind=OTHER, expansion=_matmul_integer_to_float)
+register("QGemm", domain=DOMAIN, kind=OTHER, expansion=_qgemm)
+register("DynamicQuantizeLSTM", domain=DOMAIN, kind=OTHER, expansion=_dynamic_quantize_lstm)
