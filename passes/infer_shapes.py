@@ -18,11 +18,13 @@ from onnx import helper
 from ir import dtypes
 from ir.errors import CortexError, ModelError
 from ir.graph import Graph, Node, Value
+from ir.ops import lookup
 from ir.onnx_export import export_attribute, make_tensor, make_value_info
 from passes.base import Pass
 from passes.contrib_shapes import has_contrib_nodes, infer_contrib_shapes
 from passes.fold_constants import FoldConstants
 from passes.inline_constant_ifs import inline_constant_ifs
+from passes.loop_bodies import bind_body_inputs, loop_hint
 
 # Constants above this many elements are passed to ONNX inference as typed inputs, not data: no
 # shape computation reads a tensor that large, and it keeps huge models under protobuf's 2 GiB.
@@ -41,18 +43,43 @@ class InferShapes(Pass):
         bind_inputs(graph, self.input_shapes, self.dims)
         fold = FoldConstants()
         for _ in range(self.max_rounds):
+            bodies_changed = bind_body_inputs(graph)
             infer_with_onnx(graph)
+            bodies_changed |= apply_shape_rules(graph)
+            bodies_changed |= bind_body_inputs(graph)
             if has_contrib_nodes(graph.walk()):
                 infer_with_contrib_rules(graph)
             fill_declared_zeros(graph)
             before = sum(1 for _ in graph.walk())
             fold.run(graph)
             inlined = inline_constant_ifs(graph)
-            if not inlined and sum(1 for _ in graph.walk()) == before:
+            if not inlined and not bodies_changed and sum(1 for _ in graph.walk()) == before:
                 break
         if self.require_static:
             check_static(graph)
         return graph
+
+
+def apply_shape_rules(graph: Graph) -> bool:
+    """The registry's own shape rules, where an op has one, fill in what ONNX's left unknown (a
+    Loop's carried state and scan outputs); returns whether any value changed."""
+    opset = graph.opset_imports.get("", 21)
+    changed = False
+    for node in graph.walk():
+        entry = lookup(node.op_type, node.domain)
+        if entry is None or entry.shape_rule is None:
+            continue
+        for out, found in zip(node.outputs, entry.shape_rule(node, opset)):
+            if found is None or out.is_static or not out.is_tensor:
+                continue
+            dtype, shape = found
+            if out.shape is None or len(out.shape) == len(shape):
+                merged = shape if out.shape is None else tuple(o if isinstance(o, int) else n for o, n in zip(out.shape, shape))
+                if dtype and out.dtype == dtypes.UNDEFINED:
+                    out.dtype = dtype
+                if merged != out.shape:
+                    out.shape, changed = merged, True
+    return changed
 
 
 def fill_declared_zeros(graph: Graph) -> None:
@@ -108,7 +135,7 @@ def check_static(graph: Graph) -> None:
         for out in node.outputs:
             if out in read and out.is_tensor and not out.is_static:
                 raise CortexError(f"{node.describe()}: cannot infer a static shape for output {out.name!r} "
-                                  f"(got {_format_shape(out.shape)}){_if_hint(graph, node)}")
+                                  f"(got {_format_shape(out.shape)}){_if_hint(graph, node)}{loop_hint(node)}")
 
 
 def _if_hint(graph: Graph, node: Node) -> str:
@@ -271,6 +298,9 @@ def _node_proto(node) -> onnx.NodeProto:
 
 
 def _subgraph_proto(sub: Graph) -> onnx.GraphProto:
+    # ONNX reads a constant's value (Unsqueeze's axes, Reshape's shape) only from the initializers
+    # of the graph a node is in, not from an enclosing one: repeat the small ones a body reads.
+    initializers = [make_tensor(v) for v in sub.constants() if v.const.size <= LARGEST_CONSTANT_FOR_INFERENCE]
     return helper.make_graph([_node_proto(n) for n in sub.nodes], sub.name,
                              [make_value_info(v) for v in sub.inputs],
-                             [make_value_info(v) for v in sub.outputs])
+                             [make_value_info(v) for v in sub.outputs], initializers)
