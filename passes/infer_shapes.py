@@ -24,7 +24,8 @@ from passes.base import Pass
 from passes.contrib_shapes import has_contrib_nodes, infer_contrib_shapes
 from passes.fold_constants import FoldConstants
 from passes.inline_constant_ifs import inline_constant_ifs
-from passes.loop_bodies import bind_body_inputs, loop_hint
+from passes.loop_bodies import bind_body_inputs, lengths_from_readers, loop_hint
+from passes.unroll_loops import MAX_TRIPS, unroll_loops
 
 # Constants above this many elements are passed to ONNX inference as typed inputs, not data: no
 # shape computation reads a tensor that large, and it keeps huge models under protobuf's 2 GiB.
@@ -38,6 +39,8 @@ class InferShapes(Pass):
     dims: dict[str, int] = field(default_factory=dict)
     require_static: bool = False
     max_rounds: int = 10
+    # A Loop of at most this many iterations becomes copies of its body (passes/unroll_loops.py); 0: never.
+    max_unrolled_trips: int = MAX_TRIPS
 
     def run(self, graph: Graph) -> Graph:
         bind_inputs(graph, self.input_shapes, self.dims)
@@ -45,7 +48,7 @@ class InferShapes(Pass):
         for _ in range(self.max_rounds):
             bodies_changed = bind_body_inputs(graph)
             infer_with_onnx(graph)
-            bodies_changed |= apply_shape_rules(graph)
+            bodies_changed |= apply_shape_rules(graph) | lengths_from_readers(graph)
             bodies_changed |= bind_body_inputs(graph)
             if has_contrib_nodes(graph.walk()):
                 infer_with_contrib_rules(graph)
@@ -53,6 +56,7 @@ class InferShapes(Pass):
             before = sum(1 for _ in graph.walk())
             fold.run(graph)
             inlined = inline_constant_ifs(graph)
+            inlined += unroll_loops(graph, self.max_unrolled_trips) if self.max_unrolled_trips else 0
             if not inlined and not bodies_changed and sum(1 for _ in graph.walk()) == before:
                 break
         if self.require_static:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ir import dtypes
 from ir.graph import Graph, Value
+from ir.ops import ELEMENTWISE, kind_of
 from ir.subgraphs import body_input_types, loop_trips
 
 
@@ -60,3 +61,20 @@ def loop_hint(node) -> str:
         return ("; its scan outputs' length depends on when the loop stops (the trip count or the condition is "
                 "computed at run time) and the model declares none")
     return ""
+
+
+def lengths_from_readers(graph: Graph) -> bool:
+    """A Loop scan output whose length is data-dependent has the static shape a one-input
+    elementwise reader declares for its own output (Range's body casts its Loop's result back to
+    the model's type, and the model declares that result's length); returns whether any changed."""
+    changed = False
+    for node in graph.walk():
+        source = node.inputs[0] if len(node.present_inputs) == 1 and node.inputs else None
+        if (source is None or source.is_static or source.producer is None or source.producer.op_type != "Loop"
+                or kind_of(node.op_type, node.domain) != ELEMENTWISE or not node.outputs[0].is_static):
+            continue
+        shape = tuple(node.outputs[0].shape)
+        if source.shape is None or (len(source.shape) == len(shape)
+                                    and all(not isinstance(a, int) or a == b for a, b in zip(source.shape, shape))):
+            source.shape, changed = shape, True
+    return changed
