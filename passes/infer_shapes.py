@@ -273,7 +273,8 @@ def _inference_model(graph: Graph) -> onnx.ModelProto:
         else:
             inputs.append(helper.make_tensor_value_info(v.name, v.dtype, list(v.const.shape)))
     outputs = [helper.make_value_info(v.name, onnx.TypeProto()) for v in graph.outputs]
-    gp = helper.make_graph([_node_proto(n) for n in graph.nodes], graph.name, inputs, outputs, initializers)
+    gp = helper.make_graph([_node_proto(n) for n in graph.nodes], graph.name, inputs, outputs, initializers,
+                           value_info=_ruled_value_info(graph))
     model = helper.make_model(gp, opset_imports=[helper.make_opsetid(d, v) for d, v in graph.opset_imports.items()])
     model.ir_version = max(graph.ir_version, 4)
     model.functions.extend(graph.functions)
@@ -307,4 +308,16 @@ def _subgraph_proto(sub: Graph) -> onnx.GraphProto:
     initializers = [make_tensor(v) for v in sub.constants() if v.const.size <= LARGEST_CONSTANT_FOR_INFERENCE]
     return helper.make_graph([_node_proto(n) for n in sub.nodes], sub.name,
                              [make_value_info(v) for v in sub.inputs],
-                             [make_value_info(v) for v in sub.outputs], initializers)
+                             [make_value_info(v) for v in sub.outputs], initializers,
+                             value_info=_ruled_value_info(sub))
+
+
+def _ruled_value_info(graph: Graph) -> list[onnx.ValueInfoProto]:
+    """What the registry's shape rules found (a Loop's outputs), which ONNX would not find again
+    for the nodes reading them."""
+    found = []
+    for node in graph.nodes:
+        entry = lookup(node.op_type, node.domain)
+        if entry is not None and entry.shape_rule is not None:
+            found += [make_value_info(v) for v in node.outputs if v.is_tensor and v.is_static]
+    return found
