@@ -139,7 +139,14 @@ def _scan(b, node):
     initials = [b.buffer(v) for v in layout.state_inputs(node)]
     scanned = [b.buffer(v) for v in layout.scanned_inputs(node)]
     outputs = [b.output(node, n + k) for k in range(len(node.outputs) - n)]
-    batches = initials[0].shape[0] if layout.batched else 1
+    batches = scanned[0].shape[0] if layout.batched else 1
+    for out, v, axis in zip(outputs, body.outputs[n:], layout.output_axes):
+        expected = list(v.shape)
+        expected.insert(axis - 1 if layout.batched else axis, length)
+        expected = [batches, *expected] if layout.batched else expected
+        if list(out.shape) != expected:
+            raise UnsupportedError(f"{node.describe()}: scan output {out.name!r} has shape {list(out.shape)}, but "
+                                   f"{length} iterations of {list(v.shape)} along axis {axis} make {expected}")
     with (b.loop(batches, "batch") if layout.batched else _nothing()) as batch:
         fixed_batch = {0: batch} if layout.batched else {}
         for state, initial in zip(states, initials):
