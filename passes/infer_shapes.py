@@ -18,11 +18,14 @@ from onnx import helper
 from ir import dtypes
 from ir.errors import CortexError, ModelError
 from ir.graph import Graph, Node, Value
+from ir.ops import lookup
 from ir.onnx_export import export_attribute, make_tensor, make_value_info
 from passes.base import Pass
 from passes.contrib_shapes import has_contrib_nodes, infer_contrib_shapes
 from passes.fold_constants import FoldConstants
 from passes.inline_constant_ifs import inline_constant_ifs
+from passes.loop_bodies import bind_body_inputs, lengths_from_readers, loop_hint
+from passes.unroll_loops import MAX_TRIPS, unroll_loops
 
 # Constants above this many elements are passed to ONNX inference as typed inputs, not data: no
 # shape computation reads a tensor that large, and it keeps huge models under protobuf's 2 GiB.
@@ -36,23 +39,51 @@ class InferShapes(Pass):
     dims: dict[str, int] = field(default_factory=dict)
     require_static: bool = False
     max_rounds: int = 10
+    # A Loop of at most this many iterations becomes copies of its body (passes/unroll_loops.py); 0: never.
+    max_unrolled_trips: int = MAX_TRIPS
 
     def run(self, graph: Graph) -> Graph:
         bind_inputs(graph, self.input_shapes, self.dims)
         fold = FoldConstants()
         for _ in range(self.max_rounds):
+            bodies_changed = bind_body_inputs(graph)
             infer_with_onnx(graph)
+            bodies_changed |= apply_shape_rules(graph) | lengths_from_readers(graph)
+            bodies_changed |= bind_body_inputs(graph)
             if has_contrib_nodes(graph.walk()):
                 infer_with_contrib_rules(graph)
             fill_declared_zeros(graph)
             before = sum(1 for _ in graph.walk())
             fold.run(graph)
             inlined = inline_constant_ifs(graph)
-            if not inlined and sum(1 for _ in graph.walk()) == before:
+            inlined += unroll_loops(graph, self.max_unrolled_trips) if self.max_unrolled_trips else 0
+            if not inlined and not bodies_changed and sum(1 for _ in graph.walk()) == before:
                 break
         if self.require_static:
             check_static(graph)
         return graph
+
+
+def apply_shape_rules(graph: Graph) -> bool:
+    """The registry's own shape rules, where an op has one, fill in what ONNX's left unknown (a
+    Loop's carried state and scan outputs); returns whether any value changed."""
+    opset = graph.opset_imports.get("", 21)
+    changed = False
+    for node in graph.walk():
+        entry = lookup(node.op_type, node.domain)
+        if entry is None or entry.shape_rule is None:
+            continue
+        for out, found in zip(node.outputs, entry.shape_rule(node, opset)):
+            if found is None or out.is_static or not out.is_tensor:
+                continue
+            dtype, shape = found
+            if out.shape is None or len(out.shape) == len(shape):
+                merged = shape if out.shape is None else tuple(o if isinstance(o, int) else n for o, n in zip(out.shape, shape))
+                if dtype and out.dtype == dtypes.UNDEFINED:
+                    out.dtype = dtype
+                if merged != out.shape:
+                    out.shape, changed = merged, True
+    return changed
 
 
 def fill_declared_zeros(graph: Graph) -> None:
@@ -108,7 +139,7 @@ def check_static(graph: Graph) -> None:
         for out in node.outputs:
             if out in read and out.is_tensor and not out.is_static:
                 raise CortexError(f"{node.describe()}: cannot infer a static shape for output {out.name!r} "
-                                  f"(got {_format_shape(out.shape)}){_if_hint(graph, node)}")
+                                  f"(got {_format_shape(out.shape)}){_if_hint(graph, node)}{loop_hint(node)}")
 
 
 def _if_hint(graph: Graph, node: Node) -> str:
@@ -242,7 +273,8 @@ def _inference_model(graph: Graph) -> onnx.ModelProto:
         else:
             inputs.append(helper.make_tensor_value_info(v.name, v.dtype, list(v.const.shape)))
     outputs = [helper.make_value_info(v.name, onnx.TypeProto()) for v in graph.outputs]
-    gp = helper.make_graph([_node_proto(n) for n in graph.nodes], graph.name, inputs, outputs, initializers)
+    gp = helper.make_graph([_node_proto(n) for n in graph.nodes], graph.name, inputs, outputs, initializers,
+                           value_info=_ruled_value_info(graph))
     model = helper.make_model(gp, opset_imports=[helper.make_opsetid(d, v) for d, v in graph.opset_imports.items()])
     model.ir_version = max(graph.ir_version, 4)
     model.functions.extend(graph.functions)
@@ -271,6 +303,21 @@ def _node_proto(node) -> onnx.NodeProto:
 
 
 def _subgraph_proto(sub: Graph) -> onnx.GraphProto:
+    # ONNX reads a constant's value (Unsqueeze's axes, Reshape's shape) only from the initializers
+    # of the graph a node is in, not from an enclosing one: repeat the small ones a body reads.
+    initializers = [make_tensor(v) for v in sub.constants() if v.const.size <= LARGEST_CONSTANT_FOR_INFERENCE]
     return helper.make_graph([_node_proto(n) for n in sub.nodes], sub.name,
                              [make_value_info(v) for v in sub.inputs],
-                             [make_value_info(v) for v in sub.outputs])
+                             [make_value_info(v) for v in sub.outputs], initializers,
+                             value_info=_ruled_value_info(sub))
+
+
+def _ruled_value_info(graph: Graph) -> list[onnx.ValueInfoProto]:
+    """What the registry's shape rules found (a Loop's outputs), which ONNX would not find again
+    for the nodes reading them."""
+    found = []
+    for node in graph.nodes:
+        entry = lookup(node.op_type, node.domain)
+        if entry is not None and entry.shape_rule is not None:
+            found += [make_value_info(v) for v in node.outputs if v.is_tensor and v.is_static]
+    return found

@@ -120,6 +120,11 @@ class LoopBuilder:
     def temp(self, dtype: str, shape, name: str = "tmp") -> Buffer:
         return self._new_buffer(name, dtype, tuple(int(d) for d in shape), TEMP)
 
+    def bind(self, value: Value, buffer: Buffer) -> None:
+        """Let `value` (a body input of a Loop or Scan) live in `buffer`, which the lowering of its
+        node fills before each iteration."""
+        self._buffers[id(value)] = buffer
+
     def sole_reader(self, value: Value) -> Node | None:
         """The one node reading `value`, when it is also not a graph output (so a kernel may fuse
         that node in and never materialise `value`)."""

@@ -45,7 +45,8 @@ class OpDef:
     op_type: str
     domain: str = ""
     kind: str = OTHER
-    # (node, input values) -> list of (dtype, shape) per output; None: ONNX schema inference.
+    # (node, opset) -> (dtype, shape) or None per output, filling in what ONNX's schema inference
+    # leaves unknown (InferShapes applies it after ONNX's); None: ONNX's alone.
     shape_rule: Callable | None = None
     # Which input holds the weight whose output channels a too-large op is split along, and the
     # axis of that weight and of the output that the channels live on.
