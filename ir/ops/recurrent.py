@@ -1,6 +1,14 @@
 """Recurrent layers (RNN, GRU, LSTM): per time step, the gates' matrix-vector products over the
 input and the previous hidden state, their activations, then the state update.
 
+The input term X_t W^T does not depend on the state, so it is computed for every step and
+direction first, as one GEMM (the summed biases in its epilogue) where the target offers one. The
+step loop then holds only the recurrent product H_{t-1} R^T of all batch rows at once, which reads
+R once per step as the target packed it at compile time (on wasm the GEMV kernel), and the gate
+activations and state update, loops along the hidden units that vectorise. GRU's candidate
+product is computed once: with linear_before_reset in the same product as the other gates, without
+it as a second product over the reset gate times the state.
+
 One direction at a time (a reverse one walks the steps backwards, inside each sequence's own
 length when `sequence_lens` is given). Steps past a sequence's length leave its state unchanged
 and write zeros to Y, as the spec says.
