@@ -30,6 +30,7 @@ class CortexBuild:
     load_s: float                  # a second (warm) load of the same dag.json
     stage_s: dict[str, float] = field(default_factory=dict)
     max_abs_error: float = 0.0
+    loaded: object | None = None   # the cortex.load(...) model it times (its trace says where time goes)
 
 
 def memory_plan(model: Path, input_shapes: dict, dims: dict) -> dict:
@@ -85,4 +86,4 @@ def build(model: Path, input_shapes: dict, dims: dict, feeds: dict, reference: d
             raise NotAvailable(f"output {name!r} differs from onnxruntime (max abs error {diff:.3g})")
         worst = max(worst, float(np.max(np.abs(got - want))) if got.size else 0.0)
     return CortexBuild(InProcess("cortex-wasm", lambda: loaded.run(feeds)), sum(stages.values()), load_s,
-                       stages, worst)
+                       stages, worst, loaded)

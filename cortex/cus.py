@@ -103,6 +103,8 @@ def write_cus(graph: Graph, partition: Partition, out_dir: Path, source: dict, o
             })
             if cu.runs_on is not None:
                 entries[-1]["runs_on"] = cu.runs_on   # its cu.onnx is its artifact: no target builds it
+            if cu.over_limit is not None:
+                entries[-1]["over_limit"] = cu.over_limit
             if on_cu:
                 on_cu(i)
         manifest = {

@@ -4,7 +4,10 @@ A CU is a convex set of nodes (no path leaves it and comes back), so CUs form a 
 are atoms: they are never cut and count as one op of depth. Limits: a CU owns at most
 `max_cu_size` parameters (too-large ops are split first, see `split_large_ops`), its longest op
 path is at most `max_cu_depth` atoms, and CUs under `min_cu_size` parameters are merged into a
-neighbour where that keeps the limits and convexity.
+neighbour where that keeps the limits and convexity. An op that cannot be divided by its nature
+(one direction's recurrence, whose every step reads the whole state) and alone exceeds
+`max_cu_size` is a CU of its own, the reason in `CU.over_limit`: the limit then still bounds every
+CU but those, and no default limit makes an ordinary model (a hidden-512 OCR LSTM) fail.
 
 How it stays near-linear on large graphs:
 1. Greedy, in topological order of atoms: an atom joins the CU of its most recently created
@@ -53,6 +56,7 @@ class CU:
     depth: int
     small_reason: str | None = None   # why it stayed under --min-cu-size, when it did
     runs_on: str | None = None        # the fallback runtime for a CU of nodes no target lowers
+    over_limit: str | None = None     # why it holds more than --max-cu-size (an indivisible op alone)
 
 
 @dataclass
@@ -92,14 +96,15 @@ class PartitionIntoCUs(Pass):
 
     def run(self, graph: Graph) -> Graph:
         materialize_constant_outputs(graph)
-        split = split_large_ops(graph, self.max_cu_size) if self.max_cu_size is not None else 0
+        oversized: dict[int, str] = {}
+        split = split_large_ops(graph, self.max_cu_size, oversized) if self.max_cu_size is not None else 0
         fallback = set()
         if self.fallback is not None:
             if self.cannot_lower is None:
                 raise AssertionError("--fallback needs the rule saying which nodes no target lowers")
             fallback = {id(n) for n in self.cannot_lower(graph)}
         self.result = partition_graph(graph, self.min_cu_size, self.max_cu_size, self.max_cu_depth,
-                                      fallback, self.fallback)
+                                      fallback, self.fallback, oversized)
         self.result.split_ops = split
         return graph
 
@@ -206,9 +211,10 @@ def _atom_order(atoms: _Atoms) -> list[int]:
 # -- the partitioner ------------------------------------------------------------------------------
 class _Partitioner:
     def __init__(self, atoms: _Atoms, min_size: int, max_size: int | None, max_depth: int,
-                 fallback: str | None = None):
+                 fallback: str | None = None, oversized: dict[int, str] | None = None):
         self.atoms, self.min_size, self.max_depth = atoms, min_size, max_depth
         self.fallback = fallback
+        self.oversized = oversized or {}                # id(node) -> why it cannot be divided
         self.max_size = max_size if max_size is not None else float("inf")
         self.rank = [0] * len(atoms.nodes)          # atom -> position in topological order
         self.cu_of: list[int] = [-1] * len(atoms.nodes)
@@ -226,6 +232,7 @@ class _Partitioner:
         self.input_readers: dict[int, set[int]] = {}  # model input -> CUs reading it
         self.latest_reader: dict[int, int] = {}     # model input -> newest CU reading it (greedy phase)
         self.is_fallback: dict[int, bool] = {}      # CU -> made of fallback atoms
+        self.over_limit: dict[int, str] = {}        # CU -> why it holds more than max_size
 
     # greedy phase
     def grow(self) -> None:
@@ -234,11 +241,17 @@ class _Partitioner:
             self.rank[a] = r
         for a in order:
             size = sum(self.atoms.consts[a].values())
-            if size > self.max_size:
+            reasons = [self.oversized[id(n)] for n in self.atoms.nodes[a] if id(n) in self.oversized]
+            if size > self.max_size and not reasons:
                 node = self.atoms.nodes[a][0]
                 raise CortexError(f"{node.describe()} holds {size:,} parameters, more than --max-cu-size "
                                   f"{int(self.max_size):,}, and cannot be split; raise --max-cu-size")
             pred_cus = {self.cu_of[p] for p in self.atoms.preds[a]}
+            if size > self.max_size:
+                # Alone in a CU of its own: every join and merge then fails the size check, so
+                # the excess stays this one op's, and the manifest says why.
+                self.over_limit[self._new_cu(a, pred_cus)] = "; ".join(reasons)
+                continue
             target = max(pred_cus, key=self.pos.__getitem__) if pred_cus else None
             kind = self.atoms.fallback[a]
             if target is not None:
@@ -258,15 +271,20 @@ class _Partitioner:
                 if reader is not None and self._params_with(reader, self.atoms.consts[a]) <= self.max_size:
                     self._add(reader, a, 1)
                     continue
-            cu = len(self.order)
-            self.members[cu], self.consts[cu], self.total[cu], self.depth[cu] = [], {}, 0, 0
-            self.preds[cu], self.succs[cu], self.inputs_of[cu] = set(), set(), set()
-            self.is_fallback[cu] = kind
-            self.pos[cu] = len(self.order)
-            self.order.append(cu)
-            self._add(cu, a, 1)
-            for p in pred_cus:
-                self._link(p, cu)
+            self._new_cu(a, pred_cus)
+
+    def _new_cu(self, a: int, pred_cus: set[int]) -> int:
+        """A new CU, last in the order, holding atom `a`, which reads `pred_cus`."""
+        cu = len(self.order)
+        self.members[cu], self.consts[cu], self.total[cu], self.depth[cu] = [], {}, 0, 0
+        self.preds[cu], self.succs[cu], self.inputs_of[cu] = set(), set(), set()
+        self.is_fallback[cu] = self.atoms.fallback[a]
+        self.pos[cu] = len(self.order)
+        self.order.append(cu)
+        self._add(cu, a, 1)
+        for p in pred_cus:
+            self._link(p, cu)
+        return cu
 
     def _add(self, cu: int, a: int, depth: int) -> None:
         self.cu_of[a] = cu
@@ -426,18 +444,20 @@ class _Partitioner:
             params = self.params(cu)
             reason = self.reasons.get(cu, ROUNDS) if params < self.min_size else None
             cus.append(CU(nodes, params, self.depth[cu], reason,
-                          self.fallback if self.is_fallback[cu] else None))
+                          self.fallback if self.is_fallback[cu] else None, self.over_limit.get(cu)))
         return Partition(cus)
 
 
 def partition_graph(graph: Graph, min_cu_size: int, max_cu_size: int | None, max_cu_depth: int,
-                    fallback_nodes: set[int] = frozenset(), fallback: str | None = None) -> Partition:
+                    fallback_nodes: set[int] = frozenset(), fallback: str | None = None,
+                    oversized: dict[int, str] | None = None) -> Partition:
     """Assign every node to exactly one CU (see the module doc for how). The limits are the
     fields of a `PartitionIntoCUs`, which checked them; `fallback_nodes` (ids) go into CUs that
-    run on `fallback`."""
+    run on `fallback`; `oversized` (id(node) -> why) are the ops that may exceed max_cu_size, each
+    alone in its CU (`split_large_ops` names them)."""
     graph.topologically_sort()
     partitioner = _Partitioner(_build_atoms(graph, fallback_nodes), min_cu_size, max_cu_size, max_cu_depth,
-                               fallback)
+                               fallback, oversized)
     partitioner.grow()
     partitioner.merge_neighbours()
     part = partitioner.result()

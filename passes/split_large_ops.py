@@ -37,9 +37,12 @@ class SplitLargeOps(Pass):
         return graph
 
 
-def split_large_ops(graph: Graph, max_params: int) -> int:
-    """Rewrite every fusion group (or lone node) holding more than `max_params` parameters."""
-    recurrent = split_recurrent(graph, max_params)
+def split_large_ops(graph: Graph, max_params: int, oversized: dict[int, str] | None = None) -> int:
+    """Rewrite every fusion group (or lone node) holding more than `max_params` parameters. What
+    cannot be divided by its nature (one direction's recurrence) is left whole and named in
+    `oversized` (id(node) -> why), for the partitioner to place alone."""
+    oversized = oversized if oversized is not None else {}
+    recurrent = split_recurrent(graph, max_params, oversized)
     groups: dict[str, list[Node]] = {}
     units: list[list[Node]] = []
     for node in graph.nodes:
@@ -52,7 +55,7 @@ def split_large_ops(graph: Graph, max_params: int) -> int:
             groups[node.fusion_group].append(node)
     replaced: dict[int, list[Node]] = {}
     for unit in units:
-        if unit_params(unit) <= max_params:
+        if unit_params(unit) <= max_params or any(id(node) in oversized for node in unit):
             continue
         new_nodes = _split_unit(graph, unit, max_params)
         replaced[id(unit[0])] = new_nodes

@@ -7,8 +7,10 @@ contraction that `split_large_ops` then cuts along its output channels like any 
 is the recurrence of one direction: R[d] (gates*hidden x hidden), the biases and peepholes, reading
 the projected gates. A bidirectional layer becomes two of each, their outputs joined by Concat
 along the direction axis, so each direction is its own CU. The recurrence itself cannot be cut (each
-step needs the whole state), so when one direction's R alone exceeds `--max-cu-size` the split
-fails with one line naming the size it needs.
+step needs the whole state): when one direction's recurrence alone exceeds `--max-cu-size` (a
+hidden-512 LSTM's R and B are 1,052,672 parameters), it is reported in `oversized` with the reason,
+and the partitioner gives it a CU of its own over the limit, which the manifest and decompose's
+summary name; everything that can be divided still keeps to the limit.
 
 How the recurrence is expressed. Every CU is exported as a cu.onnx that onnx.checker accepts and
 that onnxruntime runs for the reference checks, so it must be valid ONNX with known semantics:
@@ -38,7 +40,6 @@ import onnx
 from onnx import AttributeProto, helper
 
 from ir import dtypes
-from ir.errors import CortexError
 from ir.graph import Graph, Node, Value
 from ir.ops.recurrent import TAKES, activation_parameters
 
@@ -61,8 +62,9 @@ def recurrence_op(op_type: str) -> str:
     return f"{op_type}Recurrence"
 
 
-def split_recurrent(graph: Graph, max_params: int) -> int:
-    """Split every recurrent node holding more than `max_params` parameters; returns how many."""
+def split_recurrent(graph: Graph, max_params: int, oversized: dict[int, str] | None = None) -> int:
+    """Split every recurrent node holding more than `max_params` parameters; returns how many.
+    A recurrence that alone holds more goes into `oversized` (id(node) -> why it exceeds the limit)."""
     opset = graph.opset_imports.get("", graph.opset_imports.get("ai.onnx", 21))
     replaced: dict[int, list[Node]] = {}
     for node in graph.nodes:
@@ -70,7 +72,7 @@ def split_recurrent(graph: Graph, max_params: int) -> int:
             continue
         if _params(node.present_inputs) <= max_params:
             continue
-        replaced[id(node)] = _split(graph, node, max_params)
+        replaced[id(node)] = _split(graph, node, max_params, oversized if oversized is not None else {})
     if not replaced:
         return 0
     graph.nodes = [n for node in graph.nodes for n in replaced.get(id(node), [node])]
@@ -92,7 +94,7 @@ def _splittable(node: Node, opset: int) -> bool:
             and x.is_static and len(x.shape) == 3 and not node.attrs.get("input_forget", 0))
 
 
-def _split(graph: Graph, node: Node, max_params: int) -> list[Node]:
+def _split(graph: Graph, node: Node, max_params: int, oversized: dict[int, str]) -> list[Node]:
     op = node.op_type
     inputs = list(node.inputs) + [None] * (8 - len(node.inputs))
     x, w, r, bias, lengths, h0, c0, peep = inputs
@@ -117,10 +119,6 @@ def _split(graph: Graph, node: Node, max_params: int) -> list[Node]:
         own = [gates, _direction_const(graph, r, d, way), _direction_const(graph, bias, d, way), lengths,
                *states, _direction_const(graph, peep, d, way)][:len(INPUTS[op])]
         step_params = _params(own)
-        if step_params > max_params:
-            raise CortexError(f"{node.describe()}: the recurrence of one direction needs {step_params:,} parameters "
-                              f"(R cannot be split: every step reads the whole state), more than --max-cu-size "
-                              f"{max_params:,}; raise --max-cu-size to at least {step_params:,}")
         while own and own[-1] is None:
             own.pop()
         outs = _direction_outputs(graph, node, way, len(directions) > 1, (state_axis, y_axis))
@@ -130,8 +128,11 @@ def _split(graph: Graph, node: Node, max_params: int) -> list[Node]:
         attrs, types = _direction_attrs(node, d, len(directions) > 1, way)
         attrs.pop("layout", None)
         types.pop("layout", None)
-        new_nodes.append(Node(recurrence_op(op), own, outs, attrs, graph.fresh_name(f"{name}_recurrence"),
-                              DOMAIN, types))
+        recurrence = Node(recurrence_op(op), own, outs, attrs, graph.fresh_name(f"{name}_recurrence"), DOMAIN, types)
+        if step_params > max_params:
+            oversized[id(recurrence)] = (f"the recurrence of one direction of {node.describe()} needs {step_params:,} "
+                                         "parameters and cannot be split (every step reads the whole state)")
+        new_nodes.append(recurrence)
     if len(directions) > 1:
         for i, original in enumerate(node.outputs[:len(OUTPUTS[op])]):
             if not original.dtype:

@@ -9,19 +9,20 @@ import json
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
 
 import cortex
 from backends.cuda import toolchain as cuda_compile
 from cortex.runtime.onnx_reference import run_dag
-from ir.errors import CortexError
+from cortex.commands.decompose import decompose_model
 from ir.onnx_import import import_model
 from passes import optimize_pipeline, run_pipeline
+from passes.partition import PartitionIntoCUs
 from passes.split_large_ops import split_large_ops
 from samples import recurrent
 from testdata import ModelCase
 from cuda_cases import compile_cuda_pipeline
-from wasm_cases import compile_pipeline, make_model, run_onnxruntime
+from recurrent_cases import CASES, expected_outputs, layer_model
+from wasm_cases import compile_pipeline, run_onnxruntime
 
 DEFAULTS = {"min_cu_size": 256, "max_cu_size": 1_000_000, "max_cu_depth": 3}   # decompose's defaults
 RTOL, ATOL = 1e-4, 1e-5
@@ -35,14 +36,22 @@ def cu_models(dag_path) -> list[onnx.ModelProto]:
     return [onnx.load(dag_path.parent / "cus" / cu["path"]) for cu in manifest(dag_path)["cus"]]
 
 
-def check_dag(dag_path, inputs, expected, max_cu_size, device="wasm", rtol=RTOL, atol=ATOL):
-    """Each CU keeps to the limit and is valid ONNX; the reference (onnxruntime per CU) and the
-    compiled dag both match `expected`."""
+def check_dag(dag_path, inputs, expected, max_cu_size, device="wasm", rtol=RTOL, atol=ATOL, over_limit=0):
+    """Each CU keeps to the limit, but for `over_limit` CUs that each hold one recurrence alone and
+    say why, and is valid ONNX; the reference (onnxruntime per CU) and the compiled dag both match
+    `expected`."""
     ops = set()
+    over = []
     for cu, model in zip(manifest(dag_path)["cus"], cu_models(dag_path)):
-        assert cu["params"] <= max_cu_size, cu
+        if "over_limit" in cu:
+            over.append(cu)
+            assert cu["params"] > max_cu_size and len(cu["nodes"]) == 1, cu
+            assert [(n.domain, n.op_type) for n in model.graph.node][0][1].endswith("Recurrence"), cu
+        else:
+            assert cu["params"] <= max_cu_size, cu
         onnx.checker.check_model(model, full_check=True)
         ops.update((n.domain, n.op_type) for n in model.graph.node)
+    assert len(over) == over_limit, over
     assert not ops & {("", "LSTM"), ("", "GRU"), ("", "RNN")}, ops
     assert any(domain == "cortex" for domain, _ in ops), ops
     for name, got in run_dag(dag_path, inputs).items():
@@ -62,72 +71,6 @@ def test_torch_recurrent_models_compile_under_the_default_limits(name, tmp_path)
 
 
 # -- the attributes, on small layers under a small limit ------------------------------------------
-def layer_model(op, input_size=12, hidden=8, seq=5, batch=3, direction="bidirectional", layout=0,
-                lengths=False, initial=False, peepholes=False, only_y=False, **attrs):
-    """One recurrent node with random constant weights; the model's inputs are X and, when asked,
-    sequence_lens and the initial states."""
-    rng = np.random.default_rng(3)
-    gates = {"RNN": 1, "GRU": 3, "LSTM": 4}[op]
-    dirs = 2 if direction == "bidirectional" else 1
-    x_shape = [batch, seq, input_size] if layout else [seq, batch, input_size]
-    state_shape = [batch, dirs, hidden] if layout else [dirs, batch, hidden]
-    inits = [helper.make_tensor(name, TensorProto.FLOAT, shape, (0.3 * rng.standard_normal(shape)).ravel())
-             for name, shape in (("W", [dirs, gates * hidden, input_size]), ("R", [dirs, gates * hidden, hidden]),
-                                 ("B", [dirs, 2 * gates * hidden]))]
-    inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, x_shape)]
-    names = ["X", "W", "R", "B", "", "", "", ""]
-    feeds = {"X": rng.standard_normal(x_shape).astype(np.float32)}
-    if lengths:
-        inputs.append(helper.make_tensor_value_info("lens", TensorProto.INT32, [batch]))
-        names[4] = "lens"
-        feeds["lens"] = rng.integers(1, seq + 1, batch).astype(np.int32)
-    if initial:
-        states = ["h0", "c0"] if op == "LSTM" else ["h0"]
-        for i, state in enumerate(states):
-            inputs.append(helper.make_tensor_value_info(state, TensorProto.FLOAT, state_shape))
-            names[5 + i] = state
-            feeds[state] = rng.standard_normal(state_shape).astype(np.float32)
-    if peepholes:
-        inits.append(helper.make_tensor("P", TensorProto.FLOAT, [dirs, 3 * hidden],
-                                        (0.3 * rng.standard_normal(dirs * 3 * hidden))))
-        names[7] = "P"
-    outs = ["Y"] if only_y else ["Y", "Y_h", "Y_c"] if op == "LSTM" else ["Y", "Y_h"]
-    y_shape = [batch, seq, dirs, hidden] if layout else [seq, dirs, batch, hidden]
-    outputs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, y_shape if o == "Y" else state_shape)
-               for o in outs]
-    used = len(names) - next(i for i, n in enumerate(reversed(names)) if n)
-    node = helper.make_node(op, names[:used], outs, hidden_size=hidden, direction=direction,
-                            **({"layout": layout} if layout else {}), **attrs)
-    return make_model([node], inputs, outputs, inits, opset=17), feeds
-
-
-CASES = {
-    "lstm-lengths-initial-peepholes": ("LSTM", {"lengths": True, "initial": True, "peepholes": True}),
-    "lstm-layout1-clip": ("LSTM", {"layout": 1, "clip": 0.7, "initial": True}),
-    "lstm-activations": ("LSTM", {"activations": ["HardSigmoid", "Tanh", "Softsign"] * 2,
-                                  "activation_alpha": [0.3, 1.0, 1.0, 0.25, 1.0, 1.0],
-                                  "activation_beta": [0.4, 0.0, 0.0, 0.6, 0.0, 0.0]}),
-    "lstm-reverse": ("LSTM", {"direction": "reverse", "lengths": True}),
-    "lstm-only-y": ("LSTM", {"only_y": True}),
-    "gru-forward-only-y": ("GRU", {"direction": "forward", "only_y": True, "input_size": 24}),
-    "gru-linear-before-reset": ("GRU", {"linear_before_reset": 1, "lengths": True, "initial": True}),
-    "gru-reset-first-layout1": ("GRU", {"linear_before_reset": 0, "layout": 1, "initial": True}),
-    "rnn-relu-clip": ("RNN", {"activations": ["Relu", "Tanh"], "clip": 2.0, "initial": True,
-                              "input_size": 24, "hidden": 16}),
-}
-
-
-def expected_outputs(op, attrs, model, feeds):
-    """onnxruntime's outputs; for a batch-major layer (which onnxruntime does not run), those of the
-    same layer time-major, on the transposed inputs, transposed back."""
-    if not attrs.get("layout"):
-        return run_onnxruntime(model, feeds)
-    time_major, _ = layer_model(op, **{**attrs, "layout": 0})
-    turned = {k: v.transpose(1, 0, 2) if v.ndim == 3 else v for k, v in feeds.items()}
-    return {k: v.transpose(2, 0, 1, 3) if v.ndim == 4 else v.transpose(1, 0, 2)
-            for k, v in run_onnxruntime(time_major, turned).items()}
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_small_layers_split_under_a_small_limit_match_onnxruntime(case, tmp_path):
     op, attrs = CASES[case]
@@ -173,10 +116,25 @@ def test_a_split_layer_is_a_projection_and_a_recurrence_per_direction():
     assert [(f.domain, f.name) for f in graph.functions] == [("cortex", "GRURecurrence")]
 
 
-def test_a_recurrence_larger_than_the_limit_is_one_line_naming_the_size_it_needs():
-    # hidden 512: one direction's R alone is 4 * 512 * 512 = 1,048,576 parameters
+def test_a_recurrence_larger_than_the_limit_is_left_whole_and_named_with_its_size():
+    # hidden 512: one direction's R and B are 4 * 512 * 512 + 8 * 512 = 1,052,672 parameters
     graph = optimized(layer_model("LSTM", input_size=4, hidden=512, seq=2, batch=1, direction="forward")[0])
-    with pytest.raises(CortexError) as error:
-        split_large_ops(graph, 1_000_000)
-    message = str(error.value)
-    assert "\n" not in message and "raise --max-cu-size to at least 1,052,672" in message
+    oversized = {}
+    assert split_large_ops(graph, 1_000_000, oversized) == 1
+    (recurrence,) = [n for n in graph.nodes if n.domain == "cortex"]
+    assert list(oversized) == [id(recurrence)]
+    reason = oversized[id(recurrence)]
+    assert "\n" not in reason and "1,052,672 parameters" in reason and "cannot be split" in reason
+
+
+def test_an_ocr_bidirectional_lstm_of_hidden_512_decomposes_under_the_default_limits(tmp_path):
+    """Each direction's recurrence (1,052,672 parameters) is a CU of its own over the limit, named in
+    the manifest and the summary; the projections split to fit; the whole matches onnxruntime."""
+    model, feeds = layer_model("LSTM", input_size=96, hidden=512, seq=4, batch=1, initial=True)
+    path = tmp_path / "ocr_lstm.onnx"
+    onnx.save(model, path)
+    summary = decompose_model(path, tmp_path / "summary" / "cus", PartitionIntoCUs(**DEFAULTS))
+    over = summary["over_limit_cus"]
+    assert len(over) == 2 and all(o["params"] == 1_052_672 and "cannot be split" in o["reason"] for o in over.values())
+    dag_path = compile_pipeline(path, tmp_path / "out", **DEFAULTS)
+    check_dag(dag_path, feeds, run_onnxruntime(model, feeds), DEFAULTS["max_cu_size"], over_limit=2)

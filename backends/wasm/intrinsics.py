@@ -1,6 +1,6 @@
 """The ready-made kernels the WebAssembly backend offers the lowerings: the packed-panel SIMD GEMM
-(`backends/wasm/gemm.py`) for a `GemmSpec` (MatMul, Gemm), and for a `ConvSpec` im2col + GEMM
-(`kernels/conv.py`) or, where `implicit_gemm_is_faster`, the implicit GEMM over output pixels with
+(`backends/wasm/gemm.py`; `kernels/gemv.py` for one or two rows) for a `GemmSpec` (MatMul, Gemm),
+and for a `ConvSpec` im2col + GEMM (`kernels/conv.py`) or, where `implicit_gemm_is_faster`, the implicit GEMM over output pixels with
 the weight packed at compile time (`kernels/conv_implicit_gemm.py`).
 
 `kernels(options)` is what the builder sees (`ContractionKernels`: how to pack a weight, how much
@@ -21,6 +21,7 @@ from backends.wasm.gemm import SCALAR, gemm_scratch_bytes, pack_b, packed_b_size
 from backends.wasm.kernels.conv import (Conv2dSpec, conv_scratch_bytes, pack_conv_weight, render_conv2d,
                                         weight_packs_as_a)
 from backends.wasm.kernels.conv_implicit_gemm import implicit_gemm_is_faster
+from backends.wasm.kernels.gemv import gemv_fits, render_gemv
 from backends.wasm.kernels.operands import ConvOffsets, GemmOffsets
 from backends.wasm.options import WasmOptions
 from ir.loops.contraction import ContractionSpec, ConvSpec, GemmSpec, Scratch, WeightLayout
@@ -118,7 +119,10 @@ def _render_gemm_call(spec: GemmSpec, ops, features: frozenset[str], name: str) 
         calls.append(f"(call ${name}_pack)")
     at = GemmOffsets(_at(ops.a), _at(b_scratch if b_scratch is not None else ops.b), _at(ops.out),
                      bias=_at_or_none(ops.bias), residual=_at_or_none(ops.residual), a_scratch=_at_or_none(a_scratch))
-    funcs.append(render_gemm(spec, at, features=features, name=f"{name}_gemm"))
+    if gemv_fits(spec, features):   # one or two rows: B streams once through 8 accumulators
+        funcs.append(render_gemv(spec, at, features=features, name=f"{name}_gemm"))
+    else:
+        funcs.append(render_gemm(spec, at, features=features, name=f"{name}_gemm"))
     calls.append(f"(call ${name}_gemm)")
     return "".join(funcs) + f"(func ${name}\n  " + "\n  ".join(calls) + "\n)\n"
 

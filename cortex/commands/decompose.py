@@ -102,6 +102,8 @@ def summarize(manifest: dict, partition: Partition, output_dir: Path, seconds: f
         "max_depth": max((cu["depth"] for cu in manifest["cus"]), default=0),
         "bytes_crossing_borders": crossing,
         "small_cus": {reason: ids for reason, ids in sorted(small.items())},
+        "over_limit_cus": {cu["id"]: {"params": cu["params"], "reason": cu["over_limit"]}
+                           for cu in manifest["cus"] if "over_limit" in cu},
         "fallback_cus": {runtime: [cu["id"] for cu in manifest["cus"] if cu.get("runs_on") == runtime]
                          for runtime in sorted({cu["runs_on"] for cu in manifest["cus"] if "runs_on" in cu})},
         "seconds": round(seconds, 3),
@@ -143,6 +145,8 @@ def _print_summary(summary: dict) -> None:
     ])
     for reason, ids in summary["small_cus"].items():
         out.print(f"{len(ids)} CU(s) stayed under --min-cu-size: {reason}: {_shown(ids)}")
+    for cu, over in summary["over_limit_cus"].items():
+        out.print(f"{cu} holds {over['params']:,} parameters, over --max-cu-size: {over['reason']}")
     for runtime, ids in summary["fallback_cus"].items():
         out.print(f"{len(ids)} fallback CU(s) run on {runtime} (nodes no target lowers): {_shown(ids)}")
 

@@ -1,6 +1,14 @@
 """Recurrent layers (RNN, GRU, LSTM): per time step, the gates' matrix-vector products over the
 input and the previous hidden state, their activations, then the state update.
 
+The input term X_t W^T does not depend on the state, so it is computed for every step and
+direction first, as one GEMM (the summed biases in its epilogue) where the target offers one. The
+step loop then holds only the recurrent product H_{t-1} R^T of all batch rows at once, which reads
+R once per step as the target packed it at compile time (on wasm the GEMV kernel), and the gate
+activations and state update, loops along the hidden units that vectorise. GRU's candidate
+product is computed once: with linear_before_reset in the same product as the other gates, without
+it as a second product over the reset gate times the state.
+
 One direction at a time (a reverse one walks the steps backwards, inside each sequence's own
 length when `sequence_lens` is given). Steps past a sequence's length leave its state unchanged
 and write zeros to Y, as the spec says.
@@ -13,7 +21,10 @@ attributes. Their ONNX meaning is the model-local function that pass adds.
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ir.errors import UnsupportedError
+from ir.loops.contraction import ContractionOperands, EpilogueSpec, GemmSpec
 from ir.loops.expr import cast, lt, maximum, minimum, select, unary
 from ir.ops.registry import OTHER, lowering, register
 
@@ -75,156 +86,276 @@ def _recurrence(b, node):
     _lower(b, node, node.op_type.removesuffix("Recurrence"), projected=True)
 
 
+@dataclass(frozen=True)
+class _Layer:
+    """One recurrent node as its lowering reads it. `projected`: X holds the gates' input projection
+    (no W input; the later inputs move up one)."""
+    node: object
+    op: str
+    projected: bool
+    hidden: int
+    seq: int
+    batch: int
+    layout: int
+    directions: tuple[str, ...]
+    clip: float | None
+    linear_before_reset: bool
+
+    @property
+    def gates(self) -> int:
+        return GATES[self.op]
+
+    @property
+    def width(self) -> int:
+        """Gate rows of one direction."""
+        return self.gates * self.hidden
+
+    def value(self, i: int):
+        """Input `i` of the standard op (X, W, R, B, sequence_lens, initial_h, initial_c, P), or None."""
+        if self.projected and i == 1:
+            return None
+        k = i - 1 if self.projected and i > 1 else i
+        inputs = self.node.inputs
+        return inputs[k] if k < len(inputs) else None
+
+    def state_index(self, d, n, j):
+        return (n, d, j) if self.layout else (d, n, j)
+
+
+def _layer(node, op: str, projected: bool, x_shape) -> _Layer:
+    layout = int(node.attrs.get("layout", 0))
+    batch, seq = (x_shape[0], x_shape[1]) if layout else (x_shape[1], x_shape[0])
+    directions = {"forward": ("forward",), "reverse": ("reverse",), "bidirectional": ("forward", "reverse")}[
+        node.attrs.get("direction", "forward")]
+    return _Layer(node, op, projected, int(node.attrs["hidden_size"]), int(seq), int(batch), layout, directions,
+                  node.attrs.get("clip"), bool(node.attrs.get("linear_before_reset", 0)))
+
+
 def _lower(b, node, op, projected):
-    """`projected`: X holds the gates' input projection (no W input; the later inputs move up one)."""
-    gates = GATES[op]
+    """All steps' input projections first (one GEMM over every step when the target offers one),
+    then, per direction, the steps: the recurrent product H R^T of all batch rows (a GEMV kernel),
+    then the gates' activations and the state update, vectorised along the hidden units."""
     if node.attrs.get("input_forget", 0):
         raise UnsupportedError(f"{node.describe()}: LSTM with input_forget is not supported")
-    shift = 1 if projected else 0
-    x, r = b.input(node, 0), b.input(node, 2 - shift)
-    w = None if projected else b.input(node, 1)
-    bias, lengths, h0 = b.input(node, 3 - shift), b.input(node, 4 - shift), b.input(node, 5 - shift)
-    c0 = b.input(node, 6 - shift) if op == "LSTM" else None
-    peep = b.input(node, 7 - shift) if op == "LSTM" else None
-    layout = int(node.attrs.get("layout", 0))
-    if layout:      # batch-major: the same loops with the first two axes of X/Y and of the states swapped
-        batch, seq, _ = x.shape
-    else:
-        seq, batch, _ = x.shape
-    hidden = int(node.attrs["hidden_size"])
-    directions = {"forward": ["forward"], "reverse": ["reverse"], "bidirectional": ["forward", "reverse"]}[
-        node.attrs.get("direction", "forward")]
+    x = b.input(node, 0)
+    layer = _layer(node, op, projected, x.shape)
     per_dir = len(DEFAULT_ACTIVATIONS[op])
-    names = node.attrs.get("activations") or DEFAULT_ACTIVATIONS[op] * len(directions)
+    names = node.attrs.get("activations") or DEFAULT_ACTIVATIONS[op] * len(layer.directions)
     parameters = activation_parameters(names, node.attrs.get("activation_alpha"), node.attrs.get("activation_beta"))
-    clip = node.attrs.get("clip")
-    linear_before_reset = bool(node.attrs.get("linear_before_reset", 0))
+    gates = _input_gates(b, layer, x, _step_bias(b, layer))
     outputs = [b.output(node, i) if len(node.outputs) > i and node.outputs[i].dtype else None for i in range(3)]
-    t_f32 = x.compute_type
-
-    def at_x(t, n, k):
-        return x[(n, t, k) if layout else (t, n, k)]
-
-    def state_index(d, n, j):
-        return (n, d, j) if layout else (d, n, j)
-
-    state = b.temp(x.dtype, (batch, hidden), "h")
-    cell = b.temp(x.dtype, (batch, hidden), "c") if op == "LSTM" else None
-    pre = b.temp(x.dtype, (batch, gates * hidden), "gates")
-    for d, direction in enumerate(directions):
+    for d, direction in enumerate(layer.directions):
         acts = [_activation(names[d * per_dir + i], *parameters[d * per_dir + i]) for i in range(per_dir)]
-        for buf, init in ((state, h0), (cell, c0)):
-            if buf is None:
-                continue
-            with b.loop(batch, "n") as n, b.loop(hidden, "j") as j:
-                b.store(buf, (n, j), init[state_index(d, n, j)] if init is not None else 0.0)
-        with b.loop(seq, "s") as s, b.loop(batch, "n") as n:
-            length = cast(lengths[(n,)], "i32") if lengths is not None else seq
-            if direction == "forward":
-                t = s
-            else:
-                t = select(lt(s, length), length - 1 - s, s) if lengths is not None else seq - 1 - s
-            active = lt(s, length) if lengths is not None else None
+        _direction(b, layer, (d, direction), acts, gates, outputs)
 
-            def gate_sum(g_row):
-                acc = b.local(t_f32, 0.0, "acc")
-                if bias is not None:
-                    recurrent_bias = bias[(d, gates * hidden + g_row)]
-                    if op == "GRU":      # the candidate's recurrent bias goes with its recurrent term (step 2)
-                        recurrent_bias = select(lt(g_row, 2 * hidden), recurrent_bias, 0.0)
-                    b.assign(acc, bias[(d, g_row)] + recurrent_bias)
-                if projected:
-                    b.assign(acc, acc + at_x(t, n, d * gates * hidden + g_row))
-                    return acc
-                with b.loop(x.shape[2], "k") as k:
-                    b.assign(acc, acc + at_x(t, n, k) * w[(d, g_row, k)])
-                return acc
 
-            # 1. pre-activations of every gate row (GRU's candidate gets its recurrent part later)
-            with b.loop(gates * hidden, "g") as g:
-                acc = gate_sum(g)
-                rec = b.local(t_f32, 0.0, "rec")
-                with b.loop(hidden, "i") as i:
-                    b.assign(rec, rec + state[(n, i)] * r[(d, g, i)])
-                if op == "GRU":      # the candidate row's recurrent term depends on the reset gate
-                    b.store(pre, (n, g), select(lt(g, 2 * hidden), acc + rec, acc))
-                else:
-                    b.store(pre, (n, g), acc + rec)
-            # 2. state update
-            cond_ctx = b.when(active) if active is not None else _nothing()
-            with cond_ctx:
-                _update(b, _Layer(op, hidden, gates, clip, linear_before_reset, r, bias, peep), acts,
-                        (pre, state, cell), n, d)
+@dataclass(frozen=True)
+class _Gates:
+    """Where a step reads each gate's input term: the projection of X over all steps (`read(t, n,
+    column)`), plus `bias` ([directions, gate rows]) where the projection did not add it."""
+    read: object
+    bias: object | None
+    width: int
+    hidden: int
+
+    def at(self, t, n, d, gate, j):
+        value = self.read(t, n, d * self.width + gate * self.hidden + j)
+        return value + self.bias[(d, gate * self.hidden + j)] if self.bias is not None else value
+
+
+def _step_bias(b, layer: _Layer):
+    """Wb + Rb per direction and gate row ([directions, gate rows]), or None without B. GRU's
+    candidate keeps its Rb apart when linear_before_reset (the reset gate multiplies it, see
+    `_gru_update`)."""
+    bias_value = layer.value(3)
+    if bias_value is None:
+        return None
+    dirs, width, hidden = len(layer.directions), layer.width, layer.hidden
+    keeps_apart = layer.op == "GRU" and layer.linear_before_reset
+    if bias_value.is_const:
+        both = np.asarray(bias_value.const, dtype=np.float64).reshape(dirs, 2, width)
+        recurrent = both[:, 1].copy()
+        if keeps_apart:
+            recurrent[:, 2 * hidden:] = 0.0
+        return b.constant((both[:, 0] + recurrent).astype(np.asarray(bias_value.const).dtype), bias_value.name + "_steps")
+    bias = b.buffer(bias_value)
+    summed = b.temp(bias.dtype, (dirs, width), "step_bias")
+    with b.loop(dirs, "d") as d, b.loop(width, "g") as g:
+        recurrent = bias[(d, width + g)]
+        if keeps_apart:
+            recurrent = select(lt(g, 2 * hidden), recurrent, 0.0)
+        b.store(summed, (d, g), bias[(d, g)] + recurrent)
+    return summed
+
+
+def _input_gates(b, layer: _Layer, x, step_bias) -> _Gates:
+    """X W^T (+ the step bias) for every step and direction, as `_Gates`."""
+    if layer.projected:
+        def given(t, n, column):
+            return x[(n, t, column) if layer.layout else (t, n, column)]
+        return _Gates(given, step_bias, layer.width, layer.hidden)
+    w_value = layer.value(1)
+    rows, columns, k = layer.seq * layer.batch, len(layer.directions) * layer.width, int(x.shape[2])
+    projection = b.temp(x.dtype, (rows, columns), "input_gates")
+    spec = GemmSpec(rows, columns, k, trans_b=True, epilogue=EpilogueSpec(bias=step_bias is not None))
+    if w_value.is_const and x.dtype == "float32" and b.offers(spec):
+        packed = b.contraction_weight(spec, w_value, np.asarray(w_value.const).reshape(columns, k))
+        bias = step_bias.view((columns,)) if step_bias is not None else None
+        b.call_contraction(spec, ContractionOperands(x.view((rows, k)), packed, projection, bias), x.name, w_value.name)
+        step_bias = None
+    else:
+        xs, w = x.view((rows, k)), b.buffer(w_value).view((columns, k))
+        with b.loop(rows, "row") as row, b.loop(columns, "col") as col:
+            acc = b.local(x.compute_type, 0.0, "acc")
+            with b.loop(k, "k") as i:
+                b.assign(acc, acc + xs[(row, i)] * w[(col, i)])
+            b.store(projection, (row, col), acc)
+
+    def projected(t, n, column):
+        return projection[(n * layer.seq + t if layer.layout else t * layer.batch + n, column)]
+    return _Gates(projected, step_bias, layer.width, layer.hidden)
+
+
+def _recurrent_product(b, layer: _Layer, d: int, rows: range, state, out) -> None:
+    """out[n, g] = sum_i state[n, i] R[d, rows[g], i]: every batch row at once, so each step reads
+    R once (as the target's GEMV/GEMM kernel packed it at compile time, where it offers one)."""
+    r_value = layer.value(2)
+    spec = GemmSpec(layer.batch, len(rows), layer.hidden, trans_b=True)
+    if r_value.is_const and state.dtype == "float32" and b.offers(spec):
+        packed = b.contraction_weight(spec, r_value, np.asarray(r_value.const)[d, rows.start:rows.stop])
+        b.call_contraction(spec, ContractionOperands(state, packed, out), state.name, r_value.name)
+        return
+    r = b.buffer(r_value)
+    with b.loop(layer.batch, "n") as n, b.loop(len(rows), "g") as g:
+        acc = b.local(state.compute_type, 0.0, "rec")
+        with b.loop(layer.hidden, "i") as i:
+            b.assign(acc, acc + state[(n, i)] * r[(d, rows.start + g, i)])
+        b.store(out, (n, g), acc)
+
+
+def _step_time(b, layer: _Layer, direction: str, s, n):
+    """(the time step row `n` handles at step `s`, whether it is inside the row's sequence or None
+    without sequence_lens): a reverse direction walks each sequence's own length backwards."""
+    lengths_value = layer.value(4)
+    lengths = b.buffer(lengths_value) if lengths_value is not None else None
+    length = cast(lengths[(n,)], "i32") if lengths is not None else layer.seq
+    if direction == "forward":
+        t = s
+    else:
+        t = select(lt(s, length), length - 1 - s, s) if lengths is not None else layer.seq - 1 - s
+    return t, (lt(s, length) if lengths is not None else None)
+
+
+def _direction(b, layer: _Layer, where: tuple[int, str], acts, gates: _Gates, outputs) -> None:
+    d, direction = where
+    hidden, batch, dtype = layer.hidden, layer.batch, b.input(layer.node, 0).dtype
+    state = b.temp(dtype, (batch, hidden), "h")
+    cell = b.temp(dtype, (batch, hidden), "c") if layer.op == "LSTM" else None
+    for buf, init_value in ((state, layer.value(5)), (cell, layer.value(6))):
+        if buf is None:
+            continue
+        init = b.buffer(init_value) if init_value is not None else None
+        with b.loop(batch, "n") as n, b.loop(hidden, "j") as j:
+            b.store(buf, (n, j), init[layer.state_index(d, n, j)] if init is not None else 0.0)
+    reset_first = layer.op == "GRU" and not layer.linear_before_reset
+    product_rows = range(2 * hidden) if reset_first else range(layer.width)
+    products = b.temp(dtype, (batch, len(product_rows)), "recurrent")
+    steps = _Steps(layer, acts, gates, d, state, cell, products)
+    with b.loop(layer.seq, "s") as s:
+        _recurrent_product(b, layer, d, product_rows, state, products)
+        if reset_first:     # the candidate's product reads the reset gate times the state
+            steps.reset_gate_times_state(b, direction, s)
+            _recurrent_product(b, layer, d, range(2 * hidden, 3 * hidden), steps.reset_state, steps.candidate)
+        with b.loop(batch, "n") as n:
+            t, active = _step_time(b, layer, direction, s, n)
+            with b.when(active) if active is not None else _nothing():
+                with b.loop(hidden, "j") as j:
+                    steps.update(b, t, n, j)
             y = outputs[0]
             if y is not None:
                 with b.loop(hidden, "j") as j:
                     value = state[(n, j)] if active is None else select(active, state[(n, j)], 0.0)
-                    b.store(y, (n, t, d, j) if layout else (t, d, n, j), value)
-        for i, buf in ((1, state), (2, cell)):
-            if outputs[i] is not None and buf is not None:
-                with b.loop(batch, "n") as n, b.loop(hidden, "j") as j:
-                    b.store(outputs[i], state_index(d, n, j), buf[(n, j)])
+                    b.store(y, (n, t, d, j) if layer.layout else (t, d, n, j), value)
+    for i, buf in ((1, state), (2, cell)):
+        if outputs[i] is not None and buf is not None:
+            with b.loop(batch, "n") as n, b.loop(hidden, "j") as j:
+                b.store(outputs[i], layer.state_index(d, n, j), buf[(n, j)])
 
 
-@dataclass(frozen=True)
-class _Layer:
-    """What one recurrent layer's state update reads besides the step's buffers."""
-    op: str
-    hidden: int
-    gates: int
-    clip: float | None
-    linear_before_reset: bool
-    r: object              # the recurrence weights (buffer)
-    bias: object | None
-    peep: object | None
+class _Steps:
+    """The gate activations and state update of one direction's step, one hidden unit `j` of batch
+    row `n` at a time (so the loop over `j` vectorises): the recurrent products are in `products`
+    ([batch, gate rows]), the input terms in `gates`."""
 
+    def __init__(self, layer: _Layer, acts, gates: _Gates, d: int, state, cell, products):
+        self.layer, self.acts, self.gates, self.d = layer, acts, gates, d
+        self.state, self.cell, self.products = state, cell, products
+        self.reset_state = self.candidate = self.update_gate = None
 
-def _update(b, layer: _Layer, acts, buffers, n, d):
-    """The state update of one batch row `n` in direction `d`; `buffers` = (gate pre-activations,
-    hidden state, cell state or None)."""
-    pre, state, cell = buffers
-    op, hidden, gates, clip = layer.op, layer.hidden, layer.gates, layer.clip
-    linear_before_reset, r, bias, peep = layer.linear_before_reset, layer.r, layer.bias, layer.peep
-
-    def clipped(v):
+    def clipped(self, v):
+        clip = self.layer.clip
         return minimum(maximum(v, -float(clip)), float(clip)) if clip is not None else v
-    if op == "RNN":
-        with b.loop(hidden, "j") as j:
-            b.store(state, (n, j), acts[0](clipped(pre[(n, j)])))
-        return
-    if op == "GRU":
-        f, g = acts
-        # z and r gates in place, then the candidate, which needs r and the old state
-        with b.loop(2 * hidden, "j") as j:
-            b.store(pre, (n, j), f(clipped(pre[(n, j)])))
-        with b.loop(hidden, "j") as j:
-            row = 2 * hidden + j
-            rec = b.local(pre.compute_type, 0.0, "rec")
-            with b.loop(hidden, "i") as i:
-                h_i = state[(n, i)] if linear_before_reset else pre[(n, hidden + i)] * state[(n, i)]
-                b.assign(rec, rec + h_i * r[(d, row, i)])
-            rb = bias[(d, gates * hidden + row)] if bias is not None else 0.0
-            if linear_before_reset:
-                cand = pre[(n, row)] + pre[(n, hidden + j)] * (rec + rb)
-            else:
-                cand = pre[(n, row)] + rec + rb
-            b.store(pre, (n, row), g(clipped(cand)))
-        with b.loop(hidden, "j") as j:
-            z = pre[(n, j)]
-            b.store(state, (n, j), (1.0 - z) * pre[(n, 2 * hidden + j)] + z * state[(n, j)])
-        return
-    f, g, h = acts      # LSTM gate rows: i, o, f, c
-    with b.loop(hidden, "j") as j:
-        c_prev = cell[(n, j)]
-        p_i = peep[(d, j)] * c_prev if peep is not None else 0.0
-        p_f = peep[(d, 2 * hidden + j)] * c_prev if peep is not None else 0.0
-        i_gate = f(clipped(pre[(n, j)] + p_i))
-        f_gate = f(clipped(pre[(n, 2 * hidden + j)] + p_f))
-        c_new = b.local(pre.compute_type, f_gate * c_prev + i_gate * g(clipped(pre[(n, 3 * hidden + j)])), "c")
-        p_o = peep[(d, hidden + j)] * c_new if peep is not None else 0.0
-        o_gate = f(clipped(pre[(n, hidden + j)] + p_o))
-        b.store(cell, (n, j), c_new)
-        b.store(state, (n, j), o_gate * h(c_new))
+
+    def pre(self, t, n, gate, j):
+        """Gate `gate`'s pre-activation at hidden unit j: its recurrent product plus its input term."""
+        return self.products[(n, gate * self.layer.hidden + j)] + self.gates.at(t, n, self.d, gate, j)
+
+    def update(self, b, t, n, j):
+        {"RNN": self._rnn, "GRU": self._gru, "LSTM": self._lstm}[self.layer.op](b, t, n, j)
+
+    def _rnn(self, b, t, n, j):
+        b.store(self.state, (n, j), self.acts[0](self.clipped(self.pre(t, n, 0, j))))
+
+    def _lstm(self, b, t, n, j):
+        f, g, h = self.acts      # gate rows: i, o, f, c
+        hidden, peep_value = self.layer.hidden, self.layer.value(7)
+        peep = b.buffer(peep_value) if peep_value is not None else None
+        c_prev = self.cell[(n, j)]
+        p_i = peep[(self.d, j)] * c_prev if peep is not None else 0.0
+        p_f = peep[(self.d, 2 * hidden + j)] * c_prev if peep is not None else 0.0
+        i_gate = f(self.clipped(self.pre(t, n, 0, j) + p_i))
+        f_gate = f(self.clipped(self.pre(t, n, 2, j) + p_f))
+        c_new = b.local(self.cell.compute_type, f_gate * c_prev + i_gate * g(self.clipped(self.pre(t, n, 3, j))), "c")
+        p_o = peep[(self.d, hidden + j)] * c_new if peep is not None else 0.0
+        o_gate = f(self.clipped(self.pre(t, n, 1, j) + p_o))
+        b.store(self.cell, (n, j), c_new)
+        b.store(self.state, (n, j), o_gate * h(c_new))
+
+    def _gru(self, b, t, n, j):
+        f, g = self.acts         # gate rows: z, r, h
+        hidden, h_prev = self.layer.hidden, self.state[(n, j)]
+        candidate_input = self.gates.at(t, n, self.d, 2, j)
+        if self.layer.linear_before_reset:
+            z = b.local(self.state.compute_type, f(self.clipped(self.pre(t, n, 0, j))), "z")
+            r = f(self.clipped(self.pre(t, n, 1, j)))
+            recurrent = self.products[(n, 2 * hidden + j)] + self._candidate_bias(b, j)
+            cand = g(self.clipped(candidate_input + r * recurrent))
+        else:
+            z = self.update_gate[(n, j)]
+            cand = g(self.clipped(candidate_input + self.candidate[(n, j)]))
+        b.store(self.state, (n, j), (1.0 - z) * cand + z * h_prev)
+
+    def _candidate_bias(self, b, j):
+        bias_value = self.layer.value(3)
+        if bias_value is None:
+            return 0.0
+        width = self.layer.width
+        return b.buffer(bias_value)[(self.d, width + 2 * self.layer.hidden + j)]
+
+    def reset_gate_times_state(self, b, direction, s):
+        """GRU without linear_before_reset: the update gate, and the reset gate times the state,
+        which the candidate's recurrent product reads (`candidate`)."""
+        layer, f = self.layer, self.acts[0]
+        if self.reset_state is None:
+            dtype = self.state.dtype
+            self.reset_state = b.temp(dtype, (layer.batch, layer.hidden), "reset_h")
+            self.candidate = b.temp(dtype, (layer.batch, layer.hidden), "candidate")
+            self.update_gate = b.temp(dtype, (layer.batch, layer.hidden), "z")
+        with b.loop(layer.batch, "n") as n:
+            t, _ = _step_time(b, layer, direction, s, n)
+            with b.loop(layer.hidden, "j") as j:
+                b.store(self.update_gate, (n, j), f(self.clipped(self.pre(t, n, 0, j))))
+                b.store(self.reset_state, (n, j), f(self.clipped(self.pre(t, n, 1, j))) * self.state[(n, j)])
 
 
 class _nothing:

@@ -1,0 +1,61 @@
+"""Recurrent layers lowered whole (not split): the input projection over all steps (one GEMM where
+the target offers one), then per step the recurrent product of every batch row and the gate update,
+match onnxruntime on every attribute, at every wasm feature set and opt level (kernels or plain
+loops), with constant weights or weights given as inputs, and on cuda-sim."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+import cortex
+from backends.cuda import toolchain as cuda_compile
+from cuda_cases import compile_cuda_pipeline
+from recurrent_cases import CASES, expected_outputs, layer_model
+from testdata import ModelCase
+from wasm_cases import CONFIGS, run_wasm
+
+RTOL, ATOL = 1e-4, 1e-5
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_whole_layers_match_onnxruntime_at_every_feature_set(case):
+    op, attrs = CASES[case]
+    model, feeds = layer_model(op, **attrs)
+    expected = expected_outputs(op, attrs, model, feeds)
+    for features, level in CONFIGS:
+        got = run_wasm(model, feeds, features, level)
+        assert sorted(got) == sorted(expected)
+        for name, want in expected.items():
+            np.testing.assert_allclose(got[name], want, rtol=RTOL, atol=ATOL, err_msg=f"{case} {name} {features} {level}")
+
+
+@pytest.mark.parametrize("op,attrs", [("GRU", {"linear_before_reset": 0, "batch": 1, "lengths": True}),
+                                      ("LSTM", {"batch": 2, "initial": True, "peepholes": True})])
+def test_weights_given_as_inputs_match_onnxruntime(op, attrs):
+    """W, R and B as model inputs: no packing at compile time, the plain loops compute the products."""
+    model, feeds = layer_model(op, **attrs)
+    expected = expected_outputs(op, attrs, model, feeds)
+    for init in list(model.graph.initializer):
+        model.graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+        feeds[init.name] = onnx.numpy_helper.to_array(init)
+    del model.graph.initializer[:]
+    got = run_wasm(model, feeds, "simd,relaxed-simd", "3")
+    for name, want in expected.items():
+        np.testing.assert_allclose(got[name], want, rtol=RTOL, atol=ATOL, err_msg=name)
+
+
+@pytest.mark.parametrize("case", ["gru-reset-first-layout1", "lstm-lengths-initial-peepholes", "rnn-relu-clip"])
+def test_cuda_sim_runs_whole_layers(case, tmp_path):
+    if cuda_compile.find_nvcc() is None and cuda_compile.nvrtc_version() is None:
+        pytest.skip("neither nvcc nor NVRTC is installed")
+    op, attrs = CASES[case]
+    model, feeds = layer_model(op, **attrs)
+    path = tmp_path / "model.onnx"
+    onnx.save(model, path)
+    expected = expected_outputs(op, attrs, model, feeds)
+    dag_path = compile_cuda_pipeline(ModelCase(case, path, feeds, expected), tmp_path / "out")
+    got = cortex.load(dag_path, device="cuda-sim").run(feeds)
+    for name, want in expected.items():
+        np.testing.assert_allclose(got[name], want, rtol=RTOL, atol=ATOL, err_msg=name)
