@@ -3,6 +3,8 @@ numpy's int64 products and against onnxruntime, through the kernel alone and thr
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from onnx import TensorProto as T
@@ -11,7 +13,8 @@ from onnx import numpy_helper as nh
 from wasm_cases import make_model, run_onnxruntime, run_wasm
 
 from backends.wasm.compile import compile_graph
-from backends.wasm.kernels.int8_gemm import IntegerGemmOffsets, pack_b, render_integer_gemm, scratch_bytes
+from backends.wasm.kernels.int8_gemm import (IntegerGemmOffsets, pack_b, render_integer_gemm, scratch_bytes,
+                                             uses_relaxed_dot)
 from backends.wasm.kernels.standalone import instantiate
 from backends.wasm.options import parse_options
 from ir.loops.contraction import IntegerGemmSpec, RequantizeSpec
@@ -29,12 +32,13 @@ def _ints(rng, dtype, shape):
     return rng.integers(info.min, info.max + 1, shape).astype(dtype)
 
 
-def _run_kernel(spec: IntegerGemmSpec, a, b_folded, a_zero, scales=None, out_zero=None):
+def _run_kernel(spec: IntegerGemmSpec, a, b_folded, a_zero, scales=None, out_zero=None, relaxed=False):
     """Lay the operands out one after another (past 0, so that an offset bug shows), run the kernel
     once and read C back: int32, or the requantised 8-bit output."""
     q = spec.requantize
-    packed_a, tile, scale_bytes = scratch_bytes(spec)
-    packed_b = pack_b(b_folded).tobytes()
+    spec = replace(spec, b_column_span=int((b_folded.max(0) - b_folded.min(0)).max()))
+    packed_a, tile, scale_bytes = scratch_bytes(spec, relaxed)
+    packed_b = pack_b(b_folded, relaxed).tobytes()
     out_dtype = np.int32 if q is None else (np.int8 if q.signed_output else np.uint8)
     c_bytes = spec.m * spec.n * np.dtype(out_dtype).itemsize
     a_scale, b_scale, out_scale = scales if scales is not None else (None, None, None)
@@ -55,7 +59,8 @@ def _run_kernel(spec: IntegerGemmSpec, a, b_folded, a_zero, scales=None, out_zer
     offsets = IntegerGemmOffsets(at["a"], at["b"], at["c"], at["packed_a"], at["tile"], scales=at["scales"],
                                  a_zero=at["a_zero"] if spec.a_zero else None, a_scale=at["a_scale"],
                                  b_scale=at["b_scale"], out_scale=at["out_scale"], out_zero=at["out_zero"])
-    store, instance = instantiate(render_integer_gemm(spec, offsets), end, {"simd"})
+    features = {"simd", "relaxed-simd"} if relaxed else {"simd"}
+    store, instance = instantiate(render_integer_gemm(spec, offsets, relaxed=relaxed), end, features)
     memory = instance.exports(store)["memory"]
     for key, blob in blobs.items():
         if isinstance(blob, bytes) and at[key] is not None:
@@ -96,6 +101,35 @@ def test_kernel_int32_sums_equal_numpy(m, n, k, a_dtype, b_dtype):
     np.testing.assert_array_equal(got, want.astype(np.int32))
 
 
+def _seven_bit_columns(rng, dtype, k, n):
+    """8-bit B whose every column spans at most 127 values (as reduce-range quantisers make them)."""
+    info = np.iinfo(dtype)
+    low = rng.integers(info.min, info.max - 126, n)
+    return (low + rng.integers(0, 128, (k, n))).astype(dtype)
+
+
+@pytest.mark.parametrize("m, n, k", SHAPES + [(6, 20, 35), (4, 8, 16), (3, 8, 15)])
+@pytest.mark.parametrize("a_dtype, b_dtype", [(np.uint8, np.int8), (np.int8, np.uint8), (np.uint8, np.uint8)])
+def test_relaxed_kernel_int32_sums_equal_numpy(m, n, k, a_dtype, b_dtype):
+    rng = np.random.default_rng(m * 1000 + n * 10 + k + 1)
+    a, b = _ints(rng, a_dtype, (m, k)), _seven_bit_columns(rng, b_dtype, k, n)
+    a_zero, b_zero = _ints(rng, a_dtype, ()), _ints(rng, b_dtype, (n,))
+    folded = b.astype(np.int32) - b_zero.astype(np.int32)
+    spec = IntegerGemmSpec(m, n, k, a_signed=a_dtype == np.int8)
+    got = _run_kernel(spec, a, folded, a_zero, relaxed=True)
+    want = (a.astype(np.int64) - int(a_zero)) @ folded.astype(np.int64)
+    np.testing.assert_array_equal(got, want.astype(np.int32))
+
+
+def test_the_relaxed_dot_product_is_used_only_where_it_is_exact():
+    spec = IntegerGemmSpec(4, 8, 16, b_column_span=127)
+    assert uses_relaxed_dot(spec, {"simd", "relaxed-simd"})
+    assert not uses_relaxed_dot(spec, {"simd"})
+    assert not uses_relaxed_dot(replace(spec, b_column_span=128), {"simd", "relaxed-simd"})
+    with pytest.raises(ValueError, match="7 bits"):
+        pack_b(np.array([[0], [128]]), relaxed=True)
+
+
 def test_kernel_sums_wrap_as_int32_like_the_loop_nest():
     """K large enough that the extreme products overflow int32: both wrap modulo 2^32."""
     m, n, k = 2, 8, 70000
@@ -110,16 +144,18 @@ def test_kernel_sums_wrap_as_int32_like_the_loop_nest():
 @pytest.mark.parametrize("m, n, k", SHAPES)
 @pytest.mark.parametrize("per_column", [False, True])
 @pytest.mark.parametrize("out_dtype", [np.uint8, np.int8])
-def test_kernel_requantisation_equals_the_loop_nests_float32_math(m, n, k, per_column, out_dtype):
+@pytest.mark.parametrize("relaxed", [False, True])
+def test_kernel_requantisation_equals_the_loop_nests_float32_math(m, n, k, per_column, out_dtype, relaxed):
     rng = np.random.default_rng(m * 7 + n * 3 + k)
-    a, b = _ints(rng, np.uint8, (m, k)), _ints(rng, np.int8, (k, n))
+    a = _ints(rng, np.uint8, (m, k))
+    b = rng.integers(-64, 64, (k, n)).astype(np.int8) if relaxed else _ints(rng, np.int8, (k, n))
     a_zero = np.uint8(rng.integers(0, 256))
     folded = b.astype(np.int32)
     a_scale, out_scale = np.float32(0.02), np.float32(rng.uniform(0.5, 2.0) * 0.01 * k ** 0.5)
     b_scale = rng.uniform(0.002, 0.01, n if per_column else ()).astype(np.float32)
     out_zero = _mid_range(rng, out_dtype)
     spec = IntegerGemmSpec(m, n, k, requantize=RequantizeSpec(per_column, out_dtype == np.int8))
-    got = _run_kernel(spec, a, folded, a_zero, (a_scale, b_scale, out_scale), out_zero)
+    got = _run_kernel(spec, a, folded, a_zero, (a_scale, b_scale, out_scale), out_zero, relaxed)
     acc = ((a.astype(np.int64) - int(a_zero)) @ folded).astype(np.int32)
     want = _requantized(acc, a_scale, b_scale, out_scale, out_zero, out_dtype)
     np.testing.assert_array_equal(got, want)
@@ -142,9 +178,9 @@ def test_kernel_requantisation_rounds_half_to_even_and_saturates():
 
 # -- through compiled models, against onnxruntime ----------------------------------------------
 
-def _matmul_integer_model(rng, a_shape, n, a_dtype, b_dtype, per_column, with_zero=True):
+def _matmul_integer_model(rng, a_shape, n, a_dtype, b_dtype, per_column, with_zero=True, seven_bit=False):
     k = a_shape[-1]
-    b = _ints(rng, b_dtype, (k, n))
+    b = _seven_bit_columns(rng, b_dtype, k, n) if seven_bit else _ints(rng, b_dtype, (k, n))
     inputs = [helper.make_tensor_value_info("a", ONNX_TYPE[a_dtype], a_shape)]
     feeds = {"a": _ints(rng, a_dtype, a_shape)}
     initializers = [nh.from_array(b, "b")]
@@ -159,10 +195,13 @@ def _matmul_integer_model(rng, a_shape, n, a_dtype, b_dtype, per_column, with_ze
     return model, feeds
 
 
-def _qlinear_matmul_model(rng, a_shape, n, a_dtype, b_dtype, out_dtype, per_column):
+def _qlinear_matmul_model(rng, a_shape, n, a_dtype, b_dtype, out_dtype, per_column, seven_bit=False):
     k = a_shape[-1]
     per = (n,) if per_column else ()
-    initializers = [nh.from_array(_ints(rng, b_dtype, (k, n)), "b"),
+    info = np.iinfo(b_dtype)
+    middle = (int(info.min) + int(info.max) + 1) // 2
+    b = (rng.integers(middle - 64, middle + 64, (k, n)).astype(b_dtype) if seven_bit else _ints(rng, b_dtype, (k, n)))
+    initializers = [nh.from_array(b, "b"),
                     nh.from_array(rng.uniform(0.002, 0.01, per).astype(np.float32), "b_scale"),
                     nh.from_array(_mid_range(rng, b_dtype) + np.zeros(per, b_dtype), "b_zero"),
                     nh.from_array(np.float32(0.01 * k ** 0.5), "y_scale"),
@@ -214,6 +253,28 @@ def test_qlinear_matmul_equals_onnxruntime(a_shape, n, a_dtype, b_dtype, out_dty
         got = run_wasm(model, feeds, features, "2")["y"]
         assert got.dtype == want.dtype and got.shape == want.shape
         np.testing.assert_array_equal(got, want, err_msg=features)
+
+
+@pytest.mark.parametrize("a_shape, n", MODEL_CASES)
+@pytest.mark.parametrize("a_dtype, b_dtype", [(np.uint8, np.int8), (np.uint8, np.uint8), (np.int8, np.int8)])
+def test_seven_bit_weights_run_on_the_relaxed_dot_product_and_equal_onnxruntime(a_shape, n, a_dtype, b_dtype):
+    """Weights of a reduce-range quantiser: with relaxed SIMD the 8-bit dot product, bit-exact."""
+    rng = np.random.default_rng(sum(a_shape) * 13 + n)
+    for model, feeds in (_matmul_integer_model(rng, a_shape, n, a_dtype, b_dtype, True, seven_bit=True),
+                         _qlinear_matmul_model(rng, a_shape, n, a_dtype, b_dtype, a_dtype, True, seven_bit=True)):
+        want = run_onnxruntime(model, feeds)["y"]
+        got = run_wasm(model, feeds, "simd,relaxed-simd", "2")["y"]
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    wat = _wat(model, "simd,relaxed-simd")
+    assert "i32x4.relaxed_dot_i8x16_i7x16_add_s" in wat and "i32x4.dot_i16x8_s" not in wat
+
+
+def test_full_range_weights_keep_the_16_bit_kernel_under_relaxed_simd():
+    rng = np.random.default_rng(8)
+    model, _ = _matmul_integer_model(rng, (16, 64), 32, np.uint8, np.int8, False)
+    wat = _wat(model, "simd,relaxed-simd")
+    assert "i32x4.dot_i16x8_s" in wat and "relaxed_dot" not in wat
 
 
 def test_the_kernel_and_the_loop_nest_give_the_same_bits():

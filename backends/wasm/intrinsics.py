@@ -22,7 +22,7 @@ from backends.wasm.gemm import SCALAR, gemm_scratch_bytes, pack_b, packed_b_size
 from backends.wasm.kernels.conv import (Conv2dSpec, conv_scratch_bytes, pack_conv_weight, render_conv2d,
                                         weight_packs_as_a)
 from backends.wasm.kernels.conv_implicit_gemm import implicit_gemm_is_faster
-from backends.wasm.kernels.int8_gemm import IntegerGemmOffsets, render_integer_gemm, scratch_bytes
+from backends.wasm.kernels.int8_gemm import IntegerGemmOffsets, render_integer_gemm, scratch_bytes, uses_relaxed_dot
 from backends.wasm.kernels.int8_gemm import pack_b as pack_integer_b
 from backends.wasm.kernels.operands import ConvOffsets, GemmOffsets
 from backends.wasm.options import WasmOptions
@@ -47,7 +47,7 @@ class WasmKernels:
         if isinstance(spec, GemmSpec):
             return WeightLayout("_packed") if spec.constant_b else None
         if isinstance(spec, IntegerGemmSpec):   # B' depends on the zero point: one packing per product
-            return WeightLayout("_i16_panels")
+            return WeightLayout("_i7_panels" if uses_relaxed_dot(spec, self.features) else "_i16_panels")
         conv = conv_kernel_spec(spec, self.features)
         if conv.implicit_gemm:
             return WeightLayout("_panels", shared=True)
@@ -59,14 +59,14 @@ class WasmKernels:
         if isinstance(spec, GemmSpec):
             return np.frombuffer(pack_b(weight, spec.trans_b), dtype="<f4")
         if isinstance(spec, IntegerGemmSpec):
-            return pack_integer_b(weight)
+            return pack_integer_b(weight, uses_relaxed_dot(spec, self.features))
         return pack_conv_weight(conv_kernel_spec(spec, self.features), weight)
 
     def scratch(self, spec: ContractionSpec) -> tuple[Scratch, ...]:
         if isinstance(spec, GemmSpec):
             return tuple(s for s in _gemm_scratch(spec) if s is not None)
         if isinstance(spec, IntegerGemmSpec):
-            packed_a, tile, scales = scratch_bytes(spec)
+            packed_a, tile, scales = scratch_bytes(spec, uses_relaxed_dot(spec, self.features))
             return (Scratch("a", "_i16", packed_a // 4), Scratch("a", "_tile", tile // 4),
                     *((Scratch("b", "_scales", scales // 4),) if scales else ()))
         return (Scratch("a", "_im2col", conv_scratch_bytes(conv_kernel_spec(spec, self.features)) // 4),)
@@ -123,7 +123,7 @@ def render_intrinsic(stmt: Intrinsic, name: str, options: WasmOptions) -> str:
                                 scales=_at(scales[0]) if scales else None, a_zero=_at_or_none(q.a_zero),
                                 a_scale=_at_or_none(q.a_scale), b_scale=_at_or_none(q.b_scale),
                                 out_scale=_at_or_none(q.out_scale), out_zero=_at_or_none(q.out_zero))
-        return render_integer_gemm(spec, at, name=name)
+        return render_integer_gemm(spec, at, name=name, relaxed=uses_relaxed_dot(spec, features))
     raise ValueError(f"the WebAssembly backend has no kernel for {spec!r}")
 
 

@@ -61,6 +61,27 @@ def pairs(k: int) -> int:
     return -(-k // 2)
 
 
+def quads(k: int) -> int:
+    return -(-k // 4)
+
+
+def uses_relaxed_dot(spec: IntegerGemmSpec, features) -> bool:
+    """Whether the kernel for `spec` runs on `i32x4.relaxed_dot_i8x16_i7x16_add_s`: with relaxed SIMD,
+    when every column of B' spans at most 127 (then B' minus its column minimum is 7-bit, the
+    operand lanes that give the same result on every host)."""
+    return "relaxed-simd" in frozenset(features) and spec.b_column_span <= 127
+
+
+def shift_of(spec: IntegerGemmSpec) -> int:
+    """What the relaxed kernel subtracts from A to make it int8: 128 for uint8 A."""
+    return 0 if spec.a_signed else 128
+
+
+def steps(k: int, relaxed: bool) -> int:
+    """k steps of the tile's loop: one per k pair (16-bit), or per 4 k (8-bit, relaxed)."""
+    return quads(k) if relaxed else pairs(k)
+
+
 def panels(n: int) -> int:
     return -(-n // PANEL)
 
@@ -69,10 +90,22 @@ def groups(m: int) -> int:
     return -(-m // ROWS)
 
 
-def pack_b(b: np.ndarray) -> np.ndarray:
-    """B' (K x N, values in -255..255) as int16 panels [ceil(N/8)][ceil(K/2)][8][2], as bytes."""
+def pack_b(b: np.ndarray, relaxed: bool = False) -> np.ndarray:
+    """B' (K x N, values in -255..255) as int16 panels [ceil(N/8)][ceil(K/2)][8][2], as bytes. With
+    `relaxed`: B' minus each column's minimum c as uint8 panels [ceil(N/8)][ceil(K/4)][8][4], then
+    c and the column sums of B' as int32 (one per column of the padded panels)."""
     b = np.asarray(b)
     k, n = b.shape
+    if relaxed:
+        low = b.min(0).astype(np.int64)
+        shifted = np.zeros((4 * quads(k), PANEL * panels(n)), np.uint8)
+        if (b - low).max() > 127:
+            raise ValueError("B' spans more than 7 bits in a column")
+        shifted[:k, :n] = b - low
+        packed = shifted.reshape(quads(k), 4, panels(n), PANEL).transpose(2, 0, 3, 1)
+        columns = np.zeros((2, PANEL * panels(n)), "<i4")
+        columns[0, :n], columns[1, :n] = low, b.astype(np.int64).sum(0)
+        return np.frombuffer(np.ascontiguousarray(packed).tobytes() + columns.tobytes(), np.uint8)
     if b.size and (b.min() < -32768 or b.max() > 32767):
         raise ValueError("B' does not fit 16 bits")
     padded = np.zeros((2 * pairs(k), PANEL * panels(n)), "<i2")
@@ -81,28 +114,34 @@ def pack_b(b: np.ndarray) -> np.ndarray:
     return np.frombuffer(np.ascontiguousarray(packed).tobytes(), np.uint8)
 
 
-def scratch_bytes(spec: IntegerGemmSpec) -> tuple[int, int, int]:
-    """(packed A, the tile, the per-column scales: 0 without requantisation), in bytes."""
+def scratch_bytes(spec: IntegerGemmSpec, relaxed: bool = False) -> tuple[int, int, int]:
+    """(packed A, with relaxed its row sums after it; the tile; the per-column scales: 0 without
+    requantisation), in bytes."""
     scales = 4 * PANEL * panels(spec.n) if spec.requantize is not None else 0
-    return groups(spec.m) * pairs(spec.k) * 16, TILE_BYTES, scales
+    row_sums = 4 * ROWS * groups(spec.m) if relaxed else 0
+    return groups(spec.m) * steps(spec.k, relaxed) * 16 + row_sums, TILE_BYTES, scales
 
 
-def render_integer_gemm(spec: IntegerGemmSpec, at: IntegerGemmOffsets, name: str = "igemm") -> str:
-    """`(func $name)` computing `spec` at the offsets `at`, followed by the functions it calls."""
+def render_integer_gemm(spec: IntegerGemmSpec, at: IntegerGemmOffsets, name: str = "igemm", relaxed: bool = False) -> str:
+    """`(func $name)` computing `spec` at the offsets `at`, followed by the functions it calls; with
+    `relaxed` the 8-bit variant (`uses_relaxed_dot`), B packed by `pack_b(..., relaxed=True)`."""
     if min(spec.m, spec.n, spec.k) < 1:
         raise ValueError(f"integer GEMM dims must be positive, got {spec}")
     if spec.a_zero != (at.a_zero is not None) or (spec.requantize is not None) != (at.scales is not None):
         raise ValueError(f"the offsets {at} do not match {spec}")
-    code = _scales(spec, at) + _pack_a(spec, at) + _tiles(spec, at, name)
+    if relaxed and spec.b_column_span > 127:
+        raise ValueError(f"B' spans {spec.b_column_span} in a column: the relaxed dot product would not be exact")
+    code = _scales(spec, at) + _pack_a(spec, at, relaxed) + _tiles(spec, at, name, relaxed)
     decls = ["(local $za i32) (local $g i32) (local $p i32) (local $pa i32) (local $pb i32) (local $pc i32)",
              "(local $src i32) (local $zv v128) (local $x0 v128) (local $x1 v128) (local $x2 v128) (local $x3 v128)",
-             "(local $lo v128) (local $hi v128) (local $v0 v128) (local $v1 v128) (local $scale f32)"]
+             "(local $lo v128) (local $hi v128) (local $v0 v128) (local $v1 v128) (local $szv v128)",
+             " ".join(f"(local $s{r} v128) (local $t{r} i32)" for r in range(ROWS))]
     q = spec.requantize
     title = (f";; C[{spec.m}x{spec.n}] = (A[{spec.m}x{spec.k}] - a_zero) @ B'[{spec.k}x{spec.n}]"
-             f", A {'int8' if spec.a_signed else 'uint8'}"
+             f", A {'int8' if spec.a_signed else 'uint8'}{', relaxed dot product' if relaxed else ''}"
              + (f", requantised to {'int8' if q.signed_output else 'uint8'}" if q else ", int32"))
     body = "\n".join([f"(func ${name}", "  " + title, *("  " + d for d in decls), *("  " + c for c in code), ")"])
-    helpers = "".join(_k_function(f"{name}_k{rows}", rows, at.tile) for rows in sorted(_tile_heights(spec.m)))
+    helpers = "".join(_k_function(f"{name}_k{rows}", rows, at.tile, relaxed) for rows in sorted(_tile_heights(spec.m)))
     return body + "\n" + helpers
 
 
@@ -136,14 +175,19 @@ def _scales(spec: IntegerGemmSpec, at: IntegerGemmOffsets) -> list[str]:
                     [f"(f32.store offset={at.scales} (i32.shl (local.get $p) (i32.const 2)) {value})"])
 
 
-def _pack_a(spec: IntegerGemmSpec, at: IntegerGemmOffsets) -> list[str]:
-    """A - a_zero as int16 into the packed groups: 8 k of 4 rows per step (a 4 x 4 transpose of
-    their int32 pair lanes), the last K % 8 k one value at a time."""
+def _pack_a(spec: IntegerGemmSpec, at: IntegerGemmOffsets, relaxed: bool) -> list[str]:
+    """A into the packed groups: A - a_zero as int16, 8 k of 4 rows per step, or with `relaxed` A as
+    int8 (uint8 A shifted by -128) with each row's sum after the groups, 16 k of 4 rows per step:
+    either way a 4 x 4 transpose of the rows' 32-bit lanes. The last k one value at a time."""
     m, k = spec.m, spec.k
     sign = "s" if spec.a_signed else "u"
     load_zero = f"(i32.load8_{sign} (i32.const {at.a_zero}))" if spec.a_zero else "(i32.const 0)"
     code = [f"(local.set $za {load_zero})", "(local.set $zv (i16x8.splat (local.get $za)))"]
-    group_bytes = pairs(k) * 16
+    if relaxed:   # A = packed A + shift: the correction's factor of B's column sums
+        code.append(f"(local.set $szv (i32x4.splat (i32.sub (i32.const {shift_of(spec)}) (local.get $za))))")
+    per_step, width = (16, 4) if relaxed else (8, 2)   # k per packing step, k per 32-bit lane
+    group_bytes = steps(k, relaxed) * 16
+    shift = shift_of(spec) if relaxed else 0
 
     def row(r: int) -> str:
         """The address of row 4g + r of A, the rows past M clamped to the last."""
@@ -153,7 +197,10 @@ def _pack_a(spec: IntegerGemmSpec, at: IntegerGemmOffsets) -> list[str]:
         return f"(i32.add (i32.const {at.a}) (i32.mul {index} (i32.const {k})))"
 
     group = [f"(local.set $pa (i32.add (i32.const {at.a_packed}) (i32.mul (local.get $g) (i32.const {group_bytes}))))"]
-    blocks = k // 8
+    if relaxed:
+        group += [f"(local.set $s{r} (v128.const i32x4 0 0 0 0))" for r in range(ROWS)]
+        group += [f"(local.set $t{r} (i32.const 0))" for r in range(ROWS)]
+    blocks = k // per_step
     if blocks:
         low = (f"(i8x16.shuffle {shuffle_lanes(0, 4, 1, 5)} (local.get $x0) (local.get $x1))",
                f"(i8x16.shuffle {shuffle_lanes(0, 4, 1, 5)} (local.get $x2) (local.get $x3))")
@@ -161,8 +208,17 @@ def _pack_a(spec: IntegerGemmSpec, at: IntegerGemmOffsets) -> list[str]:
                 f"(i8x16.shuffle {shuffle_lanes(2, 6, 3, 7)} (local.get $x2) (local.get $x3))")
         step = []
         for r in range(ROWS):
-            step.append(f"(local.set $x{r} (i16x8.sub (i16x8.extend_low_i8x16_{sign} (v128.load64_zero "
-                        f"(i32.add {row(r)} (i32.shl (local.get $p) (i32.const 3))))) (local.get $zv)))")
+            address = f"(i32.add {row(r)} (i32.shl (local.get $p) (i32.const {per_step.bit_length() - 1})))"
+            if not relaxed:
+                step.append(f"(local.set $x{r} (i16x8.sub (i16x8.extend_low_i8x16_{sign} (v128.load64_zero {address})) "
+                            "(local.get $zv)))")
+                continue
+            value = f"(v128.load {address})"
+            if shift:
+                value = f"(v128.xor {value} (v128.const i8x16 {' '.join(['-128'] * 16)}))"
+            step += [f"(local.set $x{r} {value})",
+                     f"(local.set $s{r} (i32x4.add (local.get $s{r}) (i32x4.extadd_pairwise_i16x8_s "
+                     f"(i16x8.extadd_pairwise_i8x16_s (local.get $x{r})))))"]
         step += [f"(local.set $lo {low[0]})", f"(local.set $hi {low[1]})",
                  f"(v128.store (local.get $pa) (i8x16.shuffle {shuffle_lanes(0, 1, 4, 5)} (local.get $lo) (local.get $hi)))",
                  f"(v128.store offset=16 (local.get $pa) (i8x16.shuffle {shuffle_lanes(2, 3, 6, 7)} (local.get $lo) (local.get $hi)))",
@@ -171,29 +227,43 @@ def _pack_a(spec: IntegerGemmSpec, at: IntegerGemmOffsets) -> list[str]:
                  f"(v128.store offset=48 (local.get $pa) (i8x16.shuffle {shuffle_lanes(2, 3, 6, 7)} (local.get $lo) (local.get $hi)))",
                  "(local.set $pa (i32.add (local.get $pa) (i32.const 64)))"]
         group += _counted("$p", blocks, step)
-    for kk in range(8 * blocks, 2 * pairs(k)):   # the tail, and a zero past an odd K
+    for kk in range(per_step * blocks, width * steps(k, relaxed)):   # the tail, and zeros up to a whole lane
         for r in range(ROWS):
-            at_pa = f"offset={(kk - 8 * blocks) // 2 * 16 + 4 * r + 2 * (kk % 2)}"
-            value = (f"(i32.sub (i32.load8_{sign} offset={kk} {row(r)}) (local.get $za))" if kk < k
-                     else "(i32.const 0)")
-            group.append(f"(i32.store16 {at_pa} (local.get $pa) {value})")
+            at_pa = f"offset={(kk - per_step * blocks) // width * 16 + 4 * r + (kk % width) * (1 if relaxed else 2)}"
+            if kk >= k:
+                group.append(f"(i32.store{'8' if relaxed else '16'} {at_pa} (local.get $pa) (i32.const 0))")
+            elif relaxed:
+                value = f"(i32.load8_{sign} offset={kk} {row(r)})"
+                group += [f"(local.set $src {f'(i32.sub {value} (i32.const {shift}))' if shift else value})",
+                          f"(i32.store8 {at_pa} (local.get $pa) (local.get $src))",
+                          f"(local.set $t{r} (i32.add (local.get $t{r}) (local.get $src)))"]
+            else:
+                group.append(f"(i32.store16 {at_pa} (local.get $pa) (i32.sub (i32.load8_{sign} offset={kk} {row(r)}) "
+                             "(local.get $za)))")
+    if relaxed:   # the row sums, after the groups
+        sums = groups(m) * group_bytes
+        for r in range(ROWS):
+            total = f"(local.get $t{r})"
+            for lane in range(4):
+                total = f"(i32.add {total} (i32x4.extract_lane {lane} (local.get $s{r})))"
+            group.append(f"(i32.store offset={at.a_packed + sums + 4 * r} (i32.shl (local.get $g) (i32.const 4)) {total})")
     return code + _counted("$g", groups(m), group)
 
 
-def _tiles(spec: IntegerGemmSpec, at: IntegerGemmOffsets, name: str) -> list[str]:
+def _tiles(spec: IntegerGemmSpec, at: IntegerGemmOffsets, name: str, relaxed: bool) -> list[str]:
     """Panels outside (one panel of B', K x 8 x 2 bytes, stays in L1 while every row group passes),
     row groups inside; the last group and the last panel may be partial."""
     m, n, k = spec.m, spec.n, spec.k
     full_groups, rest_rows = divmod(m, ROWS)
     full_panels, rest_cols = divmod(n, PANEL)
-    panel_bytes, group_bytes = pairs(k) * PANEL * 4, pairs(k) * 16
+    panel_bytes, group_bytes = steps(k, relaxed) * PANEL * 4, steps(k, relaxed) * 16
 
     def tile(rows: int, cols: int) -> list[str]:
         height = ROWS if rows == ROWS else rows
         return [f"(local.set $pa (i32.add (i32.const {at.a_packed}) (i32.mul (local.get $g) (i32.const {group_bytes}))))",
                 f"(local.set $pb (i32.add (i32.const {at.b_packed}) (i32.mul (local.get $p) (i32.const {panel_bytes}))))",
                 f"(call ${name}_k{height} (local.get $pa) (local.get $pb) (i32.add (local.get $pb) (i32.const {panel_bytes})))",
-                *_epilogue(spec, at, rows, cols)]
+                *_epilogue(spec, at, rows, cols, relaxed)]
 
     def row_groups(cols: int) -> list[str]:
         code = _counted("$g", full_groups, tile(ROWS, cols)) if full_groups else []
@@ -207,9 +277,23 @@ def _tiles(spec: IntegerGemmSpec, at: IntegerGemmOffsets, name: str) -> list[str
     return code
 
 
-def _epilogue(spec: IntegerGemmSpec, at: IntegerGemmOffsets, rows: int, cols: int) -> list[str]:
-    """The tile's `rows` x `cols` sums from the scratch tile into C at row group $g, panel $p."""
+def _epilogue(spec: IntegerGemmSpec, at: IntegerGemmOffsets, rows: int, cols: int, relaxed: bool) -> list[str]:
+    """The tile's `rows` x `cols` sums from the scratch tile into C at row group $g, panel $p. The
+    relaxed kernel's sums are of (A - shift) and (B' - c): they become those of (A - a_zero) and B'
+    by adding c * rowsum(A - shift) + (shift - a_zero) * colsum(B')."""
     q = spec.requantize
+
+    def tile_value(r: int, v: int) -> str:
+        value = f"(v128.load offset={at.tile + 32 * r + 16 * v} (i32.const 0))"
+        if not relaxed:
+            return value
+        columns = at.b_packed + panels(spec.n) * steps(spec.k, True) * PANEL * 4 + 16 * v
+        low = f"(v128.load offset={columns} (i32.shl (local.get $p) (i32.const 5)))"
+        sums = f"(v128.load offset={columns + 4 * PANEL * panels(spec.n)} (i32.shl (local.get $p) (i32.const 5)))"
+        row_sum = (f"(i32x4.splat (i32.load offset={at.a_packed + groups(spec.m) * steps(spec.k, True) * 16 + 4 * r} "
+                   "(i32.shl (local.get $g) (i32.const 4))))")
+        return f"(i32x4.add {value} (i32x4.add (i32x4.mul {low} {row_sum}) (i32x4.mul (local.get $szv) {sums})))"
+
     size = 4 if q is None else 1
     row0 = f"(i32.mul (local.get $g) (i32.const {ROWS * spec.n * size}))"
     code = [f"(local.set $pc (i32.add (i32.const {at.c}) (i32.add {row0} (i32.mul (local.get $p) (i32.const {PANEL * size})))))"]
@@ -217,7 +301,7 @@ def _epilogue(spec: IntegerGemmSpec, at: IntegerGemmOffsets, rows: int, cols: in
         for r in range(rows):
             for v in range(2):
                 lanes = min(4, cols - 4 * v)
-                src = f"(v128.load offset={at.tile + 32 * r + 16 * v} (i32.const 0))"
+                src = tile_value(r, v)
                 base = r * spec.n * 4 + 16 * v
                 if lanes == 4:
                     code.append(f"(v128.store offset={base} (local.get $pc) {src})")
@@ -231,7 +315,7 @@ def _epilogue(spec: IntegerGemmSpec, at: IntegerGemmOffsets, rows: int, cols: in
     zero = (f"(f32x4.splat (f32.convert_i32_s (i32.load8_{sign} (i32.const {at.out_zero}))))" if q.out_zero else None)
     for r in range(rows):
         for v in range(2):
-            value = (f"(f32x4.mul (f32x4.convert_i32x4_s (v128.load offset={at.tile + 32 * r + 16 * v} (i32.const 0))) "
+            value = (f"(f32x4.mul (f32x4.convert_i32x4_s {tile_value(r, v)}) "
                      f"(v128.load offset={at.scales + 16 * v} (i32.shl (local.get $p) (i32.const {5}))))")
             value = f"(f32x4.nearest {value})"
             if zero is not None:
@@ -250,7 +334,7 @@ def _epilogue(spec: IntegerGemmSpec, at: IntegerGemmOffsets, rows: int, cols: in
     return code
 
 
-def _k_function(name: str, rows: int, tile: int) -> str:
+def _k_function(name: str, rows: int, tile: int, relaxed: bool) -> str:
     """`(func $name (param $pa $pb $pend))`: one tile of `rows` rows (4: one v128 of packed A per k
     pair, a shuffle per row; fewer: one 32-bit splat load per row) over the panel from $pb to $pend,
     K_UNROLL k pairs per iteration with a test between steps (which is also the tail), its sums
@@ -265,8 +349,12 @@ def _k_function(name: str, rows: int, tile: int) -> str:
             splat = (f"(i8x16.shuffle {shuffle_lanes(r, r, r, r)} (local.get $av) (local.get $av))" if rows == ROWS
                      else f"(v128.load32_splat offset={4 * r} (local.get $pa))")
             code.append(f"(local.set $a {splat})")
-            code += [f"(local.set $c{r}_{v} (i32x4.add (local.get $c{r}_{v}) (i32x4.dot_i16x8_s (local.get $a) (local.get $b{v}))))"
-                     for v in range(2)]
+            if relaxed:   # A's 4 int8 against B's 4 7-bit values, added to the sums
+                code += [f"(local.set $c{r}_{v} (i32x4.relaxed_dot_i8x16_i7x16_add_s (local.get $a) (local.get $b{v}) "
+                         f"(local.get $c{r}_{v})))" for v in range(2)]
+            else:
+                code += [f"(local.set $c{r}_{v} (i32x4.add (local.get $c{r}_{v}) (i32x4.dot_i16x8_s (local.get $a) "
+                         f"(local.get $b{v}))))" for v in range(2)]
         return code + ["(local.set $pa (i32.add (local.get $pa) (i32.const 16)))",
                        f"(local.set $pb (i32.add (local.get $pb) (i32.const {PANEL * 4})))"]
 
