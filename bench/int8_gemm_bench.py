@@ -3,8 +3,8 @@ same shapes, interleaved: GOPS (2 * M * N * K operations per product per second,
 
 `python -m bench.int8_gemm_bench [--rounds N]` prints one line per shape. Contestants: the float
 GEMM with relaxed SIMD (FMA) and with plain SIMD, the integer GEMM with int32 output
-(MatMulInteger) and requantised to uint8 (QLinearMatMul), and onnxruntime's MatMulInteger on one
-thread for scale."""
+(MatMulInteger) and requantised to uint8 (QLinearMatMul), the relaxed-SIMD 8-bit kernel on
+7-bit weights (int32 output), and onnxruntime's MatMulInteger (native, one thread) for scale."""
 
 from __future__ import annotations
 
@@ -46,12 +46,13 @@ def _float_contestant(label, a, b, features, calls):
     return InProcess(label, lambda: repeat(store, calls))
 
 
-def _integer_contestant(label, a, b, requantize, calls):
+def _integer_contestant(label, a, b, requantize, calls, relaxed=False):
     m, k = a.shape
     n = b.shape[1]
-    spec = IntegerGemmSpec(m, n, k, requantize=RequantizeSpec() if requantize else None)
-    packed_a, tile, scales = scratch_bytes(spec)
-    packed_b = pack_integer_b(b.astype(np.int32)).tobytes()
+    span = int((b.astype(np.int32).max(0) - b.astype(np.int32).min(0)).max())
+    spec = IntegerGemmSpec(m, n, k, b_column_span=span, requantize=RequantizeSpec() if requantize else None)
+    packed_a, tile, scales = scratch_bytes(spec, relaxed)
+    packed_b = pack_integer_b(b.astype(np.int32), relaxed).tobytes()
     offsets, end = [], 64
     for size in (a.nbytes, len(packed_b), m * n * 4, packed_a, tile, max(scales, 16), 16, 16, 16, 16, 16):
         offsets.append(end)
@@ -60,7 +61,8 @@ def _integer_contestant(label, a, b, requantize, calls):
     at = IntegerGemmOffsets(a_at, b_at, c_at, pa_at, tile_at, a_zero=za_at,
                             **(dict(scales=scales_at, a_scale=as_at, b_scale=bs_at, out_scale=ys_at, out_zero=yz_at)
                                if requantize else {}))
-    store, inst = instantiate(render_integer_gemm(spec, at) + _repeat("igemm"), end, {"simd"})
+    features = {"simd", "relaxed-simd"} if relaxed else {"simd"}
+    store, inst = instantiate(render_integer_gemm(spec, at, relaxed=relaxed) + _repeat("igemm"), end, features)
     memory = inst.exports(store)["memory"]
     memory.write(store, a.tobytes(), a_at)
     memory.write(store, packed_b, b_at)
@@ -91,13 +93,15 @@ def bench_shape(shape, rounds: int) -> dict[str, float]:
     rng = np.random.default_rng(0)
     a8 = rng.integers(0, 256, (m, k)).astype(np.uint8)
     b8 = rng.integers(-128, 128, (k, n)).astype(np.int8)
+    b7 = rng.integers(-64, 64, (k, n)).astype(np.int8)   # reduce-range weights: the relaxed kernel
     af, bf = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
     ops = 2.0 * m * n * k
     calls = max(1, int(-(-20e6 // ops)))   # a run is `calls` products from a loop inside the module
     contestants = [_float_contestant("f32-relaxed", af, bf, SIMD_FMA, calls),
                    _float_contestant("f32-simd", af, bf, SIMD, calls),
                    _integer_contestant("int8-int32out", a8, b8, False, calls),
-                   _integer_contestant("int8-requant", a8, b8, True, calls)]
+                   _integer_contestant("int8-requant", a8, b8, True, calls),
+                   _integer_contestant("int8-relaxed-int32out", a8, b7, False, calls, relaxed=True)]
     timings = interleave(contestants + [_ort_contestant(a8, b8)], rounds, repeats_for(calls * ops / 20e9), warmup=2)
     return {name: ops * (1 if name.startswith("ort") else calls) / t.median / 1e9 for name, t in timings.items()}
 
