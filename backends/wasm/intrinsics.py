@@ -1,7 +1,8 @@
 """The ready-made kernels the WebAssembly backend offers the lowerings: the packed-panel SIMD GEMM
 (`backends/wasm/gemm.py`; `kernels/gemv.py` for one or two rows) for a `GemmSpec` (MatMul, Gemm),
 and for a `ConvSpec` im2col + GEMM (`kernels/conv.py`) or, where `implicit_gemm_is_faster`, the implicit GEMM over output pixels with
-the weight packed at compile time (`kernels/conv_implicit_gemm.py`).
+the weight packed at compile time (`kernels/conv_implicit_gemm.py`), and for an `IntegerGemmSpec`
+(MatMulInteger, QLinearMatMul with a constant B) the 16-bit dot-product GEMM (`kernels/int8_gemm.py`).
 
 `kernels(options)` is what the builder sees (`ContractionKernels`: how to pack a weight, how much
 scratch a kernel needs, all decided from the spec); `render_intrinsic` turns an `Intrinsic`
@@ -22,9 +23,11 @@ from backends.wasm.kernels.conv import (Conv2dSpec, conv_scratch_bytes, pack_con
                                         weight_packs_as_a)
 from backends.wasm.kernels.conv_implicit_gemm import implicit_gemm_is_faster
 from backends.wasm.kernels.gemv import gemv_fits, render_gemv
+from backends.wasm.kernels.int8_gemm import IntegerGemmOffsets, render_integer_gemm, scratch_bytes, uses_relaxed_dot
+from backends.wasm.kernels.int8_gemm import pack_b as pack_integer_b
 from backends.wasm.kernels.operands import ConvOffsets, GemmOffsets
 from backends.wasm.options import WasmOptions
-from ir.loops.contraction import ContractionSpec, ConvSpec, GemmSpec, Scratch, WeightLayout
+from ir.loops.contraction import ContractionSpec, ConvSpec, GemmSpec, IntegerGemmSpec, Scratch, WeightLayout
 from ir.loops.program import Intrinsic
 
 
@@ -35,6 +38,8 @@ class WasmKernels:
         self.features = features
 
     def offers(self, spec: ContractionSpec) -> bool:
+        if isinstance(spec, IntegerGemmSpec):
+            return "simd" in self.features    # without SIMD128 the loop nest is as good
         return isinstance(spec, (GemmSpec, ConvSpec))
 
     def weight_layout(self, spec: ContractionSpec) -> WeightLayout | None:
@@ -42,6 +47,8 @@ class WasmKernels:
         reads it (`pack_conv_weight`), packed once per weight."""
         if isinstance(spec, GemmSpec):
             return WeightLayout("_packed") if spec.constant_b else None
+        if isinstance(spec, IntegerGemmSpec):   # B' depends on the zero point: one packing per product
+            return WeightLayout("_i7_panels" if uses_relaxed_dot(spec, self.features) else "_i16_panels")
         conv = conv_kernel_spec(spec, self.features)
         if conv.implicit_gemm:
             return WeightLayout("_panels", shared=True)
@@ -52,11 +59,17 @@ class WasmKernels:
     def pack_weight(self, spec: ContractionSpec, weight: np.ndarray) -> np.ndarray:
         if isinstance(spec, GemmSpec):
             return np.frombuffer(pack_b(weight, spec.trans_b), dtype="<f4")
+        if isinstance(spec, IntegerGemmSpec):
+            return pack_integer_b(weight, uses_relaxed_dot(spec, self.features))
         return pack_conv_weight(conv_kernel_spec(spec, self.features), weight)
 
     def scratch(self, spec: ContractionSpec) -> tuple[Scratch, ...]:
         if isinstance(spec, GemmSpec):
             return tuple(s for s in _gemm_scratch(spec) if s is not None)
+        if isinstance(spec, IntegerGemmSpec):
+            packed_a, tile, scales = scratch_bytes(spec, uses_relaxed_dot(spec, self.features))
+            return (Scratch("a", "_i16", packed_a // 4), Scratch("a", "_tile", tile // 4),
+                    *((Scratch("b", "_scales", scales // 4),) if scales else ()))
         return (Scratch("a", "_im2col", conv_scratch_bytes(conv_kernel_spec(spec, self.features)) // 4),)
 
 
@@ -104,6 +117,14 @@ def render_intrinsic(stmt: Intrinsic, name: str, options: WasmOptions) -> str:
                              features=features, name=name)
     if isinstance(spec, GemmSpec):
         return _render_gemm_call(spec, ops, features, name)
+    if isinstance(spec, IntegerGemmSpec):
+        q = ops.quantization
+        packed_a, tile, *scales = ops.scratch
+        at = IntegerGemmOffsets(_at(ops.a), _at(ops.b), _at(ops.out), _at(packed_a), _at(tile),
+                                scales=_at(scales[0]) if scales else None, a_zero=_at_or_none(q.a_zero),
+                                a_scale=_at_or_none(q.a_scale), b_scale=_at_or_none(q.b_scale),
+                                out_scale=_at_or_none(q.out_scale), out_zero=_at_or_none(q.out_zero))
+        return render_integer_gemm(spec, at, name=name, relaxed=uses_relaxed_dot(spec, features))
     raise ValueError(f"the WebAssembly backend has no kernel for {spec!r}")
 
 

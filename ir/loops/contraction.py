@@ -1,7 +1,8 @@
 """Contractions a target may run as a ready-made kernel: what is computed, not how.
 
 A lowering that recognises a float32 GEMM (MatMul, Gemm) or a 2-D Conv describes it once as a
-`GemmSpec` or a `ConvSpec` (shapes, transposes, window geometry, groups, and the epilogue the kernel
+`GemmSpec` or a `ConvSpec`, and an 8-bit integer GEMM with a constant B (MatMulInteger,
+QLinearMatMul) as an `IntegerGemmSpec` (shapes, transposes, window geometry, groups, and the epilogue the kernel
 applies before it stores: a bias, a residual, an activation), asks the builder whether the target
 offers a kernel for it (`LoopBuilder.offers`), and emits it as an `Intrinsic` statement over
 `ContractionOperands`. How the target runs it (which weight layout, which scratch, which kernel
@@ -66,23 +67,72 @@ class ConvSpec:
     epilogue: EpilogueSpec = EpilogueSpec()
 
 
-ContractionSpec = GemmSpec | ConvSpec
+@dataclass(frozen=True)
+class RequantizeSpec:
+    """QLinearMatMul's epilogue: y = saturate(round_half_even(float32(acc) * (a_scale * b_scale) /
+    out_scale) + out_zero), every step in float32 and in that order, as the loop-nest lowering does.
+    `b_scale_per_column`: b's scale holds N values (else one); `signed_output`: y is int8 (else
+    uint8); `out_zero`: there is an output zero point."""
+    b_scale_per_column: bool = False
+    signed_output: bool = False
+    out_zero: bool = True
+
+
+@dataclass(frozen=True)
+class IntegerGemmSpec:
+    """C[m, n] = sum_k (A[m, k] - a_zero) * B'[k, n] over 8-bit A (signed with `a_signed`) and a
+    constant B' = B - b_zero, B of 8-bit values whose zero point (per tensor or per column) the
+    lowering has already subtracted: B' lies in -255..255. C is int32 (MatMulInteger), or with
+    `requantize` 8-bit (QLinearMatMul). `a_zero`: A has a per-tensor zero point, read at run time.
+    `b_column_span`: the largest max - min of B' over one column (a target may pick a narrower
+    encoding of B' when it is small)."""
+    kind: ClassVar[str] = "integer_gemm"
+    m: int
+    n: int
+    k: int
+    a_signed: bool = False
+    a_zero: bool = True
+    b_column_span: int = 510
+    requantize: RequantizeSpec | None = None
+
+
+ContractionSpec = GemmSpec | ConvSpec | IntegerGemmSpec
+
+
+@dataclass(frozen=True)
+class QuantizationOperands:
+    """The run-time scalars (and per-column vectors) of an `IntegerGemmSpec`: A's zero point, and for
+    its requantisation A's, B's and the output's scales and the output's zero point; None where the
+    spec has none."""
+    a_zero: Buffer | None = None
+    a_scale: Buffer | None = None
+    b_scale: Buffer | None = None
+    out_scale: Buffer | None = None
+    out_zero: Buffer | None = None
+
+    def buffers(self) -> tuple[Buffer, ...]:
+        return tuple(x for x in (self.a_zero, self.a_scale, self.b_scale, self.out_scale, self.out_zero)
+                     if x is not None)
 
 
 @dataclass(eq=False)
 class ContractionOperands:
     """The buffers of one contraction: `a` (a GEMM's A, a Conv's input), `b` (a GEMM's B, a Conv's
     weight, either as the target's `weight_layout` packed it), `out`, the epilogue's `bias` and
-    `residual` when the spec has them, and the `scratch` the target asked for, in its order."""
+    `residual` when the spec has them, an integer contraction's `quantization` scalars, and the
+    `scratch` the target asked for, in its order."""
     a: Buffer
     b: Buffer
     out: Buffer
     bias: Buffer | None = None
     residual: Buffer | None = None
     scratch: tuple[Buffer, ...] = ()
+    quantization: QuantizationOperands | None = None
 
     def buffers(self) -> tuple[Buffer, ...]:
-        return tuple(x for x in (self.a, self.b, self.out, self.bias, self.residual, *self.scratch) if x is not None)
+        quantization = self.quantization.buffers() if self.quantization is not None else ()
+        return tuple(x for x in (self.a, self.b, self.out, self.bias, self.residual, *quantization, *self.scratch)
+                     if x is not None)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Op families; importing this package fills the registry."""
 
 from ir.ops import (blocks, control, elementwise, indexing, nn, normalization, pooling, reduce,  # noqa: F401
-                    grid_sample, linalg, ml, recurrent, resize, signal, spectral, tensor)
+                    quantized, grid_sample, linalg, ml, recurrent, resize, signal, spectral, tensor)
 from ir.ops import contrib_transformer  # noqa: F401
 from ir.ops import contrib_qlinear, contrib_quantized  # noqa: F401
 from ir.ops import function_bodies  # noqa: F401,E402  (last: it looks at every family's entries)

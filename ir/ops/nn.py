@@ -48,12 +48,9 @@ register("Gemm", kind=CONTRACTION, weight_input=1,
 register("Conv", kind=CONTRACTION, weight_input=1,
          weight_axis=lambda node: 0, output_axis=lambda node: 1, flops=_conv_flops)
 register("ConvTranspose", kind=CONTRACTION, flops=_conv_transpose_flops)
-register("ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul",
-         kind=CONTRACTION)
-
 register("MaxRoiPool", "RoiAlign", "AffineGrid",
          "NonMaxSuppression", "Attention",
-         "RotaryEmbedding", "STFT", "DynamicQuantizeLinear", "CenterCropPad", "ImageDecoder",
+         "RotaryEmbedding", "STFT", "CenterCropPad", "ImageDecoder",
          "StringNormalizer", "StringConcat", "StringSplit", "RegexFullMatch", "TfIdfVectorizer",
          "Unique", "NonZero", "Compress",
          kind=OTHER)
@@ -67,7 +64,7 @@ import numpy as np  # noqa: E402
 
 from ir.loops.builder import broadcast_load  # noqa: E402
 from ir.loops.contraction import ContractionOperands, ConvSpec, EpilogueSpec, GemmSpec  # noqa: E402
-from ir.loops.expr import all_of, cast, fma, in_range, maximum, minimum, select, unary  # noqa: E402
+from ir.loops.expr import all_of, fma, in_range, maximum, minimum, select  # noqa: E402
 from ir.ops.registry import epilogue_of, lowering  # noqa: E402
 from ir.ops.gelu_pattern import erf_gelu_nodes  # noqa: E402
 from ir.ops.residual_pattern import residual_operand  # noqa: E402
@@ -358,95 +355,3 @@ def _conv_transpose(b, node):
         b.store(y, (nn, oc, *o), value + bias[oc] if bias is not None else value)
 
 
-@lowering("loops", "MatMulInteger", "QLinearMatMul")
-def _integer_matmul(b, node):
-    """int32 products of zero-point-shifted 8-bit operands; QLinearMatMul then requantises."""
-    qlinear = node.op_type == "QLinearMatMul"
-    if qlinear:
-        a, a_scale, a_zero, w, w_scale, w_zero, y_scale, y_zero = (b.input(node, i) for i in range(8))
-    else:
-        a, w, a_zero, w_zero = (b.input(node, i) for i in range(4))
-    y = b.output(node)
-    a2 = a.view((1,) + a.shape) if len(a.shape) == 1 else a
-    w2 = w.view(w.shape + (1,)) if len(w.shape) == 1 else w
-    batch = tuple(np.broadcast_shapes(a2.shape[:-2], w2.shape[:-2]))
-    (m, k), n = a2.shape[-2:], w2.shape[-1]
-    yv = y.view(batch + (m, n))
-
-    def zero(z, axis_index):       # per tensor, or per row of A / per column of B
-        if z is None:
-            return 0
-        return cast(z.at(0) if z.numel == 1 else z.at(axis_index), "i32")
-    with b.loops(batch, "b") as bt, b.loop(m, "i") as i, b.loop(n, "j") as j:
-        acc = b.local("i32", 0, "acc")
-        with b.loop(k, "k") as kk:
-            lhs = cast(_batched(a2, bt, len(batch))[(i, kk)], "i32") - zero(a_zero, i)
-            rhs = cast(_batched(w2, bt, len(batch))[(kk, j)], "i32") - zero(w_zero, j)
-            b.assign(acc, acc + lhs * rhs)
-        if not qlinear:
-            b.store(yv, (*bt, i, j), acc)
-            return
-        scale = (cast(a_scale.at(0) if a_scale.numel == 1 else a_scale.at(i), "f32")
-                 * cast(w_scale.at(0) if w_scale.numel == 1 else w_scale.at(j), "f32")
-                 / cast(y_scale.at(0), "f32"))
-        q = unary("nearest", cast(acc, "f32") * scale) + cast(y_zero.at(0), "f32") if y_zero is not None else \
-            unary("nearest", cast(acc, "f32") * scale)
-        info = np.iinfo(np.dtype(y.dtype))
-        b.store(yv, (*bt, i, j), cast(minimum(maximum(q, float(info.min)), float(info.max)), y.compute_type))
-
-
-@lowering("loops", "DynamicQuantizeLinear")
-def _dynamic_quantize(b, node):
-    """uint8 quantisation with the scale and zero point taken from the data's range (which always
-    includes 0), as the spec computes them."""
-    x, y, scale, zero = b.input(node, 0), b.output(node, 0), b.output(node, 1), b.output(node, 2)
-    low = b.local("f32", 0.0, "low")
-    high = b.local("f32", 0.0, "high")
-    with b.loop(x.numel) as i:
-        b.assign(low, minimum(low, x.at(i)))
-        b.assign(high, maximum(high, x.at(i)))
-    s = b.local("f32", (high - low) / 255.0, "scale")
-    zp = b.local("f32", minimum(maximum(unary("nearest", (0.0 - low) / s), 0.0), 255.0), "zero")
-    b.store_flat(scale, 0, s)
-    b.store_flat(zero, 0, cast(zp, "i32"))
-    with b.loop(x.numel) as i:
-        q = unary("nearest", x.at(i) / s) + zp
-        b.store_flat(y, i, cast(minimum(maximum(q, 0.0), 255.0), "i32"))
-
-
-@lowering("loops", "ConvInteger", "QLinearConv")
-def _integer_conv(b, node):
-    """int32 sums of zero-point-shifted 8-bit products; the padding holds the input's zero point so
-    it contributes nothing. QLinearConv then adds its int32 bias and requantises."""
-    qlinear = node.op_type == "QLinearConv"
-    if qlinear:
-        x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero, bias = (b.input(node, i) for i in range(9))
-    else:
-        x, w, x_zero, w_zero = (b.input(node, i) for i in range(4))
-    y = b.output(node)
-    group = int(node.attrs.get("group", 1))
-    n_batch, channels, *spatial = x.shape
-    out_channels, group_channels, *kernel = w.shape
-    geo = window_geometry(node, spatial, kernel, y.shape[2:])
-    xp = pad_buffer(b, x, geo.pads_begin, geo.padded, x_zero.at(0) if x_zero is not None else 0)
-    acc = b.temp("int32", y.shape, y.name + "_acc") if qlinear else y
-    b.fill(acc, 0)
-    per_group = out_channels // group
-
-    def zero(z, m):
-        return 0 if z is None else cast(z.at(0) if z.numel == 1 else z.at(m), "i32")
-    with b.loop(n_batch, "n") as nn, b.loop(group, "g") as g, b.loop(per_group, "m") as mg, \
-            b.loop(group_channels, "c") as c, b.loops(kernel, "k") as k, b.loops(y.shape[2:], "o") as o:
-        m = g * per_group + mg
-        at = [oi * s + ki * d for oi, ki, s, d in zip(o, k, geo.strides, geo.dilations)]
-        product = (cast(xp[(nn, g * group_channels + c, *at)], "i32") - zero(x_zero, 0)) * \
-            (cast(w[(m, c, *k)], "i32") - zero(w_zero, m))
-        b.store(acc, (nn, m, *o), acc[(nn, m, *o)] + product)
-    if qlinear:
-        info = np.iinfo(np.dtype(y.dtype))
-        with b.loops(y.shape) as (nn, m, *o):
-            total = acc[(nn, m, *o)] + (cast(bias[(m,)], "i32") if bias is not None else 0)
-            scale = (cast(x_scale.at(0), "f32") * cast(w_scale.at(0) if w_scale.numel == 1 else w_scale.at(m), "f32")
-                     / cast(y_scale.at(0), "f32"))
-            q = unary("nearest", cast(total, "f32") * scale) + (cast(y_zero.at(0), "f32") if y_zero is not None else 0.0)
-            b.store(y, (nn, m, *o), cast(minimum(maximum(q, float(info.min)), float(info.max)), y.compute_type))

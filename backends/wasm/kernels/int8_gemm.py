@@ -1,0 +1,371 @@
+"""The 8-bit integer GEMM of the WebAssembly backend (MatMulInteger, QLinearMatMul): SIMD128
+`i32x4.dot_i16x8_s` over operands widened to 16 bits, as one WAT function per product.
+
+C[i, j] = sum_k (A[i, k] - a_zero) * B'[k, j], B' = B - b_zero (`IntegerGemmSpec`: the lowering
+subtracted B's zero point). Both factors lie in -255..255, so every product and every pair sum of
+`dot_i16x8_s` is exact, and the int32 sums wrap exactly as the loop nest's do: the result is
+bit-identical to it, whatever K.
+
+Layouts (i16 little-endian, k in pairs so that one 32-bit lane holds (k, k + 1)):
+- B', packed at compile time (`pack_b`): panels of 8 columns, [ceil(N/8)][ceil(K/2)][8][2], the
+  columns past N and the k past K zero. A panel row (one k pair) is two v128 of 4 columns each.
+- A, packed at run time into the scratch with its zero point subtracted: groups of 4 rows,
+  [ceil(M/4)][ceil(K/2)][4][2]; a group's values for one k pair are one v128 (rows past M repeat
+  the last row and are never stored; the k past K are zero).
+A 4-row tile of one panel is one pass over K of 8 accumulators (4 rows x 2 vectors): per k pair one
+load of A, a shuffle per row to broadcast its pair, two loads of B and 8 `dot` + `add`. The k loop is
+a function of its own (as the float GEMM's, kernels/microkernel.py: Cranelift then allocates its
+registers without the epilogue's) that leaves the tile's sums in a 128-byte scratch tile, which the
+epilogue reads: stored as int32 (MatMulInteger), or requantised (QLinearMatMul) exactly as the loop
+nest does in float32: scale_j = (a_scale * b_scale_j) / out_scale, y = saturate(nearest(float(acc) *
+scale_j) + out_zero); the per-column scales are computed once per run into a scratch vector.
+
+Relaxed SIMD (`i32x4.relaxed_dot_i8x16_i7x16_add_s`) is deterministic only when its second
+operand's lanes are 7-bit; `relaxed_dot_fits` and kernels/int8_gemm_relaxed.py say when and how B' is
+encoded that way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from backends.wasm.simd_lanes import shuffle_lanes
+from ir.loops.contraction import IntegerGemmSpec
+
+PANEL = 8           # columns per packed B panel: two v128 of 4 int32 sums
+ROWS = 4            # rows per packed A group and per register tile
+TILE_BYTES = ROWS * PANEL * 4
+K_UNROLL = 4        # k pairs per iteration of the tile's k loop
+
+
+@dataclass(frozen=True)
+class IntegerGemmOffsets:
+    """Where the operands lie: A, packed B (`pack_b`), C, the scratch (`scratch_bytes`: packed A,
+    the tile, the per-column scales), and the quantisation scalars (None: absent)."""
+    a: int
+    b_packed: int
+    c: int
+    a_packed: int
+    tile: int
+    scales: int | None = None
+    a_zero: int | None = None
+    a_scale: int | None = None
+    b_scale: int | None = None
+    out_scale: int | None = None
+    out_zero: int | None = None
+
+
+def pairs(k: int) -> int:
+    return -(-k // 2)
+
+
+def quads(k: int) -> int:
+    return -(-k // 4)
+
+
+def uses_relaxed_dot(spec: IntegerGemmSpec, features) -> bool:
+    """Whether the kernel for `spec` runs on `i32x4.relaxed_dot_i8x16_i7x16_add_s`: with relaxed SIMD,
+    when every column of B' spans at most 127 (then B' minus its column minimum is 7-bit, the
+    operand lanes that give the same result on every host)."""
+    return "relaxed-simd" in frozenset(features) and spec.b_column_span <= 127
+
+
+def shift_of(spec: IntegerGemmSpec) -> int:
+    """What the relaxed kernel subtracts from A to make it int8: 128 for uint8 A."""
+    return 0 if spec.a_signed else 128
+
+
+def steps(k: int, relaxed: bool) -> int:
+    """k steps of the tile's loop: one per k pair (16-bit), or per 4 k (8-bit, relaxed)."""
+    return quads(k) if relaxed else pairs(k)
+
+
+def panels(n: int) -> int:
+    return -(-n // PANEL)
+
+
+def groups(m: int) -> int:
+    return -(-m // ROWS)
+
+
+def pack_b(b: np.ndarray, relaxed: bool = False) -> np.ndarray:
+    """B' (K x N, values in -255..255) as int16 panels [ceil(N/8)][ceil(K/2)][8][2], as bytes. With
+    `relaxed`: B' minus each column's minimum c as uint8 panels [ceil(N/8)][ceil(K/4)][8][4], then
+    c and the column sums of B' as int32 (one per column of the padded panels)."""
+    b = np.asarray(b)
+    k, n = b.shape
+    if relaxed:
+        low = b.min(0).astype(np.int64)
+        shifted = np.zeros((4 * quads(k), PANEL * panels(n)), np.uint8)
+        if (b - low).max() > 127:
+            raise ValueError("B' spans more than 7 bits in a column")
+        shifted[:k, :n] = b - low
+        packed = shifted.reshape(quads(k), 4, panels(n), PANEL).transpose(2, 0, 3, 1)
+        columns = np.zeros((2, PANEL * panels(n)), "<i4")
+        columns[0, :n], columns[1, :n] = low, b.astype(np.int64).sum(0)
+        return np.frombuffer(np.ascontiguousarray(packed).tobytes() + columns.tobytes(), np.uint8)
+    if b.size and (b.min() < -32768 or b.max() > 32767):
+        raise ValueError("B' does not fit 16 bits")
+    padded = np.zeros((2 * pairs(k), PANEL * panels(n)), "<i2")
+    padded[:k, :n] = b
+    packed = padded.reshape(pairs(k), 2, panels(n), PANEL).transpose(2, 0, 3, 1)
+    return np.frombuffer(np.ascontiguousarray(packed).tobytes(), np.uint8)
+
+
+def scratch_bytes(spec: IntegerGemmSpec, relaxed: bool = False) -> tuple[int, int, int]:
+    """(packed A, with relaxed its row sums after it; the tile; the per-column scales: 0 without
+    requantisation), in bytes."""
+    scales = 4 * PANEL * panels(spec.n) if spec.requantize is not None else 0
+    row_sums = 4 * ROWS * groups(spec.m) if relaxed else 0
+    return groups(spec.m) * steps(spec.k, relaxed) * 16 + row_sums, TILE_BYTES, scales
+
+
+def render_integer_gemm(spec: IntegerGemmSpec, at: IntegerGemmOffsets, name: str = "igemm", relaxed: bool = False) -> str:
+    """`(func $name)` computing `spec` at the offsets `at`, followed by the functions it calls; with
+    `relaxed` the 8-bit variant (`uses_relaxed_dot`), B packed by `pack_b(..., relaxed=True)`."""
+    if min(spec.m, spec.n, spec.k) < 1:
+        raise ValueError(f"integer GEMM dims must be positive, got {spec}")
+    if spec.a_zero != (at.a_zero is not None) or (spec.requantize is not None) != (at.scales is not None):
+        raise ValueError(f"the offsets {at} do not match {spec}")
+    if relaxed and spec.b_column_span > 127:
+        raise ValueError(f"B' spans {spec.b_column_span} in a column: the relaxed dot product would not be exact")
+    code = _scales(spec, at) + _pack_a(spec, at, relaxed) + _tiles(spec, at, name, relaxed)
+    decls = ["(local $za i32) (local $g i32) (local $p i32) (local $pa i32) (local $pb i32) (local $pc i32)",
+             "(local $src i32) (local $zv v128) (local $x0 v128) (local $x1 v128) (local $x2 v128) (local $x3 v128)",
+             "(local $lo v128) (local $hi v128) (local $v0 v128) (local $v1 v128) (local $szv v128)",
+             " ".join(f"(local $s{r} v128) (local $t{r} i32)" for r in range(ROWS))]
+    q = spec.requantize
+    title = (f";; C[{spec.m}x{spec.n}] = (A[{spec.m}x{spec.k}] - a_zero) @ B'[{spec.k}x{spec.n}]"
+             f", A {'int8' if spec.a_signed else 'uint8'}{', relaxed dot product' if relaxed else ''}"
+             + (f", requantised to {'int8' if q.signed_output else 'uint8'}" if q else ", int32"))
+    body = "\n".join([f"(func ${name}", "  " + title, *("  " + d for d in decls), *("  " + c for c in code), ")"])
+    helpers = "".join(_k_function(f"{name}_k{rows}", rows, at.tile, relaxed) for rows in sorted(_tile_heights(spec.m)))
+    return body + "\n" + helpers
+
+
+def _tile_heights(m: int) -> set[int]:
+    return {h for h in (ROWS if m >= ROWS else 0, m % ROWS) if h}
+
+
+def _counted(var: str, count: int, body: list[str]) -> list[str]:
+    """body for var in 0 .. count - 1 (count >= 1, known at compile time)."""
+    if count == 1:
+        return [f"(local.set {var} (i32.const 0))", *body]
+    label = var.replace("$", "$loop_")
+    return [f"(local.set {var} (i32.const 0))", f"(loop {label}", *("  " + s for s in body),
+            f"  (local.set {var} (i32.add (local.get {var}) (i32.const 1)))",
+            f"  (br_if {label} (i32.lt_u (local.get {var}) (i32.const {count}))))"]
+
+
+def _scales(spec: IntegerGemmSpec, at: IntegerGemmOffsets) -> list[str]:
+    """scale[j] = (a_scale * b_scale[j]) / out_scale for every column of the padded panels, in f32
+    as the loop nest computes it (the padding columns repeat column N - 1's scale)."""
+    q = spec.requantize
+    if q is None:
+        return []
+    if q.b_scale_per_column:
+        column = (f"(select (local.get $p) (i32.const {spec.n - 1}) (i32.lt_u (local.get $p) (i32.const {spec.n})))")
+        b_scale = f"(f32.load offset={at.b_scale} (i32.shl {column} (i32.const 2)))"
+    else:
+        b_scale = f"(f32.load (i32.const {at.b_scale}))"
+    value = f"(f32.div (f32.mul (f32.load (i32.const {at.a_scale})) {b_scale}) (f32.load (i32.const {at.out_scale})))"
+    return _counted("$p", PANEL * panels(spec.n),
+                    [f"(f32.store offset={at.scales} (i32.shl (local.get $p) (i32.const 2)) {value})"])
+
+
+def _pack_a(spec: IntegerGemmSpec, at: IntegerGemmOffsets, relaxed: bool) -> list[str]:
+    """A into the packed groups: A - a_zero as int16, 8 k of 4 rows per step, or with `relaxed` A as
+    int8 (uint8 A shifted by -128) with each row's sum after the groups, 16 k of 4 rows per step:
+    either way a 4 x 4 transpose of the rows' 32-bit lanes. The last k one value at a time."""
+    m, k = spec.m, spec.k
+    sign = "s" if spec.a_signed else "u"
+    load_zero = f"(i32.load8_{sign} (i32.const {at.a_zero}))" if spec.a_zero else "(i32.const 0)"
+    code = [f"(local.set $za {load_zero})", "(local.set $zv (i16x8.splat (local.get $za)))"]
+    if relaxed:   # A = packed A + shift: the correction's factor of B's column sums
+        code.append(f"(local.set $szv (i32x4.splat (i32.sub (i32.const {shift_of(spec)}) (local.get $za))))")
+    per_step, width = (16, 4) if relaxed else (8, 2)   # k per packing step, k per 32-bit lane
+    group_bytes = steps(k, relaxed) * 16
+    shift = shift_of(spec) if relaxed else 0
+
+    def row(r: int) -> str:
+        """The address of row 4g + r of A, the rows past M clamped to the last."""
+        index = f"(i32.add (i32.shl (local.get $g) (i32.const 2)) (i32.const {r}))"
+        if m % ROWS:
+            index = f"(select {index} (i32.const {m - 1}) (i32.lt_u {index} (i32.const {m})))"
+        return f"(i32.add (i32.const {at.a}) (i32.mul {index} (i32.const {k})))"
+
+    group = [f"(local.set $pa (i32.add (i32.const {at.a_packed}) (i32.mul (local.get $g) (i32.const {group_bytes}))))"]
+    if relaxed:
+        group += [f"(local.set $s{r} (v128.const i32x4 0 0 0 0))" for r in range(ROWS)]
+        group += [f"(local.set $t{r} (i32.const 0))" for r in range(ROWS)]
+    blocks = k // per_step
+    if blocks:
+        low = (f"(i8x16.shuffle {shuffle_lanes(0, 4, 1, 5)} (local.get $x0) (local.get $x1))",
+               f"(i8x16.shuffle {shuffle_lanes(0, 4, 1, 5)} (local.get $x2) (local.get $x3))")
+        high = (f"(i8x16.shuffle {shuffle_lanes(2, 6, 3, 7)} (local.get $x0) (local.get $x1))",
+                f"(i8x16.shuffle {shuffle_lanes(2, 6, 3, 7)} (local.get $x2) (local.get $x3))")
+        step = []
+        for r in range(ROWS):
+            address = f"(i32.add {row(r)} (i32.shl (local.get $p) (i32.const {per_step.bit_length() - 1})))"
+            if not relaxed:
+                step.append(f"(local.set $x{r} (i16x8.sub (i16x8.extend_low_i8x16_{sign} (v128.load64_zero {address})) "
+                            "(local.get $zv)))")
+                continue
+            value = f"(v128.load {address})"
+            if shift:
+                value = f"(v128.xor {value} (v128.const i8x16 {' '.join(['-128'] * 16)}))"
+            step += [f"(local.set $x{r} {value})",
+                     f"(local.set $s{r} (i32x4.add (local.get $s{r}) (i32x4.extadd_pairwise_i16x8_s "
+                     f"(i16x8.extadd_pairwise_i8x16_s (local.get $x{r})))))"]
+        step += [f"(local.set $lo {low[0]})", f"(local.set $hi {low[1]})",
+                 f"(v128.store (local.get $pa) (i8x16.shuffle {shuffle_lanes(0, 1, 4, 5)} (local.get $lo) (local.get $hi)))",
+                 f"(v128.store offset=16 (local.get $pa) (i8x16.shuffle {shuffle_lanes(2, 3, 6, 7)} (local.get $lo) (local.get $hi)))",
+                 f"(local.set $lo {high[0]})", f"(local.set $hi {high[1]})",
+                 f"(v128.store offset=32 (local.get $pa) (i8x16.shuffle {shuffle_lanes(0, 1, 4, 5)} (local.get $lo) (local.get $hi)))",
+                 f"(v128.store offset=48 (local.get $pa) (i8x16.shuffle {shuffle_lanes(2, 3, 6, 7)} (local.get $lo) (local.get $hi)))",
+                 "(local.set $pa (i32.add (local.get $pa) (i32.const 64)))"]
+        group += _counted("$p", blocks, step)
+    for kk in range(per_step * blocks, width * steps(k, relaxed)):   # the tail, and zeros up to a whole lane
+        for r in range(ROWS):
+            at_pa = f"offset={(kk - per_step * blocks) // width * 16 + 4 * r + (kk % width) * (1 if relaxed else 2)}"
+            if kk >= k:
+                group.append(f"(i32.store{'8' if relaxed else '16'} {at_pa} (local.get $pa) (i32.const 0))")
+            elif relaxed:
+                value = f"(i32.load8_{sign} offset={kk} {row(r)})"
+                group += [f"(local.set $src {f'(i32.sub {value} (i32.const {shift}))' if shift else value})",
+                          f"(i32.store8 {at_pa} (local.get $pa) (local.get $src))",
+                          f"(local.set $t{r} (i32.add (local.get $t{r}) (local.get $src)))"]
+            else:
+                group.append(f"(i32.store16 {at_pa} (local.get $pa) (i32.sub (i32.load8_{sign} offset={kk} {row(r)}) "
+                             "(local.get $za)))")
+    if relaxed:   # the row sums, after the groups
+        sums = groups(m) * group_bytes
+        for r in range(ROWS):
+            total = f"(local.get $t{r})"
+            for lane in range(4):
+                total = f"(i32.add {total} (i32x4.extract_lane {lane} (local.get $s{r})))"
+            group.append(f"(i32.store offset={at.a_packed + sums + 4 * r} (i32.shl (local.get $g) (i32.const 4)) {total})")
+    return code + _counted("$g", groups(m), group)
+
+
+def _tiles(spec: IntegerGemmSpec, at: IntegerGemmOffsets, name: str, relaxed: bool) -> list[str]:
+    """Panels outside (one panel of B', K x 8 x 2 bytes, stays in L1 while every row group passes),
+    row groups inside; the last group and the last panel may be partial."""
+    m, n, k = spec.m, spec.n, spec.k
+    full_groups, rest_rows = divmod(m, ROWS)
+    full_panels, rest_cols = divmod(n, PANEL)
+    panel_bytes, group_bytes = steps(k, relaxed) * PANEL * 4, steps(k, relaxed) * 16
+
+    def tile(rows: int, cols: int) -> list[str]:
+        height = ROWS if rows == ROWS else rows
+        return [f"(local.set $pa (i32.add (i32.const {at.a_packed}) (i32.mul (local.get $g) (i32.const {group_bytes}))))",
+                f"(local.set $pb (i32.add (i32.const {at.b_packed}) (i32.mul (local.get $p) (i32.const {panel_bytes}))))",
+                f"(call ${name}_k{height} (local.get $pa) (local.get $pb) (i32.add (local.get $pb) (i32.const {panel_bytes})))",
+                *_epilogue(spec, at, rows, cols, relaxed)]
+
+    def row_groups(cols: int) -> list[str]:
+        code = _counted("$g", full_groups, tile(ROWS, cols)) if full_groups else []
+        if rest_rows:
+            code += [f"(local.set $g (i32.const {full_groups}))", *tile(rest_rows, cols)]
+        return code
+
+    code = _counted("$p", full_panels, row_groups(PANEL)) if full_panels else []
+    if rest_cols:
+        code += [f"(local.set $p (i32.const {full_panels}))", *row_groups(rest_cols)]
+    return code
+
+
+def _epilogue(spec: IntegerGemmSpec, at: IntegerGemmOffsets, rows: int, cols: int, relaxed: bool) -> list[str]:
+    """The tile's `rows` x `cols` sums from the scratch tile into C at row group $g, panel $p. The
+    relaxed kernel's sums are of (A - shift) and (B' - c): they become those of (A - a_zero) and B'
+    by adding c * rowsum(A - shift) + (shift - a_zero) * colsum(B')."""
+    q = spec.requantize
+
+    def tile_value(r: int, v: int) -> str:
+        value = f"(v128.load offset={at.tile + 32 * r + 16 * v} (i32.const 0))"
+        if not relaxed:
+            return value
+        columns = at.b_packed + panels(spec.n) * steps(spec.k, True) * PANEL * 4 + 16 * v
+        low = f"(v128.load offset={columns} (i32.shl (local.get $p) (i32.const 5)))"
+        sums = f"(v128.load offset={columns + 4 * PANEL * panels(spec.n)} (i32.shl (local.get $p) (i32.const 5)))"
+        row_sum = (f"(i32x4.splat (i32.load offset={at.a_packed + groups(spec.m) * steps(spec.k, True) * 16 + 4 * r} "
+                   "(i32.shl (local.get $g) (i32.const 4))))")
+        return f"(i32x4.add {value} (i32x4.add (i32x4.mul {low} {row_sum}) (i32x4.mul (local.get $szv) {sums})))"
+
+    size = 4 if q is None else 1
+    row0 = f"(i32.mul (local.get $g) (i32.const {ROWS * spec.n * size}))"
+    code = [f"(local.set $pc (i32.add (i32.const {at.c}) (i32.add {row0} (i32.mul (local.get $p) (i32.const {PANEL * size})))))"]
+    if q is None:
+        for r in range(rows):
+            for v in range(2):
+                lanes = min(4, cols - 4 * v)
+                src = tile_value(r, v)
+                base = r * spec.n * 4 + 16 * v
+                if lanes == 4:
+                    code.append(f"(v128.store offset={base} (local.get $pc) {src})")
+                else:
+                    code += [f"(i32.store offset={base + 4 * lane} (local.get $pc) (i32x4.extract_lane {lane} {src}))"
+                             for lane in range(max(lanes, 0))]
+        return code
+    info = np.iinfo(np.int8 if q.signed_output else np.uint8)
+    lo, hi = float(info.min), float(info.max)
+    sign = "s" if q.signed_output else "u"
+    zero = (f"(f32x4.splat (f32.convert_i32_s (i32.load8_{sign} (i32.const {at.out_zero}))))" if q.out_zero else None)
+    for r in range(rows):
+        for v in range(2):
+            value = (f"(f32x4.mul (f32x4.convert_i32x4_s {tile_value(r, v)}) "
+                     f"(v128.load offset={at.scales + 16 * v} (i32.shl (local.get $p) (i32.const {5}))))")
+            value = f"(f32x4.nearest {value})"
+            if zero is not None:
+                value = f"(f32x4.add {value} {zero})"
+            value = (f"(i32x4.trunc_sat_f32x4_s (f32x4.min (f32x4.max {value} (v128.const f32x4 {lo} {lo} {lo} {lo})) "
+                     f"(v128.const f32x4 {hi} {hi} {hi} {hi})))")
+            code.append(f"(local.set $v{v} {value})")
+        packed = f"(i8x16.narrow_i16x8_{sign} (i16x8.narrow_i32x4_s (local.get $v0) (local.get $v1)) (local.get $v0))"
+        base = r * spec.n
+        if cols == PANEL:
+            code.append(f"(v128.store64_lane offset={base} 0 (local.get $pc) {packed})")
+        else:
+            code += [f"(local.set $v0 {packed})"]
+            code += [f"(i32.store8 offset={base + lane} (local.get $pc) (i8x16.extract_lane_u {lane} (local.get $v0)))"
+                     for lane in range(cols)]
+    return code
+
+
+def _k_function(name: str, rows: int, tile: int, relaxed: bool) -> str:
+    """`(func $name (param $pa $pb $pend))`: one tile of `rows` rows (4: one v128 of packed A per k
+    pair, a shuffle per row; fewer: one 32-bit splat load per row) over the panel from $pb to $pend,
+    K_UNROLL k pairs per iteration with a test between steps (which is also the tail), its sums
+    stored to the tile at `tile`."""
+    accs = [f"$c{r}_{v}" for r in range(rows) for v in range(2)]
+    locals_ = " ".join(f"(local {a} v128)" for a in accs) + " (local $av v128) (local $a v128) (local $b0 v128) (local $b1 v128)"
+
+    def step() -> list[str]:
+        code = ["(local.set $av (v128.load (local.get $pa)))"] if rows == ROWS else []
+        code += ["(local.set $b0 (v128.load (local.get $pb)))", "(local.set $b1 (v128.load offset=16 (local.get $pb)))"]
+        for r in range(rows):
+            splat = (f"(i8x16.shuffle {shuffle_lanes(r, r, r, r)} (local.get $av) (local.get $av))" if rows == ROWS
+                     else f"(v128.load32_splat offset={4 * r} (local.get $pa))")
+            code.append(f"(local.set $a {splat})")
+            if relaxed:   # A's 4 int8 against B's 4 7-bit values, added to the sums
+                code += [f"(local.set $c{r}_{v} (i32x4.relaxed_dot_i8x16_i7x16_add_s (local.get $a) (local.get $b{v}) "
+                         f"(local.get $c{r}_{v})))" for v in range(2)]
+            else:
+                code += [f"(local.set $c{r}_{v} (i32x4.add (local.get $c{r}_{v}) (i32x4.dot_i16x8_s (local.get $a) "
+                         f"(local.get $b{v}))))" for v in range(2)]
+        return code + ["(local.set $pa (i32.add (local.get $pa) (i32.const 16)))",
+                       f"(local.set $pb (i32.add (local.get $pb) (i32.const {PANEL * 4})))"]
+
+    body: list[str] = []
+    for u in range(K_UNROLL):
+        body += step()
+        body.append("(br_if $done (i32.ge_u (local.get $pb) (local.get $pend)))" if u < K_UNROLL - 1
+                    else "(br_if $k (i32.lt_u (local.get $pb) (local.get $pend)))")
+    init = [f"(local.set {a} (v128.const i32x4 0 0 0 0))" for a in accs]
+    stores = [f"(v128.store offset={tile + 32 * r + 16 * v} (i32.const 0) (local.get $c{r}_{v}))"
+              for r in range(rows) for v in range(2)]
+    lines = [f"(func ${name} (param $pa i32) (param $pb i32) (param $pend i32)", f"  {locals_}", *("  " + s for s in init),
+             "  (block $done (loop $k", *("    " + s for s in body), "  ))", *("  " + s for s in stores), ")"]
+    return "\n".join(lines) + "\n"
