@@ -36,10 +36,11 @@ class InferShapes(Pass):
     dims: dict[str, int] = field(default_factory=dict)
     require_static: bool = False
     max_rounds: int = 10
+    keep_dequantized_weights: bool = False     # see FoldConstants
 
     def run(self, graph: Graph) -> Graph:
         bind_inputs(graph, self.input_shapes, self.dims)
-        fold = FoldConstants()
+        fold = FoldConstants(keep_dequantized_weights=self.keep_dequantized_weights)
         for _ in range(self.max_rounds):
             infer_with_onnx(graph)
             if has_contrib_nodes(graph.walk()):

@@ -76,12 +76,12 @@ def contrib_models() -> list[ContribModel]:
 
 
 # -- building ------------------------------------------------------------------------------------
-def _cached(name: str, build: Callable[[Path], Path]) -> Path:
+def _cached(name: str, build: Callable[[Path], Path], prefix: str = "contrib") -> Path:
     """Build in a scratch folder (the tools pick the format from the file name), then cache."""
     def write(target: Path) -> None:
         with tempfile.TemporaryDirectory() as scratch:
             shutil.copyfile(build(Path(scratch)), target)
-    return ensure_file(CACHE_DIR / "models" / f"contrib-{name}.onnx", write)
+    return ensure_file(CACHE_DIR / "models" / f"{prefix}-{name}.onnx", write)
 
 
 def _save(model: onnx.ModelProto, folder: Path, name: str) -> Path:
@@ -110,20 +110,29 @@ def _fused(path: Path, folder: Path) -> Path:
 
 
 def _static_quantized(folder: Path) -> Path:
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+    from onnxruntime.quantization import QuantFormat, quantize_static
 
+    source, target = _save(_qoperator_float_model(), folder, "float.onnx"), folder / "quantized.onnx"
+    quantize_static(source, target, calibration_reader(qoperator_calibration_feeds()), quant_format=QuantFormat.QOperator)
+    return target
+
+
+def qoperator_calibration_feeds() -> list[dict[str, np.ndarray]]:
     rng = np.random.default_rng(1)
+    return [{"x": rng.standard_normal((1, 3, 12, 12)).astype(np.float32)} for _ in range(4)]
 
-    class Samples(CalibrationDataReader):
+
+def calibration_reader(feeds: list[dict[str, np.ndarray]]):
+    """onnxruntime's calibration interface over a fixed list of feeds, for `quantize_static`."""
+    from onnxruntime.quantization import CalibrationDataReader
+
+    class Feeds(CalibrationDataReader):
         def __init__(self):
-            self.feeds = iter([{"x": rng.standard_normal((1, 3, 12, 12)).astype(np.float32)} for _ in range(4)])
+            self.feeds = iter(feeds)
 
         def get_next(self):
             return next(self.feeds, None)
-
-    source, target = _save(_qoperator_float_model(), folder, "float.onnx"), folder / "quantized.onnx"
-    quantize_static(source, target, Samples(), quant_format=QuantFormat.QOperator)
-    return target
+    return Feeds()
 
 
 def _optimized_minilm(folder: Path, gelu_approximation: bool) -> Path:
