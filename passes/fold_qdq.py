@@ -231,9 +231,11 @@ def _integer_to_float(graph: Graph, node: Node, a: Dequantized, b: Dequantized, 
     out = node.outputs[0]
     shape = out.shape
     product = Value(graph.fresh_name(out.name + "_int32"), TensorProto.INT32, shape)
-    a_zero = _constant(graph, a.node.inputs[1].name + "_zero", a.zero)
-    b_zero = _constant(graph, b.node.inputs[1].name + "_zero", b.zero)
-    nodes = [Node("MatMulInteger", [a.data, weight, a_zero, b_zero], [product], name=node.name)]
+    # Zero zero points (symmetric weights) are left out: the kernel then subtracts nothing.
+    zeros = [None if not np.any(d.zero) else _constant(graph, d.node.inputs[1].name + "_zero", d.zero) for d in (a, b)]
+    while zeros and zeros[-1] is None:
+        zeros.pop()
+    nodes = [Node("MatMulInteger", [a.data, weight, *zeros], [product], name=node.name)]
     if bias is not None:
         biased = Value(graph.fresh_name(out.name + "_biased"), TensorProto.INT32, shape)
         nodes.append(Node("Add", [product, bias], [biased], name=graph.fresh_name(node.name + "_bias")))
