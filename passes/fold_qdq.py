@@ -19,6 +19,10 @@ the Q alone and not a graph output. A Relu between the op and its Q is dropped w
 point is its type's minimum (the Q then clamps exactly as the Relu would). Anything else is left
 as it is, and the folding after this pass makes float constants of the weights it left.
 
+Before those, an op the registry marks `quantized_exact` (Reshape, Transpose, Concat, MaxPool...)
+between a DQ and a Q of one scale and zero point runs on the integers and both go, as onnxruntime's
+DropQDQNodes does.
+
 A DequantizeLinear of an activation that other nodes read as float stays for them. One of a weight
 folds only when every node reading it folds: otherwise the weight would be held twice (int8 and
 float), which onnxruntime's weight selectors refuse too.
@@ -33,6 +37,7 @@ from onnx import TensorProto
 
 from ir import dtypes
 from ir.graph import Graph, Node, Value
+from ir.ops import is_quantized_exact
 from passes.base import Pass
 
 EIGHT_BIT = (TensorProto.INT8, TensorProto.UINT8)
@@ -86,6 +91,7 @@ class FoldQDQ(Pass):
     name = "fold-qdq"
 
     def run(self, graph: Graph) -> Graph:
+        _drop_qdq_around_exact_ops(graph)
         users = graph.users()
         outputs = {id(v) for v in graph.outputs}
         rewrites = [r for node in graph.nodes if (r := _rewrite(node, graph, users, outputs)) is not None]
@@ -98,6 +104,32 @@ def _rewrite(node: Node, graph: Graph, users, outputs) -> Rewrite | None:
     if node.domain or node.op_type not in REWRITES:
         return None
     return REWRITES[node.op_type](node, graph, users, outputs)
+
+
+def _drop_qdq_around_exact_ops(graph: Graph) -> None:
+    """DQ -> op -> Q with one scale and zero point, where the op is exact on the integers (the
+    registry's `quantized_exact`: Reshape, Transpose, Concat, MaxPool...), becomes the op on the
+    integers; a DQ other nodes read stays for them."""
+    users = graph.users()
+    outputs = {id(v) for v in graph.outputs}
+    dropped = set()
+    for node in graph.nodes:
+        if node.domain or not is_quantized_exact(node.op_type) or len(node.outputs) != 1:
+            continue
+        data = [(i, _dequantized(v)) for i, v in enumerate(node.inputs) if v is not None and v.dtype == TensorProto.FLOAT]
+        q = _quantized(node.outputs[0], users, outputs)
+        if not data or q is None or len(q.nodes) != 1 or not float(q.scale) > 0:
+            continue
+        if not all(d is not None and d.axis is None and d.dtype == q.dtype and d.scale == q.scale
+                   and d.zero == q.zero for _, d in data):
+            continue
+        for i, d in data:
+            node.inputs[i] = d.data
+        node.outputs = [q.output]
+        q.output.producer = node
+        dropped.add(id(q.nodes[0]))
+    graph.nodes = [n for n in graph.nodes if id(n) not in dropped]
+    _remove_unread_dequantize(graph)
 
 
 # -- reading the pattern ---------------------------------------------------------------------------
@@ -316,7 +348,11 @@ def _apply(graph: Graph, rewrites: list[Rewrite]) -> None:
         elif id(node) not in removed:
             nodes.append(node)
     graph.nodes = nodes
-    # The DequantizeLinear nodes the rewrites read past (weights, biases), once nothing reads them.
+    _remove_unread_dequantize(graph)
+
+
+def _remove_unread_dequantize(graph: Graph) -> None:
+    """The DequantizeLinear nodes the rewrites read past (weights, biases), once nothing reads them."""
     while True:
         read = {id(v) for n in graph.nodes for v in n.present_inputs} | {id(v) for v in graph.outputs}
         kept = [n for n in graph.nodes if n.op_type != "DequantizeLinear" or id(n.outputs[0]) in read]

@@ -271,6 +271,37 @@ def test_a_float_model_is_unchanged():
     assert [(r.nodes_before, r.nodes_after) for r in records if r.name == "fold-qdq"] == [(1, 1)]
 
 
+def qdq_layout(second_scale: float):
+    """Q(a), Q(b) -> DQ -> Concat -> Q -> DQ -> Transpose -> Q -> DQ -> MaxPool -> Q, as the quantizer writes
+    them; b quantized with `second_scale`."""
+    inits = activation_params("a", 0.05, 2) + activation_params("b", second_scale, 2)
+    nodes = [helper.make_node("QuantizeLinear", ["a", "a_scale", "a_zero"], ["a_q"]), dq("a", "a_dq"),
+             helper.make_node("QuantizeLinear", ["b", "b_scale", "b_zero"], ["b_q"]), dq("b", "b_dq"),
+             helper.make_node("Concat", ["a_dq", "b_dq"], ["c"], axis=1),
+             helper.make_node("QuantizeLinear", ["c", "a_scale", "a_zero"], ["c_q"]),
+             helper.make_node("DequantizeLinear", ["c_q", "a_scale", "a_zero"], ["c_dq"]),
+             helper.make_node("Transpose", ["c_dq"], ["t"], perm=[0, 1, 3, 2]),
+             helper.make_node("QuantizeLinear", ["t", "a_scale", "a_zero"], ["t_q"]),
+             helper.make_node("DequantizeLinear", ["t_q", "a_scale", "a_zero"], ["t_dq"]),
+             helper.make_node("MaxPool", ["t_dq"], ["p"], kernel_shape=[2, 2], pads=[1, 1, 0, 0]),
+             helper.make_node("QuantizeLinear", ["p", "a_scale", "a_zero"], ["p_q"])]
+    inputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 2, 4, 5]) for name in "ab"]
+    return model_of(nodes, inputs, [helper.make_tensor_value_info("p_q", S8, [1, 4, 5, 4])], inits)
+
+
+def test_exact_ops_between_dequantize_and_quantize_run_on_the_integers():
+    feeds = {name: RNG.standard_normal((1, 2, 4, 5)).astype(np.float32) for name in "ab"}
+    model = qdq_layout(second_scale=0.05)
+    assert folded_ops(model) == ["QuantizeLinear", "QuantizeLinear", "Concat", "Transpose", "MaxPool"]
+    (want,) = onnxruntime_outputs(model, feeds)
+    np.testing.assert_array_equal(run_wasm(model, feeds)["p_q"], want)   # nothing is rounded twice
+    # With b in another scale the Concat needs the float values; the ops after it still drop theirs.
+    model = qdq_layout(second_scale=0.07)
+    assert folded_ops(model) == ["QuantizeLinear", "DequantizeLinear", "QuantizeLinear", "DequantizeLinear",
+                                 "Concat", "QuantizeLinear", "Transpose", "MaxPool"]
+    check_against_onnxruntime(model, feeds)
+
+
 # -- the sample models, end to end ---------------------------------------------------------------
 def cu_ops(dag_path) -> collections.Counter:
     found = collections.Counter()
