@@ -5,6 +5,7 @@ from passes.eliminate_common_subexpressions import EliminateCommonSubexpressions
 from passes.eliminate_dead_code import EliminateDeadCode
 from passes.expand_ops import ExpandOps
 from passes.fold_constants import FoldConstants
+from passes.fold_qdq import FoldQDQ
 from passes.freeze_inputs import FreezeInputs
 from passes.infer_shapes import InferShapes
 from passes.simplify import Simplify
@@ -16,8 +17,11 @@ def optimize_pipeline(input_shapes=None, dims=None, require_static=False, frozen
         # Only when asked, so a plain build's pass list (shown by `cortex inspect`) stays as it was.
         *([FreezeInputs(frozen_inputs)] if frozen_inputs else []),
         ExpandOps(),
-        InferShapes(input_shapes or {}, dims or {}, require_static=require_static),
-        FoldConstants(),
+        # The DequantizeLinear of quantized weights stay until fold-qdq has turned what it can into
+        # integer ops; the second folding makes float constants of the rest.
+        InferShapes(input_shapes or {}, dims or {}, require_static=require_static, keep_dequantized_weights=True),
+        FoldConstants(keep_dequantized_weights=True),
+        FoldQDQ(),
         Simplify(),
         EliminateCommonSubexpressions(),
         FoldConstants(),
@@ -25,5 +29,5 @@ def optimize_pipeline(input_shapes=None, dims=None, require_static=False, frozen
     ]
 
 
-__all__ = ["Pass", "PassRecord", "run_pipeline", "optimize_pipeline", "FreezeInputs", "ExpandOps", "InferShapes", "FoldConstants",
+__all__ = ["Pass", "PassRecord", "run_pipeline", "optimize_pipeline", "FreezeInputs", "ExpandOps", "InferShapes", "FoldConstants", "FoldQDQ",
            "Simplify", "EliminateCommonSubexpressions", "EliminateDeadCode"]

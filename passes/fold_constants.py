@@ -28,6 +28,10 @@ class FoldConstants(Pass):
     name = "fold-constants"
     # Results larger than this stay as ops: folding a huge Expand or Tile would bloat the model.
     max_folded_bytes: int = 1 << 30
+    # A DequantizeLinear of a constant stays, so that fold-qdq still sees the integer weight and its
+    # scale (folded, it is a float weight and the model can only run as float); the folding after
+    # fold-qdq turns the ones it left into float constants.
+    keep_dequantized_weights: bool = False
 
     def run(self, graph: Graph) -> Graph:
         kept = []
@@ -50,6 +54,8 @@ class FoldConstants(Pass):
 
     def _try_fold(self, node: Node, graph: Graph) -> list[np.ndarray] | None:
         if node.domain not in FOLDABLE_DOMAINS or node.subgraphs:
+            return None
+        if self.keep_dequantized_weights and node.op_type == "DequantizeLinear":
             return None
         entry = lookup(node.op_type, node.domain)
         if entry is not None and not entry.deterministic:

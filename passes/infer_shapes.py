@@ -41,10 +41,11 @@ class InferShapes(Pass):
     max_rounds: int = 10
     # A Loop of at most this many iterations becomes copies of its body (passes/unroll_loops.py); 0: never.
     max_unrolled_trips: int = MAX_TRIPS
+    keep_dequantized_weights: bool = False     # see FoldConstants
 
     def run(self, graph: Graph) -> Graph:
         bind_inputs(graph, self.input_shapes, self.dims)
-        fold = FoldConstants()
+        fold = FoldConstants(keep_dequantized_weights=self.keep_dequantized_weights)
         for _ in range(self.max_rounds):
             bodies_changed = bind_body_inputs(graph)
             infer_with_onnx(graph)

@@ -57,7 +57,7 @@ def quantized_lstm() -> ContribModel:
 
 
 def quantized_qoperator_net() -> ContribModel:
-    path = cached_model("qoperator-net", lambda d: quantized_static(_qoperator_float_model(), d, _qoperator_calibration()))
+    path = cached_model("qoperator-net", lambda d: quantized_static(_qoperator_float_model(), d, qoperator_calibration_feeds()))
     return ContribModel("qoperator-net", path, {"x": (1, 3, 12, 12)}, {},
                         ("QLinearAdd", "QLinearSigmoid", "QGemm"))
 
@@ -76,12 +76,12 @@ def contrib_models() -> list[ContribModel]:
 
 
 # -- building ------------------------------------------------------------------------------------
-def cached_model(name: str, build: Callable[[Path], Path]) -> Path:
+def cached_model(name: str, build: Callable[[Path], Path], prefix: str = "contrib") -> Path:
     """Build in a scratch folder (the tools pick the format from the file name), then cache."""
     def write(target: Path) -> None:
         with tempfile.TemporaryDirectory() as scratch:
             shutil.copyfile(build(Path(scratch)), target)
-    return ensure_file(CACHE_DIR / "models" / f"contrib-{name}.onnx", write)
+    return ensure_file(CACHE_DIR / "models" / f"{prefix}-{name}.onnx", write)
 
 
 def _save(model: onnx.ModelProto, folder: Path, name: str) -> Path:
@@ -113,18 +113,24 @@ def fused(path: Path, folder: Path, disabled_optimizers: tuple[str, ...] = ()) -
 
 def quantized_static(model: onnx.ModelProto | Path, folder: Path, calibration: list[dict[str, np.ndarray]]) -> Path:
     """The QOperator format (QLinearConv, QGemm, QLinearAdd...), calibrated on `calibration`'s feeds."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+    from onnxruntime.quantization import QuantFormat, quantize_static
 
-    class Samples(CalibrationDataReader):
+    source, target = _source(model, folder), folder / "quantized.onnx"
+    quantize_static(source, target, calibration_reader(calibration), quant_format=QuantFormat.QOperator)
+    return target
+
+
+def calibration_reader(feeds: list[dict[str, np.ndarray]]):
+    """onnxruntime's calibration interface over a fixed list of feeds, for `quantize_static`."""
+    from onnxruntime.quantization import CalibrationDataReader
+
+    class Feeds(CalibrationDataReader):
         def __init__(self):
-            self.feeds = iter(calibration)
+            self.feeds = iter(feeds)
 
         def get_next(self):
             return next(self.feeds, None)
-
-    source, target = _source(model, folder), folder / "quantized.onnx"
-    quantize_static(source, target, Samples(), quant_format=QuantFormat.QOperator)
-    return target
+    return Feeds()
 
 
 def _source(model: onnx.ModelProto | Path, folder: Path) -> Path:
@@ -176,7 +182,7 @@ def _lstm_model() -> onnx.ModelProto:
                   outputs, weights)
 
 
-def _qoperator_calibration() -> list[dict[str, np.ndarray]]:
+def qoperator_calibration_feeds() -> list[dict[str, np.ndarray]]:
     rng = np.random.default_rng(1)
     return [{"x": rng.standard_normal((1, 3, 12, 12)).astype(np.float32)} for _ in range(4)]
 

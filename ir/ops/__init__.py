@@ -8,8 +8,8 @@ from ir.ops import function_bodies  # noqa: F401,E402  (last: it looks at every 
 from ir.ops.function_bodies import lowering_route  # noqa: E402
 from ir.ops.registry import (CONTRACTION, CONTROL, ELEMENTWISE, LAYOUT, NORMALIZATION, OTHER, RANDOM,
                              REDUCTION, REGISTRY, SHAPE, Epilogue, OpDef, epilogue_activations, epilogue_of,
-                             is_view, kind_of, lookup, lowering, node_flops, register, view_ops)
+                             is_quantized_exact, is_view, kind_of, lookup, lowering, node_flops, register, view_ops)
 
-__all__ = ["REGISTRY", "Epilogue", "OpDef", "epilogue_activations", "epilogue_of", "is_view", "kind_of", "lookup",
+__all__ = ["REGISTRY", "Epilogue", "OpDef", "epilogue_activations", "epilogue_of", "is_quantized_exact", "is_view", "kind_of", "lookup",
            "lowering", "lowering_route", "node_flops", "register", "view_ops", "CONTRACTION", "CONTROL", "ELEMENTWISE", "LAYOUT",
            "NORMALIZATION", "OTHER", "RANDOM", "REDUCTION", "SHAPE"]

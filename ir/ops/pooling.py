@@ -11,8 +11,8 @@ from ir.ops.reduce import extreme_value
 from ir.ops.registry import OTHER, lowering, register
 from ir.ops.windows import pad_buffer, pool_divisors, window_geometry
 
-register("MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool", "LpPool", "GlobalLpPool", "MaxUnpool",
-         kind=OTHER)
+register("MaxPool", "GlobalMaxPool", kind=OTHER, quantized_exact=True)
+register("AveragePool", "GlobalAveragePool", "LpPool", "GlobalLpPool", "MaxUnpool", kind=OTHER)
 
 
 # Windows of up to this many taps are written out: each output is one expression over its taps,

@@ -64,6 +64,11 @@ class OpDef:
     # shape inference, so partitioning, fusion and every backend see ordinary ops (onnxruntime's
     # contrib ops, whose fused forms the backends need not know).
     expansion: Callable | None = None
+    # On 8-bit data the op computes what it computes on the dequantized values, given one per-tensor
+    # scale (positive) and zero point for its data inputs and output: it only moves or selects
+    # elements, or takes their max. A DequantizeLinear before it and a QuantizeLinear with the same
+    # parameters after it can then go (onnxruntime's DropQDQNodes).
+    quantized_exact: bool = False
     lowerings: dict[str, Callable] = field(default_factory=dict)
 
     @property
@@ -100,6 +105,11 @@ def lowering(backend: str, *op_types: str, domain: str = ""):
 def view_ops() -> frozenset[str]:
     """The op types of the default domain whose output is a view of their first input."""
     return frozenset(op_type for (domain, op_type), entry in REGISTRY.items() if entry.view and not domain)
+
+
+def is_quantized_exact(op_type: str, domain: str = "") -> bool:
+    entry = lookup(op_type, domain)
+    return entry is not None and entry.quantized_exact
 
 
 def is_view(op_type: str, domain: str = "") -> bool:

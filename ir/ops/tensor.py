@@ -3,12 +3,13 @@
 from ir.ops.registry import ELEMENTWISE, LAYOUT, SHAPE, register, view_ops
 
 # Views: row-major data is unchanged by these, so the output is the input's storage.
-register("Reshape", "Flatten", "Squeeze", "Unsqueeze", kind=LAYOUT, view=True)
+register("Reshape", "Flatten", "Squeeze", "Unsqueeze", kind=LAYOUT, view=True, quantized_exact=True)
 # Identity is a view too, and also the simplest one-position map: elementwise for fusion.
 register("Identity", kind=ELEMENTWISE, view=True)
-register("Transpose", "Concat", "Split", "Slice",
+register("Transpose", "Concat", "Slice", "DepthToSpace", "SpaceToDepth", kind=LAYOUT, quantized_exact=True)
+register("Split",
          "GatherElements", "GatherND", "ScatterElements", "ScatterND", "Scatter", "TensorScatter", "Expand",
-         "Tile", "Pad", "DepthToSpace", "SpaceToDepth", "ReverseSequence", "ConstantOfShape",
+         "Tile", "Pad", "ReverseSequence", "ConstantOfShape",
          kind=LAYOUT)
 register("Shape", "Size", kind=SHAPE)
 
