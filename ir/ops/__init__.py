@@ -2,12 +2,13 @@
 
 from ir.ops import (control, elementwise, indexing, nn, normalization, pooling, reduce,  # noqa: F401
                     grid_sample, linalg, recurrent, resize, spectral, tensor)
+from ir.ops import data_dependent  # noqa: F401
 from ir.ops import contrib_transformer  # noqa: F401
 from ir.ops import function_bodies  # noqa: F401,E402  (last: it looks at every family's entries)
 from ir.ops.registry import (CONTRACTION, CONTROL, ELEMENTWISE, LAYOUT, NORMALIZATION, OTHER, RANDOM,
-                             REDUCTION, REGISTRY, SHAPE, Epilogue, OpDef, epilogue_activations, epilogue_of,
-                             is_view, kind_of, lookup, lowering, node_flops, register, view_ops)
+                             REDUCTION, REGISTRY, SHAPE, Epilogue, OpDef, bounds_of, epilogue_activations,
+                             epilogue_of, is_view, keeps_bound, kind_of, lookup, lowering, node_flops, register, view_ops)
 
-__all__ = ["REGISTRY", "Epilogue", "OpDef", "epilogue_activations", "epilogue_of", "is_view", "kind_of", "lookup",
+__all__ = ["REGISTRY", "Epilogue", "OpDef", "bounds_of", "keeps_bound", "epilogue_activations", "epilogue_of", "is_view", "kind_of", "lookup",
            "lowering", "node_flops", "register", "view_ops", "CONTRACTION", "CONTROL", "ELEMENTWISE", "LAYOUT",
            "NORMALIZATION", "OTHER", "RANDOM", "REDUCTION", "SHAPE"]

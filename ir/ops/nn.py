@@ -52,11 +52,10 @@ register("ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul", "Deform
          kind=CONTRACTION)
 
 register("MaxRoiPool", "RoiAlign", "AffineGrid",
-         "Col2Im", "NonMaxSuppression", "Attention",
+         "Col2Im", "Attention",
          "RotaryEmbedding", "STFT", "MelWeightMatrix", "BlackmanWindow", "HannWindow",
          "HammingWindow", "DynamicQuantizeLinear", "CenterCropPad", "ImageDecoder",
          "StringNormalizer", "StringConcat", "StringSplit", "RegexFullMatch", "TfIdfVectorizer",
-         "Unique", "NonZero", "Compress",
          kind=OTHER)
 
 

@@ -63,6 +63,12 @@ class OpDef:
     # shape inference, so partitioning, fusion and every backend see ordinary ops (onnxruntime's
     # contrib ops, whose fused forms the backends need not know).
     expansion: Callable | None = None
+    # node -> per output (static upper-bound shape, bounded axis or None): an op whose output
+    # length depends on its input data (NonZero, Unique...); see ir/bounds.py.
+    bounds: Callable | None = None
+    # Reads a padded bounded input correctly (ir/bounds.py): the real slots of its outputs depend
+    # only on real slots of its inputs. Elementwise ops always do.
+    keeps_bound: bool = False
     lowerings: dict[str, Callable] = field(default_factory=dict)
 
     @property
@@ -104,6 +110,19 @@ def view_ops() -> frozenset[str]:
 def is_view(op_type: str, domain: str = "") -> bool:
     entry = lookup(op_type, domain)
     return entry is not None and entry.view
+
+
+def bounds_of(node: Node) -> list | None:
+    """The static upper bound of each output of a data-dependent op (`OpDef.bounds`); None for
+    any other op."""
+    entry = lookup(node.op_type, node.domain)
+    return entry.bounds(node) if entry is not None and entry.bounds is not None else None
+
+
+def keeps_bound(node: Node) -> bool:
+    """Whether `node` computes the right result from padded bounded inputs (ir/bounds.py)."""
+    entry = lookup(node.op_type, node.domain)
+    return entry is not None and (entry.kind == ELEMENTWISE or entry.keeps_bound)
 
 
 def kind_of(op_type: str, domain: str = "") -> str:
