@@ -10,7 +10,7 @@ and the real length into the value's length companion (`LoopBuilder.length`).
 import numpy as np
 
 from ir.errors import UnsupportedError
-from ir.loops.expr import cast, eq, gt, logical_and, logical_or, lt, maximum, minimum, ne, select
+from ir.loops.expr import cast, const, eq, gt, logical_and, logical_or, lt, maximum, minimum, ne, select
 from ir.ops.registry import OTHER, lowering, register
 
 
@@ -131,7 +131,7 @@ def _unique(b, node):
         state = b.local("i32", 0, "order")
         with b.loop(outer, "o") as o, b.loop(inner, "q") as q:
             a, c = xv[o, j, q], xv[o, i, q]
-            b.assign(state, select(eq(state, 0), select(lt(a, c), -1, select(gt(a, c), 1, 0)), state))
+            b.assign(state, select(eq(state, 0), select(lt(a, c), -1, select(gt(a, c), const(1, "i32"), 0)), state))
         return state
 
     with b.loop(d, "i") as i:
@@ -234,7 +234,7 @@ def _non_max_suppression(b, node):
             where = b.local("i32", -1, "where")
             with b.loop(count, "j") as j:
                 v = scores[n, c, j]
-                take = logical_and(eq(visited[j], 0), logical_or(lt(where, 0), gt(v, best)))
+                take = b.local("i32", logical_and(eq(visited[j], 0), logical_or(lt(where, 0), gt(v, best))), "take")
                 b.assign(best, select(take, v, best))
                 b.assign(where, select(take, j, where))
             b.store(visited, (where,), 1)
