@@ -20,18 +20,20 @@ import re
 
 import numpy as np
 
-_BOUND_DIM = re.compile(r"^cortex_length_le_([0-9]+)$")
+_BOUND_DIM = re.compile(r"^cortex_length_le_([0-9]+)_of_(.+)$", re.DOTALL)
 
 
-def bound_dim_param(bound: int) -> str:
-    """The symbolic dim a cu.onnx declares for a bounded axis of at most `bound` elements."""
-    return f"cortex_length_le_{int(bound)}"
+def bound_dim_param(bound: int, key: str) -> str:
+    """The symbolic dim a cu.onnx declares for a bounded axis of at most `bound` elements whose
+    length is that of the selection `key`: values of one selection share one symbol, so a CU that
+    reads two of them knows their lengths agree (and so does onnxruntime)."""
+    return f"cortex_length_le_{int(bound)}_of_{key}"
 
 
-def parse_bound_dim_param(dim) -> int | None:
-    """The bound a `bound_dim_param` symbol stands for; None for any other dim."""
+def parse_bound_dim_param(dim) -> tuple[int, str] | None:
+    """(bound, length key) of a `bound_dim_param` symbol; None for any other dim."""
     found = _BOUND_DIM.match(dim) if isinstance(dim, str) else None
-    return int(found.group(1)) if found else None
+    return (int(found.group(1)), found.group(2)) if found else None
 
 
 def length_name(tensor: str) -> str:

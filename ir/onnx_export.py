@@ -49,7 +49,7 @@ def make_value_info(value: Value) -> onnx.ValueInfoProto:
         return helper.make_empty_tensor_value_info(value.name)
     shape = None if value.shape is None else list(value.shape)
     if value.is_bounded and shape is not None:
-        shape[value.bound_axis] = bound_dim_param(shape[value.bound_axis])
+        shape[value.bound_axis] = bound_dim_param(shape[value.bound_axis], value.length_key)
     return helper.make_tensor_value_info(value.name, value.dtype, shape)
 
 

@@ -307,9 +307,9 @@ def _read_bound(value: Value) -> None:
     bounds = [(k, parse_bound_dim_param(d)) for k, d in enumerate(value.shape or ())]
     bounds = [(k, b) for k, b in bounds if b is not None]
     if len(bounds) == 1:
-        (axis, bound), = bounds
+        (axis, (bound, key)), = bounds
         value.shape = tuple(bound if k == axis else d for k, d in enumerate(value.shape))
-        value.bound_axis, value.length_key = axis, value.name
+        value.bound_axis, value.length_key = axis, key
 
 
 def _value_from_info(vi: onnx.ValueInfoProto, graph_input: bool = False) -> Value:
