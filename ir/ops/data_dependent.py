@@ -34,9 +34,12 @@ def _compress_bounds(node):
     axis = _compress_axis(node)
     selectable = _numel(x.shape) if axis is None else x.shape[axis]
     bound = min(_numel(condition.shape), selectable)
+    dynamic = 0 if axis is None else axis
+    if condition.is_const:   # the length is known now: a static shape, no bound
+        bound, dynamic = int(np.count_nonzero(np.asarray(condition.const).reshape(-1)[:bound])), None
     if axis is None:
-        return [((bound,), 0)]
-    return [(tuple(bound if k == axis else d for k, d in enumerate(x.shape)), axis)]
+        return [((bound,), dynamic)]
+    return [(tuple(bound if k == axis else d for k, d in enumerate(x.shape)), dynamic)]
 
 
 def _unique_axis(node):
@@ -99,16 +102,18 @@ def _compress(b, node):
         outer, d, inner = 1, x.numel, 1
     else:
         outer, d, inner = _numel(x.shape[:axis]), x.shape[axis], _numel(x.shape[axis + 1:])
-    bound = y.numel // (outer * inner) if outer * inner else 0
-    xv, yv = x.view((outer, d, inner)), y.view((outer, bound, inner))
+    kept_at_most = y.numel // (outer * inner) if outer * inner else 0
+    considered = min(condition.numel, d)
+    xv, yv = x.view((outer, d, inner)), y.view((outer, kept_at_most, inner))
     b.fill(y, 0)
     kept = b.local("i32", 0, "kept")
-    with b.loop(bound, "j") as j:
+    with b.loop(considered, "j") as j:
         with b.when(ne(condition.at(j), 0)):
             with b.loop(outer, "o") as o, b.loop(inner, "i") as i:
                 b.store(yv, (o, kept, i), xv[o, j, i])
             b.assign(kept, kept + 1)
-    b.store_flat(b.length(node.outputs[0]), 0, kept)
+    if node.outputs[0].is_bounded:
+        b.store_flat(b.length(node.outputs[0]), 0, kept)
 
 
 @lowering("loops", "Unique")
