@@ -15,8 +15,10 @@ from onnx import TensorProto as T
 from onnx import helper, numpy_helper
 
 import cortex
+from backends.cuda import device as cuda_device
 from backends.cuda import toolchain as cuda_toolchain
 from cli_helpers import assert_one_line_error, run_cli
+from cuda_cases import HostMemoryGpu
 from cortex.pipeline import load_and_optimize
 from ir.errors import CortexError
 from testdata import run_onnxruntime
@@ -232,18 +234,25 @@ def test_shape_inference_gives_the_upper_bound_and_the_dynamic_axis(tmp_path):
 
 
 @pytest.mark.skipif(cuda_toolchain.find_nvcc() is None, reason="nvcc not installed")
-def test_detection_postprocess_on_cuda_sim(tmp_path):
+def test_detection_postprocess_on_cuda_sim_and_the_gpu_path(tmp_path, monkeypatch):
+    """cuda-sim, then the `cuda` device's own path (GPU tensors, the length read back from the
+    device) over host memory, as tests/test_cuda_device.py runs it where there is no GPU."""
     model = detection_model(tmp_path / "postprocess.onnx")
     dag = compile_wasm(model, tmp_path, "--max-cu-depth", 2, "--min-cu-size", 0)
     cli_ok(["compile-cuda", "--cu-dir", tmp_path / "cus", "--dag", dag, "--output", tmp_path / "cuda-bin",
             "--compiler", "nvrtc", "--arch", "sm_90"])
-    compiled = cortex.load(dag, device="cuda-sim")
-    lengths = set()
-    for feeds in detection_feeds():
-        want = run_onnxruntime(onnx.load(model), feeds)
-        got = compiled.run(feeds)
-        for name, expected in want.items():
-            assert got[name].shape == expected.shape and got[name].dtype == expected.dtype
-            np.testing.assert_array_equal(got[name], expected, err_msg=name)
-        lengths.add(got["det_boxes"].shape[0])
-    assert len(lengths) == 3
+    records = [cu["artifacts"]["cuda"] for cu in json.loads(dag.read_text())["cus"]]
+    assert any("bounds" in r for r in records)
+    gpu = HostMemoryGpu({r["ptx"]["sha256"]: dag.parent / r["folder"] / r["source"]["file"] for r in records})
+    monkeypatch.setattr(cuda_device, "CudaDevice", lambda: gpu)
+    for device in ("cuda-sim", "cuda"):
+        compiled = cortex.load(dag, device=device)
+        lengths = set()
+        for feeds in detection_feeds():
+            want = run_onnxruntime(onnx.load(model), feeds)
+            got = compiled.run(feeds)
+            for name, expected in want.items():
+                assert got[name].shape == expected.shape and got[name].dtype == expected.dtype, (device, name)
+                np.testing.assert_array_equal(got[name], expected, err_msg=f"{device}: {name}")
+            lengths.add(got["det_boxes"].shape[0])
+        assert len(lengths) == 3, device
