@@ -14,7 +14,7 @@ from ir.graph import Graph, Node
 from ir.loops.builder import BACKEND, LoopBuilder
 from ir.loops.contraction import ContractionKernels
 from ir.loops.program import Program
-from ir.ops import lookup
+from ir.ops import keeps_bound, lookup
 from passes.fuse_groups import fusion_groups
 
 
@@ -36,15 +36,31 @@ def lower_graph(graph: Graph, kernels: ContractionKernels | None = None) -> Prog
 
 
 def unsupported_nodes(graph: Graph) -> list[Node]:
-    """Nodes with neither a lowering nor an ONNX function body to expand."""
+    """Nodes with neither a lowering nor an ONNX function body to expand, and nodes that read a
+    value of data-dependent length (ir/bounds.py) without keeping it."""
     opset = graph.opset_imports.get("", 21)
     return [n for n in graph.nodes
-            if lowering_of(n) is None and function_body(n, graph.opset_imports.get(n.domain, opset)) is None]
+            if lowering_of(n) is None and function_body(n, graph.opset_imports.get(n.domain, opset)) is None
+            or cannot_read_bounded(n)]
+
+
+def cannot_read_bounded(node: Node) -> bool:
+    """A node reading a padded bounded value is lowered only where its op keeps the padding right
+    and every output it computes still carries a data-dependent length."""
+    if not any(v.is_bounded for v in node.present_inputs):
+        return False
+    return not keeps_bound(node) or any(not out.is_bounded for out in node.outputs if out.dtype)
 
 
 def describe_unsupported(nodes: list[Node]) -> str:
-    by_op: dict[str, list[str]] = {}
-    for n in nodes:
-        by_op.setdefault(n.op_type if not n.domain else f"{n.domain}::{n.op_type}", []).append(n.name or "?")
-    parts = [f"{op} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})" for op, names in sorted(by_op.items())]
-    return "ops without a loop-nest lowering: " + "; ".join(parts)
+    parts = []
+    for heading, chosen in (("ops without a loop-nest lowering: ", [n for n in nodes if not cannot_read_bounded(n)]),
+                            ("ops that cannot read a value whose length is known only at run time: ",
+                             [n for n in nodes if cannot_read_bounded(n)])):
+        by_op: dict[str, list[str]] = {}
+        for n in chosen:
+            by_op.setdefault(n.op_type if not n.domain else f"{n.domain}::{n.op_type}", []).append(n.name or "?")
+        listed = [f"{op} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})" for op, names in sorted(by_op.items())]
+        if listed:
+            parts.append(heading + "; ".join(listed))
+    return "; ".join(parts)

@@ -39,7 +39,10 @@ def tensor_info(v: Value) -> dict:
         kind = "a non-tensor value (sequence, optional or map)" if not v.is_tensor else "a tensor of unknown type or shape"
         raise UnsupportedError(f"{v.name!r} is {kind}; CUs exchange only tensors of static shape and known "
                                "dtype, so it cannot be a model input or output or cross a CU border")
-    return {"dtype": dtype_name(v.dtype), "shape": list(v.shape), "bytes": v.nbytes}
+    info = {"dtype": dtype_name(v.dtype), "shape": list(v.shape), "bytes": v.nbytes}
+    if v.is_bounded:   # shape and bytes are the upper bound; the real length comes at run time
+        info["bound_axis"] = v.bound_axis
+    return info
 
 
 def cu_graph(graph: Graph, nodes: list[Node], name: str, outside_readers: set[int]) -> Graph:
@@ -123,8 +126,8 @@ def write_cus(graph: Graph, partition: Partition, out_dir: Path, source: dict, o
 
 
 def _io(v: Value) -> dict:
-    tensor_info(v)  # the same checks
-    return {"dtype": dtype_name(v.dtype), "shape": list(v.shape)}
+    info = tensor_info(v)  # the same checks
+    return {"dtype": info["dtype"], "shape": info["shape"], **({"bound_axis": v.bound_axis} if v.is_bounded else {})}
 
 
 def check_output_dir(out_dir: Path, model_path: Path) -> None:

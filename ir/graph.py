@@ -34,6 +34,11 @@ class Value:
     # Axes a graph output or value_info declared as 0: a hint, not a fact (some exporters write 0
     # for a dynamic dim), used only where inference finds nothing (an output sized by an input's value).
     declared_zero_axes: tuple[int, ...] = field(default=(), repr=False, compare=False)
+    # A data-dependent length (NonZero, Compress, Unique, NonMaxSuppression and what reads them):
+    # `shape[bound_axis]` is a static upper bound, the real length is known only at run time and
+    # lives in a companion scalar that every value of the same `length_key` shares (ir/bounds.py).
+    bound_axis: int | None = field(default=None, repr=False, compare=False)
+    length_key: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def is_const(self) -> bool:
@@ -46,6 +51,10 @@ class Value:
     @property
     def is_static(self) -> bool:
         return self.shape is not None and all(isinstance(d, int) for d in self.shape)
+
+    @property
+    def is_bounded(self) -> bool:
+        return self.bound_axis is not None
 
     @property
     def numel(self) -> int:

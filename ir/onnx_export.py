@@ -14,6 +14,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ir import dtypes
+from ir.bounds import bound_dim_param
 from ir.fs import write_bytes_atomically
 from ir.graph import Graph, Node, Value, outer_reads
 
@@ -47,6 +48,8 @@ def make_value_info(value: Value) -> onnx.ValueInfoProto:
     if value.dtype == dtypes.UNDEFINED and value.shape is None:
         return helper.make_empty_tensor_value_info(value.name)
     shape = None if value.shape is None else list(value.shape)
+    if value.is_bounded and shape is not None:
+        shape[value.bound_axis] = bound_dim_param(shape[value.bound_axis], value.length_key)
     return helper.make_tensor_value_info(value.name, value.dtype, shape)
 
 

@@ -25,6 +25,7 @@ from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
 from ir import dtypes
+from ir.bounds import parse_bound_dim_param
 from ir.errors import ModelError, UnsupportedError
 from ir.graph import CycleError, Graph, Node, Value
 
@@ -301,6 +302,16 @@ def _names_in(gp: onnx.GraphProto) -> set[str]:
     return names
 
 
+def _read_bound(value: Value) -> None:
+    """A dim a CU declared as bounded (ir/bounds.py) is its static bound, and the value bounded."""
+    bounds = [(k, parse_bound_dim_param(d)) for k, d in enumerate(value.shape or ())]
+    bounds = [(k, b) for k, b in bounds if b is not None]
+    if len(bounds) == 1:
+        (axis, (bound, key)), = bounds
+        value.shape = tuple(bound if k == axis else d for k, d in enumerate(value.shape))
+        value.bound_axis, value.length_key = axis, key
+
+
 def _value_from_info(vi: onnx.ValueInfoProto, graph_input: bool = False) -> Value:
     t = vi.type
     if t.HasField("tensor_type"):
@@ -310,7 +321,9 @@ def _value_from_info(vi: onnx.ValueInfoProto, graph_input: bool = False) -> Valu
             shape = tuple(_dim(d, graph_input) for d in tt.shape.dim)
             zeros = tuple(i for i, d in enumerate(tt.shape.dim)
                           if not graph_input and d.HasField("dim_value") and d.dim_value == 0)
-        return Value(vi.name, tt.elem_type, shape, declared_zero_axes=zeros)
+        value = Value(vi.name, tt.elem_type, shape, declared_zero_axes=zeros)
+        _read_bound(value)
+        return value
     if not t.WhichOneof("value"):
         return Value(vi.name)
     tp = onnx.TypeProto()

@@ -79,7 +79,7 @@ def _fold_shape_query(node: Node) -> np.ndarray | None:
     if node.op_type not in ("Shape", "Size") or not node.inputs or node.inputs[0] is None:
         return None
     x = node.inputs[0]
-    if not x.is_static:
+    if not x.is_static or x.is_bounded:    # a bounded shape is an upper bound, not the value
         return None
     if node.op_type == "Size":
         return np.array(x.numel, dtype=np.int64)

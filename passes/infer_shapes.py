@@ -21,6 +21,7 @@ from ir.graph import Graph, Node, Value
 from ir.ops import lookup
 from ir.onnx_export import export_attribute, make_tensor, make_value_info
 from passes.base import Pass
+from passes.bound_shapes import bound_data_dependent_shapes
 from passes.contrib_shapes import has_contrib_nodes, infer_contrib_shapes
 from passes.fold_constants import FoldConstants
 from passes.inline_constant_ifs import inline_constant_ifs
@@ -54,6 +55,7 @@ class InferShapes(Pass):
             if has_contrib_nodes(graph.walk()):
                 infer_with_contrib_rules(graph)
             fill_declared_zeros(graph)
+            bound_data_dependent_shapes(graph)
             before = sum(1 for _ in graph.walk())
             fold.run(graph)
             inlined = inline_constant_ifs(graph)
@@ -140,7 +142,7 @@ def check_static(graph: Graph) -> None:
         for out in node.outputs:
             if out in read and out.is_tensor and not out.is_static:
                 raise CortexError(f"{node.describe()}: cannot infer a static shape for output {out.name!r} "
-                                  f"(got {_format_shape(out.shape)}){_if_hint(graph, node)}{loop_hint(node)}")
+                                  f"(got {_format_shape(out.shape)}){_if_hint(graph, node)}{loop_hint(node)}{_bound_hint(node)}")
 
 
 def _if_hint(graph: Graph, node: Node) -> str:
@@ -155,6 +157,15 @@ def _if_hint(graph: Graph, node: Node) -> str:
     example = " ".join(f"--freeze-input {v.name}=VALUE.npy" for v in deciding)
     return (f"; its branches differ in shape and the branch is chosen at run time by model input {names}: "
             f"specialise the model for one value with {example}")
+
+
+def _bound_hint(node: Node) -> str:
+    """A reader of a data-dependent length whose output shape would mix that length with others."""
+    bounded = [v.name for v in node.present_inputs if v.is_bounded]
+    if not bounded:
+        return ""
+    return (f"; it reads {', '.join(map(repr, bounded))}, whose length is known only at run time, and its "
+            "output would not keep that length along one axis")
 
 
 def _inputs_reaching(graph: Graph, value: Value) -> list[Value]:

@@ -21,7 +21,7 @@ import numpy as np
 
 from ir import dtypes
 from ir.graph import Graph, Node, Value
-from ir.subgraphs import BOOL, loop_trips
+from ir.subgraphs import loop_trips
 from passes.base import Pass
 
 # Unrolled only while the copies stay few: beyond this a loop in the IR is smaller and compiles faster.

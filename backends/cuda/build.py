@@ -16,6 +16,7 @@ from backends.cuda.render import CudaSource, render_cuda
 from backends.cuda.toolchain import COMPILERS, DEFAULT_ARCHS, choose_compiler, compile_cuda, parse_archs
 from backends.registry import BuiltCU
 from codegen.lower import lower_graph
+from ir.bounds import length_name
 from ir.errors import CortexError
 from ir.fs import sha256_bytes
 from ir.graph import Graph
@@ -73,7 +74,8 @@ def check_toolchain(options: CudaOptions) -> None:
 
 
 def build_cu(graph: Graph, options: CudaOptions, cu_id: str) -> BuiltCU:
-    source = render_cuda(lower_graph(graph), prefix=cu_id.replace("-", "") + "_")
+    program = lower_graph(graph)
+    source = render_cuda(program, prefix=cu_id.replace("-", "") + "_")
     if not source.launches:
         record, files = _kernel_free_record(cu_id, source)
         return BuiltCU(files, record)
@@ -97,6 +99,9 @@ def build_cu(graph: Graph, options: CudaOptions, cu_id: str) -> BuiltCU:
         "resources": built.resources_json(),
         "spills": built.spilling_kernels(),
     }
+    if program.bounds:   # data-dependent lengths (ir/bounds.py): which params carry them
+        record["bounds"] = {name: {"axis": axis, "length": length_name(name)}
+                            for name, (axis, _) in program.bounds.items()}
     return BuiltCU(files, record)
 
 

@@ -21,6 +21,7 @@ from backends.cuda.driver import CudaDevice, CudaDeviceError, DeviceBuffer, open
 from backends.cuda.runner import CuRunner
 from backends.cuda.sim import build as build_for_host
 from backends.registry import HostTensors
+from ir.bounds import real_part
 from ir.errors import CortexError
 from ir.fs import confined_path, read_artifact
 
@@ -62,7 +63,11 @@ class CudaSimDevice(HostTensors):
             self.runners[cu_id] = CuRunner(None, record, folder, seed=self.seed, host_threads=self.threads)
 
     def run(self, cu: dict, inputs: dict) -> dict[str, np.ndarray]:
-        return self.runners[cu["id"]].run(inputs)
+        runner = self.runners[cu["id"]]
+        outputs = runner.run(inputs)
+        for name, (axis, length) in runner.output_lengths().items():
+            outputs[name] = real_part(outputs[name], axis, length)
+        return outputs
 
     def resident_bytes(self, cu_id: str) -> int:
         runner = self.runners.get(cu_id)
@@ -75,6 +80,7 @@ class GpuTensor:
     buffer: DeviceBuffer
     shape: tuple[int, ...]
     dtype: str
+    real: tuple[int, int] | None = None    # a bounded tensor's (axis, real length), ir/bounds.py
 
 
 class CudaGpuDevice:
@@ -94,9 +100,12 @@ class CudaGpuDevice:
 
     def run(self, cu: dict, inputs: dict[str, GpuTensor]) -> dict[str, GpuTensor]:
         runner = self.runners[cu["id"]]
-        buffers = runner.run({name: tensor.buffer for name, tensor in inputs.items()})
+        # A bounded input is padded on the host into the CU's own buffer (it is small: a selection).
+        buffers = runner.run({name: self.to_host(tensor) if name in runner.bounds else tensor.buffer
+                              for name, tensor in inputs.items()})
         specs = {p["name"]: p for p in runner.params}
-        return {name: GpuTensor(buffer, tuple(specs[name]["shape"]), specs[name]["dtype"])
+        lengths = runner.output_lengths()
+        return {name: GpuTensor(buffer, tuple(specs[name]["shape"]), specs[name]["dtype"], lengths.get(name))
                 for name, buffer in buffers.items()}
 
     def to_device(self, array: np.ndarray) -> GpuTensor:
@@ -104,7 +113,8 @@ class CudaGpuDevice:
         return GpuTensor(self.gpu.upload(array), array.shape, array.dtype.name)
 
     def to_host(self, tensor: GpuTensor) -> np.ndarray:
-        return self.gpu.download(tensor.buffer, tensor.shape, tensor.dtype)
+        array = self.gpu.download(tensor.buffer, tensor.shape, tensor.dtype)
+        return array if tensor.real is None else np.array(real_part(array, *tensor.real))
 
     def resident_bytes(self, cu_id: str) -> int:
         runner = self.runners.get(cu_id)

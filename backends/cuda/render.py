@@ -27,6 +27,7 @@ from backends.cuda.spelling import C_COMPUTE, C_STORAGE, PRELUDE, binary, cast, 
 from backends.cuda.tiled import TILE, TiledContraction, plan_tiled
 from backends.cuda.warp_rows import StridedLoop, plan_warp_rows
 from codegen.memory_plan import place_temporaries
+from ir.bounds import length_name
 from ir.errors import UnsupportedError
 from ir.loops.expr import (FLOAT_TYPES, Binary, Cast, Const, Expr, Fma, Load, Local, Select, Unary, Var, walk)
 from ir.loops.program import (INPUT, OUTPUT, TEMP, WEIGHT, Assign, If, Kernel, Loop, Program, Stmt, Store,
@@ -52,7 +53,7 @@ class Launch:
 @dataclass
 class Param:
     name: str
-    kind: str                 # input, output, weights, scratch
+    kind: str                 # input, output, length, weights, scratch
     dtype: str = "uint8"
     shape: list[int] = field(default_factory=list)
     bytes: int = 0
@@ -103,6 +104,10 @@ class CudaRenderer:
             for name, buf in binding.items():
                 self.address[id(buf.storage)] = f"p{len(self.params)}"
                 self.params.append(Param(name, kind, buf.dtype, list(buf.shape), buf.storage.nbytes))
+        # A bounded input's or output's length (ir/bounds.py): one int32 the host writes or reads.
+        for name, (_, companion) in self.program.bounds.items():
+            self.address[id(companion.storage)] = f"p{len(self.params)}"
+            self.params.append(Param(length_name(name), "length", "int32", [1], companion.storage.nbytes))
         for storage in self.program.storages:
             if id(storage) in self.address:
                 continue

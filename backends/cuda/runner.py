@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from backends.cuda.sim import SimModule
+from ir.bounds import pad_into
 from ir.errors import CortexError
 
 
@@ -43,6 +44,10 @@ class CuRunner:
             self.module = device.load_module(cubins, ptx, signatures)
             self.weights, self.scratch = device.upload(weights), device.alloc(scratch_bytes)
         self.outputs = {p["name"]: self._alloc(p) for p in self.params if p["kind"] == "output"}
+        # Data-dependent lengths (ir/bounds.py): bounded tensor -> (axis, its length param's name).
+        self.bounds = {name: (b["axis"], b["length"]) for name, b in record.get("bounds", {}).items()}
+        self.lengths = {p["name"]: self._alloc(p) for p in self.params if p["kind"] == "length"}
+        self._staged: dict = {}      # GPU: bounded input name -> the buffer it is padded into
         self.resident_bytes = (len(weights) + scratch_bytes + sum(p["bytes"] for p in self.params if p["kind"] == "output")
                                if self.module is not None else 0)
 
@@ -59,6 +64,8 @@ class CuRunner:
                 if p["name"] not in inputs:
                     raise CortexError(f"CU input {p['name']!r} was not given")
                 value = inputs[p["name"]]
+                if p["name"] in self.bounds:
+                    value = self._padded(p, value)
                 if self.device is None:
                     value = np.ascontiguousarray(value, dtype=np.dtype(p["dtype"]))
                     if value.size * value.itemsize != p["bytes"]:
@@ -66,9 +73,35 @@ class CuRunner:
                 args.append(value)
             elif p["kind"] == "output":
                 args.append(self.outputs[p["name"]])
+            elif p["kind"] == "length":
+                args.append(self.lengths[p["name"]])
             else:
                 args.append(self.weights if p["kind"] == "weights" else self.scratch)
         for launch in self.launches:
             self.module.kernel(launch["kernel"]).launch(launch["grid"], launch["block"], launch.get("shared_bytes", 0),
                                                         args, seed=self.seed, host_threads=self.host_threads)
         return dict(self.outputs)
+
+    def _padded(self, param: dict, real: np.ndarray):
+        """A bounded input, given at its real shape on the host, as the padded buffer the kernels
+        read; its length goes into its companion."""
+        axis, length_param = self.bounds[param["name"]]
+        padded = np.zeros(param["shape"], np.dtype(param["dtype"]))
+        length = np.array([pad_into(padded, real, axis)], np.int32)
+        if self.device is None:
+            self.lengths[length_param][...] = length
+            return padded
+        self.device.upload(length, self.lengths[length_param])
+        if param["name"] not in self._staged:
+            self._staged[param["name"]] = self.device.alloc(param["bytes"])
+        return self.device.upload(padded, self._staged[param["name"]])
+
+    def output_lengths(self) -> dict[str, tuple[int, int]]:
+        """Each bounded output's (axis, real length) after a run."""
+        found = {}
+        for name, (axis, length_param) in self.bounds.items():
+            if name in self.outputs:
+                held = self.lengths[length_param]
+                length = held if self.device is None else self.device.download(held, (1,), "int32")
+                found[name] = (axis, int(np.asarray(length).reshape(-1)[0]))
+        return found

@@ -13,6 +13,8 @@ import ml_dtypes  # noqa: F401  (registers numpy's bfloat16 dtype, which tensors
 import numpy as np
 import wasmtime
 
+from ir.bounds import pad_into, real_part
+
 
 class WasmInstance:
     def __init__(self, engine: wasmtime.Engine, module: wasmtime.Module, plan: dict):
@@ -22,6 +24,7 @@ class WasmInstance:
         self.memory: wasmtime.Memory = exports["memory"]
         self._run = exports["run"]
         self.plan = plan
+        self._axes = {e["name"]: e["bound"]["axis"] for e in [*plan["inputs"], *plan["outputs"]] if "bound" in e}
         self._views_len = -1
         self._refresh_views()
 
@@ -32,16 +35,28 @@ class WasmInstance:
         raw = np.frombuffer(self.memory.get_buffer_ptr(self.store), dtype=np.uint8)
         self.inputs = {e["name"]: _view(raw, e) for e in self.plan["inputs"]}
         self.outputs = {e["name"]: _view(raw, e) for e in self.plan["outputs"]}
+        self.lengths = {e["name"]: _length_view(raw, e["bound"]) for e in [*self.plan["inputs"], *self.plan["outputs"]]
+                        if "bound" in e}
         self._views_len = size
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Copy `inputs` in, run, and return views of the outputs (valid until the next run)."""
         self._refresh_views()
         for name, view in self.inputs.items():
-            view[...] = inputs[name]
+            if name in self.lengths:     # a bounded tensor comes at its real shape (ir/bounds.py)
+                self.lengths[name][0] = pad_into(view, inputs[name], self._axes[name])
+            else:
+                view[...] = inputs[name]
         self._run(self.store)
         self._refresh_views()
-        return self.outputs
+        if not self.lengths:
+            return self.outputs
+        return {name: real_part(view, self._axes[name], int(self.lengths[name][0])) if name in self.lengths else view
+                for name, view in self.outputs.items()}
+
+
+def _length_view(raw: np.ndarray, bound: dict) -> np.ndarray:
+    return np.frombuffer(raw, dtype=np.int32, count=1, offset=bound["length_offset"])
 
 
 def _view(raw: np.ndarray, entry: dict) -> np.ndarray:

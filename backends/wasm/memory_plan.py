@@ -40,8 +40,12 @@ def place_storages(program: Program) -> tuple[int, int]:
 def describe_plan(program: Program, memory_bytes: int, arena_bytes: int) -> dict:
     """The plan as recorded in dag.json: where the host writes inputs and reads outputs."""
     def entry(name, buf):
-        return {"name": name, "offset": buf.storage.offset, "bytes": buf.storage.nbytes,
-                "dtype": buf.dtype, "shape": list(buf.shape)}
+        found = {"name": name, "offset": buf.storage.offset, "bytes": buf.storage.nbytes,
+                 "dtype": buf.dtype, "shape": list(buf.shape)}
+        if name in program.bounds:     # a data-dependent length (ir/bounds.py)
+            axis, companion = program.bounds[name]
+            found["bound"] = {"axis": axis, "length_offset": companion.storage.offset}
+        return found
     return {
         "memory_bytes": memory_bytes,
         "inputs": [entry(n, b) for n, b in program.inputs.items()],

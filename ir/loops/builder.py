@@ -16,6 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ir import dtypes
+from ir.bounds import length_name
 from ir.errors import UnsupportedError
 from ir.graph import Graph, Node, Value
 from ir.loops.contraction import ContractionKernels, ContractionOperands, ContractionSpec
@@ -63,11 +64,16 @@ class LoopBuilder:
         self._positions = {id(n): i for i, n in enumerate(graph.nodes)}
         self._shared_constants: dict = {}
         self._absorbed: set[int] = set()     # nodes another node's kernel computes (epilogues)
+        self._lengths: dict[str, Buffer] = {}   # length key -> its companion (ir/bounds.py)
         for v in graph.inputs:
             if not v.is_const:
                 buf = self._new_buffer(v.name, storage_dtype(v), _shape(v), INPUT)
                 self._buffers[id(v)] = buf
                 self.program.inputs[v.name] = buf
+                if v.is_bounded:
+                    companion = self._new_buffer(length_name(v.name), "int32", (1,), INPUT)
+                    self._lengths[v.length_key] = companion
+                    self.program.bounds[v.name] = (v.bound_axis, companion)
 
     # -- buffers -------------------------------------------------------------------------------
     def buffer(self, value: Value) -> Buffer:
@@ -116,6 +122,15 @@ class LoopBuilder:
         if key not in self._shared_constants:
             self._shared_constants[key] = self.constant(make(), name)
         return self._shared_constants[key]
+
+    def length(self, value: Value) -> Buffer:
+        """The length companion of a bounded value (one int32, ir/bounds.py): written by the
+        data-dependent op that selects its elements, shared by every value derived from them."""
+        if not value.is_bounded:
+            raise ValueError(f"{value.name!r} has no data-dependent length")
+        if value.length_key not in self._lengths:
+            self._lengths[value.length_key] = self.temp("int32", (1,), length_name(value.name))
+        return self._lengths[value.length_key]
 
     def temp(self, dtype: str, shape, name: str = "tmp") -> Buffer:
         return self._new_buffer(name, dtype, tuple(int(d) for d in shape), TEMP)
@@ -334,6 +349,14 @@ class LoopBuilder:
                 self.program.kernels.append(self._kernel)
                 buf = dst
             self.program.outputs[v.name] = buf
+        for v in self.graph.outputs:
+            if v.is_bounded:
+                companion = self._new_buffer(length_name(v.name), "int32", (1,), OUTPUT)
+                self._kernel = Kernel(self._unique(f"length_{v.name}"), "Identity")
+                self._stack = [self._kernel.body]
+                self.copy(companion, self.length(v))
+                self.program.kernels.append(self._kernel)
+                self.program.bounds[v.name] = (v.bound_axis, companion)
         return self.program
 
 

@@ -191,6 +191,9 @@ class Program:
     kernels: list[Kernel] = field(default_factory=list)
     inputs: dict[str, Buffer] = field(default_factory=dict)     # graph input name -> buffer
     outputs: dict[str, Buffer] = field(default_factory=dict)    # graph output name -> buffer
+    # bounded input or output name -> (its bounded axis, its length companion: one int32 the
+    # host writes for an input and reads for an output; see ir/bounds.py)
+    bounds: dict[str, tuple[int, Buffer]] = field(default_factory=dict)
 
 
 def walk_stmts(stmts):

@@ -2,14 +2,17 @@
 
 from ir.ops import (blocks, control, elementwise, indexing, nn, normalization, pooling, reduce,  # noqa: F401
                     quantized, grid_sample, linalg, ml, recurrent, resize, signal, spectral, tensor)
+from ir.ops import data_dependent  # noqa: F401
 from ir.ops import contrib_transformer  # noqa: F401
 from ir.ops import contrib_qlinear, contrib_quantized  # noqa: F401
 from ir.ops import function_bodies  # noqa: F401,E402  (last: it looks at every family's entries)
 from ir.ops.function_bodies import lowering_route  # noqa: E402
 from ir.ops.registry import (CONTRACTION, CONTROL, ELEMENTWISE, LAYOUT, NORMALIZATION, OTHER, RANDOM,
-                             REDUCTION, REGISTRY, SHAPE, Epilogue, OpDef, epilogue_activations, epilogue_of,
-                             is_quantized_exact, is_view, kind_of, lookup, lowering, node_flops, register, view_ops)
+                             REDUCTION, REGISTRY, SHAPE, Epilogue, OpDef, bounds_of, epilogue_activations,
+                             epilogue_of, is_quantized_exact, is_view, keeps_bound, kind_of, lookup, lowering,
+                             node_flops, register, view_ops)
 
-__all__ = ["REGISTRY", "Epilogue", "OpDef", "epilogue_activations", "epilogue_of", "is_quantized_exact", "is_view", "kind_of", "lookup",
+__all__ = ["REGISTRY", "Epilogue", "OpDef", "bounds_of", "keeps_bound", "epilogue_activations", "epilogue_of",
+           "is_quantized_exact", "is_view", "kind_of", "lookup",
            "lowering", "lowering_route", "node_flops", "register", "view_ops", "CONTRACTION", "CONTROL", "ELEMENTWISE", "LAYOUT",
            "NORMALIZATION", "OTHER", "RANDOM", "REDUCTION", "SHAPE"]

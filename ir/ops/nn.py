@@ -49,10 +49,9 @@ register("Conv", kind=CONTRACTION, weight_input=1,
          weight_axis=lambda node: 0, output_axis=lambda node: 1, flops=_conv_flops)
 register("ConvTranspose", kind=CONTRACTION, flops=_conv_transpose_flops)
 register("MaxRoiPool", "RoiAlign", "AffineGrid",
-         "NonMaxSuppression", "Attention",
+         "Attention",
          "RotaryEmbedding", "STFT", "CenterCropPad", "ImageDecoder",
          "StringNormalizer", "StringConcat", "StringSplit", "RegexFullMatch", "TfIdfVectorizer",
-         "Unique", "NonZero", "Compress",
          kind=OTHER)
 
 

@@ -69,6 +69,12 @@ class OpDef:
     # elements, or takes their max. A DequantizeLinear before it and a QuantizeLinear with the same
     # parameters after it can then go (onnxruntime's DropQDQNodes).
     quantized_exact: bool = False
+    # node -> per output (static upper-bound shape, bounded axis or None): an op whose output
+    # length depends on its input data (NonZero, Unique...); see ir/bounds.py.
+    bounds: Callable | None = None
+    # Reads a padded bounded input correctly (ir/bounds.py): the real slots of its outputs depend
+    # only on real slots of its inputs. Elementwise ops always do.
+    keeps_bound: bool = False
     lowerings: dict[str, Callable] = field(default_factory=dict)
 
     @property
@@ -115,6 +121,19 @@ def is_quantized_exact(op_type: str, domain: str = "") -> bool:
 def is_view(op_type: str, domain: str = "") -> bool:
     entry = lookup(op_type, domain)
     return entry is not None and entry.view
+
+
+def bounds_of(node: Node) -> list | None:
+    """The static upper bound of each output of a data-dependent op (`OpDef.bounds`); None for
+    any other op."""
+    entry = lookup(node.op_type, node.domain)
+    return entry.bounds(node) if entry is not None and entry.bounds is not None else None
+
+
+def keeps_bound(node: Node) -> bool:
+    """Whether `node` computes the right result from padded bounded inputs (ir/bounds.py)."""
+    entry = lookup(node.op_type, node.domain)
+    return entry is not None and (entry.kind == ELEMENTWISE or entry.keeps_bound)
 
 
 def kind_of(op_type: str, domain: str = "") -> str:

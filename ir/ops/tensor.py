@@ -3,14 +3,16 @@
 from ir.ops.registry import ELEMENTWISE, LAYOUT, SHAPE, register, view_ops
 
 # Views: row-major data is unchanged by these, so the output is the input's storage.
-register("Reshape", "Flatten", "Squeeze", "Unsqueeze", kind=LAYOUT, view=True, quantized_exact=True)
+# A bounded value (ir/bounds.py) keeps its padding through any of these whose output still has the
+# dynamic axis: the shape rules refuse the rest (a Slice or Concat along that axis).
+register("Reshape", "Flatten", "Squeeze", "Unsqueeze", kind=LAYOUT, view=True, keeps_bound=True, quantized_exact=True)
 # Identity is a view too, and also the simplest one-position map: elementwise for fusion.
 register("Identity", kind=ELEMENTWISE, view=True)
-register("Transpose", "Concat", "Slice", "DepthToSpace", "SpaceToDepth", kind=LAYOUT, quantized_exact=True)
-register("Split",
-         "GatherElements", "GatherND", "ScatterElements", "ScatterND", "Scatter", "TensorScatter", "Expand",
-         "Tile", "Pad", "ReverseSequence", "ConstantOfShape",
-         kind=LAYOUT)
+register("Transpose", "Concat", "Slice", kind=LAYOUT, keeps_bound=True, quantized_exact=True)
+register("DepthToSpace", "SpaceToDepth", kind=LAYOUT, quantized_exact=True)
+register("Split", "GatherElements", "Expand", "Tile", kind=LAYOUT, keeps_bound=True)
+register("GatherND", "ScatterElements", "ScatterND", "Scatter", "TensorScatter", "Pad", "ReverseSequence",
+         "ConstantOfShape", kind=LAYOUT)
 register("Shape", "Size", kind=SHAPE)
 
 
@@ -24,7 +26,7 @@ def _gather_table_axis(node):
 
 
 register("Gather", kind=LAYOUT, weight_input=0, weight_axis=_gather_table_axis,
-         output_axis=_gather_table_axis)
+         output_axis=_gather_table_axis, keeps_bound=True)
 
 
 # -- lowerings to loop nests: index arithmetic, no maths ---------------------------------------
