@@ -17,6 +17,9 @@ from bench import cortex_side
 from bench.node_runner import NodeContestant, NodeRunner
 from bench.timing import InProcess, Timings, interleave, repeats_for
 from samples.light_models import LIGHT_MODEL_NAMES, light_model
+from samples.minilm import minilm_feed
+from samples.qdq_models import qdq_minilm, qdq_squeezenet
+from samples.quantized_models import quantized_light_model, quantized_minilm
 from samples.recurrent import SPECS as RECURRENT_SPECS
 from samples.recurrent import recurrent
 
@@ -25,7 +28,12 @@ MODEL_NAMES = (*LIGHT_MODEL_NAMES, MINILM)
 # The second table: recurrent layers at realistic sizes (torch exports) and quantized models, each
 # compared on the same file.
 RECURRENT_NAMES = tuple(f"recurrent-{name}" for name in RECURRENT_SPECS)
-EXTRA_NAMES = RECURRENT_NAMES
+# onnxruntime's quantizer in its three formats: quantize_dynamic (then onnxruntime's own fusions
+# into DynamicQuantizeMatMul / MatMulIntegerToFloat), quantize_static QOperator, quantize_static QDQ.
+QUANTIZED_NAMES = (f"{MINILM}-int8-dynamic", f"{MINILM}-int8-qoperator", f"{MINILM}-int8-qdq",
+                   f"{MINILM}-int8-qdq-per-channel", "squeezenet-int8-dynamic", "squeezenet-int8-qoperator",
+                   "squeezenet-int8-qdq", "shufflenet-int8-dynamic", "shufflenet-int8-qoperator")
+EXTRA_NAMES = (*RECURRENT_NAMES, *QUANTIZED_NAMES)
 ALL_NAMES = (*MODEL_NAMES, *EXTRA_NAMES)
 
 
@@ -42,12 +50,29 @@ def model_case(name: str) -> ModelCase:
     if name in RECURRENT_NAMES:
         m = recurrent(name.removeprefix("recurrent-"))
         return ModelCase(name, m.path, m.inputs, m.input_shapes, m.dims)
+    if name in QUANTIZED_NAMES:
+        return _quantized_case(name)
     if name == MINILM:
         from samples.minilm import minilm
         m = minilm(batch=1, seq=128)  # exports the model into .cache/models on first use
         return ModelCase(name, m.path, m.inputs, m.input_shapes, m.dims)
     m = light_model(name)
     return ModelCase(name, m.path, m.inputs, m.input_shapes)
+
+
+def _quantized_case(name: str) -> ModelCase:
+    model, _, form = name.partition("-int8-")
+    if model == MINILM:
+        if form.startswith("qdq"):
+            m = qdq_minilm(per_channel=form.endswith("per-channel"), batch=1, seq=128)
+            return ModelCase(name, m.path, m.inputs, {}, m.dims)
+        q = quantized_minilm(static=form == "qoperator")
+        return ModelCase(name, q.path, minilm_feed(1, 128), {}, {"batch": 1, "seq": 128})
+    if form == "qdq":
+        m = qdq_squeezenet()
+        return ModelCase(name, m.path, m.inputs, m.input_shapes, m.dims)
+    q = quantized_light_model(model, static=form == "qoperator")
+    return ModelCase(name, q.path, q.feed, q.input_shapes, q.dims)
 
 
 @dataclass

@@ -18,6 +18,7 @@ TARGET_ARENA_OVER_BOUND = 1.10
 TARGET_MINILM_COMPILE_S = 30.0
 TARGET_WARM_LOAD_S = 0.2
 TARGET_RECURRENT_VS_ORT = 1.5
+TARGET_QUANTIZED_MINILM_VS_ORTWEB = 0.67
 
 
 def geomean(values: list[float]) -> float | None:
@@ -166,6 +167,16 @@ def _extra_targets(models, extra) -> list[str]:
         worst = max(measured, default=None)
         rows.append(f"| Cortex / ORT on recurrent models, worst | <= {TARGET_RECURRENT_VS_ORT} | {_fmt_ratio(worst)} "
                     f"| {_met(worst, TARGET_RECURRENT_VS_ORT)} |")
+    float_minilm = next((r.median_ms("cortex-wasm") for r in models if r.name == "minilm-l6-s128"), None)
+    for r in extra:
+        if not (r.name.startswith("minilm") and "-int8-" in r.name):
+            continue
+        cortex = r.median_ms("cortex-wasm")
+        own = _ratio(cortex, float_minilm)
+        rows.append(f"| {r.name}: Cortex / Cortex float32 MiniLM | < 1 | {_fmt_ratio(own)} | {_met(own, 0.999)} |")
+        web = _ratio(cortex, r.median_ms("ort-web"))
+        rows.append(f"| {r.name}: Cortex / ORT-Web on the same file | <= {TARGET_QUANTIZED_MINILM_VS_ORTWEB} "
+                    f"| {_fmt_ratio(web)} | {_met(web, TARGET_QUANTIZED_MINILM_VS_ORTWEB)} |")
     return rows
 
 
