@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ir.errors import UnsupportedError
 from ir.function_call import inline_body
 from ir.graph import Graph, Node, Value
 from ir.ops import lookup
@@ -55,14 +56,21 @@ def _expand_once(graph: Graph, model: Graph) -> bool:
     return changed
 
 
+def _at_model_opset(node: Node, function, opset_imports: dict[str, int]):
+    """The body read at the model's default opset: a model has one, and a body's ops keep their
+    meaning in later opsets (the bodies avoid the ops whose signatures changed), not in earlier ones."""
+    model = opset_imports.get("", opset_imports.get("ai.onnx"))
+    for entry in function.opset_import:
+        if entry.domain in ("", "ai.onnx") and model is not None and model != entry.version:
+            if model < entry.version:
+                raise UnsupportedError(f"{node.describe()}: its expansion needs opset {entry.version} or later "
+                                       f"of the default domain; the model imports opset {model}")
+            entry.version = model
+    return function
+
+
 def _expansion(node: Node, model: Graph) -> list[Node]:
-    function = lookup(node.op_type, node.domain).expansion(node)
-    # onnx.inliner leaves a call in place when the body's opset differs from the model's, so the
-    # body's standard ops are read at the model's opset: bodies use ops whose form does not change
-    # across the opsets of the models that hold them.
-    for opset in function.opset_import:
-        if opset.domain in ("", "ai.onnx") and "" in model.opset_imports:
-            opset.version = model.opset_imports[""]
+    function = _at_model_opset(node, lookup(node.op_type, node.domain).expansion(node), model.opset_imports)
     wanted = [j for j, out in enumerate(node.outputs) if out.name]
     body = inline_body(node, function, model.opset_imports, wanted, constants_inside=False)
     by_name = {v.name: v for v in node.inputs if v is not None}

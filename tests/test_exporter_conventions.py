@@ -196,13 +196,13 @@ def feed_for(model: contrib.ContribModel) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("make", CONTRIB_MODELS, ids=CONTRIB_IDS)
 def test_inspect_reports_static_shapes_of_contrib_models_once_bound(make):
     model = make()
-    reports = inspect_json(model.path, *binding(model))
-    report = reports["optimized"]
+    full = inspect_json(model.path, *binding(model))
+    report = full["optimized"]
     assert report["unknown_shapes"] == []
     for tensor in report["inputs"] + report["outputs"]:
         assert all(isinstance(d, int) for d in tensor["shape"]), tensor
-    for op in model.contrib_ops:     # the optimized graph holds an expanded op's body instead
-        assert f"com.microsoft::{op}" in reports["source"]["op_counts"], reports["source"]["op_counts"]
+    for op in model.contrib_ops:
+        assert f"com.microsoft::{op}" in full["source"]["op_counts"], full["source"]["op_counts"]
 
 
 @pytest.mark.parametrize("make", CONTRIB_MODELS, ids=CONTRIB_IDS)
@@ -221,22 +221,20 @@ def test_contrib_shapes_are_the_shapes_onnxruntime_computes(make):
     assert {name: a for name, (a, b) in compared.items() if a != b} == {}, compared
 
 
-# The quantized models' ops are lowered by expansion (tests/test_contrib_quantized.py runs them).
-UNLOWERED_IDS = ["minilm-optimized", "minilm-optimized-fastgelu"]
-
-
-@pytest.mark.parametrize("make", [CONTRIB_MODELS[CONTRIB_IDS.index(i)] for i in UNLOWERED_IDS], ids=UNLOWERED_IDS)
-def test_compile_wasm_names_the_contrib_ops_it_cannot_lower(make, tmp_path):
-    """The contrib ops have no lowerings yet: decompose succeeds and compile-wasm's one line names them."""
-    model = make()
-    cli_ok(["decompose", "--model-path", model.path, "--output-dir", tmp_path / "cus", "--max-cu-size", 50_000_000,
-            *binding(model)])
+# Every contrib op these tools write compiles by expansion (tests/test_contrib_transformer.py,
+# tests/test_contrib_quantized.py); one they never write still gets the one line naming it.
+def test_compile_wasm_names_a_contrib_op_it_cannot_lower(tmp_path):
+    node = helper.make_node("Inverse", ["x"], ["y"], name="invert", domain="com.microsoft")
+    graph = helper.make_graph([node], "inverse", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 3])])
+    path = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                        helper.make_opsetid("com.microsoft", 1)]), tmp_path / "m.onnx")
+    cli_ok(["decompose", "--model-path", path, "--output-dir", tmp_path / "cus"])
     cli_ok(["build-dag", "--cu-dir", tmp_path / "cus", "--output", tmp_path / "dag.json"])
     code, _, err = run_cli(["compile-wasm", "--cu-dir", tmp_path / "cus", "--output", tmp_path / "wasm",
                             "--dag", tmp_path / "dag.json"])
-    assert_one_line_error(code, err, "without a loop-nest lowering",
-                          *(f"com.microsoft::{op}" for op in model.contrib_ops))
-    assert "shape" not in err
+    assert_one_line_error(code, err, "without a loop-nest lowering", "com.microsoft::Inverse (invert)",
+                          "--fallback onnxruntime")
     assert not (tmp_path / "wasm").exists()
 
 

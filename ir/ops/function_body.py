@@ -3,8 +3,9 @@
 A body is built per node, so what varies between nodes of one op (which optional inputs are
 present, the attributes' values, constants derived from them) is decided while building: an absent
 input is never read, and an attribute becomes a constant or a choice of ops. A body declares opset
-`OPSET`; the expand-ops pass reads its ops at the model's opset, so bodies keep to ops whose form is
-the same from opset 13 on (ReduceSum with axes as an input, no ReduceMax, Shape without start/end).
+`OPSET`, 13, the earliest it is valid at; the expand-ops pass reads its ops at the model's opset,
+so bodies keep to ops whose form is the same from opset 13 on (ReduceSum with axes as an input,
+no ReduceMax, Shape without start/end).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from onnx import helper, numpy_helper
 
 from ir.graph import Node
 
-OPSET = 17
+OPSET = 13
 
 
 class Body:

@@ -1,0 +1,255 @@
+"""onnxruntime's transformer-optimizer ops (com.microsoft Attention, SkipLayerNormalization,
+EmbedLayerNormalization, the GELUs...) compile by expansion (ir/ops/contrib_transformer.py,
+contrib_attention.py) and give onnxruntime's results: one-node models through the functions the
+commands run (decompose, build-dag, compile-wasm / compile-cuda; some thirty cases, and a CLI process
+costs seconds each), then the transformer optimizer's MiniLM end to end through the CLI, and the
+refusals as the CLI prints them.
+
+The models are built here with onnx.helper, or with onnxruntime's optimizer
+(samples/contrib_models.py, cached under .cache/).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+import cortex
+from backends.registry import target
+from bench.conformance.devices import unavailable_reason
+from cli_helpers import assert_one_line_error, run_cli
+from cortex.commands.decompose import decompose_model
+from cortex.compile import compile_cu_dir
+from cortex.dag import build_dag
+from ir.fs import write_bytes_atomically
+from ir.options import from_text
+from passes.partition import PartitionIntoCUs
+from samples import contrib_models as contrib
+from testdata import assert_values_close, minilm_feed, run_onnxruntime
+
+RNG = np.random.default_rng(7)
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def normal(*shape) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def int32(values) -> np.ndarray:
+    return np.asarray(values, np.int32)
+
+
+@dataclass
+class Case:
+    """One node: its inputs in order (a name in `feeds` or `weights`, or "" for an absent optional
+    one) and outputs (named y0, y1... where used, "" where not)."""
+    op: str
+    feeds: dict[str, np.ndarray]
+    weights: dict[str, np.ndarray]
+    order: list[str]
+    outputs: list[bool] = field(default_factory=lambda: [True])
+    attrs: dict = field(default_factory=dict)
+    domain: str = "com.microsoft"
+
+    def model(self, feeds: dict[str, np.ndarray] | None = None) -> onnx.ModelProto:
+        feeds = self.feeds if feeds is None else feeds
+        names = [f"y{j}" if used else "" for j, used in enumerate(self.outputs)]
+        node = helper.make_node(self.op, self.order, names, name=self.op.lower(), domain=self.domain, **self.attrs)
+        inputs = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+                  for k, v in feeds.items()]
+        graph = helper.make_graph([node], self.op, inputs, [onnx.ValueInfoProto(name=n) for n in names if n],
+                                  [numpy_helper.from_array(v, k) for k, v in self.weights.items()])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                       helper.make_opsetid("com.microsoft", 1)])
+
+
+B, S, D, HEADS = 2, 5, 8, 2
+X = normal(B, S, D)
+QKV_WEIGHT, QKV_BIAS = {"w": normal(D, 3 * D)}, {"b": normal(3 * D)}
+PACKED = {**QKV_WEIGHT, **QKV_BIAS}
+IDS = RNG.integers(0, 12, (B, S)).astype(np.int32)
+EMBEDDINGS = {"word": normal(12, D), "position": normal(7, D), "gamma": normal(D), "beta": normal(D)}
+LN = {"gamma": normal(D), "beta": normal(D), "bias": normal(D)}
+
+CASES = {
+    "Gelu": Case("Gelu", {"x": X}, {}, ["x"]),
+    "BiasGelu": Case("BiasGelu", {"x": X}, {"b": normal(D)}, ["x", "b"]),
+    "FastGelu": Case("FastGelu", {"x": X}, {}, ["x"]),
+    "FastGelu-bias": Case("FastGelu", {"x": X}, {"b": normal(D)}, ["x", "b"]),
+    "QuickGelu": Case("QuickGelu", {"x": X}, {}, ["x"]),
+    "QuickGelu-alpha": Case("QuickGelu", {"x": X}, {}, ["x"], attrs={"alpha": 1.25}),
+    "FusedMatMul-alpha": Case("FusedMatMul", {"a": normal(2, 3, 4)}, {"b": normal(4, 6)}, ["a", "b"],
+                              attrs={"alpha": 0.5}),
+    "FusedMatMul-transA-transB": Case("FusedMatMul", {"a": normal(2, 4, 3), "b": normal(2, 6, 4)}, {}, ["a", "b"],
+                                      attrs={"transA": 1, "transB": 1, "alpha": 2.0}),
+    "FusedMatMul-transBatchA": Case("FusedMatMul", {"a": normal(3, 2, 4), "b": normal(2, 4, 5)}, {}, ["a", "b"],
+                                    attrs={"transBatchA": 1}),
+    "FusedMatMul-transBatchB-transB": Case("FusedMatMul", {"a": normal(2, 3, 4), "b": normal(5, 2, 4)}, {},
+                                           ["a", "b"], attrs={"transBatchB": 1, "transB": 1}),
+    "SkipLayerNormalization": Case("SkipLayerNormalization", {"x": X, "skip": normal(B, S, D)}, LN,
+                                   ["x", "skip", "gamma", "beta", "bias"]),
+    "SkipLayerNormalization-all-outputs": Case("SkipLayerNormalization", {"x": X, "skip": normal(B, S, D)}, LN,
+                                               ["x", "skip", "gamma", "beta", "bias"], [True] * 4,
+                                               attrs={"epsilon": 1e-5}),
+    "SkipLayerNormalization-gamma-only-broadcast-skip": Case(
+        "SkipLayerNormalization", {"x": X, "skip": normal(S, D)}, {"gamma": LN["gamma"]}, ["x", "skip", "gamma"]),
+    "SkipLayerNormalization-sum-without-beta": Case(
+        "SkipLayerNormalization", {"x": X, "skip": normal(B, S, D)}, LN, ["x", "skip", "gamma", "", "bias"],
+        [True, False, False, True]),
+    "SkipSimplifiedLayerNormalization": Case("SkipSimplifiedLayerNormalization", {"x": X, "skip": normal(B, S, D)},
+                                             LN, ["x", "skip", "gamma", "bias"], [True, True, True, True],
+                                             attrs={"epsilon": 1e-6}),
+    "SkipSimplifiedLayerNormalization-no-bias": Case("SkipSimplifiedLayerNormalization",
+                                                     {"x": X, "skip": normal(B, S, D)}, LN, ["x", "skip", "gamma"]),
+    "SimplifiedLayerNormalization": Case("SimplifiedLayerNormalization", {"x": X}, {"scale": normal(D)},
+                                         ["x", "scale"], [True, True], attrs={"epsilon": 1e-5}, domain=""),
+    "SimplifiedLayerNormalization-axis-1": Case("SimplifiedLayerNormalization", {"x": X}, {"scale": normal(S, D)},
+                                                ["x", "scale"], attrs={"axis": 1}, domain=""),
+    "EmbedLayerNormalization": Case(
+        "EmbedLayerNormalization", {"ids": IDS, "segments": IDS % 2, "mask": int32([[1, 1, 1, 0, 0], [1, 1, 2, 1, 1]])},
+        {**EMBEDDINGS, "segment": normal(2, D)},
+        ["ids", "segments", "word", "position", "segment", "gamma", "beta", "mask"], [True, True, True]),
+    "EmbedLayerNormalization-no-segments-no-mask": Case(
+        "EmbedLayerNormalization", {"ids": IDS}, EMBEDDINGS, ["ids", "", "word", "position", "", "gamma", "beta"],
+        [True, True], attrs={"epsilon": 1e-5}),
+    "EmbedLayerNormalization-position-ids": Case(
+        "EmbedLayerNormalization", {"ids": IDS, "positions": int32([[4, 3, 2, 1, 0]])}, EMBEDDINGS,
+        ["ids", "", "word", "position", "", "gamma", "beta", "", "positions"], [True, True]),
+    "Attention": Case("Attention", {"x": X}, PACKED, ["x", "w", "b"], attrs={"num_heads": HEADS}),
+    "Attention-lengths": Case("Attention", {"x": X, "mask": int32([3, 5])}, PACKED, ["x", "w", "b", "mask"],
+                              attrs={"num_heads": HEADS}),
+    "Attention-lengths-and-starts": Case("Attention", {"x": X, "mask": int32([4, 5, 1, 2])}, PACKED,
+                                         ["x", "w", "b", "mask"], attrs={"num_heads": HEADS}),
+    "Attention-raw-mask": Case("Attention", {"x": X, "mask": int32([[1, 1, 0, 1, 0], [1, 0, 0, 0, 0]])}, PACKED,
+                               ["x", "w", "b", "mask"], attrs={"num_heads": HEADS, "mask_filter_value": -1e9}),
+    "Attention-3d-mask": Case("Attention", {"x": X, "mask": RNG.integers(0, 2, (B, S, S)).astype(np.int32)}, PACKED,
+                              ["x", "w", "b", "mask"], attrs={"num_heads": HEADS}),
+    "Attention-unidirectional-lengths-scale": Case("Attention", {"x": X, "mask": int32([4, 2])}, PACKED,
+                                                   ["x", "w", "b", "mask"],
+                                                   attrs={"num_heads": HEADS, "unidirectional": 1, "scale": 0.3}),
+    "Attention-qkv-hidden-sizes-no-bias": Case("Attention", {"x": X}, {"w": normal(D, 8 + 8 + 4)}, ["x", "w"],
+                                               attrs={"num_heads": HEADS, "qkv_hidden_sizes": [8, 8, 4]}),
+    "Attention-attention-bias": Case("Attention", {"x": X, "bias": normal(1, HEADS, S, S)}, PACKED,
+                                     ["x", "w", "b", "", "", "bias"], attrs={"num_heads": HEADS}),
+    "Attention-past-present": Case("Attention", {"x": X, "mask": np.ones((B, 3 + S), np.int32),
+                                                 "past": normal(2, B, HEADS, 3, D // HEADS)}, PACKED,
+                                   ["x", "w", "b", "mask", "past"], [True, True],
+                                   attrs={"num_heads": HEADS, "unidirectional": 1}),
+}
+# The masks must matter: were one ignored, onnxruntime's result would differ from the unmasked one.
+MASKED = [name for name, case in CASES.items()
+          if case.op == "Attention" and "mask" in case.feeds and not np.all(case.feeds["mask"] == 1)]
+
+
+def save(model: onnx.ModelProto, tmp: Path) -> Path:
+    tmp.mkdir(parents=True, exist_ok=True)
+    path = tmp / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def build(path: Path, tmp: Path, target_name: str = "wasm") -> Path:
+    decompose_model(path, tmp / "cus", PartitionIntoCUs())
+    dag_path = tmp / "dag.json"
+    write_bytes_atomically(dag_path, json.dumps(build_dag(tmp / "cus", dag_path), indent=2).encode())
+    chosen = target(target_name)
+    options = from_text(chosen.options, compiler="nvrtc") if target_name == "cuda" else from_text(chosen.options)
+    compile_cu_dir(chosen, tmp / "cus", tmp / f"{target_name}-bin", options, dag_path, jobs=1)
+    return dag_path
+
+
+def cli_build(path: Path, tmp: Path, extra=()) -> Path:
+    for argv in (["decompose", "--model-path", path, "--output-dir", tmp / "cus", *extra],
+                 ["build-dag", "--cu-dir", tmp / "cus", "--output", tmp / "dag.json"],
+                 ["compile-wasm", "--cu-dir", tmp / "cus", "--output", tmp / "wasm-bin", "--dag", tmp / "dag.json"]):
+        code, _, err = run_cli(argv)
+        assert code == 0, f"{argv[0]}: {err}"
+    return tmp / "dag.json"
+
+
+def check(case: Case, tmp: Path, device: str = "wasm") -> None:
+    dag = build(save(case.model(), tmp), tmp, "cuda" if device.startswith("cuda") else device)
+    got = cortex.load(dag, device=device).run(case.feeds)
+    want = run_onnxruntime(case.model(), case.feeds)
+    assert_values_close(got, want, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("name", CASES, ids=str)
+def test_contrib_op_matches_onnxruntime_on_wasm(name, tmp_path):
+    check(CASES[name], tmp_path)
+
+
+@pytest.mark.parametrize("name", MASKED, ids=str)
+def test_the_attention_masks_change_the_result(name):
+    case = CASES[name]
+    order = ["" if n == "mask" else n for n in case.order]
+    feeds = {k: v for k, v in case.feeds.items() if k != "mask"}
+    unmasked = Case(case.op, feeds, case.weights, order, case.outputs, case.attrs).model(feeds)
+    assert not np.allclose(run_onnxruntime(case.model(), case.feeds)["y0"], run_onnxruntime(unmasked, feeds)["y0"],
+                           rtol=RTOL, atol=1e-3)
+
+
+def test_bias_add_and_bias_split_gelu_follow_onnxruntimes_definition(tmp_path):
+    """Neither has a CPU kernel in onnxruntime: the reference is its CUDA kernels' definition."""
+    x, bias, skip = normal(B, S, 2 * D), normal(2 * D), normal(B, S, 2 * D)
+    weights = {"bias": bias}
+    add = Case("BiasAdd", {"x": x, "skip": skip}, weights, ["x", "bias", "skip"])
+    got = cortex.load(build(save(add.model(), tmp_path / "add"), tmp_path / "add"), device="wasm").run(add.feeds)
+    got = got["y0"]
+    np.testing.assert_allclose(got, x + bias + skip, rtol=RTOL, atol=ATOL)
+    split = Case("BiasSplitGelu", {"x": x}, weights, ["x", "bias"])
+    got = cortex.load(build(save(split.model(), tmp_path / "split"), tmp_path / "split"), device="wasm")
+    got = got.run(split.feeds)["y0"]
+    biased = (x + bias).astype(np.float64)
+    left, right = biased[..., :D], biased[..., D:]
+    erf = np.vectorize(math.erf)
+    np.testing.assert_allclose(got, left * 0.5 * right * (1 + erf(right / math.sqrt(2))), rtol=RTOL, atol=ATOL)
+
+
+CUDA_SIM = ["SkipLayerNormalization-all-outputs", "EmbedLayerNormalization", "Attention-raw-mask",
+            "Attention-lengths-and-starts"]
+
+
+@pytest.mark.skipif(unavailable_reason("cuda-sim") is not None, reason="the cuda-sim device is not available here")
+@pytest.mark.parametrize("name", CUDA_SIM, ids=str)
+def test_contrib_op_matches_onnxruntime_on_cuda_sim(name, tmp_path):
+    check(CASES[name], tmp_path, device="cuda-sim")
+
+
+def test_attention_with_a_shared_past_buffer_is_one_line_naming_the_node(tmp_path):
+    case = Case("Attention", {"x": X, "past": normal(2, B, HEADS, 3, D // HEADS), "length": int32(3)}, PACKED,
+                ["x", "w", "b", "", "past", "", "length"], [True, True], attrs={"num_heads": HEADS})
+    code, _, err = run_cli(["decompose", "--model-path", save(case.model(), tmp_path), "--output-dir", tmp_path / "cus"])
+    assert_one_line_error(code, err, "'attention'", "past_sequence_length")
+
+
+def test_an_expansion_in_a_model_before_opset_17_is_one_line(tmp_path):
+    model = CASES["SkipLayerNormalization"].model()
+    model.opset_import[0].version = 16
+    code, _, err = run_cli(["decompose", "--model-path", save(model, tmp_path), "--output-dir", tmp_path / "cus"])
+    assert_one_line_error(code, err, "skiplayernormalization", "opset 17", "opset 16")
+
+
+# -- the transformer optimizer's MiniLM ----------------------------------------------------------
+@pytest.mark.parametrize("make", [contrib.optimized_minilm,
+                                  functools.partial(contrib.optimized_minilm, gelu_approximation=True)],
+                         ids=["minilm-optimized", "minilm-optimized-fastgelu"])
+def test_optimized_minilm_compiles_for_wasm_and_verifies(make, tmp_path):
+    """With a real sentence's mask (all-zero example inputs would mask every key: onnxruntime's
+    -10000 filter then leaves scores on a grid of 1e-3, and the comparison measures that rounding)."""
+    model = make()
+    binding = [arg for name, size in model.dims.items() for arg in ("--dim", f"{name}={size}")]
+    dag = cli_build(model.path, tmp_path, extra=["--max-cu-size", 50_000_000, *binding])
+    ops = {op for cu in json.loads(dag.read_text())["cus"] for op in cu["op_types"]}
+    assert not ops & set(model.contrib_ops), ops
+    np.savez(tmp_path / "feed.npz", **minilm_feed(model.dims["batch"], model.dims["seq"]))
+    code, out, err = run_cli(["verify", dag, "--model", model.path, "--input", tmp_path / "feed.npz"])
+    assert code == 0, out + err
