@@ -204,7 +204,10 @@ def test_loop_from_torchscript(tmp_path):
             return state
 
     path = tmp_path / "torch.onnx"
-    x, state = torch.randn(LONG, 4), torch.randn(4, 4)
+    # Seeded: for some draws 25 steps of this tanh map amplify a last-bit difference of tanh past
+    # the tolerance, which says nothing about the loop.
+    generator = torch.Generator().manual_seed(0)
+    x, state = 0.5 * torch.randn(LONG, 4, generator=generator), torch.randn(4, 4, generator=generator)
     torch.onnx.export(torch.jit.script(Recurrence()), (x, state), str(path), dynamo=False,
                       input_names=["x", "state"], output_names=["y"])
     model = onnx.load(path)
