@@ -23,7 +23,9 @@ from onnx import TensorProto, helper, numpy_helper
 from backends.registry import target
 from backends.wasm.options import parse_options
 from cli_helpers import CORTEX, TIMEOUT_S, assert_one_line_error, run_cli
+from bench.conformance.devices import unavailable_reason
 from cortex.compile import compile_cu_dir
+from cortex.runtime.repro import artifact_files
 from ir.fs import write_bytes_atomically
 from test_fallback_cus import decompose_and_build, feeds as mixed_feeds, mixed_model
 from wasm_cases import compile_pipeline
@@ -61,18 +63,20 @@ def compile_chain(folder: Path, model: onnx.ModelProto) -> Path:
     return compile_pipeline(folder / "model.onnx", folder, min_cu_size=64, max_cu_depth=1)
 
 
-def plant(dag_path: Path, wrong_dag_path: Path, cu_ids: list[str]) -> None:
-    """Replace these CUs' modules in dag_path's build by the other build's, records included."""
+def plant(dag_path: Path, wrong_dag_path: Path, cu_ids: list[str], kind: str = "wasm") -> None:
+    """Replace these CUs' compiled files in dag_path's build by the other build's, records included
+    (both builds name a CU's files alike)."""
     dag, wrong = json.loads(dag_path.read_text()), json.loads(wrong_dag_path.read_text())
     wrong_cus = {cu["id"]: cu for cu in wrong["cus"]}
     for cu in dag["cus"]:
         assert (cu["inputs"], cu["outputs"]) == (wrong_cus[cu["id"]]["inputs"], wrong_cus[cu["id"]]["outputs"])
         if cu["id"] in cu_ids:
-            record = wrong_cus[cu["id"]]["artifacts"]["wasm"]
-            assert record["sha256"] != cu["artifacts"]["wasm"]["sha256"], "the planted module must differ"
-            write_bytes_atomically(dag_path.parent / cu["artifacts"]["wasm"]["path"],
-                                   (wrong_dag_path.parent / record["path"]).read_bytes())
-            cu["artifacts"]["wasm"] = {**record, "path": cu["artifacts"]["wasm"]["path"]}
+            record = wrong_cus[cu["id"]]["artifacts"][kind]
+            assert record != cu["artifacts"][kind], "the planted artifact must differ"
+            assert artifact_files(kind, record) == artifact_files(kind, cu["artifacts"][kind])
+            for relative in artifact_files(kind, record):
+                write_bytes_atomically(dag_path.parent / relative, (wrong_dag_path.parent / relative).read_bytes())
+            cu["artifacts"][kind] = record
     write_bytes_atomically(dag_path, json.dumps(dag, indent=2).encode())
 
 
@@ -226,4 +230,34 @@ def test_bisect_with_a_fallback_cu(tmp_path, planted, node, op):
     assert [cu for cu, c in by_cu.items() if not c["ok"]] == [planted]
     code, out, err = run_cli(["verify", "dag.json", "--model", "cu.onnx", "--input", "inputs.npz"],
                              cwd=tmp_path / "dump")
+    assert code == 1 and "MISMATCH" in out, err
+
+
+@pytest.mark.skipif(unavailable_reason("cuda-sim") is not None, reason=str(unavailable_reason("cuda-sim")))
+def test_bisect_and_dump_on_cuda_sim(tmp_path):
+    """The same planted CU found on cuda-sim; the dump carries its CUDA files (source, PTX, cubin,
+    weights) and reproduces on that device."""
+    dags = {}
+    for name, model in (("bad", chain_model()), ("wrong", chain_model(ops={2: "Sub"}))):
+        (tmp_path / name).mkdir()
+        onnx.save(model, tmp_path / name / "model.onnx")
+        for argv in (["decompose", "--model-path", "model.onnx", "--output-dir", "cus", "--min-cu-size", "64",
+                      "--max-cu-depth", "1"], ["build-dag", "--cu-dir", "cus", "--output", "dag.json"],
+                     ["compile-cuda", "--cu-dir", "cus", "--output", "cuda-bin", "--dag", "dag.json", "--arch", "sm_80"]):
+            code, _, err = run_cli(argv, cwd=tmp_path / name)
+            assert code == 0, err
+        dags[name] = tmp_path / name / "dag.json"
+    plant(dags["bad"], dags["wrong"], ["cu-0002"], kind="cuda")
+    code, report, err = verify_json(dags["bad"], tmp_path / "bad" / "model.onnx", "--device", "cuda-sim",
+                                    "--dump", tmp_path / "dump")
+    assert code == 1, err
+    assert report["bisect"]["first_divergent_cu"]["cu"] == "cu-0002"
+    assert [c["cu"] for c in report["bisect"]["cus"] if not c["ok"]] == ["cu-0002"]
+    record = next(c for c in json.loads(dags["bad"].read_text())["cus"] if c["id"] == "cu-0002")["artifacts"]["cuda"]
+    files = artifact_files("cuda", record)
+    assert any(f.endswith(".cubin") for f in files) and any(f.endswith(".cu") for f in files)
+    for relative in files:
+        assert (tmp_path / "dump" / relative).read_bytes() == (tmp_path / "bad" / relative).read_bytes()
+    code, out, err = run_cli(["verify", "dag.json", "--model", "cu.onnx", "--input", "inputs.npz", "--device",
+                              "cuda-sim"], cwd=tmp_path / "dump")
     assert code == 1 and "MISMATCH" in out, err

@@ -94,7 +94,7 @@ def _print_bisection(report: BisectReport, dump: Path | None, dumped: bool) -> N
     out.print(table)
     out.print(report.summary())
     if dump is not None and not dumped:
-        out.print(f"--dump {dump}: no CU was compared, nothing written")
+        out.print(f"--dump {dump}: no compiled CU ran, nothing written")
     elif dump is not None:
         out.print(f"{report.named_check.cu} written to {dump}; reproduce with: sh {dump / 'repro.sh'}")
 
