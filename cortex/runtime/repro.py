@@ -125,4 +125,4 @@ def readme(dag: dict, cu: dict, check: CUCheck, command: str, rtol: float, atol:
             "Files: cu.onnx (the CU as an ONNX model), dag.json (a model of this one CU) and its compiled artifact, "
             "inputs.npz (what the CU received in the compiled run), expected.npz (onnxruntime on them), "
             "actual.npz (the device).\n\n"
-            f"Reproduce, in this folder (or run `sh repro.sh`):\n\n    {command}\n")
+            f"Reproduce, in this folder, with the `cortex` command on PATH (or run `sh repro.sh`):\n\n    {command}\n")
