@@ -1,5 +1,9 @@
 """`cortex verify`: run a compiled dag.json and compare every output with onnxruntime on the source
-model, on the same inputs. Exit 0 when all outputs agree within tolerance, 1 when one does not."""
+model, on the same inputs. Exit 0 when all outputs agree within tolerance, 1 when one does not.
+
+`--bisect` also judges each CU on the inputs it received in that run (`cortex.runtime.bisect`) and
+names the first CU whose own outputs diverge; `--dump DIR` writes that CU as a reproduction
+(`cortex.runtime.repro`). The exit code stays the model's verdict."""
 
 from __future__ import annotations
 
@@ -14,6 +18,9 @@ from cortex.commands.run import example_feeds, read_inputs
 from cortex.commands.shared_options import DeviceOption
 from cortex.console import out, print_json
 from cortex.runtime import load
+from cortex.runtime.bisect import Bisection, BisectReport
+from cortex.runtime.compare import compare
+from cortex.runtime.repro import write_reproduction
 from ir.errors import CortexError
 from ir.fs import file_sha256, sha256_bytes
 
@@ -26,23 +33,39 @@ def verify(
     device: DeviceOption = "wasm",
     rtol: Annotated[float, typer.Option("--rtol")] = 1e-4,
     atol: Annotated[float, typer.Option("--atol")] = 1e-5,
+    bisect: Annotated[bool, typer.Option("--bisect", help="Also run each CU's cu.onnx on onnxruntime with the inputs "
+                                         "the CU received, and name the first CU whose own outputs diverge.")] = False,
+    dump: Annotated[Optional[Path], typer.Option("--dump", help="With --bisect: write that CU (or, when none "
+                                                 "diverges, the one with the largest own error) to this folder as "
+                                                 "a reproduction that 'sh DIR/repro.sh' checks again.")] = None,
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable report.")] = False,
 ) -> None:
     """Check a compiled model against onnxruntime: the same inputs must give the same outputs."""
     if not (rtol >= 0 and atol >= 0):       # also refuses NaN, which would pass nothing
         raise CortexError(f"--rtol {rtol:g} / --atol {atol:g}: tolerances must be zero or positive")
+    if dump is not None and not bisect:
+        raise CortexError(f"--dump {dump}: needs --bisect, which finds the CU to dump")
     compiled = load(dag, device)
     _check_same_model(model, compiled.dag)
     given = read_inputs(input or [])
     frozen = _frozen_feeds(compiled.dag, given)
     feeds = {**example_feeds(compiled.inputs), **{k: v for k, v in given.items() if k not in frozen}}
+    bisection = Bisection(compiled, rtol, atol) if bisect else None
     ours = compiled.run(feeds)
     reference = _run_onnxruntime(model, {**feeds, **frozen}, list(ours))
     rows = [compare(name, ours[name], reference[name], rtol, atol) for name in ours]
     ok = all(r["ok"] for r in rows)
+    report = bisection.report(ok) if bisection else None
+    command = None
+    if dump is not None and report.named is not None:
+        command = write_reproduction(dump, compiled.dag, compiled.path, report.named, report.named_check, device,
+                                     rtol, atol)
     if json:
-        print_json({"dag": str(dag), "model": str(model), "device": device, "rtol": rtol, "atol": atol,
-                    "ok": ok, "outputs": rows})
+        document = {"dag": str(dag), "model": str(model), "device": device, "rtol": rtol, "atol": atol,
+                    "ok": ok, "outputs": rows}
+        if report is not None:
+            document["bisect"] = {**report.to_json(), "dump": str(dump) if command else None, "repro": command}
+        print_json(document)
     else:
         table = Table(title=f"{dag} on {device} against onnxruntime (rtol {rtol:g}, atol {atol:g})")
         for col in ("output", "shape", "max abs error", "max rel error", "result"):
@@ -51,22 +74,29 @@ def verify(
             table.add_row(r["name"], "x".join(map(str, r["shape"])) or "scalar", f"{r['max_abs_error']:.3g}",
                           f"{r['max_rel_error']:.3g}", "ok" if r["ok"] else "[red]MISMATCH[/red]")
         out.print(table)
+        if report is not None:
+            _print_bisection(report, dump, command is not None)
     if not ok:
         raise typer.Exit(1)
 
 
-def compare(name: str, ours: np.ndarray, reference: np.ndarray, rtol: float, atol: float) -> dict:
-    if ours.shape != reference.shape or ours.dtype != reference.dtype:
-        return {"name": name, "shape": list(ours.shape), "ok": False, "max_abs_error": float("inf"),
-                "max_rel_error": float("inf"), "why": f"got {ours.dtype}{list(ours.shape)}, "
-                                                      f"expected {reference.dtype}{list(reference.shape)}"}
-    a, b = ours.astype(np.float64), reference.astype(np.float64)
-    both_nan = np.isnan(a) & np.isnan(b)
-    diff = np.where(both_nan, 0.0, np.abs(a - b))
-    abs_err = float(np.max(diff)) if diff.size else 0.0
-    rel_err = float(np.max(diff / np.maximum(np.abs(b), np.finfo(np.float32).tiny))) if diff.size else 0.0
-    ok = bool(np.all(both_nan | (diff <= atol + rtol * np.abs(b))))
-    return {"name": name, "shape": list(ours.shape), "ok": ok, "max_abs_error": abs_err, "max_rel_error": rel_err}
+def _print_bisection(report: BisectReport, dump: Path | None, dumped: bool) -> None:
+    table = Table(title="each CU on its own inputs against onnxruntime")
+    for col in ("CU", "device", "ops", "output", "max abs error", "max rel error", "result"):
+        table.add_column(col)
+    for check in report.checks:
+        for i, r in enumerate(check.outputs):
+            result = "not compared (random ops)" if not check.compared else "ok" if r["ok"] else "[red]DIVERGES[/red]"
+            first = i == 0      # the CU's columns once, on its first output's row
+            table.add_row(check.cu if first else "", check.device if first else "",
+                          ", ".join(check.op_types) if first else "", r["name"], f"{r['max_abs_error']:.3g}",
+                          f"{r['max_rel_error']:.3g}", result)
+    out.print(table)
+    out.print(report.summary())
+    if dump is not None and not dumped:
+        out.print(f"--dump {dump}: no compiled CU ran, nothing written")
+    elif dump is not None:
+        out.print(f"{report.named_check.cu} written to {dump}; reproduce with: sh {dump / 'repro.sh'}")
 
 
 def _frozen_feeds(dag: dict, given: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -1,0 +1,164 @@
+"""Which CU makes a compiled model disagree with onnxruntime (`cortex verify --bisect`).
+
+A whole-model mismatch says that something is wrong, not where: an error made early travels
+through every later CU. So each CU is judged on its own: while the compiled model runs, every CU's
+inputs and outputs are copied to the host as the device saw them, and the CU's cu.onnx runs on
+onnxruntime with those very inputs. A CU whose outputs then differ beyond the tolerance computes
+something else than its ONNX graph says; the first such CU in run order is the culprit. When no CU
+diverges on its own while the model does, the small errors of several CUs add up; the CU with the
+largest own error (in units of the tolerance) is named instead.
+
+The run is observed at the device boundary: each device the scheduler holds is wrapped so that
+`run` hands a copy of the CU's inputs and outputs to the bisection. The scheduler is not changed
+and decides what runs exactly as without `--bisect`; a CU it does not run is not judged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from backends.registry import Device
+from backends.registry import device as device_spec
+from cortex.runtime.compare import compare
+from cortex.runtime.loader import CompiledModel
+
+REFERENCE_DEVICE = "onnxruntime"
+
+
+@dataclass
+class CUCheck:
+    """One CU judged on its own inputs: the device's outputs against onnxruntime's."""
+    cu: str
+    device: str
+    op_types: list[str]
+    outputs: list[dict]                 # compare() rows, one per CU output
+    compared: bool = True               # False: random ops, whose outputs differ by design
+    fallback: bool = False              # the CU runs on onnxruntime itself (decompose --fallback)
+
+    @property
+    def ok(self) -> bool:
+        return all(row["ok"] for row in self.outputs)
+
+    @property
+    def tolerance_ratio(self) -> float:
+        return max((row["tolerance_ratio"] for row in self.outputs), default=0.0)
+
+    def to_json(self) -> dict:
+        return {"cu": self.cu, "device": self.device, "op_types": self.op_types, "ok": self.ok,
+                "compared": self.compared, "fallback": self.fallback, "outputs": self.outputs}
+
+
+@dataclass
+class CUCase:
+    """What reproduces one CU's result: its inputs, onnxruntime's outputs and the device's."""
+    cu: dict
+    inputs: dict[str, np.ndarray]
+    expected: dict[str, np.ndarray]
+    actual: dict[str, np.ndarray]
+
+
+@dataclass
+class BisectReport:
+    checks: list[CUCheck]
+    first_divergent: CUCheck | None
+    largest_error: CUCheck | None
+    model_ok: bool
+    named: CUCase | None = field(default=None, repr=False)   # the case of the CU the report names
+
+    @property
+    def verdict(self) -> str:
+        if self.first_divergent is not None:
+            return "diverges"
+        return "agrees" if self.model_ok else "accumulates"
+
+    @property
+    def named_check(self) -> CUCheck | None:
+        return self.first_divergent or self.largest_error
+
+    def summary(self) -> str:
+        """One sentence for the table."""
+        if self.first_divergent is not None:
+            return f"first CU that diverges on its own inputs: {describe(self.first_divergent)}"
+        largest = f"; the largest own error is {describe(self.largest_error)}" if self.largest_error else ""
+        if self.model_ok:
+            return "no CU diverges on its own inputs" + largest
+        return "no CU diverges on its own inputs: the model's error accumulates over several CUs" + largest
+
+    def to_json(self) -> dict:
+        named = self.named_check
+        return {"verdict": self.verdict, "summary": self.summary(),
+                "first_divergent_cu": self.first_divergent.to_json() if self.first_divergent else None,
+                "largest_error_cu": self.largest_error.to_json() if self.largest_error else None,
+                "named_cu": named.cu if named else None,
+                "cus": [c.to_json() for c in self.checks]}
+
+
+def describe(check: CUCheck) -> str:
+    errors = ", ".join(f"{r['name']} max abs {r['max_abs_error']:.3g} rel {r['max_rel_error']:.3g}"
+                       for r in check.outputs)
+    return f"{check.cu} ({', '.join(check.op_types)}) on {check.device}: {errors}"
+
+
+class Bisection:
+    """Attach to a loaded model before it runs; `report()` after the run."""
+
+    def __init__(self, model: CompiledModel, rtol: float, atol: float):
+        self.rtol, self.atol = rtol, atol
+        # Every CU's own cu.onnx in a session of its own; load() checks each file's sha256.
+        self.reference = device_spec(REFERENCE_DEVICE).open(model.dag, model.path)
+        self.checks: list[CUCheck] = []
+        self.cases: dict[str, CUCase] = {}
+        self.first_divergent: CUCheck | None = None
+        self.largest_error: CUCheck | None = None
+        devices = model.scheduler.devices
+        for name in list(devices):
+            devices[name] = ObservedDevice(devices[name], name, self.observe)
+
+    def observe(self, cu: dict, device: str, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> None:
+        self.reference.load([cu])
+        expected = {k: np.asarray(v) for k, v in self.reference.run(cu, inputs).items()}
+        check = CUCheck(cu["id"], device, list(cu.get("op_types", [])),
+                        [compare(name, outputs[name], expected[name], self.rtol, self.atol) for name in cu["outputs"]],
+                        compared=not cu.get("random", False), fallback=device == REFERENCE_DEVICE)
+        self.checks.append(check)
+        if not check.compared:      # listed with its errors, never judged
+            check.outputs = [{**row, "ok": True} for row in check.outputs]
+            return
+        # A fallback CU runs on onnxruntime already: its own error is onnxruntime against itself.
+        if not check.fallback and (self.largest_error is None
+                                   or check.tolerance_ratio > self.largest_error.tolerance_ratio):
+            self.largest_error = check
+        if self.first_divergent is not None:
+            return
+        # Only the case of the CU the report will name is kept, not every CU's tensors.
+        if not check.ok:
+            self.first_divergent = check
+            self.cases = {check.cu: CUCase(cu, inputs, expected, outputs)}
+        elif check is self.largest_error:
+            self.cases = {check.cu: CUCase(cu, inputs, expected, outputs)}
+
+    def report(self, model_ok: bool) -> BisectReport:
+        report = BisectReport(self.checks, self.first_divergent, self.largest_error, model_ok)
+        named = report.named_check
+        report.named = self.cases.get(named.cu) if named else None
+        return report
+
+
+class ObservedDevice:
+    """A device whose every `run` also hands host copies of the CU's inputs (taken before it runs:
+    an input may be a view of another CU's memory) and outputs (taken at once: an output may be a
+    view of this CU's memory, overwritten when it runs again) to `observe`."""
+
+    def __init__(self, inner: Device, name: str, observe):
+        self.inner, self.device_name, self.observe = inner, name, observe
+
+    def run(self, cu: dict, inputs: dict) -> dict:
+        copies = {name: self.inner.to_host(tensor) for name, tensor in inputs.items()}
+        results = self.inner.run(cu, inputs)
+        self.observe(cu, self.device_name, copies, {name: self.inner.to_host(t) for name, t in results.items()})
+        return results
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
