@@ -11,7 +11,7 @@ import numpy as np
 
 from ir.loops.contraction import (ContractionOperands, ConvSpec, IntegerConvSpec, IntegerGemmSpec, QuantizationOperands,
                                   RequantizeSpec)
-from ir.loops.expr import cast, maximum, minimum, unary
+from ir.loops.expr import cast, eq, maximum, minimum, select, unary
 from ir.ops.nn import _batched
 from ir.ops.registry import CONTRACTION, OTHER, lowering, register
 from ir.ops.windows import pad_buffer, window_geometry
@@ -117,14 +117,16 @@ def _integer_matmul(b, node):
 @lowering("loops", "DynamicQuantizeLinear")
 def _dynamic_quantize(b, node):
     """uint8 quantisation with the scale and zero point taken from the data's range (which always
-    includes 0), as the spec computes them."""
+    includes 0), as the spec computes them; an empty range (all zeros) has scale 1, as onnxruntime's
+    kernel gives it (qmath.h, GetQuantizationParameter), not 0 (whose 0 / 0 would be NaN). Both loops
+    vectorise: the range as pmin/pmax partials, the quantisation with 32-bit lane stores of bytes."""
     x, y, scale, zero = b.input(node, 0), b.output(node, 0), b.output(node, 1), b.output(node, 2)
     low = b.local("f32", 0.0, "low")
     high = b.local("f32", 0.0, "high")
     with b.loop(x.numel) as i:
         b.assign(low, minimum(low, x.at(i)))
         b.assign(high, maximum(high, x.at(i)))
-    s = b.local("f32", (high - low) / 255.0, "scale")
+    s = b.local("f32", select(eq(high, low), 1.0, (high - low) / 255.0), "scale")
     zp = b.local("f32", minimum(maximum(unary("nearest", (0.0 - low) / s), 0.0), 255.0), "zero")
     b.store_flat(scale, 0, s)
     b.store_flat(zero, 0, cast(zp, "i32"))
