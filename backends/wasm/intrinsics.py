@@ -2,7 +2,9 @@
 (`backends/wasm/gemm.py`; `kernels/gemv.py` for one or two rows) for a `GemmSpec` (MatMul, Gemm),
 and for a `ConvSpec` im2col + GEMM (`kernels/conv.py`) or, where `implicit_gemm_is_faster`, the implicit GEMM over output pixels with
 the weight packed at compile time (`kernels/conv_implicit_gemm.py`), and for an `IntegerGemmSpec`
-(MatMulInteger, QLinearMatMul with a constant B) the 16-bit dot-product GEMM (`kernels/int8_gemm.py`).
+(MatMulInteger, QLinearMatMul with a constant B) the 16-bit dot-product GEMM (`kernels/int8_gemm.py`), and
+for an `IntegerConvSpec` (ConvInteger, QLinearConv with a constant weight) its tiles behind an 8-bit
+im2col (`kernels/int8_conv.py`).
 
 `kernels(options)` is what the builder sees (`ContractionKernels`: how to pack a weight, how much
 scratch a kernel needs, all decided from the spec); `render_intrinsic` turns an `Intrinsic`
@@ -23,11 +25,14 @@ from backends.wasm.kernels.conv import (Conv2dSpec, conv_scratch_bytes, pack_con
                                         weight_packs_as_a)
 from backends.wasm.kernels.conv_implicit_gemm import implicit_gemm_is_faster
 from backends.wasm.kernels.gemv import gemv_fits, render_gemv
+from backends.wasm.kernels.int8_conv import (IntegerConvOffsets, integer_conv_scratch_bytes, pack_integer_conv_weight,
+                                             render_integer_conv)
 from backends.wasm.kernels.int8_gemm import IntegerGemmOffsets, render_integer_gemm, scratch_bytes, uses_relaxed_dot
 from backends.wasm.kernels.int8_gemm import pack_b as pack_integer_b
 from backends.wasm.kernels.operands import ConvOffsets, GemmOffsets
 from backends.wasm.options import WasmOptions
-from ir.loops.contraction import ContractionSpec, ConvSpec, GemmSpec, IntegerGemmSpec, Scratch, WeightLayout
+from ir.loops.contraction import (ContractionSpec, ConvSpec, GemmSpec, IntegerConvSpec, IntegerGemmSpec, Scratch,
+                                  WeightLayout)
 from ir.loops.program import Intrinsic
 
 
@@ -38,7 +43,7 @@ class WasmKernels:
         self.features = features
 
     def offers(self, spec: ContractionSpec) -> bool:
-        if isinstance(spec, IntegerGemmSpec):
+        if isinstance(spec, (IntegerGemmSpec, IntegerConvSpec)):
             return "simd" in self.features    # without SIMD128 the loop nest is as good
         return isinstance(spec, (GemmSpec, ConvSpec))
 
@@ -49,6 +54,8 @@ class WasmKernels:
             return WeightLayout("_packed") if spec.constant_b else None
         if isinstance(spec, IntegerGemmSpec):   # B' depends on the zero point: one packing per product
             return WeightLayout("_i7_panels" if uses_relaxed_dot(spec, self.features) else "_i16_panels")
+        if isinstance(spec, IntegerConvSpec):   # W' too
+            return WeightLayout("_i16_channel_groups")
         conv = conv_kernel_spec(spec, self.features)
         if conv.implicit_gemm:
             return WeightLayout("_panels", shared=True)
@@ -61,6 +68,8 @@ class WasmKernels:
             return np.frombuffer(pack_b(weight, spec.trans_b), dtype="<f4")
         if isinstance(spec, IntegerGemmSpec):
             return pack_integer_b(weight, uses_relaxed_dot(spec, self.features))
+        if isinstance(spec, IntegerConvSpec):
+            return pack_integer_conv_weight(spec, weight)
         return pack_conv_weight(conv_kernel_spec(spec, self.features), weight)
 
     def scratch(self, spec: ContractionSpec) -> tuple[Scratch, ...]:
@@ -70,6 +79,10 @@ class WasmKernels:
             packed_a, tile, scales = scratch_bytes(spec, uses_relaxed_dot(spec, self.features))
             return (Scratch("a", "_i16", packed_a // 4), Scratch("a", "_tile", tile // 4),
                     *((Scratch("b", "_scales", scales // 4),) if scales else ()))
+        if isinstance(spec, IntegerConvSpec):
+            col, packed, tile, scales = integer_conv_scratch_bytes(spec)
+            return (*((Scratch("a", "_im2col_bytes", -(-col // 4)),) if col else ()), Scratch("a", "_i16", packed // 4),
+                    Scratch("a", "_tile", tile // 4), *((Scratch("b", "_scales", scales // 4),) if scales else ()))
         return (Scratch("a", "_im2col", conv_scratch_bytes(conv_kernel_spec(spec, self.features)) // 4),)
 
 
@@ -125,7 +138,22 @@ def render_intrinsic(stmt: Intrinsic, name: str, options: WasmOptions) -> str:
                                 a_scale=_at_or_none(q.a_scale), b_scale=_at_or_none(q.b_scale),
                                 out_scale=_at_or_none(q.out_scale), out_zero=_at_or_none(q.out_zero))
         return render_integer_gemm(spec, at, name=name, relaxed=uses_relaxed_dot(spec, features))
+    if isinstance(spec, IntegerConvSpec):
+        return _render_integer_conv_call(spec, ops, name)
     raise ValueError(f"the WebAssembly backend has no kernel for {spec!r}")
+
+
+def _render_integer_conv_call(spec: IntegerConvSpec, ops, name: str) -> str:
+    q = ops.quantization
+    col, *_ = integer_conv_scratch_bytes(spec)
+    scratch = list(ops.scratch)
+    col_buffer = scratch.pop(0) if col else None
+    packed, tile, *scales = scratch
+    at = IntegerConvOffsets(_at(ops.a), _at(ops.b), _at(ops.out), _at_or_none(col_buffer), _at(packed), _at(tile),
+                            scales=_at(scales[0]) if scales else None, x_zero=_at_or_none(q.a_zero),
+                            x_scale=_at_or_none(q.a_scale), w_scale=_at_or_none(q.b_scale),
+                            y_scale=_at_or_none(q.out_scale), y_zero=_at_or_none(q.out_zero), bias=_at_or_none(ops.bias))
+    return render_integer_conv(spec, at, name=name)
 
 
 def _render_gemm_call(spec: GemmSpec, ops, features: frozenset[str], name: str) -> str:

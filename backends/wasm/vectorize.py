@@ -1,7 +1,9 @@
 """SIMD128 rendering of innermost loops.
 
 A loop is vectorised four lanes at a time when its body is only stores whose index moves by one
-element per iteration into 4-byte (f32 or i32) buffers, float reductions into accumulators
+element per iteration into 4-byte (f32 or i32) buffers or of i32 values into 1-byte buffers (the low
+byte of each lane, as i32.store8 keeps it: one shuffle and a 32-bit lane store; QuantizeLinear's
+and DynamicQuantizeLinear's outputs), float reductions into accumulators
 (`acc = acc + x`, also *, max, min: four partial lanes, folded after the vector part) and
 iteration-private locals (set before they are read in each iteration: one v128 local each, whose
 last lane is copied back to the scalar after the vector part), and every value it stores, assigns
@@ -30,6 +32,8 @@ from backends.wasm.simd_lanes import strided_load
 
 LANES = 4
 _VECTOR_DTYPES = ("float32", "int32")
+_BYTE_DTYPES = ("uint8", "int8", "bool")
+_LOW_BYTES = "0 4 8 12 0 4 8 12 0 4 8 12 0 4 8 12"   # i8x16.shuffle: each 32-bit lane's low byte
 _F32_BINARY = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "min": "min", "max": "max"}
 _I32_BINARY = {"add": "i32x4.add", "sub": "i32x4.sub", "mul": "i32x4.mul", "min": "i32x4.min_s",
                "max": "i32x4.max_s", "and": "v128.and", "or": "v128.or", "xor": "v128.xor"}
@@ -78,7 +82,8 @@ def _private_locals(loop: Loop) -> set[int] | None:
             else:
                 return None
         elif isinstance(s, Store):
-            if s.buffer.dtype not in _VECTOR_DTYPES or stride_of(s.index, var) != 1 \
+            stored = s.buffer.dtype in _VECTOR_DTYPES or (s.buffer.dtype in _BYTE_DTYPES and s.value.type == "i32")
+            if not stored or stride_of(s.index, var) != 1 \
                     or _reads_private(s.index, private):
                 return None
             if not _vector_ok(s.value, var, private):
@@ -248,8 +253,11 @@ class VectorRenderer:
         return "\n".join(dict.fromkeys(lines))
 
     def store(self, s: Store) -> str:
-        return (f"(v128.store offset={s.buffer.storage.offset} {self.scalar.address(s.buffer, s.index)} "
-                f"{self.vector(s.value)})")
+        address = self.scalar.address(s.buffer, s.index)
+        if s.buffer.dtype in _BYTE_DTYPES:
+            return (f"(v128.store32_lane offset={s.buffer.storage.offset} 0 {address} "
+                    f"(i8x16.shuffle {_LOW_BYTES} {self.vector(s.value)} (v128.const i32x4 0 0 0 0)))")
+        return f"(v128.store offset={s.buffer.storage.offset} {address} {self.vector(s.value)})"
 
     def load(self, e: Load) -> str:
         offset, address = e.buffer.storage.offset, self.scalar.address(e.buffer, e.index)

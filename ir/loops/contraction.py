@@ -2,7 +2,8 @@
 
 A lowering that recognises a float32 GEMM (MatMul, Gemm) or a 2-D Conv describes it once as a
 `GemmSpec` or a `ConvSpec`, and an 8-bit integer GEMM with a constant B (MatMulInteger,
-QLinearMatMul) as an `IntegerGemmSpec` (shapes, transposes, window geometry, groups, and the epilogue the kernel
+QLinearMatMul) as an `IntegerGemmSpec` and an 8-bit Conv (ConvInteger, QLinearConv) as an
+`IntegerConvSpec` (shapes, transposes, window geometry, groups, and the epilogue the kernel
 applies before it stores: a bias, a residual, an activation), asks the builder whether the target
 offers a kernel for it (`LoopBuilder.offers`), and emits it as an `Intrinsic` statement over
 `ContractionOperands`. How the target runs it (which weight layout, which scratch, which kernel
@@ -96,14 +97,32 @@ class IntegerGemmSpec:
     requantize: RequantizeSpec | None = None
 
 
-ContractionSpec = GemmSpec | ConvSpec | IntegerGemmSpec
+@dataclass(frozen=True)
+class IntegerConvSpec:
+    """A 2-D ConvInteger or QLinearConv of `conv`'s geometry (its weight constant, its epilogue
+    unused) over 8-bit x (signed with `x_signed`) and a constant W' = W - w_zero whose zero point
+    (per tensor or per output channel) the lowering has already subtracted: W' lies in -255..255.
+    `x_zero`: x has a per-tensor zero point, read at run time, which is also the padding's value (a
+    padded tap then adds nothing, as the loop nest's padded buffer does). y is int32 (ConvInteger),
+    or with `requantize` 8-bit (QLinearConv): `bias` (int32, one per output channel) is added to
+    each sum first, and the requantisation's `b_scale_per_column` means the weight's scale per
+    output channel."""
+    kind: ClassVar[str] = "integer_conv2d"
+    conv: ConvSpec
+    x_signed: bool = False
+    x_zero: bool = True
+    bias: bool = False
+    requantize: RequantizeSpec | None = None
+
+
+ContractionSpec = GemmSpec | ConvSpec | IntegerGemmSpec | IntegerConvSpec
 
 
 @dataclass(frozen=True)
 class QuantizationOperands:
-    """The run-time scalars (and per-column vectors) of an `IntegerGemmSpec`: A's zero point, and for
-    its requantisation A's, B's and the output's scales and the output's zero point; None where the
-    spec has none."""
+    """The run-time scalars (and per-column vectors) of an `IntegerGemmSpec` or `IntegerConvSpec`: A's
+    (a Conv's input's) zero point, and for its requantisation A's, B's (the weight's) and the
+    output's scales and the output's zero point; None where the spec has none."""
     a_zero: Buffer | None = None
     a_scale: Buffer | None = None
     b_scale: Buffer | None = None

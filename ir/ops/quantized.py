@@ -3,13 +3,15 @@ DynamicQuantizeLinear that feeds a dynamically quantized model's products.
 
 A MatMulInteger or QLinearMatMul with a constant B of static shape (the weights of a quantized
 model) is described to the target as an `IntegerGemmSpec` (B's zero point subtracted here, once, at
-compile time) and runs on the target's integer GEMM where it offers one; everything else, and every
-target without one, runs the loop nests below."""
+compile time), a 2-D ConvInteger or QLinearConv with a constant weight as an `IntegerConvSpec` (the
+weight's zero point subtracted likewise), and runs on the target's integer kernel where it offers
+one; everything else, and every target without one, runs the loop nests below."""
 
 import numpy as np
 
-from ir.loops.contraction import ContractionOperands, IntegerGemmSpec, QuantizationOperands, RequantizeSpec
-from ir.loops.expr import cast, maximum, minimum, unary
+from ir.loops.contraction import (ContractionOperands, ConvSpec, IntegerConvSpec, IntegerGemmSpec, QuantizationOperands,
+                                  RequantizeSpec)
+from ir.loops.expr import cast, eq, maximum, minimum, select, unary
 from ir.ops.nn import _batched
 from ir.ops.registry import CONTRACTION, OTHER, lowering, register
 from ir.ops.windows import pad_buffer, window_geometry
@@ -115,14 +117,16 @@ def _integer_matmul(b, node):
 @lowering("loops", "DynamicQuantizeLinear")
 def _dynamic_quantize(b, node):
     """uint8 quantisation with the scale and zero point taken from the data's range (which always
-    includes 0), as the spec computes them."""
+    includes 0), as the spec computes them; an empty range (all zeros) has scale 1, as onnxruntime's
+    kernel gives it (qmath.h, GetQuantizationParameter), not 0 (whose 0 / 0 would be NaN). Both loops
+    vectorise: the range as pmin/pmax partials, the quantisation with 32-bit lane stores of bytes."""
     x, y, scale, zero = b.input(node, 0), b.output(node, 0), b.output(node, 1), b.output(node, 2)
     low = b.local("f32", 0.0, "low")
     high = b.local("f32", 0.0, "high")
     with b.loop(x.numel) as i:
         b.assign(low, minimum(low, x.at(i)))
         b.assign(high, maximum(high, x.at(i)))
-    s = b.local("f32", (high - low) / 255.0, "scale")
+    s = b.local("f32", select(eq(high, low), 1.0, (high - low) / 255.0), "scale")
     zp = b.local("f32", minimum(maximum(unary("nearest", (0.0 - low) / s), 0.0), 255.0), "zero")
     b.store_flat(scale, 0, s)
     b.store_flat(zero, 0, cast(zp, "i32"))
@@ -131,10 +135,61 @@ def _dynamic_quantize(b, node):
         b.store_flat(y, i, cast(minimum(maximum(q, 0.0), 255.0), "i32"))
 
 
+def _integer_conv_as_kernel(b, node) -> bool:
+    """The Conv as the target's integer Conv: 8-bit NCHW x with a per-tensor zero point, a constant
+    8-bit weight [OC, C/g, KH, KW] with a constant per-tensor or per-output-channel zero point; for
+    QLinearConv float32 scales, per tensor but the weight's (per output channel too), and an int32
+    bias of OC values."""
+    qlinear = node.op_type == "QLinearConv"
+    if qlinear:
+        xv, x_scale, x_zero, wv, w_scale, w_zero, y_scale, y_zero, bias = _inputs(node, 9)
+    else:
+        xv, wv, x_zero, w_zero = _inputs(node, 4)
+        x_scale = w_scale = y_scale = y_zero = bias = None
+    yv = node.outputs[0]
+    if xv.dtype not in (_UINT8, _INT8) or wv.dtype not in (_UINT8, _INT8) or not wv.is_const \
+            or len(wv.shape) != 4 or not xv.is_static or len(xv.shape) != 4 or not yv.is_static:
+        return False
+    out_channels = int(wv.shape[0])
+    if not _scalar(x_zero) or not _per_tensor_or_column(w_zero, out_channels) \
+            or (w_zero is not None and not w_zero.is_const):
+        return False
+    if qlinear and (not all(v is not None and v.dtype == _FLOAT for v in (x_scale, w_scale, y_scale))
+                    or not (_scalar(x_scale) and _scalar(y_scale) and _scalar(y_zero))
+                    or not _per_tensor_or_column(w_scale, out_channels) or yv.dtype not in (_UINT8, _INT8)
+                    or (bias is not None and (bias.dtype != _INT32 or not bias.is_static or bias.numel != out_channels))):
+        return False
+    if not qlinear and yv.dtype != _INT32:
+        return False
+    (batch, channels, height, width), kernel = (int(d) for d in xv.shape), [int(d) for d in wv.shape[2:]]
+    geo = window_geometry(node, (height, width), kernel, [int(d) for d in yv.shape[2:]])
+    conv = ConvSpec(batch=batch, in_channels=channels, height=height, width=width, out_channels=out_channels,
+                    kernel=tuple(kernel), strides=tuple(geo.strides),
+                    pads=(geo.pads_begin[0], geo.pads_begin[1], geo.pads_end[0], geo.pads_end[1]),
+                    dilations=tuple(geo.dilations), groups=int(node.attrs.get("group", 1)))
+    weights = np.asarray(wv.const).astype(np.int32)
+    if w_zero is not None:
+        weights = weights - np.asarray(w_zero.const).astype(np.int32).reshape(-1, 1, 1, 1)
+    requantize = RequantizeSpec(b_scale_per_column=w_scale.numel != 1, signed_output=yv.dtype == _INT8,
+                                out_zero=y_zero is not None) if qlinear else None
+    spec = IntegerConvSpec(conv, x_signed=xv.dtype == _INT8, x_zero=x_zero is not None, bias=bias is not None,
+                           requantize=requantize)
+    if not b.offers(spec):
+        return False
+    quantization = QuantizationOperands(*(b.buffer(v) if v is not None else None
+                                          for v in (x_zero, x_scale, w_scale, y_scale, y_zero)))
+    operands = ContractionOperands(b.buffer(xv), b.contraction_weight(spec, wv, weights), b.output(node),
+                                   bias=b.buffer(bias) if bias is not None else None, quantization=quantization)
+    b.call_contraction(spec, operands, xv.name, wv.name)
+    return True
+
+
 @lowering("loops", "ConvInteger", "QLinearConv")
 def _integer_conv(b, node):
     """int32 sums of zero-point-shifted 8-bit products; the padding holds the input's zero point so
     it contributes nothing. QLinearConv then adds its int32 bias and requantises."""
+    if _integer_conv_as_kernel(b, node):
+        return
     qlinear = node.op_type == "QLinearConv"
     if qlinear:
         x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero, bias = (b.input(node, i) for i in range(9))

@@ -141,15 +141,15 @@ def render_integer_gemm(spec: IntegerGemmSpec, at: IntegerGemmOffsets, name: str
              f", A {'int8' if spec.a_signed else 'uint8'}{', relaxed dot product' if relaxed else ''}"
              + (f", requantised to {'int8' if q.signed_output else 'uint8'}" if q else ", int32"))
     body = "\n".join([f"(func ${name}", "  " + title, *("  " + d for d in decls), *("  " + c for c in code), ")"])
-    helpers = "".join(_k_function(f"{name}_k{rows}", rows, at.tile, relaxed) for rows in sorted(_tile_heights(spec.m)))
+    helpers = "".join(render_k_function(f"{name}_k{rows}", rows, at.tile, relaxed) for rows in sorted(tile_heights(spec.m)))
     return body + "\n" + helpers
 
 
-def _tile_heights(m: int) -> set[int]:
+def tile_heights(m: int) -> set[int]:
     return {h for h in (ROWS if m >= ROWS else 0, m % ROWS) if h}
 
 
-def _counted(var: str, count: int, body: list[str]) -> list[str]:
+def counted_loop(var: str, count: int, body: list[str]) -> list[str]:
     """body for var in 0 .. count - 1 (count >= 1, known at compile time)."""
     if count == 1:
         return [f"(local.set {var} (i32.const 0))", *body]
@@ -171,7 +171,7 @@ def _scales(spec: IntegerGemmSpec, at: IntegerGemmOffsets) -> list[str]:
     else:
         b_scale = f"(f32.load (i32.const {at.b_scale}))"
     value = f"(f32.div (f32.mul (f32.load (i32.const {at.a_scale})) {b_scale}) (f32.load (i32.const {at.out_scale})))"
-    return _counted("$p", PANEL * panels(spec.n),
+    return counted_loop("$p", PANEL * panels(spec.n),
                     [f"(f32.store offset={at.scales} (i32.shl (local.get $p) (i32.const 2)) {value})"])
 
 
@@ -226,7 +226,7 @@ def _pack_a(spec: IntegerGemmSpec, at: IntegerGemmOffsets, relaxed: bool) -> lis
                  f"(v128.store offset=32 (local.get $pa) (i8x16.shuffle {shuffle_lanes(0, 1, 4, 5)} (local.get $lo) (local.get $hi)))",
                  f"(v128.store offset=48 (local.get $pa) (i8x16.shuffle {shuffle_lanes(2, 3, 6, 7)} (local.get $lo) (local.get $hi)))",
                  "(local.set $pa (i32.add (local.get $pa) (i32.const 64)))"]
-        group += _counted("$p", blocks, step)
+        group += counted_loop("$p", blocks, step)
     for kk in range(per_step * blocks, width * steps(k, relaxed)):   # the tail, and zeros up to a whole lane
         for r in range(ROWS):
             at_pa = f"offset={(kk - per_step * blocks) // width * 16 + 4 * r + (kk % width) * (1 if relaxed else 2)}"
@@ -247,7 +247,7 @@ def _pack_a(spec: IntegerGemmSpec, at: IntegerGemmOffsets, relaxed: bool) -> lis
             for lane in range(4):
                 total = f"(i32.add {total} (i32x4.extract_lane {lane} (local.get $s{r})))"
             group.append(f"(i32.store offset={at.a_packed + sums + 4 * r} (i32.shl (local.get $g) (i32.const 4)) {total})")
-    return code + _counted("$g", groups(m), group)
+    return code + counted_loop("$g", groups(m), group)
 
 
 def _tiles(spec: IntegerGemmSpec, at: IntegerGemmOffsets, name: str, relaxed: bool) -> list[str]:
@@ -266,12 +266,12 @@ def _tiles(spec: IntegerGemmSpec, at: IntegerGemmOffsets, name: str, relaxed: bo
                 *_epilogue(spec, at, rows, cols, relaxed)]
 
     def row_groups(cols: int) -> list[str]:
-        code = _counted("$g", full_groups, tile(ROWS, cols)) if full_groups else []
+        code = counted_loop("$g", full_groups, tile(ROWS, cols)) if full_groups else []
         if rest_rows:
             code += [f"(local.set $g (i32.const {full_groups}))", *tile(rest_rows, cols)]
         return code
 
-    code = _counted("$p", full_panels, row_groups(PANEL)) if full_panels else []
+    code = counted_loop("$p", full_panels, row_groups(PANEL)) if full_panels else []
     if rest_cols:
         code += [f"(local.set $p (i32.const {full_panels}))", *row_groups(rest_cols)]
     return code
@@ -334,7 +334,7 @@ def _epilogue(spec: IntegerGemmSpec, at: IntegerGemmOffsets, rows: int, cols: in
     return code
 
 
-def _k_function(name: str, rows: int, tile: int, relaxed: bool) -> str:
+def render_k_function(name: str, rows: int, tile: int, relaxed: bool) -> str:
     """`(func $name (param $pa $pb $pend))`: one tile of `rows` rows (4: one v128 of packed A per k
     pair, a shuffle per row; fewer: one 32-bit splat load per row) over the panel from $pb to $pend,
     K_UNROLL k pairs per iteration with a test between steps (which is also the tail), its sums
