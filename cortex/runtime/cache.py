@@ -71,6 +71,10 @@ class ResultCache:
     def fits(self, nbytes: int) -> bool:
         return nbytes <= self.budget_bytes
 
+    @staticmethod
+    def tensor_key(array: np.ndarray) -> bytes:
+        return hash_tensor(array)
+
     def get(self, key: bytes) -> CacheEntry | None:
         entry = self.entries.get(key)
         if entry is None:

@@ -28,7 +28,7 @@ import numpy as np
 
 from backends.registry import Device
 from backends.registry import device as device_spec
-from cortex.runtime.cache import CacheEntry, ResultCache, cu_key, hash_tensor
+from cortex.runtime.cache import CacheEntry, ResultCache, cu_key
 from cortex.runtime.policy import Policy
 from ir.ops import RANDOM, kind_of
 
@@ -151,7 +151,7 @@ class SequentialScheduler:
         if key is None:
             home, tensor = request.env[name]
             host = tensor if isinstance(tensor, np.ndarray) else self.devices[home].to_host(tensor)
-            key = request.keys[name] = hash_tensor(host)
+            key = request.keys[name] = self.cache.tensor_key(host)
         return key
 
     def _run_cu(self, cu: dict, request: Request) -> None:
