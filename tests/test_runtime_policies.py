@@ -13,9 +13,13 @@ import onnx
 import pytest
 
 import cortex
+from cortex.commands.decompose import decompose_model
+from cortex.dag import build_dag
 from cortex.runtime.policy import POLICIES
 from cortex.runtime.trace import validate_trace
 from ir.errors import CortexError
+from ir.fs import write_bytes_atomically
+from passes.partition import PartitionIntoCUs
 from runtime_cases import build, every_cu_in_order, random_model, two_output_model
 from testdata import run_onnxruntime, sample_model
 from wasm_cases import compile_pipeline
@@ -180,3 +184,25 @@ def test_the_trace_follows_its_schema_under_every_policy(policy, noisy):
     assert trace["sandbox_stats"]["peak_memory_mb"] > 0
     assert [e["name"] for e in trace["traceEvents"]] == trace["activated_cus"]
     assert trace["total_seconds"] == sum(entry["seconds"] for entry in trace["cus"])
+
+
+def test_without_the_source_model_build_dag_records_none_and_offline_says_so(tmp_path):
+    path = tmp_path / "model.onnx"
+    onnx.save(two_output_model(), path)
+    decompose_model(path, tmp_path / "cus", PartitionIntoCUs(min_cu_size=0, max_cu_depth=1))
+    path.unlink()                                       # moved away after decompose
+    dag = build_dag(tmp_path / "cus", tmp_path / "dag.json")
+    assert "source_model" not in dag
+    write_bytes_atomically(tmp_path / "dag.json", json.dumps(dag).encode())
+    with pytest.raises(CortexError, match=r"dag\.json: records no source model, so the offline policy cannot run"):
+        cortex.load(tmp_path / "dag.json", device="onnxruntime", policy="offline")
+
+
+def test_offline_refuses_a_dag_built_with_frozen_inputs(two_outputs, tmp_path):
+    folder = tmp_path / "copy"
+    shutil.copytree(two_outputs.parent, folder)
+    dag = json.loads((folder / "dag.json").read_text())
+    dag["options"]["frozen_inputs"] = [{"name": "mask", "dtype": "bool", "shape": [4], "sha256": "0" * 64}]
+    (folder / "dag.json").write_text(json.dumps(dag))
+    with pytest.raises(CortexError, match="built with --freeze-input mask"):
+        cortex.load(folder / "dag.json", policy="offline")
