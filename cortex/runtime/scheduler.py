@@ -133,8 +133,8 @@ class SequentialScheduler:
         """Why `cu` does not run in this request, or None when it runs. The one place that decides
         it; on a cache hit it leaves the entry in `request.hit`, and for a cacheable CU its key in
         `request.key` (stored after it runs)."""
-        # "inactive branch" (cus[i].activation, docs/runtime.md) is decided here, first: a CU of an
-        # untaken branch needs neither its inputs hashed nor a cache lookup.
+        # INACTIVE BRANCH: the check of cus[i].activation (docs/runtime.md) belongs here, before the
+        # others: a CU of an untaken branch needs neither its inputs hashed nor a cache lookup.
         if request.needed is not None and cu["id"] not in request.needed:
             return NOT_NEEDED
         if request.policy.cache and self.cache.enabled and not self.random[cu["id"]]:
@@ -196,7 +196,7 @@ def _holds_random_ops(cu: dict) -> bool:
 def _identity(cu: dict, where: str) -> bytes:
     """What a CU's cached results depend on besides its inputs: the CU, the device that runs it
     and the exact code it runs there (its cu.onnx and that device's artifact record, hashes
-    included)."""
+    included). A reduced-precision variant computes other bits, so it needs an identity of its own."""
     artifact = device_spec(where).artifact
     record = cu.get("artifacts", {}).get(artifact) if artifact else None
     return json.dumps([cu["id"], where, cu["sha256"], record], sort_keys=True).encode()
