@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import jsonschema
 import networkx as nx
 import numpy as np
 import onnx
@@ -16,7 +17,7 @@ import cortex
 from cortex.commands.decompose import decompose_model
 from cortex.dag import build_dag
 from cortex.runtime.policy import POLICIES
-from cortex.runtime.trace import validate_trace
+from cortex.runtime.trace import trace_schema, validate_trace
 from ir.errors import CortexError
 from ir.fs import write_bytes_atomically
 from passes.partition import PartitionIntoCUs
@@ -206,3 +207,16 @@ def test_offline_refuses_a_dag_built_with_frozen_inputs(two_outputs, tmp_path):
     (folder / "dag.json").write_text(json.dumps(dag))
     with pytest.raises(CortexError, match="built with --freeze-input mask"):
         cortex.load(folder / "dag.json", policy="offline")
+
+
+def test_the_trace_schema_is_valid_and_rejects_what_the_contract_rules_out(two_outputs):
+    jsonschema.Draft202012Validator.check_schema(trace_schema())
+    model = cortex.load(two_outputs)
+    model.run(feeds(), outputs=["y1"])
+    for damage in (lambda t: t["skipped_cus"][0].update(reason="bored"),
+                   lambda t: t["sandbox_stats"].pop("wasm_executions"),
+                   lambda t: t.update(activated_cus=["not-a-cu"])):
+        trace = json.loads(json.dumps(model.last_trace))
+        damage(trace)
+        with pytest.raises(jsonschema.ValidationError):
+            validate_trace(trace)
