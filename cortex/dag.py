@@ -18,6 +18,8 @@ import networkx as nx
 from cortex.cus import read_manifest
 from cortex.dag_checks import first_violation
 from ir.errors import CortexError
+from ir.fs import file_sha256
+from ir.ops import RANDOM, kind_of
 
 DAG_SCHEMA = "cortex.dag/1"
 SCHEMA_FILE = Path(__file__).resolve().parent / "schemas" / "dag.schema.json"
@@ -48,10 +50,12 @@ def build_dag(cu_dir: Path, output: Path) -> dict:
     base = Path(os.path.relpath(cu_dir.resolve(), Path(output).resolve().parent))
 
     model = manifest["model"]
+    source = source_model(model, cu_dir, output)
     return {
         "schema": DAG_SCHEMA,
         "model": {"name": model.get("name", ""), "sha256": model.get("sha256", ""),
                   "opsets": model.get("opsets", {})},
+        **({"source_model": source} if source else {}),
         "options": manifest.get("options", {}),
         "inputs": manifest["inputs"],
         "outputs": manifest["outputs"],
@@ -61,12 +65,30 @@ def build_dag(cu_dir: Path, output: Path) -> dict:
                  "params": cu["params"], "depth": cu["depth"], "flops": flops[cu["id"]],
                  "op_types": cu["op_types"], "inputs": cu["inputs"], "outputs": cu["outputs"],
                  **({"runs_on": cu["runs_on"]} if "runs_on" in cu else {}),
+                 **({"random": True} if any(kind_of(op) == RANDOM for op in cu["op_types"]) else {}),
                  "artifacts": {}} for cu in cus],
         "edges": edges,
         "order": order,
         "levels": _levels(graph, order),
         "critical_path": _critical_path(graph, order, flops),
     }
+
+
+def source_model(model: dict, cu_dir: Path, output: Path) -> dict | None:
+    """`{"path", "sha256"}` of the model the CUs were decomposed from, its path relative to the
+    folder of `output` (it may lie outside it: the offline policy checks the sha256 before running
+    it). The manifest holds the path decompose was given, relative to the folder decompose ran in,
+    which is usually this one; failing that, the CU folder's parent. None when neither holds a
+    file with the manifest's sha256 (moved or edited since)."""
+    given = Path(model.get("path", ""))
+    if not model.get("path") or not model.get("sha256"):
+        return None
+    candidates = [given] if given.is_absolute() else [given, Path(cu_dir).parent / given]
+    for candidate in candidates:
+        if candidate.is_file() and file_sha256(candidate) == model["sha256"]:
+            relative = os.path.relpath(candidate.resolve(), Path(output).resolve().parent)
+            return {"path": Path(relative).as_posix(), "sha256": model["sha256"]}
+    return None
 
 
 def _levels(graph: nx.DiGraph, order: list[str]) -> list[list[str]]:

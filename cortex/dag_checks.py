@@ -5,7 +5,9 @@ another: every CU input is a model input or produced by a CU earlier in `order`;
 each CU once; every tensor's dtype is one Cortex knows and its bytes match its shape; each
 artifact's memory plan fits its memory and agrees with the tensors; every artifact path stays
 inside the folder of dag.json, and so does the cu.onnx of a fallback CU (`runs_on`), which is
-that CU's artifact. `first_violation` names the first broken one in one line.
+that CU's artifact. The source model (`source_model`) is the exception: it usually lies outside
+that folder, so its path need only be relative; whoever runs it checks its sha256 first
+(`cortex/runtime/offline.py`). `first_violation` names the first broken one in one line.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ WASM_MEMORY_LIMIT = 1 << 32
 
 
 def first_violation(dag: dict, folder: Path) -> str | None:
-    for check in (_cu_ids, _tensors, _interface, _data_flow, _artifacts):
+    for check in (_cu_ids, _tensors, _interface, _data_flow, _artifacts, _source_model):
         problem = check(dag, folder)
         if problem is not None:
             return problem
@@ -121,6 +123,13 @@ def _artifacts(dag: dict, folder: Path) -> str | None:
                 problem = check(cu, artifacts[key], dag["tensors"], folder)
                 if problem:
                     return f"{cu['id']}'s {key} artifact: {problem}"
+    return None
+
+
+def _source_model(dag: dict, folder: Path) -> str | None:
+    record = dag.get("source_model")
+    if record is not None and (Path(record["path"]).is_absolute() or "\0" in record["path"]):
+        return f"source_model path {record['path']!r} is not relative to the folder of dag.json"
     return None
 
 

@@ -39,6 +39,7 @@ def build_dag(
         "bytes_crossing_borders": sum(e["bytes"] for e in dag["edges"]),
         "critical_path": {"cus": len(dag["critical_path"]["cus"]), "flops": dag["critical_path"]["flops"]},
         "total_flops": sum(cu["flops"] for cu in dag["cus"]),
+        "source_model": dag.get("source_model", {}).get("path"),
         "seconds": round(time.perf_counter() - start, 3),
     }
     if json:
@@ -50,5 +51,7 @@ def build_dag(
         ("bytes crossing CU borders", f"{summary['bytes_crossing_borders']:,}"),
         ("critical path", f"{summary['critical_path']['cus']} CUs, {summary['critical_path']['flops']:,} flops"),
         ("total flops", f"{summary['total_flops']:,}"),
+        ("source model", summary["source_model"] or "not found (moved or edited since decompose): "
+                                                   "the offline policy cannot run"),
         ("time", f"{summary['seconds']:.2f} s"),
     ])

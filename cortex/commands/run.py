@@ -13,6 +13,9 @@ import typer
 from cortex.console import out, print_json
 from cortex.commands.shared_options import DeviceOption
 from cortex.runtime import load
+from cortex.runtime.cache import DEFAULT_CACHE_BYTES
+from cortex.runtime.policy import DEFAULT_POLICY, POLICIES
+from cortex.runtime.policy import policy as resolve_policy
 from ir.errors import CortexError
 from ir.fs import write_bytes_atomically
 
@@ -22,36 +25,82 @@ def run(
     input: Annotated[Optional[list[str]], typer.Option("--input", help="NAME=FILE.npy, or FILE.npz holding inputs by name (repeatable).")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", help="The .npz file to write the outputs to.")] = None,
     device: DeviceOption = "wasm",
-    trace: Annotated[Optional[Path], typer.Option("--trace", help="Write per-CU wall time and bytes moved (JSON).")] = None,
+    trace: Annotated[Optional[Path], typer.Option("--trace", help="Write the run's trace (JSON, cortex.trace/1): CUs "
+                                                  "activated, skipped and why, fallbacks, per-CU time and bytes, Chrome "
+                                                  "trace events.")] = None,
+    policy: Annotated[str, typer.Option("--policy", help=f"What the scheduler may do: {', '.join(POLICIES)} (strict: "
+                                        "every CU, exact, no cache; offline: the source model on onnxruntime).")]
+    = DEFAULT_POLICY,
+    trust_threshold: Annotated[Optional[float], typer.Option("--trust-threshold", help="The calibrated trust a "
+                                                             "reduced-precision variant needs to run, in [0, 1] "
+                                                             "(default: the policy's).")] = None,
+    output_names: Annotated[Optional[str], typer.Option("--output-names", help="Comma-separated outputs to compute "
+                                                        "(default: all); only the CUs they need run.")] = None,
+    cache_bytes: Annotated[int, typer.Option("--cache-bytes", help="Byte budget of the result cache (0: off); it "
+                                             "matters to repeated runs in one process, not to one 'cortex run'.")]
+    = DEFAULT_CACHE_BYTES,
     example_inputs: Annotated[bool, typer.Option("--example-inputs", help="Feed inputs not given with --input a "
                                                  "deterministic example (floats arange(n)/n, integers and bools 0).")] = False,
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
 ) -> None:
     """Run the model's CUs in order on the device and save its outputs."""
+    try:
+        chosen = resolve_policy(policy)
+    except CortexError as e:
+        raise CortexError(f"--policy: {e}") from None
+    if trust_threshold is not None:
+        chosen = chosen.with_threshold(trust_threshold)
+    if cache_bytes < 0:
+        raise CortexError(f"--cache-bytes cannot be negative, got {cache_bytes}")
+    requested = parse_output_names(output_names)
     feeds = read_inputs(input or [])
-    model = load(dag, device)
+    model = load(dag, device, policy=chosen, cache_bytes=cache_bytes)
     if example_inputs:
         feeds = {**example_feeds(model.inputs), **feeds}
-    results = model.run(feeds)
+    known = [spec["name"] for spec in model.outputs]
+    unknown = [name for name in requested or [] if name not in known]
+    if unknown:
+        raise CortexError(f"--output-names: unknown output {', '.join(map(repr, unknown))}: the model's outputs are "
+                          f"{', '.join(map(repr, known))}")
+    results = model.run(feeds, outputs=requested)
+    document = model.last_trace
     if output is not None:
         buffer = io.BytesIO()
         np.savez(buffer, **results)
         write_bytes_atomically(output, buffer.getvalue())
     if trace is not None:
-        write_bytes_atomically(trace, (jsonlib.dumps(model.trace_document(), indent=2) + "\n").encode())
-    summary = {"dag": str(dag), "device": device, "output": str(output) if output else None,
+        write_bytes_atomically(trace, (jsonlib.dumps(document, indent=2) + "\n").encode())
+    summary = {"dag": str(dag), "device": device, "policy": chosen.name, "output": str(output) if output else None,
                "outputs": {k: {"dtype": str(v.dtype), "shape": list(v.shape)} for k, v in results.items()},
-               "seconds": round(sum(t["seconds"] for t in model.trace), 6),
-               "cus_by_device": model.trace_document()["cus_by_device"]}
+               "seconds": round(document["total_seconds"], 6),
+               "cus_by_device": document["cus_by_device"],
+               "activated_cus": len(document["activated_cus"]),
+               "skipped_cus": {reason: [s["cu"] for s in document["skipped_cus"] if s["reason"] == reason]
+                               for reason in dict.fromkeys(s["reason"] for s in document["skipped_cus"])}}
     if json:
         print_json(summary)
         return
     for name, value in results.items():
         out.print(f"{name}: {value.dtype}{list(value.shape)}")
+    if document["offline"] is not None:
+        out.print(f"offline: the source model {document['offline']['model']} on onnxruntime in "
+                  f"{summary['seconds'] * 1e3:.2f} ms" + (f"; outputs written to {output}" if output else ""))
+        return
     others = ", ".join(f"{n} on {name}" for name, n in summary["cus_by_device"].items() if name != device)
+    skipped = ", ".join(f"{len(ids)} {reason}" for reason, ids in summary["skipped_cus"].items())
     out.print(f"{len(model.trace)} CUs in {summary['seconds'] * 1e3:.2f} ms on {device}"
               + (f" ({others}: fallback)" if others else "")
+              + (f", skipped: {skipped}" if skipped else "")
               + (f"; outputs written to {output}" if output else ""))
+
+
+def parse_output_names(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise CortexError(f"--output-names {text!r}: expected comma-separated output names, such as y,logits")
+    return names
 
 
 def read_inputs(items: list[str]) -> dict[str, np.ndarray]:

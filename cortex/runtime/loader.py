@@ -1,10 +1,16 @@
-"""`cortex.load(dag.json, device=...)`: a compiled model, ready to `run({name: array})`.
+"""`cortex.load(dag.json, device=..., policy=...)`: a compiled model, ready to `run({name: array})`.
 
 The dag.json is checked before anything is loaded (`cortex.dag.read_dag`: schema, data flow,
 memory plans, artifact paths confined to its folder); the device comes from the registry by name;
-the scheduler decides what runs, and where: fallback CUs on their runtime's device. Inputs are checked against dag.json (names, dtypes, shapes) with
-one clear error; outputs are arrays the caller owns. `trace` records each CU's wall time, the bytes
-it read and wrote, the memory it holds, and the device that ran it.
+the scheduler decides what runs, and where: fallback CUs on their runtime's device. Inputs are
+checked against dag.json (names, dtypes, shapes) with one clear error; outputs are arrays the
+caller owns.
+
+A policy (`cortex/runtime/policy.py`) is the model's default and may be overridden per call;
+`outputs=` asks for some of the model's outputs, and only the CUs they need run (except under
+strict). After each run, `last_trace` is the request's trace (`cortex/runtime/trace.py`) and
+`trace` its per-CU entries. Under the offline policy the CUs are not loaded until a request under
+another policy needs them: offline is the fallback for when they cannot be.
 """
 
 from __future__ import annotations
@@ -16,7 +22,12 @@ import numpy as np
 from backends.registry import device as device_spec
 from backends.registry import devices
 from cortex.dag import read_dag
+from cortex.runtime.cache import DEFAULT_CACHE_BYTES, ResultCache
+from cortex.runtime.offline import SourceModel
+from cortex.runtime.policy import Policy
+from cortex.runtime.policy import policy as resolve_policy
 from cortex.runtime.scheduler import SequentialScheduler
+from cortex.runtime.trace import empty_trace, offline_trace, request_trace
 from ir.errors import CortexError
 
 
@@ -25,15 +36,32 @@ def device_names() -> list[str]:
 
 
 class CompiledModel:
-    def __init__(self, dag_path: Path, device: str = "wasm"):
+    def __init__(self, dag_path: Path, device: str = "wasm", policy: str | Policy | None = None,
+                 cache_bytes: int = DEFAULT_CACHE_BYTES):
         self.path = Path(dag_path)
         self.device_name = device_spec(device).name
+        self.policy = resolve_policy(policy)
+        if not isinstance(cache_bytes, int) or cache_bytes < 0:
+            raise CortexError(f"the cache budget must be a whole number of bytes, at least 0 (got {cache_bytes!r})")
+        self.cache = ResultCache(cache_bytes)
         self.dag = read_dag(self.path)
-        self.scheduler = SequentialScheduler(self.dag, self.path, device)
-        self.scheduler.load()
-        # The model's device (None when every CU runs on a fallback device).
-        self.device = self.scheduler.devices.get(device)
+        self._scheduler: SequentialScheduler | None = None
+        self._source: SourceModel | None = None
+        if self.policy.offline:
+            self._source_model()           # a missing or changed source model fails at load
+        else:
+            self._loaded_scheduler()
         self.trace: list[dict] = []
+        self.last_trace: dict = empty_trace(self.device_name, self.path)
+
+    @property
+    def scheduler(self) -> SequentialScheduler:
+        return self._loaded_scheduler()
+
+    @property
+    def device(self):
+        """The model's device (None when every CU runs on a fallback device)."""
+        return self.scheduler.devices.get(self.device_name)
 
     @property
     def inputs(self) -> list[dict]:
@@ -43,9 +71,56 @@ class CompiledModel:
     def outputs(self) -> list[dict]:
         return list(self.dag["outputs"])
 
-    def run(self, feeds: dict) -> dict[str, np.ndarray]:
-        outputs, self.trace = self.scheduler.run(self._checked_inputs(feeds))
-        return outputs
+    def run(self, feeds: dict, outputs: list[str] | None = None,
+            policy: str | Policy | None = None) -> dict[str, np.ndarray]:
+        """The requested outputs (all by default) by name, under `policy` (the model's by default)."""
+        chosen = self.policy if policy is None else resolve_policy(policy)
+        names = self._requested(outputs)
+        env = self._checked_inputs(feeds)
+        if chosen.offline:
+            results, run = self._source_model().run(env, names)
+            self.trace = []
+            self.last_trace = offline_trace(device=self.device_name, dag_path=self.path, outputs=names, run=run)
+            return results
+        scheduler = self._loaded_scheduler()
+        results, request = scheduler.run(env, chosen, names)
+        self.trace = request.activated
+        self.last_trace = request_trace(
+            policy=chosen.name, device=self.device_name, dag_path=self.path, outputs=names, request=request,
+            resident_bytes=scheduler.resident_bytes(),
+            fallback_cus={cu["id"] for cu in self.dag["cus"] if "runs_on" in cu},
+            cache_stats=self.cache.stats() if chosen.cache else None)
+        return results
+
+    def trace_document(self) -> dict:
+        """The last request's trace (`last_trace`); `traceEvents` opens in chrome://tracing or Perfetto."""
+        return self.last_trace
+
+    def _loaded_scheduler(self) -> SequentialScheduler:
+        if self._scheduler is None:
+            scheduler = SequentialScheduler(self.dag, self.path, self.device_name, self.cache)
+            scheduler.load()
+            self._scheduler = scheduler
+        return self._scheduler
+
+    def _source_model(self) -> SourceModel:
+        if self._source is None:
+            self._source = SourceModel(self.dag, self.path)
+        return self._source
+
+    def _requested(self, outputs: list[str] | None) -> list[str]:
+        known = [spec["name"] for spec in self.dag["outputs"]]
+        if outputs is None:
+            return known
+        if isinstance(outputs, str) or not all(isinstance(name, str) for name in outputs):
+            raise CortexError("outputs must be a list of output names")
+        unknown = [name for name in outputs if name not in known]
+        if unknown:
+            raise CortexError(f"unknown output {', '.join(map(repr, unknown))}: the model's outputs are "
+                              f"{', '.join(map(repr, known))}")
+        if not outputs:
+            raise CortexError(f"no outputs requested: name at least one of {', '.join(map(repr, known))}")
+        return list(dict.fromkeys(outputs))
 
     def _checked_inputs(self, feeds: dict) -> dict[str, np.ndarray]:
         if not isinstance(feeds, dict):
@@ -67,22 +142,9 @@ class CompiledModel:
             env[name] = value
         return env
 
-    def trace_document(self) -> dict:
-        """Per-CU timings and bytes; `traceEvents` opens in chrome://tracing or Perfetto."""
-        t0 = self.trace[0]["start"] if self.trace else 0.0
-        return {
-            "device": self.device_name,
-            "dag": str(self.path),
-            "cus_by_device": {name: sum(1 for t in self.trace if t["device"] == name)
-                              for name in dict.fromkeys(t["device"] for t in self.trace)},
-            "total_seconds": sum(t["seconds"] for t in self.trace),
-            "cus": [{k: v for k, v in t.items() if k != "start"} for t in self.trace],
-            "traceEvents": [{"name": t["cu"], "cat": ",".join(t["op_types"]), "ph": "X", "pid": 0, "tid": 0,
-                             "ts": (t["start"] - t0) * 1e6, "dur": t["seconds"] * 1e6,
-                             "args": {"device": t["device"], "bytes_in": t["bytes_in"],
-                                      "bytes_out": t["bytes_out"]}} for t in self.trace],
-        }
 
-
-def load(dag_path, device: str = "wasm") -> CompiledModel:
-    return CompiledModel(Path(dag_path), device)
+def load(dag_path, device: str = "wasm", policy: str | Policy | None = None,
+         cache_bytes: int = DEFAULT_CACHE_BYTES) -> CompiledModel:
+    """A model ready to run; `policy` defaults to balanced, `cache_bytes` bounds the result cache
+    (0 turns it off)."""
+    return CompiledModel(Path(dag_path), device, policy, cache_bytes)

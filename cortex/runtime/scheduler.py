@@ -1,5 +1,5 @@
 """The scheduler decides which CUs run, in what order and where; a Device only runs what it is
-handed. Today it runs every CU, one at a time, in dag.json's topological order.
+handed. It walks dag.json's topological order one CU at a time.
 
 Where: each CU on the device its record asks for (`runs_on`: a fallback CU's runtime, from
 `cortex decompose --fallback`), the others on the model's device. Each device comes from the
@@ -7,29 +7,60 @@ registry by name and is opened on the CUs it runs. Tensors cross between devices
 borders, through the producer's `to_host` and the reader's `to_device`, once per tensor and device
 in a request; model inputs go to each device that reads them.
 
-The later runtime features live here: activation of conditional CUs, the result cache, memory
-tiers with prefetch, threads and remote executors all change which CU runs next, never how a CU
-runs.
+Whether: one method, `_skip_reason`, decides per request whether a CU runs, under the request's
+policy (`cortex/runtime/policy.py`): a CU no requested output depends on is `not needed`; a CU
+whose inputs are byte-identical to an earlier run's is a `cache hit` (`cortex/runtime/cache.py`).
+`strict` skips nothing and caches nothing: it runs exactly what every request ran before policies.
+CUs holding random ops are never cached.
+
+Memory tiers with prefetch, threads and remote executors belong here too: they change which CU
+runs next, never how a CU runs.
 """
 
 from __future__ import annotations
 
+import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from backends.registry import Device
 from backends.registry import device as device_spec
+from cortex.runtime.cache import CacheEntry, ResultCache, cu_key
+from cortex.runtime.policy import Policy
+from ir.ops import RANDOM, kind_of
 
-HOST = None   # where a model input lives before any device reads it
+HOST = None   # where a model input, or a cached output, lives before any device reads it
+
+NOT_NEEDED = "not needed"
+CACHE_HIT = "cache hit"
+INACTIVE_BRANCH = "inactive branch"
+
+
+@dataclass
+class Request:
+    """What one `run` knows while it walks the CUs."""
+    policy: Policy
+    needed: set[str] | None                       # CUs a requested output depends on; None: all
+    env: dict[str, tuple[str | None, object]]     # tensor -> (its device, the tensor there)
+    keys: dict[str, bytes] = field(default_factory=dict)          # tensor -> content key (cache)
+    copies: dict[tuple[str, str], object] = field(default_factory=dict)   # (tensor, device) -> tensor
+    activated: list[dict] = field(default_factory=list)           # one trace entry per CU that ran
+    skipped: list[dict] = field(default_factory=list)             # {"cu", "reason"}
+    cpu_seconds: float = 0.0                      # the calling thread's CPU time inside device runs
+    live_bytes: int = 0                           # bytes of the tensors this request holds
+    key: bytes | None = None                      # the current CU's cache key, when it has one
+    hit: CacheEntry | None = None                 # the current CU's cache entry, on a hit
 
 
 class SequentialScheduler:
-    def __init__(self, dag: dict, dag_path: Path, device: str):
+    def __init__(self, dag: dict, dag_path: Path, device: str, cache: ResultCache | None = None):
         self.dag = dag
         self.cus = {cu["id"]: cu for cu in dag["cus"]}
         self.tensor_bytes = {name: t["bytes"] for name, t in dag["tensors"].items()}
+        self.producer = {name: t["producer"] for name, t in dag["tensors"].items()}
         # What a trace entry says of each CU that no run changes, computed once, not per request.
         self.traffic = {cu_id: (sum(self.tensor_bytes[n] for n in cu["inputs"]),
                                 sum(self.tensor_bytes[n] for n in cu["outputs"])) for cu_id, cu in self.cus.items()}
@@ -40,42 +71,132 @@ class SequentialScheduler:
             if ids or name == device and not self.placement:
                 part = {**dag, "cus": [self.cus[i] for i in ids], "order": ids}
                 self.devices[name] = device_spec(name).open(part, Path(dag_path))
+        self.cache = cache if cache is not None else ResultCache(0)
+        self.random = {cu_id: _holds_random_ops(cu) for cu_id, cu in self.cus.items()}
+        self.identity = {cu_id: _identity(cu, self.placement[cu_id]) for cu_id, cu in self.cus.items()}
 
     def load(self) -> None:
         """Every CU resident on its device, before the first request."""
         for name, device in self.devices.items():
             device.load([self.cus[cu_id] for cu_id in self.dag["order"] if self.placement[cu_id] == name])
 
-    def run(self, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[dict]]:
-        """The model's outputs (host arrays the caller owns) and what ran, one entry per CU."""
-        env: dict[str, tuple[str | None, object]] = {name: (HOST, value) for name, value in feeds.items()}
-        copies: dict[tuple[str, str], object] = {}      # (tensor, device) -> the tensor there
-        trace = []
+    def needed(self, outputs: list[str]) -> set[str]:
+        """The CUs the tensors `outputs` depend on: dag.json's data flow walked backwards, through
+        the cases and condition of a selected output and the condition a conditional CU reads."""
+        selects = {s["tensor"]: s for s in self.dag.get("selects", [])}
+        needed: set[str] = set()
+        stack, seen = list(outputs), set()
+        while stack:
+            name = stack.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            if name in selects:
+                stack += [selects[name]["condition"], *(case["tensor"] for case in selects[name]["cases"])]
+            producer = self.producer.get(name)
+            if producer is not None and producer not in needed:
+                needed.add(producer)
+                cu = self.cus[producer]
+                stack += cu["inputs"]
+                if "activation" in cu:
+                    stack.append(cu["activation"]["tensor"])
+        return needed
+
+    def resident_bytes(self) -> int:
+        return sum(self.devices[self.placement[cu_id]].resident_bytes(cu_id) for cu_id in self.dag["order"])
+
+    def run(self, feeds: dict[str, np.ndarray], policy: Policy,
+            outputs: list[str]) -> tuple[dict[str, np.ndarray], Request]:
+        """The requested outputs (host arrays the caller owns) and what the request did."""
+        request = Request(policy, self.needed(outputs) if policy.skip_inactive else None,
+                          {name: (HOST, value) for name, value in feeds.items()},
+                          live_bytes=sum(int(np.asarray(v).nbytes) for v in feeds.values()))
         for cu_id in self.dag["order"]:
-            cu, where = self.cus[cu_id], self.placement[cu_id]
-            device = self.devices[where]
-            crossed = 0
-            inputs = {}
-            for name in cu["inputs"]:
-                home, tensor = env[name]
-                if home != where:
-                    if (name, where) not in copies:
-                        host = tensor if home is HOST else self.devices[home].to_host(tensor)
-                        copies[name, where] = device.to_device(host)
-                        crossed += self.tensor_bytes[name] if home is not HOST else 0
-                    tensor = copies[name, where]
-                inputs[name] = tensor
-            start = time.perf_counter()
-            results = device.run(cu, inputs)
-            seconds = time.perf_counter() - start
-            env.update((name, (where, tensor)) for name, tensor in results.items())
-            bytes_in, bytes_out = self.traffic[cu_id]
-            trace.append({"cu": cu_id, "device": where, "op_types": cu.get("op_types", []), "start": start,
-                          "seconds": seconds, "bytes_in": bytes_in, "bytes_out": bytes_out,
-                          "bytes_from_other_devices": crossed,
-                          "resident_bytes": device.resident_bytes(cu_id)})
-        outputs = {}
-        for spec in self.dag["outputs"]:
-            home, tensor = env[spec["name"]]
-            outputs[spec["name"]] = np.array(tensor) if home is HOST else self.devices[home].to_host(tensor)
-        return outputs, trace
+            cu = self.cus[cu_id]
+            request.key, request.hit = None, None
+            reason = self._skip_reason(cu, request)
+            if reason is None:
+                self._run_cu(cu, request)
+                continue
+            request.skipped.append({"cu": cu_id, "reason": reason})
+            if reason == CACHE_HIT:
+                request.env.update((name, (HOST, array)) for name, array in request.hit.outputs.items())
+                request.keys.update(request.hit.output_keys)
+                request.live_bytes += request.hit.nbytes
+        results = {}
+        for name in outputs:
+            home, tensor = request.env[name]
+            results[name] = np.array(tensor) if home is HOST else self.devices[home].to_host(tensor)
+        return results, request
+
+    def _skip_reason(self, cu: dict, request: Request) -> str | None:
+        """Why `cu` does not run in this request, or None when it runs. The one place that decides
+        it; on a cache hit it leaves the entry in `request.hit`, and for a cacheable CU its key in
+        `request.key` (stored after it runs)."""
+        # INACTIVE BRANCH: the check of cus[i].activation (docs/runtime.md) belongs here, before the
+        # others: a CU of an untaken branch needs neither its inputs hashed nor a cache lookup.
+        if request.needed is not None and cu["id"] not in request.needed:
+            return NOT_NEEDED
+        if request.policy.cache and self.cache.enabled and not self.random[cu["id"]]:
+            request.key = cu_key(self.identity[cu["id"]], [self._tensor_key(name, request) for name in cu["inputs"]])
+            request.hit = self.cache.get(request.key)
+            if request.hit is not None:
+                return CACHE_HIT
+        return None
+
+    def _tensor_key(self, name: str, request: Request) -> bytes:
+        """The content key of a tensor: known when it came from a cache hit or was hashed earlier
+        in this request (chaining), hashed from its bytes otherwise."""
+        key = request.keys.get(name)
+        if key is None:
+            home, tensor = request.env[name]
+            host = tensor if isinstance(tensor, np.ndarray) else self.devices[home].to_host(tensor)
+            key = request.keys[name] = self.cache.tensor_key(host)
+        return key
+
+    def _run_cu(self, cu: dict, request: Request) -> None:
+        cu_id, where = cu["id"], self.placement[cu["id"]]
+        device = self.devices[where]
+        crossed = 0
+        inputs = {}
+        for name in cu["inputs"]:
+            home, tensor = request.env[name]
+            if home != where:
+                if (name, where) not in request.copies:
+                    host = tensor if home is HOST else self.devices[home].to_host(tensor)
+                    request.copies[name, where] = device.to_device(host)
+                    request.live_bytes += self.tensor_bytes[name]
+                    crossed += self.tensor_bytes[name] if home is not HOST else 0
+                tensor = request.copies[name, where]
+            inputs[name] = tensor
+        cpu_start = time.thread_time()
+        start = time.perf_counter()
+        results = device.run(cu, inputs)
+        seconds = time.perf_counter() - start
+        cpu_seconds = time.thread_time() - cpu_start
+        request.cpu_seconds += cpu_seconds
+        request.env.update((name, (where, tensor)) for name, tensor in results.items())
+        bytes_in, bytes_out = self.traffic[cu_id]
+        request.live_bytes += bytes_out
+        if request.key is not None and self.cache.fits(bytes_out):
+            entry = self.cache.put(request.key, {name: device.to_host(t) for name, t in results.items()})
+            if entry is not None:
+                request.keys.update(entry.output_keys)
+        request.activated.append({"cu": cu_id, "device": where, "op_types": cu.get("op_types", []), "start": start,
+                                  "seconds": seconds, "cpu_seconds": cpu_seconds, "bytes_in": bytes_in,
+                                  "bytes_out": bytes_out, "bytes_from_other_devices": crossed,
+                                  "resident_bytes": device.resident_bytes(cu_id)})
+
+
+def _holds_random_ops(cu: dict) -> bool:
+    """build-dag marks such CUs (`random: true`); the registry answers for older dag.json files."""
+    return bool(cu.get("random")) or any(kind_of(op) == RANDOM for op in cu.get("op_types", []))
+
+
+def _identity(cu: dict, where: str) -> bytes:
+    """What a CU's cached results depend on besides its inputs: the CU, the device that runs it
+    and the exact code it runs there (its cu.onnx and that device's artifact record, hashes
+    included). A reduced-precision variant computes other bits, so it needs an identity of its own."""
+    artifact = device_spec(where).artifact
+    record = cu.get("artifacts", {}).get(artifact) if artifact else None
+    return json.dumps([cu["id"], where, cu["sha256"], record], sort_keys=True).encode()

@@ -1,0 +1,112 @@
+"""The trace of one request (`model.last_trace`, `cortex run --trace`), in the shape of
+docs/runtime.md; its JSON Schema is `cortex/schemas/trace.schema.json`.
+
+`sandbox_stats`:
+- `cpu_time_ms`: CPU time of the calling thread (`time.thread_time`) while devices ran CUs (or
+  onnxruntime ran the source model); work on a GPU or on other threads is not in it.
+- `peak_memory_mb`: `peak_memory_basis` says which measure it is. With CUs, "loaded CUs + live
+  tensors": the resident bytes of every loaded CU plus the bytes of the tensors the request holds
+  at its end (it frees none before; inputs, outputs, copies between devices, cached outputs). A
+  wasm CU's outputs lie in its memory and are counted twice, so it is an upper bound. Offline,
+  "process maxrss": the process's peak resident set (`resource.getrusage`), which onnxruntime's
+  arena is part of. `process_maxrss_mb` is that figure in both cases.
+- `wasm_executions`: CUs the wasm device ran.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+from functools import cache
+from pathlib import Path
+
+import jsonschema
+
+TRACE_SCHEMA = "cortex.trace/1"
+SCHEMA_FILE = Path(__file__).resolve().parent.parent / "schemas" / "trace.schema.json"
+FALLBACK_RUNTIME = "fallback runtime"
+MB = 1 << 20
+
+
+def request_trace(*, policy: str, device: str, dag_path: Path, outputs: list[str], request, resident_bytes: int,
+                  fallback_cus: set[str], cache_stats: dict | None) -> dict:
+    """The trace of a request the scheduler ran (`request`: its `Request`)."""
+    entries = request.activated
+    return {
+        **_header(policy, device, dag_path, outputs),
+        "activated_cus": [t["cu"] for t in entries],
+        "skipped_cus": list(request.skipped),
+        "approximated_cus": [],
+        "fell_back_cus": [{"cu": t["cu"], "reason": FALLBACK_RUNTIME} for t in entries if t["cu"] in fallback_cus],
+        "sandbox_stats": {"cpu_time_ms": request.cpu_seconds * 1e3,
+                          "peak_memory_mb": (resident_bytes + request.live_bytes) / MB,
+                          "peak_memory_basis": "loaded CUs + live tensors",
+                          "process_maxrss_mb": process_maxrss_mb(),
+                          "wasm_executions": sum(1 for t in entries if t["device"] == "wasm")},
+        "cache": cache_stats,
+        "offline": None,
+        "cus_by_device": {name: sum(1 for t in entries if t["device"] == name)
+                          for name in dict.fromkeys(t["device"] for t in entries)},
+        "total_seconds": sum(t["seconds"] for t in entries),
+        "cus": [{k: v for k, v in t.items() if k != "start"} for t in entries],
+        "traceEvents": _events(entries),
+    }
+
+
+def offline_trace(*, device: str, dag_path: Path, outputs: list[str], run: dict) -> dict:
+    """The trace of a request the offline policy ran (`run`: what `SourceModel.run` reported)."""
+    maxrss = process_maxrss_mb()
+    return {
+        **_header("offline", device, dag_path, outputs),
+        "activated_cus": [], "skipped_cus": [], "approximated_cus": [], "fell_back_cus": [],
+        "sandbox_stats": {"cpu_time_ms": run["cpu_seconds"] * 1e3, "peak_memory_mb": maxrss,
+                          "peak_memory_basis": "process maxrss", "process_maxrss_mb": maxrss,
+                          "wasm_executions": 0},
+        "cache": None,
+        "offline": {k: v for k, v in run.items() if k not in ("start", "cpu_seconds")},
+        "cus_by_device": {},
+        "total_seconds": run["seconds"],
+        "cus": [],
+        "traceEvents": [{"name": "source model", "cat": "offline", "ph": "X", "pid": 0, "tid": 0, "ts": 0.0,
+                         "dur": run["seconds"] * 1e6, "args": {"runtime": run["runtime"], "model": run["model"]}}],
+    }
+
+
+def empty_trace(device: str, dag_path: Path) -> dict:
+    """`last_trace` before the first request."""
+    return {**_header(None, device, dag_path, []), "activated_cus": [], "skipped_cus": [], "approximated_cus": [],
+            "fell_back_cus": [], "sandbox_stats": {"cpu_time_ms": 0.0, "peak_memory_mb": 0.0,
+                                                   "peak_memory_basis": "loaded CUs + live tensors",
+                                                   "process_maxrss_mb": process_maxrss_mb(), "wasm_executions": 0},
+            "cache": None, "offline": None, "cus_by_device": {},
+            "total_seconds": 0.0, "cus": [], "traceEvents": []}
+
+
+def _header(policy: str | None, device: str, dag_path: Path, outputs: list[str]) -> dict:
+    return {"schema": TRACE_SCHEMA, "policy": policy, "device": device, "dag": str(dag_path),
+            "requested_outputs": list(outputs)}
+
+
+def _events(entries: list[dict]) -> list[dict]:
+    """Chrome trace events: open the file in chrome://tracing or Perfetto."""
+    t0 = entries[0]["start"] if entries else 0.0
+    return [{"name": t["cu"], "cat": ",".join(t["op_types"]), "ph": "X", "pid": 0, "tid": 0,
+             "ts": (t["start"] - t0) * 1e6, "dur": t["seconds"] * 1e6,
+             "args": {"device": t["device"], "bytes_in": t["bytes_in"], "bytes_out": t["bytes_out"]}}
+            for t in entries]
+
+
+def process_maxrss_mb() -> float:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / MB if sys.platform == "darwin" else peak / 1024   # bytes on macOS, KiB on Linux
+
+
+@cache
+def trace_schema() -> dict:
+    return json.loads(SCHEMA_FILE.read_text())
+
+
+def validate_trace(trace: dict) -> None:
+    """Raise jsonschema.ValidationError if `trace` does not follow the cortex.trace/1 schema."""
+    jsonschema.Draft202012Validator(trace_schema()).validate(trace)
