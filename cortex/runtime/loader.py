@@ -16,7 +16,9 @@ import numpy as np
 from backends.registry import device as device_spec
 from backends.registry import devices
 from cortex.dag import read_dag
+from cortex.runtime.policy import Policy, policy as policy_named
 from cortex.runtime.scheduler import SequentialScheduler
+from cortex.runtime.variants import variant_trace
 from ir.errors import CortexError
 
 
@@ -25,15 +27,16 @@ def device_names() -> list[str]:
 
 
 class CompiledModel:
-    def __init__(self, dag_path: Path, device: str = "wasm"):
+    def __init__(self, dag_path: Path, device: str = "wasm", policy: Policy | str | None = None):
         self.path = Path(dag_path)
         self.device_name = device_spec(device).name
         self.dag = read_dag(self.path)
-        self.scheduler = SequentialScheduler(self.dag, self.path, device)
+        self.scheduler = SequentialScheduler(self.dag, self.path, device, policy)
         self.scheduler.load()
         # The model's device (None when every CU runs on a fallback device).
         self.device = self.scheduler.devices.get(device)
         self.trace: list[dict] = []
+        self.last_policy = self.scheduler.policy.name
 
     @property
     def inputs(self) -> list[dict]:
@@ -43,8 +46,9 @@ class CompiledModel:
     def outputs(self) -> list[dict]:
         return list(self.dag["outputs"])
 
-    def run(self, feeds: dict) -> dict[str, np.ndarray]:
-        outputs, self.trace = self.scheduler.run(self._checked_inputs(feeds))
+    def run(self, feeds: dict, policy: Policy | str | None = None) -> dict[str, np.ndarray]:
+        outputs, self.trace = self.scheduler.run(self._checked_inputs(feeds), policy)
+        self.last_policy = (self.scheduler.policy if policy is None else policy_named(policy)).name
         return outputs
 
     def _checked_inputs(self, feeds: dict) -> dict[str, np.ndarray]:
@@ -76,6 +80,8 @@ class CompiledModel:
             "cus_by_device": {name: sum(1 for t in self.trace if t["device"] == name)
                               for name in dict.fromkeys(t["device"] for t in self.trace)},
             "total_seconds": sum(t["seconds"] for t in self.trace),
+            "policy": self.last_policy,
+            **variant_trace(self.trace),
             "cus": [{k: v for k, v in t.items() if k != "start"} for t in self.trace],
             "traceEvents": [{"name": t["cu"], "cat": ",".join(t["op_types"]), "ph": "X", "pid": 0, "tid": 0,
                              "ts": (t["start"] - t0) * 1e6, "dur": t["seconds"] * 1e6,
@@ -84,5 +90,5 @@ class CompiledModel:
         }
 
 
-def load(dag_path, device: str = "wasm") -> CompiledModel:
-    return CompiledModel(Path(dag_path), device)
+def load(dag_path, device: str = "wasm", policy: Policy | str | None = None) -> CompiledModel:
+    return CompiledModel(Path(dag_path), device, policy)

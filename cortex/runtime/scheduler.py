@@ -21,13 +21,16 @@ import numpy as np
 
 from backends.registry import Device
 from backends.registry import device as device_spec
+from cortex.runtime.policy import Policy, policy as policy_named
+from cortex.runtime.variants import VariantRunner
 
 HOST = None   # where a model input lives before any device reads it
 
 
 class SequentialScheduler:
-    def __init__(self, dag: dict, dag_path: Path, device: str):
+    def __init__(self, dag: dict, dag_path: Path, device: str, policy: Policy | str | None = None):
         self.dag = dag
+        self.policy = policy_named(policy)
         self.cus = {cu["id"]: cu for cu in dag["cus"]}
         self.tensor_bytes = {name: t["bytes"] for name, t in dag["tensors"].items()}
         # What a trace entry says of each CU that no run changes, computed once, not per request.
@@ -40,14 +43,19 @@ class SequentialScheduler:
             if ids or name == device and not self.placement:
                 part = {**dag, "cus": [self.cus[i] for i in ids], "order": ids}
                 self.devices[name] = device_spec(name).open(part, Path(dag_path))
+        self.variants = VariantRunner(self.cus, self.placement, self.devices,
+                                      {name: device_spec(name).artifact for name in self.devices})
 
     def load(self) -> None:
         """Every CU resident on its device, before the first request."""
         for name, device in self.devices.items():
             device.load([self.cus[cu_id] for cu_id in self.dag["order"] if self.placement[cu_id] == name])
+        self.variants.load(self.policy)
 
-    def run(self, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[dict]]:
+    def run(self, feeds: dict[str, np.ndarray], policy: Policy | str | None = None
+            ) -> tuple[dict[str, np.ndarray], list[dict]]:
         """The model's outputs (host arrays the caller owns) and what ran, one entry per CU."""
+        policy = self.policy if policy is None else policy_named(policy)
         env: dict[str, tuple[str | None, object]] = {name: (HOST, value) for name, value in feeds.items()}
         copies: dict[tuple[str, str], object] = {}      # (tensor, device) -> the tensor there
         trace = []
@@ -66,14 +74,14 @@ class SequentialScheduler:
                     tensor = copies[name, where]
                 inputs[name] = tensor
             start = time.perf_counter()
-            results = device.run(cu, inputs)
+            results, variant = self.variants.run(cu, inputs, policy)   # the exact CU or a guarded variant
             seconds = time.perf_counter() - start
             env.update((name, (where, tensor)) for name, tensor in results.items())
             bytes_in, bytes_out = self.traffic[cu_id]
             trace.append({"cu": cu_id, "device": where, "op_types": cu.get("op_types", []), "start": start,
                           "seconds": seconds, "bytes_in": bytes_in, "bytes_out": bytes_out,
                           "bytes_from_other_devices": crossed,
-                          "resident_bytes": device.resident_bytes(cu_id)})
+                          "resident_bytes": device.resident_bytes(cu_id), **variant})
         outputs = {}
         for spec in self.dag["outputs"]:
             home, tensor = env[spec["name"]]
