@@ -120,7 +120,7 @@ def _record_variants(cu: dict, target: Target, placed: dict[str, dict], exact_ch
         new = placed.get(precision)
         if old is not None and (exact_changed or new is None or old.get("sha256") != new.get("sha256")):
             variants[precision] = {"artifacts": variants[precision]["artifacts"], "trust": None}
-        if not variants[precision]["artifacts"]:
+        if not variants[precision]["artifacts"] and new is None:
             del variants[precision]
     for precision, record in placed.items():
         entry = variants.setdefault(precision, {"artifacts": {}, "trust": None})

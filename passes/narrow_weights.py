@@ -85,7 +85,7 @@ class NarrowWeights(Pass):
                 node.outputs[0] = gathered
                 gathered.producer = node
                 # The table's channel axis is its last, which is the gathered rows' last too.
-                row_scale = None if scale is None else _constant(graph, f"{w.name}_row_scale", scale.reshape(-1))
+                row_scale = None if scale is None else _constant(graph, f"{w.name}_row_scale", scale.const.reshape(-1))
                 added += self._widen(graph, gathered, row_scale, out)
             else:
                 wide = Value(graph.fresh_name(f"{w.name}_widened"), w.dtype, w.shape)
