@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.numpy_helper
 import onnxruntime as ort
 
 import cortex
@@ -65,9 +66,22 @@ def prepare(model: str, calibration: int, held_back: int, out: Path):
     case = light_model(model)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{model}-random-weights.onnx"
-    onnx.save(_with_random_weights(onnx.load(case.path)), path)
+    onnx.save(_identity_batch_norms(_with_random_weights(onnx.load(case.path))), path)
     ((name, shape),) = case.input_shapes.items()
     return path, case.input_shapes, {}, image_feeds(name, shape, calibration, 1), image_feeds(name, shape, held_back, 2)
+
+
+def _identity_batch_norms(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Random BatchNormalization statistics can be negative variances (NaN everywhere after):
+    each BN gets scale 1, bias 0, mean 0 and variance 1, so the He-scaled convolutions set the scale."""
+    inits = {init.name: init for init in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "BatchNormalization":
+            for name, value in zip(node.input[1:5], (1.0, 0.0, 0.0, 1.0)):
+                if name in inits:
+                    array = onnx.numpy_helper.to_array(inits[name])
+                    inits[name].CopyFrom(onnx.numpy_helper.from_array(np.full_like(array, value), name))
+    return model
 
 
 def median_seconds(model, feed: dict, policy: str, rounds: int) -> float:

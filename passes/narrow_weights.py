@@ -46,6 +46,8 @@ def weight_readers(graph: Graph) -> list[tuple[Node, int, int]]:
         w = node.inputs[index] if index < len(node.inputs) else None
         if w is None or not w.is_const or w.dtype != dtypes.from_numpy(np.float32) or w.const.size < MIN_WEIGHT_ELEMENTS:
             continue
+        if not np.isfinite(w.const).all():     # int8 cannot hold NaN / Inf, and the others would only copy them
+            continue
         axis = op.weight_axis(node)
         if axis is None:
             continue
