@@ -7,6 +7,12 @@ written atomically (a temporary sibling that replaces it only when every CU buil
 and each CU's record written back into dag.json. A target contributes `build` (one CU) and
 `place` (its record as dag.json holds it). Fallback CUs (`runs_on`, from `decompose --fallback`)
 are skipped: their cu.onnx is their artifact, already in dag.json as the CU's path and sha256.
+
+With `variants` (`--variants fp16,bf16,int8`), each CU that has weights is also built with its
+weights stored in each of those precisions (`passes/narrow_weights.py`), as `cu-NNNN-<precision>`
+files beside the exact one, recorded as `cus[i].variants[<precision>].artifacts.<artifact>`. A
+variant's `trust` stays null (never run) until `cortex calibrate` measures it; rebuilding a variant
+whose artifact changed resets it.
 """
 
 from __future__ import annotations
@@ -21,19 +27,22 @@ from typing import Callable
 
 from backends.registry import Target
 from cortex.cus import read_manifest
-from cortex.dag import read_dag
+from cortex.dag import read_dag, variant_id
 from cortex.pipeline import load_and_optimize
 from ir.errors import CortexError, UnsupportedError
 from ir.fs import write_bytes_atomically, write_directory_atomically
 from ir.graph import Graph
 from codegen.lower import describe_unsupported, unsupported_nodes
+from passes.narrow_weights import PRECISIONS, narrowed
 
 INDEX_SCHEMA = "cortex.{target}/1"
 
 
 def compile_cu_dir(target: Target, cu_dir: Path, output: Path, options, dag_path: Path | None = None,
-                   on_cu: Callable[[str], None] | None = None, jobs: int | None = None) -> dict:
+                   on_cu: Callable[[str], None] | None = None, jobs: int | None = None,
+                   variants: tuple[str, ...] = ()) -> dict:
     cu_dir, output = Path(cu_dir), Path(output)
+    variants = parse_variants(variants)
     start = time.perf_counter()
     target.check(options)
     manifest, graphs = read_cus(cu_dir, target.name)
@@ -43,33 +52,83 @@ def compile_cu_dir(target: Target, cu_dir: Path, output: Path, options, dag_path
 
     def build_one(cu: dict):
         try:
-            return target.build(graphs[cu["id"]], options, cu["id"])
+            graph = graphs[cu["id"]]
+            exact = target.build(graph, options, cu["id"])
+            built = {}
+            for precision in variants:
+                narrow = narrowed(graph, precision)
+                if narrow is not None:
+                    built[precision] = target.build(narrow, options, variant_id(cu["id"], precision))
+            return exact, built
         except CortexError as e:
             raise type(e)(f"{cu['id']} ({cu_dir / cu['path']}): {e}") from None
 
     def fill(folder: Path) -> dict:
         with ThreadPoolExecutor(max_workers=jobs or min(target.jobs, os.cpu_count() or 1)) as pool:
             built = list(pool.map(build_one, compiled))
-        records = {}
-        for cu, result in zip(compiled, built):
-            for name, data in result.files.items():
-                (folder / name).write_bytes(data)
+        records, variant_records = {}, {}
+        for cu, (result, by_precision) in zip(compiled, built):
+            for one in (result, *by_precision.values()):
+                for name, data in one.files.items():
+                    (folder / name).write_bytes(data)
             records[cu["id"]] = result.record
+            variant_records[cu["id"]] = {p: r.record for p, r in by_precision.items()}
             if on_cu:
                 on_cu(cu["id"])
-        index = {"schema": INDEX_SCHEMA.format(target=target.name), "options": _as_json(options), "cus": records}
+        index = {"schema": INDEX_SCHEMA.format(target=target.name), "options": _as_json(options), "cus": records,
+                 **({"variants": variant_records} if variants else {})}
         (folder / "index.json").write_text(json.dumps(index, indent=2) + "\n")
-        return records
+        return records, variant_records
 
-    records = write_directory_atomically(output, fill)
+    records, variant_records = write_directory_atomically(output, fill)
     if dag is not None:
         for cu in dag["cus"]:
             if cu["id"] in records:
-                cu.setdefault("artifacts", {})[target.artifact] = target.place(records[cu["id"]], folder_in_dag)
+                old = cu.setdefault("artifacts", {}).get(target.artifact, {}).get("sha256")
+                cu["artifacts"][target.artifact] = target.place(records[cu["id"]], folder_in_dag)
+                _record_variants(cu, target, {p: target.place(r, folder_in_dag)
+                                              for p, r in variant_records[cu["id"]].items()},
+                                 exact_changed=old != records[cu["id"]].get("sha256"))
         write_bytes_atomically(Path(dag_path), (json.dumps(dag, indent=2) + "\n").encode())
+    summary = target.summarize(records, options)
+    if variants:
+        summary["variant_bytes"] = {p: target.summarize({c: v[p] for c, v in variant_records.items() if p in v},
+                                                        options).get("bytes") for p in variants}
     return {"output": str(output), "dag": str(dag_path) if dag_path else None, "cus": len(records),
             "fallback_cus": len(manifest["cus"]) - len(compiled),
-            **target.summarize(records, options), "seconds": round(time.perf_counter() - start, 3)}
+            **summary, "seconds": round(time.perf_counter() - start, 3)}
+
+
+def parse_variants(variants) -> tuple[str, ...]:
+    """`--variants fp16,bf16,int8` (text, or already a sequence) as a tuple of known precisions."""
+    items = variants.split(",") if isinstance(variants, str) else list(variants or ())
+    chosen = tuple(dict.fromkeys(v.strip() for v in items if v.strip()))
+    unknown = [v for v in chosen if v not in PRECISIONS]
+    if unknown:
+        raise CortexError(f"unknown --variants {', '.join(unknown)}: expected a comma-separated subset of "
+                          f"{','.join(PRECISIONS)}")
+    return chosen
+
+
+def _record_variants(cu: dict, target: Target, placed: dict[str, dict], exact_changed: bool) -> None:
+    """This target's variant artifacts in `cus[i].variants`: the output folder was replaced, so
+    the target's earlier variants are gone; a variant whose artifact (or whose exact CU's) changed
+    is uncalibrated again, since its trust was measured against those bytes."""
+    variants = cu.get("variants", {})
+    for precision in list(variants):
+        old = variants[precision].get("artifacts", {}).pop(target.artifact, None)
+        new = placed.get(precision)
+        if old is not None and (exact_changed or new is None or old.get("sha256") != new.get("sha256")):
+            variants[precision] = {"artifacts": variants[precision]["artifacts"], "trust": None}
+        if not variants[precision]["artifacts"] and new is None:
+            del variants[precision]
+    for precision, record in placed.items():
+        entry = variants.setdefault(precision, {"artifacts": {}, "trust": None})
+        entry["artifacts"][target.artifact] = record
+    if variants:
+        cu["variants"] = {p: variants[p] for p in PRECISIONS if p in variants}
+    else:
+        cu.pop("variants", None)
 
 
 def read_cus(cu_dir: Path, target_name: str) -> tuple[dict, dict[str, Graph]]:

@@ -25,6 +25,12 @@ DAG_SCHEMA = "cortex.dag/1"
 SCHEMA_FILE = Path(__file__).resolve().parent / "schemas" / "dag.schema.json"
 
 
+def variant_id(cu_id: str, precision: str) -> str:
+    """The name of a CU's reduced-precision variant: its files (`cu-0007-fp16.wasm`), kernels and
+    the id a device loads it under."""
+    return f"{cu_id}-{precision}"
+
+
 def build_dag(cu_dir: Path, output: Path) -> dict:
     """The dag.json document for the CUs in `cu_dir`, with paths relative to `output`'s folder."""
     cu_dir = Path(cu_dir)

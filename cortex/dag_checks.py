@@ -117,12 +117,16 @@ def _artifacts(dag: dict, folder: Path) -> str | None:
             problem = _outside(folder, cu["path"])
             if problem:
                 return f"{cu['id']} (runs on {cu['runs_on']}): {problem}"
-        artifacts = cu.get("artifacts", {})
-        for check, key in ((_wasm_record, "wasm"), (_cuda_record, "cuda")):
-            if key in artifacts:
-                problem = check(cu, artifacts[key], dag["tensors"], folder)
-                if problem:
-                    return f"{cu['id']}'s {key} artifact: {problem}"
+        # A variant replaces the CU it belongs to, so its artifacts answer to the same checks.
+        owners = [(f"{cu['id']}'s", cu.get("artifacts", {}))]
+        owners += [(f"{cu['id']}'s {precision} variant's", v["artifacts"])
+                   for precision, v in cu.get("variants", {}).items()]
+        for owner, artifacts in owners:
+            for check, key in ((_wasm_record, "wasm"), (_cuda_record, "cuda")):
+                if key in artifacts:
+                    problem = check(cu, artifacts[key], dag["tensors"], folder)
+                    if problem:
+                        return f"{owner} {key} artifact: {problem}"
     return None
 
 

@@ -22,8 +22,11 @@ def compile_command(target: Target) -> Callable:
         dag: Annotated[Optional[Path], typer.Option("--dag", help="dag.json to record the artifacts in (rewritten); "
                                                     "--output must lie in its folder.")] = None,
         json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
+        variants: Annotated[str, typer.Option("--variants", help="Also build each CU that has weights with them "
+                                              "stored as a comma-separated subset of fp16,bf16,int8 (run "
+                                              "'cortex calibrate' before they are used).")] = "",
     ) -> None:
-        summary = compile_cu_dir(target, cu_dir, output, options, dag)
+        summary = compile_cu_dir(target, cu_dir, output, options, dag, variants=variants)
         if json:
             print_json(summary)
             return

@@ -99,7 +99,7 @@ class CompiledModel:
     def _loaded_scheduler(self) -> SequentialScheduler:
         if self._scheduler is None:
             scheduler = SequentialScheduler(self.dag, self.path, self.device_name, self.cache)
-            scheduler.load()
+            scheduler.load(self.policy)
             self._scheduler = scheduler
         return self._scheduler
 

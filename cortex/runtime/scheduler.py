@@ -30,6 +30,7 @@ from backends.registry import Device
 from backends.registry import device as device_spec
 from cortex.runtime.cache import CacheEntry, ResultCache, cu_key
 from cortex.runtime.policy import Policy
+from cortex.runtime.variants import VariantRunner
 from ir.ops import RANDOM, kind_of
 
 HOST = None   # where a model input, or a cached output, lives before any device reads it
@@ -74,11 +75,15 @@ class SequentialScheduler:
         self.cache = cache if cache is not None else ResultCache(0)
         self.random = {cu_id: _holds_random_ops(cu) for cu_id, cu in self.cus.items()}
         self.identity = {cu_id: _identity(cu, self.placement[cu_id]) for cu_id, cu in self.cus.items()}
+        self.variants = VariantRunner(self.cus, self.placement, self.devices,
+                                      {name: device_spec(name).artifact for name in self.devices})
 
-    def load(self) -> None:
-        """Every CU resident on its device, before the first request."""
+    def load(self, policy: Policy | None = None) -> None:
+        """Every CU resident on its device, and the variants `policy` picks, before the first request."""
         for name, device in self.devices.items():
             device.load([self.cus[cu_id] for cu_id in self.dag["order"] if self.placement[cu_id] == name])
+        if policy is not None:
+            self.variants.load(policy)
 
     def needed(self, outputs: list[str]) -> set[str]:
         """The CUs the tensors `outputs` depend on: dag.json's data flow walked backwards, through
@@ -171,21 +176,22 @@ class SequentialScheduler:
             inputs[name] = tensor
         cpu_start = time.thread_time()
         start = time.perf_counter()
-        results = device.run(cu, inputs)
+        results, variant = self.variants.run(cu, inputs, request.policy)   # the exact CU or a guarded variant
         seconds = time.perf_counter() - start
         cpu_seconds = time.thread_time() - cpu_start
         request.cpu_seconds += cpu_seconds
         request.env.update((name, (where, tensor)) for name, tensor in results.items())
         bytes_in, bytes_out = self.traffic[cu_id]
         request.live_bytes += bytes_out
-        if request.key is not None and self.cache.fits(bytes_out):
+        # A variant's outputs are other bits than the exact CU's, which the key names: never cached.
+        if request.key is not None and "precision" not in variant and self.cache.fits(bytes_out):
             entry = self.cache.put(request.key, {name: device.to_host(t) for name, t in results.items()})
             if entry is not None:
                 request.keys.update(entry.output_keys)
         request.activated.append({"cu": cu_id, "device": where, "op_types": cu.get("op_types", []), "start": start,
                                   "seconds": seconds, "cpu_seconds": cpu_seconds, "bytes_in": bytes_in,
                                   "bytes_out": bytes_out, "bytes_from_other_devices": crossed,
-                                  "resident_bytes": device.resident_bytes(cu_id)})
+                                  "resident_bytes": device.resident_bytes(cu_id), **variant})
 
 
 def _holds_random_ops(cu: dict) -> bool:

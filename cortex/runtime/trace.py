@@ -23,6 +23,8 @@ from pathlib import Path
 
 import jsonschema
 
+from cortex.runtime.variants import variant_trace
+
 TRACE_SCHEMA = "cortex.trace/1"
 SCHEMA_FILE = Path(__file__).resolve().parent.parent / "schemas" / "trace.schema.json"
 FALLBACK_RUNTIME = "fallback runtime"
@@ -33,12 +35,14 @@ def request_trace(*, policy: str, device: str, dag_path: Path, outputs: list[str
                   fallback_cus: set[str], cache_stats: dict | None) -> dict:
     """The trace of a request the scheduler ran (`request`: its `Request`)."""
     entries = request.activated
+    variants = variant_trace(entries)
     return {
         **_header(policy, device, dag_path, outputs),
         "activated_cus": [t["cu"] for t in entries],
         "skipped_cus": list(request.skipped),
-        "approximated_cus": [],
-        "fell_back_cus": [{"cu": t["cu"], "reason": FALLBACK_RUNTIME} for t in entries if t["cu"] in fallback_cus],
+        "approximated_cus": variants["approximated_cus"],
+        "fell_back_cus": [{"cu": t["cu"], "reason": FALLBACK_RUNTIME} for t in entries if t["cu"] in fallback_cus]
+        + variants["fell_back_cus"],
         "sandbox_stats": {"cpu_time_ms": request.cpu_seconds * 1e3,
                           "peak_memory_mb": (resident_bytes + request.live_bytes) / MB,
                           "peak_memory_basis": "loaded CUs + live tensors",

@@ -1,0 +1,170 @@
+"""Reduced-precision variants: compile-wasm --variants stores the weights narrow (the artifact
+bytes shrink), each variant computes what onnxruntime computes on the narrowed weights, and the
+runtime picks the most compact variant whose calibrated trust meets the policy's threshold, never
+an uncalibrated one, with guards that rerun the exact CU."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import cortex
+from cortex.runtime.calibrate import calibrate
+from cortex.runtime.policy import POLICIES, Policy
+from ir.errors import CortexError
+from variant_cases import (build, embedding_mlp, feeds, narrowed_reference, recompile, run_onnxruntime,
+                           set_trust, weights)
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    return build(tmp_path_factory.mktemp("variants"))
+
+
+def fresh_copy(bundle, tmp_path):
+    """A private copy of the bundle, for tests that edit its dag.json."""
+    shutil.copytree(bundle.parent, tmp_path / "b", symlinks=True)
+    return tmp_path / "b" / "dag.json"
+
+
+def test_variant_artifacts_hold_the_weights_at_half_and_a_quarter_the_bytes(bundle):
+    dag = json.loads(bundle.read_text())
+    exact = sum(cu["artifacts"]["wasm"]["bytes"] for cu in dag["cus"] if cu.get("variants"))
+    sizes = {p: sum(cu["variants"][p]["artifacts"]["wasm"]["bytes"] for cu in dag["cus"] if cu.get("variants"))
+             for p in ("fp16", "bf16", "int8")}
+    # The weights are ~98% of the float32 bytes (code and the float32 bias are the rest), so the
+    # ratios sit just above 0.5 and 0.25; the files on disk are the ones recorded.
+    assert 0.48 < sizes["fp16"] / exact < 0.56 and 0.48 < sizes["bf16"] / exact < 0.56
+    assert 0.23 < sizes["int8"] / exact < 0.31
+    for cu in dag["cus"]:
+        for variant in cu.get("variants", {}).values():
+            record = variant["artifacts"]["wasm"]
+            assert (bundle.parent / record["path"]).stat().st_size == record["bytes"]
+            assert variant["trust"] is None          # never calibrated yet
+    assert {cu["id"] for cu in dag["cus"] if cu.get("variants")} == \
+           {cu["id"] for cu in dag["cus"] if {"Gather", "MatMul", "Gemm"} & set(cu["op_types"])}
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "int8"])
+def test_each_variant_computes_the_model_on_its_narrowed_weights(bundle, tmp_path, precision):
+    dag_path = fresh_copy(bundle, tmp_path)
+    set_trust(dag_path, {precision: 1.0})
+    model = cortex.load(dag_path, policy="balanced")
+    w = weights()
+    narrowed = embedding_mlp(narrowed_reference(w, precision))
+    for feed in feeds(3, seed=7):
+        got = model.run(feed)["y"]
+        assert {e["precision"] for e in model.trace_document()["approximated_cus"]} == {precision}
+        # Same arithmetic as onnxruntime on the narrowed weights up to float32 summation order.
+        np.testing.assert_allclose(got, run_onnxruntime(narrowed, feed), rtol=1e-4, atol=1e-4)
+        # And close to the float32 model: fp16 rounds each weight by at most 2^-11 relative, bf16 by
+        # 2^-8, int8 by half a step of max|w|/127 per channel; over 64-256-term dot products of
+        # random signs the errors partly cancel, so the output's relative L2 error stays below
+        # about the per-weight bound (measured: fp16 2e-4, bf16 2e-3, int8 6e-3).
+        exact = run_onnxruntime(embedding_mlp(w), feed)
+        bound = {"fp16": 1e-3, "bf16": 8e-3, "int8": 2e-2}[precision]
+        assert np.linalg.norm(got - exact) / np.linalg.norm(exact) < bound
+
+
+def test_uncalibrated_variants_never_run(bundle):
+    for policy in ("balanced", "aggressive", POLICIES["aggressive"].with_threshold(0.0)):
+        model = cortex.load(bundle, policy=policy)
+        feed = feeds(1, seed=3)[0]
+        got = model.run(feed)["y"]
+        assert model.trace_document()["approximated_cus"] == []
+        np.testing.assert_array_equal(got, cortex.load(bundle, policy="strict").run(feed)["y"])
+
+
+def test_the_most_compact_variant_meeting_the_threshold_runs(bundle, tmp_path):
+    dag_path = fresh_copy(bundle, tmp_path)
+    set_trust(dag_path, {"fp16": 0.999, "bf16": 0.992, "int8": 0.97})
+    dag = json.loads(dag_path.read_text())
+    with_variants = [cu["id"] for cu in dag["cus"] if cu.get("variants")]
+    # bf16 and fp16 store the same bytes of weights; bf16's widening is a shift, so its code is smaller.
+    smaller_16 = "bf16" if all(cu["variants"]["bf16"]["artifacts"]["wasm"]["bytes"]
+                               < cu["variants"]["fp16"]["artifacts"]["wasm"]["bytes"]
+                               for cu in dag["cus"] if cu.get("variants")) else None
+    feed = feeds(1, seed=4)[0]
+    expected = {"strict": None, "balanced": smaller_16, "aggressive": "int8",
+                POLICIES["balanced"].with_threshold(0.995): "fp16",
+                POLICIES["balanced"].with_threshold(0.9999): None}
+    model = cortex.load(dag_path)
+    for policy, precision in expected.items():
+        model.run(feed, policy=policy)
+        trace = model.trace_document()
+        got = {(e["cu"], e["precision"]) for e in trace["approximated_cus"]}
+        assert got == ({(cu, precision) for cu in with_variants} if precision else set()), policy
+        assert trace["fell_back_cus"] == []
+    model.run(feed, policy="aggressive")
+    assert {(e["precision"], e["trust"]) for e in model.trace_document()["approximated_cus"]} == {("int8", 0.97)}
+
+
+def test_an_out_of_range_input_trips_the_guard_and_reruns_the_exact_cu(bundle, tmp_path):
+    dag_path = fresh_copy(bundle, tmp_path)
+    np.savez(tmp_path / "calibration.npz", ids=np.stack([f["ids"] for f in feeds(6, 1)]),
+             x=np.stack([f["x"] for f in feeds(6, 1)]))
+    calibrate(dag_path, tmp_path / "calibration.npz")
+    model = cortex.load(dag_path, policy=POLICIES["aggressive"].with_threshold(0.0))
+    strict = cortex.load(dag_path, policy="strict")
+
+    normal = feeds(1, seed=9)[0]
+    model.run(normal)
+    assert len(model.trace_document()["approximated_cus"]) == 3 and model.trace_document()["fell_back_cus"] == []
+
+    wild = feeds(1, seed=9, scale=1000.0)[0]     # activations 1000x those calibrate saw
+    got = model.run(wild)["y"]
+    trace = model.trace_document()
+    fell = {e["cu"]: e["reason"] for e in trace["fell_back_cus"]}
+    assert fell, trace
+    for reason in fell.values():
+        assert "outside its calibrated range" in reason and "reran the exact CU" in reason
+    assert not set(fell) & {e["cu"] for e in trace["approximated_cus"]}
+    if len(fell) == 3:      # every CU reran exactly: the exact model's result, bit for bit
+        np.testing.assert_array_equal(got, strict.run(wild)["y"])
+
+    guards_off = cortex.load(dag_path, policy=Policy("unguarded", trust_threshold=0.0, guards=False))
+    guards_off.run(wild)
+    assert guards_off.trace_document()["fell_back_cus"] == []
+
+
+def test_a_tampered_variant_module_is_refused(bundle, tmp_path):
+    dag_path = fresh_copy(bundle, tmp_path)
+    set_trust(dag_path, {"int8": 1.0})
+    dag = json.loads(dag_path.read_text())
+    cu = next(cu for cu in dag["cus"] if cu.get("variants"))
+    module = dag_path.parent / cu["variants"]["int8"]["artifacts"]["wasm"]["path"]
+    data = bytearray(module.read_bytes())
+    data[-1] ^= 0xFF
+    module.write_bytes(bytes(data))
+    cortex.load(dag_path, policy="strict")           # the exact CUs alone are intact
+    with pytest.raises(CortexError, match="sha256 differs"):
+        cortex.load(dag_path, policy="balanced")
+
+
+def test_a_variant_path_leaving_the_bundle_is_refused(bundle, tmp_path):
+    dag_path = fresh_copy(bundle, tmp_path)
+    dag = json.loads(dag_path.read_text())
+    cu = next(cu for cu in dag["cus"] if cu.get("variants"))
+    cu["variants"]["fp16"]["artifacts"]["wasm"]["path"] = "../elsewhere.wasm"
+    dag_path.write_text(json.dumps(dag))
+    with pytest.raises(CortexError, match="fp16 variant's wasm artifact: path '../elsewhere.wasm' leaves"):
+        cortex.load(dag_path)
+
+
+def test_recompiling_keeps_only_the_variants_asked_for_and_resets_changed_ones(tmp_path):
+    dag_path = build(tmp_path, variants=("fp16", "int8"))
+    set_trust(dag_path, {"fp16": 0.999, "int8": 0.98})
+    recompile(tmp_path, variants=("fp16",))                  # the same bytes: fp16 keeps its trust
+    dag = json.loads(dag_path.read_text())
+    for cu in dag["cus"]:
+        if cu.get("variants"):
+            assert set(cu["variants"]) == {"fp16"} and cu["variants"]["fp16"]["trust"] == 0.999
+    assert not list((tmp_path / "wasm-bin").glob("*-int8.wasm"))
+    recompile(tmp_path, variants=("fp16",), opt_level="1")   # other code: measured on other bytes
+    dag = json.loads(dag_path.read_text())
+    assert all(cu["variants"]["fp16"]["trust"] is None for cu in dag["cus"] if cu.get("variants"))
+    recompile(tmp_path, variants=())
+    assert not any("variants" in cu for cu in json.loads(dag_path.read_text())["cus"])
