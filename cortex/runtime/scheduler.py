@@ -142,7 +142,9 @@ class SequentialScheduler:
         # others: a CU of an untaken branch needs neither its inputs hashed nor a cache lookup.
         if request.needed is not None and cu["id"] not in request.needed:
             return NOT_NEEDED
-        if request.policy.cache and self.cache.enabled and not self.random[cu["id"]]:
+        # The key names the exact CU's code: a CU this policy runs as a variant is never looked up.
+        if request.policy.cache and self.cache.enabled and not self.random[cu["id"]] \
+                and self.variants.choice(cu["id"], request.policy) is None:
             request.key = cu_key(self.identity[cu["id"]], [self._tensor_key(name, request) for name in cu["inputs"]])
             request.hit = self.cache.get(request.key)
             if request.hit is not None:
@@ -183,8 +185,7 @@ class SequentialScheduler:
         request.env.update((name, (where, tensor)) for name, tensor in results.items())
         bytes_in, bytes_out = self.traffic[cu_id]
         request.live_bytes += bytes_out
-        # A variant's outputs are other bits than the exact CU's, which the key names: never cached.
-        if request.key is not None and "precision" not in variant and self.cache.fits(bytes_out):
+        if request.key is not None and self.cache.fits(bytes_out):
             entry = self.cache.put(request.key, {name: device.to_host(t) for name, t in results.items()})
             if entry is not None:
                 request.keys.update(entry.output_keys)
