@@ -7,6 +7,7 @@ from passes.expand_ops import ExpandOps
 from passes.fold_constants import FoldConstants
 from passes.fold_qdq import FoldQDQ
 from passes.freeze_inputs import FreezeInputs
+from passes.hoist_scalars import HoistScalarOperands
 from passes.infer_shapes import InferShapes
 from passes.simplify import Simplify
 
@@ -26,8 +27,11 @@ def optimize_pipeline(input_shapes=None, dims=None, require_static=False, frozen
         EliminateCommonSubexpressions(),
         FoldConstants(),
         EliminateDeadCode(),
+        # Scalar operands (a dynamic quantisation's a_scale * b_scale) before the products that
+        # read them, so that the products' kernels may take them in (passes/fuse_groups.py).
+        HoistScalarOperands(),
     ]
 
 
 __all__ = ["Pass", "PassRecord", "run_pipeline", "optimize_pipeline", "FreezeInputs", "ExpandOps", "InferShapes", "FoldConstants", "FoldQDQ",
-           "Simplify", "EliminateCommonSubexpressions", "EliminateDeadCode"]
+           "Simplify", "EliminateCommonSubexpressions", "EliminateDeadCode", "HoistScalarOperands"]

@@ -9,14 +9,18 @@ GELU after a MatMul: x is read by x / sqrt 2 and by x * 0.5, which meet again at
 One member may take an input from outside the group: a residual Add (`residual_operand`: an Add,
 or a Sum of two, of a member's output and a non-constant tensor of exactly its shape), resnet's
 Conv -> Add(shortcut) -> Relu and a transformer's MatMul -> Add(bias) -> Add(residual), whose
-kernels read the residual in their epilogue.
+kernels read the residual in their epilogue. Members may also read small broadcast operands from
+outside (`_broadcast_operand`: one value, or one per column of the member's output, such as the
+scale a_scale * b_scale of a dynamically quantized product) whose producer comes before the anchor
+in graph order (passes/hoist_scalars.py puts scalar computations there).
 That rule is what keeps every group convex. A path that leaves the group leaves from the sink,
 since every other member's output is read only by members; a path that came back would enter a
 member through an input that is not a member's output or a constant: the anchor's inputs or the
 residual. The anchor cannot be reached from its own descendants. Nor can the residual be reached
 from a member: the path would leave from the sink, and the residual Add is the sink or one of its
 ancestors, which would make a cycle. So the residual is produced before the anchor runs, or
-independently of it. Partitioning treats a group as one op and never cuts it.
+independently of it. A broadcast operand's producer precedes the anchor in graph order, a
+topological order, while every member is a descendant of the anchor: it cannot be reached from one. Partitioning treats a group as one op and never cuts it.
 """
 
 from __future__ import annotations
@@ -71,7 +75,7 @@ def fusion_groups(graph: Graph) -> list[list[Node]]:
     for node in graph.nodes:
         if id(node) in grouped or not _can_start_group(node):
             continue
-        members = _closed_group(node, _candidates(node, users, grouped), users, graph_outputs, order)
+        members = _closed_group(node, _candidates(node, users, grouped, order), users, graph_outputs, order)
         if len(members) < 2:
             continue
         groups.append(members)
@@ -85,7 +89,7 @@ def _can_start_group(node: Node) -> bool:
     entry = lookup(node.op_type, node.domain)
     if entry is None:
         return False
-    return entry.kind == ELEMENTWISE or (entry.kind == CONTRACTION and entry.weight_input is not None) \
+    return entry.kind == ELEMENTWISE or (entry.kind == CONTRACTION and (entry.weight_input is not None or entry.fusion_anchor)) \
         or _is_inference_batch_norm(node)
 
 
@@ -101,15 +105,16 @@ def _is_member_kind(node: Node) -> bool:
             and kind_of(node.op_type, node.domain) == ELEMENTWISE)
 
 
-def _candidates(anchor: Node, users: dict[Value, list[Node]], grouped: set[int]) -> list[Node]:
+def _candidates(anchor: Node, users: dict[Value, list[Node]], grouped: set[int], order: dict[int, int]) -> list[Node]:
     """The anchor and every ungrouped elementwise node reachable from it whose inputs are all the
-    anchor's output, a candidate's output or constants; and at most one residual Add, whose other
-    input comes from outside."""
+    anchor's output, a candidate's output, constants or broadcast operands produced before the
+    anchor; and at most one residual Add, whose other input comes from outside."""
     if len(anchor.outputs) != 1:
         return [anchor]
     found = [anchor]
     produced = {id(anchor.outputs[0])}
     residual_taken = False
+    anchor_at = order[id(anchor)]
     changed = True
     while changed and len(found) < MAX_GROUP_MEMBERS:
         changed = False
@@ -117,7 +122,8 @@ def _candidates(anchor: Node, users: dict[Value, list[Node]], grouped: set[int])
             for reader in users.get(member.outputs[0], []):
                 if id(reader.outputs[0]) in produced or id(reader) in grouped or not _is_member_kind(reader):
                     continue
-                inside = all(v is None or v.is_const or id(v) in produced for v in reader.inputs)
+                inside = all(v is None or v.is_const or id(v) in produced
+                             or _broadcast_operand(v, reader, order, anchor_at) for v in reader.inputs)
                 residual = not inside and not residual_taken \
                     and residual_operand(reader, lambda v: id(v) in produced) is not None
                 if inside or residual:
@@ -126,6 +132,19 @@ def _candidates(anchor: Node, users: dict[Value, list[Node]], grouped: set[int])
                     residual_taken |= residual
                     changed = True
     return found
+
+
+def _broadcast_operand(value: Value, reader: Node, order: dict[int, int], anchor_at: int) -> bool:
+    """Whether `reader` may take `value` from outside its group: one value, or one per column of
+    its output (all leading dims 1), produced by a node before the anchor in graph order, or a graph
+    input."""
+    out = reader.outputs[0]
+    if not value.is_static or out.shape is None or not out.is_static or not out.shape:
+        return False
+    per_column = value.numel == int(out.shape[-1]) and all(d == 1 for d in value.shape[:-1])
+    if value.numel != 1 and not per_column:
+        return False
+    return value.producer is None or order.get(id(value.producer), anchor_at) < anchor_at
 
 
 def _closed_group(anchor: Node, candidates: list[Node], users, graph_outputs: set[int], order) -> list[Node]:

@@ -153,7 +153,7 @@ def test_transpose_pairs_cancel_or_compose():
 def test_passes_are_small_named_objects():
     names = [p.name for p in optimize_pipeline()]
     assert names == ["expand-ops", "infer-shapes", "fold-constants", "fold-qdq", "simplify", "eliminate-common-subexpressions",
-                     "fold-constants", "eliminate-dead-code"]
+                     "fold-constants", "eliminate-dead-code", "hoist-scalar-operands"]
 
 
 def _gelu_after_matmul(extra_reader: str | None = None):

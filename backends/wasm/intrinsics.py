@@ -27,7 +27,8 @@ from backends.wasm.kernels.conv_implicit_gemm import implicit_gemm_is_faster
 from backends.wasm.kernels.gemv import gemv_fits, render_gemv
 from backends.wasm.kernels.int8_conv import (IntegerConvOffsets, integer_conv_scratch_bytes, pack_integer_conv_weight,
                                              render_integer_conv)
-from backends.wasm.kernels.int8_gemm import IntegerGemmOffsets, render_integer_gemm, scratch_bytes, uses_relaxed_dot
+from backends.wasm.kernels.int8_gemm import (IntegerGemmOffsets, b_panels_bytes, render_integer_gemm, scratch_bytes,
+                                             uses_relaxed_dot)
 from backends.wasm.kernels.int8_gemm import pack_b as pack_integer_b
 from backends.wasm.kernels.operands import ConvOffsets, GemmOffsets
 from backends.wasm.options import WasmOptions
@@ -53,6 +54,8 @@ class WasmKernels:
         if isinstance(spec, GemmSpec):
             return WeightLayout("_packed") if spec.constant_b else None
         if isinstance(spec, IntegerGemmSpec):   # B' depends on the zero point: one packing per product
+            if not spec.constant_b:
+                return None
             return WeightLayout("_i7_panels" if uses_relaxed_dot(spec, self.features) else "_i16_panels")
         if isinstance(spec, IntegerConvSpec):   # W' too
             return WeightLayout("_i16_channel_groups")
@@ -77,8 +80,10 @@ class WasmKernels:
             return tuple(s for s in _gemm_scratch(spec) if s is not None)
         if isinstance(spec, IntegerGemmSpec):
             packed_a, tile, scales = scratch_bytes(spec, uses_relaxed_dot(spec, self.features))
+            panels = b_panels_bytes(spec)
             return (Scratch("a", "_i16", packed_a // 4), Scratch("a", "_tile", tile // 4),
-                    *((Scratch("b", "_scales", scales // 4),) if scales else ()))
+                    *((Scratch("b", "_scales", scales // 4),) if scales else ()),
+                    *((Scratch("b", "_i16_panels", panels // 4),) if panels else ()))
         if isinstance(spec, IntegerConvSpec):
             col, packed, tile, scales = integer_conv_scratch_bytes(spec)
             return (*((Scratch("a", "_im2col_bytes", -(-col // 4)),) if col else ()), Scratch("a", "_i16", packed // 4),
@@ -131,16 +136,25 @@ def render_intrinsic(stmt: Intrinsic, name: str, options: WasmOptions) -> str:
     if isinstance(spec, GemmSpec):
         return _render_gemm_call(spec, ops, features, name)
     if isinstance(spec, IntegerGemmSpec):
-        q = ops.quantization
-        packed_a, tile, *scales = ops.scratch
-        at = IntegerGemmOffsets(_at(ops.a), _at(ops.b), _at(ops.out), _at(packed_a), _at(tile),
-                                scales=_at(scales[0]) if scales else None, a_zero=_at_or_none(q.a_zero),
-                                a_scale=_at_or_none(q.a_scale), b_scale=_at_or_none(q.b_scale),
-                                out_scale=_at_or_none(q.out_scale), out_zero=_at_or_none(q.out_zero))
-        return render_integer_gemm(spec, at, name=name, relaxed=uses_relaxed_dot(spec, features))
+        return _render_integer_gemm_call(spec, ops, features, name)
     if isinstance(spec, IntegerConvSpec):
         return _render_integer_conv_call(spec, ops, name)
     raise ValueError(f"the WebAssembly backend has no kernel for {spec!r}")
+
+
+def _render_integer_gemm_call(spec: IntegerGemmSpec, ops, features: frozenset[str], name: str) -> str:
+    q = ops.quantization
+    packed_a, tile, *rest = ops.scratch
+    scales = rest.pop(0) if spec.requantize is not None else None
+    panels = rest.pop(0) if not spec.constant_b else None
+    at = IntegerGemmOffsets(_at(ops.a), _at(ops.b) if panels is None else _at(panels), _at(ops.out), _at(packed_a),
+                            _at(tile), scales=_at_or_none(scales), a_zero=_at_or_none(q.a_zero),
+                            a_scale=_at_or_none(q.a_scale), b_scale=_at_or_none(q.b_scale),
+                            out_scale=_at_or_none(q.out_scale), out_zero=_at_or_none(q.out_zero),
+                            b_source=None if panels is None else _at(ops.b), b_zero=_at_or_none(q.b_zero),
+                            dequantize_scale=_at_or_none(q.dequantize_scale), bias=_at_or_none(ops.bias),
+                            residual=_at_or_none(ops.residual))
+    return render_integer_gemm(spec, at, name=name, relaxed=uses_relaxed_dot(spec, features))
 
 
 def _render_integer_conv_call(spec: IntegerConvSpec, ops, name: str) -> str:

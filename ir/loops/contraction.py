@@ -1,9 +1,9 @@
 """Contractions a target may run as a ready-made kernel: what is computed, not how.
 
 A lowering that recognises a float32 GEMM (MatMul, Gemm) or a 2-D Conv describes it once as a
-`GemmSpec` or a `ConvSpec`, and an 8-bit integer GEMM with a constant B (MatMulInteger,
-QLinearMatMul) as an `IntegerGemmSpec` and an 8-bit Conv (ConvInteger, QLinearConv) as an
-`IntegerConvSpec` (shapes, transposes, window geometry, groups, and the epilogue the kernel
+`GemmSpec` or a `ConvSpec`, and an 8-bit integer GEMM (MatMulInteger, QLinearMatMul, its B a
+constant or an activation) as an `IntegerGemmSpec` and an 8-bit Conv (ConvInteger, QLinearConv) as
+an `IntegerConvSpec` (shapes, transposes, window geometry, groups, and the epilogue the kernel
 applies before it stores: a bias, a residual, an activation), asks the builder whether the target
 offers a kernel for it (`LoopBuilder.offers`), and emits it as an `Intrinsic` statement over
 `ContractionOperands`. How the target runs it (which weight layout, which scratch, which kernel
@@ -80,13 +80,27 @@ class RequantizeSpec:
 
 
 @dataclass(frozen=True)
+class DequantizeSpec:
+    """MatMulIntegerToFloat's epilogue, onnxruntime's fused MatMulInteger -> Cast -> Mul(scale) ->
+    Add(bias): y = float32(acc) * scale [+ bias] [+ residual], each step rounded to float32 in that
+    order (no fused multiply-add), as the unfused loop nests compute it. `scale` is a run-time float32
+    operand (a_scale * b_scale, which the graph computes), one value or one per column
+    (`scale_per_column`); `bias` a constant per column, `residual` a tensor of the output's shape."""
+    scale_per_column: bool = False
+    bias: bool = False
+    residual: bool = False
+
+
+@dataclass(frozen=True)
 class IntegerGemmSpec:
-    """C[m, n] = sum_k (A[m, k] - a_zero) * B'[k, n] over 8-bit A (signed with `a_signed`) and a
-    constant B' = B - b_zero, B of 8-bit values whose zero point (per tensor or per column) the
-    lowering has already subtracted: B' lies in -255..255. C is int32 (MatMulInteger), or with
-    `requantize` 8-bit (QLinearMatMul). `a_zero`: A has a per-tensor zero point, read at run time.
-    `b_column_span`: the largest max - min of B' over one column (a target may pick a narrower
-    encoding of B' when it is small)."""
+    """C[m, n] = sum_k (A[m, k] - a_zero) * B'[k, n] over 8-bit A (signed with `a_signed`), `batch`
+    times over consecutive row-major matrices. With `constant_b`, B' = B - b_zero is a constant whose
+    8-bit B's zero point (per tensor or per column) the lowering has already subtracted: B' lies in
+    -255..255, and `b_column_span` is the largest max - min of B' over one column (a target may pick a
+    narrower encoding of B' when it is small). Else B is an 8-bit activation (signed with `b_signed`;
+    `b_zero`: a per-tensor zero point read at run time), one K x N matrix per product. C is int32
+    (MatMulInteger), with `requantize` 8-bit (QLinearMatMul), with `dequantize` float32 (the
+    MatMulIntegerToFloat epilogue). `a_zero`: A has a per-tensor zero point, read at run time."""
     kind: ClassVar[str] = "integer_gemm"
     m: int
     n: int
@@ -95,6 +109,11 @@ class IntegerGemmSpec:
     a_zero: bool = True
     b_column_span: int = 510
     requantize: RequantizeSpec | None = None
+    batch: int = 1
+    constant_b: bool = True
+    b_signed: bool = False
+    b_zero: bool = False
+    dequantize: DequantizeSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -122,16 +141,19 @@ ContractionSpec = GemmSpec | ConvSpec | IntegerGemmSpec | IntegerConvSpec
 class QuantizationOperands:
     """The run-time scalars (and per-column vectors) of an `IntegerGemmSpec` or `IntegerConvSpec`: A's
     (a Conv's input's) zero point, and for its requantisation A's, B's (the weight's) and the
-    output's scales and the output's zero point; None where the spec has none."""
+    output's scales and the output's zero point; a run-time B's zero point; the dequantising
+    epilogue's scale; None where the spec has none."""
     a_zero: Buffer | None = None
     a_scale: Buffer | None = None
     b_scale: Buffer | None = None
     out_scale: Buffer | None = None
     out_zero: Buffer | None = None
+    b_zero: Buffer | None = None
+    dequantize_scale: Buffer | None = None
 
     def buffers(self) -> tuple[Buffer, ...]:
-        return tuple(x for x in (self.a_zero, self.a_scale, self.b_scale, self.out_scale, self.out_zero)
-                     if x is not None)
+        return tuple(x for x in (self.a_zero, self.a_scale, self.b_scale, self.out_scale, self.out_zero,
+                                 self.b_zero, self.dequantize_scale) if x is not None)
 
 
 @dataclass(eq=False)

@@ -7,16 +7,19 @@ compile time), a 2-D ConvInteger or QLinearConv with a constant weight as an `In
 weight's zero point subtracted likewise), and runs on the target's integer kernel where it offers
 one; everything else, and every target without one, runs the loop nests below."""
 
+from dataclasses import replace
+
 import numpy as np
 
-from ir.loops.contraction import (ContractionOperands, ConvSpec, IntegerConvSpec, IntegerGemmSpec, QuantizationOperands,
-                                  RequantizeSpec)
+from ir.loops.contraction import (ContractionOperands, ConvSpec, DequantizeSpec, IntegerConvSpec, IntegerGemmSpec,
+                                  QuantizationOperands, RequantizeSpec)
 from ir.loops.expr import cast, eq, maximum, minimum, select, unary
-from ir.ops.nn import _batched
+from ir.ops.nn import _batched, _residual
 from ir.ops.registry import CONTRACTION, OTHER, lowering, register
 from ir.ops.windows import pad_buffer, window_geometry
 
-register("ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul", kind=CONTRACTION)
+register("ConvInteger", "QLinearConv", "QLinearMatMul", kind=CONTRACTION)
+register("MatMulInteger", kind=CONTRACTION, fusion_anchor=True)
 register("DynamicQuantizeLinear", kind=OTHER)
 
 _FLOAT, _UINT8, _INT8, _INT32 = 1, 2, 3, 6     # TensorProto element types
@@ -34,10 +37,25 @@ def _per_tensor_or_column(value, n: int) -> bool:
     return value is None or (value.is_static and value.numel in (1, n) and (value.numel == 1 or value.shape[-1] == n))
 
 
+def _product_shape(av, wv) -> tuple[int, int, int, int] | None:
+    """(batch, M, K, N) of A @ B as the integer GEMM runs it: a 2-D B (A's batch dims folded into its
+    rows), or, for a B that is an activation, a B with A's own batch dims (one product per batch
+    entry: attention's heads); None for other broadcasts."""
+    k, n = (int(d) for d in wv.shape[-2:])
+    if len(wv.shape) == 2:
+        return 1, int(np.prod(av.shape[:-1], dtype=np.int64)), k, n
+    if wv.is_const or len(av.shape) != len(wv.shape) or tuple(av.shape[:-2]) != tuple(wv.shape[:-2]):
+        return None
+    return int(np.prod(av.shape[:-2], dtype=np.int64)), int(av.shape[-2]), k, n
+
+
 def _integer_matmul_as_gemm(b, node) -> bool:
-    """The product as the target's integer GEMM: A of 8 bits (any batch dims, folded into rows) with
-    a per-tensor zero point, B a constant 8-bit matrix with a constant per-tensor or per-column zero
-    point; for QLinearMatMul float32 scales, per tensor but B's (per column too)."""
+    """The product as the target's integer GEMM: A of 8 bits with a per-tensor zero point, B an
+    8-bit matrix, either a constant with a constant per-tensor or per-column zero point (subtracted
+    here), or an activation (one matrix per product of A's batch) with a per-tensor zero point read at
+    run time; for QLinearMatMul float32 scales, per tensor but B's (per column too). A MatMulInteger
+    whose int32 result only a Cast to float32 and a Mul by a scale read (MatMulIntegerToFloat) runs
+    with the dequantising epilogue instead (`_dequantizing_epilogue`)."""
     qlinear = node.op_type == "QLinearMatMul"
     if qlinear:
         av, a_scale, a_zero, wv, w_scale, w_zero, y_scale, y_zero = _inputs(node, 8)
@@ -45,11 +63,15 @@ def _integer_matmul_as_gemm(b, node) -> bool:
         av, wv, a_zero, w_zero = _inputs(node, 4)
         a_scale = w_scale = y_scale = y_zero = None
     yv = node.outputs[0]
-    if av.dtype not in (_UINT8, _INT8) or wv.dtype not in (_UINT8, _INT8) or not wv.is_const \
-            or len(wv.shape) != 2 or not av.is_static or not av.shape or not yv.is_static:
+    if av.dtype not in (_UINT8, _INT8) or wv.dtype not in (_UINT8, _INT8) or not wv.is_static \
+            or len(wv.shape) < 2 or not av.is_static or not av.shape or not yv.is_static:
         return False
-    k, n = (int(d) for d in wv.shape)
-    if not _scalar(a_zero) or not _per_tensor_or_column(w_zero, n) or (w_zero is not None and not w_zero.is_const):
+    shape = _product_shape(av, wv)
+    if shape is None:
+        return False
+    batch, m, k, n = shape
+    if not _scalar(a_zero) or not (_per_tensor_or_column(w_zero, n) if wv.is_const else _scalar(w_zero)) \
+            or (wv.is_const and w_zero is not None and not w_zero.is_const):
         return False
     if qlinear and (not all(v is not None and v.dtype == _FLOAT for v in (a_scale, w_scale, y_scale))
                     or not (_scalar(a_scale) and _scalar(y_scale) and _scalar(y_zero))
@@ -57,22 +79,81 @@ def _integer_matmul_as_gemm(b, node) -> bool:
         return False
     if not qlinear and yv.dtype != _INT32:
         return False
-    weights = np.asarray(wv.const).astype(np.int32)
-    if w_zero is not None:
-        weights = weights - np.asarray(w_zero.const).astype(np.int32).reshape(-1)
     requantize = RequantizeSpec(b_scale_per_column=w_scale.numel != 1, signed_output=yv.dtype == _INT8,
                                 out_zero=y_zero is not None) if qlinear else None
-    spec = IntegerGemmSpec(int(np.prod(av.shape[:-1], dtype=np.int64)), n, k, a_signed=av.dtype == _INT8,
-                           a_zero=a_zero is not None, b_column_span=int((weights.max(0) - weights.min(0)).max()),
-                           requantize=requantize)
+    spec = IntegerGemmSpec(m, n, k, a_signed=av.dtype == _INT8, a_zero=a_zero is not None, requantize=requantize,
+                           batch=batch, constant_b=wv.is_const, b_signed=wv.dtype == _INT8,
+                           b_zero=w_zero is not None and not wv.is_const)
+    weights = None
+    if wv.is_const:
+        weights = np.asarray(wv.const).astype(np.int32)
+        if w_zero is not None:
+            weights = weights - np.asarray(w_zero.const).astype(np.int32).reshape(-1)
+        spec = replace(spec, b_column_span=int((weights.max(0) - weights.min(0)).max()), b_signed=False)
     if not b.offers(spec):
         return False
+    y, spec, bias, residual, dequantize_scale = _dequantizing_epilogue(b, node, spec)
     quantization = QuantizationOperands(*(b.buffer(v) if v is not None else None
-                                          for v in (a_zero, a_scale, w_scale, y_scale, y_zero)))
-    operands = ContractionOperands(b.buffer(av), b.contraction_weight(spec, wv, weights), b.output(node),
-                                   quantization=quantization)
+                                          for v in (a_zero, a_scale, w_scale, y_scale, y_zero)),
+                                        b_zero=b.buffer(w_zero) if spec.b_zero else None,
+                                        dequantize_scale=dequantize_scale)
+    operands = ContractionOperands(b.buffer(av), b.contraction_weight(spec, wv, weights), y, bias=bias,
+                                   residual=residual, quantization=quantization)
     b.call_contraction(spec, operands, av.name, wv.name)
     return True
+
+
+def _dequantizing_epilogue(b, node, spec: IntegerGemmSpec):
+    """(output buffer, spec, bias, residual, scale) of the kernel for `node`: a MatMulInteger whose
+    int32 result is read only by a Cast to float32, whose result only a Mul by a float32 scale (one
+    value, or one per column: onnxruntime's MatMulIntegerToFloat, what `quantize_dynamic` writes as
+    Mul(Cast(MatMulInteger), a_scale * b_scale)) reads, absorbs those two, then an Add of a constant
+    per-column bias, then a residual Add, all of its fusion group (`LoopBuilder.fused`). The scale may
+    be computed at run time: it must then come before `node` in graph order (FuseGroups' rule for an
+    operand from outside a group), so that it is ready when the kernel runs."""
+    plain = b.output(node) if spec.requantize is not None or node.op_type != "MatMulInteger" else None
+    if plain is not None:
+        return plain, spec, None, None, None
+    cast_node = b.sole_reader(node.outputs[0])
+    if cast_node is None or cast_node.op_type != "Cast" or int(cast_node.attrs.get("to", 0)) != _FLOAT \
+            or not b.fused(node, cast_node):
+        return b.output(node), spec, None, None, None
+    mul = b.sole_reader(cast_node.outputs[0])
+    value = cast_node.outputs[0]
+    if mul is None or mul.op_type != "Mul" or len(mul.inputs) != 2 or not b.fused(node, mul) \
+            or (mul.inputs[0] is value) == (mul.inputs[1] is value):
+        return b.output(node), spec, None, None, None
+    scale = mul.inputs[1] if mul.inputs[0] is value else mul.inputs[0]
+    if scale.dtype != _FLOAT or not scale.is_static or scale.numel not in (1, spec.n) \
+            or any(d != 1 for d in scale.shape[:-1]) or (scale.numel != 1 and scale.shape[-1] != spec.n) \
+            or tuple(mul.outputs[0].shape) != tuple(value.shape) or not _ready_before(b, scale, node):
+        return b.output(node), spec, None, None, None
+    b.absorb(cast_node)
+    out, value = b.absorb(mul), mul.outputs[0]
+    bias = residual = None
+    reader = b.sole_reader(value)
+    if reader is not None and reader.op_type == "Add" and len(reader.inputs) == 2 and b.fused(node, reader) \
+            and reader.outputs[0].dtype == _FLOAT and tuple(reader.outputs[0].shape) == tuple(value.shape):
+        other = reader.inputs[1] if reader.inputs[0] is value else reader.inputs[0]
+        if other is not value and other.is_const and other.dtype == _FLOAT and other.numel == spec.n \
+                and tuple(other.shape[-1:]) == (spec.n,):
+            bias = b.constant(np.asarray(other.const, dtype=np.float32).reshape(-1), other.name + "_bias")
+            out, value = b.absorb(reader), reader.outputs[0]
+            reader = b.sole_reader(value)
+    if (other := _residual(b, node, reader, value)) is not None:
+        residual = b.buffer(other)
+        out = b.absorb(reader)
+    dequantize = DequantizeSpec(scale_per_column=scale.numel != 1, bias=bias is not None, residual=residual is not None)
+    return out, replace(spec, dequantize=dequantize), bias, residual, b.buffer(scale)
+
+
+def _ready_before(b, value, node) -> bool:
+    """Whether `value` is computed before `node`'s kernel runs: a constant, a graph input, or the
+    output of a node earlier in graph order (kernels run in that order)."""
+    if value.is_const or value.producer is None:
+        return True
+    at, producer_at = b.position(node), b.position(value.producer)
+    return at is not None and producer_at is not None and producer_at < at
 
 
 @lowering("loops", "MatMulInteger", "QLinearMatMul")

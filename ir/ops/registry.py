@@ -57,6 +57,10 @@ class OpDef:
     # can be the input's memory, and is a no-op when the shapes agree.
     view: bool = False
     epilogue: Epilogue | None = None
+    # A contraction whose kernel takes an epilogue though it names no weight to split along
+    # (MatMulInteger: the Cast, scale Mul and bias Add of MatMulIntegerToFloat); contractions with a
+    # `weight_input` always may. FuseGroups starts a group at either.
+    fusion_anchor: bool = False
     # node -> floating-point operations, from static shapes; None: one per output element.
     flops: Callable | None = None
     # node -> onnx.FunctionProto computing the op from other registered ops, its formal inputs and

@@ -6,7 +6,8 @@ operands' roles turned round, so that C is the NCHW output itself, as in the flo
 (kernels/conv.py). The weight W' (zero point subtracted by the lowering) is the A side, packed at
 compile time by `pack_integer_conv_weight`: per group, 4-channel groups [ceil(M/4)][ceil(K/2)][4][2]
 int16, the channels past M and the k past K zero. The input is the B side, packed at run time per
-group into 8-pixel panels [ceil(P/8)][ceil(K/2)][8][2] int16 of x - x_zero (`$name_pack`) from the
+group into 8-pixel panels [ceil(P/8)][ceil(K/2)][8][2] int16 of x - x_zero (`$name_pack`,
+kernels/int8_panels.py) from the
 byte im2col matrix col[C*KH*KW, P] (`$name_im2col`: the padding holds x_zero, which packs to 0, as
 the loop nest's padded buffer does) or, for a 1x1 stride-1 unpadded Conv, from the input itself.
 
@@ -28,15 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from backends.wasm.kernels.conv import Conv2dSpec
-from backends.wasm.kernels.int8_gemm import (PANEL, ROWS, TILE_BYTES, counted_loop, groups, pairs, panels,
-                                             render_k_function, tile_heights)
+from backends.wasm.kernels.int8_gemm import ROWS, TILE_BYTES, groups, render_k_function, tile_heights
+from backends.wasm.kernels.int8_panels import PANEL, counted_loop, pairs, panels, render_pack_panels
 from ir.loops.contraction import ConvSpec, IntegerConvSpec
-
-# i8x16.shuffle bytes interleaving the 16-bit lanes of two vectors: (a0 b0 a1 b1 a2 b2 a3 b3), and
-# the same of lanes 4..7
-_LOW_PAIRS = "0 1 16 17 2 3 18 19 4 5 20 21 6 7 22 23"
-_HIGH_PAIRS = "8 9 24 25 10 11 26 27 12 13 28 29 14 15 30 31"
-
 
 @dataclass(frozen=True)
 class IntegerConvOffsets:
@@ -123,7 +118,7 @@ def render_integer_conv(spec: IntegerConvSpec, at: IntegerConvOffsets, name: str
              f"batch {geo.batch}: " + (f"requantised to {'int8' if q.signed_output else 'uint8'}" if q else "int32"))
     body = "\n".join([f"(func ${name}", "  " + title, "  " + decls, *("  " + c for c in code), ")"])
     helpers = [render_k_function(f"{name}_k{rows}", rows, at.tile, False) for rows in sorted(tile_heights(m))]
-    helpers.append(_render_pack(spec, at.b_packed, f"{name}_pack"))
+    helpers.append(render_pack_panels(n, k, spec.x_signed, at.b_packed, f"{name}_pack"))
     if at.col is not None:
         helpers.append(_render_im2col(geo, at.col, f"{name}_im2col"))
     return body + "\n" + "".join(helpers)
@@ -208,58 +203,6 @@ def _epilogue(spec: IntegerConvSpec, at: IntegerConvOffsets, rows: int, cols: in
             code += [f"(i32.store8 offset={r * n + lane} (local.get $pc) (i8x16.extract_lane_u {lane} (local.get $v0)))"
                      for lane in range(cols)]
     return code
-
-
-def _render_pack(spec: IntegerConvSpec, dst: int, name: str) -> str:
-    """`(func $name (param $src $za))`: the group's K rows of N bytes at $src (row stride N) as
-    8-pixel panels of int16 k pairs of x - za at `dst`. A whole panel's two rows of a pair are two
-    8-byte loads, widened, less za, and interleaved; the last, partial panel goes value by value
-    (its lanes past N are left as they are: their sums are never stored)."""
-    _, _, n, k = _dims(spec)
-    sign = "s" if spec.x_signed else "u"
-    full_panels, rest = divmod(n, PANEL)
-    panel_bytes = pairs(k) * PANEL * 4
-
-    def widened(offset: int) -> str:
-        return (f"(i16x8.sub (i16x8.extend_low_i8x16_{sign} (v128.load64_zero offset={offset} (local.get $r))) "
-                "(local.get $zv))")
-
-    def vector_pair(second_row: bool) -> list[str]:
-        return [f"(local.set $lo {widened(0)})",
-                f"(local.set $hi {widened(n) if second_row else '(v128.const i32x4 0 0 0 0)'})",
-                f"(v128.store (local.get $d) (i8x16.shuffle {_LOW_PAIRS} (local.get $lo) (local.get $hi)))",
-                f"(v128.store offset=16 (local.get $d) (i8x16.shuffle {_HIGH_PAIRS} (local.get $lo) (local.get $hi)))"]
-
-    def scalar_pair(second_row: bool) -> list[str]:
-        code = []
-        for j in range(rest):
-            code.append(f"(i32.store16 offset={4 * j} (local.get $d) (i32.sub (i32.load8_{sign} offset={j} "
-                        "(local.get $r)) (local.get $za)))")
-            second = (f"(i32.sub (i32.load8_{sign} offset={n + j} (local.get $r)) (local.get $za))" if second_row
-                      else "(i32.const 0)")
-            code.append(f"(i32.store16 offset={4 * j + 2} (local.get $d) {second})")
-        return code
-
-    advance = ["(local.set $d (i32.add (local.get $d) (i32.const 32)))",
-               f"(local.set $r (i32.add (local.get $r) (i32.const {2 * n})))"]
-
-    def panel(pair) -> list[str]:
-        code = counted_loop("$kp", k // 2, pair(True) + advance) if k // 2 else []
-        return code + (pair(False) if k % 2 else [])
-
-    body = []
-    if full_panels:
-        body += counted_loop("$pn", full_panels, [
-            f"(local.set $d (i32.add (i32.const {dst}) (i32.mul (local.get $pn) (i32.const {panel_bytes}))))",
-            f"(local.set $r (i32.add (local.get $src) (i32.shl (local.get $pn) (i32.const 3))))",
-            *panel(vector_pair)])
-    if rest:
-        body += [f"(local.set $d (i32.const {dst + full_panels * panel_bytes}))",
-                 f"(local.set $r (i32.add (local.get $src) (i32.const {full_panels * PANEL})))", *panel(scalar_pair)]
-    lines = [f"(func ${name} (param $src i32) (param $za i32)",
-             "  (local $zv v128) (local $lo v128) (local $hi v128) (local $r i32) (local $d i32) (local $kp i32) (local $pn i32)",
-             "  (local.set $zv (i16x8.splat (local.get $za)))", *("  " + s for s in body), ")"]
-    return "\n".join(lines) + "\n"
 
 
 def _render_im2col(geo: Conv2dSpec, dst: int, name: str) -> str:

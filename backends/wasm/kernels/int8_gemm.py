@@ -9,6 +9,9 @@ bit-identical to it, whatever K.
 Layouts (i16 little-endian, k in pairs so that one 32-bit lane holds (k, k + 1)):
 - B', packed at compile time (`pack_b`): panels of 8 columns, [ceil(N/8)][ceil(K/2)][8][2], the
   columns past N and the k past K zero. A panel row (one k pair) is two v128 of 4 columns each.
+  A B that is an activation (attention's Q @ K^T and scores @ V in a quantized transformer) is
+  packed the same way at run time, B - b_zero, once per product of the batch, into the scratch
+  (`$name_pack_b`, kernels/int8_panels.py: the integer Conv's packer of its im2col matrix).
 - A, packed at run time into the scratch with its zero point subtracted: groups of 4 rows,
   [ceil(M/4)][ceil(K/2)][4][2]; a group's values for one k pair are one v128 (rows past M repeat
   the last row and are never stored; the k past K are zero).
@@ -18,11 +21,13 @@ a function of its own (as the float GEMM's, kernels/microkernel.py: Cranelift th
 registers without the epilogue's) that leaves the tile's sums in a 128-byte scratch tile, which the
 epilogue reads: stored as int32 (MatMulInteger), or requantised (QLinearMatMul) exactly as the loop
 nest does in float32: scale_j = (a_scale * b_scale_j) / out_scale, y = saturate(nearest(float(acc) *
-scale_j) + out_zero); the per-column scales are computed once per run into a scratch vector.
+scale_j) + out_zero); the per-column scales are computed once per run into a scratch vector; or
+dequantised to float32 (MatMulIntegerToFloat: float(acc) * scale_j + bias_j + residual, `_dequantized`).
+Products of a batch run one after another, each packing its own A (and B when it is an activation).
 
 Relaxed SIMD (`i32x4.relaxed_dot_i8x16_i7x16_add_s`) is deterministic only when its second
-operand's lanes are 7-bit; `relaxed_dot_fits` and kernels/int8_gemm_relaxed.py say when and how B' is
-encoded that way.
+operand's lanes are 7-bit; `uses_relaxed_dot` and `pack_b(..., relaxed=True)` say when and how B'
+is encoded that way.
 """
 
 from __future__ import annotations
@@ -31,10 +36,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from backends.wasm.kernels.int8_panels import PANEL, counted_loop, pairs, panels, panels_bytes, render_pack_panels
 from backends.wasm.simd_lanes import shuffle_lanes
 from ir.loops.contraction import IntegerGemmSpec
 
-PANEL = 8           # columns per packed B panel: two v128 of 4 int32 sums
 ROWS = 4            # rows per packed A group and per register tile
 TILE_BYTES = ROWS * PANEL * 4
 K_UNROLL = 4        # k pairs per iteration of the tile's k loop
@@ -42,8 +47,10 @@ K_UNROLL = 4        # k pairs per iteration of the tile's k loop
 
 @dataclass(frozen=True)
 class IntegerGemmOffsets:
-    """Where the operands lie: A, packed B (`pack_b`), C, the scratch (`scratch_bytes`: packed A,
-    the tile, the per-column scales), and the quantisation scalars (None: absent)."""
+    """Where the operands lie: A, packed B (`pack_b`; for a B that is an activation, the scratch it
+    is packed into, `b_panels_bytes`, and `b_source` B itself), C, the scratch (`scratch_bytes`:
+    packed A, the tile, the per-column scales), the quantisation scalars, and the dequantising
+    epilogue's scale, bias and residual (None: absent)."""
     a: int
     b_packed: int
     c: int
@@ -55,10 +62,11 @@ class IntegerGemmOffsets:
     b_scale: int | None = None
     out_scale: int | None = None
     out_zero: int | None = None
-
-
-def pairs(k: int) -> int:
-    return -(-k // 2)
+    b_source: int | None = None
+    b_zero: int | None = None
+    dequantize_scale: int | None = None
+    bias: int | None = None
+    residual: int | None = None
 
 
 def quads(k: int) -> int:
@@ -69,7 +77,7 @@ def uses_relaxed_dot(spec: IntegerGemmSpec, features) -> bool:
     """Whether the kernel for `spec` runs on `i32x4.relaxed_dot_i8x16_i7x16_add_s`: with relaxed SIMD,
     when every column of B' spans at most 127 (then B' minus its column minimum is 7-bit, the
     operand lanes that give the same result on every host)."""
-    return "relaxed-simd" in frozenset(features) and spec.b_column_span <= 127
+    return "relaxed-simd" in frozenset(features) and spec.constant_b and spec.b_column_span <= 127
 
 
 def shift_of(spec: IntegerGemmSpec) -> int:
@@ -80,10 +88,6 @@ def shift_of(spec: IntegerGemmSpec) -> int:
 def steps(k: int, relaxed: bool) -> int:
     """k steps of the tile's loop: one per k pair (16-bit), or per 4 k (8-bit, relaxed)."""
     return quads(k) if relaxed else pairs(k)
-
-
-def panels(n: int) -> int:
-    return -(-n // PANEL)
 
 
 def groups(m: int) -> int:
@@ -122,41 +126,61 @@ def scratch_bytes(spec: IntegerGemmSpec, relaxed: bool = False) -> tuple[int, in
     return groups(spec.m) * steps(spec.k, relaxed) * 16 + row_sums, TILE_BYTES, scales
 
 
+def b_panels_bytes(spec: IntegerGemmSpec) -> int:
+    """The scratch a B that is an activation is packed into, one product's panels at a time (0 for
+    a constant B, packed at compile time)."""
+    return 0 if spec.constant_b else panels_bytes(spec.n, spec.k)
+
+
+def output_size(spec: IntegerGemmSpec) -> int:
+    """Bytes per element of C: int32 sums or float32, or requantised bytes."""
+    return 1 if spec.requantize is not None else 4
+
+
 def render_integer_gemm(spec: IntegerGemmSpec, at: IntegerGemmOffsets, name: str = "igemm", relaxed: bool = False) -> str:
     """`(func $name)` computing `spec` at the offsets `at`, followed by the functions it calls; with
     `relaxed` the 8-bit variant (`uses_relaxed_dot`), B packed by `pack_b(..., relaxed=True)`."""
     if min(spec.m, spec.n, spec.k) < 1:
         raise ValueError(f"integer GEMM dims must be positive, got {spec}")
-    if spec.a_zero != (at.a_zero is not None) or (spec.requantize is not None) != (at.scales is not None):
+    d = spec.dequantize
+    if spec.a_zero != (at.a_zero is not None) or (spec.requantize is not None) != (at.scales is not None) \
+            or spec.constant_b == (at.b_source is not None) or spec.b_zero != (at.b_zero is not None) \
+            or (d is not None) != (at.dequantize_scale is not None) or (spec.requantize is not None and d is not None) \
+            or (d is not None and d.bias) != (at.bias is not None) or (d is not None and d.residual) != (at.residual is not None):
         raise ValueError(f"the offsets {at} do not match {spec}")
     if relaxed and spec.b_column_span > 127:
         raise ValueError(f"B' spans {spec.b_column_span} in a column: the relaxed dot product would not be exact")
-    code = _scales(spec, at) + _pack_a(spec, at, relaxed) + _tiles(spec, at, name, relaxed)
+    zero_points, pack_a = _pack_a(spec, at, relaxed)
+    size = output_size(spec)
+    per_product = [f"(local.set $abase (i32.add (i32.const {at.a}) (i32.mul (local.get $bt) (i32.const {spec.m * spec.k}))))",
+                   f"(local.set $cbase (i32.add (i32.const {at.c}) (i32.mul (local.get $bt) "
+                   f"(i32.const {spec.m * spec.n * size}))))"]
+    if not spec.constant_b:   # this product's B into the panels the tiles read
+        b_zero = f"(i32.load8_{'s' if spec.b_signed else 'u'} (i32.const {at.b_zero}))" if spec.b_zero else "(i32.const 0)"
+        per_product.append(f"(call ${name}_pack_b (i32.add (i32.const {at.b_source}) (i32.mul (local.get $bt) "
+                           f"(i32.const {spec.k * spec.n}))) {b_zero})")
+    per_product += pack_a + _tiles(spec, at, name, relaxed)
+    code = _scales(spec, at) + _dequantize_scale(spec, at) + zero_points + counted_loop("$bt", spec.batch, per_product)
     decls = ["(local $za i32) (local $g i32) (local $p i32) (local $pa i32) (local $pb i32) (local $pc i32)",
+             "(local $bt i32) (local $abase i32) (local $cbase i32) (local $pr i32) (local $dqs v128) (local $dqf f32)",
              "(local $src i32) (local $zv v128) (local $x0 v128) (local $x1 v128) (local $x2 v128) (local $x3 v128)",
              "(local $lo v128) (local $hi v128) (local $v0 v128) (local $v1 v128) (local $szv v128)",
              " ".join(f"(local $s{r} v128) (local $t{r} i32)" for r in range(ROWS))]
     q = spec.requantize
     title = (f";; C[{spec.m}x{spec.n}] = (A[{spec.m}x{spec.k}] - a_zero) @ B'[{spec.k}x{spec.n}]"
-             f", A {'int8' if spec.a_signed else 'uint8'}{', relaxed dot product' if relaxed else ''}"
-             + (f", requantised to {'int8' if q.signed_output else 'uint8'}" if q else ", int32"))
+             f"{f' x {spec.batch}' if spec.batch > 1 else ''}, A {'int8' if spec.a_signed else 'uint8'}"
+             f"{', relaxed dot product' if relaxed else ''}{'' if spec.constant_b else ', B packed at run time'}"
+             + (f", requantised to {'int8' if q.signed_output else 'uint8'}" if q else
+                ", dequantised to float32" if d else ", int32"))
     body = "\n".join([f"(func ${name}", "  " + title, *("  " + d for d in decls), *("  " + c for c in code), ")"])
     helpers = "".join(render_k_function(f"{name}_k{rows}", rows, at.tile, relaxed) for rows in sorted(tile_heights(spec.m)))
+    if not spec.constant_b:
+        helpers += render_pack_panels(spec.n, spec.k, spec.b_signed, at.b_packed, f"{name}_pack_b")
     return body + "\n" + helpers
 
 
 def tile_heights(m: int) -> set[int]:
     return {h for h in (ROWS if m >= ROWS else 0, m % ROWS) if h}
-
-
-def counted_loop(var: str, count: int, body: list[str]) -> list[str]:
-    """body for var in 0 .. count - 1 (count >= 1, known at compile time)."""
-    if count == 1:
-        return [f"(local.set {var} (i32.const 0))", *body]
-    label = var.replace("$", "$loop_")
-    return [f"(local.set {var} (i32.const 0))", f"(loop {label}", *("  " + s for s in body),
-            f"  (local.set {var} (i32.add (local.get {var}) (i32.const 1)))",
-            f"  (br_if {label} (i32.lt_u (local.get {var}) (i32.const {count}))))"]
 
 
 def _scales(spec: IntegerGemmSpec, at: IntegerGemmOffsets) -> list[str]:
@@ -175,10 +199,19 @@ def _scales(spec: IntegerGemmSpec, at: IntegerGemmOffsets) -> list[str]:
                     [f"(f32.store offset={at.scales} (i32.shl (local.get $p) (i32.const 2)) {value})"])
 
 
-def _pack_a(spec: IntegerGemmSpec, at: IntegerGemmOffsets, relaxed: bool) -> list[str]:
-    """A into the packed groups: A - a_zero as int16, 8 k of 4 rows per step, or with `relaxed` A as
-    int8 (uint8 A shifted by -128) with each row's sum after the groups, 16 k of 4 rows per step:
-    either way a 4 x 4 transpose of the rows' 32-bit lanes. The last k one value at a time."""
+def _dequantize_scale(spec: IntegerGemmSpec, at: IntegerGemmOffsets) -> list[str]:
+    """A per-tensor dequantising scale, read once per call into $dqf and its splat $dqs."""
+    d = spec.dequantize
+    if d is None or d.scale_per_column:
+        return []
+    return [f"(local.set $dqf (f32.load (i32.const {at.dequantize_scale})))", "(local.set $dqs (f32x4.splat (local.get $dqf)))"]
+
+
+def _pack_a(spec: IntegerGemmSpec, at: IntegerGemmOffsets, relaxed: bool) -> tuple[list[str], list[str]]:
+    """(reading the zero point, once per call; packing the product's A at $abase into the packed
+    groups): A - a_zero as int16, 8 k of 4 rows per step, or with `relaxed` A as int8 (uint8 A
+    shifted by -128) with each row's sum after the groups, 16 k of 4 rows per step: either way a
+    4 x 4 transpose of the rows' 32-bit lanes. The last k one value at a time."""
     m, k = spec.m, spec.k
     sign = "s" if spec.a_signed else "u"
     load_zero = f"(i32.load8_{sign} (i32.const {at.a_zero}))" if spec.a_zero else "(i32.const 0)"
@@ -194,7 +227,7 @@ def _pack_a(spec: IntegerGemmSpec, at: IntegerGemmOffsets, relaxed: bool) -> lis
         index = f"(i32.add (i32.shl (local.get $g) (i32.const 2)) (i32.const {r}))"
         if m % ROWS:
             index = f"(select {index} (i32.const {m - 1}) (i32.lt_u {index} (i32.const {m})))"
-        return f"(i32.add (i32.const {at.a}) (i32.mul {index} (i32.const {k})))"
+        return f"(i32.add (local.get $abase) (i32.mul {index} (i32.const {k})))"
 
     group = [f"(local.set $pa (i32.add (i32.const {at.a_packed}) (i32.mul (local.get $g) (i32.const {group_bytes}))))"]
     if relaxed:
@@ -247,7 +280,7 @@ def _pack_a(spec: IntegerGemmSpec, at: IntegerGemmOffsets, relaxed: bool) -> lis
             for lane in range(4):
                 total = f"(i32.add {total} (i32x4.extract_lane {lane} (local.get $s{r})))"
             group.append(f"(i32.store offset={at.a_packed + sums + 4 * r} (i32.shl (local.get $g) (i32.const 4)) {total})")
-    return code + counted_loop("$g", groups(m), group)
+    return code, counted_loop("$g", groups(m), group)
 
 
 def _tiles(spec: IntegerGemmSpec, at: IntegerGemmOffsets, name: str, relaxed: bool) -> list[str]:
@@ -294,9 +327,11 @@ def _epilogue(spec: IntegerGemmSpec, at: IntegerGemmOffsets, rows: int, cols: in
                    "(i32.shl (local.get $g) (i32.const 4))))")
         return f"(i32x4.add {value} (i32x4.add (i32x4.mul {low} {row_sum}) (i32x4.mul (local.get $szv) {sums})))"
 
-    size = 4 if q is None else 1
+    size = output_size(spec)
     row0 = f"(i32.mul (local.get $g) (i32.const {ROWS * spec.n * size}))"
-    code = [f"(local.set $pc (i32.add (i32.const {at.c}) (i32.add {row0} (i32.mul (local.get $p) (i32.const {PANEL * size})))))"]
+    code = [f"(local.set $pc (i32.add (local.get $cbase) (i32.add {row0} (i32.mul (local.get $p) (i32.const {PANEL * size})))))"]
+    if spec.dequantize is not None:
+        return code + _dequantized(spec, at, rows, cols, tile_value)
     if q is None:
         for r in range(rows):
             for v in range(2):
@@ -331,6 +366,41 @@ def _epilogue(spec: IntegerGemmSpec, at: IntegerGemmOffsets, rows: int, cols: in
             code += [f"(local.set $v0 {packed})"]
             code += [f"(i32.store8 offset={base + lane} (local.get $pc) (i8x16.extract_lane_u {lane} (local.get $v0)))"
                      for lane in range(cols)]
+    return code
+
+
+def _dequantized(spec: IntegerGemmSpec, at: IntegerGemmOffsets, rows: int, cols: int, tile_value) -> list[str]:
+    """The tile as float32: float(acc) * scale, + bias, + residual, rounded after each step as the
+    unfused Cast, Mul and Adds are (no fused multiply-add). Whole vectors of 4 columns as f32x4, the
+    columns of a partial panel lane by lane (f32 arithmetic, the same roundings), so that no vector
+    reads past the end of the per-column scale or bias."""
+    d = spec.dequantize
+    column = "(i32.shl (local.get $p) (i32.const 5))"   # the panel's first column, in bytes
+    code = [f"(local.set $pr (i32.add (local.get $pc) (i32.const {at.residual - at.c})))"] if d.residual else []
+    for r in range(rows):
+        for v in range(2):
+            lanes, base = min(4, cols - 4 * v), r * spec.n * 4 + 16 * v
+            if lanes == 4:
+                value = f"(f32x4.convert_i32x4_s {tile_value(r, v)})"
+                scale = (f"(v128.load offset={at.dequantize_scale + 16 * v} {column})" if d.scale_per_column
+                         else "(local.get $dqs)")
+                value = f"(f32x4.mul {value} {scale})"
+                if d.bias:
+                    value = f"(f32x4.add {value} (v128.load offset={at.bias + 16 * v} {column}))"
+                if d.residual:
+                    value = f"(f32x4.add {value} (v128.load offset={base} (local.get $pr)))"
+                code.append(f"(v128.store offset={base} (local.get $pc) {value})")
+                continue
+            for lane in range(max(lanes, 0)):
+                value = f"(f32.convert_i32_s (i32x4.extract_lane {lane} {tile_value(r, v)}))"
+                scale = (f"(f32.load offset={at.dequantize_scale + 16 * v + 4 * lane} {column})" if d.scale_per_column
+                         else "(local.get $dqf)")
+                value = f"(f32.mul {value} {scale})"
+                if d.bias:
+                    value = f"(f32.add {value} (f32.load offset={at.bias + 16 * v + 4 * lane} {column}))"
+                if d.residual:
+                    value = f"(f32.add {value} (f32.load offset={base + 4 * lane} (local.get $pr)))"
+                code.append(f"(f32.store offset={base + 4 * lane} (local.get $pc) {value})")
     return code
 
 
