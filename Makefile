@@ -7,7 +7,7 @@ OUT    ?= out
 SAMPLE ?= samples/cnn.onnx
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-all samples conformance bench bench-decompose gpu-check clean
+.PHONY: setup demo test test-all samples conformance bench bench-decompose bench-runtime gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,11 @@ $(ORTWEB): bench/ortweb/package.json bench/ortweb/package-lock.json
 ## Cortex WASM against onnxruntime (native) and onnxruntime-web (after bench-decompose): writes its section of docs/benchmarks.md and $(OUT)/bench.json.
 bench: setup $(ORTWEB) bench-decompose
 	$(BIN)/python -m bench.bench_models --json $(OUT)/bench.json
+
+## The CU runtime: decoding with the result cache (strict vs balanced vs onnxruntime), and the
+## reduced-precision variants' bytes, trust, agreement and latency: writes its section of docs/benchmarks.md.
+bench-runtime: setup
+	$(BIN)/python -m bench.bench_runtime --json $(OUT)/bench-runtime.json
 
 ## On a machine with an NVIDIA GPU: compile-cuda + run --device cuda on the samples, light models and
 ## MiniLM against onnxruntime, timed against onnxruntime's CUDA EP (or torch), plus conformance on cuda;
