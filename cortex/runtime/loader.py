@@ -34,6 +34,7 @@ class CompiledModel:
         # The model's device (None when every CU runs on a fallback device).
         self.device = self.scheduler.devices.get(device)
         self.trace: list[dict] = []
+        self.skipped_cus: list[dict] = []     # [{"cu", "reason"}] of the latest run (inactive branches)
 
     @property
     def inputs(self) -> list[dict]:
@@ -45,6 +46,7 @@ class CompiledModel:
 
     def run(self, feeds: dict) -> dict[str, np.ndarray]:
         outputs, self.trace = self.scheduler.run(self._checked_inputs(feeds))
+        self.skipped_cus = list(self.scheduler.last_skipped)
         return outputs
 
     def _checked_inputs(self, feeds: dict) -> dict[str, np.ndarray]:
@@ -76,6 +78,8 @@ class CompiledModel:
             "cus_by_device": {name: sum(1 for t in self.trace if t["device"] == name)
                               for name in dict.fromkeys(t["device"] for t in self.trace)},
             "total_seconds": sum(t["seconds"] for t in self.trace),
+            "activated_cus": [t["cu"] for t in self.trace],
+            "skipped_cus": list(self.skipped_cus),
             "cus": [{k: v for k, v in t.items() if k != "start"} for t in self.trace],
             "traceEvents": [{"name": t["cu"], "cat": ",".join(t["op_types"]), "ph": "X", "pid": 0, "tid": 0,
                              "ts": (t["start"] - t0) * 1e6, "dur": t["seconds"] * 1e6,
