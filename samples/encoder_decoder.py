@@ -12,6 +12,7 @@ projections of every layer apart, so the result cache can reuse them.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -79,6 +80,11 @@ def _export(path: Path) -> None:
             self.position = torch.nn.Parameter(0.02 * torch.randn(1, MAX_STEPS, D_MODEL))
             layer = torch.nn.TransformerDecoderLayer(D_MODEL, HEADS, FFN, dropout=0.0, batch_first=True)
             self.decoder = torch.nn.TransformerDecoder(layer, LAYERS)
+            for layer in self.decoder.layers:   # they start as copies of one; a trained model's differ
+                for module in layer.modules():
+                    reset = getattr(module, "reset_parameters", None) or getattr(module, "_reset_parameters", None)
+                    if reset is not None and module is not layer:
+                        reset()
             self.head = torch.nn.Linear(D_MODEL, VOCAB)
             causal = torch.triu(torch.full((MAX_STEPS, MAX_STEPS), float("-inf")), diagonal=1)
             self.register_buffer("causal", causal)
@@ -90,6 +96,7 @@ def _export(path: Path) -> None:
 
     model = Decoder().eval()
     feeds = {"tokens": first_tokens(), **source_feeds()}
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # the exporter's notes on the in-place masked_fill it rewrites
         torch.onnx.export(model, tuple(torch.from_numpy(v) for v in feeds.values()), str(path), dynamo=False,
                           opset_version=OPSET, input_names=list(feeds), output_names=["logits"])
