@@ -48,3 +48,28 @@ def repeating_nodes(graph: Graph, names: tuple[str, ...]) -> set[int]:
         else:
             repeating.add(id(node))
     return repeating
+
+
+def cut_mixed_groups(graph: Graph, repeating: set[int]) -> int:
+    """A fusion group is one atom the partitioner never cuts, but a group whose anchor reads only
+    repeating inputs may close over an elementwise node that reads a changing one (a mask term
+    added to the attention scores). Such a group loses its repeating members, which become a group
+    of their own (the lowering recomputes fusion inside each CU, so only cross-CU fusion is lost).
+    A repeating node never depends on a changing one, so both parts stay convex. Returns the
+    number of groups cut."""
+    groups: dict[str, list] = {}
+    for node in graph.nodes:
+        if node.fusion_group is not None:
+            groups.setdefault(node.fusion_group, []).append(node)
+    cut = 0
+    for name, members in groups.items():
+        kept = [n for n in members if id(n) in repeating]
+        if not kept or len(kept) == len(members):
+            continue
+        cut += 1
+        for node in kept:
+            node.fusion_group = f"{name}_repeating" if len(kept) > 1 else None
+        rest = [n for n in members if id(n) not in repeating]
+        if len(rest) == 1:
+            rest[0].fusion_group = None
+    return cut

@@ -41,7 +41,7 @@ from ir.graph import Graph, Node, Value
 from ir.options import option, option_fields
 from passes.base import Pass
 from passes.branch_cus import Branches, Select, hoist_large_ifs
-from passes.cache_inputs import check_names, parse_names, repeating_nodes, show_names
+from passes.cache_inputs import check_names, cut_mixed_groups, parse_names, repeating_nodes, show_names
 from passes.cu_atoms import Atoms, atom_order, build_atoms
 from passes.split_large_ops import split_large_ops
 
@@ -129,6 +129,8 @@ class PartitionIntoCUs(Pass):
             fallback = {id(n) for n in self.cannot_lower(graph)}
         graph.topologically_sort()
         repeating = repeating_nodes(graph, self.cache_inputs) if self.cache_inputs else None
+        if repeating is not None:
+            cut_mixed_groups(graph, repeating)
         self.result = partition_graph(graph, self.min_cu_size, self.max_cu_size, self.max_cu_depth,
                                       fallback, self.fallback, oversized, branches, repeating)
         self.result.split_ops = split_ops
