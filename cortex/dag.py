@@ -115,6 +115,10 @@ def to_dot(dag: dict) -> str:
              "  node [shape=box, fontname=\"Helvetica\"];"]
     for cu in dag["cus"]:
         label = f"{cu['id']}\\n{', '.join(cu['op_types'])}\\nparams {cu['params']:,}  depth {cu['depth']}"
+        if "activation" in cu:
+            label += f"\\nwhen {cu['activation']['tensor']} is {cu['activation']['equals']}"
+        if "cache" in cu:
+            label += f"\\n{cu['cache']}"
         lines.append(f"  {json.dumps(cu['id'])} [label=\"{label}\"];")
     for name in (i["name"] for i in dag["inputs"]):
         lines.append(f"  {json.dumps('input:' + name)} [shape=ellipse, label={json.dumps(name)}];")
@@ -128,10 +132,15 @@ def to_dot(dag: dict) -> str:
         if name in model_inputs:
             for c in t["consumers"]:
                 lines.append(f"  {json.dumps('input:' + name)} -> {json.dumps(c)};")
+    selects = {s["tensor"]: s for s in dag.get("selects", [])}
     for o in dag["outputs"]:
-        src = dag["tensors"][o["name"]]["producer"]
-        src_node = src if src is not None else "input:" + o["name"]
-        lines.append(f"  {json.dumps(src_node)} -> {json.dumps('output:' + o['name'])};")
+        if o["name"] in selects:     # an If's output: whichever branch's case the condition picks
+            sources = [dag["tensors"][c["tensor"]]["producer"] for c in selects[o["name"]]["cases"]]
+        else:
+            src = dag["tensors"][o["name"]]["producer"]
+            sources = [src if src is not None else "input:" + o["name"]]
+        for src_node in sources:
+            lines.append(f"  {json.dumps(src_node)} -> {json.dumps('output:' + o['name'])};")
     lines.append("}")
     return "\n".join(lines) + "\n"
 

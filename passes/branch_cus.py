@@ -80,6 +80,8 @@ def _hoistable(node: Node) -> bool:
     if node.op_type != "If" or node.domain or not node.inputs or node.inputs[0] is None:
         return False
     cond = node.inputs[0]
+    if node.attrs.get("then_branch") is node.attrs.get("else_branch"):
+        return False       # one body object for both: hoisting would place its nodes twice
     if cond.is_const or not cond.is_static or cond.numel != 1 or cond.dtype != TensorProto.BOOL:
         return False
     for i, out in enumerate(node.outputs):

@@ -149,6 +149,8 @@ def summarize(manifest: dict, partition: Partition, output_dir: Path, seconds: f
         "small_cus": {reason: ids for reason, ids in sorted(small.items())},
         "over_limit_cus": {cu["id"]: {"params": cu["params"], "reason": cu["over_limit"]}
                            for cu in manifest["cus"] if "over_limit" in cu},
+        "branch_cus": {cu["id"]: cu["activation"] for cu in manifest["cus"] if "activation" in cu},
+        "selects": len(manifest.get("selects", [])),
         "cache_inputs": manifest["options"].get("cache_inputs", []),
         "repeating_cus": [cu["id"] for cu in manifest["cus"] if cu.get("cache") == "repeating"],
         "fallback_cus": {runtime: [cu["id"] for cu in manifest["cus"] if cu.get("runs_on") == runtime]
@@ -194,6 +196,9 @@ def _print_summary(summary: dict) -> None:
         out.print(f"{len(ids)} CU(s) stayed under --min-cu-size: {reason}: {_shown(ids)}")
     for cu, over in summary["over_limit_cus"].items():
         out.print(f"{cu} holds {over['params']:,} parameters, over --max-cu-size: {over['reason']}")
+    if summary["branch_cus"]:
+        out.print(f"{len(summary['branch_cus'])} branch CU(s) run only when their If takes their branch "
+                  f"({summary['selects']} If output(s) selected at run time): {_shown(list(summary['branch_cus']))}")
     if summary["repeating_cus"]:
         ids = summary["repeating_cus"]
         out.print(f"{len(ids)} CU(s) depend only on --cache-inputs {','.join(summary['cache_inputs'])}: {_shown(ids)}")
