@@ -24,6 +24,7 @@ import numpy as np
 from onnx import TensorProto
 
 from ir.graph import Graph, Node, Value
+from passes.fuse_groups import fusion_groups
 
 SELECT_DOMAIN = "cortex"
 SELECT_OP = "Select"
@@ -107,6 +108,7 @@ def _hoist(graph: Graph, node: Node, branches: Branches) -> list[Node]:
     hoisted: list[Node] = []
     cases: list[list[tuple[bool, Value]]] = [[] for _ in node.outputs]
     for value, body in zip((True, False), _bodies(node)):
+        side = "then" if value else "else"
         own = {id(o) for n in body.nodes for o in n.outputs}
         members = list(body.nodes)
         used: set[int] = set()
@@ -114,12 +116,18 @@ def _hoist(graph: Graph, node: Node, branches: Branches) -> list[Node]:
             if id(result) not in own or id(result) in used:
                 # The branch passes an outer value, a constant or a tensor it already returns:
                 # copy it, so this branch's CU writes a case tensor of its own.
-                copy = Value(graph.fresh_name(f"{out.name}_{'then' if value else 'else'}"), out.dtype, out.shape)
-                members.append(Node("Identity", [result], [copy],
-                                    name=graph.fresh_name(f"{node.name or 'If'}_{'then' if value else 'else'}_{i}")))
+                copy = Value(graph.fresh_name(f"{out.name}_{side}"), out.dtype, out.shape)
+                members.append(Node("Identity", [result], [copy], name=graph.fresh_name(f"{node.name or 'If'}_{side}_{i}")))
                 result = copy
             used.add(id(result))
             cases[i].append((value, result))
+        # The branch's nodes had no fusion groups (FuseGroups leaves bodies alone); now that they
+        # are CU nodes, they get the groups the one rule gives them within the branch.
+        cases_here = [c for per_output in cases for v, c in per_output if v == value]
+        label = graph.fresh_name(f"{node.name or 'If'}_{side}_fusion")
+        for k, group in enumerate(fusion_groups(Graph(nodes=members, outputs=cases_here))):
+            for member in group:
+                member.fusion_group = f"{label}_{k}"
         for member in members:
             branches.activation[id(member)] = (cond, value)
             for sub in member.subgraphs:
