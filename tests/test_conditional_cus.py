@@ -203,3 +203,22 @@ def test_dag_checks_refuse_broken_selects(tmp_path):
         d["order"].remove(reader["id"])
         d["order"].insert(1, reader["id"])
     refused(reader_first, "'order' is not topological", "select 'picked'")
+
+
+def test_a_branch_over_max_cu_size_is_split_inside_its_branch(tmp_path):
+    # 4,096-parameter MatMuls under --max-cu-size 2000: each splits in pieces joined by a Concat,
+    # and every piece keeps the activation of the branch it came from.
+    dag = build(tmp_path, if_model("computed"), "--max-cu-size", "2000", compile_wasm=False)
+    assert all(cu["params"] <= 2000 for cu in dag["cus"])
+    branches = branch_cus(dag)
+    assert len(branches[True]) >= 4 and len(branches[False]) >= 2
+    joins = [cu for cu in dag["cus"] if "Concat" in cu["op_types"]]
+    assert sum(1 for cu in joins if "activation" in cu) == 3     # w1, w2 (then) and w3 (else)
+    w0 = numpy_helper.to_array(weight("w0", (WIDTH, WIDTH), 0))
+    seen = set()
+    for sign in (1.0, -1.0):
+        feeds = feeds_for("computed", sign, None)
+        seen.add(bool((feeds["x"] @ w0).sum() > 0))
+        np.testing.assert_allclose(run_dag(tmp_path / "dag.json", feeds)["y"],
+                                   run_onnxruntime(tmp_path / "m.onnx", feeds)["y"], rtol=1e-5, atol=1e-5)
+    assert seen == {True, False}
