@@ -4,6 +4,10 @@ Each CU model holds only the weights its nodes read; its graph inputs and output
 that cross its border (named as in the source model), so running the CUs one after the other and
 passing tensors by name reproduces the whole model. The manifest (`cortex.cus/1`) is the contract
 the backends and `build-dag` read.
+
+A large If decomposed into branch CUs (`passes/branch_cus.py`) leaves its outputs to no CU: each
+branch CU records its `activation` (the condition and the branch's value) and the manifest's
+`selects` say which branch tensor each If output is, per value of the condition.
 """
 
 from __future__ import annotations
@@ -61,13 +65,14 @@ def cu_graph(graph: Graph, nodes: list[Node], name: str, outside_readers: set[in
 
 
 def outside_readers(graph: Graph, partition: Partition) -> set[int]:
-    """Values read outside the CU that produces them (by another CU or as a model output)."""
+    """Values read outside the CU that produces them (by another CU, as a model output, or by a
+    Select of a hoisted If, which no CU holds: its condition and cases)."""
     cu_of = partition.cu_of()
     read: set[int] = {id(v) for v in graph.outputs}
     for node in graph.nodes:
         for v in [*node.present_inputs, *outer_reads(node)]:
             producer = v.producer
-            if producer is not None and cu_of.get(id(producer)) != cu_of[id(node)]:
+            if producer is not None and cu_of.get(id(producer)) != cu_of.get(id(node)):
                 read.add(id(v))
     return read
 
@@ -108,6 +113,10 @@ def write_cus(graph: Graph, partition: Partition, out_dir: Path, source: dict, o
                 entries[-1]["runs_on"] = cu.runs_on   # its cu.onnx is its artifact: no target builds it
             if cu.over_limit is not None:
                 entries[-1]["over_limit"] = cu.over_limit
+            if cu.activation is not None:
+                entries[-1]["activation"] = {"tensor": cu.activation[0], "equals": cu.activation[1]}
+            if cu.cache is not None:
+                entries[-1]["cache"] = cu.cache
             if on_cu:
                 on_cu(i)
         manifest = {
@@ -119,6 +128,14 @@ def write_cus(graph: Graph, partition: Partition, out_dir: Path, source: dict, o
             "tensors": dict(sorted(tensors.items())),
             "cus": entries,
         }
+        if partition.selects:
+            for s in partition.selects:
+                for v in (s.output, s.condition, *(case for _, case in s.cases)):
+                    tensors[v.name] = tensor_info(v)
+            manifest["tensors"] = dict(sorted(tensors.items()))
+            manifest["selects"] = [{"tensor": s.output.name, "condition": s.condition.name,
+                                    "cases": [{"equals": value, "tensor": case.name} for value, case in s.cases]}
+                                   for s in partition.selects]
         (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         return manifest
 

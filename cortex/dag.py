@@ -1,6 +1,10 @@
 """Build `dag.json` (`cortex.dag/1`) from a CU folder: CUs as nodes, tensors as edges, costs, a
 topological order, the parallel schedule (levels) and the critical path by flops.
 
+An If decomposed into branch CUs adds `selects` (its outputs, which no CU produces): a CU reading
+one waits for the CUs writing the condition and every case, and a branch CU for the one writing
+its condition; `edges`, `order`, `levels` and the critical path include those dependencies.
+
 The JSON Schema ships in the package (`cortex/schemas/dag.schema.json`); `validate_dag` checks a
 document against it.
 """
@@ -42,10 +46,20 @@ def build_dag(cu_dir: Path, output: Path) -> dict:
         for t in cu["inputs"]:
             consumers.setdefault(t, []).append(cu["id"])
     info = manifest["tensors"]
+    selects = manifest.get("selects", [])
+    selected = {s["tensor"]: s for s in selects}
 
-    edges = sorted(({"from": producer[t], "to": cu["id"], "tensor": t, "bytes": info[t]["bytes"]}
-                    for cu in cus for t in cu["inputs"] if t in producer),
-                   key=lambda e: (e["from"], e["to"], e["tensor"]))
+    def sources(t: str) -> list[str]:
+        """The CUs a reader of `t` waits for."""
+        if t in selected:
+            s = selected[t]
+            return [c for name in [s["condition"], *(case["tensor"] for case in s["cases"])] for c in sources(name)]
+        return [producer[t]] if t in producer else []
+
+    reads = {(src, cu["id"], t) for cu in cus for t in cu["inputs"] for src in sources(t)}
+    reads |= {(src, cu["id"], cu["activation"]["tensor"]) for cu in cus if "activation" in cu
+              for src in sources(cu["activation"]["tensor"])}
+    edges = [{"from": src, "to": dst, "tensor": t, "bytes": info[t]["bytes"]} for src, dst, t in sorted(reads)]
     graph = nx.DiGraph()
     graph.add_nodes_from(cu["id"] for cu in cus)
     graph.add_edges_from((e["from"], e["to"]) for e in edges)
@@ -70,9 +84,10 @@ def build_dag(cu_dir: Path, output: Path) -> dict:
         "cus": [{"id": cu["id"], "path": (base / cu["path"]).as_posix(), "sha256": cu["sha256"],
                  "params": cu["params"], "depth": cu["depth"], "flops": flops[cu["id"]],
                  "op_types": cu["op_types"], "inputs": cu["inputs"], "outputs": cu["outputs"],
-                 **({"runs_on": cu["runs_on"]} if "runs_on" in cu else {}),
+                 **{key: cu[key] for key in ("runs_on", "activation", "cache") if key in cu},
                  **({"random": True} if any(kind_of(op) == RANDOM for op in cu["op_types"]) else {}),
                  "artifacts": {}} for cu in cus],
+        **({"selects": selects} if selects else {}),
         "edges": edges,
         "order": order,
         "levels": _levels(graph, order),
@@ -128,6 +143,10 @@ def to_dot(dag: dict) -> str:
              "  node [shape=box, fontname=\"Helvetica\"];"]
     for cu in dag["cus"]:
         label = f"{cu['id']}\\n{', '.join(cu['op_types'])}\\nparams {cu['params']:,}  depth {cu['depth']}"
+        if "activation" in cu:
+            label += f"\\nwhen {cu['activation']['tensor']} is {cu['activation']['equals']}"
+        if "cache" in cu:
+            label += f"\\n{cu['cache']}"
         lines.append(f"  {json.dumps(cu['id'])} [label=\"{label}\"];")
     for name in (i["name"] for i in dag["inputs"]):
         lines.append(f"  {json.dumps('input:' + name)} [shape=ellipse, label={json.dumps(name)}];")
@@ -141,10 +160,15 @@ def to_dot(dag: dict) -> str:
         if name in model_inputs:
             for c in t["consumers"]:
                 lines.append(f"  {json.dumps('input:' + name)} -> {json.dumps(c)};")
+    selects = {s["tensor"]: s for s in dag.get("selects", [])}
     for o in dag["outputs"]:
-        src = dag["tensors"][o["name"]]["producer"]
-        src_node = src if src is not None else "input:" + o["name"]
-        lines.append(f"  {json.dumps(src_node)} -> {json.dumps('output:' + o['name'])};")
+        if o["name"] in selects:     # an If's output: whichever branch's case the condition picks
+            sources = [dag["tensors"][c["tensor"]]["producer"] for c in selects[o["name"]]["cases"]]
+        else:
+            src = dag["tensors"][o["name"]]["producer"]
+            sources = [src if src is not None else "input:" + o["name"]]
+        for src_node in sources:
+            lines.append(f"  {json.dumps(src_node)} -> {json.dumps('output:' + o['name'])};")
     lines.append("}")
     return "\n".join(lines) + "\n"
 

@@ -5,9 +5,14 @@ another: every CU input is a model input or produced by a CU earlier in `order`;
 each CU once; every tensor's dtype is one Cortex knows and its bytes match its shape; each
 artifact's memory plan fits its memory and agrees with the tensors; every artifact path stays
 inside the folder of dag.json, and so does the cu.onnx of a fallback CU (`runs_on`), which is
-that CU's artifact. The source model (`source_model`) is the exception: it usually lies outside
-that folder, so its path need only be relative; whoever runs it checks its sha256 first
-(`cortex/runtime/offline.py`). `first_violation` names the first broken one in one line.
+that CU's artifact. Branch CUs of a decomposed If (`cus[i].activation`, `selects`): each
+activation tensor is a one-element bool tensor available before the CU in `order`; each select's
+tensor is produced by no CU, and each case is a tensor of its shape and dtype produced by a CU
+activated on that condition with that value; a tensor of a branch CU is read only by CUs of the
+same branch (everyone else reads the select); a select's tensor is available once its condition
+and the CUs of all its cases have come in `order`. The source model (`source_model`) usually lies outside the bundle's folder, so its path need
+only be relative; whoever runs it checks its sha256 first (`cortex/runtime/offline.py`).
+`first_violation` names the first broken one in one line.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ WASM_MEMORY_LIMIT = 1 << 32
 
 
 def first_violation(dag: dict, folder: Path) -> str | None:
-    for check in (_cu_ids, _tensors, _interface, _data_flow, _artifacts, _source_model):
+    for check in (_cu_ids, _tensors, _interface, _branches, _data_flow, _artifacts, _source_model):
         problem = check(dag, folder)
         if problem is not None:
             return problem
@@ -87,6 +92,48 @@ def _interface(dag: dict, folder: Path) -> str | None:
     return None
 
 
+def _producers(dag: dict) -> dict[str, str]:
+    return {name: cu["id"] for cu in dag["cus"] for name in cu["outputs"]}
+
+
+def _branches(dag: dict, folder: Path) -> str | None:
+    tensors, producer = dag["tensors"], _producers(dag)
+    cus = {cu["id"]: cu for cu in dag["cus"]}
+    selects = dag.get("selects", [])
+    for cu in dag["cus"]:
+        activation = cu.get("activation")
+        if activation is not None:
+            spec = tensors.get(activation["tensor"])
+            if spec is None or spec["dtype"] != "bool" or math.prod(spec["shape"]) != 1:
+                return f"{cu['id']}'s activation tensor {activation['tensor']!r} is not a described one-element bool tensor"
+    selected = set()
+    for s in selects:
+        out = s["tensor"]
+        if out in selected or out in producer or out in {spec["name"] for spec in dag["inputs"]}:
+            return f"select {out!r} names a tensor that is selected twice, produced by a CU or a model input"
+        selected.add(out)
+        values = [case["equals"] for case in s["cases"]]
+        if len(set(values)) != len(values):
+            return f"select {out!r} lists the value {values[0]!r} twice"
+        for name in [out, s["condition"], *(case["tensor"] for case in s["cases"])]:
+            if name not in tensors:
+                return f"select {out!r} names tensor {name!r}, which 'tensors' does not describe"
+        for case in s["cases"]:
+            t, by = case["tensor"], cus.get(producer.get(case["tensor"]))
+            if by is None or by.get("activation") != {"tensor": s["condition"], "equals": case["equals"]}:
+                return f"select {out!r}: its case {t!r} is not produced by a CU activated when " \
+                       f"{s['condition']!r} is {case['equals']}"
+            if (tensors[t]["dtype"], tensors[t]["shape"]) != (tensors[out]["dtype"], tensors[out]["shape"]):
+                return f"select {out!r} is {tensors[out]['dtype']}{tensors[out]['shape']} but its case {t!r} is " \
+                       f"{tensors[t]['dtype']}{tensors[t]['shape']}"
+    for cu in dag["cus"]:
+        for name in cu["inputs"]:
+            by = cus.get(producer.get(name))
+            if by is not None and "activation" in by and by["activation"] != cu.get("activation"):
+                return f"{cu['id']} reads {name!r}, which only exists when {by['id']} runs; it must read the select"
+    return None
+
+
 def _data_flow(dag: dict, folder: Path) -> str | None:
     cus = {cu["id"]: cu for cu in dag["cus"]}
     producer: dict[str, str] = {}
@@ -96,19 +143,38 @@ def _data_flow(dag: dict, folder: Path) -> str | None:
             if name in producer or name in model_inputs:
                 return f"tensor {name!r} is produced twice ({producer.get(name, 'a model input')} and {cu['id']})"
             producer[name] = cu["id"]
-    ready = set(model_inputs)
+    pending = {s["tensor"]: s for s in dag.get("selects", [])}
+    ready, passed = set(model_inputs), set()
+
+    def resolve() -> None:
+        # A select's tensor is there once its condition is and every case's CU has come.
+        while any(_resolvable(s, ready, passed, producer) for s in pending.values()):
+            for out in [o for o, s in pending.items() if _resolvable(s, ready, passed, producer)]:
+                ready.add(out)
+                del pending[out]
+
+    resolve()
     for cu_id in dag["order"]:
-        for name in cus[cu_id]["inputs"]:
+        activation = cus[cu_id].get("activation")
+        for name in [*cus[cu_id]["inputs"], *([activation["tensor"]] if activation else [])]:
             if name in ready:
                 continue
             if name in producer:
                 return f"'order' is not topological: {cu_id} reads {name!r} before {producer[name]} produces it"
+            if any(s["tensor"] == name for s in dag.get("selects", [])):
+                return f"'order' is not topological: {cu_id} reads the select {name!r} before its cases are produced"
             return f"{cu_id} reads {name!r}, which no CU produces and which is not a model input"
         ready.update(cus[cu_id]["outputs"])
+        passed.add(cu_id)
+        resolve()
     for spec in dag["outputs"]:
         if spec["name"] not in ready:
             return f"model output {spec['name']!r} is produced by no CU"
     return None
+
+
+def _resolvable(select: dict, ready: set[str], passed: set[str], producer: dict[str, str]) -> bool:
+    return select["condition"] in ready and all(producer.get(c["tensor"]) in passed for c in select["cases"])
 
 
 def _artifacts(dag: dict, folder: Path) -> str | None:

@@ -19,22 +19,30 @@ How it stays near-linear on large graphs:
    edge; the search for one only visits CUs that lie between X and Y in the current topological
    order, and the same search yields the reordering that keeps the order topological.
 
-Fallback (`--fallback onnxruntime`): nodes no target can lower (decompose hands the pass that rule,
-`codegen.lower.unsupported_nodes`, as `cannot_lower`) make fallback atoms, which join and merge
-only with fallback CUs, and compiled atoms only with compiled CUs. Both phases keep their
-convexity arguments: a join that is refused starts a new CU, and a merge is still checked.
+Kinds of work that never share a CU: each atom has a kind, and atoms join and merge only with CUs of
+their kind. Both phases keep their convexity arguments: a join that is refused starts a new CU,
+and a merge is still checked. The kinds:
+- fallback (`--fallback onnxruntime`): nodes no target can lower (decompose hands the pass that
+  rule, `codegen.lower.unsupported_nodes`, as `cannot_lower`) run on that runtime;
+- branch (`branch_cus.py`): the nodes of one branch of a large If run only when its condition has
+  that branch's value;
+- repeating (`--cache-inputs`, `cache_inputs.py`): work that depends only on the inputs named
+  there (and constants) stays apart from work that reads the inputs that change, so that the
+  result cache can hit.
 """
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, field
 from typing import Callable
 
 from ir.errors import CortexError
-from ir.graph import Graph, Node, Value, outer_reads
+from ir.graph import Graph, Node, Value
 from ir.options import option, option_fields
 from passes.base import Pass
+from passes.branch_cus import Branches, Select, hoist_large_ifs
+from passes.cache_inputs import check_names, cut_mixed_groups, parse_names, repeating_nodes, show_names
+from passes.cu_atoms import Atoms, atom_order, build_atoms
 from passes.split_large_ops import split_large_ops
 
 DEPTH = "merging would exceed --max-cu-depth"
@@ -43,6 +51,9 @@ CONVEXITY = "merging would break convexity (a path leaves and re-enters)"
 ALONE = "no neighbouring CU"
 ROUNDS = "the merge rounds ran out"
 FALLBACK = "a fallback CU merges only with fallback CUs"
+BRANCH = "a branch CU merges only with CUs of the same branch"
+REPEATING = "work on --cache-inputs alone merges only with such work"
+REPEATING_MARK = "repeating"      # the manifest's `cache` mark of such a CU
 FALLBACKS = ("onnxruntime",)    # runtimes that run a CU's cu.onnx as it is
 MAX_SIBLINGS = 8  # siblings tried per CU, and the widest fan-out searched for them: they bound
 MAX_FAN = 64      # the merge phase's cost on very wide graphs
@@ -57,12 +68,15 @@ class CU:
     small_reason: str | None = None   # why it stayed under --min-cu-size, when it did
     runs_on: str | None = None        # the fallback runtime for a CU of nodes no target lowers
     over_limit: str | None = None     # why it holds more than --max-cu-size (an indivisible op alone)
+    activation: tuple[str, bool] | None = None   # (condition, value) of a branch CU
+    cache: str | None = None          # REPEATING_MARK: depends only on --cache-inputs
 
 
 @dataclass
 class Partition:
     cus: list[CU]                      # in a topological order of the CU graph
     split_ops: int = 0                 # ops split along output channels to respect --max-cu-size
+    selects: list[Select] = field(default_factory=list)   # the outputs of hoisted Ifs, no CU's
 
     def cu_of(self) -> dict[int, int]:
         return {id(n): i for i, cu in enumerate(self.cus) for n in cu.nodes}
@@ -81,6 +95,9 @@ class PartitionIntoCUs(Pass):
         "Put nodes that no target can lower into CUs of their own that run on this runtime "
         "(their cu.onnx is the artifact); without it, compile-<target> refuses such models.",
         choices=FALLBACKS))
+    cache_inputs: tuple[str, ...] = field(default=(), metadata=option(
+        "Model inputs whose values repeat between calls (comma-separated): work that depends only on "
+        "them stays in CUs of its own, marked for the result cache.", parse=parse_names, show=show_names))
     # The rule saying which nodes need the fallback (codegen's `unsupported_nodes`, which this
     # layer may not import); decompose sets it with `fallback`.
     cannot_lower: Callable[[Graph], list[Node]] | None = field(default=None, repr=False, compare=False)
@@ -91,21 +108,32 @@ class PartitionIntoCUs(Pass):
 
     def limits(self) -> dict:
         """The options as manifest.json records them (`fallback` only when given)."""
-        return {f.name: getattr(self, f.name) for f, _ in option_fields(type(self))
-                if f.name != "fallback" or self.fallback is not None}
+        given = {"fallback": self.fallback is not None, "cache_inputs": bool(self.cache_inputs)}
+        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
+                for f, _ in option_fields(type(self)) if given.get(f.name, True)}
 
     def run(self, graph: Graph) -> Graph:
+        check_names(graph, self.cache_inputs)
         materialize_constant_outputs(graph)
         oversized: dict[int, str] = {}
-        split = split_large_ops(graph, self.max_cu_size, oversized) if self.max_cu_size is not None else 0
+
+        def split(g: Graph) -> int:
+            return split_large_ops(g, self.max_cu_size, oversized) if self.max_cu_size is not None else 0
+        # A hoisted branch's too-large ops are split inside it, so their pieces carry its activation.
+        branches = hoist_large_ifs(graph, self.min_cu_size, split)
+        split_ops = branches.split_ops + split(graph)
         fallback = set()
         if self.fallback is not None:
             if self.cannot_lower is None:
                 raise AssertionError("--fallback needs the rule saying which nodes no target lowers")
             fallback = {id(n) for n in self.cannot_lower(graph)}
+        graph.topologically_sort()
+        repeating = repeating_nodes(graph, self.cache_inputs) if self.cache_inputs else None
+        if repeating is not None:
+            cut_mixed_groups(graph, repeating)
         self.result = partition_graph(graph, self.min_cu_size, self.max_cu_size, self.max_cu_depth,
-                                      fallback, self.fallback, oversized)
-        self.result.split_ops = split
+                                      fallback, self.fallback, oversized, branches, repeating)
+        self.result.split_ops = split_ops
         return graph
 
 
@@ -130,87 +158,9 @@ def materialize_constant_outputs(graph: Graph) -> None:
         graph.nodes.append(Node("Identity", [source], [v], name=graph.fresh_name(f"{v.name}_identity")))
 
 
-def node_constants(node: Node) -> list[Value]:
-    """Constants a node reads, including those its subgraphs read."""
-    found = [v for v in node.present_inputs if v.is_const]
-    for sub in node.subgraphs:
-        found.extend(sub.constants())
-        for inner in sub.walk():
-            for s in inner.subgraphs:
-                found.extend(s.constants())
-    return found
-
-
-# -- atoms: fusion groups and lone nodes ---------------------------------------------------------
-@dataclass
-class _Atoms:
-    nodes: list[list[Node]]            # atom -> its nodes (graph order)
-    preds: list[list[int]]             # atom -> producer atoms (deduplicated)
-    succs: list[list[int]]
-    consts: list[dict[int, int]]       # atom -> {id(const): elements}
-    model_inputs: list[set[int]]       # atom -> ids of the model inputs it reads
-    fallback: list[bool]               # atom -> holds a node no target lowers
-
-
-def _build_atoms(graph: Graph, fallback_nodes: set[int] = frozenset()) -> _Atoms:
-    atom_of_group: dict[str, int] = {}
-    atom_of_node: dict[int, int] = {}
-    nodes: list[list[Node]] = []
-    for node in graph.nodes:
-        if node.fusion_group is not None and node.fusion_group in atom_of_group:
-            a = atom_of_group[node.fusion_group]
-        else:
-            a = len(nodes)
-            nodes.append([])
-            if node.fusion_group is not None:
-                atom_of_group[node.fusion_group] = a
-        nodes[a].append(node)
-        atom_of_node[id(node)] = a
-    producer_atom = {id(out): atom_of_node[id(n)] for n in graph.nodes for out in n.outputs}
-    preds: list[list[int]] = [[] for _ in nodes]
-    succs: list[list[int]] = [[] for _ in nodes]
-    consts: list[dict[int, int]] = [{} for _ in nodes]
-    graph_inputs = {id(v) for v in graph.inputs}
-    model_inputs: list[set[int]] = [set() for _ in nodes]
-    for a, members in enumerate(nodes):
-        seen = set()
-        for node in members:
-            for v in [*node.present_inputs, *outer_reads(node)]:
-                if id(v) in graph_inputs:
-                    model_inputs[a].add(id(v))
-                p = producer_atom.get(id(v))
-                if p is not None and p != a and p not in seen:
-                    seen.add(p)
-                    preds[a].append(p)
-                    succs[p].append(a)
-            for c in node_constants(node):
-                consts[a][id(c)] = int(c.const.size)
-    fallback = [any(id(n) in fallback_nodes for n in members) for members in nodes]
-    return _Atoms(nodes, preds, succs, consts, model_inputs, fallback)
-
-
-def _atom_order(atoms: _Atoms) -> list[int]:
-    """Kahn's algorithm, always taking the atom that came first in the graph: deterministic, and it
-    keeps chains together the way the model lists them."""
-    indegree = [len(p) for p in atoms.preds]
-    ready = [a for a, d in enumerate(indegree) if d == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        a = heapq.heappop(ready)
-        order.append(a)
-        for s in atoms.succs[a]:
-            indegree[s] -= 1
-            if indegree[s] == 0:
-                heapq.heappush(ready, s)
-    if len(order) != len(atoms.nodes):
-        raise CortexError("the fusion groups form a cycle; the graph cannot be partitioned")
-    return order
-
-
 # -- the partitioner ------------------------------------------------------------------------------
 class _Partitioner:
-    def __init__(self, atoms: _Atoms, min_size: int, max_size: int | None, max_depth: int,
+    def __init__(self, atoms: Atoms, min_size: int, max_size: int | None, max_depth: int,
                  fallback: str | None = None, oversized: dict[int, str] | None = None):
         self.atoms, self.min_size, self.max_depth = atoms, min_size, max_depth
         self.fallback = fallback
@@ -231,12 +181,12 @@ class _Partitioner:
         self.inputs_of: dict[int, set[int]] = {}    # CU -> model inputs it reads
         self.input_readers: dict[int, set[int]] = {}  # model input -> CUs reading it
         self.latest_reader: dict[int, int] = {}     # model input -> newest CU reading it (greedy phase)
-        self.is_fallback: dict[int, bool] = {}      # CU -> made of fallback atoms
+        self.kind: dict[int, tuple] = {}            # CU -> the kind of its atoms
         self.over_limit: dict[int, str] = {}        # CU -> why it holds more than max_size
 
     # greedy phase
     def grow(self) -> None:
-        order = _atom_order(self.atoms)
+        order = atom_order(self.atoms)
         for r, a in enumerate(order):
             self.rank[a] = r
         for a in order:
@@ -253,10 +203,10 @@ class _Partitioner:
                 self.over_limit[self._new_cu(a, pred_cus)] = "; ".join(reasons)
                 continue
             target = max(pred_cus, key=self.pos.__getitem__) if pred_cus else None
-            kind = self.atoms.fallback[a]
+            kind = self.atoms.kinds[a]
             if target is not None:
                 d = 1 + max(self.depth_in_cu[p] for p in self.atoms.preds[a] if self.cu_of[p] == target)
-                if self.is_fallback[target] == kind and d <= self.max_depth \
+                if self.kind[target] == kind and d <= self.max_depth \
                         and self._params_with(target, self.atoms.consts[a]) <= self.max_size:
                     self._add(target, a, d)
                     for p in pred_cus - {target}:
@@ -266,7 +216,7 @@ class _Partitioner:
                 # An atom fed only by model inputs joins the newest CU reading one of them: it has
                 # no producer, so no path can enter it and the join is convex wherever it goes.
                 readers = [self.latest_reader[v] for v in self.atoms.model_inputs[a]
-                           if v in self.latest_reader and self.is_fallback[self.latest_reader[v]] == kind]
+                           if v in self.latest_reader and self.kind[self.latest_reader[v]] == kind]
                 reader = max(readers, key=self.pos.__getitem__, default=None)
                 if reader is not None and self._params_with(reader, self.atoms.consts[a]) <= self.max_size:
                     self._add(reader, a, 1)
@@ -278,7 +228,7 @@ class _Partitioner:
         cu = len(self.order)
         self.members[cu], self.consts[cu], self.total[cu], self.depth[cu] = [], {}, 0, 0
         self.preds[cu], self.succs[cu], self.inputs_of[cu] = set(), set(), set()
-        self.is_fallback[cu] = self.atoms.fallback[a]
+        self.kind[cu] = self.atoms.kinds[a]
         self.pos[cu] = len(self.order)
         self.order.append(cu)
         self._add(cu, a, 1)
@@ -361,8 +311,9 @@ class _Partitioner:
     def _try(self, x: int, y: int):
         """Merge X into Y (X earlier in the order)? Returns why not, or the new atom depths and the
         CUs that lie between them in the order and are reachable from X (moved after the merged CU)."""
-        if self.is_fallback[x] != self.is_fallback[y]:
-            return FALLBACK
+        if self.kind[x] != self.kind[y]:
+            return next(why for why, mine, theirs in zip((FALLBACK, BRANCH, REPEATING), self.kind[x], self.kind[y])
+                        if mine != theirs)
         if self._params_with(x, self.consts[y]) > self.max_size:
             return SIZE
         depths = self._merged_depths(self.members[x] + self.members[y])
@@ -430,7 +381,7 @@ class _Partitioner:
             self.input_readers[v].add(y)
         self.inputs_of[y] |= self.inputs_of[x]
         for table in (self.members, self.consts, self.total, self.depth, self.preds, self.succs, self.pos,
-                      self.inputs_of, self.is_fallback):
+                      self.inputs_of, self.kind):
             del table[x]
         self.reasons.pop(x, None)
         self.reasons.pop(y, None)
@@ -444,23 +395,27 @@ class _Partitioner:
             params = self.params(cu)
             reason = self.reasons.get(cu, ROUNDS) if params < self.min_size else None
             cus.append(CU(nodes, params, self.depth[cu], reason,
-                          self.fallback if self.is_fallback[cu] else None, self.over_limit.get(cu)))
+                          self.fallback if self.kind[cu][0] else None, self.over_limit.get(cu),
+                          self.kind[cu][1], REPEATING_MARK if self.kind[cu][2] else None))
         return Partition(cus)
 
 
 def partition_graph(graph: Graph, min_cu_size: int, max_cu_size: int | None, max_cu_depth: int,
                     fallback_nodes: set[int] = frozenset(), fallback: str | None = None,
-                    oversized: dict[int, str] | None = None) -> Partition:
-    """Assign every node to exactly one CU (see the module doc for how). The limits are the
-    fields of a `PartitionIntoCUs`, which checked them; `fallback_nodes` (ids) go into CUs that
-    run on `fallback`; `oversized` (id(node) -> why) are the ops that may exceed max_cu_size, each
-    alone in its CU (`split_large_ops` names them)."""
+                    oversized: dict[int, str] | None = None, branches: Branches | None = None,
+                    repeating: set[int] | None = None) -> Partition:
+    """Assign every node but the Selects of hoisted Ifs to exactly one CU (see the module doc for
+    how). The limits are the fields of a `PartitionIntoCUs`, which checked them; `fallback_nodes`
+    (ids) go into CUs that run on `fallback`; `oversized` (id(node) -> why) are the ops that may
+    exceed max_cu_size, each alone in its CU (`split_large_ops` names them); `branches` are the
+    hoisted Ifs (`branch_cus`), `repeating` the ids of nodes on --cache-inputs alone."""
     graph.topologically_sort()
-    partitioner = _Partitioner(_build_atoms(graph, fallback_nodes), min_cu_size, max_cu_size, max_cu_depth,
-                               fallback, oversized)
+    atoms = build_atoms(graph, fallback_nodes, branches, repeating)
+    partitioner = _Partitioner(atoms, min_cu_size, max_cu_size, max_cu_depth, fallback, oversized)
     partitioner.grow()
     partitioner.merge_neighbours()
     part = partitioner.result()
+    part.selects = list(branches.selects) if branches else []
     position = {id(n): i for i, n in enumerate(graph.nodes)}
     for cu in part.cus:
         cu.nodes.sort(key=lambda n: position[id(n)])

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Optional
 
+import numpy as np
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -34,12 +35,14 @@ def decompose(
     input_shape: InputShapes = None,
     dim: Dims = None,
     freeze_input: Annotated[Optional[list[str]], typer.Option("--freeze-input", help="NAME=FILE.npy, or an .npz of arrays by name: the input becomes a constant with that value (repeatable).")] = None,
+    cache_inputs_from: Annotated[Optional[Path], typer.Option("--cache-inputs-from", help="Calibration feeds (a folder of .npz files, one feed each, or one .npz whose arrays stack the feeds on a first axis): an input whose value is the same in every feed is added to --cache-inputs.")] = None,
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
 ) -> None:
     """Partition a model into computation units (CUs), each a self-contained ONNX model."""
+    calibration = read_feeds(cache_inputs_from) if cache_inputs_from is not None else None
     summary = decompose_model(model_path, output_dir, limits, input_shapes=parse_input_shapes(input_shape),
                               dims=parse_dims(dim), frozen_inputs=read_frozen_inputs(freeze_input or []),
-                              show_progress=not json)
+                              calibration_feeds=calibration, show_progress=not json)
     if json:
         print_json(summary)
     else:
@@ -48,9 +51,11 @@ def decompose(
 
 def decompose_model(model_path: Path, output_dir: Path, limits: PartitionIntoCUs | None = None, *,
                     input_shapes: dict | None = None, dims: dict | None = None,
-                    frozen_inputs: dict | None = None, show_progress: bool = False) -> dict:
+                    frozen_inputs: dict | None = None, calibration_feeds: list[dict] | None = None,
+                    show_progress: bool = False) -> dict:
     """Optimise, fuse and partition the model under `limits` (a PartitionIntoCUs pass, whose fields
-    are decompose's options) and write the CU folder; returns the summary."""
+    are decompose's options) and write the CU folder; returns the summary. The model inputs whose
+    value is the same in every one of `calibration_feeds` join `limits.cache_inputs`."""
     limits = limits or PartitionIntoCUs()
     if limits.fallback is not None:
         limits.cannot_lower = unsupported_nodes   # the rule compile-<target> applies to each CU
@@ -61,6 +66,10 @@ def decompose_model(model_path: Path, output_dir: Path, limits: PartitionIntoCUs
         step("optimising")
         optimized = load_and_optimize(model_path, input_shapes, dims, require_static=True,
                                       frozen_inputs=frozen_inputs)
+        if calibration_feeds is not None:
+            model_inputs = {v.name for v in optimized.graph.inputs}
+            found = [name for name in repeating_inputs(calibration_feeds) if name in model_inputs]
+            limits.cache_inputs = tuple(dict.fromkeys([*limits.cache_inputs, *found]))
         step("fusing and partitioning")
         graph, _ = run_pipeline(optimized.graph, [FuseGroups(), limits])
         partition = limits.result
@@ -81,6 +90,42 @@ def read_frozen_inputs(items: list[str]) -> dict:
         return read_inputs(items)
     except CortexError as e:
         raise CortexError(str(e).replace("--input", "--freeze-input", 1)) from None
+
+
+def read_feeds(path: Path) -> list[dict[str, np.ndarray]]:
+    """The calibration feeds of --cache-inputs-from."""
+    label = f"--cache-inputs-from {path}"
+    if path.is_dir():
+        files = sorted(path.glob("*.npz"))
+        feeds = [_npz(f, label) for f in files]
+    elif path.is_file():
+        stacked = _npz(path, label)
+        counts = {len(v) if v.ndim else 0 for v in stacked.values()}
+        if len(counts) != 1 or 0 in counts:
+            raise CortexError(f"{label}: every array must stack the same number of feeds on its first axis")
+        feeds = [{name: v[i] for name, v in stacked.items()} for i in range(counts.pop())]
+    else:
+        raise CortexError(f"{label}: no such file or folder")
+    if len(feeds) < 2:
+        raise CortexError(f"{label}: holds {len(feeds)} feed(s); at least 2 are needed to see which inputs repeat")
+    return feeds
+
+
+def _npz(path: Path, label: str) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as loaded:
+            return {k: loaded[k] for k in loaded.files}
+    except (OSError, ValueError, AttributeError) as e:
+        raise CortexError(f"{label}: {path} is not a readable .npz file ({e})") from None
+
+
+def repeating_inputs(feeds: list[dict[str, np.ndarray]]) -> list[str]:
+    """The inputs that every feed gives, with the same dtype, shape and bytes."""
+    first = feeds[0]
+    return [name for name, v in first.items()
+            if all(name in f and f[name].dtype == v.dtype and f[name].shape == v.shape
+                   and np.ascontiguousarray(f[name]).tobytes() == np.ascontiguousarray(v).tobytes()
+                   for f in feeds[1:])]
 
 
 def summarize(manifest: dict, partition: Partition, output_dir: Path, seconds: float) -> dict:
@@ -104,6 +149,10 @@ def summarize(manifest: dict, partition: Partition, output_dir: Path, seconds: f
         "small_cus": {reason: ids for reason, ids in sorted(small.items())},
         "over_limit_cus": {cu["id"]: {"params": cu["params"], "reason": cu["over_limit"]}
                            for cu in manifest["cus"] if "over_limit" in cu},
+        "branch_cus": {cu["id"]: cu["activation"] for cu in manifest["cus"] if "activation" in cu},
+        "selects": len(manifest.get("selects", [])),
+        "cache_inputs": manifest["options"].get("cache_inputs", []),
+        "repeating_cus": [cu["id"] for cu in manifest["cus"] if cu.get("cache") == "repeating"],
         "fallback_cus": {runtime: [cu["id"] for cu in manifest["cus"] if cu.get("runs_on") == runtime]
                          for runtime in sorted({cu["runs_on"] for cu in manifest["cus"] if "runs_on" in cu})},
         "seconds": round(seconds, 3),
@@ -147,6 +196,12 @@ def _print_summary(summary: dict) -> None:
         out.print(f"{len(ids)} CU(s) stayed under --min-cu-size: {reason}: {_shown(ids)}")
     for cu, over in summary["over_limit_cus"].items():
         out.print(f"{cu} holds {over['params']:,} parameters, over --max-cu-size: {over['reason']}")
+    if summary["branch_cus"]:
+        out.print(f"{len(summary['branch_cus'])} branch CU(s) run only when their If takes their branch "
+                  f"({summary['selects']} If output(s) selected at run time): {_shown(list(summary['branch_cus']))}")
+    if summary["repeating_cus"]:
+        ids = summary["repeating_cus"]
+        out.print(f"{len(ids)} CU(s) depend only on --cache-inputs {','.join(summary['cache_inputs'])}: {_shown(ids)}")
     for runtime, ids in summary["fallback_cus"].items():
         out.print(f"{len(ids)} fallback CU(s) run on {runtime} (nodes no target lowers): {_shown(ids)}")
 

@@ -8,9 +8,12 @@ borders, through the producer's `to_host` and the reader's `to_device`, once per
 in a request; model inputs go to each device that reads them.
 
 Whether: one method, `_skip_reason`, decides per request whether a CU runs, under the request's
-policy (`cortex/runtime/policy.py`): a CU no requested output depends on is `not needed`; a CU
+policy (`cortex/runtime/policy.py`): a branch CU of a decomposed If whose condition picks the
+other branch is an `inactive branch` (`cortex/runtime/activation.py`; the If's outputs are
+selects, resolved once the picked case's CU has run); a CU no requested output depends on is `not needed`; a CU
 whose inputs are byte-identical to an earlier run's is a `cache hit` (`cortex/runtime/cache.py`).
-`strict` skips nothing and caches nothing: it runs exactly what every request ran before policies.
+`strict` skips nothing and caches nothing: every CU runs, both branches' included (the selects
+still pick by the condition).
 CUs holding random ops are never cached.
 
 Memory tiers with prefetch, threads and remote executors belong here too: they change which CU
@@ -28,6 +31,7 @@ import numpy as np
 
 from backends.registry import Device
 from backends.registry import device as device_spec
+from cortex.runtime.activation import INACTIVE, Branches
 from cortex.runtime.cache import CacheEntry, ResultCache, cu_key
 from cortex.runtime.policy import Policy
 from cortex.runtime.variants import VariantRunner
@@ -37,7 +41,6 @@ HOST = None   # where a model input, or a cached output, lives before any device
 
 NOT_NEEDED = "not needed"
 CACHE_HIT = "cache hit"
-INACTIVE_BRANCH = "inactive branch"
 
 
 @dataclass
@@ -54,6 +57,7 @@ class Request:
     live_bytes: int = 0                           # bytes of the tensors this request holds
     key: bytes | None = None                      # the current CU's cache key, when it has one
     hit: CacheEntry | None = None                 # the current CU's cache entry, on a hit
+    conditions: dict[str, np.ndarray] = field(default_factory=dict)   # branch conditions, on the host
 
 
 class SequentialScheduler:
@@ -77,6 +81,7 @@ class SequentialScheduler:
         self.identity = {cu_id: _identity(cu, self.placement[cu_id]) for cu_id, cu in self.cus.items()}
         self.variants = VariantRunner(self.cus, self.placement, self.devices,
                                       {name: device_spec(name).artifact for name in self.devices})
+        self.branches = Branches(dag)
 
     def load(self, policy: Policy | None = None) -> None:
         """Every CU resident on its device, and the variants `policy` picks, before the first request."""
@@ -122,12 +127,17 @@ class SequentialScheduler:
             reason = self._skip_reason(cu, request)
             if reason is None:
                 self._run_cu(cu, request)
-                continue
-            request.skipped.append({"cu": cu_id, "reason": reason})
+            else:
+                request.skipped.append({"cu": cu_id, "reason": reason})
             if reason == CACHE_HIT:
                 request.env.update((name, (HOST, array)) for name, array in request.hit.outputs.items())
                 request.keys.update(request.hit.output_keys)
                 request.live_bytes += request.hit.nbytes
+            if reason != INACTIVE:
+                for out, case in self.branches.selected(cu_id, lambda name: self._condition(name, request)):
+                    request.env[out] = request.env[case]
+                    if case in request.keys:
+                        request.keys[out] = request.keys[case]
         results = {}
         for name in outputs:
             home, tensor = request.env[name]
@@ -138,8 +148,10 @@ class SequentialScheduler:
         """Why `cu` does not run in this request, or None when it runs. The one place that decides
         it; on a cache hit it leaves the entry in `request.hit`, and for a cacheable CU its key in
         `request.key` (stored after it runs)."""
-        # INACTIVE BRANCH: the check of cus[i].activation (docs/runtime.md) belongs here, before the
-        # others: a CU of an untaken branch needs neither its inputs hashed nor a cache lookup.
+        # First: a CU of an untaken branch needs neither its inputs hashed nor a cache lookup.
+        if request.policy.skip_inactive and self.branches.skip_reason(
+                cu, lambda name: self._condition(name, request)) is not None:
+            return INACTIVE
         if request.needed is not None and cu["id"] not in request.needed:
             return NOT_NEEDED
         # The key names the exact CU's code: a CU this policy runs as a variant is never looked up.
@@ -150,6 +162,13 @@ class SequentialScheduler:
             if request.hit is not None:
                 return CACHE_HIT
         return None
+
+    def _condition(self, name: str, request: Request) -> np.ndarray:
+        """A branch condition's value on the host, read once per request."""
+        if name not in request.conditions:
+            home, tensor = request.env[name]
+            request.conditions[name] = np.array(tensor) if home is HOST else self.devices[home].to_host(tensor)
+        return request.conditions[name]
 
     def _tensor_key(self, name: str, request: Request) -> bytes:
         """The content key of a tensor: known when it came from a cache hit or was hashed earlier
