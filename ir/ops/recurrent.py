@@ -5,7 +5,8 @@ The input term X_t W^T does not depend on the state, so it is computed for every
 direction first, as one GEMM (the summed biases in its epilogue) where the target offers one. The
 step loop then holds only the recurrent product H_{t-1} R^T of all batch rows at once, which reads
 R once per step as the target packed it at compile time (on wasm the GEMV kernel), and the gate
-activations and state update, loops along the hidden units that vectorise. GRU's candidate
+activations and state update, loops along the hidden units that vectorise (Sigmoid and Tanh as
+the rational approximations onnxruntime's MLAS uses, see `_rational`). GRU's candidate
 product is computed once: with linear_before_reset in the same product as the other gates, without
 it as a second product over the reset gate times the state.
 
@@ -94,8 +95,9 @@ def _rational(b, v, bound: float, p, q):
 
 
 def _activation(b, name: str, alpha, beta):
-    """The activation `name` as a function of its input expression; Sigmoid and Tanh as onnxruntime
-    computes them (`_rational`), which may emit locals into the statements being built."""
+    """The activation `name` as a function of its input expression; Sigmoid and Tanh with the MLAS
+    approximations onnxruntime's recurrent kernels call (`_rational`), which emit locals into the
+    statements being built."""
     def sigmoid(v):
         return _between(b, _rational(b, v, LOGISTIC_RANGE, LOGISTIC_P, LOGISTIC_Q) + 0.5, 0.0, 1.0, "sigmoid")
     table = {
