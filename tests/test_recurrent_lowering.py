@@ -14,7 +14,7 @@ from backends.cuda import toolchain as cuda_compile
 from cuda_cases import compile_cuda_pipeline
 from recurrent_cases import CASES, expected_outputs, layer_model
 from testdata import ModelCase
-from wasm_cases import CONFIGS, run_wasm
+from wasm_cases import CONFIGS, run_onnxruntime, run_wasm
 
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -59,3 +59,17 @@ def test_cuda_sim_runs_whole_layers(case, tmp_path):
     got = cortex.load(dag_path, device="cuda-sim").run(feeds)
     for name, want in expected.items():
         np.testing.assert_allclose(got[name], want, rtol=RTOL, atol=ATOL, err_msg=name)
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+def test_saturated_gates_match_onnxruntime(op):
+    """Inputs large enough to drive the gates deep into saturation (pre-activations far past the
+    clamps of the rational sigmoid and tanh) and across zero."""
+    model, feeds = layer_model(op, initial=True)
+    feeds["X"] = feeds["X"] * 40.0
+    feeds["X"][0] = 1e-4
+    expected = run_onnxruntime(model, feeds)
+    for features, level in [("simd,relaxed-simd", "3"), ("", "2")]:
+        got = run_wasm(model, feeds, features, level)
+        for name, want in expected.items():
+            np.testing.assert_allclose(got[name], want, rtol=RTOL, atol=ATOL, err_msg=f"{op} {name} {features}")

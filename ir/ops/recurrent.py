@@ -5,7 +5,8 @@ The input term X_t W^T does not depend on the state, so it is computed for every
 direction first, as one GEMM (the summed biases in its epilogue) where the target offers one. The
 step loop then holds only the recurrent product H_{t-1} R^T of all batch rows at once, which reads
 R once per step as the target packed it at compile time (on wasm the GEMV kernel), and the gate
-activations and state update, loops along the hidden units that vectorise. GRU's candidate
+activations and state update, loops along the hidden units that vectorise (Sigmoid and Tanh as
+the rational approximations onnxruntime's MLAS uses, see `_rational`). GRU's candidate
 product is computed once: with linear_before_reset in the same product as the other gates, without
 it as a second product over the reset gate times the state.
 
@@ -25,7 +26,7 @@ import numpy as np
 
 from ir.errors import UnsupportedError
 from ir.loops.contraction import ContractionOperands, EpilogueSpec, GemmSpec
-from ir.loops.expr import cast, lt, maximum, minimum, select, unary
+from ir.loops.expr import cast, fma, gt, lift, lt, maximum, minimum, select, unary
 from ir.ops.registry import OTHER, lowering, register
 
 register("RNN", "GRU", "LSTM", kind=OTHER)
@@ -55,12 +56,53 @@ def activation_parameters(names, alphas, betas) -> list[tuple[float | None, floa
     return found
 
 
-def _activation(name: str, alpha, beta):
+# onnxruntime's MLAS rational approximations (mlas/lib/logistic.cpp, tanh.cpp): x p(x^2) / q(x^2)
+# over a clamped x, one division each. The exp-based forms cost an exp, a division and for tanh a
+# polynomial per call; a step's gates make those a fifth of a small LSTM's time.
+LOGISTIC_RANGE = 18.0
+LOGISTIC_P = (2.48287947061529e-01, 8.51377133304701e-03, 6.08574864600143e-05, 1.15627324459942e-07,
+              4.37031012579801e-11)
+LOGISTIC_Q = (9.93151921023180e-01, 1.16817656904453e-01, 1.70198817374094e-03, 6.29106785017040e-06,
+              5.76102136993427e-09, 6.10247389755681e-13)
+TANH_RANGE = 9.0
+TANH_P = (4.89352455891786e-03, 6.37261928875436e-04, 1.48572235717979e-05, 5.12229709037114e-08,
+          -8.60467152213735e-11, 2.00018790482477e-13, -2.76076847742355e-16)
+TANH_Q = (4.89352518554385e-03, 2.26843463243900e-03, 1.18534705686654e-04, 1.19825839466702e-06)
+
+
+def _between(b, v, low: float, high: float, name: str):
+    """A local holding v limited to [low, high], as select(x < c, x, c) and select(x > c, x, c),
+    which vectorise as one pmin and one pmax (each reads a local, so no operand is computed twice)."""
+    x = b.local(v.type, v, name)
+    high_c, low_c = lift(high, v.type), lift(low, v.type)
+    below = b.local(v.type, select(lt(x, high_c), x, high_c), name)
+    return b.local(v.type, select(gt(below, low_c), below, low_c), name)
+
+
+def _even_polynomial(x2, coeffs):
+    acc = lift(coeffs[-1], x2.type)
+    for c in reversed(coeffs[:-1]):
+        acc = fma(acc, x2, c)
+    return acc
+
+
+def _rational(b, v, bound: float, p, q):
+    """x p(x^2) / q(x^2) with x = v clamped to [-bound, bound] (held in locals: x and x^2 are read
+    by both polynomials)."""
+    x = _between(b, v, -bound, bound, "x")
+    x2 = b.local(v.type, x * x, "x2")
+    return x * _even_polynomial(x2, p) / _even_polynomial(x2, q)
+
+
+def _activation(b, name: str, alpha, beta):
+    """The activation `name` as a function of its input expression; Sigmoid and Tanh with the MLAS
+    approximations onnxruntime's recurrent kernels call (`_rational`), which emit locals into the
+    statements being built."""
     def sigmoid(v):
-        return 1.0 / (1.0 + unary("exp", -v))
+        return _between(b, _rational(b, v, LOGISTIC_RANGE, LOGISTIC_P, LOGISTIC_Q) + 0.5, 0.0, 1.0, "sigmoid")
     table = {
         "Sigmoid": sigmoid,
-        "Tanh": lambda v: unary("tanh", v),
+        "Tanh": lambda v: _rational(b, v, TANH_RANGE, TANH_P, TANH_Q),
         "Relu": lambda v: maximum(v, 0.0),
         "HardSigmoid": lambda v: maximum(0.0, minimum(1.0, v * (0.2 if alpha is None else alpha) + (0.5 if beta is None else beta))),
         "LeakyRelu": lambda v: select(lt(v, 0.0), v * (0.01 if alpha is None else alpha), v),
@@ -145,7 +187,7 @@ def _lower(b, node, op, projected):
     gates = _input_gates(b, layer, x, _step_bias(b, layer))
     outputs = [b.output(node, i) if len(node.outputs) > i and node.outputs[i].dtype else None for i in range(3)]
     for d, direction in enumerate(layer.directions):
-        acts = [_activation(names[d * per_dir + i], *parameters[d * per_dir + i]) for i in range(per_dir)]
+        acts = [_activation(b, names[d * per_dir + i], *parameters[d * per_dir + i]) for i in range(per_dir)]
         _direction(b, layer, (d, direction), acts, gates, outputs)
 
 
