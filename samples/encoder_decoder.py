@@ -1,5 +1,6 @@
 """A small public encoder-decoder's decoder (torch.nn.TransformerDecoder, 3 layers, d_model 256)
-exported so that one decoding step is one model call, cached at `.cache/models/encoder-decoder.onnx`.
+exported so that one decoding step is one model call, cached at
+`.cache/models/encoder-decoder-s128.onnx`.
 
 Inputs: `tokens` [1, MAX_STEPS] int64 (the tokens so far, padded with PAD after the current step;
 a causal mask keeps the padding from reaching earlier positions, so every step has the same
@@ -25,14 +26,16 @@ HEADS = 4
 LAYERS = 3
 FFN = 512
 VOCAB = 96
-SOURCE = 20
+# An encoder memory of 128 positions (a paragraph of subword tokens, a few seconds of speech
+# frames): the cross-attention keys and values over it are most of a step's work.
+SOURCE = 128
 MAX_STEPS = 16
 BOS, PAD = 1, 0
 CACHE_INPUTS = ("memory", "memory_mask")
 
 
 def model_path() -> Path:
-    return CACHE_DIR / "models" / "encoder-decoder.onnx"
+    return CACHE_DIR / "models" / f"encoder-decoder-s{SOURCE}.onnx"
 
 
 def ensure_encoder_decoder(force: bool = False) -> Path:
@@ -41,10 +44,10 @@ def ensure_encoder_decoder(force: bool = False) -> Path:
 
 def source_feeds(seed: int = 3) -> dict[str, np.ndarray]:
     """The inputs that stay fixed during one decode: an encoder memory and its padding mask (the
-    last four source positions are padding)."""
+    last eight source positions are padding)."""
     rng = np.random.default_rng(seed)
     mask = np.zeros((1, SOURCE), bool)
-    mask[0, -4:] = True
+    mask[0, -8:] = True
     return {"memory": rng.standard_normal((1, SOURCE, D_MODEL)).astype(np.float32), "memory_mask": mask}
 
 

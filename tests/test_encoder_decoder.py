@@ -68,15 +68,31 @@ def test_cross_attention_key_value_projections_are_repeating(built):
 
 def test_greedy_decoding_follows_onnxruntime(built):
     path, out = built
-    model = load(out / "dag.json")
+    strict, balanced = load(out / "dag.json", policy="strict"), load(out / "dag.json", policy="balanced")
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     expected_tokens, expected_rows = ed.greedy_decode(lambda feeds: {"logits": session.run(None, feeds)[0]})
-    tokens, rows = ed.greedy_decode(model.run)
+    strict_tokens, strict_rows = ed.greedy_decode(strict.run)
+    traces = []
+
+    def run_balanced(feeds):
+        result = balanced.run(feeds)
+        traces.append(balanced.last_trace)
+        return result
+    tokens, rows = ed.greedy_decode(run_balanced)
     assert len(rows) == ed.MAX_STEPS == 16
-    for step, (got, expected) in enumerate(zip(rows, expected_rows)):
+    for step, (got, expected) in enumerate(zip(strict_rows, expected_rows)):
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4, err_msg=f"step {step}")
-    np.testing.assert_array_equal(tokens, expected_tokens)
+    np.testing.assert_array_equal(strict_tokens, expected_tokens)
     assert len(set(tokens[0].tolist())) > 3        # the decode moves: each step's input differs
-    # No result cache yet: every CU, repeating ones included, ran in the last step.
+    # The cache changes nothing: balanced's logits are strict's, bit for bit.
+    np.testing.assert_array_equal(tokens, strict_tokens)
+    assert all(np.array_equal(a, b) for a, b in zip(rows, strict_rows))
+    # From the second step on, exactly the repeating CUs (every layer's cross-attention key/value
+    # projections) are cache hits; the first step runs every CU.
     manifest = json.loads((out / "cus" / "manifest.json").read_text())
-    assert {t["cu"] for t in model.trace} == {cu["id"] for cu in manifest["cus"]}
+    repeating = {cu["id"] for cu in manifest["cus"] if cu.get("cache") == "repeating"}
+    assert repeating and traces[0]["skipped_cus"] == []
+    for trace in traces[1:]:
+        hits = {s["cu"] for s in trace["skipped_cus"] if s["reason"] == "cache hit"}
+        assert hits == repeating, trace["skipped_cus"]
+        assert set(trace["activated_cus"]) == {cu["id"] for cu in manifest["cus"]} - repeating
