@@ -152,5 +152,5 @@ def test_the_registry_marks_random_cus_even_without_the_dag_json_mark(tmp_path):
     for cu in model.dag["cus"]:
         cu.pop("random", None)
     scheduler = SequentialScheduler(model.dag, dag_path, "wasm")
-    assert [cu_id for cu_id, random in scheduler.random.items() if random] == \
+    assert [cu_id for cu_id, random in scheduler.uncached.items() if random] == \
         [cu["id"] for cu in model.dag["cus"] if cu["op_types"] == ["RandomUniformLike"]]

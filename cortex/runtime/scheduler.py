@@ -14,7 +14,8 @@ selects, resolved once the picked case's CU has run); a CU no requested output d
 whose inputs are byte-identical to an earlier run's is a `cache hit` (`cortex/runtime/cache.py`).
 `strict` skips nothing and caches nothing: every CU runs, both branches' included (the selects
 still pick by the condition).
-CUs holding random ops are never cached.
+CUs holding random ops are never cached, nor CUs on a device whose tensors are not host arrays
+(a GPU: storing its outputs would copy each one back).
 
 Memory tiers with prefetch, threads and remote executors belong here too: they change which CU
 runs next, never how a CU runs.
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from backends.registry import Device
+from backends.registry import Device, HostTensors
 from backends.registry import device as device_spec
 from cortex.runtime.activation import INACTIVE, Branches
 from cortex.runtime.cache import CacheEntry, ResultCache, cu_key
@@ -77,7 +78,10 @@ class SequentialScheduler:
                 part = {**dag, "cus": [self.cus[i] for i in ids], "order": ids}
                 self.devices[name] = device_spec(name).open(part, Path(dag_path))
         self.cache = cache if cache is not None else ResultCache(0)
-        self.random = {cu_id: _holds_random_ops(cu) for cu_id, cu in self.cus.items()}
+        # Cached outputs are host copies: on a device whose tensors live elsewhere (a GPU) storing
+        # them would copy every output back, so CUs there are never cached.
+        self.uncached = {cu_id: _holds_random_ops(cu) or not isinstance(self.devices[self.placement[cu_id]], HostTensors)
+                         for cu_id, cu in self.cus.items()}
         self.identity = {cu_id: _identity(cu, self.placement[cu_id]) for cu_id, cu in self.cus.items()}
         self.variants = VariantRunner(self.cus, self.placement, self.devices,
                                       {name: device_spec(name).artifact for name in self.devices})
@@ -155,7 +159,7 @@ class SequentialScheduler:
         if request.needed is not None and cu["id"] not in request.needed:
             return NOT_NEEDED
         # The key names the exact CU's code: a CU this policy runs as a variant is never looked up.
-        if request.policy.cache and self.cache.enabled and not self.random[cu["id"]] \
+        if request.policy.cache and self.cache.enabled and not self.uncached[cu["id"]] \
                 and self.variants.choice(cu["id"], request.policy) is None:
             request.key = cu_key(self.identity[cu["id"]], [self._tensor_key(name, request) for name in cu["inputs"]])
             request.hit = self.cache.get(request.key)
