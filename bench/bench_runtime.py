@@ -120,8 +120,9 @@ def bench_decode(rounds: int) -> dict:
 def render(info: dict, decode: dict | None, variants: list[dict], rounds: int, date: str) -> str:
     out = [BEGIN, "## The CU runtime", "",
            f"Measured {date} on {info['cpu']} ({info['cores']} cores); onnxruntime {info['onnxruntime']}, wasmtime "
-           f"{info['wasmtime']}; load average {info['load_average']} at the start. Times are the CPU time of the "
-           "computing thread, one thread per contestant. Regenerate with `make bench-runtime`."]
+           f"{info['wasmtime']}; load average {info['load_average']} at the start. Decoding times are the CPU time "
+           "of the computing thread, one thread per contestant; the variants' latencies are wall-clock medians. "
+           "Regenerate with `make bench-runtime`."]
     if decode:
         m, s = decode["median_step_ms"], decode["p10_p90_step_ms"]
         out += ["", f"### Autoregressive decoding with the result cache ({decode['steps']} greedy steps, "
@@ -158,7 +159,9 @@ def render(info: dict, decode: dict | None, variants: list[dict], rounds: int, d
                        + f" | {p['balanced']['worst_relative_l2_vs_exact']:.2%} / {p['aggressive']['worst_relative_l2_vs_exact']:.2%}"
                        + f" | {p['strict']['median_ms']:.1f} / {p['balanced']['median_ms']:.1f} / {p['aggressive']['median_ms']:.1f} |")
         out += ["", "Bytes are those of the compiled modules. A variant widens its weights on every call today "
-                "(a Cast, or a Cast and a per-channel Mul), so it is not faster than the exact CU."]
+                "(a Cast, or a Cast and a per-channel Mul), so it is not faster than the exact CU. resnet50's "
+                "output is a saturated softmax, so its relative error says nothing: its top-1 class agreed on every "
+                "held-back feed (in the JSON)."]
     out.append(END)
     return "\n".join(out) + "\n"
 
