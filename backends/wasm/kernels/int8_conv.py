@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from backends.wasm.kernels.conv import Conv2dSpec
-from backends.wasm.kernels.int8_gemm import ROWS, TILE_BYTES, groups, render_k_function, tile_heights
+from backends.wasm.kernels.int8_gemm import ROWS, TILE_BYTES, groups, render_k_function, tile_grid, tile_heights
 from backends.wasm.kernels.int8_panels import PANEL, counted_loop, pairs, panels, render_pack_panels
 from ir.loops.contraction import ConvSpec, IntegerConvSpec
 
@@ -139,8 +139,6 @@ def _tiles(spec: IntegerConvSpec, at: IntegerConvOffsets, name: str) -> list[str
     """One group's product: pixel panels outside (a panel, K x 8 x 2 bytes, stays in L1 while the
     channel groups pass), 4-channel groups inside; the last of either may be partial."""
     _, m, n, k = _dims(spec)
-    full_groups, rest_rows = divmod(m, ROWS)
-    full_panels, rest_cols = divmod(n, PANEL)
     panel_bytes, group_bytes = pairs(k) * PANEL * 4, pairs(k) * 16
     size = 4 if spec.requantize is None else 1
 
@@ -152,17 +150,7 @@ def _tiles(spec: IntegerConvSpec, at: IntegerConvOffsets, name: str) -> list[str
                 f" (i32.mul (local.get $p) (i32.const {PANEL * size})))))",
                 "(local.set $ps (i32.shl (i32.add (local.get $ch) (i32.shl (local.get $g) (i32.const 2))) (i32.const 2)))",
                 *_epilogue(spec, at, rows, cols, n)]
-
-    def channel_groups(cols: int) -> list[str]:
-        code = counted_loop("$g", full_groups, tile(ROWS, cols)) if full_groups else []
-        if rest_rows:
-            code += [f"(local.set $g (i32.const {full_groups}))", *tile(rest_rows, cols)]
-        return code
-
-    code = counted_loop("$p", full_panels, channel_groups(PANEL)) if full_panels else []
-    if rest_cols:
-        code += [f"(local.set $p (i32.const {full_panels}))", *channel_groups(rest_cols)]
-    return code
+    return tile_grid(m, n, tile)
 
 
 def _epilogue(spec: IntegerConvSpec, at: IntegerConvOffsets, rows: int, cols: int, n: int) -> list[str]:

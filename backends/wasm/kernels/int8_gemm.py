@@ -287,8 +287,6 @@ def _tiles(spec: IntegerGemmSpec, at: IntegerGemmOffsets, name: str, relaxed: bo
     """Panels outside (one panel of B', K x 8 x 2 bytes, stays in L1 while every row group passes),
     row groups inside; the last group and the last panel may be partial."""
     m, n, k = spec.m, spec.n, spec.k
-    full_groups, rest_rows = divmod(m, ROWS)
-    full_panels, rest_cols = divmod(n, PANEL)
     panel_bytes, group_bytes = steps(k, relaxed) * PANEL * 4, steps(k, relaxed) * 16
 
     def tile(rows: int, cols: int) -> list[str]:
@@ -297,6 +295,15 @@ def _tiles(spec: IntegerGemmSpec, at: IntegerGemmOffsets, name: str, relaxed: bo
                 f"(local.set $pb (i32.add (i32.const {at.b_packed}) (i32.mul (local.get $p) (i32.const {panel_bytes}))))",
                 f"(call ${name}_k{height} (local.get $pa) (local.get $pb) (i32.add (local.get $pb) (i32.const {panel_bytes})))",
                 *_epilogue(spec, at, rows, cols, relaxed)]
+    return tile_grid(m, n, tile)
+
+
+def tile_grid(m: int, n: int, tile) -> list[str]:
+    """The loops over an m x n result in tiles: panels of PANEL columns outside ($p), groups of ROWS
+    rows inside ($g), the last of either partial; `tile(rows, cols)` is the code of the tile at
+    $g, $p (the integer Conv's channels x pixels tiles walk the same grid)."""
+    full_groups, rest_rows = divmod(m, ROWS)
+    full_panels, rest_cols = divmod(n, PANEL)
 
     def row_groups(cols: int) -> list[str]:
         code = counted_loop("$g", full_groups, tile(ROWS, cols)) if full_groups else []
