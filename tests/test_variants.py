@@ -7,11 +7,16 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
 import cortex
+from backends.cuda.toolchain import find_nvcc
 from cortex.runtime.calibrate import calibrate
 from cortex.runtime.policy import POLICIES, Policy
 from ir.errors import CortexError
@@ -168,3 +173,32 @@ def test_recompiling_keeps_only_the_variants_asked_for_and_resets_changed_ones(t
     assert all(cu["variants"]["fp16"]["trust"] is None for cu in dag["cus"] if cu.get("variants"))
     recompile(tmp_path, variants=())
     assert not any("variants" in cu for cu in json.loads(dag_path.read_text())["cus"])
+
+
+@pytest.mark.skipif(find_nvcc() is None, reason="nvcc not installed")
+def test_cuda_variants_calibrate_and_run_on_cuda_sim(tmp_path):
+    """compile-cuda --variants, calibrate on cuda-sim, and the choice by the weights' bytes (a CUDA
+    record has no module size): aggressive runs int8, within its trust of the exact CU."""
+    model_path = tmp_path / "model.onnx"
+    onnx.save(embedding_mlp(weights(0)), model_path)
+    cli = [str(Path(sys.executable).parent / "cortex")]
+    run = lambda *argv: subprocess.run([*cli, *map(str, argv)], capture_output=True, text=True, check=True)  # noqa: E731
+    run("decompose", "--model-path", model_path, "--output-dir", tmp_path / "cus", "--min-cu-size", 16, "--max-cu-depth", 1)
+    run("build-dag", "--cu-dir", tmp_path / "cus", "--output", tmp_path / "dag.json")
+    run("compile-cuda", "--cu-dir", tmp_path / "cus", "--output", tmp_path / "cuda-bin", "--dag", tmp_path / "dag.json",
+        "--compiler", "nvrtc", "--variants", "fp16,int8")
+    calibration = feeds(6, seed=1)
+    np.savez(tmp_path / "feeds.npz", **{k: np.stack([f[k] for f in calibration]) for k in calibration[0]})
+    run("calibrate", tmp_path / "dag.json", "--data", tmp_path / "feeds.npz", "--device", "cuda-sim")
+    dag = json.loads((tmp_path / "dag.json").read_text())
+    with_variants = [cu for cu in dag["cus"] if cu.get("variants")]
+    assert with_variants and all(cu["variants"]["int8"]["trust"] >= 0.95 for cu in with_variants)
+    feed = feeds(1, seed=9)[0]
+    exact = cortex.load(tmp_path / "dag.json", device="cuda-sim", policy="strict").run(feed)
+    model = cortex.load(tmp_path / "dag.json", device="cuda-sim", policy="aggressive")
+    got = model.run(feed)
+    assert {(e["cu"], e["precision"]) for e in model.last_trace["approximated_cus"]} == \
+        {(cu["id"], "int8") for cu in with_variants}
+    for name, value in exact.items():
+        error = np.linalg.norm(got[name] - value) / np.linalg.norm(value)
+        assert 0 < error < 0.05, (name, error)

@@ -44,8 +44,16 @@ def chosen_variant(cu: dict, artifact: str | None, threshold: float | None) -> s
     for precision, variant in cu.get("variants", {}).items():
         trust, record = variant.get("trust"), variant.get("artifacts", {}).get(artifact)
         if trust is not None and trust >= threshold and record is not None:
-            candidates.append((record.get("bytes", 0), precision))
+            candidates.append((_stored_bytes(record), precision))
     return min(candidates)[1] if candidates else None
+
+
+def _stored_bytes(record: dict) -> int:
+    """How compact a variant's artifact is: a wasm module's bytes; a CUDA CU's weights file (its
+    code, PTX and cubins, barely differ between precisions)."""
+    if "bytes" in record:
+        return int(record["bytes"])
+    return int(record.get("weights", {}).get("bytes", 0))
 
 
 def guard_violation(cu: dict, outputs: dict[str, np.ndarray]) -> str | None:
