@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from backends.wasm.kernels.conv import Conv2dSpec
-from backends.wasm.kernels.int8_gemm import ROWS, TILE_BYTES, groups, render_k_function, tile_grid, tile_heights
+from backends.wasm.kernels.int8_gemm import ROWS, TILE_BYTES, groups, render_k_function, store_int32_tile, tile_grid, tile_heights
 from backends.wasm.kernels.int8_panels import PANEL, counted_loop, pairs, panels, render_pack_panels
 from ir.loops.contraction import ConvSpec, IntegerConvSpec
 
@@ -159,15 +159,7 @@ def _epilogue(spec: IntegerConvSpec, at: IntegerConvOffsets, rows: int, cols: in
     q = spec.requantize
     code = []
     if q is None:
-        for r, v in itertools.product(range(rows), range(2)):
-            lanes, src = min(4, cols - 4 * v), f"(v128.load offset={at.tile + 32 * r + 16 * v} (i32.const 0))"
-            base = r * n * 4 + 16 * v
-            if lanes == 4:
-                code.append(f"(v128.store offset={base} (local.get $pc) {src})")
-            else:
-                code += [f"(i32.store offset={base + 4 * lane} (local.get $pc) (i32x4.extract_lane {lane} {src}))"
-                         for lane in range(max(lanes, 0))]
-        return code
+        return store_int32_tile(rows, cols, n, lambda r, v: f"(v128.load offset={at.tile + 32 * r + 16 * v} (i32.const 0))")
     info = np.iinfo(np.int8 if q.signed_output else np.uint8)
     lo, hi = float(info.min), float(info.max)
     sign = "s" if q.signed_output else "u"

@@ -340,17 +340,7 @@ def _epilogue(spec: IntegerGemmSpec, at: IntegerGemmOffsets, rows: int, cols: in
     if spec.dequantize is not None:
         return code + _dequantized(spec, at, rows, cols, tile_value)
     if q is None:
-        for r in range(rows):
-            for v in range(2):
-                lanes = min(4, cols - 4 * v)
-                src = tile_value(r, v)
-                base = r * spec.n * 4 + 16 * v
-                if lanes == 4:
-                    code.append(f"(v128.store offset={base} (local.get $pc) {src})")
-                else:
-                    code += [f"(i32.store offset={base + 4 * lane} (local.get $pc) (i32x4.extract_lane {lane} {src}))"
-                             for lane in range(max(lanes, 0))]
-        return code
+        return code + store_int32_tile(rows, cols, spec.n, tile_value)
     info = np.iinfo(np.int8 if q.signed_output else np.uint8)
     lo, hi = float(info.min), float(info.max)
     sign = "s" if q.signed_output else "u"
@@ -373,6 +363,21 @@ def _epilogue(spec: IntegerGemmSpec, at: IntegerGemmOffsets, rows: int, cols: in
             code += [f"(local.set $v0 {packed})"]
             code += [f"(i32.store8 offset={base + lane} (local.get $pc) (i8x16.extract_lane_u {lane} (local.get $v0)))"
                      for lane in range(cols)]
+    return code
+
+
+def store_int32_tile(rows: int, cols: int, n: int, tile_value) -> list[str]:
+    """The tile's int32 sums (`tile_value(row, half)`: a v128 of 4 columns) into a row-major result
+    of `n` int32 columns at $pc; the columns of a partial panel lane by lane."""
+    code = []
+    for r in range(rows):
+        for v in range(2):
+            lanes, src, base = min(4, cols - 4 * v), tile_value(r, v), r * n * 4 + 16 * v
+            if lanes == 4:
+                code.append(f"(v128.store offset={base} (local.get $pc) {src})")
+            else:
+                code += [f"(i32.store offset={base + 4 * lane} (local.get $pc) (i32x4.extract_lane {lane} {src}))"
+                         for lane in range(max(lanes, 0))]
     return code
 
 
