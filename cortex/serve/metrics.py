@@ -1,0 +1,95 @@
+"""The server's Prometheus metrics (`GET /metrics`), one registry per server.
+
+Per-request figures come from the trace each run writes (`model.last_trace`): CUs activated,
+skipped, approximated and skipped on a cache hit; the memory tiers' `memory` (bytes loaded and
+evicted, evictions) and the sandbox's `sandbox_stats` (traps, timeouts) where the trace has them,
+zero where it does not. A run that fails with a CU trap before writing a trace counts one trap.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str):
+        self.registry = CollectorRegistry()
+        self.model_name = model_name
+        labels = ["model"]
+        self.requests = Counter("cortex_requests", "Inference requests answered, by HTTP status.",
+                                ["model", "status"], registry=self.registry)
+        self.latency = Histogram("cortex_request_latency_seconds", "Time from an infer request's arrival to its "
+                                 "response.", labels, buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.cus = Counter("cortex_cus", "CUs of the requests run, by what the scheduler did with them "
+                           "(activated, skipped, approximated, fell_back).", ["model", "outcome"],
+                           registry=self.registry)
+        self.cache_hits = Counter("cortex_cache_hits", "CUs skipped because the result cache held their outputs.",
+                                  labels, registry=self.registry)
+        self.resident = Gauge("cortex_resident_bytes", "Bytes the loaded CUs of every model instance hold.",
+                              labels, registry=self.registry)
+        self.bytes_loaded = Counter("cortex_memory_loaded_bytes", "Bytes of CUs loaded under the memory budget.",
+                                    labels, registry=self.registry)
+        self.bytes_evicted = Counter("cortex_memory_evicted_bytes", "Bytes of CUs evicted under the memory budget.",
+                                     labels, registry=self.registry)
+        self.evictions = Counter("cortex_evictions", "CUs evicted under the memory budget.", labels,
+                                 registry=self.registry)
+        self.traps = Counter("cortex_sandbox_traps", "CU traps (a request failed with a 500 for each).", labels,
+                             registry=self.registry)
+        self.timeouts = Counter("cortex_sandbox_timeouts", "CUs stopped at their time limit.", labels,
+                                registry=self.registry)
+        for outcome in ("activated", "skipped", "approximated", "fell_back"):
+            self.cus.labels(model_name, outcome)
+        for metric in (self.latency, self.cache_hits, self.resident, self.bytes_loaded, self.bytes_evicted,
+                       self.evictions, self.traps, self.timeouts):
+            metric.labels(model_name)
+
+    def request(self, status: int, seconds: float | None = None) -> None:
+        self.requests.labels(self.model_name, str(status)).inc()
+        if seconds is not None:
+            self.latency.labels(self.model_name).observe(seconds)
+
+    def ran(self, trace: dict, resident_bytes: int) -> None:
+        """Count what one run's trace reports."""
+        model = self.model_name
+        skipped = trace.get("skipped_cus", [])
+        self.cus.labels(model, "activated").inc(len(trace.get("activated_cus", [])))
+        self.cus.labels(model, "skipped").inc(len(skipped))
+        self.cus.labels(model, "approximated").inc(len(trace.get("approximated_cus", [])))
+        self.cus.labels(model, "fell_back").inc(len(trace.get("fell_back_cus", [])))
+        self.cache_hits.labels(model).inc(sum(1 for s in skipped if s.get("reason") == "cache hit"))
+        memory = trace.get("memory") or {}
+        self.bytes_loaded.labels(model).inc(_count(memory, "bytes_loaded"))
+        self.bytes_evicted.labels(model).inc(_count(memory, "bytes_evicted"))
+        self.evictions.labels(model).inc(_count(memory, "evictions"))
+        self.sandbox(trace)
+        self.resident.labels(model).set(resident_bytes)
+
+    def failed(self, trace: dict | None, message: str) -> None:
+        """Count a run that failed on the server's side, from its trace when it wrote one."""
+        if trace is not None and _count(trace.get("sandbox_stats") or {}, "traps"):
+            self.sandbox(trace)
+        elif " trapped: " in message:       # the wasm device's wording of a trap (backends/wasm/device.py)
+            self.traps.labels(self.model_name).inc()
+
+    def sandbox(self, trace: dict) -> None:
+        stats = trace.get("sandbox_stats") or {}
+        self.traps.labels(self.model_name).inc(_count(stats, "traps"))
+        self.timeouts.labels(self.model_name).inc(_count(stats, "timeouts"))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def _count(fields: dict, key: str) -> float:
+    value = fields.get(key) if isinstance(fields, dict) else None
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else 0
