@@ -16,6 +16,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
+import ml_dtypes  # noqa: F401  (registers numpy's bfloat16 dtype, BF16's)
 import numpy as np
 
 # KServe v2 datatype -> numpy dtype name, as dag.json spells dtypes.
