@@ -138,6 +138,8 @@ def test_tritonclient_works_unchanged(served, binary):
         result = client.infer("tiny", [feed])      # no outputs named: all of them, as binary
         for name in ("y1", "y2"):
             np.testing.assert_allclose(result.as_numpy(name), want[name], rtol=1e-5, atol=1e-5)
+        result = client.infer("tiny", [feed], headers={"X-Cortex-Policy": "strict", "X-Cortex-Trace": "true"})
+        assert json.loads(result.get_response()["parameters"]["cortex_trace"])["policy"] == "strict"
         with pytest.raises(InferenceServerException, match="unknown model 'other'"):
             client.infer("other", [feed])
     finally:
@@ -164,6 +166,8 @@ BAD_REQUESTS = {
                                      "parameters": {"binary_data_size": 64}}]}, {}, 400, "binary_data_size is 64"),
     "unknown policy": ({"inputs": [tensor("x", np.zeros((4, 8), np.float32))]}, {"X-Cortex-Policy": "fast"}, 400,
                        "X-Cortex-Policy 'fast'"),
+    "bad trace flag": ({"inputs": [tensor("x", np.zeros((4, 8), np.float32))]}, {"X-Cortex-Trace": "maybe"}, 400,
+                       "X-Cortex-Trace 'maybe': expected true or false"),
     "bad header length": (b"{}", {"Inference-Header-Content-Length": "99"}, 400, "Inference-Header-Content-Length"),
     "compressed body": (b"{}", {"Content-Encoding": "gzip"}, 415, "Content-Encoding 'gzip'"),
 }
