@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import wasmtime
+from onnx import TensorProto, helper
 
 from cli_helpers import cortex_command
 
@@ -155,3 +156,18 @@ def plant_hostile_relu(dag_path: Path) -> str:
     record["sha256"], record["bytes"] = hashlib.sha256(module).hexdigest(), len(module)
     dag_path.write_text(json.dumps(dag, indent=2))
     return cu["id"]
+
+
+def typed_model():
+    """Inputs INT64, BOOL and UINT8; outputs FP32, BOOL, INT64 and FP16: y = Where(m, a, u) as
+    float32, z = Not(m), w = a + a, yh = y as float16."""
+    nodes = [helper.make_node("Cast", ["a"], ["af"], to=TensorProto.FLOAT),
+             helper.make_node("Cast", ["u"], ["uf"], to=TensorProto.FLOAT),
+             helper.make_node("Where", ["m", "af", "uf"], ["y"]), helper.make_node("Not", ["m"], ["z"]),
+             helper.make_node("Add", ["a", "a"], ["w"]), helper.make_node("Cast", ["y"], ["yh"], to=TensorProto.FLOAT16)]
+    tensors = {"a": TensorProto.INT64, "m": TensorProto.BOOL, "u": TensorProto.UINT8, "y": TensorProto.FLOAT,
+               "z": TensorProto.BOOL, "w": TensorProto.INT64, "yh": TensorProto.FLOAT16}
+    values = {name: helper.make_tensor_value_info(name, kind, [2, 3]) for name, kind in tensors.items()}
+    graph = helper.make_graph(nodes, "typed", [values[n] for n in ("a", "m", "u")],
+                              [values[n] for n in ("y", "z", "w", "yh")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
