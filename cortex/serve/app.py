@@ -125,6 +125,10 @@ def create_app(pool: ModelPool, settings: ServeSettings) -> Starlette:
     async def request_error(request: Request, exc: RequestError) -> Response:
         return error_response(str(exc), exc.status)
 
+    async def server_error(request: Request, exc: Exception) -> Response:
+        # A bug in the server: the client still gets the protocol's error body; uvicorn logs it.
+        return error_response(f"internal error in cortex serve: {type(exc).__name__}: {exc}", 500)
+
     model = "/v2/models/{name}"
     versioned = "/v2/models/{name}/versions/{version}"
     routes = [
@@ -136,7 +140,8 @@ def create_app(pool: ModelPool, settings: ServeSettings) -> Starlette:
         *(Route(f"{base}/ready", model_ready, methods=["GET"]) for base in (model, versioned)),
         *(Route(f"{base}/infer", infer, methods=["POST"]) for base in (model, versioned)),
     ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error, RequestError: request_error})
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error, RequestError: request_error,
+                                                     Exception: server_error})
 
 
 async def read_body(request: Request, settings: ServeSettings) -> bytes:
