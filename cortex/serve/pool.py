@@ -42,7 +42,7 @@ class ModelPool:
     def __init__(self, dag_path: Path, device: str, policy: str, workers: int, memory_budget_mb: float | None):
         self.dag_path = Path(dag_path)
         self._load_options = {"device": device, "policy": policy}
-        if memory_budget_mb is not None:        # passed only when given: older loaders lack the keyword
+        if memory_budget_mb is not None:        # absent: cortex.load keeps every CU resident, its default
             self._load_options["memory_budget_mb"] = memory_budget_mb
         self.instances = [self._load() for _ in range(workers)]
         self.inputs = self.instances[0].inputs
