@@ -15,16 +15,21 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import wasmtime
+from cli_helpers import assert_one_line_error, run_cli
+from runtime_cases import build, two_output_model
 
 import backends.wasm.device as wasm_device
 import cortex
 from backends.limits import CU_LOAD_TIMEOUT_S, no_sandbox_events
-from backends.wasm.sandbox import DEADLINE_FLOOR_MS, deadline_ms, memory_limit, planned_bytes
-from cli_helpers import assert_one_line_error, run_cli
+from backends.wasm.sandbox import (
+    DEADLINE_FLOOR_MS,
+    deadline_ms,
+    memory_limit,
+    planned_bytes,
+)
 from cortex.runtime.trace import validate_trace
 from ir.errors import CortexError
 from ir.fs import sha256_bytes
-from runtime_cases import build, two_output_model
 
 FAST_TIMEOUT_MS = 200
 HOSTILE_CU = "cu-0000"        # the model's Relu: x (4x8 float32) -> h

@@ -26,8 +26,16 @@ from backends.wasm.assemble import make_engine
 from backends.wasm.instance import WasmInstance
 from backends.wasm.native_cache import CacheWrites, Stamps, load_module
 from backends.wasm.options import WasmOptions, parse_options
-from backends.wasm.sandbox import (TICKER, SandboxEvents, deadline_ms, deadline_ticks, failure, load_within,
-                                   memory_limit, planned_bytes)
+from backends.wasm.sandbox import (
+    TICKER,
+    SandboxEvents,
+    deadline_ms,
+    deadline_ticks,
+    failure,
+    load_within,
+    memory_limit,
+    planned_bytes,
+)
 from ir.errors import CortexError
 from ir.fs import confined_path
 
@@ -63,7 +71,7 @@ class WasmDevice(HostTensors):
 
     def load(self, cus: list[dict]) -> None:
         stamps, writes = Stamps(), CacheWrites()
-        todo = [cu for cu in dict((cu["id"], cu) for cu in cus).values() if cu["id"] not in self.instances]
+        todo = [cu for cu in {cu["id"]: cu for cu in cus}.values() if cu["id"] not in self.instances]
         loaded = load_within(todo, lambda cu: self._load_one(cu, stamps, writes), self.limits.cu_load_timeout_s,
                              writes.abandon)
         for cu_id, (sandboxed, instance) in loaded.items():

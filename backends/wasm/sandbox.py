@@ -27,8 +27,8 @@ import queue
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import wasmtime
 
@@ -155,7 +155,7 @@ def load_within(cus: list[dict], load_one: Callable[[dict], object], timeout_s: 
                 return
             try:
                 results.put((cu["id"], load_one(cu), None))
-            except BaseException as e:   # handed to the waiting thread, which raises it
+            except BaseException as e:  # noqa: BLE001  (handed to the waiting thread, which raises it)
                 results.put((cu["id"], None, e))
                 return
 
