@@ -173,7 +173,7 @@ def test_the_memory_limit_is_the_plan_plus_one_page():
 
 def test_a_module_declaring_more_memory_than_its_plan_is_refused_at_load(dag_copy):
     place_module(dag_copy, HOSTILE_CU, '(module (memory (export "memory") 64) (func (export "run")))')
-    with pytest.raises(CortexError, match="cu-0000 cannot be instantiated within its memory limit of 131072 bytes"):
+    with pytest.raises(CortexError, match="cu-0000 cannot be instantiated under its memory limit of 131072 bytes"):
         cortex.load(dag_copy)
 
 
@@ -231,3 +231,17 @@ def test_cortex_bench_takes_the_sandbox_options(compiled):
                               "--cu-load-timeout-s", "60"])
     assert code == 0, err
     assert json.loads(out)["runs"] == 2
+
+
+def test_a_start_function_that_never_ends_is_stopped_at_the_load_timeout(dag_copy):
+    plan = _plan(dag_copy)
+    place_module(dag_copy, HOSTILE_CU, f'(module (memory (export "memory") {planned_bytes(plan) // 65536}) '
+                                       f'(func $spin {INFINITE_LOOP}) (start $spin) (func (export "run")))')
+    with pytest.raises(CortexError, match="cu-0000"):
+        cortex.load(dag_copy, cu_load_timeout_s=0.3)
+    # The abandoned worker is not left spinning: its start function ran under the same time limit.
+    for _ in range(100):
+        if not any(t.name == "cortex-cu-load" and t.is_alive() for t in threading.enumerate()):
+            break
+        threading.Event().wait(0.05)
+    assert not any(t.name == "cortex-cu-load" and t.is_alive() for t in threading.enumerate())

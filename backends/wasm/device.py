@@ -33,6 +33,7 @@ from backends.wasm.sandbox import (
     deadline_ticks,
     failure,
     load_within,
+    trap_reason,
     memory_limit,
     planned_bytes,
 )
@@ -88,12 +89,15 @@ class WasmDevice(HostTensors):
         try:
             return sandboxed, self._instantiate(sandboxed)
         except (wasmtime.WasmtimeError, wasmtime.Trap) as e:
-            raise CortexError(f"{path}: {cu['id']} cannot be instantiated within its memory limit of "
-                              f"{memory_limit(record['memory'])} bytes: {str(e).splitlines()[0]}") from None
+            raise CortexError(f"{path}: {cu['id']} cannot be instantiated under its memory limit of "
+                              f"{memory_limit(record['memory'])} bytes and its load timeout: {trap_reason(e)}") from None
 
     def _instantiate(self, sandboxed: SandboxedCU) -> WasmInstance:
-        ticks = deadline_ticks(sandboxed.deadline_ms) if self.timed else None
-        return WasmInstance(self.engine, sandboxed.module, sandboxed.plan, memory_limit(sandboxed.plan), ticks)
+        if not self.timed:
+            return WasmInstance(self.engine, sandboxed.module, sandboxed.plan, memory_limit(sandboxed.plan))
+        # The start function is part of the load, so it gets the load's time limit.
+        return WasmInstance(self.engine, sandboxed.module, sandboxed.plan, memory_limit(sandboxed.plan),
+                            deadline_ticks(sandboxed.deadline_ms), deadline_ticks(self.limits.cu_load_timeout_s * 1e3))
 
     def run(self, cu: dict, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         instance = self.instances[cu["id"]]

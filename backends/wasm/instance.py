@@ -22,11 +22,14 @@ from ir.bounds import pad_into, real_part
 
 class WasmInstance:
     def __init__(self, engine: wasmtime.Engine, module: wasmtime.Module, plan: dict,
-                 memory_limit: int | None = None, deadline_ticks: int | None = None):
+                 memory_limit: int | None = None, deadline_ticks: int | None = None,
+                 start_ticks: int | None = None):
         self.store = wasmtime.Store(engine)
         if memory_limit is not None:     # one instance with one memory: all a CU module has
             self.store.set_limits(memory_size=memory_limit, instances=1, memories=1)
         self.deadline_ticks = deadline_ticks
+        if start_ticks is not None:      # a start function (copying passive weights in) runs now
+            self.store.set_epoch_deadline(start_ticks)
         self.instance = wasmtime.Instance(self.store, module, [])
         exports = self.instance.exports(self.store)
         self.memory: wasmtime.Memory = exports["memory"]
