@@ -7,6 +7,7 @@ clear error too."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import threading
 from pathlib import Path
@@ -118,6 +119,7 @@ def _assert_matches(model, reference, x) -> None:
 def test_each_hostile_request_is_stopped_and_the_model_then_answers_correctly(dag_copy, reference):
     place_module(dag_copy, HOSTILE_CU, _relu_module(_plan(dag_copy)))
     model = cortex.load(dag_copy, policy="strict", cu_timeout_ms=FAST_TIMEOUT_MS)
+    validate_trace(model.last_trace)                              # before the first request
     _assert_matches(model, reference, _normal_input())           # the flagged module is a correct Relu
     for flag, (_, fragment) in zip((LOOP, GROW, OOB), HOSTILE.values()):
         with pytest.raises(CortexError) as failed:
@@ -245,3 +247,30 @@ def test_a_start_function_that_never_ends_is_stopped_at_the_load_timeout(dag_cop
             break
         threading.Event().wait(0.05)
     assert not any(t.name == "cortex-cu-load" and t.is_alive() for t in threading.enumerate())
+
+
+def test_a_forked_child_stops_a_loop_at_its_deadline(dag_copy):
+    """A server's worker process inherits the model; its deadlines still fire."""
+    place_module(dag_copy, HOSTILE_CU, _relu_module(_plan(dag_copy)))
+    model = cortex.load(dag_copy, cu_timeout_ms=FAST_TIMEOUT_MS)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:      # the child reports through the pipe and never returns into pytest
+        try:
+            model.run({"x": _flagged(LOOP)})
+            verdict = b"ran"
+        except CortexError as e:
+            verdict = b"timed out" if "timed out" in str(e) else b"other"
+        os.write(write, verdict)
+        os._exit(0)
+    os.close(write)
+    for _ in range(300):           # bounded: a child whose deadline never fires is killed
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        threading.Event().wait(0.1)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child's loop was not stopped within 30 s")
+    assert os.read(read, 64) == b"timed out" and status == 0

@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import math
+import os
 import queue
 import threading
 import time
@@ -84,9 +85,18 @@ class EpochTicker:
     def add(self, engine: wasmtime.Engine) -> None:
         with self._lock:
             self._engines.add(engine)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._tick, name="cortex-epoch-ticker", daemon=True)
-                self._thread.start()
+            self._start()
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._tick, name="cortex-epoch-ticker", daemon=True)
+            self._thread.start()
+
+    def after_fork(self) -> None:
+        """A forked child (a server's worker) inherits the engines but not the thread: start its own."""
+        self._lock, self._thread = threading.Lock(), None
+        if len(self._engines):
+            self._start()
 
     def _tick(self) -> None:
         while True:
@@ -102,6 +112,7 @@ class EpochTicker:
 
 
 TICKER = EpochTicker(TICK_SECONDS)
+os.register_at_fork(after_in_child=TICKER.after_fork)
 
 
 @dataclass
