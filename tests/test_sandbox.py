@@ -202,6 +202,7 @@ def test_a_load_past_its_timeout_is_one_error_and_leaves_nothing_behind(dag_copy
     assert CU_LOAD_TIMEOUT_S == cortex.load(dag_copy).limits.cu_load_timeout_s
 
 
+@pytest.mark.slow     # a cortex subprocess of its own; the in-process tests cover the rule
 def test_a_cold_load_past_its_timeout_fails_cortex_run_and_writes_no_cache(dag_copy):
     bins = dag_copy.parent / "wasm-bin"
     for cached in bins.glob("*.cwasm"):
@@ -212,6 +213,7 @@ def test_a_cold_load_past_its_timeout_fails_cortex_run_and_writes_no_cache(dag_c
     assert sorted(p.name for p in bins.iterdir()) == before
 
 
+@pytest.mark.slow     # cortex subprocesses; test_bad_sandbox_keywords_are_errors covers the rule in-process
 @pytest.mark.parametrize("argv, fragment", [
     (["run", "--example-inputs", "--cu-timeout-ms", "-1"], "--cu-timeout-ms"),
     (["bench", "--cu-load-timeout-s", "0"], "--cu-load-timeout-s"),
@@ -228,6 +230,7 @@ def test_bad_sandbox_keywords_are_errors(compiled):
         cortex.load(compiled, cu_load_timeout_s=0)
 
 
+@pytest.mark.slow     # a cortex subprocess of its own; the in-process tests cover the rule
 def test_cortex_bench_takes_the_sandbox_options(compiled):
     code, out, err = run_cli(["bench", compiled, "--repeat", "2", "--warmup", "0", "--json", "--cu-timeout-ms", "5000",
                               "--cu-load-timeout-s", "60"])

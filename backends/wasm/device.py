@@ -33,9 +33,9 @@ from backends.wasm.sandbox import (
     deadline_ticks,
     failure,
     load_within,
-    trap_reason,
     memory_limit,
     planned_bytes,
+    trap_reason,
 )
 from ir.errors import CortexError
 from ir.fs import confined_path
@@ -72,7 +72,7 @@ class WasmDevice(HostTensors):
 
     def load(self, cus: list[dict]) -> None:
         stamps, writes = Stamps(), CacheWrites()
-        todo = [cu for cu in {cu["id"]: cu for cu in cus}.values() if cu["id"] not in self.instances]
+        todo = [cu for cu in {cu["id"]: cu for cu in cus}.values() if cu["id"] not in self.sandboxed]
         loaded = load_within(todo, lambda cu: self._load_one(cu, stamps, writes), self.limits.cu_load_timeout_s,
                              writes.abandon)
         for cu_id, (sandboxed, instance) in loaded.items():
@@ -100,7 +100,7 @@ class WasmDevice(HostTensors):
                             deadline_ticks(sandboxed.deadline_ms), deadline_ticks(self.limits.cu_load_timeout_s * 1e3))
 
     def run(self, cu: dict, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        instance = self.instances[cu["id"]]
+        instance = self.instances.get(cu["id"]) or self._rebuild(cu)
         try:
             outputs = instance.run(inputs)
             error = None
@@ -113,9 +113,22 @@ class WasmDevice(HostTensors):
         kind, message = failure(cu, error, grown, sandboxed.plan, sandboxed.deadline_ms)
         self.events.count(kind)
         # The failed store may hold any state the module left: the next call gets a fresh one.
-        self.instances[cu["id"]] = self._instantiate(sandboxed)
-        self.events.count("rebuilt")
+        del self.instances[cu["id"]]
+        try:
+            self._rebuild(cu)
+        except CortexError as e:
+            raise CortexError(f"{message}; {e}") from None
         raise CortexError(message)
+
+    def _rebuild(self, cu: dict) -> WasmInstance:
+        """A fresh store and instance of a loaded CU, from its compiled module (no file is read)."""
+        try:
+            instance = self.instances[cu["id"]] = self._instantiate(self.sandboxed[cu["id"]])
+        except (wasmtime.WasmtimeError, wasmtime.Trap) as e:
+            raise CortexError(f"rebuilding {cu['id']}'s store failed ({trap_reason(e)}); "
+                              "the next request tries again") from None
+        self.events.count("rebuilt")
+        return instance
 
     def sandbox_events(self) -> dict[str, int]:
         return dict(self.events.counts)
