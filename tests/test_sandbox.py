@@ -277,3 +277,19 @@ def test_a_forked_child_stops_a_loop_at_its_deadline(dag_copy):
         os.waitpid(pid, 0)
         pytest.fail("the forked child's loop was not stopped within 30 s")
     assert os.read(read, 64) == b"timed out" and status == 0
+
+
+def test_a_store_whose_rebuild_fails_is_rebuilt_on_the_next_call(dag_copy, monkeypatch, reference):
+    place_module(dag_copy, HOSTILE_CU, _relu_module(_plan(dag_copy)))
+    model = cortex.load(dag_copy, policy="strict", cu_timeout_ms=FAST_TIMEOUT_MS)
+    device = model.device
+    working = device._instantiate
+
+    def refusing(sandboxed):
+        raise wasmtime.WasmtimeError("out of memory on this host")
+    monkeypatch.setattr(device, "_instantiate", refusing)
+    with pytest.raises(CortexError, match="trapped: out of bounds .*; rebuilding cu-0000's store failed"):
+        model.run({"x": _flagged(OOB)})
+    monkeypatch.setattr(device, "_instantiate", working)
+    _assert_matches(model, reference, _normal_input())
+    assert model.sandbox_events() == {"traps": 1, "timeouts": 0, "memory_limit_hits": 0, "rebuilt": 1}
