@@ -7,7 +7,7 @@ OUT    ?= out
 SAMPLE ?= samples/cnn.onnx
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-all samples conformance bench bench-decompose bench-runtime gpu-check clean
+.PHONY: setup demo test test-all samples conformance bench bench-decompose bench-runtime bench-sandbox gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,10 @@ bench: setup $(ORTWEB) bench-decompose
 ## reduced-precision variants' bytes, trust, agreement and latency: writes its section of docs/benchmarks.md.
 bench-runtime: setup
 	$(BIN)/python -m bench.bench_runtime --json $(OUT)/bench-runtime.json
+
+## The CU sandbox's time limit (epoch interruption) on MiniLM: median CPU time with and without it.
+bench-sandbox: setup
+	$(BIN)/python -m bench.sandbox_overhead --json $(OUT)/bench-sandbox.json
 
 ## On a machine with an NVIDIA GPU: compile-cuda + run --device cuda on the samples, light models and
 ## MiniLM against onnxruntime, timed against onnxruntime's CUDA EP (or torch), plus conformance on cuda;

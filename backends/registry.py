@@ -47,6 +47,14 @@ class Device(Protocol):
         """Memory the loaded CU holds (its instance, weights and scratch)."""
 
 
+class SandboxedDevice(Device, Protocol):
+    """A device whose spec says `sandboxed`: opened with a `SandboxLimits` (backends/limits.py)
+    as a third argument, it enforces them and counts what it stopped."""
+
+    def sandbox_events(self) -> dict[str, int]:
+        """Traps, timeouts, memory limit hits and rebuilt CUs since it was opened (`SANDBOX_COUNTERS`)."""
+
+
 class HostTensors:
     """For devices whose tensors are numpy arrays of this process (a CU's outputs may be views of
     its memory, valid until it runs again: `to_host` copies)."""
@@ -87,6 +95,7 @@ class DeviceSpec:
     unavailable: Callable[[], str | None] = lambda: None   # why it cannot run here, in one line
     description: str = ""
     compile_options: dict = field(default_factory=dict)   # target options (as text) that suit this device
+    sandboxed: bool = False                     # open takes a SandboxLimits; the device is a SandboxedDevice
 
 
 _TARGETS: dict[str, Target] = {}

@@ -8,5 +8,5 @@ from backends.wasm.options import WasmOptions
 TARGET = register_target(Target(
     name="wasm", artifact="wasm", options=WasmOptions, build=build_cu, place=place, summarize=summarize,
     description="Compile every CU to a WebAssembly module (SIMD128 where enabled) that imports nothing."))
-DEVICE = register_device(DeviceSpec(name="wasm", artifact="wasm", open=WasmDevice,
-                                    description="wasmtime, in this process"))
+DEVICE = register_device(DeviceSpec(name="wasm", artifact="wasm", open=WasmDevice, sandboxed=True,
+                                    description="wasmtime, in this process, one sandbox per CU"))

@@ -28,8 +28,11 @@ def assemble(wat: str, program: Program, options: WasmOptions) -> bytes:
     return code
 
 
-def make_engine(options: WasmOptions) -> wasmtime.Engine:
+def make_engine(options: WasmOptions, epoch_interruption: bool = False) -> wasmtime.Engine:
+    """An engine for modules built with `options`; with `epoch_interruption`, compiled code checks
+    the store's epoch deadline (the sandbox's time limit, backends/wasm/sandbox.py)."""
     config = wasmtime.Config()
+    config.epoch_interruption = epoch_interruption
     config.wasm_simd = options.simd
     config.wasm_relaxed_simd = options.relaxed_simd
     config.wasm_bulk_memory = options.bulk_memory

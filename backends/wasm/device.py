@@ -5,64 +5,137 @@ One wasmtime Engine, configured with the features the modules were built with, s
 instantiates it from its cached native code (`native_cache`). Running copies a CU's inputs into
 its memory, makes one call, and hands its outputs on as zero-copy views of that memory, valid until
 the CU runs again; `to_host` copies them out.
+
+Each CU runs in its own sandbox (`sandbox`): its store has a memory limit from its plan, each call
+a deadline, each load a timeout. A call that traps, times out or grows its memory fails with one
+line naming the CU and its ops, and that CU's store is rebuilt from its module (already compiled),
+so the next request runs on a fresh instance; `sandbox_events` counts all of it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import wasmtime
 
+from backends.limits import SandboxLimits
 from backends.registry import HostTensors
 from backends.wasm.assemble import make_engine
 from backends.wasm.instance import WasmInstance
-from backends.wasm.native_cache import Stamps, load_module
+from backends.wasm.native_cache import CacheWrites, Stamps, load_module
 from backends.wasm.options import WasmOptions, parse_options
+from backends.wasm.sandbox import (
+    TICKER,
+    SandboxEvents,
+    deadline_ms,
+    deadline_ticks,
+    failure,
+    load_within,
+    memory_limit,
+    planned_bytes,
+    trap_reason,
+)
 from ir.errors import CortexError
 from ir.fs import confined_path
+
+EPOCH_ENGINE_TAG = ":epoch-interruption"
+
+
+@dataclass
+class SandboxedCU:
+    """What rebuilding a CU's store needs: its compiled module, plan and call deadline."""
+    module: wasmtime.Module
+    plan: dict
+    deadline_ms: float | None
 
 
 class WasmDevice(HostTensors):
     name = "wasm"
 
-    def __init__(self, dag: dict, dag_path: Path):
+    def __init__(self, dag: dict, dag_path: Path, limits: SandboxLimits | None = None):
         self.dag_path = Path(dag_path)
         for cu in dag["cus"]:
             if "wasm" not in cu.get("artifacts", {}):
                 raise CortexError(f"{dag_path}: {cu['id']} has no wasm artifact; run 'cortex compile-wasm "
                                   f"--dag {dag_path}' first")
         self.options = _common_options([cu["artifacts"]["wasm"] for cu in dag["cus"]], self.dag_path)
-        self.engine = make_engine(self.options)
+        self.limits = limits or SandboxLimits()
+        self.timed = self.limits.cu_timeout_ms != 0      # 0: no time limit, and no epoch checks compiled in
+        self.engine = make_engine(self.options, epoch_interruption=self.timed)
+        if self.timed:
+            TICKER.add(self.engine)
         self.instances: dict[str, WasmInstance] = {}
+        self.sandboxed: dict[str, SandboxedCU] = {}
+        self.events = SandboxEvents()
 
     def load(self, cus: list[dict]) -> None:
-        stamps = Stamps()
-        for cu in cus:
-            if cu["id"] in self.instances:
-                continue
-            record = cu["artifacts"]["wasm"]
-            path = confined_path(self.dag_path.parent, record["path"])   # read_dag checked it stays inside
-            module = load_module(self.engine, path, record["sha256"], self.dag_path, cu["id"], stamps)
-            self.instances[cu["id"]] = WasmInstance(self.engine, module, record["memory"])
+        stamps, writes = Stamps(), CacheWrites()
+        todo = [cu for cu in {cu["id"]: cu for cu in cus}.values() if cu["id"] not in self.sandboxed]
+        loaded = load_within(todo, lambda cu: self._load_one(cu, stamps, writes), self.limits.cu_load_timeout_s,
+                             writes.abandon)
+        for cu_id, (sandboxed, instance) in loaded.items():
+            self.sandboxed[cu_id], self.instances[cu_id] = sandboxed, instance
         stamps.save()
 
-    def run(self, cu: dict, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _load_one(self, cu: dict, stamps: Stamps, writes: CacheWrites) -> tuple[SandboxedCU, WasmInstance]:
+        record = cu["artifacts"]["wasm"]
+        path = confined_path(self.dag_path.parent, record["path"])   # read_dag checked it stays inside
+        module = load_module(self.engine, path, record["sha256"], self.dag_path, cu["id"], stamps,
+                             EPOCH_ENGINE_TAG if self.timed else "", writes)
+        sandboxed = SandboxedCU(module, record["memory"],
+                                deadline_ms(cu, record["memory"], self.limits) if self.timed else None)
         try:
-            return self.instances[cu["id"]].run(inputs)
-        except wasmtime.Trap as e:
-            raise CortexError(f"{cu['id']} ({', '.join(cu.get('op_types', []))}) trapped: {_trap_reason(e)}") from None
+            return sandboxed, self._instantiate(sandboxed)
+        except (wasmtime.WasmtimeError, wasmtime.Trap) as e:
+            raise CortexError(f"{path}: {cu['id']} cannot be instantiated under its memory limit of "
+                              f"{memory_limit(record['memory'])} bytes and its load timeout: {trap_reason(e)}") from None
+
+    def _instantiate(self, sandboxed: SandboxedCU) -> WasmInstance:
+        if not self.timed:
+            return WasmInstance(self.engine, sandboxed.module, sandboxed.plan, memory_limit(sandboxed.plan))
+        # The start function is part of the load, so it gets the load's time limit.
+        return WasmInstance(self.engine, sandboxed.module, sandboxed.plan, memory_limit(sandboxed.plan),
+                            deadline_ticks(sandboxed.deadline_ms), deadline_ticks(self.limits.cu_load_timeout_s * 1e3))
+
+    def run(self, cu: dict, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        instance = self.instances.get(cu["id"]) or self._rebuild(cu)
+        try:
+            outputs = instance.run(inputs)
+            error = None
+        except (wasmtime.Trap, wasmtime.WasmtimeError) as e:
+            error = e
+        sandboxed = self.sandboxed[cu["id"]]
+        grown = instance.memory_size if error is None else instance.memory_bytes()   # run() just read it
+        if error is None and grown <= planned_bytes(sandboxed.plan):
+            return outputs
+        kind, message = failure(cu, error, grown, sandboxed.plan, sandboxed.deadline_ms)
+        self.events.count(kind)
+        # The failed store may hold any state the module left: the next call gets a fresh one.
+        del self.instances[cu["id"]]
+        try:
+            self._rebuild(cu)
+        except CortexError as e:
+            raise CortexError(f"{message}; {e}") from None
+        raise CortexError(message)
+
+    def _rebuild(self, cu: dict) -> WasmInstance:
+        """A fresh store and instance of a loaded CU, from its compiled module (no file is read)."""
+        try:
+            instance = self.instances[cu["id"]] = self._instantiate(self.sandboxed[cu["id"]])
+        except (wasmtime.WasmtimeError, wasmtime.Trap) as e:
+            raise CortexError(f"rebuilding {cu['id']}'s store failed ({trap_reason(e)}); "
+                              "the next request tries again") from None
+        self.events.count("rebuilt")
+        return instance
+
+    def sandbox_events(self) -> dict[str, int]:
+        return dict(self.events.counts)
 
     def resident_bytes(self, cu_id: str) -> int:
         instance = self.instances.get(cu_id)
-        return instance.memory.data_len(instance.store) if instance else 0
-
-
-def _trap_reason(trap: wasmtime.Trap) -> str:
-    """wasmtime puts the backtrace first and the reason ("wasm trap: ...") last."""
-    lines = [line.strip() for line in str(trap).splitlines() if line.strip()]
-    reasons = [line.removeprefix("wasm trap: ") for line in lines if line.startswith("wasm trap:")]
-    return reasons[-1] if reasons else (lines[-1] if lines else "unknown trap")
+        return instance.memory_bytes() if instance else 0
 
 
 def _common_options(records: list[dict], dag_path: Path) -> WasmOptions:

@@ -3,6 +3,10 @@
 An instance owns its store and memory; inputs are written and outputs read through numpy views of
 that memory at the offsets of the module's memory plan, so the host side is one copy in, one call,
 and zero-copy views out. Views are rebuilt if the memory ever grows (growing may move it).
+
+Under the sandbox (backends/wasm/sandbox.py) the store is created with a memory limit, and each
+call first sets the store's epoch deadline: an engine built with epoch interruption traps at once
+in a store that never set one.
 """
 
 from __future__ import annotations
@@ -17,27 +21,37 @@ from ir.bounds import pad_into, real_part
 
 
 class WasmInstance:
-    def __init__(self, engine: wasmtime.Engine, module: wasmtime.Module, plan: dict):
+    def __init__(self, engine: wasmtime.Engine, module: wasmtime.Module, plan: dict,
+                 memory_limit: int | None = None, deadline_ticks: int | None = None,
+                 start_ticks: int | None = None):
         self.store = wasmtime.Store(engine)
+        if memory_limit is not None:     # one instance with one memory: all a CU module has
+            self.store.set_limits(memory_size=memory_limit, instances=1, memories=1)
+        self.deadline_ticks = deadline_ticks
+        if start_ticks is not None:      # a start function (copying passive weights in) runs now
+            self.store.set_epoch_deadline(start_ticks)
         self.instance = wasmtime.Instance(self.store, module, [])
         exports = self.instance.exports(self.store)
         self.memory: wasmtime.Memory = exports["memory"]
         self._run = exports["run"]
         self.plan = plan
         self._axes = {e["name"]: e["bound"]["axis"] for e in [*plan["inputs"], *plan["outputs"]] if "bound" in e}
-        self._views_len = -1
+        self.memory_size = -1      # the memory's size in bytes when the views were last built
         self._refresh_views()
 
     def _refresh_views(self) -> None:
         size = self.memory.data_len(self.store)
-        if size == self._views_len:
+        if size == self.memory_size:
             return
         raw = np.frombuffer(self.memory.get_buffer_ptr(self.store), dtype=np.uint8)
         self.inputs = {e["name"]: _view(raw, e) for e in self.plan["inputs"]}
         self.outputs = {e["name"]: _view(raw, e) for e in self.plan["outputs"]}
         self.lengths = {e["name"]: _length_view(raw, e["bound"]) for e in [*self.plan["inputs"], *self.plan["outputs"]]
                         if "bound" in e}
-        self._views_len = size
+        self.memory_size = size
+
+    def memory_bytes(self) -> int:
+        return self.memory.data_len(self.store)
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Copy `inputs` in, run, and return views of the outputs (valid until the next run)."""
@@ -47,6 +61,8 @@ class WasmInstance:
                 self.lengths[name][0] = pad_into(view, inputs[name], self._axes[name])
             else:
                 view[...] = inputs[name]
+        if self.deadline_ticks is not None:
+            self.store.set_epoch_deadline(self.deadline_ticks)
         self._run(self.store)
         self._refresh_views()
         if not self.lengths:

@@ -12,7 +12,9 @@ import functools
 import json
 import os
 import stat
+import threading
 import time
+from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
 
@@ -22,22 +24,37 @@ from ir.errors import CortexError
 from ir.fs import file_sha256, sha256_bytes, write_bytes_atomically
 
 
+@dataclass
+class CacheWrites:
+    """Whether a load may still write native code to the cache. A load abandoned at its timeout
+    (backends/wasm/sandbox.py: load_within) sets `abandoned` under `lock`, which a write holds, so
+    once `abandon` returns nothing is being written and nothing more will be."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    abandoned: bool = False
+
+    def abandon(self) -> None:
+        with self.lock:
+            self.abandoned = True
+
+
 def load_module(engine: wasmtime.Engine, path: Path, sha256: str, dag_path: Path, cu_id: str,
-                stamps: Stamps) -> wasmtime.Module:
+                stamps: Stamps, engine_tag: str = "", writes: CacheWrites | None = None) -> wasmtime.Module:
     """The module compiled to native code, from the cache when it holds this exact module.
 
     A warm load reads neither file: the cache's stamp (see `Stamps`) records, for the .wasm and the
     .cwasm, the sha256 verified at an earlier load together with the file's size, inode, mtime and
     ctime. While those still match, the content is the one that was hashed (rewriting a file moves
     its ctime, which no user can set back), so hundreds of MB of weights are not hashed again and
-    the cache is mmapped by `deserialize_file` rather than read."""
+    the cache is mmapped by `deserialize_file` rather than read. `engine_tag` names the engine's
+    configuration where it changes the native code (epoch checks), so two configurations keep
+    separate cache entries instead of recompiling over each other."""
     try:
         wasm_stat = path.stat()
         if not stat.S_ISREG(wasm_stat.st_mode):
             raise OSError
     except OSError:
         raise CortexError(f"{path}: missing ({cu_id} in {dag_path}); run 'cortex compile-wasm' again") from None
-    cache = path.with_name(f"{path.stem}.{_engine_key(sha256)}.cwasm")
+    cache = path.with_name(f"{path.stem}.{_engine_key(sha256 + engine_tag)}.cwasm")
     stamp = stamps.get(cache)
     wasm_entry, data = stamp.get("wasm"), None
     if not (_unchanged(wasm_entry, wasm_stat) and wasm_entry["sha256"] == sha256):
@@ -60,10 +77,12 @@ def load_module(engine: wasmtime.Engine, path: Path, sha256: str, dag_path: Path
     except wasmtime.WasmtimeError as e:
         raise CortexError(f"{path}: not a loadable module: {str(e).splitlines()[0]}") from None
     native = bytes(module.serialize())
-    if _write_file(cache, native):
-        cache_entry = _entry(sha256_bytes(native), cache, written=True)
-        if wasm_entry and cache_entry:
-            stamps.set(cache, {"wasm": wasm_entry, "cwasm": cache_entry})
+    writes = writes or CacheWrites()
+    with writes.lock:
+        if not writes.abandoned and _write_file(cache, native):
+            cache_entry = _entry(sha256_bytes(native), cache, written=True)
+            if wasm_entry and cache_entry:
+                stamps.set(cache, {"wasm": wasm_entry, "cwasm": cache_entry})
     return module
 
 

@@ -15,9 +15,9 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from cortex.commands.run import example_feeds, read_inputs
+from cortex.commands.run import example_feeds, read_inputs, sandbox_options
 from cortex.console import out, print_json
-from cortex.commands.shared_options import DeviceOption
+from cortex.commands.shared_options import CuLoadTimeoutOption, CuTimeoutOption, DeviceOption
 from cortex.runtime import load
 from ir.errors import CortexError
 
@@ -28,6 +28,8 @@ def bench(
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed runs first (caches, lazy set-up).")] = 3,
     input: Annotated[Optional[list[str]], typer.Option("--input", help="NAME=FILE.npy, or FILE.npz holding inputs by name (repeatable); others get example inputs.")] = None,
     device: DeviceOption = "wasm",
+    cu_timeout_ms: CuTimeoutOption = None,
+    cu_load_timeout_s: CuLoadTimeoutOption = None,
     top: Annotated[int, typer.Option("--top", help="CUs to list, slowest first (0: all).")] = 10,
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable report.")] = False,
 ) -> None:
@@ -41,7 +43,7 @@ def bench(
     feeds = read_inputs(input or [])
     start = time.perf_counter()
     # strict: every run runs every CU; the result cache would time lookups, not the CUs.
-    model = load(dag, device, policy="strict")
+    model = load(dag, device, policy="strict", **sandbox_options(cu_timeout_ms, cu_load_timeout_s))
     load_s = time.perf_counter() - start
     feeds = {**example_feeds(model.inputs), **feeds}
     for _ in range(warmup):

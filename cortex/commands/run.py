@@ -11,7 +11,7 @@ import numpy as np
 import typer
 
 from cortex.console import out, print_json
-from cortex.commands.shared_options import DeviceOption
+from cortex.commands.shared_options import CuLoadTimeoutOption, CuTimeoutOption, DeviceOption
 from cortex.runtime import load
 from cortex.runtime.cache import DEFAULT_CACHE_BYTES
 from cortex.runtime.policy import DEFAULT_POLICY, POLICIES
@@ -25,6 +25,8 @@ def run(
     input: Annotated[Optional[list[str]], typer.Option("--input", help="NAME=FILE.npy, or FILE.npz holding inputs by name (repeatable).")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", help="The .npz file to write the outputs to.")] = None,
     device: DeviceOption = "wasm",
+    cu_timeout_ms: CuTimeoutOption = None,
+    cu_load_timeout_s: CuLoadTimeoutOption = None,
     trace: Annotated[Optional[Path], typer.Option("--trace", help="Write the run's trace (JSON, cortex.trace/1): CUs "
                                                   "activated, skipped and why, fallbacks, per-CU time and bytes, Chrome "
                                                   "trace events.")] = None,
@@ -54,7 +56,7 @@ def run(
         raise CortexError(f"--cache-bytes cannot be negative, got {cache_bytes}")
     requested = parse_output_names(output_names)
     feeds = read_inputs(input or [])
-    model = load(dag, device, policy=chosen, cache_bytes=cache_bytes)
+    model = load(dag, device, policy=chosen, cache_bytes=cache_bytes, **sandbox_options(cu_timeout_ms, cu_load_timeout_s))
     if example_inputs:
         feeds = {**example_feeds(model.inputs), **feeds}
     known = [spec["name"] for spec in model.outputs]
@@ -92,6 +94,16 @@ def run(
               + (f" ({others}: fallback)" if others else "")
               + (f", skipped: {skipped}" if skipped else "")
               + (f"; outputs written to {output}" if output else ""))
+
+
+def sandbox_options(cu_timeout_ms: float | None, cu_load_timeout_s: float | None) -> dict:
+    """The sandbox keywords of `cortex.load`, checked here so that an error names the option."""
+    if cu_timeout_ms is not None and not 0 <= cu_timeout_ms < float("inf"):
+        raise CortexError(f"--cu-timeout-ms must be a number of milliseconds, at least 0 (0: no limit), "
+                          f"got {cu_timeout_ms}")
+    if cu_load_timeout_s is not None and not 0 < cu_load_timeout_s < float("inf"):
+        raise CortexError(f"--cu-load-timeout-s must be a positive number of seconds, got {cu_load_timeout_s}")
+    return {"cu_timeout_ms": cu_timeout_ms, "cu_load_timeout_s": cu_load_timeout_s}
 
 
 def parse_output_names(text: str | None) -> list[str] | None:

@@ -11,6 +11,9 @@ A policy (`cortex/runtime/policy.py`) is the model's default and may be overridd
 strict). After each run, `last_trace` is the request's trace (`cortex/runtime/trace.py`) and
 `trace` its per-CU entries. Under the offline policy the CUs are not loaded until a request under
 another policy needs them: offline is the fallback for when they cannot be.
+
+`cu_timeout_ms` and `cu_load_timeout_s` set the sandbox's limits (backends/limits.py): each CU
+call's deadline (default: from its cost estimate; 0: none) and each CU load's timeout.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from backends.limits import no_sandbox_events, sandbox_limits
 from backends.registry import device as device_spec
 from backends.registry import devices
 from cortex.dag import read_dag
@@ -37,8 +41,10 @@ def device_names() -> list[str]:
 
 class CompiledModel:
     def __init__(self, dag_path: Path, device: str = "wasm", policy: str | Policy | None = None,
-                 cache_bytes: int = DEFAULT_CACHE_BYTES):
+                 cache_bytes: int = DEFAULT_CACHE_BYTES, cu_timeout_ms: float | None = None,
+                 cu_load_timeout_s: float | None = None):
         self.path = Path(dag_path)
+        self.limits = sandbox_limits(cu_timeout_ms, cu_load_timeout_s)
         self.device_name = device_spec(device).name
         self.policy = resolve_policy(policy)
         if not isinstance(cache_bytes, int) or cache_bytes < 0:
@@ -63,6 +69,10 @@ class CompiledModel:
         """The model's device (None when every CU runs on a fallback device)."""
         return self.scheduler.devices.get(self.device_name)
 
+    def sandbox_events(self) -> dict[str, int]:
+        """Traps, timeouts, memory limit hits and rebuilt CUs over the model's life."""
+        return self._scheduler.sandbox_events() if self._scheduler is not None else no_sandbox_events()
+
     @property
     def inputs(self) -> list[dict]:
         return list(self.dag["inputs"])
@@ -80,7 +90,8 @@ class CompiledModel:
         if chosen.offline:
             results, run = self._source_model().run(env, names)
             self.trace = []
-            self.last_trace = offline_trace(device=self.device_name, dag_path=self.path, outputs=names, run=run)
+            self.last_trace = offline_trace(device=self.device_name, dag_path=self.path, outputs=names, run=run,
+                                            sandbox_events=self.sandbox_events())
             return results
         scheduler = self._loaded_scheduler()
         results, request = scheduler.run(env, chosen, names)
@@ -89,7 +100,7 @@ class CompiledModel:
             policy=chosen.name, device=self.device_name, dag_path=self.path, outputs=names, request=request,
             resident_bytes=scheduler.resident_bytes(),
             fallback_cus={cu["id"] for cu in self.dag["cus"] if "runs_on" in cu},
-            cache_stats=self.cache.stats() if chosen.cache else None)
+            cache_stats=self.cache.stats() if chosen.cache else None, sandbox_events=scheduler.sandbox_events())
         return results
 
     def trace_document(self) -> dict:
@@ -98,7 +109,7 @@ class CompiledModel:
 
     def _loaded_scheduler(self) -> SequentialScheduler:
         if self._scheduler is None:
-            scheduler = SequentialScheduler(self.dag, self.path, self.device_name, self.cache)
+            scheduler = SequentialScheduler(self.dag, self.path, self.device_name, self.cache, self.limits)
             scheduler.load(self.policy)
             self._scheduler = scheduler
         return self._scheduler
@@ -144,7 +155,8 @@ class CompiledModel:
 
 
 def load(dag_path, device: str = "wasm", policy: str | Policy | None = None,
-         cache_bytes: int = DEFAULT_CACHE_BYTES) -> CompiledModel:
+         cache_bytes: int = DEFAULT_CACHE_BYTES, cu_timeout_ms: float | None = None,
+         cu_load_timeout_s: float | None = None) -> CompiledModel:
     """A model ready to run; `policy` defaults to balanced, `cache_bytes` bounds the result cache
-    (0 turns it off)."""
-    return CompiledModel(Path(dag_path), device, policy, cache_bytes)
+    (0 turns it off); `cu_timeout_ms` and `cu_load_timeout_s` are the sandbox's limits."""
+    return CompiledModel(Path(dag_path), device, policy, cache_bytes, cu_timeout_ms, cu_load_timeout_s)

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from backends.limits import SandboxLimits, no_sandbox_events
 from backends.registry import Device, HostTensors
 from backends.registry import device as device_spec
 from cortex.runtime.activation import INACTIVE, Branches
@@ -62,7 +63,8 @@ class Request:
 
 
 class SequentialScheduler:
-    def __init__(self, dag: dict, dag_path: Path, device: str, cache: ResultCache | None = None):
+    def __init__(self, dag: dict, dag_path: Path, device: str, cache: ResultCache | None = None,
+                 limits: SandboxLimits | None = None):
         self.dag = dag
         self.cus = {cu["id"]: cu for cu in dag["cus"]}
         self.tensor_bytes = {name: t["bytes"] for name, t in dag["tensors"].items()}
@@ -76,7 +78,9 @@ class SequentialScheduler:
             ids = [cu_id for cu_id in dag["order"] if self.placement[cu_id] == name]
             if ids or name == device and not self.placement:
                 part = {**dag, "cus": [self.cus[i] for i in ids], "order": ids}
-                self.devices[name] = device_spec(name).open(part, Path(dag_path))
+                spec = device_spec(name)
+                self.devices[name] = (spec.open(part, Path(dag_path), limits or SandboxLimits()) if spec.sandboxed
+                                      else spec.open(part, Path(dag_path)))
         self.cache = cache if cache is not None else ResultCache(0)
         # Cached outputs are host copies: on a device whose tensors live elsewhere (a GPU) storing
         # them would copy every output back, so CUs there are never cached.
@@ -115,6 +119,15 @@ class SequentialScheduler:
                 if "activation" in cu:
                     stack.append(cu["activation"]["tensor"])
         return needed
+
+    def sandbox_events(self) -> dict[str, int]:
+        """What the sandboxed devices stopped over the model's life, summed (the trace's `sandbox_stats`)."""
+        totals = no_sandbox_events()
+        for name, device in self.devices.items():
+            if device_spec(name).sandboxed:
+                for counter, n in device.sandbox_events().items():
+                    totals[counter] += n
+        return totals
 
     def resident_bytes(self) -> int:
         return sum(self.devices[self.placement[cu_id]].resident_bytes(cu_id) for cu_id in self.dag["order"])

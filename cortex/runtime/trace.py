@@ -11,6 +11,9 @@ docs/runtime.md; its JSON Schema is `cortex/schemas/trace.schema.json`.
   "process maxrss": the process's peak resident set (`resource.getrusage`), which onnxruntime's
   arena is part of. `process_maxrss_mb` is that figure in both cases.
 - `wasm_executions`: CUs the wasm device ran.
+- `traps`, `timeouts`, `memory_limit_hits`, `rebuilt`: what the CU sandbox (backends/limits.py,
+  backends/wasm/sandbox.py) stopped and how many CU stores it rebuilt, over the model's life,
+  failed requests included (a failed request has no trace of its own: the next one shows them).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pathlib import Path
 
 import jsonschema
 
+from backends.limits import no_sandbox_events
 from cortex.runtime.variants import variant_trace
 
 TRACE_SCHEMA = "cortex.trace/1"
@@ -32,7 +36,7 @@ MB = 1 << 20
 
 
 def request_trace(*, policy: str, device: str, dag_path: Path, outputs: list[str], request, resident_bytes: int,
-                  fallback_cus: set[str], cache_stats: dict | None) -> dict:
+                  fallback_cus: set[str], cache_stats: dict | None, sandbox_events: dict | None = None) -> dict:
     """The trace of a request the scheduler ran (`request`: its `Request`)."""
     entries = request.activated
     variants = variant_trace(entries)
@@ -47,7 +51,8 @@ def request_trace(*, policy: str, device: str, dag_path: Path, outputs: list[str
                           "peak_memory_mb": (resident_bytes + request.live_bytes) / MB,
                           "peak_memory_basis": "loaded CUs + live tensors",
                           "process_maxrss_mb": process_maxrss_mb(),
-                          "wasm_executions": sum(1 for t in entries if t["device"] == "wasm")},
+                          "wasm_executions": sum(1 for t in entries if t["device"] == "wasm"),
+                          **(sandbox_events or no_sandbox_events())},
         "cache": cache_stats,
         "offline": None,
         "cus_by_device": {name: sum(1 for t in entries if t["device"] == name)
@@ -58,7 +63,8 @@ def request_trace(*, policy: str, device: str, dag_path: Path, outputs: list[str
     }
 
 
-def offline_trace(*, device: str, dag_path: Path, outputs: list[str], run: dict) -> dict:
+def offline_trace(*, device: str, dag_path: Path, outputs: list[str], run: dict,
+                  sandbox_events: dict | None = None) -> dict:
     """The trace of a request the offline policy ran (`run`: what `SourceModel.run` reported)."""
     maxrss = process_maxrss_mb()
     return {
@@ -66,7 +72,7 @@ def offline_trace(*, device: str, dag_path: Path, outputs: list[str], run: dict)
         "activated_cus": [], "skipped_cus": [], "approximated_cus": [], "fell_back_cus": [],
         "sandbox_stats": {"cpu_time_ms": run["cpu_seconds"] * 1e3, "peak_memory_mb": maxrss,
                           "peak_memory_basis": "process maxrss", "process_maxrss_mb": maxrss,
-                          "wasm_executions": 0},
+                          "wasm_executions": 0, **(sandbox_events or no_sandbox_events())},
         "cache": None,
         "offline": {k: v for k, v in run.items() if k not in ("start", "cpu_seconds")},
         "cus_by_device": {},
@@ -82,7 +88,8 @@ def empty_trace(device: str, dag_path: Path) -> dict:
     return {**_header(None, device, dag_path, []), "activated_cus": [], "skipped_cus": [], "approximated_cus": [],
             "fell_back_cus": [], "sandbox_stats": {"cpu_time_ms": 0.0, "peak_memory_mb": 0.0,
                                                    "peak_memory_basis": "loaded CUs + live tensors",
-                                                   "process_maxrss_mb": process_maxrss_mb(), "wasm_executions": 0},
+                                                   "process_maxrss_mb": process_maxrss_mb(), "wasm_executions": 0,
+                                                   **no_sandbox_events()},
             "cache": None, "offline": None, "cus_by_device": {},
             "total_seconds": 0.0, "cus": [], "traceEvents": []}
 
