@@ -21,7 +21,7 @@ from runtime_cases import build, two_output_model
 
 import backends.wasm.device as wasm_device
 import cortex
-from backends.limits import CU_LOAD_TIMEOUT_S, no_sandbox_events
+from backends.limits import AUTO_DEADLINE, CU_LOAD_TIMEOUT_S, no_sandbox_events, sandbox_limits
 from backends.wasm.sandbox import (
     DEADLINE_FLOOR_MS,
     deadline_ms,
@@ -155,14 +155,16 @@ def test_a_hostile_cu_is_rebuilt_after_each_failure_in_process(dag_copy):
     assert model.sandbox_events() == {"traps": 3, "timeouts": 0, "memory_limit_hits": 0, "rebuilt": 3}
 
 
-def test_the_default_deadline_comes_from_the_cost_estimate_and_stops_a_loop(dag_copy):
+def test_the_auto_deadline_comes_from_the_cost_estimate_and_stops_a_loop(dag_copy):
     place_module(dag_copy, HOSTILE_CU, _relu_module(_plan(dag_copy), INFINITE_LOOP))
     dag = json.loads(dag_copy.read_text())
     relu = dag["cus"][0]
-    assert deadline_ms(relu, _plan(dag_copy), cortex.load(dag_copy).limits) == DEADLINE_FLOOR_MS   # a tiny CU
+    assert deadline_ms(relu, _plan(dag_copy), cortex.load(dag_copy).limits) is None     # the default: no limit
+    auto = sandbox_limits(AUTO_DEADLINE)
+    assert deadline_ms(relu, _plan(dag_copy), auto) == DEADLINE_FLOOR_MS   # a tiny CU
     big = {**relu, "flops": 10**12}     # a teraflop at the nominal 1 GFLOP/s: 1000 s, times the factor
-    assert deadline_ms(big, _plan(dag_copy), cortex.load(dag_copy).limits) > 1000 * DEADLINE_FLOOR_MS
-    model = cortex.load(dag_copy)
+    assert deadline_ms(big, _plan(dag_copy), auto) > 1000 * DEADLINE_FLOOR_MS
+    model = cortex.load(dag_copy, cu_timeout_ms=AUTO_DEADLINE)
     with pytest.raises(CortexError, match=f"deadline of {DEADLINE_FLOOR_MS:g} ms"):
         model.run({"x": _normal_input()})
     assert model.sandbox_events()["timeouts"] == 1
@@ -243,7 +245,7 @@ def test_a_start_function_that_never_ends_is_stopped_at_the_load_timeout(dag_cop
     place_module(dag_copy, HOSTILE_CU, f'(module (memory (export "memory") {planned_bytes(plan) // 65536}) '
                                        f'(func $spin {INFINITE_LOOP}) (start $spin) (func (export "run")))')
     with pytest.raises(CortexError, match="cu-0000"):
-        cortex.load(dag_copy, cu_load_timeout_s=0.3)
+        cortex.load(dag_copy, cu_load_timeout_s=0.3, cu_timeout_ms=AUTO_DEADLINE)
     # The abandoned worker is not left spinning: its start function ran under the same time limit.
     for _ in range(100):
         if not any(t.name == "cortex-cu-load" and t.is_alive() for t in threading.enumerate()):

@@ -16,13 +16,15 @@ from testdata import run_onnxruntime
 
 TRAP = -2000.0            # x[0] below -1000: the hostile Relu executes `unreachable`
 SLOW = 1004.0             # x[0] above 1000: it spins 4 * 10^9 iterations (about a second or two)
+RUNAWAY = 1e6             # 10^15 iterations: only a deadline ends it
 
 
 @pytest.fixture(scope="module")
 def hostile(tmp_path_factory):
     dag_path = build(two_output_model(), tmp_path_factory.mktemp("faults") / "tiny")
     relu = plant_hostile_relu(dag_path)
-    server = Server(dag_path, "--workers", "2")
+    # A fixed deadline well above the slow request's seconds: the SIGTERM test needs it to finish.
+    server = Server(dag_path, "--workers", "2", "--cu-timeout-ms", "60000")
     yield server, dag_path, relu
     server.stop()
 
@@ -77,6 +79,22 @@ def test_a_cu_trap_fails_only_that_request(hostile):
     metrics = server.metrics()
     assert metrics['cortex_sandbox_traps_total{model="tiny"}'] == 1
     assert metrics['cortex_requests_total{model="tiny",status="500"}'] == 1
+
+
+def test_a_runaway_cu_is_stopped_by_the_servers_default_deadline(hostile):
+    _, dag_path, relu = hostile
+    server = Server(dag_path)                 # deadlines from each CU's cost: at least 1 s
+    try:
+        status, document = server.infer({"inputs": [tensor("x", sample(40, RUNAWAY))]})
+        assert status == 500
+        assert f"{relu} (Relu) timed out" in document["error"], document
+        x = sample(41)
+        code, answer = server.infer({"inputs": [tensor("x", x)]})
+        assert code == 200, answer
+        check(answer, dag_path, x)
+        assert server.metrics()['cortex_sandbox_timeouts_total{model="tiny"}'] == 1
+    finally:
+        server.stop()
 
 
 def test_sigterm_drains_the_request_in_flight_and_exits_0(hostile):

@@ -62,7 +62,7 @@ class WasmDevice(HostTensors):
                                   f"--dag {dag_path}' first")
         self.options = _common_options([cu["artifacts"]["wasm"] for cu in dag["cus"]], self.dag_path)
         self.limits = limits or SandboxLimits()
-        self.timed = self.limits.cu_timeout_ms != 0      # 0: no time limit, and no epoch checks compiled in
+        self.timed = self.limits.timed      # no time limit: no epoch checks compiled in
         self.engine = make_engine(self.options, epoch_interruption=self.timed)
         if self.timed:
             TICKER.add(self.engine)

@@ -13,8 +13,9 @@
   engine's epoch each `TICK_SECONDS`, and each call gets a deadline of `deadline_ticks(ms)` ticks.
   A CU's deadline is its cost estimate from dag.json (flops at `NOMINAL_FLOPS_PER_S` plus the bytes
   of its memory at `NOMINAL_BYTES_PER_S`, both far below what the kernels reach) times
-  `DEADLINE_FACTOR`, at least `DEADLINE_FLOOR_MS`; `cu_timeout_ms` replaces it for every CU, and
-  `cu_timeout_ms=0` builds the engine without epoch checks at all. The ticker sleeps, so a loaded
+  `DEADLINE_FACTOR`, at least `DEADLINE_FLOOR_MS`, under `cu_timeout_ms="auto"`; a number of ms
+  replaces it for every CU, and none (the default of `cortex.load`, see backends/limits.py) or 0
+  builds the engine without epoch checks at all. The ticker sleeps, so a loaded
   machine stretches ticks: a deadline can fire late, never early.
 - Load. `load_within` loads CUs on a worker thread and waits at most `cu_load_timeout_s` for each
   (see its docstring for what happens to abandoned work).
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 
 import wasmtime
 
-from backends.limits import SandboxLimits, no_sandbox_events
+from backends.limits import AUTO_DEADLINE, SandboxLimits, no_sandbox_events
 from ir.errors import CortexError
 
 PAGE = 65536
@@ -62,8 +63,10 @@ def estimated_ms(cu: dict, plan: dict) -> float:
 
 def deadline_ms(cu: dict, plan: dict, limits: SandboxLimits) -> float | None:
     """One call's time limit in milliseconds; None: no limit."""
-    if limits.cu_timeout_ms is not None:
-        return float(limits.cu_timeout_ms) or None
+    if not limits.timed:
+        return None
+    if limits.cu_timeout_ms != AUTO_DEADLINE:
+        return float(limits.cu_timeout_ms)
     return max(DEADLINE_FLOOR_MS, DEADLINE_FACTOR * estimated_ms(cu, plan))
 
 

@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import numpy as np
 import typer
 
+from backends.limits import AUTO_DEADLINE
 from cortex.console import out, print_json
 from cortex.commands.shared_options import CuLoadTimeoutOption, CuTimeoutOption, DeviceOption
 from cortex.runtime import load
@@ -96,14 +97,25 @@ def run(
               + (f"; outputs written to {output}" if output else ""))
 
 
-def sandbox_options(cu_timeout_ms: float | None, cu_load_timeout_s: float | None) -> dict:
+def sandbox_options(cu_timeout_ms: str | None, cu_load_timeout_s: float | None) -> dict:
     """The sandbox keywords of `cortex.load`, checked here so that an error names the option."""
-    if cu_timeout_ms is not None and not 0 <= cu_timeout_ms < float("inf"):
-        raise CortexError(f"--cu-timeout-ms must be a number of milliseconds, at least 0 (0: no limit), "
-                          f"got {cu_timeout_ms}")
+    timeout = parse_cu_timeout(cu_timeout_ms)
     if cu_load_timeout_s is not None and not 0 < cu_load_timeout_s < float("inf"):
         raise CortexError(f"--cu-load-timeout-s must be a positive number of seconds, got {cu_load_timeout_s}")
-    return {"cu_timeout_ms": cu_timeout_ms, "cu_load_timeout_s": cu_load_timeout_s}
+    return {"cu_timeout_ms": timeout, "cu_load_timeout_s": cu_load_timeout_s}
+
+
+def parse_cu_timeout(text: str | None) -> float | str | None:
+    if text is None or text == AUTO_DEADLINE:
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < float("inf"):
+        raise CortexError(f"--cu-timeout-ms must be a number of milliseconds, at least 0 (0: no limit), or "
+                          f"'{AUTO_DEADLINE}', got {text!r}")
+    return value
 
 
 def parse_output_names(text: str | None) -> list[str] | None:

@@ -10,9 +10,10 @@ from cortex.runtime import device_names
 
 DeviceOption = Annotated[str, typer.Option("--device", help=f"One of: {', '.join(device_names())}.")]
 
-CuTimeoutOption = Annotated[float | None, typer.Option(
-    "--cu-timeout-ms", help="Each CU call's time limit in ms (default: from the CU's cost estimate in dag.json, at "
-                            "least 1 s; 0: no limit). A CU past it fails the run with its id; the model stays usable.")]
+CuTimeoutOption = Annotated[str | None, typer.Option(
+    "--cu-timeout-ms", help="Each CU call's time limit: a number of ms, or 'auto' (from the CU's cost estimate in "
+                            "dag.json, at least 1 s); 0 or unset: none (the checks cost GEMM-heavy models up to 1.7x). "
+                            "A CU past it fails the run with its id; the model stays usable.")]
 CuLoadTimeoutOption = Annotated[float | None, typer.Option(
     "--cu-load-timeout-s", help="Each CU load's time limit in seconds (read, check, compile, instantiate; "
                                 "default: CU_LOAD_TIMEOUT, 120).")]

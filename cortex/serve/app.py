@@ -102,9 +102,9 @@ def create_app(pool: ModelPool, settings: ServeSettings) -> Starlette:
         try:
             run = await pool.run(decoded.feeds, decoded.outputs, policy)
         except RunFailed as e:
-            metrics.failed(e.trace, str(e))
+            metrics.failed(e.sandbox_events)
             return error_response(f"the model failed on this request: {e}", 500)
-        metrics.ran(run.trace, pool.resident_bytes())
+        metrics.ran(run.trace, pool.resident_bytes(), run.sandbox_events)
         head = {"model_name": settings.model_name, "model_version": MODEL_VERSION}
         if decoded.id is not None:
             head["id"] = decoded.id

@@ -2,8 +2,9 @@
 
 Per-request figures come from the trace each run writes (`model.last_trace`): CUs activated,
 skipped, approximated and skipped on a cache hit; the memory tiers' `memory` (bytes loaded and
-evicted, evictions) and the sandbox's `sandbox_stats` (traps, timeouts) where the trace has them,
-zero where it does not. A run that fails with a CU trap before writing a trace counts one trap.
+evicted, evictions) where the trace has them, zero where it does not, and what the sandbox stopped
+during each run, succeeded or failed (traps, timeouts: `CompiledModel.sandbox_events()` before
+and after it).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class ServerMetrics:
         if seconds is not None:
             self.latency.labels(self.model_name).observe(seconds)
 
-    def ran(self, trace: dict, resident_bytes: int) -> None:
+    def ran(self, trace: dict, resident_bytes: int, sandbox_events: dict[str, int]) -> None:
         """Count what one run's trace reports."""
         model = self.model_name
         skipped = trace.get("skipped_cus", [])
@@ -71,20 +72,17 @@ class ServerMetrics:
         self.bytes_loaded.labels(model).inc(_count(memory, "bytes_loaded"))
         self.bytes_evicted.labels(model).inc(_count(memory, "bytes_evicted"))
         self.evictions.labels(model).inc(_count(memory, "evictions"))
-        self.sandbox(trace)
+        self.sandbox(sandbox_events)
         self.resident.labels(model).set(resident_bytes)
 
-    def failed(self, trace: dict | None, message: str) -> None:
-        """Count a run that failed on the server's side, from its trace when it wrote one."""
-        if trace is not None and _count(trace.get("sandbox_stats") or {}, "traps"):
-            self.sandbox(trace)
-        elif " trapped: " in message:       # the wasm device's wording of a trap (backends/wasm/device.py)
-            self.traps.labels(self.model_name).inc()
+    def failed(self, sandbox_events: dict[str, int]) -> None:
+        """Count a run that failed on the server's side: what its sandbox stopped."""
+        self.sandbox(sandbox_events)
 
-    def sandbox(self, trace: dict) -> None:
-        stats = trace.get("sandbox_stats") or {}
-        self.traps.labels(self.model_name).inc(_count(stats, "traps"))
-        self.timeouts.labels(self.model_name).inc(_count(stats, "timeouts"))
+    def sandbox(self, events: dict[str, int]) -> None:
+        """The model's sandbox counts over one run (the trace's `sandbox_stats` are over its life)."""
+        self.traps.labels(self.model_name).inc(_count(events, "traps"))
+        self.timeouts.labels(self.model_name).inc(_count(events, "timeouts"))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -27,21 +27,24 @@ class RunResult:
     outputs: dict[str, np.ndarray]
     trace: dict
     resident_bytes: int
+    sandbox_events: dict[str, int]       # what the sandbox counted during this run (traps, timeouts, ...)
 
 
 class RunFailed(Exception):
     """The model failed while running a request (not the request's fault); `trace` is the trace the
     model wrote for it, if it wrote one."""
 
-    def __init__(self, message: str, trace: dict | None):
+    def __init__(self, message: str, trace: dict | None, sandbox_events: dict[str, int]):
         super().__init__(message)
         self.trace = trace
+        self.sandbox_events = sandbox_events
 
 
 class ModelPool:
-    def __init__(self, dag_path: Path, device: str, policy: str, workers: int, memory_budget_mb: float | None):
+    def __init__(self, dag_path: Path, device: str, policy: str, workers: int, memory_budget_mb: float | None,
+                 sandbox_options: dict | None = None):
         self.dag_path = Path(dag_path)
-        self._load_options = {"device": device, "policy": policy}
+        self._load_options = {"device": device, "policy": policy, **(sandbox_options or {})}
         if memory_budget_mb is not None:        # absent: cortex.load keeps every CU resident, its default
             self._load_options["memory_budget_mb"] = memory_budget_mb
         self.instances = [self._load() for _ in range(workers)]
@@ -66,16 +69,17 @@ class ModelPool:
 
     def _run_on(self, slot: int, feeds: dict, outputs: list[str] | None, policy: str | None) -> RunResult:
         model = self.instances[slot]
-        before = model.last_trace
+        before, counted = model.last_trace, model.sandbox_events()
         try:
             results = model.run(feeds, outputs=outputs, policy=policy)
         except Exception as e:  # noqa: BLE001  (anything a run raises fails this request only)
             trace = model.last_trace if model.last_trace is not before else None
+            events = _since(counted, model.sandbox_events())
             self._replace(slot)
-            raise RunFailed(str(e) or type(e).__name__, trace) from None
+            raise RunFailed(str(e) or type(e).__name__, trace, events) from None
         trace = model.last_trace
         self.resident[slot] = _resident_bytes(model, trace)
-        return RunResult(results, trace, self.resident[slot])
+        return RunResult(results, trace, self.resident[slot], _since(counted, model.sandbox_events()))
 
     def _replace(self, slot: int) -> None:
         try:
@@ -86,6 +90,11 @@ class ModelPool:
 
     def resident_bytes(self) -> int:
         return sum(self.resident)
+
+
+def _since(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """The model's sandbox counts over its life, as what one run added."""
+    return {name: after[name] - before.get(name, 0) for name in after}
 
 
 def _resident_bytes(model: CompiledModel, trace: dict) -> int:
