@@ -1,0 +1,89 @@
+"""The prefetcher: one thread that loads CUs, in the order the scheduler asks, while CUs run.
+
+Every load under a memory budget goes through it, so loads never race each other; the scheduler
+decides what to load and reserves its bytes first (`cortex/runtime/memory.py`), and waits for a
+CU only when its turn comes. A wasm CU runs with the GIL released (wasmtime calls through
+ctypes), so the next CU's load overlaps the current one's compute. A load that fails is
+re-raised in the thread that waits for that CU.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+
+from ir.errors import CortexError
+
+LOAD_TIMEOUT_S = 600.0      # a load that takes longer is reported, not waited for forever
+
+
+class Prefetcher:
+    def __init__(self, load: Callable[[str], None]):
+        self._load = load
+        self._queue: deque[str] = deque()
+        self._ready: dict[str, threading.Event] = {}
+        self._errors: dict[str, BaseException] = {}
+        self._wake = threading.Condition()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def submit(self, cu_id: str, first: bool = False) -> None:
+        """Load `cu_id` after the ones already asked for (before them with `first`)."""
+        with self._wake:
+            if cu_id in self._ready:
+                return
+            self._ready[cu_id] = threading.Event()
+            (self._queue.appendleft if first else self._queue.append)(cu_id)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._work, name="cortex-prefetch", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+
+    def pending(self) -> set[str]:
+        """CUs asked for whose load has not finished (they must not be evicted yet)."""
+        with self._wake:
+            return {cu_id for cu_id, ready in self._ready.items() if not ready.is_set()}
+
+    def wait(self, cu_id: str) -> None:
+        """Block until `cu_id` is loaded; its load error, if it failed."""
+        ready = self._ready[cu_id]
+        if not ready.wait(LOAD_TIMEOUT_S):
+            raise CortexError(f"{cu_id}: loading took longer than {LOAD_TIMEOUT_S:g} s")
+        with self._wake:
+            del self._ready[cu_id]
+            error = self._errors.pop(cu_id, None)
+        if error is not None:
+            raise error
+
+    def settled(self) -> list[str]:
+        """CUs whose load finished and that nobody waited for yet (loaded for a CU that was then skipped)."""
+        with self._wake:
+            return [cu_id for cu_id, ready in self._ready.items() if ready.is_set()]
+
+    def forget(self, cu_id: str) -> None:
+        """A finished load nobody will wait for; its error, if any, is dropped with it."""
+        with self._wake:
+            if cu_id in self._ready and self._ready[cu_id].is_set():
+                del self._ready[cu_id]
+                self._errors.pop(cu_id, None)
+
+    def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+
+    def _work(self) -> None:
+        while True:
+            with self._wake:
+                while not self._queue and not self._closed:
+                    self._wake.wait()
+                if self._closed:
+                    return
+                cu_id = self._queue.popleft()
+            try:
+                self._load(cu_id)
+            except Exception as e:  # noqa: BLE001  (any load error is re-raised where the CU is waited for)
+                with self._wake:
+                    self._errors[cu_id] = e
+            self._ready[cu_id].set()
