@@ -79,7 +79,7 @@ def check_budget(footprints: dict[str, int], pins: set[str], budget: int) -> Non
         parts = [f"{largest} holds {footprints[largest] / MB:.2f} MB"] if largest else []
         if pins:
             parts.append(f"{len(pins)} pinned CU{'s' if len(pins) > 1 else ''} hold {pinned / MB:.2f} MB")
-        raise CortexError(f"--memory-budget {budget / MB:g} MB is too small: {' and '.join(parts)}; "
+        raise CortexError(f"the memory budget (--memory-budget) of {budget / MB:.3g} MB is too small: {' and '.join(parts)}; "
                           f"give at least {needed / MB:.2f} MB")
 
 

@@ -56,17 +56,16 @@ class Prefetcher:
         if error is not None:
             raise error
 
-    def settled(self) -> list[str]:
-        """CUs whose load finished and that nobody waited for yet (loaded for a CU that was then skipped)."""
+    def drain(self, cu_id: str) -> None:
+        """Wait for a load nobody needs any more (its CU was skipped); its error, if any, is
+        dropped with it: a request that runs the CU loads it again and meets the error then."""
+        ready = self._ready.get(cu_id)
+        if ready is None:
+            return
+        ready.wait(LOAD_TIMEOUT_S)
         with self._wake:
-            return [cu_id for cu_id, ready in self._ready.items() if ready.is_set()]
-
-    def forget(self, cu_id: str) -> None:
-        """A finished load nobody will wait for; its error, if any, is dropped with it."""
-        with self._wake:
-            if cu_id in self._ready and self._ready[cu_id].is_set():
-                del self._ready[cu_id]
-                self._errors.pop(cu_id, None)
+            del self._ready[cu_id]
+            self._errors.pop(cu_id, None)
 
     def close(self) -> None:
         with self._wake:

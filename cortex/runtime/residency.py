@@ -99,17 +99,17 @@ class Residency:
                 self.prefetcher.submit(cu_id)
 
     def finish(self, request) -> None:
-        """At the end of a request: prefetched CUs that did not run stay resident, their bytes
-        wasted for this request (counted in `MemoryStats.loaded`, never in `ran`)."""
-        for cu_id in self.prefetcher.settled():
-            if cu_id in self.claimed:
-                self.prefetcher.forget(cu_id)
-                self.claimed.discard(cu_id)
-                actual = self._device(cu_id).resident_bytes(cu_id)
-                if actual == 0 and self.set.footprints[cu_id] > 0:
-                    self.set.release(cu_id)      # its load failed: a request that runs it loads it again
-                else:
-                    self.set.settle(cu_id, actual)
+        """At the end of a request no load is left in flight: the CUs prefetched for CUs that were
+        then skipped (a cache hit) land and stay resident, their bytes wasted for this request
+        (in `MemoryStats.loaded`, never in `ran`)."""
+        for cu_id in sorted(self.claimed):
+            self.prefetcher.drain(cu_id)
+            self.claimed.discard(cu_id)
+            actual = self._device(cu_id).resident_bytes(cu_id)
+            if actual == 0 and self.set.footprints[cu_id] > 0:
+                self.set.release(cu_id)      # its load failed: a request that runs it loads it again
+            else:
+                self.set.settle(cu_id, actual)
 
     def close(self) -> None:
         self.prefetcher.close()
