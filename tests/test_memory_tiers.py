@@ -206,8 +206,8 @@ def test_wasted_bytes_are_the_loaded_cus_that_did_not_run(conditional):
 
 
 def test_hot_cus_from_calibrate_are_pinned_when_no_pins_are_given():
-    cus = {"cu-0000": {"calibration": {"hot": True}}, "cu-0001": {"calibration": {"hot": False}},
-           "cu-0002": {"calibration": {"hot": True}}, "cu-0003": {}}
+    cus = {"cu-0000": {"residency": {"hot": True}}, "cu-0001": {"residency": {"hot": False}},
+           "cu-0002": {"residency": {"hot": True}}, "cu-0003": {}}
     sizes = {"cu-0000": 100, "cu-0001": 100, "cu-0002": 300, "cu-0003": 100}
     assert choose_pins(cus, sizes, 1000, None) == {"cu-0000", "cu-0002"}
     assert choose_pins(cus, sizes, 450, None) == {"cu-0002"}      # the largest hot CU first, as room allows
@@ -230,6 +230,11 @@ def test_cli_memory_options(chain, tmp_path):
     assert_one_line_error(code, err, "--memory-budget must be a positive number")
     assert not any(tmp_path.glob("*.tmp"))
 
+
+@pytest.mark.slow
+def test_cli_run_and_bench_under_a_budget(chain, tmp_path):
+    dag_path, dag = chain
+    np.savez(tmp_path / "x.npz", **feed())
     code, out, err = run_cli(["run", dag_path, "--input", tmp_path / "x.npz", "--memory-budget", "0.2", "--pin",
                               dag["order"][2], "--output", tmp_path / "y.npz", "--trace", tmp_path / "t.json", "--json"])
     assert code == 0, err

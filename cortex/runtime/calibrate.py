@@ -12,8 +12,8 @@ each CU's inputs and outputs are kept. Then, per CU and variant:
   of a CU that no feed activated keeps trust null: nothing was measured, so it never runs.
 Each CU also records the range (min / max over finite values) of each of its outputs and how many
 feeds activated it (`cus[i].calibration`): the runtime's guards check variants against that range.
-It records too how long the CU takes to run (median) and to load from warm (its native code cached,
-once unloaded), and whether it is hot: activated by every feed, and slower to load than to run, so
+`cus[i].residency` records how long the CU takes to run (median) and to load from warm (its native
+code cached, once unloaded), and whether it is hot: activated by every feed, and slower to load than to run, so
 that under a memory budget reloading it each request would cost more than running it; the runtime
 pins hot CUs when no `--pin` is given (docs/runtime.md, "Memory tiers").
 
@@ -174,9 +174,10 @@ def calibrate(dag_path: Path, data: Path, device: str = "wasm") -> dict:
                 measured.setdefault(key, _VariantStats()).observe(got, env, exact.outputs(swapped), reference)
     loading = load_seconds(model)
     for cu in dag["cus"]:
-        cu["calibration"] = {**stats[cu["id"]].record(len(feeds)), "device": device,
-                             **speed_record(exact.seconds.get(cu["id"], []), loading[cu["id"]], stats[cu["id"]].activations,
-                                            len(feeds))}
+        cu["calibration"] = {**stats[cu["id"]].record(len(feeds)), "device": device}
+        # Timings vary from run to run: kept apart from the calibration proper, which is deterministic.
+        cu["residency"] = speed_record(exact.seconds.get(cu["id"], []), loading[cu["id"]],
+                                       stats[cu["id"]].activations, len(feeds))
         for precision, variant in cu.get("variants", {}).items():
             found = measured.get((cu["id"], precision))
             cu["variants"][precision] = {"artifacts": variant["artifacts"],

@@ -13,7 +13,7 @@ that make room for the next CU: least recently used first, never a pinned CU, ne
 caller keeps (the CU about to run, the ones being prefetched). It decides; the scheduler unloads.
 
 Pins: the CUs named by `pins=` / `--pin`, or else the hot CUs `cortex calibrate` recorded
-(`cus[i].calibration.hot`), as many as leave room for the largest other CU. A budget that cannot
+(`cus[i].residency.hot`), as many as leave room for the largest other CU. A budget that cannot
 hold the pins plus the largest unpinned CU is refused in one line that says how much is needed.
 """
 
@@ -57,7 +57,7 @@ def choose_pins(cus: dict[str, dict], footprints: dict[str, int], budget: int, p
                               f"{min(cus)} to {max(cus)}")
         return set(pins)
     chosen: set[str] = set()
-    hot = [cu_id for cu_id, cu in cus.items() if cu.get("calibration", {}).get("hot")]
+    hot = [cu_id for cu_id, cu in cus.items() if cu.get("residency", {}).get("hot")]
     for cu_id in sorted(hot, key=lambda c: (-footprints[c], c)):
         if required_bytes(footprints, chosen | {cu_id})[0] <= budget:
             chosen.add(cu_id)
