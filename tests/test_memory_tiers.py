@@ -14,18 +14,18 @@ import threading
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
-
-import cortex
 from cli_helpers import assert_one_line_error, run_cli
-from cortex.runtime.calibrate import speed_record
-from cortex.runtime.memory import MB, ResidentSet, choose_pins
-from cortex.runtime.trace import validate_trace
-from ir.errors import CortexError
+from onnx import TensorProto, helper, numpy_helper
 from runtime_cases import build
 from test_conditional_cus import build as build_if
 from test_conditional_cus import feeds_for, if_model
 from testdata import run_onnxruntime
+
+import cortex
+from cortex.runtime.calibrate import speed_record
+from cortex.runtime.memory import MB, ResidentSet, choose_pins
+from cortex.runtime.trace import validate_trace
+from ir.errors import CortexError
 
 LAYERS, WIDTH = 6, 64
 
@@ -220,13 +220,13 @@ def test_hot_cus_from_calibrate_are_pinned_when_no_pins_are_given():
 def test_cli_memory_options(chain, tmp_path):
     dag_path, dag = chain
     np.savez(tmp_path / "x.npz", **feed())
-    code, out, err = run_cli(["run", dag_path, "--input", tmp_path / "x.npz", "--memory-budget", "0.01"])
+    code, _, err = run_cli(["run", dag_path, "--input", tmp_path / "x.npz", "--memory-budget", "0.01"])
     assert_one_line_error(code, err, "--memory-budget", "is too small", "give at least")
-    code, out, err = run_cli(["run", dag_path, "--input", tmp_path / "x.npz", "--pin", dag["order"][0]])
+    code, _, err = run_cli(["run", dag_path, "--input", tmp_path / "x.npz", "--pin", dag["order"][0]])
     assert_one_line_error(code, err, "--pin needs --memory-budget")
-    code, out, err = run_cli(["run", dag_path, "--input", tmp_path / "x.npz", "--memory-budget", "1", "--pin", "cu-9999"])
+    code, _, err = run_cli(["run", dag_path, "--input", tmp_path / "x.npz", "--memory-budget", "1", "--pin", "cu-9999"])
     assert_one_line_error(code, err, "--pin", "unknown CU 'cu-9999'")
-    code, out, err = run_cli(["bench", dag_path, "--memory-budget", "-1"])
+    code, _, err = run_cli(["bench", dag_path, "--memory-budget", "-1"])
     assert_one_line_error(code, err, "--memory-budget must be a positive number")
     assert not any(tmp_path.glob("*.tmp"))
 
