@@ -23,6 +23,10 @@ from cortex.runtime.prefetch import Prefetcher
 
 HOST = None
 END = float("inf")
+# How far ahead `plan` looks: enough CUs to keep the loader busy while one runs, and a walk whose
+# cost per CU does not grow with the model.
+PREFETCH_AHEAD = 8
+LOOKAHEAD = 64
 
 
 class Residency:
@@ -83,11 +87,11 @@ class Residency:
         window: list[str] = []
         room = self.set.budget - sum(self.set.footprints[c] for c in self.set.pins) \
             - (self.set.footprints[running] if running and running not in self.set.pins else 0)
-        for cu_id in self.order[position + 1:]:
+        for cu_id in self.order[position + 1:position + 1 + LOOKAHEAD]:
             if not known_to_run(self.cus[cu_id]):
                 continue
             size = 0 if cu_id in self.set.pins else self.set.footprints[cu_id]
-            if size > room:
+            if size > room or len(window) == PREFETCH_AHEAD:
                 break
             room -= size
             window.append(cu_id)
