@@ -252,3 +252,18 @@ def test_cli_run_and_bench_under_a_budget(chain, tmp_path):
     assert memory["budget_bytes"] == int(0.2 * MB) and memory["wasted_bytes"] == 0
     assert memory["prefetch_hits"] + memory["already_resident"] == 3 * LAYERS
     assert memory["peak_resident_bytes"] <= 0.2 * MB
+
+
+def test_the_onnxruntime_device_honours_the_budget_too(chain):
+    dag_path, dag = chain
+    want = cortex.load(dag_path, device="onnxruntime", policy="strict").run(feed())
+    probe = cortex.load(dag_path, device="onnxruntime", policy="strict", memory_budget_mb=100)
+    sizes = footprints(probe)
+    budget = 2.5 * max(sizes.values()) / MB
+    model = cortex.load(dag_path, device="onnxruntime", policy="strict", memory_budget_mb=budget)
+    for _ in range(2):
+        got = model.run(feed())
+        assert all(np.array_equal(got[k], v) for k, v in want.items())
+        assert all(entry["resident_total_bytes"] <= budget * MB for entry in model.last_trace["cus"])
+        assert model.last_trace["memory"]["evictions"] > 0
+    assert len(model.device.sessions) <= 2
