@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 import pytest
 from cli_helpers import assert_one_line_error, run_cli
+from cuda_cases import compile_cuda_pipeline
 from onnx import TensorProto, helper, numpy_helper
 from runtime_cases import build
 from test_conditional_cus import build as build_if
@@ -26,6 +27,7 @@ from cortex.runtime.calibrate import speed_record
 from cortex.runtime.memory import MB, ResidentSet, choose_pins
 from cortex.runtime.trace import validate_trace
 from ir.errors import CortexError
+from samples.cache import SampleModel
 
 LAYERS, WIDTH = 6, 64
 
@@ -267,3 +269,22 @@ def test_the_onnxruntime_device_honours_the_budget_too(chain):
         assert all(entry["resident_total_bytes"] <= budget * MB for entry in model.last_trace["cus"])
         assert model.last_trace["memory"]["evictions"] > 0
     assert len(model.device.sessions) <= 2
+
+
+@pytest.mark.slow
+def test_cuda_sim_honours_the_budget(tmp_path):
+    onnx.save(chain_model(), tmp_path / "chain.onnx")
+    dag_path = compile_cuda_pipeline(SampleModel("chain", tmp_path / "chain.onnx", feed(), {}), tmp_path,
+                                     min_cu_size=0, max_cu_depth=1)
+    want = cortex.load(dag_path, device="cuda-sim", policy="strict").run(feed())
+    sizes = footprints(cortex.load(dag_path, device="cuda-sim", policy="strict", memory_budget_mb=100))
+    budget = 2.5 * max(sizes.values()) / MB
+    model = cortex.load(dag_path, device="cuda-sim", policy="strict", memory_budget_mb=budget)
+    for _ in range(2):
+        got = model.run(feed())
+        assert all(np.array_equal(got[k], v) for k, v in want.items())
+        trace = model.last_trace
+        assert all(entry["resident_total_bytes"] <= budget * MB for entry in trace["cus"])
+        assert trace["memory"]["evictions"] > 0 and trace["memory"]["prefetch_misses"] == 0
+        # The footprint announced before loading is what the loaded CU reports.
+        assert trace["memory"]["bytes_loaded"] == trace["memory"]["loads"] * max(sizes.values())

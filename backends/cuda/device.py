@@ -136,11 +136,12 @@ class CudaGpuDevice:
 
 
 def cuda_footprint(cu: dict) -> int:
-    """The weights blob and the scratch the record names (outputs come on top: a little under)."""
+    """The weights blob, the scratch and the output buffers the record names: a runner's `resident_bytes`."""
     record = cu["artifacts"]["cuda"]
     if not record.get("module", True):
         return 0
-    return int(record.get("weights", {}).get("bytes", 0)) + int(record.get("scratch_bytes", 0))
+    outputs = sum(int(p["bytes"]) for p in record.get("params", []) if p.get("kind") == "output")
+    return int(record.get("weights", {}).get("bytes", 0)) + int(record.get("scratch_bytes", 0)) + outputs
 
 
 def gpu_unavailable() -> str | None:
