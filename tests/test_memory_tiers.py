@@ -9,6 +9,7 @@ of test_conditional_cus.py (a condition computed by a CU, a branch CU on each si
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 
 import numpy as np
@@ -257,7 +258,7 @@ def test_cli_run_and_bench_under_a_budget(chain, tmp_path):
 
 
 def test_the_onnxruntime_device_honours_the_budget_too(chain):
-    dag_path, dag = chain
+    dag_path, _ = chain
     want = cortex.load(dag_path, device="onnxruntime", policy="strict").run(feed())
     probe = cortex.load(dag_path, device="onnxruntime", policy="strict", memory_budget_mb=100)
     sizes = footprints(probe)
@@ -288,3 +289,14 @@ def test_cuda_sim_honours_the_budget(tmp_path):
         assert trace["memory"]["evictions"] > 0 and trace["memory"]["prefetch_misses"] == 0
         # The footprint announced before loading is what the loaded CU reports.
         assert trace["memory"]["bytes_loaded"] == trace["memory"]["loads"] * max(sizes.values())
+
+
+def test_a_load_that_fails_in_the_prefetcher_is_reported_by_the_request(chain, tmp_path):
+    dag_path, dag = chain
+    shutil.copytree(dag_path.parent, tmp_path / "model")
+    model = cortex.load(tmp_path / "model" / "dag.json", policy="strict", memory_budget_mb=0.2)
+    module = tmp_path / "model" / dag["cus"][3]["artifacts"]["wasm"]["path"]
+    module.write_bytes(module.read_bytes() + b"\0")
+    for _ in range(2):      # the model stays usable: the same clear error each time, no hang
+        with pytest.raises(CortexError, match="sha256 differs"):
+            model.run(feed())

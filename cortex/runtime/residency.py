@@ -55,16 +55,14 @@ class Residency:
         """`cu_id` resident, for the CU about to run."""
         stats: MemoryStats = request.memory
         if cu_id in self.claimed:
-            self.claimed.discard(cu_id)
-            self.prefetcher.wait(cu_id)
+            self._wait(cu_id)
             stats.prefetch_hits += 1
         elif cu_id in self.set.resident:
             stats.already_resident += 1
         else:
             self._reserve(cu_id, request, keep={cu_id}, force=True)
-            self.claimed.discard(cu_id)
             self.prefetcher.submit(cu_id, first=True)
-            self.prefetcher.wait(cu_id)
+            self._wait(cu_id)
             stats.prefetch_misses += 1
         self.set.settle(cu_id, self._device(cu_id).resident_bytes(cu_id))
         self.set.touch(cu_id)
@@ -107,16 +105,7 @@ class Residency:
         then skipped (a cache hit) land and stay resident, their bytes wasted for this request
         (in `MemoryStats.loaded`, never in `ran`)."""
         for cu_id in sorted(self.claimed):
-            self.prefetcher.drain(cu_id)
-            self.claimed.discard(cu_id)
-            actual = self._device(cu_id).resident_bytes(cu_id)
-            if actual == 0 and self.set.footprints[cu_id] > 0:
-                self.set.release(cu_id)      # its load failed: a request that runs it loads it again
-            else:
-                self.set.settle(cu_id, actual)
-
-    def close(self) -> None:
-        self.prefetcher.close()
+            self._land(cu_id)
 
     def _reserve(self, cu_id: str, request, keep: set[str], force: bool = False) -> bool:
         """Evict what must go and reserve `cu_id`'s bytes; False when it cannot fit now (never with
@@ -127,8 +116,7 @@ class Residency:
             if not force:
                 return False
             for other in sorted(self.claimed - keep):     # loads in flight may go once they land
-                self.prefetcher.wait(other)
-                self.claimed.discard(other)
+                self._land(other)
             victims = self.set.victims(needed, keep) or []
         for victim in victims:
             self._evict(victim, request, request.position)
@@ -141,8 +129,8 @@ class Residency:
 
     def _evict(self, cu_id: str, request, position: int) -> None:
         if cu_id in self.claimed:
-            self.prefetcher.wait(cu_id)
             self.claimed.discard(cu_id)
+            self.prefetcher.drain(cu_id)     # a failed load of a CU being evicted matters to nobody
         device, where = self._device(cu_id), self.placement[cu_id]
         for name in [n for n, maker in request.made_by.items() if maker == cu_id]:
             home, tensor = request.env.get(name, (HOST, None))
@@ -157,6 +145,25 @@ class Residency:
         request.memory.bytes_evicted += device.unload(cu_id)
         request.memory.evictions += 1
         self.set.release(cu_id)
+
+    def _land(self, cu_id: str) -> None:
+        """A claimed CU nobody waits for: its load finished, it is resident like any other."""
+        self.claimed.discard(cu_id)
+        self.prefetcher.drain(cu_id)
+        actual = self._device(cu_id).resident_bytes(cu_id)
+        if actual == 0 and self.set.footprints[cu_id] > 0:
+            self.set.release(cu_id)      # its load failed: a request that runs it loads it again
+        else:
+            self.set.settle(cu_id, actual)
+
+    def _wait(self, cu_id: str) -> None:
+        """Wait for a claimed CU's load; one that failed holds nothing and leaves the resident set."""
+        self.claimed.discard(cu_id)
+        try:
+            self.prefetcher.wait(cu_id)
+        except BaseException:
+            self.set.release(cu_id)
+            raise
 
     def _device(self, cu_id: str) -> Device:
         return self.devices[self.placement[cu_id]]

@@ -155,6 +155,20 @@ class SequentialScheduler:
         residency = self.residency
         if residency is not None:
             request.memory = residency.stats()
+        try:
+            self._walk(request, residency)
+        finally:
+            if residency is not None:
+                residency.finish(request)     # no load left in flight, even when a CU failed
+        results = {}
+        for name in outputs:
+            home, tensor = request.env[name]
+            results[name] = np.array(tensor) if home is HOST else self.devices[home].to_host(tensor)
+        return results, request
+
+    def _walk(self, request: Request, residency: Residency | None) -> None:
+        """Every CU in dag.json's order: skipped with its reason, or made resident and run."""
+        if residency is not None:
             residency.plan(-1, request, lambda cu: self._known_to_run(cu, request))
         for position, cu_id in enumerate(self.dag["order"]):
             cu = self.cus[cu_id]
@@ -178,13 +192,6 @@ class SequentialScheduler:
                         request.made_by[out] = request.made_by[case]
                     if case in request.keys:
                         request.keys[out] = request.keys[case]
-        if residency is not None:
-            residency.finish(request)
-        results = {}
-        for name in outputs:
-            home, tensor = request.env[name]
-            results[name] = np.array(tensor) if home is HOST else self.devices[home].to_host(tensor)
-        return results, request
 
     def _skip_reason(self, cu: dict, request: Request) -> str | None:
         """Why `cu` does not run in this request, or None when it runs. The one place that decides
