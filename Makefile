@@ -54,7 +54,8 @@ bench: setup $(ORTWEB) bench-decompose
 	$(BIN)/python -m bench.bench_models --json $(OUT)/bench.json
 
 ## The CU runtime: decoding with the result cache (strict vs balanced vs onnxruntime), and the
-## reduced-precision variants' bytes, trust, agreement and latency: writes its section of docs/benchmarks.md.
+## reduced-precision variants' bytes, trust, agreement and latency, and memory tiers (vgg19 under a budget
+## of 25% of its weights; about 2 GB under .cache/): writes their sections of docs/benchmarks.md.
 bench-runtime: setup
 	$(BIN)/python -m bench.bench_runtime --json $(OUT)/bench-runtime.json
 

@@ -3,8 +3,8 @@ harness ask what exists.
 
 A *target* turns one CU's optimised graph into artifact files and a record for dag.json
 (`cus[i].artifacts[target.artifact]`); `cortex compile-<name>` is generated from it. A *device*
-runs the artifacts of one target: it loads CUs and runs one CU at a time, and never decides what
-runs (that is the scheduler's job, in cortex/runtime).
+runs the artifacts of one target: it loads CUs, runs one CU at a time and unloads them when told,
+and never decides what runs or what stays loaded (that is the scheduler's job, in cortex/runtime).
 
 Each folder under backends/ registers what it provides when it is imported (its `__init__.py`);
 `targets()` and `devices()` import every such folder first, so adding a target is adding a folder,
@@ -44,7 +44,15 @@ class Device(Protocol):
         """A tensor as a numpy array the caller owns."""
 
     def resident_bytes(self, cu_id: str) -> int:
-        """Memory the loaded CU holds (its instance, weights and scratch)."""
+        """Memory the loaded CU holds (its instance, weights and scratch); 0 when it is not loaded."""
+
+    def footprint(self, cu: dict) -> int:
+        """What `resident_bytes` will be once `cu` is loaded, known from dag.json without loading
+        it: a memory budget decides what to evict before anything is loaded."""
+
+    def unload(self, cu_id: str) -> int:
+        """Release a loaded CU (a later `load` makes it runnable again); the bytes it held, 0 if
+        it was not loaded. Tensors it returned that live in its memory are invalid afterwards."""
 
 
 class SandboxedDevice(Device, Protocol):

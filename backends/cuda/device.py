@@ -73,6 +73,13 @@ class CudaSimDevice(HostTensors):
         runner = self.runners.get(cu_id)
         return runner.resident_bytes if runner else 0
 
+    def footprint(self, cu: dict) -> int:
+        return cuda_footprint(cu)
+
+    def unload(self, cu_id: str) -> int:
+        runner = self.runners.pop(cu_id, None)
+        return runner.resident_bytes if runner else 0
+
 
 @dataclass(frozen=True)
 class GpuTensor:
@@ -119,6 +126,22 @@ class CudaGpuDevice:
     def resident_bytes(self, cu_id: str) -> int:
         runner = self.runners.get(cu_id)
         return runner.resident_bytes if runner else 0
+
+    def footprint(self, cu: dict) -> int:
+        return cuda_footprint(cu)
+
+    def unload(self, cu_id: str) -> int:
+        runner = self.runners.pop(cu_id, None)
+        return runner.resident_bytes if runner else 0
+
+
+def cuda_footprint(cu: dict) -> int:
+    """The weights blob, the scratch and the output buffers the record names: a runner's `resident_bytes`."""
+    record = cu["artifacts"]["cuda"]
+    if not record.get("module", True):
+        return 0
+    outputs = sum(int(p["bytes"]) for p in record.get("params", []) if p.get("kind") == "output")
+    return int(record.get("weights", {}).get("bytes", 0)) + int(record.get("scratch_bytes", 0)) + outputs
 
 
 def gpu_unavailable() -> str | None:

@@ -58,6 +58,17 @@ class OnnxruntimeDevice(HostTensors):
         arena is not counted."""
         return self.sizes.get(cu_id, 0)
 
+    def footprint(self, cu: dict) -> int:
+        path = confined_path(self.dag_path.parent, cu["path"])
+        try:
+            return path.stat().st_size if path is not None else 0
+        except OSError:
+            return 0     # `load` reports the missing file
+
+    def unload(self, cu_id: str) -> int:
+        self.sessions.pop(cu_id, None)
+        return self.sizes.pop(cu_id, 0)
+
 
 def _first_line(error: Exception) -> str:
     text = str(error).strip()

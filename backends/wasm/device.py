@@ -2,7 +2,10 @@
 
 One wasmtime Engine, configured with the features the modules were built with, serves every CU.
 `load` checks each module's sha256 against dag.json (a tampered or stale file is refused) and
-instantiates it from its cached native code (`native_cache`). Running copies a CU's inputs into
+instantiates it from its cached native code (`native_cache`). `unload` drops a CU's store, its
+instance and module with it, so its linear memory and the mapping of its native code are released:
+the CU is back to warm (its .cwasm on disk, verified by stamp), and loading it again maps that file
+instead of compiling. Running copies a CU's inputs into
 its memory, makes one call, and hands its outputs on as zero-copy views of that memory, valid until
 the CU runs again; `to_host` copies them out.
 
@@ -136,6 +139,17 @@ class WasmDevice(HostTensors):
     def resident_bytes(self, cu_id: str) -> int:
         instance = self.instances.get(cu_id)
         return instance.memory_bytes() if instance else 0
+
+    def footprint(self, cu: dict) -> int:
+        """The module's planned memory, in whole wasm pages: what `resident_bytes` reports once loaded."""
+        return planned_bytes(cu["artifacts"]["wasm"]["memory"])
+
+    def unload(self, cu_id: str) -> int:
+        """Back to warm: the store, the instance and the module go (the next load maps its .cwasm)."""
+        freed = self.resident_bytes(cu_id)
+        self.instances.pop(cu_id, None)
+        self.sandboxed.pop(cu_id, None)
+        return freed
 
 
 def _common_options(records: list[dict], dag_path: Path) -> WasmOptions:

@@ -3,6 +3,10 @@
 Inputs come from --input files or, by default, the deterministic example inputs of `cortex run`.
 After --warmup untimed runs, --repeat timed runs give the median and the minimum wall time of a
 whole run; the runtime's trace gives each CU's share (median over the same runs).
+
+It takes `cortex run`'s runtime options: `--policy` (strict by default here, so every run runs
+every CU: the result cache would time lookups, not the CUs), `--memory-budget` and `--pin`. The
+report holds the process's peak RSS and the memory tiers' byte counts summed over the timed runs.
 """
 
 from __future__ import annotations
@@ -15,10 +19,19 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from cortex.commands.run import example_feeds, read_inputs, sandbox_options
+from cortex.commands.run import example_feeds, memory_options, read_inputs, sandbox_options
+from cortex.commands.shared_options import (
+    CuLoadTimeoutOption,
+    CuTimeoutOption,
+    DeviceOption,
+    MemoryBudgetOption,
+    PinOption,
+)
 from cortex.console import out, print_json
-from cortex.commands.shared_options import CuLoadTimeoutOption, CuTimeoutOption, DeviceOption
 from cortex.runtime import load
+from cortex.runtime.policy import POLICIES
+from cortex.runtime.policy import policy as resolve_policy
+from cortex.runtime.trace import process_maxrss_mb
 from ir.errors import CortexError
 
 
@@ -31,6 +44,10 @@ def bench(
     cu_timeout_ms: CuTimeoutOption = None,
     cu_load_timeout_s: CuLoadTimeoutOption = None,
     top: Annotated[int, typer.Option("--top", help="CUs to list, slowest first (0: all).")] = 10,
+    policy: Annotated[str, typer.Option("--policy", help=f"As for 'cortex run': {', '.join(POLICIES)} (default here: "
+                                        "strict, every CU runs).")] = "strict",
+    memory_budget: MemoryBudgetOption = None,
+    pin: PinOption = None,
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable report.")] = False,
 ) -> None:
     """Time a compiled model: median and min of N runs, and a per-CU breakdown."""
@@ -40,25 +57,32 @@ def bench(
         raise CortexError(f"--warmup cannot be negative, got {warmup}")
     if top < 0:
         raise CortexError(f"--top cannot be negative, got {top}")
+    try:
+        chosen = resolve_policy(policy)
+    except CortexError as e:
+        raise CortexError(f"--policy: {e}") from None
+    memory = memory_options(memory_budget, pin)
     feeds = read_inputs(input or [])
     start = time.perf_counter()
-    # strict: every run runs every CU; the result cache would time lookups, not the CUs.
-    model = load(dag, device, policy="strict", **sandbox_options(cu_timeout_ms, cu_load_timeout_s))
+    model = load(dag, device, policy=chosen, **memory, **sandbox_options(cu_timeout_ms, cu_load_timeout_s))
     load_s = time.perf_counter() - start
     feeds = {**example_feeds(model.inputs), **feeds}
     for _ in range(warmup):
         model.run(feeds)
-    runs, overheads, per_cu = measure(model, feeds, repeat)
+    runs, overheads, per_cu, traces = measure(model, feeds, repeat)
     report = summarize(dag, device, load_s, runs, overheads, per_cu)
+    report.update(policy=chosen.name, memory_budget_mb=memory_budget, peak_rss_mb=process_maxrss_mb(),
+                  memory=memory_totals(traces))
     if json:
         print_json(report)
         return
     _print(report, top)
 
 
-def measure(model, feeds: dict, repeat: int) -> tuple[list[float], list[float], dict[str, dict]]:
+def measure(model, feeds: dict, repeat: int) -> tuple[list[float], list[float], dict[str, dict], list[dict]]:
     """Wall seconds of each run, what of each run the CUs did not account for (the runtime moving
-    tensors and checking inputs), and per CU its op types and seconds in each run."""
+    tensors and checking inputs), per CU its op types and seconds in each run, and each run's trace."""
+    traces: list[dict] = []
     runs: list[float] = []
     overheads: list[float] = []
     per_cu: dict[str, dict] = {}
@@ -70,7 +94,22 @@ def measure(model, feeds: dict, repeat: int) -> tuple[list[float], list[float], 
         for event in model.trace:
             entry = per_cu.setdefault(event["cu"], {"op_types": event.get("op_types", []), "seconds": []})
             entry["seconds"].append(event["seconds"])
-    return runs, overheads, per_cu
+        traces.append(model.last_trace)
+    return runs, overheads, per_cu, traces
+
+
+MEMORY_COUNTS = ("bytes_loaded", "bytes_evicted", "wasted_bytes", "loads", "evictions", "prefetch_hits",
+                 "prefetch_misses", "already_resident")
+
+
+def memory_totals(traces: list[dict]) -> dict | None:
+    """The memory tiers' counts summed over the runs, with the budget and the peak resident bytes."""
+    memories = [t["memory"] for t in traces if t.get("memory") is not None]
+    if not memories:
+        return None
+    return {"budget_bytes": memories[-1]["budget_bytes"], "pinned_cus": memories[-1]["pinned_cus"],
+            "peak_resident_bytes": max(m["peak_resident_bytes"] for m in memories),
+            **{key: sum(m[key] for m in memories) for key in MEMORY_COUNTS}}
 
 
 def summarize(dag: Path, device: str, load_s: float, runs: list[float], overheads: list[float],
@@ -90,7 +129,14 @@ def summarize(dag: Path, device: str, load_s: float, runs: list[float], overhead
 def _print(report: dict, top: int) -> None:
     out.print(f"{report['dag']} on {report['device']}: median {report['median_ms']:.2f} ms, "
               f"min {report['min_ms']:.2f} ms over {report['runs']} runs "
-              f"(load {report['load_ms']:.1f} ms, runtime overhead {report['overhead_ms']:.2f} ms per run)")
+              f"(load {report['load_ms']:.1f} ms, runtime overhead {report['overhead_ms']:.2f} ms per run); "
+              f"policy {report['policy']}, peak RSS {report['peak_rss_mb']:.1f} MB")
+    memory = report["memory"]
+    if memory and memory["budget_bytes"] is not None:
+        out.print(f"memory budget {memory['budget_bytes'] / 2**20:g} MB: peak resident {memory['peak_resident_bytes'] / 2**20:.1f} MB, "
+                  f"{memory['bytes_loaded'] / 2**20:.1f} MB loaded, {memory['bytes_evicted'] / 2**20:.1f} MB evicted, "
+                  f"{memory['wasted_bytes'] / 2**20:.1f} MB wasted; prefetch {memory['prefetch_hits']} hits, "
+                  f"{memory['prefetch_misses']} misses over {report['runs']} runs")
     shown = report["cus"] if top == 0 else report["cus"][:top]
     table = Table(title=f"CUs, slowest first ({len(shown)} of {len(report['cus'])})")
     for col in ("CU", "ops", "median ms", "min ms", "share"):

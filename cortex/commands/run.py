@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 import json as jsonlib
 from pathlib import Path
 from typing import Annotated, Optional
@@ -12,9 +13,16 @@ import typer
 
 from backends.limits import AUTO_DEADLINE
 from cortex.console import out, print_json
-from cortex.commands.shared_options import CuLoadTimeoutOption, CuTimeoutOption, DeviceOption
+from cortex.commands.shared_options import (
+    CuLoadTimeoutOption,
+    CuTimeoutOption,
+    DeviceOption,
+    MemoryBudgetOption,
+    PinOption,
+)
 from cortex.runtime import load
 from cortex.runtime.cache import DEFAULT_CACHE_BYTES
+from cortex.runtime.memory import parse_pins
 from cortex.runtime.policy import DEFAULT_POLICY, POLICIES
 from cortex.runtime.policy import policy as resolve_policy
 from ir.errors import CortexError
@@ -42,6 +50,8 @@ def run(
     cache_bytes: Annotated[int, typer.Option("--cache-bytes", help="Byte budget of the result cache (0: off); it "
                                              "matters to repeated runs in one process, not to one 'cortex run'.")]
     = DEFAULT_CACHE_BYTES,
+    memory_budget: MemoryBudgetOption = None,
+    pin: PinOption = None,
     example_inputs: Annotated[bool, typer.Option("--example-inputs", help="Feed inputs not given with --input a "
                                                  "deterministic example (floats arange(n)/n, integers and bools 0).")] = False,
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
@@ -57,7 +67,8 @@ def run(
         raise CortexError(f"--cache-bytes cannot be negative, got {cache_bytes}")
     requested = parse_output_names(output_names)
     feeds = read_inputs(input or [])
-    model = load(dag, device, policy=chosen, cache_bytes=cache_bytes, **sandbox_options(cu_timeout_ms, cu_load_timeout_s))
+    model = load(dag, device, policy=chosen, cache_bytes=cache_bytes, **memory_options(memory_budget, pin),
+                 **sandbox_options(cu_timeout_ms, cu_load_timeout_s))
     if example_inputs:
         feeds = {**example_feeds(model.inputs), **feeds}
     known = [spec["name"] for spec in model.outputs]
@@ -76,6 +87,7 @@ def run(
     summary = {"dag": str(dag), "device": device, "policy": chosen.name, "output": str(output) if output else None,
                "outputs": {k: {"dtype": str(v.dtype), "shape": list(v.shape)} for k, v in results.items()},
                "seconds": round(document["total_seconds"], 6),
+               "memory": document["memory"],
                "cus_by_device": document["cus_by_device"],
                "activated_cus": len(document["activated_cus"]),
                "skipped_cus": {reason: [s["cu"] for s in document["skipped_cus"] if s["reason"] == reason]
@@ -116,6 +128,14 @@ def parse_cu_timeout(text: str | None) -> float | str | None:
         raise CortexError(f"--cu-timeout-ms must be a number of milliseconds, at least 0 (0: no limit), or "
                           f"'{AUTO_DEADLINE}', got {text!r}")
     return value
+def memory_options(memory_budget: float | None, pin: str | None) -> dict:
+    """`--memory-budget` and `--pin` as `load`'s keywords, checked in one line naming the option."""
+    if memory_budget is not None and not (math.isfinite(memory_budget) and memory_budget > 0):
+        raise CortexError(f"--memory-budget must be a positive number of MB, got {memory_budget:g}")
+    pins = parse_pins(pin)
+    if pins is not None and memory_budget is None:
+        raise CortexError("--pin needs --memory-budget: without a budget every CU stays resident")
+    return {"memory_budget_mb": memory_budget, "pins": pins}
 
 
 def parse_output_names(text: str | None) -> list[str] | None:

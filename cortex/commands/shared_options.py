@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -17,3 +17,9 @@ CuTimeoutOption = Annotated[str | None, typer.Option(
 CuLoadTimeoutOption = Annotated[float | None, typer.Option(
     "--cu-load-timeout-s", help="Each CU load's time limit in seconds (read, check, compile, instantiate; "
                                 "default: CU_LOAD_TIMEOUT, 120).")]
+MemoryBudgetOption = Annotated[Optional[float], typer.Option(
+    "--memory-budget", help="Keep the resident CUs within this many MB: the least recently used is evicted, a "
+    "prefetcher loads the next ones while one runs (default: every CU resident).")]
+PinOption = Annotated[Optional[str], typer.Option(
+    "--pin", help="CUs that stay resident under --memory-budget, comma-separated (cu-0003,cu-0007; default: the "
+    "hot CUs 'cortex calibrate' recorded).")]

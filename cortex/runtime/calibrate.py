@@ -12,6 +12,10 @@ each CU's inputs and outputs are kept. Then, per CU and variant:
   of a CU that no feed activated keeps trust null: nothing was measured, so it never runs.
 Each CU also records the range (min / max over finite values) of each of its outputs and how many
 feeds activated it (`cus[i].calibration`): the runtime's guards check variants against that range.
+`cus[i].residency` records how long the CU takes to run (median) and to load from warm (its native
+code cached, once unloaded), and whether it is hot: activated by every feed, and slower to load than to run, so
+that under a memory budget reloading it each request would cost more than running it; the runtime
+pins hot CUs when no `--pin` is given (docs/runtime.md, "Memory tiers").
 
 The dag.json is rewritten atomically, checked against its schema first.
 """
@@ -19,6 +23,8 @@ The dag.json is rewritten atomically, checked against its schema first.
 from __future__ import annotations
 
 import json
+import statistics
+import time
 import zipfile
 from pathlib import Path
 
@@ -94,6 +100,7 @@ class ExactRun:
     def __init__(self, model: CompiledModel):
         self.model = model
         self.scheduler = model.scheduler
+        self.seconds: dict[str, list[float]] = {}     # exact CU -> wall seconds of each of its runs
 
     def run_cu(self, cu: dict, env: dict, where: str | None = None) -> dict[str, np.ndarray]:
         """One CU (or, on device `where`, a variant record) on host copies of its inputs."""
@@ -124,7 +131,9 @@ class ExactRun:
                 continue
             if not self.active(cu, env):
                 continue
+            start = time.perf_counter()
             env.update(self.run_cu(cu, env))
+            self.seconds.setdefault(cu_id, []).append(time.perf_counter() - start)
             ran.append(cu_id)
             if changed is not None:
                 changed.update(cu["outputs"])
@@ -163,8 +172,12 @@ def calibrate(dag_path: Path, data: Path, device: str = "wasm") -> dict:
                 swapped, _ = exact.forward(feed, position[cu["id"]] + 1, {**env, **got}, set(cu["outputs"]))
                 key = (cu["id"], precision)
                 measured.setdefault(key, _VariantStats()).observe(got, env, exact.outputs(swapped), reference)
+    loading = load_seconds(model)
     for cu in dag["cus"]:
         cu["calibration"] = {**stats[cu["id"]].record(len(feeds)), "device": device}
+        # Timings vary from run to run: kept apart from the calibration proper, which is deterministic.
+        cu["residency"] = speed_record(exact.seconds.get(cu["id"], []), loading[cu["id"]],
+                                       stats[cu["id"]].activations, len(feeds))
         for precision, variant in cu.get("variants", {}).items():
             found = measured.get((cu["id"], precision))
             cu["variants"][precision] = {"artifacts": variant["artifacts"],
@@ -173,6 +186,24 @@ def calibrate(dag_path: Path, data: Path, device: str = "wasm") -> dict:
     write_bytes_atomically(dag_path, (json.dumps(dag, indent=2) + "\n").encode())
     return {"dag": str(dag_path), "device": device, "feeds": len(feeds),
             "variants": {f"{cu_id} {p}": s.trust for (cu_id, p), s in measured.items()}}
+
+
+def load_seconds(model: CompiledModel) -> dict[str, float]:
+    """Each exact CU's warm load: unloaded from its device, loaded again, timed."""
+    seconds = {}
+    for cu_id in model.dag["order"]:
+        device, cu = model.scheduler.devices[model.scheduler.placement[cu_id]], model.scheduler.cus[cu_id]
+        device.unload(cu_id)
+        start = time.perf_counter()
+        device.load([cu])
+        seconds[cu_id] = time.perf_counter() - start
+    return seconds
+
+
+def speed_record(run_seconds: list[float], load_s: float, activations: int, samples: int) -> dict:
+    run_ms = statistics.median(run_seconds) * 1e3 if run_seconds else None
+    return {"run_ms": run_ms, "load_ms": load_s * 1e3,
+            "hot": bool(samples and activations == samples and run_ms is not None and load_s * 1e3 >= run_ms)}
 
 
 def _load_once(model: CompiledModel, device_name: str, record: dict) -> None:

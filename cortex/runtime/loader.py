@@ -14,6 +14,10 @@ another policy needs them: offline is the fallback for when they cannot be.
 
 `cu_timeout_ms` and `cu_load_timeout_s` set the sandbox's limits (backends/limits.py): each CU
 call's deadline (default: from its cost estimate; 0: none) and each CU load's timeout.
+
+`memory_budget_mb=` keeps the resident CUs within that many MB (memory tiers, docs/runtime.md):
+the least recently used CU is evicted first, never a pinned one (`pins=`, CU ids; by default the
+hot CUs `cortex calibrate` recorded), and a prefetcher thread loads the next CUs while one runs.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from backends.registry import device as device_spec
 from backends.registry import devices
 from cortex.dag import read_dag
 from cortex.runtime.cache import DEFAULT_CACHE_BYTES, ResultCache
+from cortex.runtime.memory import budget_bytes
 from cortex.runtime.offline import SourceModel
 from cortex.runtime.policy import Policy
 from cortex.runtime.policy import policy as resolve_policy
@@ -41,10 +46,18 @@ def device_names() -> list[str]:
 
 class CompiledModel:
     def __init__(self, dag_path: Path, device: str = "wasm", policy: str | Policy | None = None,
-                 cache_bytes: int = DEFAULT_CACHE_BYTES, cu_timeout_ms: float | None = None,
+                 cache_bytes: int = DEFAULT_CACHE_BYTES, *, memory_budget_mb: float | None = None,
+                 pins: list[str] | None = None, cu_timeout_ms: float | str | None = None,
                  cu_load_timeout_s: float | None = None):
         self.path = Path(dag_path)
         self.limits = sandbox_limits(cu_timeout_ms, cu_load_timeout_s)
+        self.memory_budget = budget_bytes(memory_budget_mb)
+        if pins is not None and (isinstance(pins, str) or not all(isinstance(p, str) for p in pins)):
+            raise CortexError("pins must be a list of CU ids, such as ['cu-0003']")
+        if pins is not None and self.memory_budget is None:
+            raise CortexError("pins need a memory budget (memory_budget_mb=, --memory-budget): without one "
+                              "every CU stays resident")
+        self.pins = None if pins is None else list(pins)
         self.device_name = device_spec(device).name
         self.policy = resolve_policy(policy)
         if not isinstance(cache_bytes, int) or cache_bytes < 0:
@@ -109,7 +122,8 @@ class CompiledModel:
 
     def _loaded_scheduler(self) -> SequentialScheduler:
         if self._scheduler is None:
-            scheduler = SequentialScheduler(self.dag, self.path, self.device_name, self.cache, self.limits)
+            scheduler = SequentialScheduler(self.dag, self.path, self.device_name, self.cache, self.limits,
+                                            self.memory_budget, self.pins)
             scheduler.load(self.policy)
             self._scheduler = scheduler
         return self._scheduler
@@ -155,8 +169,11 @@ class CompiledModel:
 
 
 def load(dag_path, device: str = "wasm", policy: str | Policy | None = None,
-         cache_bytes: int = DEFAULT_CACHE_BYTES, cu_timeout_ms: float | None = None,
+         cache_bytes: int = DEFAULT_CACHE_BYTES, *, memory_budget_mb: float | None = None,
+         pins: list[str] | None = None, cu_timeout_ms: float | str | None = None,
          cu_load_timeout_s: float | None = None) -> CompiledModel:
     """A model ready to run; `policy` defaults to balanced, `cache_bytes` bounds the result cache
-    (0 turns it off); `cu_timeout_ms` and `cu_load_timeout_s` are the sandbox's limits."""
-    return CompiledModel(Path(dag_path), device, policy, cache_bytes, cu_timeout_ms, cu_load_timeout_s)
+    (0 turns it off), `memory_budget_mb` the resident CUs (None: all resident), `pins` the CUs that
+    stay resident under it; `cu_timeout_ms` and `cu_load_timeout_s` are the sandbox's limits."""
+    return CompiledModel(Path(dag_path), device, policy, cache_bytes, memory_budget_mb=memory_budget_mb, pins=pins,
+                         cu_timeout_ms=cu_timeout_ms, cu_load_timeout_s=cu_load_timeout_s)

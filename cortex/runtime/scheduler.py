@@ -17,8 +17,10 @@ still pick by the condition).
 CUs holding random ops are never cached, nor CUs on a device whose tensors are not host arrays
 (a GPU: storing its outputs would copy each one back).
 
-Memory tiers with prefetch, threads and remote executors belong here too: they change which CU
-runs next, never how a CU runs.
+Resident: with a memory budget (`memory_budget`, bytes) only some CUs are loaded at a time
+(`cortex/runtime/memory.py` decides which, `cortex/runtime/residency.py` loads, prefetches and
+evicts); without one every CU is loaded before the first request. Either way a CU runs the same.
+Threads and remote executors belong here too: they change which CU runs next, never how a CU runs.
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ from backends.registry import Device, HostTensors
 from backends.registry import device as device_spec
 from cortex.runtime.activation import INACTIVE, Branches
 from cortex.runtime.cache import CacheEntry, ResultCache, cu_key
+from cortex.runtime.memory import MemoryStats, ResidentSet, choose_pins
 from cortex.runtime.policy import Policy
+from cortex.runtime.residency import END, Residency
 from cortex.runtime.variants import VariantRunner
 from ir.ops import RANDOM, kind_of
 
@@ -60,11 +64,15 @@ class Request:
     key: bytes | None = None                      # the current CU's cache key, when it has one
     hit: CacheEntry | None = None                 # the current CU's cache entry, on a hit
     conditions: dict[str, np.ndarray] = field(default_factory=dict)   # branch conditions, on the host
+    position: int = -1                            # the current CU's place in dag.json's order
+    made_by: dict[str, str] = field(default_factory=dict)     # tensor -> the CU whose memory holds it
+    memory: MemoryStats | None = None             # under a memory budget: what the request loaded
 
 
 class SequentialScheduler:
     def __init__(self, dag: dict, dag_path: Path, device: str, cache: ResultCache | None = None,
-                 limits: SandboxLimits | None = None):
+                 limits: SandboxLimits | None = None, memory_budget: int | None = None,
+                 pins: list[str] | None = None):
         self.dag = dag
         self.cus = {cu["id"]: cu for cu in dag["cus"]}
         self.tensor_bytes = {name: t["bytes"] for name, t in dag["tensors"].items()}
@@ -90,11 +98,30 @@ class SequentialScheduler:
         self.variants = VariantRunner(self.cus, self.placement, self.devices,
                                       {name: device_spec(name).artifact for name in self.devices})
         self.branches = Branches(dag)
+        self.residency = None if memory_budget is None else self._residency(memory_budget, pins)
+
+    def _residency(self, budget: int, pins: list[str] | None) -> Residency:
+        footprints = {cu_id: self.devices[self.placement[cu_id]].footprint(self.cus[cu_id]) for cu_id in self.dag["order"]}
+        resident_set = ResidentSet(budget, footprints, choose_pins(self.cus, footprints, budget, pins))
+        # Where each tensor is read last, so an evicted CU's outputs are copied out only if still read.
+        last_use: dict[str, float] = {}
+        for position, cu_id in enumerate(self.dag["order"]):
+            cu = self.cus[cu_id]
+            for name in [*cu["inputs"], *([cu["activation"]["tensor"]] if "activation" in cu else [])]:
+                last_use[name] = position
+        for s in self.dag.get("selects", []):
+            last_use.update((name, END) for name in [s["tensor"], s["condition"], *(c["tensor"] for c in s["cases"])])
+        last_use.update((spec["name"], END) for spec in self.dag["outputs"])
+        return Residency(resident_set, self.devices, self.placement, self.cus, self.dag["order"], last_use)
 
     def load(self, policy: Policy | None = None) -> None:
-        """Every CU resident on its device, and the variants `policy` picks, before the first request."""
-        for name, device in self.devices.items():
-            device.load([self.cus[cu_id] for cu_id in self.dag["order"] if self.placement[cu_id] == name])
+        """Every CU resident on its device (under a budget: the pinned ones), and the variants
+        `policy` picks, before the first request."""
+        if self.residency is not None:
+            self.residency.load_pins()
+        else:
+            for name, device in self.devices.items():
+                device.load([self.cus[cu_id] for cu_id in self.dag["order"] if self.placement[cu_id] == name])
         if policy is not None:
             self.variants.load(policy)
 
@@ -138,11 +165,32 @@ class SequentialScheduler:
         request = Request(policy, self.needed(outputs) if policy.skip_inactive else None,
                           {name: (HOST, value) for name, value in feeds.items()},
                           live_bytes=sum(int(np.asarray(v).nbytes) for v in feeds.values()))
-        for cu_id in self.dag["order"]:
+        residency = self.residency
+        if residency is not None:
+            request.memory = residency.stats()
+        try:
+            self._walk(request, residency)
+        finally:
+            if residency is not None:
+                residency.finish(request)     # no load left in flight, even when a CU failed
+        results = {}
+        for name in outputs:
+            home, tensor = request.env[name]
+            results[name] = np.array(tensor) if home is HOST else self.devices[home].to_host(tensor)
+        return results, request
+
+    def _walk(self, request: Request, residency: Residency | None) -> None:
+        """Every CU in dag.json's order: skipped with its reason, or made resident and run."""
+        if residency is not None:
+            residency.plan(-1, request, lambda cu: self._known_to_run(cu, request))
+        for position, cu_id in enumerate(self.dag["order"]):
             cu = self.cus[cu_id]
-            request.key, request.hit = None, None
+            request.key, request.hit, request.position = None, None, position
             reason = self._skip_reason(cu, request)
             if reason is None:
+                if residency is not None:
+                    residency.acquire(cu_id, request)
+                    residency.plan(position, request, lambda cu: self._known_to_run(cu, request))
                 self._run_cu(cu, request)
             else:
                 request.skipped.append({"cu": cu_id, "reason": reason})
@@ -153,13 +201,10 @@ class SequentialScheduler:
             if reason != INACTIVE:
                 for out, case in self.branches.selected(cu_id, lambda name: self._condition(name, request)):
                     request.env[out] = request.env[case]
+                    if case in request.made_by:
+                        request.made_by[out] = request.made_by[case]
                     if case in request.keys:
                         request.keys[out] = request.keys[case]
-        results = {}
-        for name in outputs:
-            home, tensor = request.env[name]
-            results[name] = np.array(tensor) if home is HOST else self.devices[home].to_host(tensor)
-        return results, request
 
     def _skip_reason(self, cu: dict, request: Request) -> str | None:
         """Why `cu` does not run in this request, or None when it runs. The one place that decides
@@ -179,6 +224,19 @@ class SequentialScheduler:
             if request.hit is not None:
                 return CACHE_HIT
         return None
+
+    def _known_to_run(self, cu: dict, request: Request) -> bool:
+        """Whether `cu`, later in this request, will run as far as is known now: a CU no requested
+        output needs will not, nor a branch CU whose condition picked the other branch; a branch
+        CU whose condition is not computed yet is not known to (a cache hit cannot be foreseen)."""
+        if request.needed is not None and cu["id"] not in request.needed:
+            return False
+        activation = cu.get("activation")
+        if activation is None or not request.policy.skip_inactive:
+            return True
+        if activation["tensor"] not in request.env:
+            return False
+        return self.branches.skip_reason(cu, lambda name: self._condition(name, request)) is None
 
     def _condition(self, name: str, request: Request) -> np.ndarray:
         """A branch condition's value on the host, read once per request."""
@@ -219,6 +277,7 @@ class SequentialScheduler:
         cpu_seconds = time.thread_time() - cpu_start
         request.cpu_seconds += cpu_seconds
         request.env.update((name, (where, tensor)) for name, tensor in results.items())
+        request.made_by.update((name, cu_id) for name in results)
         bytes_in, bytes_out = self.traffic[cu_id]
         request.live_bytes += bytes_out
         if request.key is not None and self.cache.fits(bytes_out):
@@ -229,6 +288,8 @@ class SequentialScheduler:
                                   "seconds": seconds, "cpu_seconds": cpu_seconds, "bytes_in": bytes_in,
                                   "bytes_out": bytes_out, "bytes_from_other_devices": crossed,
                                   "resident_bytes": device.resident_bytes(cu_id), **variant})
+        if self.residency is not None:
+            request.activated[-1]["resident_total_bytes"] = self.residency.after_run(cu_id, request, request.position)
 
 
 def _holds_random_ops(cu: dict) -> bool:

@@ -14,6 +14,12 @@ docs/runtime.md; its JSON Schema is `cortex/schemas/trace.schema.json`.
 - `traps`, `timeouts`, `memory_limit_hits`, `rebuilt`: what the CU sandbox (backends/limits.py,
   backends/wasm/sandbox.py) stopped and how many CU stores it rebuilt, over the model's life,
   failed requests included (a failed request has no trace of its own: the next one shows them).
+
+`memory` (docs/runtime.md, "Memory tiers"): the budget and pins, the bytes the resident CUs hold
+after the request and at their peak during it, bytes loaded and evicted, prefetch hits and misses,
+and wasted bytes: bytes loaded in this request for CUs that then did not run in it. Without a
+budget every CU was loaded before the first request: nothing is loaded or evicted. Under a budget
+each CU entry also carries `resident_total_bytes`, what every resident CU held right after it ran.
 """
 
 from __future__ import annotations
@@ -40,6 +46,9 @@ def request_trace(*, policy: str, device: str, dag_path: Path, outputs: list[str
     """The trace of a request the scheduler ran (`request`: its `Request`)."""
     entries = request.activated
     variants = variant_trace(entries)
+    memory = request.memory.document(resident_bytes) if request.memory is not None \
+        else unbounded_memory(resident_bytes, len(entries))
+    peak = memory["peak_resident_bytes"] + request.live_bytes
     return {
         **_header(policy, device, dag_path, outputs),
         "activated_cus": [t["cu"] for t in entries],
@@ -48,12 +57,13 @@ def request_trace(*, policy: str, device: str, dag_path: Path, outputs: list[str
         "fell_back_cus": [{"cu": t["cu"], "reason": FALLBACK_RUNTIME} for t in entries if t["cu"] in fallback_cus]
         + variants["fell_back_cus"],
         "sandbox_stats": {"cpu_time_ms": request.cpu_seconds * 1e3,
-                          "peak_memory_mb": (resident_bytes + request.live_bytes) / MB,
+                          "peak_memory_mb": peak / MB,
                           "peak_memory_basis": "loaded CUs + live tensors",
                           "process_maxrss_mb": process_maxrss_mb(),
                           "wasm_executions": sum(1 for t in entries if t["device"] == "wasm"),
                           **(sandbox_events or no_sandbox_events())},
         "cache": cache_stats,
+        "memory": memory,
         "offline": None,
         "cus_by_device": {name: sum(1 for t in entries if t["device"] == name)
                           for name in dict.fromkeys(t["device"] for t in entries)},
@@ -74,6 +84,7 @@ def offline_trace(*, device: str, dag_path: Path, outputs: list[str], run: dict,
                           "peak_memory_basis": "process maxrss", "process_maxrss_mb": maxrss,
                           "wasm_executions": 0, **(sandbox_events or no_sandbox_events())},
         "cache": None,
+        "memory": None,
         "offline": {k: v for k, v in run.items() if k not in ("start", "cpu_seconds")},
         "cus_by_device": {},
         "total_seconds": run["seconds"],
@@ -90,8 +101,15 @@ def empty_trace(device: str, dag_path: Path) -> dict:
                                                    "peak_memory_basis": "loaded CUs + live tensors",
                                                    "process_maxrss_mb": process_maxrss_mb(), "wasm_executions": 0,
                                                    **no_sandbox_events()},
-            "cache": None, "offline": None, "cus_by_device": {},
+            "cache": None, "memory": None, "offline": None, "cus_by_device": {},
             "total_seconds": 0.0, "cus": [], "traceEvents": []}
+
+
+def unbounded_memory(resident_bytes: int, ran: int) -> dict:
+    """The `memory` object of a request without a budget: every CU it ran was already resident."""
+    return {"budget_bytes": None, "pinned_cus": [], "resident_bytes": resident_bytes,
+            "peak_resident_bytes": resident_bytes, "bytes_loaded": 0, "bytes_evicted": 0, "loads": 0,
+            "evictions": 0, "prefetch_hits": 0, "prefetch_misses": 0, "already_resident": ran, "wasted_bytes": 0}
 
 
 def _header(policy: str | None, device: str, dag_path: Path, outputs: list[str]) -> dict:
