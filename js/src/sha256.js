@@ -8,7 +8,7 @@ export async function sha256Hex(data) {
 
 /** @param {BufferSource} data @returns {Promise<ArrayBuffer>} */
 export async function digest(data) {
-  const subtle = globalThis.crypto?.subtle;
+  const subtle = globalThis.crypto?.subtle ?? await nodeSubtle();
   if (!subtle) {
     throw new CortexError("SubtleCrypto is unavailable (a page served over plain http from a host other than "
       + "localhost is not a secure context): serve it over https or from 127.0.0.1");
@@ -19,4 +19,10 @@ export async function digest(data) {
 /** @param {ArrayBuffer} buffer */
 export function hex(buffer) {
   return Array.from(new Uint8Array(buffer), (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+/** Node 18 has WebCrypto only as node:crypto's `webcrypto`. */
+async function nodeSubtle() {
+  if (typeof process === "undefined" || !process.versions?.node) return undefined;
+  return (await import("node:crypto")).webcrypto?.subtle;
 }
