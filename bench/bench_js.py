@@ -2,8 +2,8 @@
 process, one thread each, over the light models and MiniLM; and the bundle's load time (fetch over
 http from 127.0.0.1, sha256, compile, instantiate) against onnxruntime-web's session creation (fetch
 of the .onnx file and `InferenceSession.create`). Contestants alternate round by round; the report
-gives the median and the spread (min-max) of the per-run ratios' inputs. Writes its section of
-docs/benchmarks.md, and the raw figures with --json.
+gives each one's median with its spread (min-max) and the ratio of the medians. Writes its section
+of docs/benchmarks.md, and the raw figures with --json.
 
 Cortex compiles each model with the CLI (`bench/cortex_side.build`, which also checks it against
 onnxruntime) and bundles it with `cortex bundle`; both contestants' outputs are compared in Node."""
@@ -65,7 +65,7 @@ def bench_model(name: str, node: JsRunner, rounds: int, load_repeats: int, workd
     case = model_bench.model_case(name)
     session = model_bench._ort_session(case.path)
     reference = dict(zip([o.name for o in session.get_outputs()], session.run(None, case.feeds)))
-    build = cortex_side.build(case.path, case.input_shapes, case.dims, case.feeds, reference, workdir)
+    cortex_side.build(case.path, case.input_shapes, case.dims, case.feeds, reference, workdir)
     site = workdir / "site"
     done = subprocess.run([sys.executable, "-m", "cortex.cli", "bundle", str(workdir / "dag.json"), "--output",
                            str(site)], capture_output=True, text=True, check=False)
@@ -97,15 +97,19 @@ def bench_model(name: str, node: JsRunner, rounds: int, load_repeats: int, workd
             "module_bytes": sum(p.stat().st_size for p in (site / "wasm-bin").glob("*.wasm"))}
 
 
+def _number(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2g}"
+
+
 def render(info: dict, versions: dict, results: list[dict], errors: dict, rounds: int, date: str) -> str:
     lines = [BEGIN, "## The JavaScript runtime in Node (`make bench-js`)", "",
-             f"Cortex's `js/` runtime against onnxruntime-web {versions.get('web')} in the same Node {versions.get('node')} "
+             (f"Cortex's `js/` runtime against onnxruntime-web {versions.get('web')} in the same Node {versions.get('node')} "
              f"(V8 {versions.get('v8')}), one thread each, on {info['cpu']} ({info['cores']} cores), {date}. "
              f"Run: process CPU time per `session.run`, median over {rounds} interleaved rounds (min-max in "
              "brackets); Cortex under `strict` (every CU runs, no cache). Load: a fresh session, fetched over http "
              "from 127.0.0.1 (Cortex: dag.json and the modules of `cortex bundle`, sha256-checked, compiled and "
              "instantiated; onnxruntime-web: the .onnx file and `InferenceSession.create`), wall time. "
-             f"Ratio = Cortex / onnxruntime-web; goal for runs: at most {GOAL}.", "",
+             f"Ratio = Cortex / onnxruntime-web; goal for runs: at most {GOAL}."), "",
              "| model | CUs | Cortex run ms | ort-web run ms | run ratio | Cortex load ms | ort-web load ms | load ratio | max abs diff |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
@@ -114,7 +118,7 @@ def render(info: dict, versions: dict, results: list[dict], errors: dict, rounds
     for r in results:
         lines.append(f"| {r['model']} | {r['cus']} | {cell(r['run']['cortex-js'])} | {cell(r['run']['ortweb'])} | "
                      f"{r['run_ratio']:.2f} | {cell(r['load']['cortex-js'])} | {cell(r['load']['ortweb'])} | "
-                     f"{r['load_ratio']:.2f} | {r['max_abs_vs_ortweb']:.2g} |")
+                     f"{r['load_ratio']:.2f} | {_number(r['max_abs_vs_ortweb'])} |")
     for name, why in errors.items():
         lines.append(f"| {name} | n/a: {why} | | | | | | | |")
     if results:
@@ -162,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{result['load']['ortweb']['median_ms']:.1f} ms (ratio {result['load_ratio']:.2f})", flush=True)
     finally:
         node.close()
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     replace_section(args.output, render(info, versions, results, errors, args.rounds, date), BEGIN, END)
     print(f"wrote {args.output}")
     if args.json:
