@@ -28,6 +28,8 @@ JS_DIR = REPO_ROOT / "js"
 NODE = shutil.which("node")
 NODE_TIMEOUT_S = 900
 CASES_DIR = CACHE_DIR / "js-tests"
+# Where `make bench` installs onnxruntime-web; the fallback CUs' case runs when it is there.
+ORTWEB_DIR = REPO_ROOT / "bench" / "ortweb"
 
 
 def _tensor(folder: Path, stem: str, array) -> dict:
@@ -49,8 +51,9 @@ def write_requests(folder: Path, requests: list[dict]) -> list[dict]:
     return described
 
 
-def write_case(folder: Path, name: str, dag: Path, requests: list[dict], rtol: float, atol: float) -> Path:
-    case = {"name": name, "dag": os.path.relpath(dag, folder), "rtol": rtol, "atol": atol,
+def write_case(folder: Path, name: str, dag: Path, requests: list[dict], rtol: float, atol: float,
+               fallback: bool = False) -> Path:
+    case = {"name": name, "dag": os.path.relpath(dag, folder), "rtol": rtol, "atol": atol, "fallback": fallback,
             "requests": write_requests(folder, requests)}
     (folder / "case.json").write_text(json.dumps(case, indent=1))
     return folder / "case.json"
@@ -72,6 +75,10 @@ def compiled_case(case, features: str = "simd,bulk-memory", opt_level: str = "2"
     return ensure_folder(CASES_DIR / f"{case.name}-{digest}-{options}", build) / "case.json"
 
 
+def ortweb_installed() -> bool:
+    return (ORTWEB_DIR / "node_modules" / "onnxruntime-web" / "package.json").is_file()
+
+
 def run_node_tests(cases: list[Path], workdir: Path, *files: str) -> str:
     """`node --test` over js/test/ (or `files` in it) with `cases`; asserts every test passed and
     at least one ran; returns the report."""
@@ -80,8 +87,11 @@ def run_node_tests(cases: list[Path], workdir: Path, *files: str) -> str:
     traces.mkdir()
     listing.write_text(json.dumps([str(c) for c in cases]))
     targets = [str(JS_DIR / "test" / f) for f in files] or [str(JS_DIR / "test")]
-    done = subprocess.run([NODE, "--experimental-wasm-relaxed-simd", "--test", *targets], check=False, capture_output=True,
-                          text=True, timeout=NODE_TIMEOUT_S, cwd=REPO_ROOT, env={**os.environ, "CORTEX_JS_CASES": str(listing), "CORTEX_JS_TRACES": str(traces)})
+    env = {**os.environ, "CORTEX_JS_CASES": str(listing), "CORTEX_JS_TRACES": str(traces)}
+    if ortweb_installed():
+        env["CORTEX_JS_ORTWEB"] = str(ORTWEB_DIR)
+    done = subprocess.run([NODE, "--experimental-wasm-relaxed-simd", "--test", *targets], check=False,
+                          capture_output=True, text=True, timeout=NODE_TIMEOUT_S, cwd=REPO_ROOT, env=env)
     report = done.stdout + done.stderr
     assert done.returncode == 0, report[-6000:]
     counts = {line.split()[1]: int(line.split()[2]) for line in report.splitlines()

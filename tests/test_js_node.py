@@ -12,6 +12,7 @@ import pytest
 from js_cases import CASES_DIR, NODE, compiled_case, run_node_tests, write_case
 from onnx import TensorProto, helper, numpy_helper
 from test_conditional_cus import build, feeds_for, if_model
+from test_fallback_cus import WIDTH, mixed_model
 from testdata import light_model, minilm, run_onnxruntime, sample_model
 from wasm_cases import compile_pipeline
 
@@ -67,11 +68,22 @@ def two_outputs_case():
     return ensure_folder(CASES_DIR / "two-outputs", make) / "case.json"
 
 
+def fallback_case():
+    """A TfIdfVectorizer, which no target lowers, in a fallback CU on onnxruntime-web."""
+    def make(tmp):
+        model = mixed_model()
+        build(tmp, model, "--fallback", "onnxruntime", "--min-cu-size", "16")
+        feeds = {"x": np.random.default_rng(1).standard_normal((4, WIDTH)).astype(np.float32)}
+        write_case(tmp, "fallback-cus", tmp / "dag.json", [{"inputs": feeds, "outputs": run_onnxruntime(model, feeds)}],
+                   1e-4, 1e-5, fallback=True)
+    return ensure_folder(CASES_DIR / "fallback-cus", make) / "case.json"
+
+
 def test_node_runs_the_samples_branches_and_requested_outputs(tmp_path):
     cases = [compiled_case(sample_model(name), features, opt_level="3" if "relaxed" in features else "2",
                            min_cu_size=256, max_cu_depth=3)
              for name, features in SAMPLE_FEATURES.items()]
-    run_node_tests([*cases, branch_case(), two_outputs_case()], tmp_path)
+    run_node_tests([*cases, branch_case(), two_outputs_case(), fallback_case()], tmp_path)
 
 
 @pytest.mark.slow

@@ -47,6 +47,34 @@ export async function loadFallbackUnit(cu, base, ort) {
   if (sha !== cu.sha256) {
     throw new CortexError(`${url.href}: sha256 ${sha} is not the ${cu.sha256} that dag.json records for ${cu.id}`);
   }
-  const session = await ort.InferenceSession.create(bytes, { executionProviders: ["wasm"] });
+  let session;
+  try {
+    session = await ort.InferenceSession.create(bytes, { executionProviders: ["wasm"] });
+  } catch (e) {
+    // cu.onnx carries the IR version of the onnx package that wrote it, which may be newer than
+    // the onnxruntime-web at hand supports; the CU uses only what its opset allows, so it is retried
+    // once declaring the newest IR version that onnxruntime-web names.
+    const newest = /max supported IR version: (\d+)/.exec(String(/** @type {any} */ (e)?.message));
+    if (!newest) throw new CortexError(`${cu.id}: onnxruntime-web cannot load ${url.href}: ${firstLine(e)}`);
+    session = await ort.InferenceSession.create(withIrVersion(bytes, Number(newest[1])), { executionProviders: ["wasm"] })
+      .catch((again) => { throw new CortexError(`${cu.id}: onnxruntime-web cannot load ${url.href}: ${firstLine(again)}`); });
+  }
   return new OnnxruntimeUnit(cu, session, ort);
+}
+
+/** @param {any} e */
+function firstLine(e) {
+  return String(e?.message ?? e).split("\n")[0].split("ERROR_MESSAGE:").pop()?.trim();
+}
+
+/** The ModelProto with field 1 (ir_version, a varint; ONNX writers put it first) set to `version`.
+ * @param {Uint8Array} bytes @param {number} version */
+export function withIrVersion(bytes, version) {
+  if (bytes[0] !== 0x08 || version > 127) return bytes;
+  let end = 1;
+  while (bytes[end] & 0x80) end += 1;
+  const patched = new Uint8Array(bytes.length - (end + 1) + 2);
+  patched.set([0x08, version]);
+  patched.set(bytes.subarray(end + 1), 2);
+  return patched;
 }

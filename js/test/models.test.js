@@ -5,15 +5,18 @@ import { writeFileSync } from "node:fs";
 import path from "node:path";
 import { test } from "node:test";
 import { InferenceSession } from "../src/index.js";
-import { SKIP, assertClose, loadCases, readTensors } from "../testing/cases.js";
+import { SKIP, assertClose, loadCases, onnxruntimeWeb, readTensors } from "../testing/cases.js";
 
 const cases = loadCases();
+const ort = await onnxruntimeWeb();
 
 test("cases were given", { skip: SKIP }, () => assert.ok(cases.length > 0));
 
 for (const c of cases) {
-  test(`${c.name} matches onnxruntime`, async () => {
-    const session = await InferenceSession.create(c.dag, { policy: "strict" });
+  const skip = c.fallback && !ort && "a fallback case needs onnxruntime-web (CORTEX_JS_ORTWEB)";
+  const options = c.fallback ? { onnxruntime: ort } : {};
+  test(`${c.name} matches onnxruntime`, { skip }, async () => {
+    const session = await InferenceSession.create(c.dag, { ...options, policy: "strict" });
     for (const [i, request] of c.requests.entries()) {
       const feeds = readTensors(c, request.inputs);
       const got = await session.run(feeds, request.fetches ?? undefined);
@@ -25,12 +28,14 @@ for (const c of cases) {
       assert.equal(trace.cache, null);
       assert.deepEqual(trace.activated_cus, session.dag.order);      // strict runs every CU, in order
       assert.equal(trace.cus.length, session.dag.order.length);
-      assert.ok(trace.cus.every((/** @type {any} */ t) => t.seconds >= 0 && t.resident_bytes > 0));
+      const fallback = session.dag.cus.filter((cu) => cu.runs_on).map((cu) => cu.id).sort();
+      assert.deepEqual(trace.fell_back_cus.map((/** @type {any} */ f) => f.cu).sort(), fallback);
+      assert.ok(trace.cus.every((/** @type {any} */ t) => t.seconds >= 0 && (t.device !== "wasm" || t.resident_bytes > 0)));
     }
   });
 
-  test(`${c.name} under balanced: skips what the request does not need, then hits the cache`, async () => {
-    const session = await InferenceSession.create(c.dag);
+  test(`${c.name} under balanced: skips what the request does not need, then hits the cache`, { skip }, async () => {
+    const session = await InferenceSession.create(c.dag, options);
     for (const [i, request] of c.requests.entries()) {
       const feeds = readTensors(c, request.inputs);
       const want = readTensors(c, request.outputs);

@@ -2,6 +2,7 @@
 // case.json files. Without it every test that needs a case is skipped.
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
+import { createRequire } from "node:module";
 import path from "node:path";
 import { ARRAY_TYPES } from "../src/tensor.js";
 import { Tensor } from "../src/index.js";
@@ -53,4 +54,16 @@ export function assertClose(got, want, rtol, atol, label) {
     }
   }
   assert.ok(at < 0, `${label}[${at}]: got ${got.data[at]}, want ${want.data[at]} (rtol ${rtol}, atol ${atol})`);
+}
+
+/** onnxruntime-web from the folder CORTEX_JS_ORTWEB names (bench/ortweb, where make installs it), or null. */
+export async function onnxruntimeWeb() {
+  const folder = process.env.CORTEX_JS_ORTWEB;
+  if (!folder) return null;
+  const entry = createRequire(path.join(folder, "package.json")).resolve("onnxruntime-web");
+  const ort = await import(entry);
+  const api = ort.InferenceSession ? ort : ort.default;
+  api.env.wasm.numThreads = 1;
+  api.env.logLevel = "error";
+  return api;
 }
