@@ -12,6 +12,7 @@ import pytest
 from js_cases import CASES_DIR, NODE, compiled_case, run_node_tests, write_case
 from onnx import TensorProto, helper, numpy_helper
 from test_conditional_cus import build, feeds_for, if_model
+from test_data_dependent import compile_wasm, detection_feeds, detection_model
 from test_fallback_cus import WIDTH, mixed_model
 from testdata import light_model, minilm, run_onnxruntime, sample_model
 from wasm_cases import compile_pipeline
@@ -79,11 +80,23 @@ def fallback_case():
     return ensure_folder(CASES_DIR / "fallback-cus", make) / "case.json"
 
 
-def test_node_runs_the_samples_branches_and_requested_outputs(tmp_path):
+def bounded_case():
+    """NonMaxSuppression and the gathers after it, one node per CU: data-dependent lengths cross CU
+    borders at their real shape, and the outputs come back at it (three feeds, three lengths)."""
+    def make(tmp):
+        model = detection_model(tmp / "postprocess.onnx")
+        dag = compile_wasm(model, tmp, "--max-cu-depth", 1, "--min-cu-size", 0)
+        requests = [{"inputs": feeds, "outputs": run_onnxruntime(onnx.load(model), feeds)} for feeds in detection_feeds()]
+        assert len({r["outputs"]["det_scores"].shape for r in requests}) == 3
+        write_case(tmp, "bounded-lengths", dag, requests, 1e-6, 1e-7)
+    return ensure_folder(CASES_DIR / "bounded-lengths", make) / "case.json"
+
+
+def test_node_runs_the_samples_branches_requested_outputs_fallbacks_and_bounded_lengths(tmp_path):
     cases = [compiled_case(sample_model(name), features, opt_level="3" if "relaxed" in features else "2",
                            min_cu_size=256, max_cu_depth=3)
              for name, features in SAMPLE_FEATURES.items()]
-    run_node_tests([*cases, branch_case(), two_outputs_case(), fallback_case()], tmp_path)
+    run_node_tests([*cases, branch_case(), two_outputs_case(), fallback_case(), bounded_case()], tmp_path)
 
 
 @pytest.mark.slow
