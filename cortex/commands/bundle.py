@@ -40,7 +40,7 @@ def bundle(
     document = read_dag(dag)
     sources = _runtime_sources()
     files = _artifacts(document, dag)
-    if output.resolve() == dag.resolve().parent or dag.resolve().is_relative_to(output.resolve()):
+    if dag.resolve().is_relative_to(output.resolve()):      # replacing --output would delete the model
         raise CortexError(f"--output {output}: it holds {dag}; bundle into another folder")
 
     def fill(folder: Path) -> int:

@@ -15,8 +15,7 @@ const PROBES = {
 };
 
 const HINTS = {
-  "relaxed-simd": " (Node 20 needs --experimental-wasm-relaxed-simd; Chrome has it from 114, Firefox from 120"
-    + " behind javascript.options.wasm_relaxed_simd; or recompile with --features simd)",
+  "relaxed-simd": " (Node 20 needs --experimental-wasm-relaxed-simd; or recompile with --features simd)",
 };
 
 /** The union of the features the wasm artifacts record. @param {any[]} records */
