@@ -75,6 +75,7 @@ export class Scheduler {
       policy,
       needed: policy.skipInactive ? this.needed(outputs) : null,
       env: new Map(Object.entries(feeds)),
+      /** @type {Map<string, string>} tensor -> the device whose CU wrote it (absent: the host) */ home: new Map(),
       /** @type {Map<string, string>} */ keys: new Map(),
       /** @type {any[]} */ activated: [],
       /** @type {{cu: string, reason: string}[]} */ skipped: [],
@@ -89,7 +90,10 @@ export class Scheduler {
         request.skipped.push({ cu: id, reason });
       }
       if (reason === CACHE_HIT) {
-        for (const [name, tensor] of Object.entries(hit.outputs)) request.env.set(name, tensor);
+        for (const [name, tensor] of Object.entries(hit.outputs)) {
+          request.env.set(name, tensor);
+          request.home.delete(name);
+        }
         for (const [name, k] of Object.entries(hit.outputKeys)) request.keys.set(name, k);
         request.liveBytes += hit.nbytes;
       }
@@ -97,6 +101,7 @@ export class Scheduler {
         for (const [out, cond, equals, caseName] of this.casesOf.get(id) ?? []) {
           if (conditionValue(request.env.get(cond)) !== equals) continue;
           request.env.set(out, request.env.get(caseName));
+          if (request.home.has(caseName)) request.home.set(out, request.home.get(caseName));
           if (request.keys.has(caseName)) request.keys.set(out, /** @type {string} */ (request.keys.get(caseName)));
         }
       }
@@ -141,21 +146,30 @@ export class Scheduler {
     const unit = /** @type {Unit} */ (this.units.get(cu.id));
     /** @type {Record<string, any>} */
     const inputs = {};
-    for (const name of cu.inputs) inputs[name] = request.env.get(name);
+    const where = this.placement.get(cu.id);
+    let crossed = 0;                          // bytes another device's CU wrote, as in Python's trace
+    for (const name of cu.inputs) {
+      inputs[name] = request.env.get(name);
+      const home = request.home.get(name);
+      if (home !== undefined && home !== where) crossed += this.dag.tensors[name].bytes;
+    }
     const cpuStart = cpuClock();
     const start = clock();
     const results = await unit.run(inputs);
     const seconds = (clock() - start) / 1000;
     const cpuSeconds = cpuClock() - cpuStart;
-    for (const [name, tensor] of Object.entries(results)) request.env.set(name, tensor);
+    for (const [name, tensor] of Object.entries(results)) {
+      request.env.set(name, tensor);
+      request.home.set(name, /** @type {string} */ (where));
+    }
     const [bytesIn, bytesOut] = /** @type {number[]} */ (this.traffic.get(cu.id));
     request.liveBytes += bytesOut;
     if (key !== null && this.cache.fits(bytesOut)) {
       const entry = await this.cache.put(key, results);
       if (entry !== undefined) for (const [name, k] of Object.entries(entry.outputKeys)) request.keys.set(name, k);
     }
-    request.activated.push({ cu: cu.id, device: this.placement.get(cu.id), op_types: cu.op_types ?? [], start, seconds,
-      cpu_seconds: cpuSeconds, bytes_in: bytesIn, bytes_out: bytesOut, bytes_from_other_devices: 0,
+    request.activated.push({ cu: cu.id, device: where, op_types: cu.op_types ?? [], start, seconds,
+      cpu_seconds: cpuSeconds, bytes_in: bytesIn, bytes_out: bytesOut, bytes_from_other_devices: crossed,
       resident_bytes: unit.residentBytes });
   }
 }

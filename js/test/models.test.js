@@ -30,6 +30,8 @@ for (const c of cases) {
       assert.equal(trace.cus.length, session.dag.order.length);
       const fallback = session.dag.cus.filter((cu) => cu.runs_on).map((cu) => cu.id).sort();
       assert.deepEqual(trace.fell_back_cus.map((/** @type {any} */ f) => f.cu).sort(), fallback);
+      const crossing = trace.cus.filter((/** @type {any} */ t) => t.bytes_from_other_devices > 0).length;
+      assert.equal(crossing > 0, fallback.length > 0, "tensors cross devices exactly when a fallback CU runs");
       assert.ok(trace.cus.every((/** @type {any} */ t) => t.seconds >= 0 && (t.device !== "wasm" || t.resident_bytes > 0)));
     }
   });
