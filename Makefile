@@ -7,7 +7,7 @@ OUT    ?= out
 SAMPLE ?= samples/cnn.onnx
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-all samples conformance bench bench-decompose bench-runtime bench-sandbox gpu-check clean
+.PHONY: setup demo test test-all samples conformance bench bench-decompose bench-runtime bench-sandbox bench-js gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,8 +50,13 @@ $(ORTWEB): bench/ortweb/package.json bench/ortweb/package-lock.json
 	touch $(ORTWEB)
 
 ## Cortex WASM against onnxruntime (native) and onnxruntime-web (after bench-decompose): writes its section of docs/benchmarks.md and $(OUT)/bench.json.
-bench: setup $(ORTWEB) bench-decompose
+bench: setup $(ORTWEB) bench-decompose bench-js
 	$(BIN)/python -m bench.bench_models --json $(OUT)/bench.json
+
+## The JavaScript runtime (js/) against onnxruntime-web in one Node, one thread, over the light models and
+## MiniLM, and the bundle's load time against session creation: writes its section of docs/benchmarks.md.
+bench-js: setup $(ORTWEB)
+	$(BIN)/python -m bench.bench_js --json $(OUT)/bench-js.json
 
 ## The CU runtime: decoding with the result cache (strict vs balanced vs onnxruntime), and the
 ## reduced-precision variants' bytes, trust, agreement and latency, and memory tiers (vgg19 under a budget

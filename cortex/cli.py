@@ -22,7 +22,7 @@ import typer
 from ir.errors import CortexError
 
 from backends.registry import targets
-from cortex.commands import bench, build_dag, calibrate, decompose, inspect_model, run, serve, verify
+from cortex.commands import bench, build_dag, bundle, calibrate, decompose, inspect_model, run, serve, verify
 from cortex.commands.compile_target import compile_command
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -45,6 +45,7 @@ app.command("run")(run.run)
 app.command("verify")(verify.verify)
 app.command("bench")(bench.bench)
 app.command("serve")(serve.serve)
+app.command("bundle")(bundle.bundle)
 
 
 def main(argv: list[str] | None = None) -> None:

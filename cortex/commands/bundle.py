@@ -1,0 +1,96 @@
+"""`cortex bundle out/dag.json --output site/`: a folder any static web server can host, holding the
+compiled model, the JavaScript runtime (js/src, as `cortex-runtime/`) and an example page that runs
+the model on the example inputs of `cortex run --example-inputs` and charts each CU's time.
+
+The bundle's dag.json is the compiled one less what the browser runtime never reads: the source
+model (a file outside the folder, for the offline policy) and reduced-precision variants. Each
+module is copied after its sha256 is checked against dag.json, so a stale build is refused here
+rather than in the browser. The folder is built beside --output and renamed into place.
+"""
+
+from __future__ import annotations
+
+import json as jsonlib
+import shutil
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cortex.console import print_json, print_summary
+from cortex.dag import read_dag, validate_dag
+from ir.errors import CortexError
+from ir.fs import (
+    confined_path,
+    read_artifact,
+    write_bytes_atomically,
+    write_directory_atomically,
+)
+
+JS_DIR = Path(__file__).resolve().parents[2] / "js"
+RUNTIME_FOLDER = "cortex-runtime"
+
+
+def bundle(
+    dag: Annotated[Path, typer.Argument(help="The dag.json, compiled with 'cortex compile-wasm'.")],
+    output: Annotated[Path, typer.Option("--output", help="The folder to write (replaced as a whole).")],
+    json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
+) -> None:
+    """Write a static site that runs the model in a browser: dag.json, modules, JS runtime, example page."""
+    document = read_dag(dag)
+    sources = _runtime_sources()
+    files = _artifacts(document, dag)
+    if dag.resolve().is_relative_to(output.resolve()):      # replacing --output would delete the model
+        raise CortexError(f"--output {output}: it holds {dag}; bundle into another folder")
+
+    def fill(folder: Path) -> int:
+        total = 0
+        for relative, data in files.items():
+            write_bytes_atomically(folder / relative, data)
+            total += len(data)
+        bundled = _bundled_dag(document)
+        validate_dag(bundled)
+        write_bytes_atomically(folder / "dag.json", jsonlib.dumps(bundled, indent=2).encode())
+        (folder / RUNTIME_FOLDER).mkdir()
+        for source in sources:
+            shutil.copyfile(source, folder / RUNTIME_FOLDER / source.name)
+        for page in ("index.html", "main.js"):
+            shutil.copyfile(JS_DIR / "page" / page, folder / page)
+        return total
+
+    module_bytes = write_directory_atomically(output, fill)
+    summary = {"output": str(output), "cus": len(document["cus"]), "files": len(files), "module_bytes": module_bytes,
+               "runtime": f"{RUNTIME_FOLDER}/ ({len(sources)} files)", "page": "index.html"}
+    if json:
+        print_json(summary)
+    else:
+        print_summary("cortex bundle", [("output", str(output)), ("CUs", str(summary["cus"])),
+                                        ("module bytes", f"{module_bytes:,}"), ("runtime", summary["runtime"]),
+                                        ("page", f"index.html (serve {output} and open it)")])
+
+
+def _runtime_sources() -> list[Path]:
+    sources = sorted((JS_DIR / "src").glob("*.js"))
+    if not sources or not (JS_DIR / "page" / "index.html").is_file():
+        raise CortexError(f"the JavaScript runtime is missing ({JS_DIR / 'src'}): cortex bundle needs the js/ "
+                          "folder of the Cortex source tree")
+    return sources
+
+
+def _artifacts(document: dict, dag: Path) -> dict[str, bytes]:
+    """Each file the browser fetches, by its path relative to dag.json, its sha256 checked."""
+    files = {}
+    for cu in document["cus"]:
+        record = {"path": cu["path"], "sha256": cu["sha256"]} if "runs_on" in cu else cu.get("artifacts", {}).get("wasm")
+        if record is None:
+            raise CortexError(f"{dag}: {cu['id']} has no wasm artifact; run 'cortex compile-wasm --dag {dag}' first")
+        path = confined_path(dag.parent, record["path"])       # read_dag checked it stays inside
+        files[record["path"]] = read_artifact(path, record["sha256"], f"{dag} ({cu['id']})",
+                                              f"rerun 'cortex compile-wasm --dag {dag}'")
+    return files
+
+
+def _bundled_dag(document: dict) -> dict:
+    bundled = {k: v for k, v in document.items() if k != "source_model"}
+    bundled["cus"] = [{k: v for k, v in cu.items() if k != "variants"} for cu in document["cus"]]
+    return bundled

@@ -1,0 +1,47 @@
+// Loading the CUs' modules: each file is read, its sha256 checked against dag.json (a tampered or
+// stale file is refused), compiled and instantiated. All CUs load at once; over http the bytes
+// stream into `WebAssembly.compileStreaming` while a clone of the response is hashed.
+import { CortexError } from "./errors.js";
+import { fetched, fileUrl, readBytes } from "./loader.js";
+import { sha256Hex } from "./sha256.js";
+import { WasmUnit } from "./wasm_unit.js";
+
+/** @param {import("./dag.js").CU} cu @param {URL} base dag.json's URL @returns {Promise<WasmUnit>} */
+export async function loadWasmUnit(cu, base) {
+  const record = /** @type {import("./dag.js").WasmRecord} */ (cu.artifacts?.wasm);
+  const url = fileUrl(base, record.path, cu.id);
+  const [bytesSha, module] = await compiled(url, cu.id);
+  if (bytesSha !== record.sha256) {
+    throw new CortexError(`${url.href}: sha256 ${bytesSha} is not the ${record.sha256} that dag.json records for `
+      + `${cu.id} (a stale or tampered file: recompile with cortex compile-wasm)`);
+  }
+  let instance;
+  try {
+    instance = await WebAssembly.instantiate(module, {});
+  } catch (e) {
+    throw new CortexError(`${url.href}: ${cu.id} cannot be instantiated: ${/** @type {any} */ (e).message ?? e}`);
+  }
+  return new WasmUnit(cu, instance);
+}
+
+/** The module's sha256 and the compiled module. @param {URL} url @param {string} id
+ * @returns {Promise<[string, WebAssembly.Module]>} */
+async function compiled(url, id) {
+  try {
+    if (url.protocol !== "file:" && typeof WebAssembly.compileStreaming === "function") {
+      const response = await fetched(url);
+      const hashed = response.clone().arrayBuffer().then(sha256Hex);
+      const module = await WebAssembly.compileStreaming(response).catch(async (e) => {
+        // A server that does not send application/wasm: compile from the bytes instead.
+        if (!(e instanceof TypeError)) throw e;
+        return WebAssembly.compile(await (await fetched(url)).arrayBuffer());
+      });
+      return [await hashed, module];
+    }
+    const bytes = await readBytes(url);
+    return [await sha256Hex(bytes), await WebAssembly.compile(bytes)];
+  } catch (e) {
+    if (e instanceof CortexError) throw e;
+    throw new CortexError(`${url.href}: ${id} does not compile: ${/** @type {any} */ (e).message ?? e}`);
+  }
+}

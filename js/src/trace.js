@@ -1,0 +1,71 @@
+// The trace of one request, in the shape of the Python runtime's (docs/runtime.md, schema
+// cortex/schemas/trace.schema.json). What differs is only what an engine can measure: there is
+// no per-thread CPU clock in a browser, so `cpu_time_ms` is the process's CPU time in Node
+// (process.cpuUsage, V8's helper threads included) and the CUs' wall time in a browser;
+// `peak_memory_mb` is the loaded CUs' memories plus the tensors the request holds, as in Python.
+
+const IN_NODE = typeof process !== "undefined" && typeof process.cpuUsage === "function";
+const MB = 2 ** 20;
+export const TRACE_SCHEMA = "cortex.trace/1";
+export const FALLBACK_RUNTIME = "fallback runtime";
+
+/** Milliseconds, monotonic. */
+export const clock = () => performance.now();
+
+/** Seconds of CPU time where the engine can tell, wall time otherwise. */
+export function cpuClock() {
+  if (IN_NODE) {
+    const { user, system } = process.cpuUsage();
+    return (user + system) / 1e6;
+  }
+  return performance.now() / 1000;
+}
+
+function processMaxrssMb() {
+  return IN_NODE && typeof process.resourceUsage === "function" ? process.resourceUsage().maxRSS / 1024 : 0;
+}
+
+/** @param {string|null} policy @param {string} dag @param {string[]} outputs */
+function header(policy, dag, outputs) {
+  return { schema: TRACE_SCHEMA, policy, device: "wasm", dag, requested_outputs: [...outputs] };
+}
+
+/** `lastTrace` before the first request. @param {string} dag */
+export function emptyTrace(dag) {
+  return { ...header(null, dag, []), activated_cus: [], skipped_cus: [], approximated_cus: [], fell_back_cus: [],
+    sandbox_stats: { cpu_time_ms: 0, peak_memory_mb: 0, peak_memory_basis: "loaded CUs + live tensors",
+      process_maxrss_mb: processMaxrssMb(), wasm_executions: 0 },
+    cache: null, offline: null, cus_by_device: {}, total_seconds: 0, cus: [], traceEvents: [] };
+}
+
+/** @param {{policy: string, dag: string, outputs: string[], request: any, residentBytes: number, cacheStats: any}} what */
+export function requestTrace({ policy, dag, outputs, request, residentBytes, cacheStats }) {
+  /** @type {any[]} */
+  const entries = request.activated;
+  /** @type {Record<string, number>} */
+  const byDevice = {};
+  for (const t of entries) byDevice[t.device] = (byDevice[t.device] ?? 0) + 1;
+  const t0 = entries.length ? entries[0].start : 0;
+  return {
+    ...header(policy, dag, outputs),
+    activated_cus: entries.map((t) => t.cu),
+    skipped_cus: [...request.skipped],
+    approximated_cus: [],
+    fell_back_cus: entries.filter((t) => t.device !== "wasm").map((t) => ({ cu: t.cu, reason: FALLBACK_RUNTIME })),
+    sandbox_stats: {
+      cpu_time_ms: entries.reduce((n, t) => n + t.cpu_seconds, 0) * 1e3,
+      peak_memory_mb: (residentBytes + request.liveBytes) / MB,
+      peak_memory_basis: "loaded CUs + live tensors",
+      process_maxrss_mb: processMaxrssMb(),
+      wasm_executions: entries.filter((t) => t.device === "wasm").length,
+    },
+    cache: cacheStats,
+    offline: null,
+    cus_by_device: byDevice,
+    total_seconds: entries.reduce((n, t) => n + t.seconds, 0),
+    cus: entries.map(({ start, ...rest }) => rest),
+    traceEvents: entries.map((t) => ({ name: t.cu, cat: t.op_types.join(","), ph: "X", pid: 0, tid: 0,
+      ts: (t.start - t0) * 1e3, dur: t.seconds * 1e6,
+      args: { device: t.device, bytes_in: t.bytes_in, bytes_out: t.bytes_out } })),
+  };
+}

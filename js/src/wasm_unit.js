@@ -1,0 +1,95 @@
+// One compiled CU: its instance, and its inputs and outputs at the offsets of its memory plan
+// (backends/wasm/memory_plan.py). Running is one copy in per input, one call, and views of the
+// outputs in the module's memory, valid until this CU runs again (the scheduler copies what it keeps).
+// A bounded tensor (a data-dependent length, ir/bounds.py) comes in at its real shape, padded with
+// zeros to its bound, and its real length is the int32 at the plan's `length_offset`.
+import { CortexError } from "./errors.js";
+import { ARRAY_TYPES, Tensor, bytesOf, elementCount } from "./tensor.js";
+
+export class WasmUnit {
+  /** @param {import("./dag.js").CU} cu @param {WebAssembly.Instance} instance */
+  constructor(cu, instance) {
+    this.cu = cu;
+    this.plan = /** @type {import("./dag.js").WasmRecord} */ (cu.artifacts?.wasm).memory;
+    const exports = /** @type {any} */ (instance.exports);
+    if (!(exports.memory instanceof WebAssembly.Memory) || typeof exports.run !== "function") {
+      throw new CortexError(`${cu.id}: its module does not export 'memory' and 'run'`);
+    }
+    /** @type {WebAssembly.Memory} */ this.memory = exports.memory;
+    /** @type {() => void} */ this.call = exports.run;
+  }
+
+  get residentBytes() {
+    return this.memory.buffer.byteLength;
+  }
+
+  /** @param {Record<string, {type: string, data: ArrayBufferView, dims: readonly number[]}>} inputs
+   *  @returns {Record<string, Tensor>} views of this CU's memory */
+  run(inputs) {
+    const buffer = this.memory.buffer;
+    for (const entry of this.plan.inputs) {
+      const tensor = inputs[entry.name];
+      if (entry.bound) {
+        new Int32Array(buffer, entry.bound.length_offset, 1)[0] = padInto(buffer, entry, tensor);
+      } else {
+        new Uint8Array(buffer, entry.offset, entry.bytes).set(bytesOf(tensor));
+      }
+    }
+    try {
+      this.call();
+    } catch (e) {
+      const ops = (this.cu.op_types ?? []).join(", ");
+      throw new CortexError(`${this.cu.id} (${ops}) trapped: ${/** @type {any} */ (e).message ?? e}`);
+    }
+    const after = this.memory.buffer;     // a module that grew its memory has a new buffer
+    /** @type {Record<string, Tensor>} */
+    const outputs = {};
+    for (const entry of this.plan.outputs) {
+      outputs[entry.name] = entry.bound ? realPart(after, entry) : view(after, entry, entry.shape);
+    }
+    return outputs;
+  }
+}
+
+/** @param {ArrayBuffer} buffer @param {import("./dag.js").PlanEntry} entry @param {number[]} shape */
+function view(buffer, entry, shape) {
+  const ArrayType = ARRAY_TYPES[entry.dtype];
+  return new Tensor(entry.dtype, new ArrayType(buffer, entry.offset, elementCount(shape)), shape);
+}
+
+/** Rows of `axis` in a row-major shape: (outer count, bytes of one slot along axis). */
+function layout(/** @type {number[]} */ shape, /** @type {number} */ axis, /** @type {number} */ itemBytes) {
+  return [elementCount(shape.slice(0, axis)), elementCount(shape.slice(axis + 1)) * itemBytes];
+}
+
+/** @param {ArrayBuffer} buffer @param {import("./dag.js").PlanEntry} entry @param {{data: ArrayBufferView, dims: readonly number[]}} tensor */
+function padInto(buffer, entry, tensor) {
+  const axis = /** @type {{axis: number}} */ (entry.bound).axis;
+  const bound = entry.shape[axis], length = tensor.dims[axis];
+  const fits = tensor.dims.length === entry.shape.length && length <= bound
+    && tensor.dims.every((d, k) => k === axis || d === entry.shape[k]);
+  if (!fits) {
+    throw new CortexError(`shape [${tensor.dims.join(", ")}] does not fit [${entry.shape.join(", ")}] bounded along axis ${axis}`);
+  }
+  const [outer, slot] = layout(entry.shape, axis, ARRAY_TYPES[entry.dtype].BYTES_PER_ELEMENT);
+  const target = new Uint8Array(buffer, entry.offset, entry.bytes);
+  const source = bytesOf(tensor);
+  target.fill(0);
+  for (let o = 0; o < outer; o++) target.set(source.subarray(o * length * slot, (o + 1) * length * slot), o * bound * slot);
+  return length;
+}
+
+/** @param {ArrayBuffer} buffer @param {import("./dag.js").PlanEntry} entry */
+function realPart(buffer, entry) {
+  const { axis, length_offset } = /** @type {{axis: number, length_offset: number}} */ (entry.bound);
+  const bound = entry.shape[axis], length = new Int32Array(buffer, length_offset, 1)[0];
+  if (!(length >= 0 && length <= bound)) throw new CortexError(`a length of ${length} lies outside the bound ${bound}`);
+  const shape = entry.shape.map((d, k) => (k === axis ? length : d));
+  const ArrayType = ARRAY_TYPES[entry.dtype];
+  const [outer, slot] = layout(entry.shape, axis, ArrayType.BYTES_PER_ELEMENT);
+  if (outer === 1) return view(buffer, entry, shape);
+  const padded = new Uint8Array(buffer, entry.offset, entry.bytes);
+  const real = new Uint8Array(elementCount(shape) * ArrayType.BYTES_PER_ELEMENT);
+  for (let o = 0; o < outer; o++) real.set(padded.subarray(o * bound * slot, o * bound * slot + length * slot), o * length * slot);
+  return new Tensor(entry.dtype, new ArrayType(real.buffer), shape);
+}

@@ -1,0 +1,93 @@
+"""The bundle's example page in headless Chromium (Debian's chromium, driven by playwright; no browser
+download), served by http.server on 127.0.0.1: its outputs on the example inputs match onnxruntime's,
+and its chart has a bar per CU that ran."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import shutil
+import threading
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import pytest
+from cli_helpers import run_cli
+from js_cases import compiled_case
+from testdata import run_onnxruntime, sample_model
+
+from cortex.commands.run import example_feeds
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+PAGE_TIMEOUT_MS = 120_000
+
+playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+pytestmark = pytest.mark.skipif(not CHROMIUM.is_file() or shutil.which("chromium") is None,
+                                reason="chromium is not installed (apt-get install -y chromium)")
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    extensions_map: ClassVar[dict[str, str]] = {**http.server.SimpleHTTPRequestHandler.extensions_map, ".wasm": "application/wasm",
+                      ".js": "text/javascript"}
+
+    def log_message(self, format, *args):
+        pass
+
+
+def served(folder: Path):
+    """An http.server on 127.0.0.1 (a free port) serving `folder`, on a daemon thread."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(folder)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def page_result(url: str) -> tuple[dict, int]:
+    """What the page left in `window.cortexBundle`, and the bars its chart drew."""
+    with playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            errors = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(url)
+            page.wait_for_function("window.cortexBundle && window.cortexBundle.status !== 'loading'",
+                                   timeout=PAGE_TIMEOUT_MS)
+            result = page.evaluate("window.cortexBundle")
+            bars = page.locator("#chart rect").count()
+        finally:
+            browser.close()
+    assert not errors, errors
+    return result, bars
+
+
+@pytest.mark.parametrize("name, features", [("mlp", "simd"), ("cnn", "simd,bulk-memory,relaxed-simd")])
+def test_the_example_page_matches_onnxruntime_in_chromium(tmp_path, name, features):
+    case = sample_model(name)
+    listing = compiled_case(case, features, opt_level="3" if "relaxed" in features else "2", min_cu_size=256,
+                            max_cu_depth=3)
+    dag = listing.parent / json.loads(listing.read_text())["dag"]
+    site = tmp_path / "site"
+    code, _, err = run_cli(["bundle", dag, "--output", site])
+    assert code == 0, err
+    specs = json.loads(dag.read_text())["inputs"]
+    expected = run_onnxruntime(case.path, example_feeds(specs))
+    server = served(site)
+    try:
+        result, bars = page_result(f"http://127.0.0.1:{server.server_address[1]}/index.html")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result["status"] == "done", result.get("error")
+    assert sorted(result["outputs"]) == sorted(expected)
+    for out_name, want in expected.items():
+        got = result["outputs"][out_name]
+        assert got["dims"] == list(want.shape)
+        np.testing.assert_allclose(np.array(got["data"], dtype=np.float64).reshape(want.shape), want,
+                                   rtol=1e-4, atol=1e-5, err_msg=out_name)
+    assert result["trace"]["schema"] == "cortex.trace/1"
+    assert bars == len(result["trace"]["activated_cus"]) > 0
+    assert result["loadMs"] > 0
