@@ -19,6 +19,7 @@ from backends.wasm.assemble import make_engine
 from backends.wasm.instance import WasmInstance
 from backends.wasm.native_cache import Stamps, load_module
 from backends.wasm.options import WasmOptions, parse_options
+from backends.wasm.weights_files import WeightLoader
 from ir.errors import CortexError
 from ir.fs import confined_path
 
@@ -35,6 +36,7 @@ class WasmDevice(HostTensors):
         self.options = _common_options([cu["artifacts"]["wasm"] for cu in dag["cus"]], self.dag_path)
         self.engine = make_engine(self.options)
         self.instances: dict[str, WasmInstance] = {}
+        self.weights = WeightLoader(self.dag_path.parent, self.dag_path)
 
     def load(self, cus: list[dict]) -> None:
         stamps = Stamps()
@@ -44,7 +46,9 @@ class WasmDevice(HostTensors):
             record = cu["artifacts"]["wasm"]
             path = confined_path(self.dag_path.parent, record["path"])   # read_dag checked it stays inside
             module = load_module(self.engine, path, record["sha256"], self.dag_path, cu["id"], stamps)
-            self.instances[cu["id"]] = WasmInstance(self.engine, module, record["memory"])
+            instance = WasmInstance(self.engine, module, record["memory"])
+            self.weights.write(instance.store, instance.memory, record.get("weights", ()), cu["id"])
+            self.instances[cu["id"]] = instance
         stamps.save()
 
     def run(self, cu: dict, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
