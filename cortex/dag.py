@@ -83,7 +83,7 @@ def build_dag(cu_dir: Path, output: Path) -> dict:
         "outputs": manifest["outputs"],
         "tensors": {name: {**t, "producer": producer.get(name), "consumers": sorted(consumers.get(name, []))}
                     for name, t in sorted(info.items())},
-        "cus": [{"id": cu["id"], "path": (base / cu["path"]).as_posix(), "sha256": cu["sha256"],
+        "cus": [{"id": cu["id"], "path": Path(os.path.normpath(base / cu["path"])).as_posix(), "sha256": cu["sha256"],
                  "params": cu["params"], "depth": cu["depth"], "flops": flops[cu["id"]],
                  "op_types": cu["op_types"], "inputs": cu["inputs"], "outputs": cu["outputs"],
                  **{key: cu[key] for key in ("runs_on", "activation", "cache") if key in cu},

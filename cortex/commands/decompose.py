@@ -23,6 +23,7 @@ from cortex.console import out, print_json, print_summary
 from cortex.cus import check_output_dir, model_info, write_cus
 from cortex.options import parse_dims, parse_input_shapes
 from cortex.pipeline import load_and_optimize
+from cortex.shared_cu_weights import share_cu_weights
 from cortex.specializations import LISTING, Specialization, listing_document, parse_specializations
 from ir.errors import CortexError
 from ir.fs import write_directory_atomically
@@ -112,6 +113,7 @@ def decompose_specializations(model_path: Path, output_dir: Path, limits: Partit
             one = decompose_model(model_path, folder / spec.folder, copy.deepcopy(limits or PartitionIntoCUs()),
                                   input_shapes=spec.input_shapes, dims=spec.dims, **options)
             summaries[spec.name] = {**one, "output_dir": str(Path(output_dir) / spec.folder)}
+        share_cu_weights(folder, [spec.folder for spec in specializations])
         (folder / LISTING).write_text(jsonlib.dumps(listing_document(specializations), indent=2) + "\n")
         return summaries
 
