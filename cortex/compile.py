@@ -28,8 +28,8 @@ from typing import Callable
 from backends.registry import Target
 from cortex.cus import read_manifest
 from cortex.dag import read_dag, variant_id
-from cortex.specializations import read_listing, read_specialized_dag
 from cortex.pipeline import load_and_optimize
+from cortex.specializations import read_listing, read_specialized_dag
 from ir.errors import CortexError, UnsupportedError
 from ir.fs import write_bytes_atomically, write_directory_atomically
 from ir.graph import Graph

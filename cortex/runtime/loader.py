@@ -28,8 +28,8 @@ from cortex.runtime.policy import Policy
 from cortex.runtime.policy import policy as resolve_policy
 from cortex.runtime.scheduler import SequentialScheduler
 from cortex.runtime.specialized import SpecializedModel
-from cortex.specializations import is_specialized
 from cortex.runtime.trace import empty_trace, offline_trace, request_trace
+from cortex.specializations import is_specialized
 from ir.errors import CortexError
 
 

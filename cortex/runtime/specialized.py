@@ -11,8 +11,8 @@ and outputs alike). That is only sound for models that ignore padded positions (
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -110,9 +110,9 @@ class Buckets:
             length = lengths.pop()
             for i, section in enumerate(self.sections):
                 want = section["input_shapes"]
-                if set(shapes) == set(want) and all(_fits(shapes[n], want[n], self.input_axes.get(n, ())) for n in want):
-                    if length <= self.values[i]:
-                        fits.append((self.values[i], i, length))
+                if set(shapes) == set(want) and length <= self.values[i] \
+                        and all(_fits(shapes[n], want[n], self.input_axes.get(n, ())) for n in want):
+                    fits.append((self.values[i], i, length))
         if not fits:
             raise CortexError(f"no shape specialization matches or holds the inputs padded along "
                               f"{self.name} ({shapes_text(shapes)}); {model.path} was compiled for: "
