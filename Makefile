@@ -7,7 +7,7 @@ OUT    ?= out
 SAMPLE ?= samples/cnn.onnx
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-all samples conformance bench bench-decompose bench-runtime gpu-check clean
+.PHONY: setup demo test test-all samples conformance bench bench-decompose bench-runtime bench-specializations gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,10 @@ bench: setup $(ORTWEB) bench-decompose
 	$(BIN)/python -m bench.bench_models --json $(OUT)/bench.json
 
 ## The CU runtime: decoding with the result cache (strict vs balanced vs onnxruntime), and the
+## MiniLM for seq 32,64,128 in one bundle against one build: bytes, warm load with embedded or external weights.
+bench-specializations: setup
+	$(BIN)/python -m bench.bench_specializations --json $(OUT)/bench-specializations.json
+
 ## reduced-precision variants' bytes, trust, agreement and latency: writes its section of docs/benchmarks.md.
 bench-runtime: setup
 	$(BIN)/python -m bench.bench_runtime --json $(OUT)/bench-runtime.json

@@ -47,7 +47,7 @@ class WasmDevice(HostTensors):
             path = confined_path(self.dag_path.parent, record["path"])   # read_dag checked it stays inside
             module = load_module(self.engine, path, record["sha256"], self.dag_path, cu["id"], stamps)
             instance = WasmInstance(self.engine, module, record["memory"])
-            self.weights.write(instance.store, instance.memory, record.get("weights", ()), cu["id"])
+            self.weights.write(instance.store, instance.memory, record.get("weights", ()), cu["id"], stamps)
             self.instances[cu["id"]] = instance
         stamps.save()
 

@@ -5,18 +5,21 @@ Each weight storage becomes `weights/<sha256>.bin`, named by its bytes, and the 
 it goes (`artifacts.wasm.weights`: file, memory offset, bytes, sha256). Builds that hold the same
 weights (the same CU compiled for several input shapes, a weight repeated in one model) therefore
 store it once, and a module whose code is identical across shapes is one `modules/<sha256>.wasm`.
-At load each file is read, its sha256 checked against the record, and copied to its offset: one
-copy per load, where embedded active segments are mapped copy-on-write from the native-code cache
-(docs/runtime.md measures both).
+At load each file is read straight into the memory at its offset and its sha256 checked against
+the record (a warm load trusts a file its stamps vouch for, as it trusts the modules): one copy per
+load, where embedded active segments are mapped copy-on-write from the native-code cache, which is
+why embedding stays the default for single-shape builds (docs/runtime.md measures both).
 """
 
 from __future__ import annotations
 
-import os
+import hashlib
 from pathlib import Path
 
+import numpy as np
 import wasmtime
 
+from backends.wasm.native_cache import Stamps, remember, trusted
 from ir.errors import CortexError
 from ir.fs import confined_path, sha256_bytes
 from ir.loops.program import WEIGHT, Program
@@ -42,31 +45,31 @@ def weight_files(segments: list[tuple[int, bytes]]) -> tuple[dict[str, bytes], l
 
 
 class WeightLoader:
-    """Writes a record's weight files into an instance's memory. A file several CUs share is read
-    and hashed once per loader (keyed by its identity, so a file replaced meanwhile is read again)."""
+    """Reads a record's weight files straight into an instance's memory. A file is hashed after
+    reading unless the load's stamps say an earlier load verified this very file (its size, inode
+    and timestamps unchanged: `native_cache.trusted`), the rule the modules follow."""
 
     def __init__(self, folder: Path, dag_path: Path):
         self.folder = Path(folder)
         self.dag_path = dag_path
-        self._verified: dict[tuple, bytes] = {}
 
-    def write(self, store: wasmtime.Store, memory: wasmtime.Memory, entries: list[dict], cu_id: str) -> None:
+    def write(self, store: wasmtime.Store, memory: wasmtime.Memory, entries: list[dict], cu_id: str,
+              stamps: Stamps) -> None:
+        if not entries:
+            return
+        raw = np.frombuffer(memory.get_buffer_ptr(store), dtype=np.uint8)
         for entry in entries:
-            memory.write(store, self._read(entry, cu_id), entry["offset"])
-
-    def _read(self, entry: dict, cu_id: str) -> bytes:
-        path = confined_path(self.folder, entry["path"])    # read_dag checked it stays inside
-        try:
-            st = os.stat(path)
-            key = (str(path), st.st_size, st.st_ino, st.st_mtime_ns, entry["sha256"])
-            if key in self._verified:
-                return self._verified[key]
-            data = Path(path).read_bytes()
-        except (OSError, TypeError):
-            raise CortexError(f"{entry['path']}: missing (weights of {cu_id} in {self.dag_path}); "
-                              "run 'cortex compile-wasm' again") from None
-        if len(data) != entry["bytes"] or sha256_bytes(data) != entry["sha256"]:
-            raise CortexError(f"{path}: sha256 differs from {self.dag_path} (weights of {cu_id} were modified "
-                              "or are stale); run 'cortex compile-wasm' again")
-        self._verified[key] = data
-        return data
+            path = confined_path(self.folder, entry["path"])    # read_dag checked it stays inside
+            target = memoryview(raw[entry["offset"]:entry["offset"] + entry["bytes"]])
+            try:
+                with open(path, "rb") as f:
+                    complete = f.readinto(target) == entry["bytes"] and not f.read(1)
+            except (OSError, TypeError):
+                raise CortexError(f"{entry['path']}: missing (weights of {cu_id} in {self.dag_path}); "
+                                  "run 'cortex compile-wasm' again") from None
+            if complete and trusted(stamps, path, entry["sha256"]):
+                continue
+            if not complete or hashlib.sha256(target).hexdigest() != entry["sha256"]:
+                raise CortexError(f"{path}: sha256 differs from {self.dag_path} (weights of {cu_id} were modified "
+                                  "or are stale); run 'cortex compile-wasm' again")
+            remember(stamps, path, entry["sha256"])
