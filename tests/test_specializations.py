@@ -11,13 +11,14 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from cli_helpers import assert_one_line_error, run_cli
 from onnx import TensorProto, helper, numpy_helper
+from testdata import minilm_feed
 
 import cortex
-from cli_helpers import assert_one_line_error, run_cli
 from cortex.dag import dag_schema
 from cortex.specializations import SCHEMA_FILE, section_dag
-from testdata import minilm_feed
+from ir.errors import CortexError
 
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -145,7 +146,7 @@ def test_pad_to_bucket_runs_a_masked_input_on_the_next_larger_shape(tmp_path):
     code, _, err = run_cli(["run", dag_path, *inputs])
     assert_one_line_error(code, err, "no shape specialization matches", "seq=8", "seq=16")
     longer = {"ids": np.ones((1, 20), np.int64), "mask": np.ones((1, 20), np.int64)}
-    with pytest.raises(cortex_error()) as refused:
+    with pytest.raises(CortexError) as refused:
         padded.run(longer)
     assert "ids=1x20" in str(refused.value) and "seq=16" in str(refused.value)
 
@@ -202,11 +203,6 @@ def test_verify_checks_the_specialization_its_inputs_pick(tmp_path):
     assert report["ok"] and report["outputs"][0]["shape"] == [1, 8, 8, 32]
 
 
-def cortex_error():
-    from ir.errors import CortexError
-    return CortexError
-
-
 @pytest.mark.slow
 def test_minilm_for_three_sequence_lengths_costs_at_most_1_2x_one_build(tmp_path):
     from samples.minilm import ensure_minilm
@@ -222,7 +218,8 @@ def test_minilm_for_three_sequence_lengths_costs_at_most_1_2x_one_build(tmp_path
         got = compiled.run(feeds)["last_hidden_state"]
         assert compiled.specialization == f"seq={seq}"
         np.testing.assert_allclose(got, reference(model, feeds), rtol=RTOL, atol=1e-4)
-    ids, mask = (np.save(tmp_path / f"{k}.npy", v) for k, v in minilm_feed(1, 96).items())
+    for name, value in minilm_feed(1, 96).items():
+        np.save(tmp_path / f"{name}.npy", value)
     code, _, err = run_cli(["run", spec, f"--input=input_ids={tmp_path / 'input_ids.npy'}",
                             f"--input=attention_mask={tmp_path / 'attention_mask.npy'}"])
     assert_one_line_error(code, err, "no shape specialization matches", "input_ids=1x96", "seq=32", "seq=128")
