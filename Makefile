@@ -7,7 +7,7 @@ OUT    ?= out
 SAMPLE ?= samples/cnn.onnx
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-all samples conformance bench bench-decompose bench-runtime bench-sandbox bench-js gpu-check clean
+.PHONY: setup demo test test-all samples conformance bench bench-decompose bench-runtime bench-sandbox bench-js bench-specializations gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,13 @@ bench-js: setup $(ORTWEB)
 ## The CU runtime: decoding with the result cache (strict vs balanced vs onnxruntime), and the
 ## reduced-precision variants' bytes, trust, agreement and latency, and memory tiers (vgg19 under a budget
 ## of 25% of its weights; about 2 GB under .cache/): writes their sections of docs/benchmarks.md.
+bench-runtime: setup
+	$(BIN)/python -m bench.bench_runtime --json $(OUT)/bench-runtime.json
+
+## MiniLM for seq 32,64,128 in one bundle against one build: bytes, warm load with embedded or external weights.
+bench-specializations: setup
+	$(BIN)/python -m bench.bench_specializations --json $(OUT)/bench-specializations.json
+
 bench-runtime: setup
 	$(BIN)/python -m bench.bench_runtime --json $(OUT)/bench-runtime.json
 

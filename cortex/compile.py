@@ -29,6 +29,7 @@ from backends.registry import Target
 from cortex.cus import read_manifest
 from cortex.dag import read_dag, variant_id
 from cortex.pipeline import load_and_optimize
+from cortex.specializations import read_listing, read_specialized_dag
 from ir.errors import CortexError, UnsupportedError
 from ir.fs import write_bytes_atomically, write_directory_atomically
 from ir.graph import Graph
@@ -43,6 +44,9 @@ def compile_cu_dir(target: Target, cu_dir: Path, output: Path, options, dag_path
                    variants: tuple[str, ...] = ()) -> dict:
     cu_dir, output = Path(cu_dir), Path(output)
     variants = parse_variants(variants)
+    listing = read_listing(cu_dir)
+    if listing is not None:
+        return compile_specializations(target, cu_dir, output, options, listing, dag_path, on_cu, jobs, variants)
     start = time.perf_counter()
     target.check(options)
     manifest, graphs = read_cus(cu_dir, target.name)
@@ -70,6 +74,7 @@ def compile_cu_dir(target: Target, cu_dir: Path, output: Path, options, dag_path
         for cu, (result, by_precision) in zip(compiled, built):
             for one in (result, *by_precision.values()):
                 for name, data in one.files.items():
+                    (folder / name).parent.mkdir(parents=True, exist_ok=True)   # modules/, weights/
                     (folder / name).write_bytes(data)
             records[cu["id"]] = result.record
             variant_records[cu["id"]] = {p: r.record for p, r in by_precision.items()}
@@ -97,6 +102,71 @@ def compile_cu_dir(target: Target, cu_dir: Path, output: Path, options, dag_path
     return {"output": str(output), "dag": str(dag_path) if dag_path else None, "cus": len(records),
             "fallback_cus": len(manifest["cus"]) - len(compiled),
             **summary, "seconds": round(time.perf_counter() - start, 3)}
+
+
+def compile_specializations(target: Target, cu_dir: Path, output: Path, options, listing: list[dict],
+                            dag_path: Path | None, on_cu: Callable[[str], None] | None, jobs: int | None,
+                            variants: tuple[str, ...]) -> dict:
+    """Every specialization's CUs into one folder. The target names its files by content
+    (`external_weights`), so a module or a weight file several specializations make is written
+    and counted once; each section of the cortex.dag/2 dag.json gets its CUs' records."""
+    start = time.perf_counter()
+    if variants:
+        raise CortexError(f"--variants: {cu_dir} holds shape specializations; variants of them are not built yet")
+    if "external_weights" not in {f.name for f in dataclasses.fields(options)}:
+        raise CortexError(f"{cu_dir} holds shape specializations; compile-{target.name} cannot store their "
+                          "shared weights once yet (compile-wasm can)")
+    options = dataclasses.replace(options, external_weights=True)
+    target.check(options)
+    folders = {entry["name"]: cu_dir / entry["folder"] for entry in listing}
+    read = {name: read_cus(folder, target.name) for name, folder in folders.items()}
+    dag = read_specialized_dag(dag_path, option="--dag") if dag_path is not None else None
+    if dag is not None:
+        sections = {s["name"]: s for s in dag["specializations"]}
+        for name, (manifest, _) in read.items():
+            shas = {cu["id"]: cu["sha256"] for cu in manifest["cus"]}
+            section = sections.get(name)
+            if section is None or {cu["id"]: cu["sha256"] for cu in section["cus"]} != shas:
+                raise CortexError(f"--dag {dag_path} does not describe the CUs of specialization {name} in "
+                                  f"{cu_dir}; run 'cortex build-dag' again")
+    folder_in_dag = _folder_relative_to(output, dag_path) if dag_path is not None else None
+    work = [(name, cu) for name, (manifest, _) in read.items() for cu in manifest["cus"] if "runs_on" not in cu]
+
+    def build_one(item):
+        name, cu = item
+        try:
+            return target.build(read[name][1][cu["id"]], options, cu["id"])
+        except CortexError as e:
+            raise type(e)(f"{name} {cu['id']} ({folders[name] / cu['path']}): {e}") from None
+
+    def fill(folder: Path) -> dict:
+        with ThreadPoolExecutor(max_workers=jobs or min(target.jobs, os.cpu_count() or 1)) as pool:
+            built = list(pool.map(build_one, work))
+        records: dict[str, dict] = {name: {} for name in read}
+        for (name, cu), result in zip(work, built):
+            for file, data in result.files.items():
+                if not (folder / file).exists():       # content-addressed: the same name, the same bytes
+                    (folder / file).parent.mkdir(parents=True, exist_ok=True)
+                    (folder / file).write_bytes(data)
+            records[name][cu["id"]] = result.record
+            if on_cu:
+                on_cu(f"{name} {cu['id']}")
+        index = {"schema": INDEX_SCHEMA.format(target=target.name), "options": _as_json(options),
+                 "specializations": records}
+        (folder / "index.json").write_text(json.dumps(index, indent=2) + "\n")
+        return records
+
+    records = write_directory_atomically(output, fill)
+    if dag is not None:
+        for section in dag["specializations"]:
+            for cu in section["cus"]:
+                if cu["id"] in records[section["name"]]:
+                    cu["artifacts"][target.artifact] = target.place(records[section["name"]][cu["id"]], folder_in_dag)
+        write_bytes_atomically(Path(dag_path), (json.dumps(dag, indent=2) + "\n").encode())
+    every = {f"{name}/{cu}": r for name, by_cu in records.items() for cu, r in by_cu.items()}
+    return {"output": str(output), "dag": str(dag_path) if dag_path else None, "specializations": len(records),
+            "cus": len(every), "fallback_cus": sum(len(m["cus"]) for m, _ in read.values()) - len(work),
+            **target.summarize(every, options), "seconds": round(time.perf_counter() - start, 3)}
 
 
 def parse_variants(variants) -> tuple[str, ...]:

@@ -29,6 +29,9 @@ from passes.partition import Partition
 MANIFEST_SCHEMA = "cortex.cus/1"
 MANIFEST = "manifest.json"
 
+# A CU folder of shape specializations lists its per-shape CU folders here (cortex/specializations.py).
+SPECIALIZATIONS_LISTING = "specializations.json"
+
 def cu_id(index: int) -> str:
     return f"cu-{index:04d}"
 
@@ -153,7 +156,8 @@ def check_output_dir(out_dir: Path, model_path: Path) -> None:
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise CortexError(f"--output-dir {out_dir} exists and is not a folder")
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / MANIFEST).is_file():
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / MANIFEST).is_file() \
+            and not (out_dir / SPECIALIZATIONS_LISTING).is_file():
         raise CortexError(f"--output-dir {out_dir} holds other files (no {MANIFEST}); it would be replaced "
                           "as a whole, so give a new or empty folder")
     if Path(model_path).resolve().is_relative_to(out_dir.resolve()):

@@ -26,6 +26,8 @@ from ir.fs import file_sha256
 from ir.ops import RANDOM, kind_of
 
 DAG_SCHEMA = "cortex.dag/1"
+# Several input-shape specializations, each section a cortex.dag/1 body (cortex/specializations.py).
+SPECIALIZED_DAG_SCHEMA = "cortex.dag/2"
 SCHEMA_FILE = Path(__file__).resolve().parent / "schemas" / "dag.schema.json"
 
 
@@ -81,7 +83,7 @@ def build_dag(cu_dir: Path, output: Path) -> dict:
         "outputs": manifest["outputs"],
         "tensors": {name: {**t, "producer": producer.get(name), "consumers": sorted(consumers.get(name, []))}
                     for name, t in sorted(info.items())},
-        "cus": [{"id": cu["id"], "path": (base / cu["path"]).as_posix(), "sha256": cu["sha256"],
+        "cus": [{"id": cu["id"], "path": Path(os.path.normpath(base / cu["path"])).as_posix(), "sha256": cu["sha256"],
                  "params": cu["params"], "depth": cu["depth"], "flops": flops[cu["id"]],
                  "op_types": cu["op_types"], "inputs": cu["inputs"], "outputs": cu["outputs"],
                  **{key: cu[key] for key in ("runs_on", "activation", "cache") if key in cu},
@@ -196,17 +198,26 @@ def read_dag(path: Path, option: str | None = None) -> dict:
         dag = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise CortexError(f"{label}: not readable JSON: {e}") from None
+    if isinstance(dag, dict) and dag.get("schema") == SPECIALIZED_DAG_SCHEMA:
+        names = ", ".join(str(s.get("name", "?")) for s in dag.get("specializations", []) if isinstance(s, dict))
+        raise CortexError(f"{label}: holds shape specializations ({names}); this command reads a single-shape "
+                          "dag.json (cortex.load and 'cortex run' pick a specialization)")
     if not isinstance(dag, dict) or dag.get("schema") != DAG_SCHEMA:
         raise CortexError(f"{label}: not a {DAG_SCHEMA} document")
+    check_dag(dag, label, path.parent)
+    return dag
+
+
+def check_dag(dag: dict, label: str, folder: Path) -> None:
+    """The schema and the invariants of `dag_checks`, one line naming `label` for the first problem."""
     error = jsonschema.exceptions.best_match(_validator().iter_errors(dag))
     if error is not None:
         where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path).lstrip(".")
         message = error.message if len(error.message) <= 160 else error.message[:160] + "..."
         raise CortexError(f"{label}: does not follow the {DAG_SCHEMA} schema at {where or 'the top'}: {message}")
-    problem = first_violation(dag, path.parent)
+    problem = first_violation(dag, folder)
     if problem is not None:
         raise CortexError(f"{label}: {problem}")
-    return dag
 
 
 @cache

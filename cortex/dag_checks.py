@@ -234,6 +234,13 @@ def _wasm_record(cu: dict, record: dict, tensors: dict, folder: Path) -> str | N
             if e["offset"] + e["bytes"] > memory["memory_bytes"]:
                 return f"{kind[:-1]} {e['name']!r} at offset {e['offset']} (+{e['bytes']} bytes) lies past the " \
                        f"module's {memory['memory_bytes']} bytes of memory"
+    for w in record.get("weights", ()):
+        problem = _outside(folder, w["path"])
+        if problem:
+            return f"weights {problem}"
+        if w["offset"] + w["bytes"] > memory["memory_bytes"]:
+            return f"weights {w['path']!r} at offset {w['offset']} (+{w['bytes']} bytes) lie past the " \
+                   f"module's {memory['memory_bytes']} bytes of memory"
     return None
 
 

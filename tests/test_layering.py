@@ -21,7 +21,7 @@ LAYERS = [
     ("passes", ("passes",)),
     ("codegen", ("codegen",)),
     ("backends", ("backends",)),
-    ("bundle", ("cortex.cus", "cortex.dag", "cortex.dag_checks")),
+    ("bundle", ("cortex.cus", "cortex.dag", "cortex.dag_checks", "cortex.specializations")),
     ("runtime", ("cortex.runtime",)),
     ("cli", ("cortex",)),
 ]

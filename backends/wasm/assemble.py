@@ -22,7 +22,7 @@ def assemble(wat: str, program: Program, options: WasmOptions) -> bytes:
     except wasmtime.WasmtimeError as e:
         raise RuntimeError(f"generated WAT does not assemble: {str(e).splitlines()[0]}") from e
     weights = [s for s in program.storages if s.kind == WEIGHT and s.nbytes]
-    if weights:
+    if weights and not options.external_weights:
         code = _replace_data_section(code, _data_section(weights, passive=options.bulk_memory))
     validate(code, options)
     return code

@@ -7,13 +7,14 @@ give byte-identical modules.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from backends.wasm.assemble import assemble
 from backends.wasm.intrinsics import kernels as contraction_kernels
 from backends.wasm.memory_plan import describe_plan, place_storages
 from backends.wasm.options import WasmOptions
 from backends.wasm.render import render_module
+from backends.wasm.weights_files import weight_segments
 from codegen.lower import lower_graph
 from ir.fs import sha256_bytes
 from ir.graph import Graph
@@ -28,6 +29,7 @@ class WasmArtifact:
     wasm: bytes
     wat: str
     plan: dict
+    weights: list[tuple[int, bytes]] = field(default_factory=list)   # outside the module (external_weights)
 
     @property
     def sha256(self) -> str:
@@ -39,7 +41,10 @@ def compile_graph(graph: Graph, options: WasmOptions) -> WasmArtifact:
     memory_bytes, arena_bytes = place_storages(program)
     wat = render_module(program, options, memory_bytes)
     wasm = assemble(wat, program, options)
-    return WasmArtifact(wasm, _with_inline_weights(wat, program), describe_plan(program, memory_bytes, arena_bytes))
+    plan = describe_plan(program, memory_bytes, arena_bytes)
+    if options.external_weights:
+        return WasmArtifact(wasm, wat, plan, weight_segments(program))
+    return WasmArtifact(wasm, _with_inline_weights(wat, program), plan)
 
 
 def _with_inline_weights(wat: str, program) -> str:

@@ -40,6 +40,7 @@ from backends.wasm.sandbox import (
     planned_bytes,
     trap_reason,
 )
+from backends.wasm.weights_files import WeightLoader
 from ir.errors import CortexError
 from ir.fs import confined_path
 
@@ -48,10 +49,13 @@ EPOCH_ENGINE_TAG = ":epoch-interruption"
 
 @dataclass
 class SandboxedCU:
-    """What rebuilding a CU's store needs: its compiled module, plan and call deadline."""
+    """What rebuilding a CU's store needs: its compiled module, plan, call deadline and the weight
+    files written into its memory (compile-wasm --external-weights)."""
+    cu_id: str
     module: wasmtime.Module
     plan: dict
     deadline_ms: float | None
+    weights: list[dict]
 
 
 class WasmDevice(HostTensors):
@@ -72,6 +76,7 @@ class WasmDevice(HostTensors):
         self.instances: dict[str, WasmInstance] = {}
         self.sandboxed: dict[str, SandboxedCU] = {}
         self.events = SandboxEvents()
+        self.weights = WeightLoader(self.dag_path.parent, self.dag_path)
 
     def load(self, cus: list[dict]) -> None:
         stamps, writes = Stamps(), CacheWrites()
@@ -87,20 +92,26 @@ class WasmDevice(HostTensors):
         path = confined_path(self.dag_path.parent, record["path"])   # read_dag checked it stays inside
         module = load_module(self.engine, path, record["sha256"], self.dag_path, cu["id"], stamps,
                              EPOCH_ENGINE_TAG if self.timed else "", writes)
-        sandboxed = SandboxedCU(module, record["memory"],
-                                deadline_ms(cu, record["memory"], self.limits) if self.timed else None)
+        sandboxed = SandboxedCU(cu["id"], module, record["memory"],
+                                deadline_ms(cu, record["memory"], self.limits) if self.timed else None,
+                                list(record.get("weights", ())))
         try:
-            return sandboxed, self._instantiate(sandboxed)
+            return sandboxed, self._instantiate(sandboxed, stamps)
         except (wasmtime.WasmtimeError, wasmtime.Trap) as e:
             raise CortexError(f"{path}: {cu['id']} cannot be instantiated under its memory limit of "
                               f"{memory_limit(record['memory'])} bytes and its load timeout: {trap_reason(e)}") from None
 
-    def _instantiate(self, sandboxed: SandboxedCU) -> WasmInstance:
+    def _instantiate(self, sandboxed: SandboxedCU, stamps: Stamps) -> WasmInstance:
         if not self.timed:
-            return WasmInstance(self.engine, sandboxed.module, sandboxed.plan, memory_limit(sandboxed.plan))
-        # The start function is part of the load, so it gets the load's time limit.
-        return WasmInstance(self.engine, sandboxed.module, sandboxed.plan, memory_limit(sandboxed.plan),
-                            deadline_ticks(sandboxed.deadline_ms), deadline_ticks(self.limits.cu_load_timeout_s * 1e3))
+            instance = WasmInstance(self.engine, sandboxed.module, sandboxed.plan, memory_limit(sandboxed.plan))
+        else:
+            # The start function is part of the load, so it gets the load's time limit.
+            instance = WasmInstance(self.engine, sandboxed.module, sandboxed.plan, memory_limit(sandboxed.plan),
+                                    deadline_ticks(sandboxed.deadline_ms),
+                                    deadline_ticks(self.limits.cu_load_timeout_s * 1e3))
+        # Every fresh store, a rebuilt one included, starts with zeroed memory: the weights go in each time.
+        self.weights.write(instance.store, instance.memory, sandboxed.weights, sandboxed.cu_id, stamps)
+        return instance
 
     def run(self, cu: dict, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         instance = self.instances.get(cu["id"]) or self._rebuild(cu)
@@ -126,7 +137,7 @@ class WasmDevice(HostTensors):
     def _rebuild(self, cu: dict) -> WasmInstance:
         """A fresh store and instance of a loaded CU, from its compiled module (no file is read)."""
         try:
-            instance = self.instances[cu["id"]] = self._instantiate(self.sandboxed[cu["id"]])
+            instance = self.instances[cu["id"]] = self._instantiate(self.sandboxed[cu["id"]], Stamps())
         except (wasmtime.WasmtimeError, wasmtime.Trap) as e:
             raise CortexError(f"rebuilding {cu['id']}'s store failed ({trap_reason(e)}); "
                               "the next request tries again") from None

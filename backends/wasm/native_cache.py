@@ -183,3 +183,20 @@ def _write_file(target: Path, content: bytes) -> bool:
         return True
     except OSError:
         return False
+
+
+def trusted(stamps: Stamps, path: Path, sha256: str) -> bool:
+    """Whether `path` is the file whose sha256 an earlier load verified (by its identity, as the
+    modules are): a warm load then need not hash it again."""
+    try:
+        entry = stamps.get(path).get("file")
+        return _unchanged(entry, path.stat()) and entry["sha256"] == sha256
+    except OSError:
+        return False
+
+
+def remember(stamps: Stamps, path: Path, sha256: str) -> None:
+    """Record that `path` was just hashed to `sha256` (saved with the load's other stamps)."""
+    entry = _entry(sha256, path)
+    if entry is not None:
+        stamps.set(path, {"file": entry})

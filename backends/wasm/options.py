@@ -34,10 +34,17 @@ class WasmOptions:
         choices=OPT_LEVELS))
     emit_wat: bool = field(default=False, compare=False, metadata=option(
         "Also write cu-NNNN.wat next to each module."))
+    external_weights: bool = field(default=False, metadata=option(
+        "Store weights in content-addressed weights/<sha256>.bin files, written into memory at load, and "
+        "each module as modules/<sha256>.wasm, so identical weights and modules are stored once (always on "
+        "for shape specializations)."))
 
     def __post_init__(self):
         if "relaxed-simd" in self.features and "simd" not in self.features:
             raise CortexError("--features relaxed-simd needs simd as well")
+        if self.external_weights and self.bulk_memory:
+            # Both move the weights out of active segments; external files leave no segment to copy.
+            raise CortexError("--external-weights and --features bulk-memory both place the weights; choose one")
 
     @property
     def simd(self) -> bool:

@@ -5,7 +5,8 @@ kernel and an exported `run` that calls them in order. By default weights live i
 segments at their planned offsets, which wasmtime maps copy-on-write from the native-code file (no
 copy at load). With `bulk-memory` they are passive segments that a start function copies in with
 `memory.init` and drops: one copy per load, for engines that would otherwise keep the module's
-bytes and the weights twice. Segment contents are left empty here and filled in by `assemble` straight into the binary, so a model's megabytes of weights never pass through WAT text.
+bytes and the weights twice. With `external_weights` the module holds no weights at all: they sit in
+content-addressed files (`weights_files.py`) that the device writes in at load. Segment contents are left empty here and filled in by `assemble` straight into the binary, so a model's megabytes of weights never pass through WAT text.
 Innermost loops the vectoriser accepts are rendered with SIMD128 (see `vectorize`).
 """
 
@@ -63,7 +64,9 @@ class WatRenderer:
     # -- module --------------------------------------------------------------------------------
     def module(self, memory_bytes: int) -> str:
         pages = max(1, -(-memory_bytes // PAGE))
-        weights = [s for s in self.program.storages if s.kind == WEIGHT and s.nbytes]
+        # External weights (`--external-weights`) are written into memory by the device at load.
+        weights = [] if self.options.external_weights else \
+            [s for s in self.program.storages if s.kind == WEIGHT and s.nbytes]
         funcs = [self.kernel(k) for k in self.program.kernels]
         lines = ["(module", f'  (memory (export "memory") {pages})']
         if self.options.bulk_memory and weights:

@@ -12,6 +12,7 @@ import typer
 from cortex.console import print_json, print_summary
 from cortex.dag import build_dag as build_dag_document
 from cortex.dag import to_dot
+from cortex.specializations import build_specialized_dag, read_listing
 from ir.errors import CortexError
 from ir.fs import write_bytes_atomically
 
@@ -30,6 +31,12 @@ def build_dag(
     if output.exists() and output.is_dir():
         raise CortexError(f"--output {output} is a folder; give a file name such as {output / 'dag.json'}")
     start = time.perf_counter()
+    listing = read_listing(cu_dir)
+    if listing is not None:
+        if format != "json":
+            raise CortexError(f"--format {format}: {cu_dir} holds shape specializations; only json lists them all")
+        _write_specialized(cu_dir, output, listing, json, start)
+        return
     dag = build_dag_document(cu_dir, output)
     text = jsonlib.dumps(dag, indent=2) + "\n" if format == "json" else to_dot(dag)
     write_bytes_atomically(output, text.encode())
@@ -53,5 +60,22 @@ def build_dag(
         ("total flops", f"{summary['total_flops']:,}"),
         ("source model", summary["source_model"] or "not found (moved or edited since decompose): "
                                                    "the offline policy cannot run"),
+        ("time", f"{summary['seconds']:.2f} s"),
+    ])
+
+
+def _write_specialized(cu_dir: Path, output: Path, listing: list[dict], json: bool, start: float) -> None:
+    dag = build_specialized_dag(cu_dir, output, listing)
+    write_bytes_atomically(output, (jsonlib.dumps(dag, indent=2) + "\n").encode())
+    summary = {"output": str(output), "format": "json", "schema": dag["schema"],
+               "specializations": {s["name"]: {"cus": len(s["cus"]), "edges": len(s["edges"]),
+                                               "input_shapes": s["input_shapes"]} for s in dag["specializations"]},
+               "source_model": dag.get("source_model", {}).get("path"),
+               "seconds": round(time.perf_counter() - start, 3)}
+    if json:
+        print_json(summary)
+        return
+    print_summary(f"CU graphs of {len(dag['specializations'])} shape specializations written to {output}", [
+        *((name, f"{one['cus']} CUs, {one['edges']} edges") for name, one in summary["specializations"].items()),
         ("time", f"{summary['seconds']:.2f} s"),
     ])

@@ -3,6 +3,8 @@ plus manifest.json."""
 
 from __future__ import annotations
 
+import copy
+import json as jsonlib
 import statistics
 import time
 from contextlib import contextmanager
@@ -21,7 +23,10 @@ from cortex.console import out, print_json, print_summary
 from cortex.cus import check_output_dir, model_info, write_cus
 from cortex.options import parse_dims, parse_input_shapes
 from cortex.pipeline import load_and_optimize
+from cortex.shared_cu_weights import share_cu_weights
+from cortex.specializations import LISTING, Specialization, listing_document, parse_specializations
 from ir.errors import CortexError
+from ir.fs import write_directory_atomically
 from passes import run_pipeline
 from passes.freeze_inputs import frozen_summary
 from passes.fuse_groups import FuseGroups
@@ -40,6 +45,17 @@ def decompose(
 ) -> None:
     """Partition a model into computation units (CUs), each a self-contained ONNX model."""
     calibration = read_feeds(cache_inputs_from) if cache_inputs_from is not None else None
+    specializations = parse_specializations(input_shape, dim)
+    if specializations is not None:
+        summary = decompose_specializations(model_path, output_dir, limits, specializations,
+                                            frozen_inputs=read_frozen_inputs(freeze_input or []),
+                                            calibration_feeds=calibration)
+        if json:
+            print_json(summary)
+        else:
+            for name, one in summary["specializations"].items():
+                out.print(f"{name}: {one['cus']} CUs, {one['params']['total']:,} params in {one['output_dir']}")
+        return
     summary = decompose_model(model_path, output_dir, limits, input_shapes=parse_input_shapes(input_shape),
                               dims=parse_dims(dim), frozen_inputs=read_frozen_inputs(freeze_input or []),
                               calibration_feeds=calibration, show_progress=not json)
@@ -82,6 +98,28 @@ def decompose_model(model_path: Path, output_dir: Path, limits: PartitionIntoCUs
         manifest = write_cus(graph, partition, Path(output_dir), model_info(Path(model_path), graph), options,
                              on_cu=lambda i: step(advance=1))
     return summarize(manifest, partition, output_dir, time.perf_counter() - start)
+
+
+def decompose_specializations(model_path: Path, output_dir: Path, limits: PartitionIntoCUs | None,
+                              specializations: list[Specialization], **options) -> dict:
+    """One CU folder per specialization under `output_dir` (replaced as a whole), listed in
+    specializations.json; each is decomposed exactly as a plain build of that shape."""
+    check_output_dir(Path(output_dir), Path(model_path))
+    start = time.perf_counter()
+
+    def fill(folder: Path) -> dict:
+        summaries = {}
+        for spec in specializations:
+            one = decompose_model(model_path, folder / spec.folder, copy.deepcopy(limits or PartitionIntoCUs()),
+                                  input_shapes=spec.input_shapes, dims=spec.dims, **options)
+            summaries[spec.name] = {**one, "output_dir": str(Path(output_dir) / spec.folder)}
+        share_cu_weights(folder, [spec.folder for spec in specializations])
+        (folder / LISTING).write_text(jsonlib.dumps(listing_document(specializations), indent=2) + "\n")
+        return summaries
+
+    summaries = write_directory_atomically(Path(output_dir), fill)
+    return {"output_dir": str(output_dir), "specializations": summaries,
+            "cus": sum(s["cus"] for s in summaries.values()), "seconds": round(time.perf_counter() - start, 3)}
 
 
 def read_frozen_inputs(items: list[str]) -> dict:

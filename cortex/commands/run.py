@@ -54,6 +54,13 @@ def run(
     pin: PinOption = None,
     example_inputs: Annotated[bool, typer.Option("--example-inputs", help="Feed inputs not given with --input a "
                                                  "deterministic example (floats arange(n)/n, integers and bools 0).")] = False,
+    pad_to_bucket: Annotated[Optional[str], typer.Option("--pad-to-bucket", help="With shape specializations: pad "
+                                                         "inputs no specialization matches up to the nearest larger "
+                                                         "one along this dim (a --dim name, or an input), and slice "
+                                                         "the outputs back; sound only for masked inputs "
+                                                         "(docs/runtime.md).")] = None,
+    pad_value: Annotated[float, typer.Option("--pad-value", help="The value --pad-to-bucket pads every input "
+                                             "with (an attention mask's 0, a [PAD] token id).")] = 0.0,
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
 ) -> None:
     """Run the model's CUs in order on the device and save its outputs."""
@@ -67,7 +74,8 @@ def run(
         raise CortexError(f"--cache-bytes cannot be negative, got {cache_bytes}")
     requested = parse_output_names(output_names)
     feeds = read_inputs(input or [])
-    model = load(dag, device, policy=chosen, cache_bytes=cache_bytes, **memory_options(memory_budget, pin),
+    model = load(dag, device, policy=chosen, cache_bytes=cache_bytes, pad_to_bucket=pad_to_bucket,
+                 pad_value=pad_value, **memory_options(memory_budget, pin),
                  **sandbox_options(cu_timeout_ms, cu_load_timeout_s))
     if example_inputs:
         feeds = {**example_feeds(model.inputs), **feeds}

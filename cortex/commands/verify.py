@@ -21,6 +21,7 @@ from cortex.runtime import load
 from cortex.runtime.bisect import Bisection, BisectReport
 from cortex.runtime.compare import compare
 from cortex.runtime.repro import write_reproduction
+from cortex.runtime.specialized import SpecializedModel
 from ir.errors import CortexError
 from ir.fs import file_sha256, sha256_bytes
 
@@ -46,6 +47,9 @@ def verify(
     if dump is not None and not bisect:
         raise CortexError(f"--dump {dump}: needs --bisect, which finds the CU to dump")
     compiled = load(dag, device)
+    if bisect and isinstance(compiled, SpecializedModel):
+        raise CortexError(f"--bisect: {dag} holds shape specializations ({compiled.compiled_shapes()}); "
+                          "bisection reads a single-shape dag.json")
     _check_same_model(model, compiled.dag)
     given = read_inputs(input or [])
     frozen = _frozen_feeds(compiled.dag, given)

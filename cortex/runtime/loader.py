@@ -36,7 +36,9 @@ from cortex.runtime.offline import SourceModel
 from cortex.runtime.policy import Policy
 from cortex.runtime.policy import policy as resolve_policy
 from cortex.runtime.scheduler import SequentialScheduler
+from cortex.runtime.specialized import SpecializedModel
 from cortex.runtime.trace import empty_trace, offline_trace, request_trace
+from cortex.specializations import is_specialized
 from ir.errors import CortexError
 
 
@@ -48,7 +50,7 @@ class CompiledModel:
     def __init__(self, dag_path: Path, device: str = "wasm", policy: str | Policy | None = None,
                  cache_bytes: int = DEFAULT_CACHE_BYTES, *, memory_budget_mb: float | None = None,
                  pins: list[str] | None = None, cu_timeout_ms: float | str | None = None,
-                 cu_load_timeout_s: float | None = None):
+                 cu_load_timeout_s: float | None = None, dag: dict | None = None):
         self.path = Path(dag_path)
         self.limits = sandbox_limits(cu_timeout_ms, cu_load_timeout_s)
         self.memory_budget = budget_bytes(memory_budget_mb)
@@ -63,7 +65,7 @@ class CompiledModel:
         if not isinstance(cache_bytes, int) or cache_bytes < 0:
             raise CortexError(f"the cache budget must be a whole number of bytes, at least 0 (got {cache_bytes!r})")
         self.cache = ResultCache(cache_bytes)
-        self.dag = read_dag(self.path)
+        self.dag = read_dag(self.path) if dag is None else dag     # `dag`: one checked specialization
         self._scheduler: SequentialScheduler | None = None
         self._source: SourceModel | None = None
         if self.policy.offline:
@@ -171,9 +173,19 @@ class CompiledModel:
 def load(dag_path, device: str = "wasm", policy: str | Policy | None = None,
          cache_bytes: int = DEFAULT_CACHE_BYTES, *, memory_budget_mb: float | None = None,
          pins: list[str] | None = None, cu_timeout_ms: float | str | None = None,
-         cu_load_timeout_s: float | None = None) -> CompiledModel:
+         cu_load_timeout_s: float | None = None, pad_to_bucket: str | None = None,
+         pad_value: float = 0.0) -> CompiledModel | SpecializedModel:
     """A model ready to run; `policy` defaults to balanced, `cache_bytes` bounds the result cache
     (0 turns it off), `memory_budget_mb` the resident CUs (None: all resident), `pins` the CUs that
-    stay resident under it; `cu_timeout_ms` and `cu_load_timeout_s` are the sandbox's limits."""
-    return CompiledModel(Path(dag_path), device, policy, cache_bytes, memory_budget_mb=memory_budget_mb, pins=pins,
-                         cu_timeout_ms=cu_timeout_ms, cu_load_timeout_s=cu_load_timeout_s)
+    stay resident under it; `cu_timeout_ms` and `cu_load_timeout_s` are the sandbox's limits. A
+    dag.json of shape specializations runs each request on the one its input shapes match (padded
+    up to the nearest along `pad_to_bucket` when asked: cortex/runtime/specialized.py)."""
+    options = {"memory_budget_mb": memory_budget_mb, "pins": pins, "cu_timeout_ms": cu_timeout_ms,
+               "cu_load_timeout_s": cu_load_timeout_s}
+    if is_specialized(Path(dag_path)):
+        return SpecializedModel(Path(dag_path), lambda dag: CompiledModel(Path(dag_path), device, policy, cache_bytes,
+                                                                          dag=dag, **options), pad_to_bucket, pad_value)
+    if pad_to_bucket is not None:
+        raise CortexError(f"--pad-to-bucket {pad_to_bucket}: {dag_path} was built for one input shape; padding "
+                          "needs shape specializations (decompose --dim NAME=A,B,...)")
+    return CompiledModel(Path(dag_path), device, policy, cache_bytes, **options)

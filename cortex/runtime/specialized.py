@@ -1,0 +1,154 @@
+"""A model compiled for several input shapes (a cortex.dag/2 dag.json): each request runs on the
+specialization whose input shapes match its inputs exactly.
+
+With `pad_to_bucket` (a dim name given to `--dim`, or an input given several `--input-shape`s), a
+request no specialization matches exactly is padded with `pad_value` up to the nearest larger
+bucket along the axes that carry that dim, run there, and its outputs sliced back along theirs.
+An axis carries the dim when its extent equals the bucket's value in every specialization (inputs
+and outputs alike). That is only sound for models that ignore padded positions (docs/runtime.md,
+"Shape specializations"): the caller asks for it by name, it is never done silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from cortex.specializations import read_specialized_dag, section_dag, shapes_text
+from ir.errors import CortexError
+
+
+class SpecializedModel:
+    def __init__(self, dag_path: Path, open_model: Callable[[dict], object], pad_to_bucket: str | None = None,
+                 pad_value: float = 0.0):
+        self.path = Path(dag_path)
+        self.dag = read_specialized_dag(self.path)
+        self.sections = self.dag["specializations"]
+        self.models = [open_model(section_dag(s)) for s in self.sections]
+        self.buckets = Buckets(self.sections, pad_to_bucket) if pad_to_bucket is not None else None
+        self.pad_value = pad_value
+        self.chosen = self.models[0]
+        self.specialization: str | None = None     # the name the last request ran on
+
+    @property
+    def inputs(self) -> list[dict]:
+        return self.chosen.inputs
+
+    @property
+    def outputs(self) -> list[dict]:
+        return self.chosen.outputs
+
+    @property
+    def trace(self) -> list[dict]:
+        return self.chosen.trace
+
+    @property
+    def last_trace(self) -> dict:
+        return self.chosen.last_trace
+
+    def trace_document(self) -> dict:
+        return self.chosen.trace_document()
+
+    def run(self, feeds: dict, outputs: list[str] | None = None, policy=None) -> dict[str, np.ndarray]:
+        if not isinstance(feeds, dict):
+            raise CortexError("inputs must be a dict of name -> numpy array")
+        shapes = {name: list(np.shape(value)) for name, value in feeds.items()}
+        for i, section in enumerate(self.sections):
+            if shapes == section["input_shapes"]:
+                return self._run_on(i, feeds, outputs, policy)
+        if self.buckets is None:
+            raise CortexError(f"no shape specialization matches the inputs ({shapes_text(shapes)}); {self.path} "
+                              f"was compiled for: {self.compiled_shapes()}")
+        i, length = self.buckets.nearest(shapes, self)
+        padded = {name: self.buckets.pad(name, np.asarray(value), i, self.pad_value) for name, value in feeds.items()}
+        results = self._run_on(i, padded, outputs, policy)
+        return {name: self.buckets.slice(name, value, i, length) for name, value in results.items()}
+
+    def compiled_shapes(self) -> str:
+        return "; ".join(f"{s['name']} ({shapes_text(s['input_shapes'])})" for s in self.sections)
+
+    def _run_on(self, i: int, feeds: dict, outputs, policy) -> dict[str, np.ndarray]:
+        self.chosen, self.specialization = self.models[i], self.sections[i]["name"]
+        return self.chosen.run(feeds, outputs=outputs, policy=policy)
+
+
+class Buckets:
+    """Where the padded dim sits in each specialization: its value, and the input and output axes
+    that carry it."""
+
+    def __init__(self, sections: list[dict], name: str):
+        self.name = name
+        if all(name in s["dims"] for s in sections):
+            self.values = [s["dims"][name] for s in sections]
+        elif all(name in s["input_shapes"] for s in sections):
+            shapes = [s["input_shapes"][name] for s in sections]
+            varying = [axis for axis in range(len(shapes[0])) if len({tuple(s)[axis] for s in shapes}) > 1]
+            if len(varying) != 1:
+                raise CortexError(f"--pad-to-bucket {name}: its compiled shapes differ in {len(varying)} axes; "
+                                  "padding needs exactly one")
+            self.values = [s[varying[0]] for s in shapes]
+        else:
+            known = sorted({d for s in sections for d in s["dims"]} | set(sections[0]["input_shapes"]))
+            raise CortexError(f"--pad-to-bucket {name}: not a dim or input of the specializations "
+                              f"(they have {', '.join(known)})")
+        if len(set(self.values)) < 2:
+            raise CortexError(f"--pad-to-bucket {name}: it has one value in every specialization; nothing to pad")
+        self.sections = sections
+        self.input_axes = _carrying_axes({i["name"]: [i["shape"] for i in _all(sections, "inputs", i["name"])]
+                                          for i in sections[0]["inputs"]}, self.values)
+        self.output_axes = _carrying_axes({o["name"]: [o["shape"] for o in _all(sections, "outputs", o["name"])]
+                                           for o in sections[0]["outputs"]}, self.values)
+
+    def nearest(self, shapes: dict[str, list[int]], model: SpecializedModel) -> tuple[int, int]:
+        """The smallest bucket the inputs fit when padded, and their length along the dim."""
+        lengths = {shape[axis] for name, shape in shapes.items() for axis in self.input_axes.get(name, ())
+                   if axis < len(shape)}
+        fits = []
+        if len(lengths) == 1:
+            length = lengths.pop()
+            for i, section in enumerate(self.sections):
+                want = section["input_shapes"]
+                if set(shapes) == set(want) and length <= self.values[i] \
+                        and all(_fits(shapes[n], want[n], self.input_axes.get(n, ())) for n in want):
+                    fits.append((self.values[i], i, length))
+        if not fits:
+            raise CortexError(f"no shape specialization matches or holds the inputs padded along "
+                              f"{self.name} ({shapes_text(shapes)}); {model.path} was compiled for: "
+                              f"{model.compiled_shapes()}")
+        _, i, length = min(fits)
+        return i, length
+
+    def pad(self, name: str, value: np.ndarray, i: int, pad_value: float) -> np.ndarray:
+        axes = self.input_axes.get(name, ())
+        if not axes:
+            return value
+        widths = [(0, self.values[i] - value.shape[a] if a in axes else 0) for a in range(value.ndim)]
+        return np.pad(value, widths, constant_values=np.asarray(pad_value).astype(value.dtype))
+
+    def slice(self, name: str, value: np.ndarray, i: int, length: int) -> np.ndarray:
+        axes = self.output_axes.get(name, ())
+        index = tuple(slice(0, length) if a in axes else slice(None) for a in range(value.ndim))
+        return np.ascontiguousarray(value[index]) if axes else value
+
+
+def _all(sections: list[dict], key: str, name: str) -> list[dict]:
+    return [next(t for t in s[key] if t["name"] == name) for s in sections]
+
+
+def _carrying_axes(shapes: dict[str, list[list[int]]], values: list[int]) -> dict[str, tuple[int, ...]]:
+    """Per tensor, the axes whose extent is the bucket's value in every specialization."""
+    found = {}
+    for name, per_section in shapes.items():
+        ranks = {len(s) for s in per_section}
+        if len(ranks) == 1:
+            axes = tuple(a for a in range(ranks.pop()) if all(s[a] == v for s, v in zip(per_section, values)))
+            if axes:
+                found[name] = axes
+    return found
+
+
+def _fits(shape: list[int], bucket: list[int], axes: tuple[int, ...]) -> bool:
+    return len(shape) == len(bucket) and all(d <= b if a in axes else d == b
+                                             for a, (d, b) in enumerate(zip(shape, bucket)))
