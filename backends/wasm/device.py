@@ -25,6 +25,7 @@ from ir.fs import confined_path
 
 class WasmDevice(HostTensors):
     name = "wasm"
+    concurrent_runs = True   # one store per instance, and wasmtime's engine and modules are shared safely between threads
 
     def __init__(self, dag: dict, dag_path: Path):
         self.dag_path = Path(dag_path)

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from cortex.commands.run import example_feeds, read_inputs
 from cortex.console import out, print_json
-from cortex.commands.shared_options import DeviceOption
+from cortex.commands.shared_options import DeviceOption, ThreadsOption, checked_threads
 from cortex.runtime import load
 from ir.errors import CortexError
 
@@ -29,6 +29,7 @@ def bench(
     input: Annotated[Optional[list[str]], typer.Option("--input", help="NAME=FILE.npy, or FILE.npz holding inputs by name (repeatable); others get example inputs.")] = None,
     device: DeviceOption = "wasm",
     top: Annotated[int, typer.Option("--top", help="CUs to list, slowest first (0: all).")] = 10,
+    threads: ThreadsOption = None,
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable report.")] = False,
 ) -> None:
     """Time a compiled model: median and min of N runs, and a per-CU breakdown."""
@@ -38,16 +39,17 @@ def bench(
         raise CortexError(f"--warmup cannot be negative, got {warmup}")
     if top < 0:
         raise CortexError(f"--top cannot be negative, got {top}")
+    threads = checked_threads(threads)
     feeds = read_inputs(input or [])
     start = time.perf_counter()
     # strict: every run runs every CU; the result cache would time lookups, not the CUs.
-    model = load(dag, device, policy="strict")
+    model = load(dag, device, policy="strict", threads=threads)
     load_s = time.perf_counter() - start
     feeds = {**example_feeds(model.inputs), **feeds}
     for _ in range(warmup):
         model.run(feeds)
     runs, overheads, per_cu = measure(model, feeds, repeat)
-    report = summarize(dag, device, load_s, runs, overheads, per_cu)
+    report = {**summarize(dag, device, load_s, runs, overheads, per_cu), "threads": model.threads}
     if json:
         print_json(report)
         return

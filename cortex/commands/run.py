@@ -11,7 +11,7 @@ import numpy as np
 import typer
 
 from cortex.console import out, print_json
-from cortex.commands.shared_options import DeviceOption
+from cortex.commands.shared_options import DeviceOption, ThreadsOption, checked_threads
 from cortex.runtime import load
 from cortex.runtime.cache import DEFAULT_CACHE_BYTES
 from cortex.runtime.policy import DEFAULT_POLICY, POLICIES
@@ -41,9 +41,11 @@ def run(
     = DEFAULT_CACHE_BYTES,
     example_inputs: Annotated[bool, typer.Option("--example-inputs", help="Feed inputs not given with --input a "
                                                  "deterministic example (floats arange(n)/n, integers and bools 0).")] = False,
+    threads: ThreadsOption = None,
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
 ) -> None:
     """Run the model's CUs in order on the device and save its outputs."""
+    threads = checked_threads(threads)
     try:
         chosen = resolve_policy(policy)
     except CortexError as e:
@@ -54,7 +56,7 @@ def run(
         raise CortexError(f"--cache-bytes cannot be negative, got {cache_bytes}")
     requested = parse_output_names(output_names)
     feeds = read_inputs(input or [])
-    model = load(dag, device, policy=chosen, cache_bytes=cache_bytes)
+    model = load(dag, device, policy=chosen, cache_bytes=cache_bytes, threads=threads)
     if example_inputs:
         feeds = {**example_feeds(model.inputs), **feeds}
     known = [spec["name"] for spec in model.outputs]

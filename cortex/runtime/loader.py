@@ -24,6 +24,7 @@ from backends.registry import devices
 from cortex.dag import read_dag
 from cortex.runtime.cache import DEFAULT_CACHE_BYTES, ResultCache
 from cortex.runtime.offline import SourceModel
+from cortex.runtime.parallel import ThreadedScheduler, check_threads, machine_threads
 from cortex.runtime.policy import Policy
 from cortex.runtime.policy import policy as resolve_policy
 from cortex.runtime.scheduler import SequentialScheduler
@@ -37,8 +38,9 @@ def device_names() -> list[str]:
 
 class CompiledModel:
     def __init__(self, dag_path: Path, device: str = "wasm", policy: str | Policy | None = None,
-                 cache_bytes: int = DEFAULT_CACHE_BYTES):
+                 cache_bytes: int = DEFAULT_CACHE_BYTES, threads: int | None = None):
         self.path = Path(dag_path)
+        self.threads = machine_threads() if threads is None else check_threads(threads)
         self.device_name = device_spec(device).name
         self.policy = resolve_policy(policy)
         if not isinstance(cache_bytes, int) or cache_bytes < 0:
@@ -98,7 +100,10 @@ class CompiledModel:
 
     def _loaded_scheduler(self) -> SequentialScheduler:
         if self._scheduler is None:
-            scheduler = SequentialScheduler(self.dag, self.path, self.device_name, self.cache)
+            if self.threads == 1:
+                scheduler = SequentialScheduler(self.dag, self.path, self.device_name, self.cache)
+            else:
+                scheduler = ThreadedScheduler(self.dag, self.path, self.device_name, self.cache, self.threads)
             scheduler.load(self.policy)
             self._scheduler = scheduler
         return self._scheduler
@@ -144,7 +149,8 @@ class CompiledModel:
 
 
 def load(dag_path, device: str = "wasm", policy: str | Policy | None = None,
-         cache_bytes: int = DEFAULT_CACHE_BYTES) -> CompiledModel:
+         cache_bytes: int = DEFAULT_CACHE_BYTES, threads: int | None = None) -> CompiledModel:
     """A model ready to run; `policy` defaults to balanced, `cache_bytes` bounds the result cache
-    (0 turns it off)."""
-    return CompiledModel(Path(dag_path), device, policy, cache_bytes)
+    (0 turns it off), `threads` runs that many ready CUs at once (default: the machine's cores;
+    1: one CU after the other)."""
+    return CompiledModel(Path(dag_path), device, policy, cache_bytes, threads)

@@ -61,6 +61,17 @@ class Request:
     conditions: dict[str, np.ndarray] = field(default_factory=dict)   # branch conditions, on the host
 
 
+@dataclass
+class Execution:
+    """One CU's run on its device: its outputs, what the variant runner says of it, and its timing."""
+    results: dict
+    variant: dict
+    start: float                                  # time.perf_counter() when the call began
+    seconds: float
+    cpu_seconds: float                            # CPU time of the thread that ran it
+    where: dict = field(default_factory=dict)     # {"thread": n} when a thread pool ran it
+
+
 class SequentialScheduler:
     def __init__(self, dag: dict, dag_path: Path, device: str, cache: ResultCache | None = None):
         self.dag = dag
@@ -122,31 +133,42 @@ class SequentialScheduler:
     def run(self, feeds: dict[str, np.ndarray], policy: Policy,
             outputs: list[str]) -> tuple[dict[str, np.ndarray], Request]:
         """The requested outputs (host arrays the caller owns) and what the request did."""
-        request = Request(policy, self.needed(outputs) if policy.skip_inactive else None,
-                          {name: (HOST, value) for name, value in feeds.items()},
-                          live_bytes=sum(int(np.asarray(v).nbytes) for v in feeds.values()))
+        request = self._new_request(feeds, policy, outputs)
         for cu_id in self.dag["order"]:
             cu = self.cus[cu_id]
             request.key, request.hit = None, None
             reason = self._skip_reason(cu, request)
             if reason is None:
                 self._run_cu(cu, request)
-            else:
-                request.skipped.append({"cu": cu_id, "reason": reason})
-            if reason == CACHE_HIT:
-                request.env.update((name, (HOST, array)) for name, array in request.hit.outputs.items())
-                request.keys.update(request.hit.output_keys)
-                request.live_bytes += request.hit.nbytes
-            if reason != INACTIVE:
-                for out, case in self.branches.selected(cu_id, lambda name: self._condition(name, request)):
-                    request.env[out] = request.env[case]
-                    if case in request.keys:
-                        request.keys[out] = request.keys[case]
+            self._settle(cu_id, reason, request)
+        return self._results(outputs, request), request
+
+    def _new_request(self, feeds: dict[str, np.ndarray], policy: Policy, outputs: list[str]) -> Request:
+        return Request(policy, self.needed(outputs) if policy.skip_inactive else None,
+                       {name: (HOST, value) for name, value in feeds.items()},
+                       live_bytes=sum(int(np.asarray(v).nbytes) for v in feeds.values()))
+
+    def _settle(self, cu_id: str, reason: str | None, request: Request) -> None:
+        """What follows a CU's turn, whether it ran (`reason` None) or was skipped: a skip is
+        recorded, a cache hit's outputs join the request, and selects its case decides resolve."""
+        if reason is not None:
+            request.skipped.append({"cu": cu_id, "reason": reason})
+        if reason == CACHE_HIT:
+            request.env.update((name, (HOST, array)) for name, array in request.hit.outputs.items())
+            request.keys.update(request.hit.output_keys)
+            request.live_bytes += request.hit.nbytes
+        if reason != INACTIVE:
+            for out, case in self.branches.selected(cu_id, lambda name: self._condition(name, request)):
+                request.env[out] = request.env[case]
+                if case in request.keys:
+                    request.keys[out] = request.keys[case]
+
+    def _results(self, outputs: list[str], request: Request) -> dict[str, np.ndarray]:
         results = {}
         for name in outputs:
             home, tensor = request.env[name]
             results[name] = np.array(tensor) if home is HOST else self.devices[home].to_host(tensor)
-        return results, request
+        return results
 
     def _skip_reason(self, cu: dict, request: Request) -> str | None:
         """Why `cu` does not run in this request, or None when it runs. The one place that decides
@@ -185,7 +207,13 @@ class SequentialScheduler:
         return key
 
     def _run_cu(self, cu: dict, request: Request) -> None:
-        cu_id, where = cu["id"], self.placement[cu["id"]]
+        inputs, crossed = self._gather_inputs(cu, request)
+        self._record(cu, request, self._execute(cu, inputs, request.policy), crossed, request.key)
+
+    def _gather_inputs(self, cu: dict, request: Request) -> tuple[dict, int]:
+        """The CU's inputs on its device, copied there once per tensor where they live elsewhere,
+        and the bytes that came from another device."""
+        where = self.placement[cu["id"]]
         device = self.devices[where]
         crossed = 0
         inputs = {}
@@ -199,23 +227,33 @@ class SequentialScheduler:
                     crossed += self.tensor_bytes[name] if home is not HOST else 0
                 tensor = request.copies[name, where]
             inputs[name] = tensor
+        return inputs, crossed
+
+    def _execute(self, cu: dict, inputs: dict, policy: Policy) -> Execution:
+        """One timed run of the CU on its device: it touches nothing of the request, so another
+        thread may do it."""
         cpu_start = time.thread_time()
         start = time.perf_counter()
-        results, variant = self.variants.run(cu, inputs, request.policy)   # the exact CU or a guarded variant
+        results, variant = self.variants.run(cu, inputs, policy)   # the exact CU or a guarded variant
         seconds = time.perf_counter() - start
-        cpu_seconds = time.thread_time() - cpu_start
-        request.cpu_seconds += cpu_seconds
-        request.env.update((name, (where, tensor)) for name, tensor in results.items())
+        return Execution(results, variant, start, seconds, time.thread_time() - cpu_start)
+
+    def _record(self, cu: dict, request: Request, run: Execution, crossed: int, key: bytes | None) -> None:
+        """The run's outputs join the request, the cache stores them under `key`, the trace gets its entry."""
+        cu_id, where = cu["id"], self.placement[cu["id"]]
+        device = self.devices[where]
+        request.cpu_seconds += run.cpu_seconds
+        request.env.update((name, (where, tensor)) for name, tensor in run.results.items())
         bytes_in, bytes_out = self.traffic[cu_id]
         request.live_bytes += bytes_out
-        if request.key is not None and self.cache.fits(bytes_out):
-            entry = self.cache.put(request.key, {name: device.to_host(t) for name, t in results.items()})
+        if key is not None and self.cache.fits(bytes_out):
+            entry = self.cache.put(key, {name: device.to_host(t) for name, t in run.results.items()})
             if entry is not None:
                 request.keys.update(entry.output_keys)
-        request.activated.append({"cu": cu_id, "device": where, "op_types": cu.get("op_types", []), "start": start,
-                                  "seconds": seconds, "cpu_seconds": cpu_seconds, "bytes_in": bytes_in,
-                                  "bytes_out": bytes_out, "bytes_from_other_devices": crossed,
-                                  "resident_bytes": device.resident_bytes(cu_id), **variant})
+        request.activated.append({"cu": cu_id, "device": where, "op_types": cu.get("op_types", []),
+                                  "start": run.start, "seconds": run.seconds, "cpu_seconds": run.cpu_seconds,
+                                  "bytes_in": bytes_in, "bytes_out": bytes_out, "bytes_from_other_devices": crossed,
+                                  "resident_bytes": device.resident_bytes(cu_id), **run.variant, **run.where})
 
 
 def _holds_random_ops(cu: dict) -> bool:
