@@ -2,8 +2,9 @@
 docs/runtime.md; its JSON Schema is `cortex/schemas/trace.schema.json`.
 
 `sandbox_stats`:
-- `cpu_time_ms`: CPU time of the calling thread (`time.thread_time`) while devices ran CUs (or
-  onnxruntime ran the source model); work on a GPU or on other threads is not in it.
+- `cpu_time_ms`: CPU time (`time.thread_time`) of the threads that ran CUs, while they ran them (or
+  of the calling thread while onnxruntime ran the source model); work on a GPU, or on threads a
+  device starts itself, is not in it.
 - `peak_memory_mb`: `peak_memory_basis` says which measure it is. With CUs, "loaded CUs + live
   tensors": the resident bytes of every loaded CU plus the bytes of the tensors the request holds
   at its end (it frees none before; inputs, outputs, copies between devices, cached outputs). A
