@@ -189,13 +189,13 @@ def summary(results: list[ThreadsResult]) -> dict:
 def render(info: dict, results: list[ThreadsResult], gil: dict | None, drifts: list[Drift], date: str,
            rounds: int) -> str:
     out = [BEGIN, "## Threads", "",
-           f"Measured {date} on {info['cpu']} ({info['cores']} cores), load average {info['load_average']} at the "
+           (f"Measured {date} on {info['cpu']} ({info['cores']} cores), load average {info['load_average']} at the "
            f"start, on a machine shared with other work: the figures are noisy. Wall-clock medians over {rounds} "
            "interleaved rounds. `cortex 1t`: the default build on one thread; `cortex 2t`: a `decompose --parallel 2` "
            "build on 2 threads (`sliced 1t`: that build on one thread, the cost of the slicing itself); onnxruntime "
-           "with intra_op_num_threads 1 and 2. Regenerate with `make bench`.", ""]
-    out += ["| model | CUs (default / parallel 2) | cortex 1t ms | sliced 1t ms | cortex 2t ms | 2t speedup | "
-            "ort 1t ms | ort 2t ms | cortex 2t / ort 2t | FMA peak drift |",
+           "with intra_op_num_threads 1 and 2. Regenerate with `make bench`."), ""]
+    out += [("| model | CUs (default / parallel 2) | cortex 1t ms | sliced 1t ms | cortex 2t ms | 2t speedup | "
+            "ort 1t ms | ort 2t ms | cortex 2t / ort 2t | FMA peak drift |"),
             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if r.error:
@@ -209,14 +209,14 @@ def render(info: dict, results: list[ThreadsResult], gil: dict | None, drifts: l
                    + (" (noisy)" if r.drift.noisy else "") + " |")
     s = summary(results)
     if s["speedup_geomean"]:
-        out += ["", f"Geomean 2-thread speedup {s['speedup_geomean']:.2f}x (goal at least {TARGET_SPEEDUP}x); "
+        out += ["", (f"Geomean 2-thread speedup {s['speedup_geomean']:.2f}x (goal at least {TARGET_SPEEDUP}x); "
                 f"Cortex on 2 threads at {s['vs_ort_geomean']:.2f}x onnxruntime's 2-thread latency "
-                f"(goal at most {TARGET_VS_ORT}x)."]
+                f"(goal at most {TARGET_VS_ORT}x).")]
     if gil:
-        out += ["", f"GIL: a Python loop on the calling thread keeps {gil['python_rate_beside_wasm']:.0%} of its "
+        out += ["", (f"GIL: a Python loop on the calling thread keeps {gil['python_rate_beside_wasm']:.0%} of its "
                 "rate while another thread is inside a wasm call (wasmtime-py calls through ctypes' `cdll`, which "
                 f"releases the GIL); two threads' FMA loops, one store each, run {gil['two_thread_fma_speedup']:.2f}x "
-                "one thread's."]
+                "one thread's.")]
     if drifts:
         out += ["", "FMA-loop peak (wasmtime, one thread) before and after each section of `make bench`:", "",
                 "| section | before GFLOP/s | after GFLOP/s | drift |", "|---|---|---|---|"]
