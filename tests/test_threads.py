@@ -20,11 +20,11 @@ from runtime_cases import build, two_output_model
 from testdata import run_onnxruntime
 
 RNG = np.random.default_rng(0)
-WIDE = 384
+WIDE = 768
 
 
 def two_long_branches() -> onnx.ModelProto:
-    """y1 = x1 @ w1 @ w2 and y2 = x2 @ w3 @ w4: two independent chains of 384x384x384 MatMuls, long
+    """y1 = x1 @ w1 @ w2 and y2 = x2 @ w3 @ w4: two independent chains of 768x768x768 MatMuls, long
     enough that the second thread starts while the first is still computing (two inputs: CUs
     reading one tensor would be merged as siblings)."""
     weights = [numpy_helper.from_array((RNG.standard_normal((WIDE, WIDE)) / 16).astype(np.float32), f"w{i}")
@@ -78,7 +78,7 @@ def test_independent_cus_run_at_the_same_time_on_two_threads(branches):
     assert left["thread"] != right["thread"] and {left["thread"], right["thread"]} <= {1, 2}
     validate_trace(model.last_trace)
     # Chrome trace events: one row per thread.
-    assert {e["tid"] for e in model.last_trace["traceEvents"]} == {left["thread"], right["thread"]}
+    assert {e["tid"] for e in model.last_trace["traceEvents"]} == {e["thread"] for e in model.last_trace["cus"]}
 
 
 def test_threaded_outputs_equal_sequential_bit_for_bit_and_onnxruntime(branches):
@@ -89,6 +89,13 @@ def test_threaded_outputs_equal_sequential_bit_for_bit_and_onnxruntime(branches)
     for name in ("y1", "y2"):
         np.testing.assert_array_equal(threaded[name], sequential[name])
         np.testing.assert_allclose(threaded[name], want[name], rtol=1e-4, atol=1e-4)
+
+
+def test_a_cu_that_is_alone_ready_runs_on_the_calling_thread(two_outputs):
+    model = load(two_outputs, threads=2, policy="strict")
+    model.run({"x": np.ones((4, 8), np.float32)})
+    first = json.loads(two_outputs.read_text())["order"][0]      # nothing else can run beside it
+    assert next(e for e in model.last_trace["cus"] if e["cu"] == first)["thread"] == 0
 
 
 def test_one_thread_is_the_sequential_walk(two_outputs):
@@ -135,7 +142,7 @@ def test_cli_run_with_threads_writes_a_trace_with_threads(branches, tmp_path):
     assert code == 0, err
     trace = json.loads((tmp_path / "t.json").read_text())
     validate_trace(trace)
-    assert {e["thread"] for e in trace["cus"]} <= {1, 2} and len(trace["cus"]) == 4
+    assert {e["thread"] for e in trace["cus"]} <= {0, 1, 2} and len(trace["cus"]) == 4
     got = np.load(tmp_path / "o.npz")
     want = run_onnxruntime(onnx_path, feeds)
     np.testing.assert_allclose(got["y1"], want["y1"], rtol=1e-4, atol=1e-4)

@@ -21,7 +21,8 @@ request and the next request starts only after this one has waited for every thr
 errors included, so no producer can overwrite a view a consumer is still reading.
 
 Devices that do not say `concurrent_runs = True` (a GPU, whose context belongs to the thread that
-made it) run their CUs on the calling thread, still interleaved with the pool's work.
+made it) run their CUs on the calling thread, still interleaved with the pool's work; so does a CU
+that is the only one able to run (a chain pays no thread switches).
 """
 
 from __future__ import annotations
@@ -109,7 +110,8 @@ class ThreadedScheduler(SequentialScheduler):
                         continue
                     inputs, crossed = self._gather_inputs(cu, request)
                     self.variants.prepare(cu_id, policy)     # loading stays on this thread
-                    if self.pooled[cu_id]:
+                    # The only CU that can run now runs here: a hand-off would cost a thread switch and win nothing.
+                    if self.pooled[cu_id] and (ready or running):
                         running[self.pool.submit(self._execute_pooled, cu, inputs, policy)] = (cu, crossed, request.key)
                         continue
                     self._record(cu, request, self._numbered(self._execute(cu, inputs, policy)), crossed, request.key)
