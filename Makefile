@@ -53,6 +53,12 @@ $(ORTWEB): bench/ortweb/package.json bench/ortweb/package-lock.json
 bench: setup $(ORTWEB) bench-decompose
 	$(BIN)/python -m bench.bench_models --json $(OUT)/bench.json
 
+## Only the threads section of `make bench`: Cortex on 2 threads (decompose --parallel 2) against 1 thread
+## and onnxruntime on 2 threads, the GIL check and the FMA-peak drift: writes its section of docs/benchmarks.md.
+.PHONY: bench-threads
+bench-threads: setup
+	$(BIN)/python -m bench.threads_bench --output docs/benchmarks.md
+
 ## The CU runtime: decoding with the result cache (strict vs balanced vs onnxruntime), and the
 ## reduced-precision variants' bytes, trust, agreement and latency: writes its section of docs/benchmarks.md.
 bench-runtime: setup

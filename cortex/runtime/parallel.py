@@ -133,9 +133,6 @@ class ThreadedScheduler(SequentialScheduler):
         request.skipped.sort(key=lambda entry: self.position[entry["cu"]])
         return self._results(outputs, request), request
 
-    def close(self) -> None:
-        self.pool.shutdown(wait=True)
-
     def _execute_pooled(self, cu: dict, inputs: dict, policy: Policy) -> Execution:
         return self._numbered(self._execute(cu, inputs, policy))
 
