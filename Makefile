@@ -57,6 +57,11 @@ bench: setup $(ORTWEB) bench-decompose bench-js
 ## MiniLM, and the bundle's load time against session creation: writes its section of docs/benchmarks.md.
 bench-js: setup $(ORTWEB)
 	$(BIN)/python -m bench.bench_js --json $(OUT)/bench-js.json
+## Only the threads section of `make bench`: Cortex on 2 threads (decompose --parallel 2) against 1 thread
+## and onnxruntime on 2 threads, the GIL check and the FMA-peak drift: writes its section of docs/benchmarks.md.
+.PHONY: bench-threads
+bench-threads: setup
+	$(BIN)/python -m bench.threads_bench --output docs/benchmarks.md
 
 ## The CU runtime: decoding with the result cache (strict vs balanced vs onnxruntime), and the
 ## reduced-precision variants' bytes, trust, agreement and latency, and memory tiers (vgg19 under a budget

@@ -27,7 +27,9 @@ from ir.graph import Graph
 
 class Device(Protocol):
     """Runs the artifacts of one CU at a time. Tensors it returns may live on the device (a GPU
-    buffer) or in a CU's memory (a view valid until that CU runs again); `to_host` copies them out."""
+    buffer) or in a CU's memory (a view valid until that CU runs again); `to_host` copies them out.
+    A device whose class sets `concurrent_runs = True` lets different CUs run on different threads
+    at once (the threaded scheduler); others run every CU on the thread that loaded them."""
 
     name: str
 

@@ -57,7 +57,10 @@ def _commands() -> set[str]:
 
 
 def build(model: Path, input_shapes: dict, dims: dict, feeds: dict, reference: dict, workdir: Path,
-          rtol: float = 1e-3, atol: float = 1e-4) -> CortexBuild:
+          rtol: float = 1e-3, atol: float = 1e-4, threads: int = 1, decompose: tuple[str, ...] = (),
+          label: str = "cortex-wasm") -> CortexBuild:
+    """`threads`: the runtime's (1 for the one-thread tables, which time the calling thread's CPU);
+    `decompose`: extra decompose flags (--parallel N); `label`: the contestant's name."""
     missing = {"decompose", "build-dag", "compile-wasm"} - _commands()
     if missing:
         raise NotAvailable(f"cortex {', '.join(sorted(missing))} not available yet")
@@ -68,14 +71,14 @@ def build(model: Path, input_shapes: dict, dims: dict, feeds: dict, reference: d
     bind += [f"--dim={name}={value}" for name, value in dims.items()]
     cus, dag, wasm = workdir / "cus", workdir / "dag.json", workdir / "wasm-bin"
     stages = {
-        "decompose": _cli("decompose", "--model-path", str(model), "--output-dir", str(cus), *bind),
+        "decompose": _cli("decompose", "--model-path", str(model), "--output-dir", str(cus), *bind, *decompose),
         "build-dag": _cli("build-dag", "--cu-dir", str(cus), "--output", str(dag)),
         "compile-wasm": _cli("compile-wasm", "--cu-dir", str(cus), "--output", str(wasm), "--dag", str(dag),
                              "--features", "simd,relaxed-simd", "--opt-level", "3"),
     }
     cortex.load(dag, device="wasm")  # the first load pays for cold files and engine set-up
     start = time.perf_counter()
-    loaded = cortex.load(dag, device="wasm", policy="strict")   # timed: every run runs every CU, no cache
+    loaded = cortex.load(dag, device="wasm", policy="strict", threads=threads)   # timed: every CU runs, no cache
     load_s = time.perf_counter() - start
     outputs = loaded.run(feeds)
     worst = 0.0
@@ -85,5 +88,5 @@ def build(model: Path, input_shapes: dict, dims: dict, feeds: dict, reference: d
             diff = float(np.max(np.abs(got - want))) if got.shape == np.shape(want) else float("inf")
             raise NotAvailable(f"output {name!r} differs from onnxruntime (max abs error {diff:.3g})")
         worst = max(worst, float(np.max(np.abs(got - want))) if got.size else 0.0)
-    return CortexBuild(InProcess("cortex-wasm", lambda: loaded.run(feeds)), sum(stages.values()), load_s,
+    return CortexBuild(InProcess(label, lambda: loaded.run(feeds)), sum(stages.values()), load_s,
                        stages, worst, loaded)

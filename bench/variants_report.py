@@ -112,7 +112,7 @@ def report(model_name: str, out: Path, calibration: int, held_back: int, rounds:
               for p in PRECISIONS}
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     # No result cache: the same feed runs again and again for the latency, which must time the CUs.
-    model = cortex.load(dag_path, policy="strict", cache_bytes=0)
+    model = cortex.load(dag_path, policy="strict", cache_bytes=0, threads=1)
     result = {"model": model_name, "cus": len(dag["cus"]), "cus_with_variants": sum(1 for c in dag["cus"] if c.get("variants")),
               "bytes": {"float32": compiled["bytes"], **compiled["variant_bytes"]},
               "trust": {p: {"min": min(t), "median": float(np.median(t)), "max": max(t)} for p, t in trusts.items() if t},

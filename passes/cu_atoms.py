@@ -1,6 +1,6 @@
 """The atoms the partitioner places: fusion groups (never cut) and lone nodes, with what the
 limits measure of each (its constants), the model inputs it reads, the atoms it waits for and
-its kind (fallback, branch, repeating: see `passes/partition.py`).
+its kind (fallback, branch, repeating, --parallel slice: see `passes/partition.py`).
 
 The Selects of hoisted Ifs (`branch_cus`) are no atoms: no CU holds them. A reader of an If's
 output waits for the atoms writing its condition and every case, and a branch's atoms wait for
@@ -35,11 +35,11 @@ class Atoms:
     succs: list[list[int]]
     consts: list[dict[int, int]]       # atom -> {id(const): elements}
     model_inputs: list[set[int]]       # atom -> ids of the model inputs it reads
-    kinds: list[tuple]                 # atom -> (fallback, branch, repeating): see the module doc
+    kinds: list[tuple]                 # atom -> (fallback, branch, repeating, slice): see the module doc
 
 
 def build_atoms(graph: Graph, fallback_nodes: set[int] = frozenset(), branches: Branches | None = None,
-                 repeating: set[int] | None = None) -> Atoms:
+                 repeating: set[int] | None = None, slices: dict[int, int] | None = None) -> Atoms:
     branches = branches or Branches()
     atom_of_group: dict[str, int] = {}
     atom_of_node: dict[int, int] = {}
@@ -97,7 +97,8 @@ def build_atoms(graph: Graph, fallback_nodes: set[int] = frozenset(), branches: 
         if len(branch) > 1:
             raise AssertionError(f"a fusion group spans branches: {members[0].describe()}")
         kinds.append((any(id(n) in fallback_nodes for n in members), branch.pop(),
-                      repeating is not None and all(id(n) in repeating for n in members)))
+                      repeating is not None and all(id(n) in repeating for n in members),
+                      (slices or {}).get(id(members[0]))))
     return Atoms(nodes, preds, succs, consts, model_inputs, kinds)
 
 

@@ -28,7 +28,9 @@ and a merge is still checked. The kinds:
   that branch's value;
 - repeating (`--cache-inputs`, `cache_inputs.py`): work that depends only on the inputs named
   there (and constants) stays apart from work that reads the inputs that change, so that the
-  result cache can hit.
+  result cache can hit;
+- slice k (`--parallel N`, `parallel_slices.py`): the N slices of one large contraction go to N
+  different CUs, so that they can run at the same time.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from passes.base import Pass
 from passes.branch_cus import Branches, Select, hoist_large_ifs
 from passes.cache_inputs import check_names, cut_mixed_groups, parse_names, repeating_nodes, show_names
 from passes.cu_atoms import Atoms, atom_order, build_atoms
+from passes.parallel_slices import split_for_parallel
 from passes.split_large_ops import split_large_ops
 
 DEPTH = "merging would exceed --max-cu-depth"
@@ -53,6 +56,7 @@ ROUNDS = "the merge rounds ran out"
 FALLBACK = "a fallback CU merges only with fallback CUs"
 BRANCH = "a branch CU merges only with CUs of the same branch"
 REPEATING = "work on --cache-inputs alone merges only with such work"
+SLICE = "a --parallel slice merges only with slices of the same index"
 REPEATING_MARK = "repeating"      # the manifest's `cache` mark of such a CU
 FALLBACKS = ("onnxruntime",)    # runtimes that run a CU's cu.onnx as it is
 MAX_SIBLINGS = 8  # siblings tried per CU, and the widest fan-out searched for them: they bound
@@ -76,6 +80,7 @@ class CU:
 class Partition:
     cus: list[CU]                      # in a topological order of the CU graph
     split_ops: int = 0                 # ops split along output channels to respect --max-cu-size
+    sliced_ops: int = 0                # ops sliced for --parallel
     selects: list[Select] = field(default_factory=list)   # the outputs of hoisted Ifs, no CU's
 
     def cu_of(self) -> dict[int, int]:
@@ -98,6 +103,12 @@ class PartitionIntoCUs(Pass):
     cache_inputs: tuple[str, ...] = field(default=(), metadata=option(
         "Model inputs whose values repeat between calls (comma-separated): work that depends only on "
         "them stays in CUs of its own, marked for the result cache.", parse=parse_names, show=show_names))
+    parallel: int = field(default=1, metadata=option(
+        "Split each MatMul, Gemm and Conv of at least --parallel-min-flops into this many slices along "
+        "its output channels, each in a CU of its own, so that this many threads have work (1: off)."))
+    parallel_min_flops: int = field(default=4_000_000, metadata=option(
+        "With --parallel: the smallest contraction, in flops, worth slicing (smaller ones cost more in "
+        "per-CU overhead than a thread saves)."))
     # The rule saying which nodes need the fallback (codegen's `unsupported_nodes`, which this
     # layer may not import); decompose sets it with `fallback`.
     cannot_lower: Callable[[Graph], list[Node]] | None = field(default=None, repr=False, compare=False)
@@ -105,10 +116,15 @@ class PartitionIntoCUs(Pass):
 
     def __post_init__(self):
         check_limits(self.min_cu_size, self.max_cu_size, self.max_cu_depth)
+        if self.parallel < 1:
+            raise CortexError(f"--parallel must be at least 1 (got {self.parallel})")
+        if self.parallel_min_flops < 0:
+            raise CortexError(f"--parallel-min-flops must not be negative (got {self.parallel_min_flops})")
 
     def limits(self) -> dict:
         """The options as manifest.json records them (`fallback` only when given)."""
-        given = {"fallback": self.fallback is not None, "cache_inputs": bool(self.cache_inputs)}
+        given = {"fallback": self.fallback is not None, "cache_inputs": bool(self.cache_inputs),
+                 "parallel": self.parallel > 1, "parallel_min_flops": self.parallel > 1}
         return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
                 for f, _ in option_fields(type(self)) if given.get(f.name, True)}
 
@@ -121,7 +137,11 @@ class PartitionIntoCUs(Pass):
             return split_large_ops(g, self.max_cu_size, oversized) if self.max_cu_size is not None else 0
         # A hoisted branch's too-large ops are split inside it, so their pieces carry its activation.
         branches = hoist_large_ifs(graph, self.min_cu_size, split)
+        before = {id(n) for n in graph.nodes}
         split_ops = branches.split_ops + split(graph)
+        # Slices of --max-cu-size are CUs of their own already; the other large contractions are sliced.
+        slices, sliced = split_for_parallel(graph, self.parallel, self.parallel_min_flops,
+                                    {id(n) for n in graph.nodes if id(n) not in before})
         fallback = set()
         if self.fallback is not None:
             if self.cannot_lower is None:
@@ -132,8 +152,9 @@ class PartitionIntoCUs(Pass):
         if repeating is not None:
             cut_mixed_groups(graph, repeating)
         self.result = partition_graph(graph, self.min_cu_size, self.max_cu_size, self.max_cu_depth,
-                                      fallback, self.fallback, oversized, branches, repeating)
+                                      fallback, self.fallback, oversized, branches, repeating, slices)
         self.result.split_ops = split_ops
+        self.result.sliced_ops = sliced
         return graph
 
 
@@ -312,7 +333,7 @@ class _Partitioner:
         """Merge X into Y (X earlier in the order)? Returns why not, or the new atom depths and the
         CUs that lie between them in the order and are reachable from X (moved after the merged CU)."""
         if self.kind[x] != self.kind[y]:
-            return next(why for why, mine, theirs in zip((FALLBACK, BRANCH, REPEATING), self.kind[x], self.kind[y])
+            return next(why for why, mine, theirs in zip((FALLBACK, BRANCH, REPEATING, SLICE), self.kind[x], self.kind[y])
                         if mine != theirs)
         if self._params_with(x, self.consts[y]) > self.max_size:
             return SIZE
@@ -403,14 +424,15 @@ class _Partitioner:
 def partition_graph(graph: Graph, min_cu_size: int, max_cu_size: int | None, max_cu_depth: int,
                     fallback_nodes: set[int] = frozenset(), fallback: str | None = None,
                     oversized: dict[int, str] | None = None, branches: Branches | None = None,
-                    repeating: set[int] | None = None) -> Partition:
+                    repeating: set[int] | None = None, slices: dict[int, int] | None = None) -> Partition:
     """Assign every node but the Selects of hoisted Ifs to exactly one CU (see the module doc for
     how). The limits are the fields of a `PartitionIntoCUs`, which checked them; `fallback_nodes`
     (ids) go into CUs that run on `fallback`; `oversized` (id(node) -> why) are the ops that may
     exceed max_cu_size, each alone in its CU (`split_large_ops` names them); `branches` are the
-    hoisted Ifs (`branch_cus`), `repeating` the ids of nodes on --cache-inputs alone."""
+    hoisted Ifs (`branch_cus`), `repeating` the ids of nodes on --cache-inputs alone, `slices` the
+    slice index of each node of a --parallel slice (`parallel_slices`)."""
     graph.topologically_sort()
-    atoms = build_atoms(graph, fallback_nodes, branches, repeating)
+    atoms = build_atoms(graph, fallback_nodes, branches, repeating, slices)
     partitioner = _Partitioner(atoms, min_cu_size, max_cu_size, max_cu_depth, fallback, oversized)
     partitioner.grow()
     partitioner.merge_neighbours()

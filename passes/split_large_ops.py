@@ -43,6 +43,23 @@ def split_large_ops(graph: Graph, max_params: int, oversized: dict[int, str] | N
     `oversized` (id(node) -> why), for the partitioner to place alone."""
     oversized = oversized if oversized is not None else {}
     recurrent = split_recurrent(graph, max_params, oversized)
+    replaced: dict[int, list[Node]] = {}
+    for unit in fusion_units(graph):
+        if unit_params(unit) <= max_params or any(id(node) in oversized for node in unit):
+            continue
+        new_nodes = split_unit(graph, unit, max_params)
+        replaced[id(unit[0])] = new_nodes
+        for node in unit[1:]:
+            replaced[id(node)] = []
+    if not replaced:
+        return recurrent
+    graph.nodes = [n for node in graph.nodes for n in replaced.get(id(node), [node])]
+    graph.topologically_sort()
+    return recurrent + sum(1 for nodes in replaced.values() if nodes)
+
+
+def fusion_units(graph: Graph) -> list[list[Node]]:
+    """The graph's fusion groups and lone nodes, each in graph order: what splits as one."""
     groups: dict[str, list[Node]] = {}
     units: list[list[Node]] = []
     for node in graph.nodes:
@@ -53,19 +70,7 @@ def split_large_ops(graph: Graph, max_params: int, oversized: dict[int, str] | N
             units.append(groups[node.fusion_group])
         else:
             groups[node.fusion_group].append(node)
-    replaced: dict[int, list[Node]] = {}
-    for unit in units:
-        if unit_params(unit) <= max_params or any(id(node) in oversized for node in unit):
-            continue
-        new_nodes = _split_unit(graph, unit, max_params)
-        replaced[id(unit[0])] = new_nodes
-        for node in unit[1:]:
-            replaced[id(node)] = []
-    if not replaced:
-        return recurrent
-    graph.nodes = [n for node in graph.nodes for n in replaced.get(id(node), [node])]
-    graph.topologically_sort()
-    return recurrent + sum(1 for nodes in replaced.values() if nodes)
+    return units
 
 
 def unit_params(nodes: list[Node]) -> int:
@@ -80,7 +85,11 @@ class _Plan:
     axes: list[int | None]
 
 
-def _split_unit(graph: Graph, unit: list[Node], max_params: int) -> list[Node]:
+def split_unit(graph: Graph, unit: list[Node], max_params: int | None = None, pieces: int | None = None,
+               piece_of: dict[int, int] | None = None) -> list[Node]:
+    """The nodes replacing `unit`: its anchor (and the epilogue that splits with it) in slices of
+    at most `max_params` parameters, or in `pieces` balanced slices, joined by a Concat. With
+    `piece_of`, each slice's nodes are recorded there (id(node) -> slice index)."""
     # Fusion groups start at their anchor (see fuse_groups): only the first node can own the weight.
     anchor = unit[0]
     if _weight_axis(anchor) is None:
@@ -116,16 +125,21 @@ def _split_unit(graph: Graph, unit: list[Node], max_params: int) -> list[Node]:
             else:
                 per_channel += int(v.const.size) // channels
     shared_params = sum(shared.values())
-    if shared_params + per_channel > max_params:
-        raise CortexError(f"{anchor.describe()}: one output channel needs {shared_params + per_channel:,} "
-                          f"parameters, more than --max-cu-size {max_params:,}; raise --max-cu-size")
     conv_groups = int(anchor.attrs.get("group", 1)) if anchor.op_type == "Conv" else 1
-    ranges = _channel_ranges(channels, (max_params - shared_params) // per_channel, conv_groups)
+    if pieces is not None:
+        # Every output channel costs the same flops, so equal channel counts balance the slices.
+        ranges = _channel_ranges(channels, math.ceil(channels / pieces), conv_groups)
+    else:
+        if shared_params + per_channel > max_params:
+            raise CortexError(f"{anchor.describe()}: one output channel needs {shared_params + per_channel:,} "
+                              f"parameters, more than --max-cu-size {max_params:,}; raise --max-cu-size")
+        ranges = _channel_ranges(channels, (max_params - shared_params) // per_channel, conv_groups)
 
     label = anchor.fusion_group or anchor.name
     new_nodes: list[Node] = []
     piece_outputs = []
     for k, (lo, hi) in enumerate(ranges):
+        first_of_slice = len(new_nodes)
         group = f"{label}/part{k}" if len(plans) > 1 else None
         chained: Value | None = None   # the previous split node's piece, which this one reads
         for i, plan in enumerate(plans):
@@ -149,6 +163,8 @@ def _split_unit(graph: Graph, unit: list[Node], max_params: int) -> list[Node]:
                                   graph.fresh_name(f"{plan.node.name}_part{k}"), plan.node.domain,
                                   dict(plan.node.attr_types), plan.node.doc_string, group))
         piece_outputs.append(chained)
+        if piece_of is not None:
+            piece_of.update((id(n), k) for n in new_nodes[first_of_slice:])
     # The Concat produces the original value, so every reader (and the model's outputs) is unchanged.
     joined = plans[-1].node.outputs[0]
     new_nodes.append(Node("Concat", piece_outputs, [joined], {"axis": channel_axis % len(joined.shape)},
@@ -198,6 +214,11 @@ def _input_channels_for(graph: Graph, conv: Node, conv_groups: int, lo: int, hi:
                   for key, v in spec.items()]
         new_nodes.append(Node("Slice", [x, *bounds], [sliced], name=name))
     return sliced, last - first
+
+
+def splittable(node: Node) -> bool:
+    """Whether the node's output channels can be divided between slices (its weight's axis known)."""
+    return _weight_axis(node) is not None
 
 
 def _weight_axis(node: Node) -> int | None:

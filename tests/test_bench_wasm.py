@@ -120,12 +120,12 @@ def test_report_section_replaces_only_itself(tmp_path):
 def test_make_bench_script_reports_every_contestant_on_a_small_model(tmp_path):
     """The whole `make bench` script on one model: ORT and (when installed) ORT-Web numbers, and for
     Cortex either a number or the reason there is none, never a crash."""
-    from bench import bench_models
+    from bench import bench_models, threads_bench
     from bench.node_runner import ORTWEB_DIR
 
     page, raw = tmp_path / "benchmarks.md", tmp_path / "bench.json"
     assert bench_models.main(["--models", "squeezenet", "--rounds", "1", "--no-gemm", "--output", str(page),
-                              "--json", str(raw)]) == 0
+                              "--threads-models", "squeezenet", "--json", str(raw)]) == 0
     (result,) = json.loads(raw.read_text())["models"]
     assert result["timings"]["ort-cpu"]["median_s"] > 0
     if (ORTWEB_DIR / "node_modules" / "onnxruntime-web").is_dir():
@@ -133,3 +133,7 @@ def test_make_bench_script_reports_every_contestant_on_a_small_model(tmp_path):
     assert "cortex-wasm" in result["timings"] or result["errors"]["cortex-wasm"]
     assert result["memory"]["arena_bytes"] <= 1.1 * result["memory"]["lower_bound"]
     assert report.BEGIN in page.read_text() and "| squeezenet |" in page.read_text()
+    document = json.loads(raw.read_text())
+    assert [t["model"] for t in document["threads"]] == ["squeezenet"]
+    assert [d["section"] for d in document["peak_drift"]] == ["models", "threads"]
+    assert threads_bench.BEGIN in page.read_text()

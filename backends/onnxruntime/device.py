@@ -20,6 +20,7 @@ from ir.fs import confined_path, read_artifact
 
 class OnnxruntimeDevice(HostTensors):
     name = "onnxruntime"
+    concurrent_runs = True   # InferenceSession.run may be called from several threads at once
 
     def __init__(self, dag: dict, dag_path: Path, *, threads: int = 1):
         self.dag_path = Path(dag_path)

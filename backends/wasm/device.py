@@ -60,6 +60,7 @@ class SandboxedCU:
 
 class WasmDevice(HostTensors):
     name = "wasm"
+    concurrent_runs = True   # one store per instance, and wasmtime's engine and modules are shared safely between threads
 
     def __init__(self, dag: dict, dag_path: Path, limits: SandboxLimits | None = None):
         self.dag_path = Path(dag_path)

@@ -26,6 +26,8 @@ from cortex.commands.shared_options import (
     DeviceOption,
     MemoryBudgetOption,
     PinOption,
+    ThreadsOption,
+    checked_threads,
 )
 from cortex.console import out, print_json
 from cortex.runtime import load
@@ -48,6 +50,7 @@ def bench(
                                         "strict, every CU runs).")] = "strict",
     memory_budget: MemoryBudgetOption = None,
     pin: PinOption = None,
+    threads: ThreadsOption = None,
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable report.")] = False,
 ) -> None:
     """Time a compiled model: median and min of N runs, and a per-CU breakdown."""
@@ -62,9 +65,10 @@ def bench(
     except CortexError as e:
         raise CortexError(f"--policy: {e}") from None
     memory = memory_options(memory_budget, pin)
+    threads = checked_threads(threads)
     feeds = read_inputs(input or [])
     start = time.perf_counter()
-    model = load(dag, device, policy=chosen, **memory, **sandbox_options(cu_timeout_ms, cu_load_timeout_s))
+    model = load(dag, device, policy=chosen, threads=threads, **memory, **sandbox_options(cu_timeout_ms, cu_load_timeout_s))
     load_s = time.perf_counter() - start
     feeds = {**example_feeds(model.inputs), **feeds}
     for _ in range(warmup):
@@ -72,7 +76,7 @@ def bench(
     runs, overheads, per_cu, traces = measure(model, feeds, repeat)
     report = summarize(dag, device, load_s, runs, overheads, per_cu)
     report.update(policy=chosen.name, memory_budget_mb=memory_budget, peak_rss_mb=process_maxrss_mb(),
-                  memory=memory_totals(traces))
+                  memory=memory_totals(traces), threads=getattr(model, "threads", threads))
     if json:
         print_json(report)
         return

@@ -19,6 +19,8 @@ from cortex.commands.shared_options import (
     DeviceOption,
     MemoryBudgetOption,
     PinOption,
+    ThreadsOption,
+    checked_threads,
 )
 from cortex.runtime import load
 from cortex.runtime.cache import DEFAULT_CACHE_BYTES
@@ -61,9 +63,11 @@ def run(
                                                          "(docs/runtime.md).")] = None,
     pad_value: Annotated[float, typer.Option("--pad-value", help="The value --pad-to-bucket pads every input "
                                              "with (an attention mask's 0, a [PAD] token id).")] = 0.0,
+    threads: ThreadsOption = None,
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
 ) -> None:
     """Run the model's CUs in order on the device and save its outputs."""
+    threads = checked_threads(threads)
     try:
         chosen = resolve_policy(policy)
     except CortexError as e:
@@ -75,7 +79,7 @@ def run(
     requested = parse_output_names(output_names)
     feeds = read_inputs(input or [])
     model = load(dag, device, policy=chosen, cache_bytes=cache_bytes, pad_to_bucket=pad_to_bucket,
-                 pad_value=pad_value, **memory_options(memory_budget, pin),
+                 pad_value=pad_value, threads=threads, **memory_options(memory_budget, pin),
                  **sandbox_options(cu_timeout_ms, cu_load_timeout_s))
     if example_inputs:
         feeds = {**example_feeds(model.inputs), **feeds}

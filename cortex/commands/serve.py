@@ -11,7 +11,13 @@ import typer
 
 from backends.limits import AUTO_DEADLINE
 from cortex.commands.run import sandbox_options
-from cortex.commands.shared_options import CuLoadTimeoutOption, CuTimeoutOption, DeviceOption
+from cortex.commands.shared_options import (
+    CuLoadTimeoutOption,
+    CuTimeoutOption,
+    DeviceOption,
+    ThreadsOption,
+    checked_threads,
+)
 from cortex.console import out
 from cortex.runtime.policy import DEFAULT_POLICY, POLICIES
 from cortex.serve.app import ServeSettings, create_app
@@ -47,6 +53,7 @@ def serve(
     # A server defaults to deadlines from each CU's cost: one hostile request must not hold a worker.
     cu_timeout_ms: CuTimeoutOption = AUTO_DEADLINE,
     cu_load_timeout_s: CuLoadTimeoutOption = None,
+    threads: ThreadsOption = None,
 ) -> None:
     """Serve the model over HTTP (Open Inference Protocol v2) with Prometheus metrics at /metrics."""
     if policy not in POLICIES:
@@ -64,7 +71,8 @@ def serve(
     name = model_name if model_name is not None else dag.resolve().parent.name
     if not MODEL_NAME.fullmatch(name):
         raise CortexError(f"--model-name {name!r}: use letters, digits, '_', '.' and '-' (it is part of the URL)")
-    pool = ModelPool(dag, device, policy, workers, memory_budget, sandbox_options(cu_timeout_ms, cu_load_timeout_s))
+    pool = ModelPool(dag, device, policy, workers, memory_budget,
+                     {**sandbox_options(cu_timeout_ms, cu_load_timeout_s), "threads": checked_threads(threads)})
     app = create_app(pool, ServeSettings(name, max_body_bytes=int(max_body_mb * MB), read_timeout_s=read_timeout_s))
     sock = bind(host, port)
     bound_host, bound_port = sock.getsockname()[:2]

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from cortex.runtime import device_names
+from ir.errors import CortexError
 
 DeviceOption = Annotated[str, typer.Option("--device", help=f"One of: {', '.join(device_names())}.")]
 
@@ -23,3 +24,11 @@ MemoryBudgetOption = Annotated[Optional[float], typer.Option(
 PinOption = Annotated[Optional[str], typer.Option(
     "--pin", help="CUs that stay resident under --memory-budget, comma-separated (cu-0003,cu-0007; default: the "
     "hot CUs 'cortex calibrate' recorded).")]
+ThreadsOption = Annotated[Optional[int], typer.Option("--threads", help="Ready CUs run at once on this many threads "
+                                                     "(default: the machine's cores; 1: one after the other).")]
+
+
+def checked_threads(threads: int | None) -> int | None:
+    if threads is not None and threads < 1:
+        raise CortexError(f"--threads must be at least 1, got {threads}")
+    return threads

@@ -46,7 +46,8 @@ def verify(
         raise CortexError(f"--rtol {rtol:g} / --atol {atol:g}: tolerances must be zero or positive")
     if dump is not None and not bisect:
         raise CortexError(f"--dump {dump}: needs --bisect, which finds the CU to dump")
-    compiled = load(dag, device)
+    # The bisection names the first CU that diverges in dag.json's order: one thread keeps that order.
+    compiled = load(dag, device, threads=1 if bisect else None)
     if bisect and isinstance(compiled, SpecializedModel):
         raise CortexError(f"--bisect: {dag} holds shape specializations ({compiled.compiled_shapes()}); "
                           "bisection reads a single-shape dag.json")

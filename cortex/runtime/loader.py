@@ -33,6 +33,7 @@ from cortex.dag import read_dag
 from cortex.runtime.cache import DEFAULT_CACHE_BYTES, ResultCache
 from cortex.runtime.memory import budget_bytes
 from cortex.runtime.offline import SourceModel
+from cortex.runtime.parallel import ThreadedScheduler, check_threads, machine_threads
 from cortex.runtime.policy import Policy
 from cortex.runtime.policy import policy as resolve_policy
 from cortex.runtime.scheduler import SequentialScheduler
@@ -50,7 +51,8 @@ class CompiledModel:
     def __init__(self, dag_path: Path, device: str = "wasm", policy: str | Policy | None = None,
                  cache_bytes: int = DEFAULT_CACHE_BYTES, *, memory_budget_mb: float | None = None,
                  pins: list[str] | None = None, cu_timeout_ms: float | str | None = None,
-                 cu_load_timeout_s: float | None = None, dag: dict | None = None):
+                 cu_load_timeout_s: float | None = None, threads: int | None = None,
+                 dag: dict | None = None):
         self.path = Path(dag_path)
         self.limits = sandbox_limits(cu_timeout_ms, cu_load_timeout_s)
         self.memory_budget = budget_bytes(memory_budget_mb)
@@ -60,6 +62,7 @@ class CompiledModel:
             raise CortexError("pins need a memory budget (memory_budget_mb=, --memory-budget): without one "
                               "every CU stays resident")
         self.pins = None if pins is None else list(pins)
+        self.threads = machine_threads() if threads is None else check_threads(threads)
         self.device_name = device_spec(device).name
         self.policy = resolve_policy(policy)
         if not isinstance(cache_bytes, int) or cache_bytes < 0:
@@ -124,8 +127,13 @@ class CompiledModel:
 
     def _loaded_scheduler(self) -> SequentialScheduler:
         if self._scheduler is None:
-            scheduler = SequentialScheduler(self.dag, self.path, self.device_name, self.cache, self.limits,
-                                            self.memory_budget, self.pins)
+            # Memory tiers plan loads and evictions in dag.json's order: under a budget one CU runs at a time.
+            if self.threads == 1 or self.memory_budget is not None:
+                scheduler = SequentialScheduler(self.dag, self.path, self.device_name, self.cache, self.limits,
+                                                self.memory_budget, self.pins)
+            else:
+                scheduler = ThreadedScheduler(self.dag, self.path, self.device_name, self.cache, self.threads,
+                                              self.limits)
             scheduler.load(self.policy)
             self._scheduler = scheduler
         return self._scheduler
@@ -173,15 +181,18 @@ class CompiledModel:
 def load(dag_path, device: str = "wasm", policy: str | Policy | None = None,
          cache_bytes: int = DEFAULT_CACHE_BYTES, *, memory_budget_mb: float | None = None,
          pins: list[str] | None = None, cu_timeout_ms: float | str | None = None,
-         cu_load_timeout_s: float | None = None, pad_to_bucket: str | None = None,
+         cu_load_timeout_s: float | None = None, threads: int | None = None,
+         pad_to_bucket: str | None = None,
          pad_value: float = 0.0) -> CompiledModel | SpecializedModel:
     """A model ready to run; `policy` defaults to balanced, `cache_bytes` bounds the result cache
     (0 turns it off), `memory_budget_mb` the resident CUs (None: all resident), `pins` the CUs that
-    stay resident under it; `cu_timeout_ms` and `cu_load_timeout_s` are the sandbox's limits. A
+    stay resident under it; `cu_timeout_ms` and `cu_load_timeout_s` are the sandbox's limits;
+    `threads` runs that many ready CUs at once (default: the machine's cores; 1: one CU after the
+    other; under a memory budget, one at a time). A
     dag.json of shape specializations runs each request on the one its input shapes match (padded
     up to the nearest along `pad_to_bucket` when asked: cortex/runtime/specialized.py)."""
     options = {"memory_budget_mb": memory_budget_mb, "pins": pins, "cu_timeout_ms": cu_timeout_ms,
-               "cu_load_timeout_s": cu_load_timeout_s}
+               "cu_load_timeout_s": cu_load_timeout_s, "threads": threads}
     if is_specialized(Path(dag_path)):
         return SpecializedModel(Path(dag_path), lambda dag: CompiledModel(Path(dag_path), device, policy, cache_bytes,
                                                                           dag=dag, **options), pad_to_bucket, pad_value)

@@ -69,6 +69,17 @@ class Request:
     memory: MemoryStats | None = None             # under a memory budget: what the request loaded
 
 
+@dataclass
+class Execution:
+    """One CU's run on its device: its outputs, what the variant runner says of it, and its timing."""
+    results: dict
+    variant: dict
+    start: float                                  # time.perf_counter() when the call began
+    seconds: float
+    cpu_seconds: float                            # CPU time of the thread that ran it
+    where: dict = field(default_factory=dict)     # {"thread": n} when a thread pool ran it
+
+
 class SequentialScheduler:
     def __init__(self, dag: dict, dag_path: Path, device: str, cache: ResultCache | None = None,
                  limits: SandboxLimits | None = None, memory_budget: int | None = None,
@@ -162,9 +173,7 @@ class SequentialScheduler:
     def run(self, feeds: dict[str, np.ndarray], policy: Policy,
             outputs: list[str]) -> tuple[dict[str, np.ndarray], Request]:
         """The requested outputs (host arrays the caller owns) and what the request did."""
-        request = Request(policy, self.needed(outputs) if policy.skip_inactive else None,
-                          {name: (HOST, value) for name, value in feeds.items()},
-                          live_bytes=sum(int(np.asarray(v).nbytes) for v in feeds.values()))
+        request = self._new_request(feeds, policy, outputs)
         residency = self.residency
         if residency is not None:
             request.memory = residency.stats()
@@ -173,11 +182,7 @@ class SequentialScheduler:
         finally:
             if residency is not None:
                 residency.finish(request)     # no load left in flight, even when a CU failed
-        results = {}
-        for name in outputs:
-            home, tensor = request.env[name]
-            results[name] = np.array(tensor) if home is HOST else self.devices[home].to_host(tensor)
-        return results, request
+        return self._results(outputs, request), request
 
     def _walk(self, request: Request, residency: Residency | None) -> None:
         """Every CU in dag.json's order: skipped with its reason, or made resident and run."""
@@ -192,19 +197,36 @@ class SequentialScheduler:
                     residency.acquire(cu_id, request)
                     residency.plan(position, request, lambda cu: self._known_to_run(cu, request))
                 self._run_cu(cu, request)
-            else:
-                request.skipped.append({"cu": cu_id, "reason": reason})
-            if reason == CACHE_HIT:
-                request.env.update((name, (HOST, array)) for name, array in request.hit.outputs.items())
-                request.keys.update(request.hit.output_keys)
-                request.live_bytes += request.hit.nbytes
-            if reason != INACTIVE:
-                for out, case in self.branches.selected(cu_id, lambda name: self._condition(name, request)):
-                    request.env[out] = request.env[case]
-                    if case in request.made_by:
-                        request.made_by[out] = request.made_by[case]
-                    if case in request.keys:
-                        request.keys[out] = request.keys[case]
+            self._settle(cu_id, reason, request)
+
+    def _new_request(self, feeds: dict[str, np.ndarray], policy: Policy, outputs: list[str]) -> Request:
+        return Request(policy, self.needed(outputs) if policy.skip_inactive else None,
+                       {name: (HOST, value) for name, value in feeds.items()},
+                       live_bytes=sum(int(np.asarray(v).nbytes) for v in feeds.values()))
+
+    def _settle(self, cu_id: str, reason: str | None, request: Request) -> None:
+        """What follows a CU's turn, whether it ran (`reason` None) or was skipped: a skip is
+        recorded, a cache hit's outputs join the request, and selects its case decides resolve."""
+        if reason is not None:
+            request.skipped.append({"cu": cu_id, "reason": reason})
+        if reason == CACHE_HIT:
+            request.env.update((name, (HOST, array)) for name, array in request.hit.outputs.items())
+            request.keys.update(request.hit.output_keys)
+            request.live_bytes += request.hit.nbytes
+        if reason != INACTIVE:
+            for out, case in self.branches.selected(cu_id, lambda name: self._condition(name, request)):
+                request.env[out] = request.env[case]
+                if case in request.made_by:
+                    request.made_by[out] = request.made_by[case]
+                if case in request.keys:
+                    request.keys[out] = request.keys[case]
+
+    def _results(self, outputs: list[str], request: Request) -> dict[str, np.ndarray]:
+        results = {}
+        for name in outputs:
+            home, tensor = request.env[name]
+            results[name] = np.array(tensor) if home is HOST else self.devices[home].to_host(tensor)
+        return results
 
     def _skip_reason(self, cu: dict, request: Request) -> str | None:
         """Why `cu` does not run in this request, or None when it runs. The one place that decides
@@ -256,7 +278,13 @@ class SequentialScheduler:
         return key
 
     def _run_cu(self, cu: dict, request: Request) -> None:
-        cu_id, where = cu["id"], self.placement[cu["id"]]
+        inputs, crossed = self._gather_inputs(cu, request)
+        self._record(cu, request, self._execute(cu, inputs, request.policy), crossed, request.key)
+
+    def _gather_inputs(self, cu: dict, request: Request) -> tuple[dict, int]:
+        """The CU's inputs on its device, copied there once per tensor where they live elsewhere,
+        and the bytes that came from another device."""
+        where = self.placement[cu["id"]]
         device = self.devices[where]
         crossed = 0
         inputs = {}
@@ -270,24 +298,34 @@ class SequentialScheduler:
                     crossed += self.tensor_bytes[name] if home is not HOST else 0
                 tensor = request.copies[name, where]
             inputs[name] = tensor
+        return inputs, crossed
+
+    def _execute(self, cu: dict, inputs: dict, policy: Policy) -> Execution:
+        """One timed run of the CU on its device: it touches nothing of the request, so another
+        thread may do it."""
         cpu_start = time.thread_time()
         start = time.perf_counter()
-        results, variant = self.variants.run(cu, inputs, request.policy)   # the exact CU or a guarded variant
+        results, variant = self.variants.run(cu, inputs, policy)   # the exact CU or a guarded variant
         seconds = time.perf_counter() - start
-        cpu_seconds = time.thread_time() - cpu_start
-        request.cpu_seconds += cpu_seconds
-        request.env.update((name, (where, tensor)) for name, tensor in results.items())
-        request.made_by.update((name, cu_id) for name in results)
+        return Execution(results, variant, start, seconds, time.thread_time() - cpu_start)
+
+    def _record(self, cu: dict, request: Request, run: Execution, crossed: int, key: bytes | None) -> None:
+        """The run's outputs join the request, the cache stores them under `key`, the trace gets its entry."""
+        cu_id, where = cu["id"], self.placement[cu["id"]]
+        device = self.devices[where]
+        request.cpu_seconds += run.cpu_seconds
+        request.env.update((name, (where, tensor)) for name, tensor in run.results.items())
+        request.made_by.update((name, cu_id) for name in run.results)
         bytes_in, bytes_out = self.traffic[cu_id]
         request.live_bytes += bytes_out
-        if request.key is not None and self.cache.fits(bytes_out):
-            entry = self.cache.put(request.key, {name: device.to_host(t) for name, t in results.items()})
+        if key is not None and self.cache.fits(bytes_out):
+            entry = self.cache.put(key, {name: device.to_host(t) for name, t in run.results.items()})
             if entry is not None:
                 request.keys.update(entry.output_keys)
-        request.activated.append({"cu": cu_id, "device": where, "op_types": cu.get("op_types", []), "start": start,
-                                  "seconds": seconds, "cpu_seconds": cpu_seconds, "bytes_in": bytes_in,
-                                  "bytes_out": bytes_out, "bytes_from_other_devices": crossed,
-                                  "resident_bytes": device.resident_bytes(cu_id), **variant})
+        request.activated.append({"cu": cu_id, "device": where, "op_types": cu.get("op_types", []),
+                                  "start": run.start, "seconds": run.seconds, "cpu_seconds": run.cpu_seconds,
+                                  "bytes_in": bytes_in, "bytes_out": bytes_out, "bytes_from_other_devices": crossed,
+                                  "resident_bytes": device.resident_bytes(cu_id), **run.variant, **run.where})
         if self.residency is not None:
             request.activated[-1]["resident_total_bytes"] = self.residency.after_run(cu_id, request, request.position)
 

@@ -2,8 +2,9 @@
 docs/runtime.md; its JSON Schema is `cortex/schemas/trace.schema.json`.
 
 `sandbox_stats`:
-- `cpu_time_ms`: CPU time of the calling thread (`time.thread_time`) while devices ran CUs (or
-  onnxruntime ran the source model); work on a GPU or on other threads is not in it.
+- `cpu_time_ms`: CPU time (`time.thread_time`) of the threads that ran CUs, while they ran them (or
+  of the calling thread while onnxruntime ran the source model); work on a GPU, or on threads a
+  device starts itself, is not in it.
 - `peak_memory_mb`: `peak_memory_basis` says which measure it is. With CUs, "loaded CUs + live
   tensors": the resident bytes of every loaded CU plus the bytes of the tensors the request holds
   at its end (it frees none before; inputs, outputs, copies between devices, cached outputs). A
@@ -68,7 +69,7 @@ def request_trace(*, policy: str, device: str, dag_path: Path, outputs: list[str
         "cus_by_device": {name: sum(1 for t in entries if t["device"] == name)
                           for name in dict.fromkeys(t["device"] for t in entries)},
         "total_seconds": sum(t["seconds"] for t in entries),
-        "cus": [{k: v for k, v in t.items() if k != "start"} for t in entries],
+        "cus": _entries(entries),
         "traceEvents": _events(entries),
     }
 
@@ -117,10 +118,18 @@ def _header(policy: str | None, device: str, dag_path: Path, outputs: list[str])
             "requested_outputs": list(outputs)}
 
 
+def _entries(entries: list[dict]) -> list[dict]:
+    """The per-CU entries; where threads ran them, each says when it started (`start_ms`, from the
+    first CU's start) and on which thread, so overlapping runs can be read from the trace."""
+    t0 = min((t["start"] for t in entries), default=0.0)
+    return [{**{k: v for k, v in t.items() if k != "start"},
+             **({"start_ms": (t["start"] - t0) * 1e3} if "thread" in t else {})} for t in entries]
+
+
 def _events(entries: list[dict]) -> list[dict]:
-    """Chrome trace events: open the file in chrome://tracing or Perfetto."""
-    t0 = entries[0]["start"] if entries else 0.0
-    return [{"name": t["cu"], "cat": ",".join(t["op_types"]), "ph": "X", "pid": 0, "tid": 0,
+    """Chrome trace events: open the file in chrome://tracing or Perfetto (one row per thread)."""
+    t0 = min((t["start"] for t in entries), default=0.0)
+    return [{"name": t["cu"], "cat": ",".join(t["op_types"]), "ph": "X", "pid": 0, "tid": t.get("thread", 0),
              "ts": (t["start"] - t0) * 1e6, "dur": t["seconds"] * 1e6,
              "args": {"device": t["device"], "bytes_in": t["bytes_in"], "bytes_out": t["bytes_out"]}}
             for t in entries]

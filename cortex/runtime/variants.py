@@ -100,6 +100,12 @@ class VariantRunner:
             if precision is not None:
                 self._ensure_loaded(cu_id, precision)
 
+    def prepare(self, cu_id: str, policy: Policy) -> None:
+        """The variant the policy picks for this CU loaded now, so that `run` loads nothing."""
+        precision = self.choice(cu_id, policy)
+        if precision is not None:
+            self._ensure_loaded(cu_id, precision)
+
     def run(self, cu: dict, inputs: dict, policy: Policy) -> tuple[dict, dict]:
         """The CU's outputs and what the trace says of it: {"precision", "trust"} when a variant's
         outputs were used, {"fell_back": reason} when a guard reran the exact CU, {} otherwise."""

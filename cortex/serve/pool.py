@@ -42,9 +42,9 @@ class RunFailed(Exception):
 
 class ModelPool:
     def __init__(self, dag_path: Path, device: str, policy: str, workers: int, memory_budget_mb: float | None,
-                 sandbox_options: dict | None = None):
+                 load_options: dict | None = None):
         self.dag_path = Path(dag_path)
-        self._load_options = {"device": device, "policy": policy, **(sandbox_options or {})}
+        self._load_options = {"device": device, "policy": policy, **(load_options or {})}
         if memory_budget_mb is not None:        # absent: cortex.load keeps every CU resident, its default
             self._load_options["memory_budget_mb"] = memory_budget_mb
         self.instances = [self._load() for _ in range(workers)]

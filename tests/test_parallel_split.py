@@ -1,0 +1,154 @@
+"""decompose --parallel N: large contractions sliced along their output channels into N CUs of one
+dag.json level, balanced by flops, with outputs equal to the unsliced model's (onnxruntime)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from backends.registry import target
+from cli_helpers import assert_one_line_error, run_cli
+from cortex.commands.decompose import decompose_model
+from cortex.compile import compile_cu_dir
+from cortex.dag import build_dag, validate_dag
+from cortex.runtime import load
+from ir.errors import CortexError
+from ir.fs import write_bytes_atomically
+from ir.options import from_text
+from passes.partition import PartitionIntoCUs
+from testdata import run_onnxruntime
+
+RNG = np.random.default_rng(0)
+
+
+def const(name, *shape):
+    return numpy_helper.from_array((RNG.standard_normal(shape) * 0.1).astype(np.float32), name)
+
+
+def save(tmp_path, nodes, inputs, outputs, inits, opset=17):
+    graph = helper.make_graph(nodes, "m", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs], inits)
+    path = tmp_path / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), path)
+    return path, {n: RNG.standard_normal(s).astype(np.float32) for n, s in inputs}
+
+
+def mlp(tmp_path):
+    """x -> MatMul + bias + Relu -> MatMul: a chain, no branch for threads to use."""
+    return save(tmp_path, [helper.make_node("MatMul", ["x", "w1"], ["a"], name="mm1"),
+                           helper.make_node("Add", ["a", "b1"], ["ab"], name="bias1"),
+                           helper.make_node("Relu", ["ab"], ["r"], name="relu1"),
+                           helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2")],
+                [("x", [32, 64])], ["y"], [const("w1", 64, 128), const("b1", 128), const("w2", 128, 48)])
+
+
+def build(tmp_path, path, **limits) -> tuple[dict, dict]:
+    """decompose -> build-dag -> compile-wasm; (manifest, dag)."""
+    decompose_model(path, tmp_path / "cus", PartitionIntoCUs(**{"min_cu_size": 0, **limits}))
+    dag_path = tmp_path / "dag.json"
+    dag = build_dag(tmp_path / "cus", dag_path)
+    validate_dag(dag)
+    write_bytes_atomically(dag_path, json.dumps(dag).encode())
+    compile_cu_dir(target("wasm"), tmp_path / "cus", tmp_path / "wasm-bin", from_text(target("wasm").options),
+                   dag_path, jobs=1)
+    return json.loads((tmp_path / "cus" / "manifest.json").read_text()), json.loads(dag_path.read_text())
+
+
+def assert_matches_onnxruntime(tmp_path, path, feeds, threads: int = 2) -> None:
+    got = load(tmp_path / "dag.json", threads=threads, policy="strict").run(feeds)
+    for name, want in run_onnxruntime(path, feeds).items():
+        np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-5)
+
+
+def level_of(dag: dict) -> dict[str, int]:
+    return {cu: i for i, level in enumerate(dag["levels"]) for cu in level}
+
+
+def test_each_large_matmul_becomes_two_slices_in_different_cus_of_one_level(tmp_path):
+    path, feeds = mlp(tmp_path)
+    manifest, dag = build(tmp_path, path, parallel=2, parallel_min_flops=0)
+    slices = [cu for cu in dag["cus"] if "MatMul" in cu["op_types"]]
+    assert len(slices) == 4                       # two MatMuls, two slices each, each its own CU
+    levels = level_of(dag)
+    first = [cu["id"] for cu in slices if "Relu" in cu["op_types"]]   # the epilogue splits with it
+    second = [cu["id"] for cu in slices if "Relu" not in cu["op_types"]]
+    assert len(first) == len(second) == 2
+    assert levels[first[0]] == levels[first[1]] and levels[second[0]] == levels[second[1]]
+    assert manifest["options"]["parallel"] == 2
+    assert_matches_onnxruntime(tmp_path, path, feeds)
+
+
+def test_slices_are_balanced_by_flops(tmp_path):
+    path, feeds = save(tmp_path, [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+                       [("x", [16, 32])], ["y"], [const("w", 32, 90)])
+    _, dag = build(tmp_path, path, parallel=3, parallel_min_flops=0)
+    flops = [cu["flops"] for cu in dag["cus"] if cu["op_types"] == ["MatMul"]]
+    assert len(flops) == 3 and max(flops) == min(flops)        # 30 output channels each
+    assert_matches_onnxruntime(tmp_path, path, feeds)
+
+
+def test_conv_and_gemm_slice_along_output_channels(tmp_path):
+    path, feeds = save(tmp_path, [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+                                  helper.make_node("Relu", ["c"], ["r"], name="relu"),
+                                  helper.make_node("Flatten", ["r"], ["f"], name="flatten"),
+                                  helper.make_node("Gemm", ["f", "wg", "bg"], ["y"], name="gemm", transB=1)],
+                       [("x", [1, 3, 8, 8])], ["y"],
+                       [const("w", 8, 3, 3, 3), const("b", 8), const("wg", 10, 512), const("bg", 10)])
+    _, dag = build(tmp_path, path, parallel=2, parallel_min_flops=0)
+    levels = level_of(dag)
+    for op in ("Conv", "Gemm"):
+        ids = [cu["id"] for cu in dag["cus"] if op in cu["op_types"]]
+        assert len(ids) == 2 and levels[ids[0]] == levels[ids[1]], (op, dag["levels"])
+    assert_matches_onnxruntime(tmp_path, path, feeds)
+
+
+def test_a_grouped_conv_slices_whole_groups(tmp_path):
+    path, feeds = save(tmp_path, [helper.make_node("Conv", ["x", "w"], ["y"], name="dw", group=4, pads=[1, 1, 1, 1])],
+                       [("x", [1, 4, 6, 6])], ["y"], [const("w", 4, 1, 3, 3)])
+    _, dag = build(tmp_path, path, parallel=2, parallel_min_flops=0)
+    assert sum("Conv" in cu["op_types"] for cu in dag["cus"]) == 2
+    assert_matches_onnxruntime(tmp_path, path, feeds)
+
+
+def test_contractions_under_the_threshold_stay_whole(tmp_path):
+    path, feeds = mlp(tmp_path)
+    flops_mm1 = 2 * 32 * 64 * 128
+    _, dag = build(tmp_path, path, parallel=2, parallel_min_flops=flops_mm1)   # mm2 has fewer flops
+    matmuls = [cu for cu in dag["cus"] if "MatMul" in cu["op_types"]]
+    assert sum(cu["op_types"].count("MatMul") for cu in matmuls) == 3
+    assert_matches_onnxruntime(tmp_path, path, feeds)
+
+
+def test_parallel_one_changes_nothing(tmp_path):
+    path, _ = mlp(tmp_path)
+    decompose_model(path, tmp_path / "a", PartitionIntoCUs(min_cu_size=0))
+    decompose_model(path, tmp_path / "b", PartitionIntoCUs(min_cu_size=0, parallel=1, parallel_min_flops=0))
+    assert (tmp_path / "a" / "manifest.json").read_bytes() == (tmp_path / "b" / "manifest.json").read_bytes()
+    assert "parallel" not in json.loads((tmp_path / "a" / "manifest.json").read_text())["options"]
+
+
+def test_max_cu_size_slices_are_not_sliced_again(tmp_path):
+    path, feeds = mlp(tmp_path)
+    manifest, _ = build(tmp_path, path, parallel=2, parallel_min_flops=0, max_cu_size=3000)
+    assert all(cu["params"] <= 3000 for cu in manifest["cus"])
+    assert_matches_onnxruntime(tmp_path, path, feeds)
+
+
+def test_parallel_below_one_is_refused():
+    with pytest.raises(CortexError, match="--parallel must be at least 1"):
+        PartitionIntoCUs(parallel=0)
+
+
+def test_decompose_parallel_cli(tmp_path):
+    path, _ = mlp(tmp_path)
+    code, out, err = run_cli(["decompose", "--model-path", path, "--output-dir", tmp_path / "cus", "--parallel", "2",
+                              "--parallel-min-flops", "0", "--json"])
+    assert code == 0, err
+    assert json.loads(out)["sliced_ops"] == 2
+    code, _, err = run_cli(["decompose", "--model-path", path, "--output-dir", tmp_path / "bad", "--parallel", "0"])
+    assert_one_line_error(code, err, "--parallel must be at least 1")
+    assert not (tmp_path / "bad").exists()
