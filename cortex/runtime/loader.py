@@ -11,6 +11,9 @@ A policy (`cortex/runtime/policy.py`) is the model's default and may be overridd
 strict). After each run, `last_trace` is the request's trace (`cortex/runtime/trace.py`) and
 `trace` its per-CU entries. Under the offline policy the CUs are not loaded until a request under
 another policy needs them: offline is the fallback for when they cannot be.
+
+`executor="ray"` places the CUs on Ray actors instead of this process (`cortex/runtime/ray_executor.py`,
+`address=` the cluster); `run_many` submits a batch of requests at once, pipelined there.
 """
 
 from __future__ import annotations
@@ -26,9 +29,12 @@ from cortex.runtime.cache import DEFAULT_CACHE_BYTES, ResultCache
 from cortex.runtime.offline import SourceModel
 from cortex.runtime.policy import Policy
 from cortex.runtime.policy import policy as resolve_policy
+from cortex.runtime.ray_executor import RayExecutor
 from cortex.runtime.scheduler import SequentialScheduler
 from cortex.runtime.trace import empty_trace, offline_trace, request_trace
 from ir.errors import CortexError
+
+EXECUTORS = ("local", "ray")
 
 
 def device_names() -> list[str]:
@@ -37,15 +43,21 @@ def device_names() -> list[str]:
 
 class CompiledModel:
     def __init__(self, dag_path: Path, device: str = "wasm", policy: str | Policy | None = None,
-                 cache_bytes: int = DEFAULT_CACHE_BYTES):
+                 cache_bytes: int = DEFAULT_CACHE_BYTES, executor: str = "local", address: str | None = None,
+                 executor_options: dict | None = None):
         self.path = Path(dag_path)
+        if executor not in EXECUTORS:
+            raise CortexError(f"unknown executor {executor!r}: expected one of {', '.join(EXECUTORS)}")
+        if address is not None and executor != "ray":
+            raise CortexError("an address names a Ray cluster: it needs executor='ray'")
+        self.executor, self.address, self.executor_options = executor, address, dict(executor_options or {})
         self.device_name = device_spec(device).name
         self.policy = resolve_policy(policy)
         if not isinstance(cache_bytes, int) or cache_bytes < 0:
             raise CortexError(f"the cache budget must be a whole number of bytes, at least 0 (got {cache_bytes!r})")
         self.cache = ResultCache(cache_bytes)
         self.dag = read_dag(self.path)
-        self._scheduler: SequentialScheduler | None = None
+        self._scheduler: SequentialScheduler | RayExecutor | None = None
         self._source: SourceModel | None = None
         if self.policy.offline:
             self._source_model()           # a missing or changed source model fails at load
@@ -55,7 +67,7 @@ class CompiledModel:
         self.last_trace: dict = empty_trace(self.device_name, self.path)
 
     @property
-    def scheduler(self) -> SequentialScheduler:
+    def scheduler(self) -> SequentialScheduler | RayExecutor:
         return self._loaded_scheduler()
 
     @property
@@ -82,21 +94,50 @@ class CompiledModel:
             self.trace = []
             self.last_trace = offline_trace(device=self.device_name, dag_path=self.path, outputs=names, run=run)
             return results
+        results, request = self._loaded_scheduler().run(env, chosen, names)
+        self._record(chosen, names, request)
+        return results
+
+    def run_many(self, batch: list[dict], outputs: list[str] | None = None,
+                 policy: str | Policy | None = None) -> list[dict[str, np.ndarray]]:
+        """`run` on each feed of `batch`, in order; on Ray the requests are in flight together
+        (pipelined through the actors). `last_trace` is the last request's."""
+        chosen = self.policy if policy is None else resolve_policy(policy)
+        if isinstance(batch, dict) or not isinstance(batch, (list, tuple)):
+            raise CortexError("run_many takes a list of input dicts")
+        if chosen.offline or not isinstance(self._loaded_scheduler(), RayExecutor):
+            return [self.run(feeds, outputs, chosen) for feeds in batch]
+        names = self._requested(outputs)
+        envs = [self._checked_inputs(feeds) for feeds in batch]
+        done = self._scheduler.run_many(envs, chosen, names)
+        if done:
+            self._record(chosen, names, done[-1][1])
+        return [results for results, _ in done]
+
+    def close(self) -> None:
+        """Free what the model holds elsewhere (its Ray actors); a local model holds nothing."""
+        if isinstance(self._scheduler, RayExecutor):
+            self._scheduler.close()
+            self._scheduler = None
+
+    def _record(self, chosen: Policy, names: list[str], request) -> None:
         scheduler = self._loaded_scheduler()
-        results, request = scheduler.run(env, chosen, names)
+        local = isinstance(scheduler, SequentialScheduler)
         self.trace = request.activated
         self.last_trace = request_trace(
             policy=chosen.name, device=self.device_name, dag_path=self.path, outputs=names, request=request,
             resident_bytes=scheduler.resident_bytes(),
             fallback_cus={cu["id"] for cu in self.dag["cus"] if "runs_on" in cu},
-            cache_stats=self.cache.stats() if chosen.cache else None)
-        return results
+            cache_stats=self.cache.stats() if chosen.cache and local else None)
 
     def trace_document(self) -> dict:
         """The last request's trace (`last_trace`); `traceEvents` opens in chrome://tracing or Perfetto."""
         return self.last_trace
 
-    def _loaded_scheduler(self) -> SequentialScheduler:
+    def _loaded_scheduler(self) -> SequentialScheduler | RayExecutor:
+        if self._scheduler is None and self.executor == "ray":
+            self._scheduler = RayExecutor(self.dag, self.path, self.device_name, self.address,
+                                          cache_bytes=self.cache.budget_bytes, **self.executor_options)
         if self._scheduler is None:
             scheduler = SequentialScheduler(self.dag, self.path, self.device_name, self.cache)
             scheduler.load(self.policy)
@@ -144,7 +185,9 @@ class CompiledModel:
 
 
 def load(dag_path, device: str = "wasm", policy: str | Policy | None = None,
-         cache_bytes: int = DEFAULT_CACHE_BYTES) -> CompiledModel:
+         cache_bytes: int = DEFAULT_CACHE_BYTES, executor: str = "local", address: str | None = None,
+         executor_options: dict | None = None) -> CompiledModel:
     """A model ready to run; `policy` defaults to balanced, `cache_bytes` bounds the result cache
-    (0 turns it off)."""
-    return CompiledModel(Path(dag_path), device, policy, cache_bytes)
+    (0 turns it off; on Ray each actor's). `executor="ray"` runs the CUs on the Ray cluster at
+    `address` (`executor_options`: RayExecutor's stages, num_cpus, retries, timeout_s, max_restarts)."""
+    return CompiledModel(Path(dag_path), device, policy, cache_bytes, executor, address, executor_options)
