@@ -15,9 +15,9 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from cortex.commands.run import example_feeds, read_inputs
+from cortex.commands.run import example_feeds, executor_keywords, read_inputs
 from cortex.console import out, print_json
-from cortex.commands.shared_options import DeviceOption
+from cortex.commands.shared_options import AddressOption, DeviceOption, ExecutorOption
 from cortex.runtime import load
 from ir.errors import CortexError
 
@@ -30,6 +30,8 @@ def bench(
     device: DeviceOption = "wasm",
     top: Annotated[int, typer.Option("--top", help="CUs to list, slowest first (0: all).")] = 10,
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable report.")] = False,
+    executor: ExecutorOption = "local",
+    address: AddressOption = None,
 ) -> None:
     """Time a compiled model: median and min of N runs, and a per-CU breakdown."""
     if repeat < 1:
@@ -41,7 +43,7 @@ def bench(
     feeds = read_inputs(input or [])
     start = time.perf_counter()
     # strict: every run runs every CU; the result cache would time lookups, not the CUs.
-    model = load(dag, device, policy="strict")
+    model = load(dag, device, policy="strict", **executor_keywords(executor, address))
     load_s = time.perf_counter() - start
     feeds = {**example_feeds(model.inputs), **feeds}
     for _ in range(warmup):

@@ -11,7 +11,7 @@ import numpy as np
 import typer
 
 from cortex.console import out, print_json
-from cortex.commands.shared_options import DeviceOption
+from cortex.commands.shared_options import AddressOption, DeviceOption, ExecutorOption
 from cortex.runtime import load
 from cortex.runtime.cache import DEFAULT_CACHE_BYTES
 from cortex.runtime.policy import DEFAULT_POLICY, POLICIES
@@ -42,6 +42,8 @@ def run(
     example_inputs: Annotated[bool, typer.Option("--example-inputs", help="Feed inputs not given with --input a "
                                                  "deterministic example (floats arange(n)/n, integers and bools 0).")] = False,
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
+    executor: ExecutorOption = "local",
+    address: AddressOption = None,
 ) -> None:
     """Run the model's CUs in order on the device and save its outputs."""
     try:
@@ -54,7 +56,7 @@ def run(
         raise CortexError(f"--cache-bytes cannot be negative, got {cache_bytes}")
     requested = parse_output_names(output_names)
     feeds = read_inputs(input or [])
-    model = load(dag, device, policy=chosen, cache_bytes=cache_bytes)
+    model = load(dag, device, policy=chosen, cache_bytes=cache_bytes, **executor_keywords(executor, address))
     if example_inputs:
         feeds = {**example_feeds(model.inputs), **feeds}
     known = [spec["name"] for spec in model.outputs]
@@ -92,6 +94,15 @@ def run(
               + (f" ({others}: fallback)" if others else "")
               + (f", skipped: {skipped}" if skipped else "")
               + (f"; outputs written to {output}" if output else ""))
+
+
+def executor_keywords(executor: str, address: str | None) -> dict:
+    """`--executor`/`--address` as `cortex.load`'s keywords, checked with the options' names."""
+    if executor not in ("local", "ray"):
+        raise CortexError(f"--executor {executor}: expected local or ray")
+    if address is not None and executor != "ray":
+        raise CortexError("--address names a Ray cluster: it needs --executor ray")
+    return {"executor": executor, "address": address}
 
 
 def parse_output_names(text: str | None) -> list[str] | None:

@@ -33,6 +33,7 @@ for now.
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from dataclasses import dataclass
 from itertools import pairwise
@@ -67,12 +68,26 @@ def connect(address: str | None) -> None:
     ray = ray_module()
     if ray.is_initialized():
         return
+    if address and address != "auto" and "://" not in address:
+        _check_reachable(address)
     try:
         ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False, include_dashboard=False,
                  configure_logging=True)
     except (ConnectionError, ValueError, RuntimeError) as e:
         where = f"--address {address}" if address else "a local Ray cluster"
         raise CortexError(f"{where}: cannot connect ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Ray retries a head that does not answer for minutes; a user who mistyped the address wants
+    to know at once."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise CortexError(f"--address {address}: expected HOST:PORT of the Ray head, or auto")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise CortexError(f"--address {address}: no Ray head answers there ({e.strerror or e})") from None
 
 
 def stage_cuts(costs: list[float], stages: int) -> list[int]:
@@ -374,3 +389,16 @@ def ray_map(function, items: list, num_cpus: float = 1.0) -> list:
 def _call(function, item):
     return function(item)
 
+
+
+def cu_map(executor: str, address: str | None):
+    """How `compile-<target> --executor` spreads the CU builds: None for the local threads, else
+    one Ray task per CU on the cluster at `address`."""
+    if executor not in ("local", "ray"):
+        raise CortexError(f"--executor {executor}: expected local or ray")
+    if executor == "local":
+        if address is not None:
+            raise CortexError("--address names a Ray cluster: it needs --executor ray")
+        return None
+    connect(address)
+    return ray_map
