@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -47,7 +48,9 @@ from cortex.runtime.policy import Policy
 from cortex.runtime.scheduler import NOT_NEEDED, Request, SequentialScheduler
 from ir.errors import CortexError
 
-DEFAULT_RETRIES = 3
+DEFAULT_RETRIES = 8
+RETRY_BACKOFF_S = 0.5       # before the first resubmission; doubled each time, up to MAX_BACKOFF_S
+MAX_BACKOFF_S = 8.0
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_WINDOW = 8
 
@@ -186,6 +189,7 @@ class RayExecutor:
             raise CortexError(f"the ray executor's num_cpus per actor must be above 0 (got {num_cpus!r})")
         self.dag, self.path, self.device_name = dag, Path(dag_path).resolve(), device
         self.retries, self.timeout_s = retries, timeout_s
+        self.resubmitted = 0             # requests submitted again after a lost actor or result
         self.devices: dict = {}          # no device in this process: the actors hold them
         self.cus = {cu["id"]: cu for cu in dag["cus"]}
         self.producer = {name: t["producer"] for name, t in dag["tensors"].items()}
@@ -242,8 +246,9 @@ class RayExecutor:
         return self.run_many([feeds], policy, outputs)[0]
 
     def run_many(self, batch: list[dict[str, np.ndarray]], policy: Policy, outputs: list[str],
-                 window: int = DEFAULT_WINDOW) -> list[tuple[dict, Request]]:
-        """Each request's outputs and what it did, in order; up to `window` requests in flight."""
+                 window: int = DEFAULT_WINDOW, on_done: Callable[[int], None] | None = None) -> list[tuple[dict, Request]]:
+        """Each request's outputs and what it did, in order; up to `window` requests in flight.
+        `on_done(i)` is called as request i is collected (progress, or a test removing a node)."""
         plan = self._plan(policy, outputs)
         pending: dict[int, tuple[list, object]] = {}
         attempts = [0] * len(batch)
@@ -254,6 +259,8 @@ class RayExecutor:
                 pending[submitted] = self._submit(batch[submitted], policy, plan)
                 submitted += 1
             done[index] = self._collect(index, batch[index], policy, plan, pending.pop(index), attempts, outputs)
+            if on_done is not None:
+                on_done(index)
         return done
 
     def _plan(self, policy: Policy, outputs: list[str]) -> list[tuple[int, list[str], list[int]]]:
@@ -305,6 +312,10 @@ class RayExecutor:
                 if attempts[index] > self.retries:
                     raise CortexError(f"request {index}: lost a Ray actor or its result {attempts[index]} times, the "
                                       f"last: {_first_line(e)}") from None
+                # Until the cluster notices the node is gone its actors are only "unavailable":
+                # back off, so that the retries span the restart instead of spending themselves on it.
+                time.sleep(min(RETRY_BACKOFF_S * 2 ** (attempts[index] - 1), MAX_BACKOFF_S))
+                self.resubmitted += 1
                 refs = self._submit(feeds, policy, plan)
         stage_tensors, stage_traces = parts[:len(tensor_refs)], parts[len(tensor_refs):]
         env = {name: value for part in stage_tensors for name, value in part.items()}
