@@ -18,23 +18,23 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_helpers import assert_one_line_error, run_cli
+from testdata import sample_model
+from wasm_cases import compile_pipeline
 
 import cortex
 from backends.registry import target
 from backends.wasm.options import parse_options
-from cli_helpers import assert_one_line_error, run_cli
 from cortex.compile import compile_cu_dir
 from cortex.runtime.ray_executor import ray_map, stage_cuts
 from cortex.runtime.trace import validate_trace
 from ir.errors import CortexError
-from testdata import sample_model
-from wasm_cases import compile_pipeline
 
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 # Ray reads it once, when it is first imported: it must be set before that, for this process.
 os.environ.update(LOOPBACK_ENV)
 ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster  # noqa: E402  (after the importorskip that guards it)
+from ray.cluster_utils import Cluster
 
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
 
@@ -153,9 +153,9 @@ def test_no_connection_of_the_cluster_leaves_loopback(cluster, cnn):
     try:
         pids = _descendants(os.getpid()) | {os.getpid()}
         seen = []
-        for i in range(3):
+        for _ in range(3):
             model.run_many(_feeds(case, 4))
-            lines = subprocess.run(["ss", "-tnp"], capture_output=True, text=True, timeout=30).stdout.splitlines()
+            lines = subprocess.run(["ss", "-tnp"], check=True, capture_output=True, text=True, timeout=30).stdout.splitlines()
             for line in lines[1:]:
                 owners = {int(p) for p in re.findall(r"pid=(\d+)", line)}
                 if owners & pids:
