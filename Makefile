@@ -7,7 +7,7 @@ OUT    ?= out
 SAMPLE ?= samples/cnn.onnx
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-all samples conformance bench bench-decompose bench-runtime gpu-check clean
+.PHONY: setup demo test test-all samples conformance bench bench-decompose bench-runtime bench-ray gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,8 +52,13 @@ $(ORTWEB): bench/ortweb/package.json bench/ortweb/package-lock.json
 ## Cortex WASM against onnxruntime (native) and onnxruntime-web (after bench-decompose): writes its section of docs/benchmarks.md and $(OUT)/bench.json.
 bench: setup $(ORTWEB) bench-decompose
 	$(BIN)/python -m bench.bench_models --json $(OUT)/bench.json
+	$(MAKE) bench-ray
 
 ## The CU runtime: decoding with the result cache (strict vs balanced vs onnxruntime), and the
+## the Ray executor on a local loopback cluster: 2 nodes against 1 on a pipelined batch of 64, and the per-hop overhead.
+bench-ray: setup
+	$(BIN)/python -m bench.bench_ray --output docs/benchmarks.md --json $(OUT)/bench-ray.json
+
 ## reduced-precision variants' bytes, trust, agreement and latency: writes its section of docs/benchmarks.md.
 bench-runtime: setup
 	$(BIN)/python -m bench.bench_runtime --json $(OUT)/bench-runtime.json
