@@ -54,11 +54,11 @@ bench: setup $(ORTWEB) bench-decompose
 	$(BIN)/python -m bench.bench_models --json $(OUT)/bench.json
 	$(MAKE) bench-ray
 
-## The CU runtime: decoding with the result cache (strict vs balanced vs onnxruntime), and the
-## the Ray executor on a local loopback cluster: 2 nodes against 1 on a pipelined batch of 64, and the per-hop overhead.
+## The Ray executor on a local loopback cluster: 2 nodes against 1 on a pipelined batch of 64, and the per-hop overhead.
 bench-ray: setup
 	$(BIN)/python -m bench.bench_ray --output docs/benchmarks.md --json $(OUT)/bench-ray.json
 
+## The CU runtime: decoding with the result cache (strict vs balanced vs onnxruntime), and the
 ## reduced-precision variants' bytes, trust, agreement and latency: writes its section of docs/benchmarks.md.
 bench-runtime: setup
 	$(BIN)/python -m bench.bench_runtime --json $(OUT)/bench-runtime.json
