@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -77,12 +78,17 @@ def test_stage_cuts_balance_the_costliest_stage():
     assert len(stage_cuts([1.0] * 6, 3)) == 2               # every stage asked for is used
 
 
-def test_cli_refuses_an_unknown_executor_or_a_dead_address(cnn):
+def test_cli_refuses_an_unknown_executor_or_an_address_without_ray(cnn):
     _, dag_path = cnn
     assert_one_line_error(*run_cli(["run", dag_path, "--example-inputs", "--executor", "mpi"])[::2],
                           "--executor mpi", "local or ray")
     assert_one_line_error(*run_cli(["run", dag_path, "--example-inputs", "--address", "127.0.0.1:1"])[::2],
                           "--address", "--executor ray")
+
+
+@pytest.mark.slow
+def test_cli_names_an_address_where_no_ray_head_answers(cnn):
+    _, dag_path = cnn
     assert_one_line_error(*run_cli(["run", dag_path, "--example-inputs", "--executor", "ray",
                                     "--address", "127.0.0.1:1"], env=LOOPBACK_ENV)[::2],
                           "--address 127.0.0.1:1", "no Ray head answers")
@@ -111,6 +117,22 @@ def test_outputs_equal_a_local_run_and_onnxruntime(cluster, cnn):
             model.run(case.inputs, outputs=["z"])
     finally:
         model.close()
+
+
+@pytest.mark.slow
+def test_a_changed_artifact_is_refused_with_the_local_error(cluster, cnn, tmp_path):
+    _, dag_path = cnn
+    copy = tmp_path / "bundle"
+    shutil.copytree(dag_path.parent, copy)
+    module = next((copy / "wasm-bin").glob("*.wasm"))
+    module.write_bytes(module.read_bytes() + b"\0")
+    with pytest.raises(CortexError) as local:
+        cortex.load(copy / "dag.json")
+    with pytest.raises(CortexError) as remote:
+        cortex.load(copy / "dag.json", executor="ray", executor_options={"stages": 1})
+    assert str(remote.value) == str(local.value)
+    with pytest.raises(CortexError, match="unknown executor option 'stage'"):
+        cortex.load(dag_path, executor="ray", executor_options={"stage": 1})
 
 
 @pytest.mark.slow

@@ -29,6 +29,7 @@ from cortex.runtime.cache import DEFAULT_CACHE_BYTES, ResultCache
 from cortex.runtime.offline import SourceModel
 from cortex.runtime.policy import Policy
 from cortex.runtime.policy import policy as resolve_policy
+from cortex.runtime.ray_executor import OPTIONS as RAY_OPTIONS
 from cortex.runtime.ray_executor import RayExecutor
 from cortex.runtime.scheduler import SequentialScheduler
 from cortex.runtime.trace import empty_trace, offline_trace, request_trace
@@ -50,6 +51,10 @@ class CompiledModel:
             raise CortexError(f"unknown executor {executor!r}: expected one of {', '.join(EXECUTORS)}")
         if address is not None and executor != "ray":
             raise CortexError("an address names a Ray cluster: it needs executor='ray'")
+        unknown = sorted(set(executor_options or {}) - set(RAY_OPTIONS if executor == "ray" else ()))
+        if unknown:
+            raise CortexError(f"unknown executor option {', '.join(map(repr, unknown))} for the {executor} executor"
+                              + (f": expected {', '.join(RAY_OPTIONS)}" if executor == "ray" else ""))
         self.executor, self.address, self.executor_options = executor, address, dict(executor_options or {})
         self.device_name = device_spec(device).name
         self.policy = resolve_policy(policy)

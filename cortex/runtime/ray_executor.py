@@ -143,18 +143,29 @@ class CUStage:
     """One Ray actor: the scheduler on one stage's CUs, on the normal device."""
 
     def __init__(self, dag: dict, dag_path: str, device: str, cu_ids: list[str], cache_bytes: int):
-        self.scheduler = SequentialScheduler(stage_dag(dag, cu_ids), Path(dag_path), device, ResultCache(cache_bytes))
-        self.scheduler.load()
         self.loaded_policies: set[Policy] = set()
+        # A load error is kept and raised by the first call: Ray does not hand an error raised in
+        # an actor's constructor to the caller, only its text, and the caller wants the local error.
+        self.load_error: CortexError | None = None
+        try:
+            self.scheduler = SequentialScheduler(stage_dag(dag, cu_ids), Path(dag_path), device,
+                                                 ResultCache(cache_bytes))
+            self.scheduler.load()
+        except CortexError as e:
+            self.load_error = e
 
     def node_id(self) -> str:
         return ray_module().get_runtime_context().get_node_id()
 
     def resident_bytes(self) -> int:
+        if self.load_error is not None:
+            raise self.load_error
         return self.scheduler.resident_bytes()
 
     def run(self, policy: Policy, returns: list[str], feeds: dict, *upstream: dict) -> tuple[dict, dict]:
         """The tensors `returns` names, and what this stage did (its part of the trace)."""
+        if self.load_error is not None:
+            raise self.load_error
         if policy not in self.loaded_policies:
             self.scheduler.variants.load(policy)
             self.loaded_policies.add(policy)
@@ -172,6 +183,9 @@ class Stage:
     cost: float
     memory_bytes: int
     actor: object = None
+
+
+OPTIONS = ("stages", "num_cpus", "retries", "timeout_s", "max_restarts")   # cortex.load's executor_options
 
 
 class RayExecutor:
@@ -212,7 +226,11 @@ class RayExecutor:
                 num_cpus=num_cpus, memory=stage.memory_bytes or None, max_restarts=max_restarts,
                 max_task_retries=0, scheduling_strategy="SPREAD").remote(
                     dag, str(self.path), device, stage.cu_ids, cache_bytes)
-        self._resident = sum(self._get([s.actor.resident_bytes.remote() for s in self.stages]))
+        try:
+            self._resident = sum(self._get([s.actor.resident_bytes.remote() for s in self.stages]))
+        except CortexError:
+            self.close()            # a stage could not load its CUs: the same error a local load gives
+            raise
 
     def _place(self, count: int) -> list[Stage]:
         order = self.dag["order"]
