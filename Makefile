@@ -7,7 +7,7 @@ OUT    ?= out
 SAMPLE ?= samples/cnn.onnx
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-all samples conformance bench bench-decompose bench-runtime bench-ray gpu-check clean
+.PHONY: setup demo test test-all test-ray samples conformance bench bench-decompose bench-runtime bench-ray gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ test: setup
 
 test-all: setup
 	$(BIN)/pytest -n 2 -q -m "" $(PYTEST_ARGS)
+
+## The Ray executor's suite, slow tests included, on a local loopback cluster (one process: the cluster is per session).
+test-ray: setup
+	$(BIN)/pytest -n 0 -q -m "" tests/test_ray.py $(PYTEST_ARGS)
 
 ## Every ONNX node test through decompose, build-dag, compile and run on DEVICE (wasm or cuda-sim),
 ## JOBS cases at a time: writes docs/conformance.md and docs/conformance.json (other devices: conformance-DEVICE.*).
