@@ -250,3 +250,7 @@ def test_the_cli_compiles_and_runs_on_the_cluster(cluster, cnn, tmp_path):
     assert code == 0, err
     local = cortex.load(dag_path).run(case.inputs)
     np.testing.assert_array_equal(np.load(tmp_path / "y.npz")["y"], local["y"])
+    code, out, err = run_cli(["bench", dag_path, "--repeat", "2", "--warmup", "1", "--executor", "ray",
+                              "--address", address, "--json"], env=LOOPBACK_ENV)
+    assert code == 0, err
+    assert json.loads(out)["runs"] == 2

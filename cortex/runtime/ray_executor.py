@@ -220,6 +220,8 @@ class RayExecutor:
                               "fewer stages")
         self.stages = self._place(stages)
         self.stage_of = {cu_id: k for k, stage in enumerate(self.stages) for cu_id in stage.cu_ids}
+        self._reads_inputs = {self.stage_of[cu_id] for cu_id in self.stage_of
+                              for name in self.cus[cu_id]["inputs"] if self.producer.get(name) is None}
         actor_class = ray.remote(CUStage)
         for stage in self.stages:
             stage.actor = actor_class.options(
@@ -310,8 +312,9 @@ class RayExecutor:
         feeds_ref = ray.put(feeds)
         tensors, traces = {}, []
         for k, returns, reads in plan:
+            # A stage that reads no model input is not sent them (another node would fetch them).
             tensor_ref, trace_ref = self.stages[k].actor.run.options(num_returns=2).remote(
-                policy, returns, feeds_ref, *(tensors[j] for j in reads))
+                policy, returns, feeds_ref if k in self._reads_inputs else {}, *(tensors[j] for j in reads))
             tensors[k] = tensor_ref
             traces.append(trace_ref)
         return [tensors[k] for k, _, _ in plan], traces
