@@ -164,7 +164,8 @@ def render(info: dict, r: dict, date: str) -> str:
         f"| Ray, 1 node | {r['one_node_requests_per_s']:.1f} |",
         f"| Ray, 2 nodes | {r['two_nodes_requests_per_s']:.1f} |", "",
         (f"2 nodes over 1 node: **{r['two_over_one']:.2f}x** ({verdict} the {TARGET_RATIO}x goal; both nodes share "
-        f"this machine's {info['cores']} cores with whatever else runs on it)."), "",
+        f"this machine's {info['cores']} cores with whatever else runs on it; round by round: "
+        f"{', '.join(f'{x:.2f}x' for x in r['two_over_one_per_round'])})."), "",
         (f"Per-hop overhead (a trivial CU, x + 1 on 4 floats, through one actor, minus the same request in "
         f"this process): **{r['hop_ms']:.2f} ms** ({r['trivial_ray_ms']:.2f} ms against "
         f"{r['trivial_in_process_ms']:.3f} ms, medians of 200)."),
