@@ -7,7 +7,7 @@ OUT    ?= out
 SAMPLE ?= samples/cnn.onnx
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-all samples conformance bench bench-decompose bench-runtime bench-sandbox bench-js bench-specializations gpu-check clean
+.PHONY: setup demo test test-all test-ray samples conformance bench bench-decompose bench-runtime bench-sandbox bench-js bench-specializations bench-ray gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ test: setup
 
 test-all: setup
 	$(BIN)/pytest -n 2 -q -m "" $(PYTEST_ARGS)
+
+## The Ray executor's suite, slow tests included, on a local loopback cluster (one process: the cluster is per session).
+test-ray: setup
+	$(BIN)/pytest -n 0 -q -m "" tests/test_ray.py $(PYTEST_ARGS)
 
 ## Every ONNX node test through decompose, build-dag, compile and run on DEVICE (wasm or cuda-sim),
 ## JOBS cases at a time: writes docs/conformance.md and docs/conformance.json (other devices: conformance-DEVICE.*).
@@ -52,6 +56,11 @@ $(ORTWEB): bench/ortweb/package.json bench/ortweb/package-lock.json
 ## Cortex WASM against onnxruntime (native) and onnxruntime-web (after bench-decompose): writes its section of docs/benchmarks.md and $(OUT)/bench.json.
 bench: setup $(ORTWEB) bench-decompose bench-js
 	$(BIN)/python -m bench.bench_models --json $(OUT)/bench.json
+	$(MAKE) bench-ray
+
+## The Ray executor on a local loopback cluster: 2 nodes against 1 on a pipelined batch of 64, and the per-hop overhead.
+bench-ray: setup
+	$(BIN)/python -m bench.bench_ray --output docs/benchmarks.md --json $(OUT)/bench-ray.json
 
 ## The JavaScript runtime (js/) against onnxruntime-web in one Node, one thread, over the light models and
 ## MiniLM, and the bundle's load time against session creation: writes its section of docs/benchmarks.md.

@@ -13,6 +13,10 @@ weights stored in each of those precisions (`passes/narrow_weights.py`), as `cu-
 files beside the exact one, recorded as `cus[i].variants[<precision>].artifacts.<artifact>`. A
 variant's `trust` stays null (never run) until `cortex calibrate` measures it; rebuilding a variant
 whose artifact changed resets it.
+
+CUs build independently, each a pure function of its graph and the options: `map_cus` says how
+the builds are spread (threads by default; `compile-<target> --executor ray` passes one Ray task
+per CU), and the files are written here, in manifest order, so where they were built never shows.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ INDEX_SCHEMA = "cortex.{target}/1"
 
 def compile_cu_dir(target: Target, cu_dir: Path, output: Path, options, dag_path: Path | None = None,
                    on_cu: Callable[[str], None] | None = None, jobs: int | None = None,
-                   variants: tuple[str, ...] = ()) -> dict:
+                   variants: tuple[str, ...] = (), map_cus: Callable[[Callable, list], list] | None = None) -> dict:
     cu_dir, output = Path(cu_dir), Path(output)
     variants = parse_variants(variants)
     listing = read_listing(cu_dir)
@@ -68,8 +72,11 @@ def compile_cu_dir(target: Target, cu_dir: Path, output: Path, options, dag_path
             raise type(e)(f"{cu['id']} ({cu_dir / cu['path']}): {e}") from None
 
     def fill(folder: Path) -> dict:
-        with ThreadPoolExecutor(max_workers=jobs or min(target.jobs, os.cpu_count() or 1)) as pool:
-            built = list(pool.map(build_one, compiled))
+        if map_cus is not None:
+            built = list(map_cus(build_one, compiled))
+        else:
+            with ThreadPoolExecutor(max_workers=jobs or min(target.jobs, os.cpu_count() or 1)) as pool:
+                built = list(pool.map(build_one, compiled))
         records, variant_records = {}, {}
         for cu, (result, by_precision) in zip(compiled, built):
             for one in (result, *by_precision.values()):

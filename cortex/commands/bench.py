@@ -19,11 +19,13 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from cortex.commands.run import example_feeds, memory_options, read_inputs, sandbox_options
+from cortex.commands.run import example_feeds, executor_keywords, memory_options, read_inputs, sandbox_options
 from cortex.commands.shared_options import (
+    AddressOption,
     CuLoadTimeoutOption,
     CuTimeoutOption,
     DeviceOption,
+    ExecutorOption,
     MemoryBudgetOption,
     PinOption,
     ThreadsOption,
@@ -52,6 +54,8 @@ def bench(
     pin: PinOption = None,
     threads: ThreadsOption = None,
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable report.")] = False,
+    executor: ExecutorOption = "local",
+    address: AddressOption = None,
 ) -> None:
     """Time a compiled model: median and min of N runs, and a per-CU breakdown."""
     if repeat < 1:
@@ -68,7 +72,8 @@ def bench(
     threads = checked_threads(threads)
     feeds = read_inputs(input or [])
     start = time.perf_counter()
-    model = load(dag, device, policy=chosen, threads=threads, **memory, **sandbox_options(cu_timeout_ms, cu_load_timeout_s))
+    model = load(dag, device, policy=chosen, threads=threads, **memory, **executor_keywords(executor, address),
+                 **sandbox_options(cu_timeout_ms, cu_load_timeout_s))
     load_s = time.perf_counter() - start
     feeds = {**example_feeds(model.inputs), **feeds}
     for _ in range(warmup):

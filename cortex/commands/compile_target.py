@@ -10,8 +10,10 @@ import typer
 
 from backends.registry import Target
 from cortex.commands.generated_options import with_options
+from cortex.commands.shared_options import AddressOption, ExecutorOption
 from cortex.compile import compile_cu_dir
 from cortex.console import print_json, print_summary
+from cortex.runtime.ray_executor import cu_map
 
 
 def compile_command(target: Target) -> Callable:
@@ -25,8 +27,11 @@ def compile_command(target: Target) -> Callable:
         variants: Annotated[str, typer.Option("--variants", help="Also build each CU that has weights with them "
                                               "stored as a comma-separated subset of fp16,bf16,int8 (run "
                                               "'cortex calibrate' before they are used).")] = "",
+        executor: ExecutorOption = "local",
+        address: AddressOption = None,
     ) -> None:
-        summary = compile_cu_dir(target, cu_dir, output, options, dag, variants=variants)
+        summary = compile_cu_dir(target, cu_dir, output, options, dag, variants=variants,
+                                 map_cus=cu_map(executor, address))
         if json:
             print_json(summary)
             return

@@ -14,9 +14,11 @@ import typer
 from backends.limits import AUTO_DEADLINE
 from cortex.console import out, print_json
 from cortex.commands.shared_options import (
+    AddressOption,
     CuLoadTimeoutOption,
     CuTimeoutOption,
     DeviceOption,
+    ExecutorOption,
     MemoryBudgetOption,
     PinOption,
     ThreadsOption,
@@ -65,6 +67,8 @@ def run(
                                              "with (an attention mask's 0, a [PAD] token id).")] = 0.0,
     threads: ThreadsOption = None,
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
+    executor: ExecutorOption = "local",
+    address: AddressOption = None,
 ) -> None:
     """Run the model's CUs in order on the device and save its outputs."""
     threads = checked_threads(threads)
@@ -80,7 +84,7 @@ def run(
     feeds = read_inputs(input or [])
     model = load(dag, device, policy=chosen, cache_bytes=cache_bytes, pad_to_bucket=pad_to_bucket,
                  pad_value=pad_value, threads=threads, **memory_options(memory_budget, pin),
-                 **sandbox_options(cu_timeout_ms, cu_load_timeout_s))
+                 **sandbox_options(cu_timeout_ms, cu_load_timeout_s), **executor_keywords(executor, address))
     if example_inputs:
         feeds = {**example_feeds(model.inputs), **feeds}
     known = [spec["name"] for spec in model.outputs]
@@ -148,6 +152,15 @@ def memory_options(memory_budget: float | None, pin: str | None) -> dict:
     if pins is not None and memory_budget is None:
         raise CortexError("--pin needs --memory-budget: without a budget every CU stays resident")
     return {"memory_budget_mb": memory_budget, "pins": pins}
+
+
+def executor_keywords(executor: str, address: str | None) -> dict:
+    """`--executor`/`--address` as `cortex.load`'s keywords, checked with the options' names."""
+    if executor not in ("local", "ray"):
+        raise CortexError(f"--executor {executor}: expected local or ray")
+    if address is not None and executor != "ray":
+        raise CortexError("--address names a Ray cluster: it needs --executor ray")
+    return {"executor": executor, "address": address}
 
 
 def parse_output_names(text: str | None) -> list[str] | None:

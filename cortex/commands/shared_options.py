@@ -32,3 +32,8 @@ def checked_threads(threads: int | None) -> int | None:
     if threads is not None and threads < 1:
         raise CortexError(f"--threads must be at least 1, got {threads}")
     return threads
+ExecutorOption = Annotated[str, typer.Option("--executor", help="local (this process) or ray (the Ray cluster "
+                                              "at --address).")]
+AddressOption = Annotated[Optional[str], typer.Option("--address", help="The Ray cluster for --executor ray "
+                                                      "(host:port of its head, or auto; default: the one in "
+                                                      "RAY_ADDRESS, else a new local one).")]

@@ -13,11 +13,14 @@ strict). After each run, `last_trace` is the request's trace (`cortex/runtime/tr
 another policy needs them: offline is the fallback for when they cannot be.
 
 `cu_timeout_ms` and `cu_load_timeout_s` set the sandbox's limits (backends/limits.py): each CU
-call's deadline (default: from its cost estimate; 0: none) and each CU load's timeout.
+call's deadline (default: none; "auto": from its cost estimate) and each CU load's timeout.
 
 `memory_budget_mb=` keeps the resident CUs within that many MB (memory tiers, docs/runtime.md):
 the least recently used CU is evicted first, never a pinned one (`pins=`, CU ids; by default the
 hot CUs `cortex calibrate` recorded), and a prefetcher thread loads the next CUs while one runs.
+
+`executor="ray"` places the CUs on Ray actors instead of this process (`cortex/runtime/ray_executor.py`,
+`address=` the cluster); `run_many` submits a batch of requests at once, pipelined there.
 """
 
 from __future__ import annotations
@@ -36,11 +39,15 @@ from cortex.runtime.offline import SourceModel
 from cortex.runtime.parallel import ThreadedScheduler, check_threads, machine_threads
 from cortex.runtime.policy import Policy
 from cortex.runtime.policy import policy as resolve_policy
+from cortex.runtime.ray_executor import OPTIONS as RAY_OPTIONS
+from cortex.runtime.ray_executor import RayExecutor
 from cortex.runtime.scheduler import SequentialScheduler
 from cortex.runtime.specialized import SpecializedModel
 from cortex.runtime.trace import empty_trace, offline_trace, request_trace
 from cortex.specializations import is_specialized
 from ir.errors import CortexError
+
+EXECUTORS = ("local", "ray")
 
 
 def device_names() -> list[str]:
@@ -52,6 +59,7 @@ class CompiledModel:
                  cache_bytes: int = DEFAULT_CACHE_BYTES, *, memory_budget_mb: float | None = None,
                  pins: list[str] | None = None, cu_timeout_ms: float | str | None = None,
                  cu_load_timeout_s: float | None = None, threads: int | None = None,
+                 executor: str = "local", address: str | None = None, executor_options: dict | None = None,
                  dag: dict | None = None):
         self.path = Path(dag_path)
         self.limits = sandbox_limits(cu_timeout_ms, cu_load_timeout_s)
@@ -63,13 +71,25 @@ class CompiledModel:
                               "every CU stays resident")
         self.pins = None if pins is None else list(pins)
         self.threads = machine_threads() if threads is None else check_threads(threads)
+        if executor not in EXECUTORS:
+            raise CortexError(f"unknown executor {executor!r}: expected one of {', '.join(EXECUTORS)}")
+        if address is not None and executor != "ray":
+            raise CortexError("an address names a Ray cluster: it needs executor='ray'")
+        unknown = sorted(set(executor_options or {}) - set(RAY_OPTIONS if executor == "ray" else ()))
+        if unknown:
+            raise CortexError(f"unknown executor option {', '.join(map(repr, unknown))} for the {executor} executor"
+                              + (f": expected {', '.join(RAY_OPTIONS)}" if executor == "ray" else ""))
+        if executor == "ray" and self.memory_budget is not None:
+            raise CortexError("a memory budget keeps this process's CUs resident within it: it needs the local "
+                              "executor (Ray actors hold their own CUs)")
+        self.executor, self.address, self.executor_options = executor, address, dict(executor_options or {})
         self.device_name = device_spec(device).name
         self.policy = resolve_policy(policy)
         if not isinstance(cache_bytes, int) or cache_bytes < 0:
             raise CortexError(f"the cache budget must be a whole number of bytes, at least 0 (got {cache_bytes!r})")
         self.cache = ResultCache(cache_bytes)
         self.dag = read_dag(self.path) if dag is None else dag     # `dag`: one checked specialization
-        self._scheduler: SequentialScheduler | None = None
+        self._scheduler: SequentialScheduler | RayExecutor | None = None
         self._source: SourceModel | None = None
         if self.policy.offline:
             self._source_model()           # a missing or changed source model fails at load
@@ -79,7 +99,7 @@ class CompiledModel:
         self.last_trace: dict = empty_trace(self.device_name, self.path)
 
     @property
-    def scheduler(self) -> SequentialScheduler:
+    def scheduler(self) -> SequentialScheduler | RayExecutor:
         return self._loaded_scheduler()
 
     @property
@@ -89,7 +109,9 @@ class CompiledModel:
 
     def sandbox_events(self) -> dict[str, int]:
         """Traps, timeouts, memory limit hits and rebuilt CUs over the model's life."""
-        return self._scheduler.sandbox_events() if self._scheduler is not None else no_sandbox_events()
+        if isinstance(self._scheduler, SequentialScheduler):
+            return self._scheduler.sandbox_events()
+        return no_sandbox_events()          # not loaded yet, or its CUs run on Ray actors
 
     @property
     def inputs(self) -> list[dict]:
@@ -111,21 +133,51 @@ class CompiledModel:
             self.last_trace = offline_trace(device=self.device_name, dag_path=self.path, outputs=names, run=run,
                                             sandbox_events=self.sandbox_events())
             return results
+        results, request = self._loaded_scheduler().run(env, chosen, names)
+        self._record(chosen, names, request)
+        return results
+
+    def run_many(self, batch: list[dict], outputs: list[str] | None = None,
+                 policy: str | Policy | None = None) -> list[dict[str, np.ndarray]]:
+        """`run` on each feed of `batch`, in order; on Ray the requests are in flight together
+        (pipelined through the actors). `last_trace` is the last request's."""
+        chosen = self.policy if policy is None else resolve_policy(policy)
+        if isinstance(batch, dict) or not isinstance(batch, (list, tuple)):
+            raise CortexError("run_many takes a list of input dicts")
+        if chosen.offline or not isinstance(self._loaded_scheduler(), RayExecutor):
+            return [self.run(feeds, outputs, chosen) for feeds in batch]
+        names = self._requested(outputs)
+        envs = [self._checked_inputs(feeds) for feeds in batch]
+        done = self._scheduler.run_many(envs, chosen, names)
+        if done:
+            self._record(chosen, names, done[-1][1])
+        return [results for results, _ in done]
+
+    def close(self) -> None:
+        """Free what the model holds elsewhere (its Ray actors); a local model holds nothing."""
+        if isinstance(self._scheduler, RayExecutor):
+            self._scheduler.close()
+            self._scheduler = None
+
+    def _record(self, chosen: Policy, names: list[str], request) -> None:
         scheduler = self._loaded_scheduler()
-        results, request = scheduler.run(env, chosen, names)
+        local = isinstance(scheduler, SequentialScheduler)
         self.trace = request.activated
         self.last_trace = request_trace(
             policy=chosen.name, device=self.device_name, dag_path=self.path, outputs=names, request=request,
             resident_bytes=scheduler.resident_bytes(),
             fallback_cus={cu["id"] for cu in self.dag["cus"] if "runs_on" in cu},
-            cache_stats=self.cache.stats() if chosen.cache else None, sandbox_events=scheduler.sandbox_events())
-        return results
+            cache_stats=self.cache.stats() if chosen.cache and local else None,
+            sandbox_events=scheduler.sandbox_events() if local else None)
 
     def trace_document(self) -> dict:
         """The last request's trace (`last_trace`); `traceEvents` opens in chrome://tracing or Perfetto."""
         return self.last_trace
 
-    def _loaded_scheduler(self) -> SequentialScheduler:
+    def _loaded_scheduler(self) -> SequentialScheduler | RayExecutor:
+        if self._scheduler is None and self.executor == "ray":
+            self._scheduler = RayExecutor(self.dag, self.path, self.device_name, self.address,
+                                          cache_bytes=self.cache.budget_bytes, **self.executor_options)
         if self._scheduler is None:
             # Memory tiers plan loads and evictions in dag.json's order: under a budget one CU runs at a time.
             if self.threads == 1 or self.memory_budget is not None:
@@ -182,17 +234,20 @@ def load(dag_path, device: str = "wasm", policy: str | Policy | None = None,
          cache_bytes: int = DEFAULT_CACHE_BYTES, *, memory_budget_mb: float | None = None,
          pins: list[str] | None = None, cu_timeout_ms: float | str | None = None,
          cu_load_timeout_s: float | None = None, threads: int | None = None,
-         pad_to_bucket: str | None = None,
-         pad_value: float = 0.0) -> CompiledModel | SpecializedModel:
+         executor: str = "local", address: str | None = None, executor_options: dict | None = None,
+         pad_to_bucket: str | None = None, pad_value: float = 0.0) -> CompiledModel | SpecializedModel:
     """A model ready to run; `policy` defaults to balanced, `cache_bytes` bounds the result cache
     (0 turns it off), `memory_budget_mb` the resident CUs (None: all resident), `pins` the CUs that
     stay resident under it; `cu_timeout_ms` and `cu_load_timeout_s` are the sandbox's limits;
     `threads` runs that many ready CUs at once (default: the machine's cores; 1: one CU after the
-    other; under a memory budget, one at a time). A
+    other; under a memory budget, one at a time); `executor="ray"` runs the CUs on the Ray cluster
+    at `address` (`executor_options`: RayExecutor's stages, num_cpus, retries, timeout_s,
+    max_restarts; on Ray `cache_bytes` is each actor's). A
     dag.json of shape specializations runs each request on the one its input shapes match (padded
     up to the nearest along `pad_to_bucket` when asked: cortex/runtime/specialized.py)."""
     options = {"memory_budget_mb": memory_budget_mb, "pins": pins, "cu_timeout_ms": cu_timeout_ms,
-               "cu_load_timeout_s": cu_load_timeout_s, "threads": threads}
+               "cu_load_timeout_s": cu_load_timeout_s, "threads": threads,
+               "executor": executor, "address": address, "executor_options": executor_options}
     if is_specialized(Path(dag_path)):
         return SpecializedModel(Path(dag_path), lambda dag: CompiledModel(Path(dag_path), device, policy, cache_bytes,
                                                                           dag=dag, **options), pad_to_bucket, pad_value)

@@ -1,0 +1,436 @@
+"""The Ray executor: a compiled model's CUs on Ray actors, requests pipelined through them
+(`cortex.load(dag, executor="ray", address=...)`, `cortex run --executor ray`).
+
+Placement. dag.json's topological `order` is cut into contiguous stages whose flops (dag.json's
+per-CU costs) are as even as the cut allows: the slowest stage bounds a pipeline's throughput. One
+stage is one actor, asking Ray for `num_cpus` and, as its `memory` resource, the bytes its CUs'
+memory plans hold (`artifacts.<artifact>.memory.memory_bytes`), so Ray places it only where that
+fits; actors are spread over the nodes. By default there are as many stages as the cluster has
+free CPUs for them (at most one per CU). The executor only places CUs: inside each actor the normal
+scheduler runs its stage's CUs on the normal device, loaded from the dag folder, so skipping, the
+result cache and variants behave as in a local run (each actor keeps its own cache).
+
+Data. A request's inputs are put in the object store once; each stage receives the refs of what it
+reads (the inputs, the dicts of earlier stages) and returns one dict of the tensors later stages or
+the caller need. Ray hands numpy arrays to an actor on the same node as zero-copy read-only views
+of the object store; the device copies them into the CU's memory anyway.
+
+Pipelining. A request is one actor call per stage, submitted at once with refs between them; the
+actors run calls in submission order, so stage 1 works on request n+1 while stage 2 works on
+request n. `run_many` keeps up to `window` requests in flight.
+
+Failures. Actors restart after their node dies (`max_restarts`), reloading their CUs. A request
+whose actor or object was lost is resubmitted as a whole, up to `retries` times: the outputs
+returned always come from one attempt in which every stage finished, never from a mix, and a
+request that cannot finish raises a CortexError. An error a CU raises (a trap) is raised as it is.
+
+The folder. Actors read the dag folder at the path the driver gives: on one machine, or a cluster
+that mounts the folder at the same path on every node, nothing else is needed; every node also
+needs this Python environment (cortex installed). Conditional CUs (a decomposed If) are refused
+for now.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import pairwise
+from pathlib import Path
+
+import numpy as np
+
+from backends.registry import device as device_spec
+from cortex.runtime.cache import ResultCache
+from cortex.runtime.policy import Policy
+from cortex.runtime.scheduler import NOT_NEEDED, Request, SequentialScheduler
+from ir.errors import CortexError
+
+DEFAULT_RETRIES = 8
+RETRY_BACKOFF_S = 0.5       # before the first resubmission; doubled each time, up to MAX_BACKOFF_S
+MAX_BACKOFF_S = 8.0
+DEFAULT_TIMEOUT_S = 600.0
+DEFAULT_WINDOW = 8
+
+
+def ray_module():
+    """Ray, imported on first use: it is an optional dependency (`pip install cortex-compiler[ray]`)
+    and takes a second to import."""
+    try:
+        import ray
+    except ImportError:
+        raise CortexError("the ray executor needs Ray: pip install 'cortex-compiler[ray]'") from None
+    return ray
+
+
+def connect(address: str | None) -> None:
+    """Join the Ray cluster at `address` ("auto": the one `ray start` runs here; None: the one this
+    process already joined, else a new local one)."""
+    ray = ray_module()
+    if ray.is_initialized():
+        return
+    if address and address != "auto" and "://" not in address:
+        _check_reachable(address)
+    try:
+        ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False, include_dashboard=False,
+                 configure_logging=True)
+    except (ConnectionError, ValueError, RuntimeError) as e:
+        where = f"--address {address}" if address else "a local Ray cluster"
+        raise CortexError(f"{where}: cannot connect ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Ray retries a head that does not answer for minutes; a user who mistyped the address wants
+    to know at once."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise CortexError(f"--address {address}: expected HOST:PORT of the Ray head, or auto")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise CortexError(f"--address {address}: no Ray head answers there ({e.strerror or e})") from None
+
+
+def stage_cuts(costs: list[float], stages: int) -> list[int]:
+    """Where to cut a list of costs into `stages` contiguous parts so that the costliest part is as
+    cheap as possible (the start index of each part after the first): the classic linear partition,
+    by binary search on the bound with a greedy fill."""
+    stages = max(1, min(stages, len(costs)))
+
+    def parts(bound: float) -> list[int] | None:
+        cuts, total = [], 0.0
+        for i, c in enumerate(costs):
+            if total + c > bound and total > 0:
+                cuts.append(i)
+                total = 0.0
+            total += c
+        return cuts if len(cuts) < stages else None
+
+    lo, hi = max(costs, default=0.0), sum(costs)
+    for _ in range(60):
+        if hi - lo <= 1e-9 * max(hi, 1.0):
+            break
+        mid = (lo + hi) / 2
+        if parts(mid) is None:
+            lo = mid
+        else:
+            hi = mid
+    cuts = parts(hi) or []
+    # Use every stage asked for when the bound allows fewer: split the costliest parts further.
+    while len(cuts) < stages - 1:
+        bounds = [0, *cuts, len(costs)]
+        widest = max(range(len(bounds) - 1), key=lambda k: (bounds[k + 1] - bounds[k] > 1,
+                                                           sum(costs[bounds[k]:bounds[k + 1]])))
+        a, b = bounds[widest], bounds[widest + 1]
+        if b - a < 2:
+            break
+        cuts = sorted([*cuts, (a + b) // 2])
+    return cuts
+
+
+def stage_dag(dag: dict, cu_ids: list[str]) -> dict:
+    """The part of dag.json one actor runs: its CUs, every tensor, producers outside it unknown
+    (their tensors arrive as inputs)."""
+    mine = set(cu_ids)
+    return {**dag, "cus": [cu for cu in dag["cus"] if cu["id"] in mine], "order": list(cu_ids),
+            "tensors": {name: {**t, "producer": t["producer"] if t["producer"] in mine else None}
+                        for name, t in dag["tensors"].items()}}
+
+
+class CUStage:
+    """One Ray actor: the scheduler on one stage's CUs, on the normal device."""
+
+    def __init__(self, dag: dict, dag_path: str, device: str, cu_ids: list[str], cache_bytes: int):
+        self.loaded_policies: set[Policy] = set()
+        # A load error is kept and raised by the first call: Ray does not hand an error raised in
+        # an actor's constructor to the caller, only its text, and the caller wants the local error.
+        self.load_error: CortexError | None = None
+        try:
+            self.scheduler = SequentialScheduler(stage_dag(dag, cu_ids), Path(dag_path), device,
+                                                 ResultCache(cache_bytes))
+            self.scheduler.load()
+        except CortexError as e:
+            self.load_error = e
+
+    def node_id(self) -> str:
+        return ray_module().get_runtime_context().get_node_id()
+
+    def resident_bytes(self) -> int:
+        if self.load_error is not None:
+            raise self.load_error
+        return self.scheduler.resident_bytes()
+
+    def run(self, policy: Policy, returns: list[str], feeds: dict, *upstream: dict) -> tuple[dict, dict]:
+        """The tensors `returns` names, and what this stage did (its part of the trace)."""
+        if self.load_error is not None:
+            raise self.load_error
+        if policy not in self.loaded_policies:
+            self.scheduler.variants.load(policy)
+            self.loaded_policies.add(policy)
+        env = dict(feeds)
+        for part in upstream:
+            env.update(part)
+        results, request = self.scheduler.run(env, policy, returns)
+        return results, {"activated": request.activated, "skipped": request.skipped,
+                         "cpu_seconds": request.cpu_seconds, "live_bytes": request.live_bytes}
+
+
+@dataclass
+class Stage:
+    cu_ids: list[str]
+    cost: float
+    memory_bytes: int
+    actor: object = None
+
+
+OPTIONS = ("stages", "num_cpus", "retries", "timeout_s", "max_restarts")   # cortex.load's executor_options
+
+
+class RayExecutor:
+    """The scheduler's interface (`run`, `needed`, `resident_bytes`, `devices`) over Ray actors."""
+
+    def __init__(self, dag: dict, dag_path: Path, device: str, address: str | None = None,
+                 stages: int | None = None, num_cpus: float = 1.0, cache_bytes: int = 0,
+                 retries: int = DEFAULT_RETRIES, timeout_s: float = DEFAULT_TIMEOUT_S, max_restarts: int = 4):
+        if dag.get("selects") or any("activation" in cu for cu in dag["cus"]):
+            raise CortexError(f"{dag_path}: the ray executor does not run conditional CUs (a decomposed If) yet; "
+                              "run it with the local executor")
+        if stages is not None and (not isinstance(stages, int) or stages < 1):
+            raise CortexError(f"the ray executor's stages must be a whole number, at least 1 (got {stages!r})")
+        if not num_cpus > 0:
+            raise CortexError(f"the ray executor's num_cpus per actor must be above 0 (got {num_cpus!r})")
+        self.dag, self.path, self.device_name = dag, Path(dag_path).resolve(), device
+        self.retries, self.timeout_s = retries, timeout_s
+        self.resubmitted = 0             # requests submitted again after a lost actor or result
+        self.devices: dict = {}          # no device in this process: the actors hold them
+        self.cus = {cu["id"]: cu for cu in dag["cus"]}
+        self.producer = {name: t["producer"] for name, t in dag["tensors"].items()}
+        connect(address)
+        ray = ray_module()
+        free = _free_cpus(ray, min(stages or 1, len(dag["order"])) * num_cpus)
+        if stages is None:
+            stages = max(1, int(free // num_cpus))
+        # An actor that cannot be placed waits, silently, for ever: refuse it now instead.
+        wanted = min(stages, len(dag["order"])) * num_cpus
+        if wanted > free + 1e-9:
+            raise CortexError(f"the Ray cluster has {free:g} free CPUs, {min(stages, len(dag['order']))} stages of "
+                              f"{num_cpus:g} CPUs need {wanted:g}: close other models (model.close()) or ask for "
+                              "fewer stages")
+        self.stages = self._place(stages)
+        self.stage_of = {cu_id: k for k, stage in enumerate(self.stages) for cu_id in stage.cu_ids}
+        self._reads_inputs = {self.stage_of[cu_id] for cu_id in self.stage_of
+                              for name in self.cus[cu_id]["inputs"] if self.producer.get(name) is None}
+        actor_class = ray.remote(CUStage)
+        for stage in self.stages:
+            stage.actor = actor_class.options(
+                num_cpus=num_cpus, memory=stage.memory_bytes or None, max_restarts=max_restarts,
+                max_task_retries=0, scheduling_strategy="SPREAD").remote(
+                    dag, str(self.path), device, stage.cu_ids, cache_bytes)
+        try:
+            self._resident = sum(self._get([s.actor.resident_bytes.remote() for s in self.stages]))
+        except CortexError:
+            self.close()            # a stage could not load its CUs: the same error a local load gives
+            raise
+
+    def _place(self, count: int) -> list[Stage]:
+        order = self.dag["order"]
+        artifact = device_spec(self.device_name).artifact
+        costs = [float(self.cus[i].get("flops", 0)) + 1.0 for i in order]   # +1: a CU of no flops still costs a call
+        memory = [int(self.cus[i].get("artifacts", {}).get(artifact, {}).get("memory", {}).get("memory_bytes", 0))
+                  for i in order]
+        bounds = [0, *stage_cuts(costs, count), len(order)]
+        return [Stage(order[a:b], sum(costs[a:b]), sum(memory[a:b])) for a, b in pairwise(bounds)]
+
+    def placement(self) -> list[dict]:
+        """Each stage's CUs, flops, memory and the node its actor runs on now."""
+        nodes = self._get([s.actor.node_id.remote() for s in self.stages])
+        return [{"cus": s.cu_ids, "flops": s.cost, "memory_bytes": s.memory_bytes, "node": node}
+                for s, node in zip(self.stages, nodes)]
+
+    def resident_bytes(self) -> int:
+        return self._resident
+
+    def needed(self, outputs: list[str]) -> set[str]:
+        needed: set[str] = set()
+        stack = list(outputs)
+        while stack:
+            producer = self.producer.get(stack.pop())
+            if producer is not None and producer not in needed:
+                needed.add(producer)
+                stack += self.cus[producer]["inputs"]
+        return needed
+
+    def run(self, feeds: dict[str, np.ndarray], policy: Policy, outputs: list[str]) -> tuple[dict, Request]:
+        return self.run_many([feeds], policy, outputs)[0]
+
+    def run_many(self, batch: list[dict[str, np.ndarray]], policy: Policy, outputs: list[str],
+                 window: int = DEFAULT_WINDOW, on_done: Callable[[int], None] | None = None) -> list[tuple[dict, Request]]:
+        """Each request's outputs and what it did, in order; up to `window` requests in flight.
+        `on_done(i)` is called as request i is collected (progress, or a test removing a node)."""
+        plan = self._plan(policy, outputs)
+        pending: dict[int, tuple[list, object]] = {}
+        attempts = [0] * len(batch)
+        done: list = [None] * len(batch)
+        submitted = 0
+        for index in range(len(batch)):
+            while submitted < len(batch) and submitted - index < max(1, window):
+                pending[submitted] = self._submit(batch[submitted], policy, plan)
+                submitted += 1
+            done[index] = self._collect(index, batch[index], policy, plan, pending.pop(index), attempts, outputs)
+            if on_done is not None:
+                on_done(index)
+        return done
+
+    def _plan(self, policy: Policy, outputs: list[str]) -> list[tuple[int, list[str], list[int]]]:
+        """Per stage that runs: its index, the tensors it returns, the earlier stages it reads."""
+        needed = self.needed(outputs) if policy.skip_inactive else set(self.cus)
+        wanted = set(outputs)
+        plan = []
+        for k, stage in enumerate(self.stages):
+            ids = [i for i in stage.cu_ids if i in needed]
+            if not ids:
+                continue
+            reads = sorted({self.stage_of[self.producer[name]] for i in ids for name in self.cus[i]["inputs"]
+                            if self.producer.get(name) is not None and self.stage_of[self.producer[name]] != k})
+            plan.append((k, [], reads))
+            for j in reads:
+                row = next(r for r in plan if r[0] == j)
+                row[1].extend(name for i in ids for name in self.cus[i]["inputs"]
+                              if self.producer.get(name) in self.stages[j].cu_ids and name not in row[1])
+        for k, returns, _ in plan:
+            returns.extend(name for name in outputs if self.producer.get(name) in self.stages[k].cu_ids
+                           and name not in returns)
+        missing = [name for name in wanted if self.producer.get(name) is not None
+                   and self.stage_of[self.producer[name]] not in {k for k, _, _ in plan}]
+        assert not missing, missing      # a requested output's producer is always needed
+        return plan
+
+    def _submit(self, feeds: dict, policy: Policy, plan) -> tuple[list, object]:
+        ray = ray_module()
+        feeds_ref = ray.put(feeds)
+        tensors, traces = {}, []
+        for k, returns, reads in plan:
+            # A stage that reads no model input is not sent them (another node would fetch them).
+            tensor_ref, trace_ref = self.stages[k].actor.run.options(num_returns=2).remote(
+                policy, returns, feeds_ref if k in self._reads_inputs else {}, *(tensors[j] for j in reads))
+            tensors[k] = tensor_ref
+            traces.append(trace_ref)
+        return [tensors[k] for k, _, _ in plan], traces
+
+    def _collect(self, index: int, feeds: dict, policy: Policy, plan, refs, attempts: list[int],
+                 outputs: list[str]) -> tuple[dict, Request]:
+        ray = ray_module()
+        lost = _lost_errors(ray)
+        while True:
+            tensor_refs, trace_refs = refs
+            try:
+                parts = self._get([*tensor_refs, *trace_refs])
+                break
+            except lost as e:
+                attempts[index] += 1
+                if attempts[index] > self.retries:
+                    raise CortexError(f"request {index}: lost a Ray actor or its result {attempts[index]} times, the "
+                                      f"last: {_first_line(e)}") from None
+                # Until the cluster notices the node is gone its actors are only "unavailable":
+                # back off, so that the retries span the restart instead of spending themselves on it.
+                time.sleep(min(RETRY_BACKOFF_S * 2 ** (attempts[index] - 1), MAX_BACKOFF_S))
+                self.resubmitted += 1
+                refs = self._submit(feeds, policy, plan)
+        stage_tensors, stage_traces = parts[:len(tensor_refs)], parts[len(tensor_refs):]
+        env = {name: value for part in stage_tensors for name, value in part.items()}
+        results = {name: np.array(env[name] if self.producer.get(name) is not None else feeds[name])
+                   for name in outputs}
+        return results, self._request(policy, plan, stage_traces, feeds)
+
+    def _request(self, policy: Policy, plan, stage_traces: list[dict], feeds: dict) -> Request:
+        ran = {k for k, _, _ in plan}
+        request = Request(policy, None, {}, live_bytes=sum(int(np.asarray(v).nbytes) for v in feeds.values()))
+        skipped = {s["cu"]: s for part in stage_traces for s in part["skipped"]}
+        skipped.update({cu_id: {"cu": cu_id, "reason": NOT_NEEDED} for k, stage in enumerate(self.stages)
+                        if k not in ran for cu_id in stage.cu_ids})
+        request.skipped = [skipped[cu_id] for cu_id in self.dag["order"] if cu_id in skipped]
+        for part in stage_traces:
+            request.activated += part["activated"]
+            request.cpu_seconds += part["cpu_seconds"]
+            request.live_bytes += part["live_bytes"]
+        return request
+
+    def _get(self, refs: list):
+        ray = ray_module()
+        try:
+            return ray.get(refs, timeout=self.timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise CortexError(f"the Ray cluster did not answer in {self.timeout_s:g} s (an actor waiting for a "
+                              "node with free CPUs or memory?)") from None
+        except ray.exceptions.RayTaskError as e:
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, CortexError):
+                raise type(cause)(str(cause)) from None
+            raise CortexError(f"a CU failed on the Ray cluster: {_first_line(e)}") from None
+
+    def close(self) -> None:
+        ray = ray_module()
+        for stage in self.stages:
+            if stage.actor is not None:
+                ray.kill(stage.actor, no_restart=True)
+                stage.actor = None
+
+
+def _free_cpus(ray, wanted: float, patience_s: float = 10.0) -> float:
+    """The cluster's free CPUs, waiting up to `patience_s` for `wanted` of them: a closed model's
+    actors give theirs back a moment after they are killed."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        free = ray.available_resources().get("CPU", 0.0)
+        if free + 1e-9 >= wanted or time.monotonic() > deadline:
+            return free
+        time.sleep(0.1)
+
+
+def _lost_errors(ray) -> tuple[type, ...]:
+    """Errors after which a request is resubmitted: its actor, node or a result it needs is gone."""
+    ex = ray.exceptions
+    names = ("RayActorError", "ActorUnavailableError", "ObjectLostError", "OwnerDiedError",
+             "ObjectReconstructionFailedError", "WorkerCrashedError", "NodeDiedError", "ObjectFetchTimedOutError")
+    return tuple(getattr(ex, n) for n in names if hasattr(ex, n))
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def ray_map(function, items: list, num_cpus: float = 1.0) -> list:
+    """`map(function, items)` as one Ray task per item, results in order; an error an item raises
+    (a CortexError naming its CU) is raised as it is. For `cortex compile-<target> --executor ray`."""
+    ray = ray_module()
+    task = ray.remote(num_cpus=num_cpus, max_retries=2)(_call)
+    function_ref = ray.put(function)
+    refs = [task.remote(function_ref, item) for item in items]
+    try:
+        return ray.get(refs)
+    except ray.exceptions.RayTaskError as e:
+        cause = getattr(e, "cause", None)
+        if isinstance(cause, CortexError):
+            raise type(cause)(str(cause)) from None
+        raise CortexError(f"a Ray task failed: {_first_line(e)}") from None
+
+
+def _call(function, item):
+    return function(item)
+
+
+
+def cu_map(executor: str, address: str | None):
+    """How `compile-<target> --executor` spreads the CU builds: None for the local threads, else
+    one Ray task per CU on the cluster at `address`."""
+    if executor not in ("local", "ray"):
+        raise CortexError(f"--executor {executor}: expected local or ray")
+    if executor == "local":
+        if address is not None:
+            raise CortexError("--address names a Ray cluster: it needs --executor ray")
+        return None
+    connect(address)
+    return ray_map

@@ -1,0 +1,256 @@
+"""The Ray executor and parallel compile on a local multi-node cluster that never leaves loopback:
+outputs equal a local run (and onnxruntime), a batch is pipelined, a node removed mid-batch
+changes nothing the caller sees, and CUs compiled as Ray tasks are byte-identical to a local build.
+
+The cluster (`ray.cluster_utils.Cluster`, a head and two workers of 1 CPU each) is started once per
+session. `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`, set before Ray is imported, keeps every node on
+127.0.0.1 (by default Ray swaps it for the machine's interface address); the CLI subprocesses
+inherit it. A test checks that no connection of the Ray processes leaves loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cli_helpers import assert_one_line_error, run_cli
+from testdata import sample_model
+from wasm_cases import compile_pipeline
+
+import cortex
+from backends.registry import target
+from backends.wasm.options import parse_options
+from cortex.compile import compile_cu_dir
+from cortex.runtime.ray_executor import ray_map, stage_cuts
+from cortex.runtime.trace import validate_trace
+from ir.errors import CortexError
+
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+# Ray reads it once, when it is first imported: it must be set before that, for this process.
+os.environ.update(LOOPBACK_ENV)
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster
+
+LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    # A removed node is declared dead after 2 missed health checks 0.5 s apart, not Ray's 15 s.
+    config = {"health_check_period_ms": 500, "health_check_failure_threshold": 2}
+    started = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
+                                                            "_system_config": config})
+    for _ in range(2):
+        started.add_node(num_cpus=1)
+    started.wait_for_nodes()
+    ray.init(address=started.address, logging_level="ERROR", log_to_driver=False)
+    yield started
+    ray.shutdown()
+    started.shutdown()
+
+
+@pytest.fixture(scope="module")
+def cnn(tmp_path_factory):
+    case = sample_model("cnn")
+    return case, compile_pipeline(case.path, tmp_path_factory.mktemp("cnn"), min_cu_size=64, max_cu_depth=3)
+
+
+def _feeds(case, n: int) -> list[dict]:
+    rng = np.random.default_rng(7)
+    return [{name: rng.standard_normal(v.shape).astype(v.dtype) for name, v in case.inputs.items()} for _ in range(n)]
+
+
+# -- without a cluster ------------------------------------------------------------------------
+
+
+def test_stage_cuts_balance_the_costliest_stage():
+    costs = [10, 1, 1, 1, 10, 1, 1, 1]
+    cuts = stage_cuts(costs, 2)
+    parts = [sum(costs[a:b]) for a, b in zip([0, *cuts], [*cuts, len(costs)])]
+    assert cuts == [4] and parts == [13, 13]
+    assert stage_cuts([5.0], 3) == []                       # never more stages than CUs
+    assert len(stage_cuts([1.0] * 6, 3)) == 2               # every stage asked for is used
+
+
+def test_cli_refuses_an_unknown_executor_or_an_address_without_ray(cnn):
+    _, dag_path = cnn
+    assert_one_line_error(*run_cli(["run", dag_path, "--example-inputs", "--executor", "mpi"])[::2],
+                          "--executor mpi", "local or ray")
+    assert_one_line_error(*run_cli(["run", dag_path, "--example-inputs", "--address", "127.0.0.1:1"])[::2],
+                          "--address", "--executor ray")
+
+
+@pytest.mark.slow
+def test_cli_names_an_address_where_no_ray_head_answers(cnn):
+    _, dag_path = cnn
+    assert_one_line_error(*run_cli(["run", dag_path, "--example-inputs", "--executor", "ray",
+                                    "--address", "127.0.0.1:1"], env=LOOPBACK_ENV)[::2],
+                          "--address 127.0.0.1:1", "no Ray head answers")
+
+
+# -- on the local cluster -----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_outputs_equal_a_local_run_and_onnxruntime(cluster, cnn):
+    case, dag_path = cnn
+    local = cortex.load(dag_path, policy="strict").run(case.inputs)
+    model = cortex.load(dag_path, policy="strict", executor="ray", executor_options={"stages": 2})
+    try:
+        placement = model.scheduler.placement()
+        assert len(placement) == 2 and placement[0]["node"] != placement[1]["node"]   # one stage per node
+        got = model.run(case.inputs)
+        np.testing.assert_array_equal(got["y"], local["y"])
+        np.testing.assert_allclose(got["y"], case.outputs["y"], rtol=1e-4, atol=1e-5)
+        validate_trace(model.last_trace)
+        assert model.last_trace["activated_cus"] == json.loads(dag_path.read_text())["order"]
+        # The same input checks, with the same words, as a local model.
+        with pytest.raises(CortexError, match="input 'x' has dtype float64, the model expects float32"):
+            model.run({"x": case.inputs["x"].astype(np.float64)})
+        with pytest.raises(CortexError, match="unknown output 'z'"):
+            model.run(case.inputs, outputs=["z"])
+    finally:
+        model.close()
+
+
+@pytest.mark.slow
+def test_a_changed_artifact_is_refused_with_the_local_error(cluster, cnn, tmp_path):
+    _, dag_path = cnn
+    copy = tmp_path / "bundle"
+    shutil.copytree(dag_path.parent, copy)
+    module = next((copy / "wasm-bin").glob("*.wasm"))
+    module.write_bytes(module.read_bytes() + b"\0")
+    with pytest.raises(CortexError) as local:
+        cortex.load(copy / "dag.json")
+    with pytest.raises(CortexError) as remote:
+        cortex.load(copy / "dag.json", executor="ray", executor_options={"stages": 1})
+    assert str(remote.value) == str(local.value)
+    with pytest.raises(CortexError, match="unknown executor option 'stage'"):
+        cortex.load(dag_path, executor="ray", executor_options={"stage": 1})
+
+
+@pytest.mark.slow
+def test_a_pipelined_batch_equals_request_by_request_local_runs(cluster, cnn):
+    case, dag_path = cnn
+    batch = _feeds(case, 12)
+    local = cortex.load(dag_path)
+    model = cortex.load(dag_path, executor="ray", executor_options={"stages": 2})
+    try:
+        for feeds, got in zip(batch, model.run_many(batch), strict=True):
+            np.testing.assert_array_equal(got["y"], local.run(feeds)["y"])
+        assert model.run_many([]) == []
+    finally:
+        model.close()
+
+
+def _descendants(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, stack = set(), [root]
+    while stack:
+        pid = stack.pop()
+        for child in children.get(pid, []):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    return found
+
+
+@pytest.mark.slow
+def test_no_connection_of_the_cluster_leaves_loopback(cluster, cnn):
+    case, dag_path = cnn
+    assert {node["NodeManagerAddress"] for node in ray.nodes()} == {"127.0.0.1"}
+    model = cortex.load(dag_path, executor="ray", executor_options={"stages": 2})
+    try:
+        pids = _descendants(os.getpid()) | {os.getpid()}
+        seen = []
+        for _ in range(3):
+            model.run_many(_feeds(case, 4))
+            lines = subprocess.run(["ss", "-tnp"], check=True, capture_output=True, text=True, timeout=30).stdout.splitlines()
+            for line in lines[1:]:
+                owners = {int(p) for p in re.findall(r"pid=(\d+)", line)}
+                if owners & pids:
+                    local, peer = line.split()[3:5]
+                    seen.append((local.rsplit(":", 1)[0].strip("[]"), peer.rsplit(":", 1)[0].strip("[]")))
+        assert seen, "no connection of the Ray processes was seen"
+        assert {address for pair in seen for address in pair} <= LOOPBACK, seen
+    finally:
+        model.close()
+
+
+@pytest.mark.slow
+def test_a_node_removed_mid_batch_changes_no_output(cluster, cnn):
+    case, dag_path = cnn
+    batch = _feeds(case, 24)
+    local = cortex.load(dag_path)
+    expected = [local.run(feeds)["y"] for feeds in batch]
+    model = cortex.load(dag_path, executor="ray", executor_options={"stages": 2})
+    executor = model.scheduler
+    head = cluster.head_node.node_id
+    victim_id = next(p["node"] for p in executor.placement() if p["node"] != head)
+    victim = next(n for n in cluster.list_all_nodes() if n.node_id == victim_id)
+    removed = []
+
+    def remove_a_node(index: int) -> None:
+        if index == 1 and not removed:      # requests 2.. are in flight through the victim's actor
+            cluster.remove_node(victim, allow_graceful=False)
+            removed.append(victim_id)
+
+    try:
+        done = executor.run_many(batch, model.policy, ["y"], window=8, on_done=remove_a_node)
+        assert removed and executor.resubmitted >= 1
+        for (got, _), want in zip(done, expected, strict=True):
+            np.testing.assert_array_equal(got["y"], want)
+        # The restarted actor serves the next requests on a node that is still there.
+        assert victim_id not in {p["node"] for p in executor.placement()}
+        np.testing.assert_array_equal(model.run(batch[0])["y"], expected[0])
+    finally:
+        model.close()
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+
+
+@pytest.mark.slow
+def test_parallel_compile_is_byte_identical_to_a_local_compile(cluster, cnn, tmp_path):
+    _, dag_path = cnn
+    cu_dir, options = dag_path.parent / "cus", parse_options(None, "simd,bulk-memory", "2")
+    compile_cu_dir(target("wasm"), cu_dir, tmp_path / "local", options)
+    compile_cu_dir(target("wasm"), cu_dir, tmp_path / "ray", options, map_cus=ray_map)
+    names = sorted(p.name for p in (tmp_path / "local").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "ray").iterdir()) and len(names) > 2
+    for name in names:
+        assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "local" / name).read_bytes(), name
+
+
+@pytest.mark.slow
+def test_the_cli_compiles_and_runs_on_the_cluster(cluster, cnn, tmp_path):
+    case, dag_path = cnn
+    address = cluster.address
+    code, out, err = run_cli(["compile-wasm", "--cu-dir", dag_path.parent / "cus", "--output", tmp_path / "wasm",
+                              "--features", "simd,bulk-memory", "--opt-level", "2",
+                              "--executor", "ray", "--address", address, "--json"], env=LOOPBACK_ENV)
+    assert code == 0, err
+    assert json.loads(out)["cus"] == len(json.loads(dag_path.read_text())["cus"])
+    for built in (tmp_path / "wasm").glob("*.wasm"):
+        assert built.read_bytes() == (dag_path.parent / "wasm-bin" / built.name).read_bytes(), built.name
+    np.save(tmp_path / "x.npy", case.inputs["x"])
+    code, out, err = run_cli(["run", dag_path, "--input", f"x={tmp_path / 'x.npy'}", "--output", tmp_path / "y.npz",
+                              "--executor", "ray", "--address", address], env=LOOPBACK_ENV)
+    assert code == 0, err
+    local = cortex.load(dag_path).run(case.inputs)
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npz")["y"], local["y"])
+    code, out, err = run_cli(["bench", dag_path, "--repeat", "2", "--warmup", "1", "--executor", "ray",
+                              "--address", address, "--json"], env=LOOPBACK_ENV)
+    assert code == 0, err
+    assert json.loads(out)["runs"] == 2
