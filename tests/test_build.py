@@ -63,11 +63,13 @@ def assert_build_matches_four_commands(tmp_path: Path, source: Path, options: li
     assert (tmp_path / "built" / "build.json").is_file()
 
 
-@pytest.mark.parametrize("name", list(SAMPLE_OPTIONS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow] if n != "mlp" else [])
+                                  for n in SAMPLE_OPTIONS])
 def test_build_matches_the_four_commands_byte_for_byte(tmp_path, name):
     assert_build_matches_four_commands(tmp_path, SAMPLES_DIR / f"{name}.onnx", SAMPLE_OPTIONS[name], ["wasm"])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not cuda_available(), reason="no CUDA compiler (nvcc or NVRTC)")
 def test_build_for_wasm_and_cuda_matches_the_five_commands(tmp_path):
     assert_build_matches_four_commands(tmp_path, SAMPLES_DIR / "mlp.onnx", SAMPLE_OPTIONS["mlp"], ["wasm", "cuda"])
@@ -111,6 +113,7 @@ def test_after_a_one_cu_change_only_that_cu_is_recompiled(tmp_path):
     assert tree(tmp_path / "out") == tree(tmp_path / "clean")
 
 
+@pytest.mark.slow
 def test_changing_a_target_option_recompiles_that_target_only(tmp_path):
     shutil.copy(SAMPLES_DIR / "mlp.onnx", tmp_path / "model.onnx")
     build(tmp_path, "model.onnx", "out", "--cache-dir", "cache", "--dim", "batch=1")
@@ -124,6 +127,19 @@ def check(cwd: Path, *options: str) -> tuple[int, str, str]:
     return run_cli(["build", "model.onnx", "--output", "out", "--check", *options], cwd=cwd)
 
 
+def test_check_passes_on_a_fresh_build_and_fails_on_a_changed_option_or_artifact(tmp_path):
+    shutil.copy(SAMPLES_DIR / "mlp.onnx", tmp_path / "model.onnx")
+    options = ["--dim", "batch=1", "--cache-dir", "cache"]
+    build(tmp_path, "model.onnx", "out", *options)
+    code, stdout, err = check(tmp_path, *options)
+    assert (code, err) == (0, "") and "out is up to date" in stdout
+    assert_one_line_error(*check(tmp_path, *options, "--wasm-opt-level", "3")[::2], "--wasm-opt-level",
+                          "built with 2, now 3", exit_code=1)
+    (tmp_path / "out" / "dag.json").write_text("{}")
+    assert_one_line_error(*check(tmp_path, *options)[::2], "dag.json", "changed", exit_code=1)
+
+
+@pytest.mark.slow
 def test_check_names_what_made_the_output_stale_and_writes_nothing(tmp_path):
     shutil.copy(SAMPLES_DIR / "cnn.onnx", tmp_path / "model.onnx")
     options = [*SAMPLE_OPTIONS["cnn"], "--cache-dir", "cache"]
@@ -155,6 +171,7 @@ def test_check_names_what_made_the_output_stale_and_writes_nothing(tmp_path):
     assert_one_line_error(*check(tmp_path, *options)[::2], "model.onnx changed", exit_code=1)
 
 
+@pytest.mark.slow
 def test_check_sees_a_changed_file_that_an_option_names(tmp_path):
     shutil.copy(SAMPLES_DIR / "mlp.onnx", tmp_path / "model.onnx")
     np.save(tmp_path / "x.npy", np.ones((1, 64), np.float32))
@@ -165,6 +182,7 @@ def test_check_sees_a_changed_file_that_an_option_names(tmp_path):
     assert_one_line_error(*check(tmp_path, *options)[::2], "x=x.npy", exit_code=1)
 
 
+@pytest.mark.slow
 def test_bad_build_options_are_one_line_and_leave_the_output_as_it_was(tmp_path):
     shutil.copy(SAMPLES_DIR / "mlp.onnx", tmp_path / "model.onnx")
     build(tmp_path, "model.onnx", "out", "--dim", "batch=1", "--cache-dir", "cache")
@@ -185,6 +203,7 @@ def test_bad_build_options_are_one_line_and_leave_the_output_as_it_was(tmp_path)
     assert_one_line_error(code, err, "--output model.onnx")
 
 
+@pytest.mark.slow
 def test_a_later_build_keeps_other_files_and_drops_targets_no_longer_built(tmp_path):
     if not cuda_available():
         pytest.skip("no CUDA compiler (nvcc or NVRTC)")
@@ -196,6 +215,7 @@ def test_a_later_build_keeps_other_files_and_drops_targets_no_longer_built(tmp_p
                                                                    "wasm-bin"]
 
 
+@pytest.mark.slow
 def test_build_prints_a_summary_with_the_reuse_count(tmp_path):
     shutil.copy(SAMPLES_DIR / "mlp.onnx", tmp_path / "model.onnx")
     for expected in ("1 / 0", "0 / 1"):
