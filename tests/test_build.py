@@ -10,12 +10,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from cli_helpers import assert_one_line_error, run_cli
 from onnx import numpy_helper
+from testdata import SAMPLES_DIR
 
 from backends.cuda.toolchain import choose_compiler
-from cli_helpers import assert_one_line_error, run_cli
+from ir.errors import CortexError
 from samples.light_models import LIGHT_DIR
-from testdata import SAMPLES_DIR
 
 # decompose options binding each committed sample's dynamic dims (tests/testdata.py SAMPLE_DIMS)
 SAMPLE_OPTIONS = {"mlp": ["--dim", "batch=2"], "cnn": ["--max-cu-size", "3000"],
@@ -47,7 +48,7 @@ def cuda_available() -> bool:
     try:
         choose_compiler("auto")
         return True
-    except Exception:
+    except CortexError:
         return False
 
 

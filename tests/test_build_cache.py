@@ -9,13 +9,13 @@ import os
 from pathlib import Path
 
 import pytest
+from cli_helpers import run_cli
+from testdata import SAMPLES_DIR
 
 from backends.registry import BuiltCU, target
-from cli_helpers import run_cli
 from cortex import compile_cache
 from cortex.compile_cache import NO_VARIANT, CompileCache
 from ir.options import from_text
-from testdata import SAMPLES_DIR
 
 WASM = target("wasm")
 BUILT = BuiltCU({"cu-0000.wasm": b"\0asm-module", "cu-0000.wat": b"(module)"},

@@ -16,9 +16,9 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 
 def recipe_commands() -> list[list[str]]:
     text = README.read_text()
-    block = re.search(r"<!-- ci-recipe -->\s*```yaml\n(.*?)```", text, re.S)
+    block = re.search(r"<!-- ci-recipe -->\s*```yaml\n(.*?)```", text, re.DOTALL)
     assert block, "README.md has no <!-- ci-recipe --> yaml block"
-    lines = [m.group(1) for m in re.finditer(r"^\s*- run: (.*?)\s*(?:#.*)?$", block.group(1), re.M)]
+    lines = [m.group(1) for m in re.finditer(r"^\s*- run: (.*?)\s*(?:#.*)?$", block.group(1), re.MULTILINE)]
     return [shlex.split(line) for line in lines if line.startswith("cortex ")]
 
 
@@ -29,7 +29,7 @@ def test_the_readme_ci_recipe_builds_checks_and_verifies(tmp_path):
     shutil.copy(SAMPLES_DIR / "cnn.onnx", tmp_path / "model.onnx")
     env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
     for argv in commands:
-        code, stdout, err = run_cli(argv[1:], cwd=tmp_path, env=env)
+        code, _, err = run_cli(argv[1:], cwd=tmp_path, env=env)
         assert code == 0, f"{shlex.join(argv)}: {err}"
     assert (tmp_path / "out" / "build.json").is_file()
     # the check step is a real gate: a changed model fails it
