@@ -2,9 +2,9 @@
 
 An entry's key hashes everything the artifact depends on: the sha256 of the CU's cu.onnx, the CU's
 id (it names files and kernels), the precision of a variant, the target, its options, its external
-toolchain (nvcc's version) and the compiler's version, which is the package version plus a hash of
-the compiler's own source files (`compiler_version`), so that editing the code invalidates what
-it built. The outputs of a cached build are byte-identical to a clean build's.
+toolchain (nvcc's version), the versions of onnx and numpy, and the compiler's version, which is
+the package version plus a hash of the compiler's own source files (`compiler_version`), so that
+editing the code invalidates what it built. The outputs of a cached build are byte-identical to a clean build's.
 
 An entry is one file, `<key>.entry`: a first line with the sha256 of the rest, a JSON header line
 (the record and each file's name and size), then the files' bytes. It is verified before use; one
@@ -39,7 +39,9 @@ DEFAULT_MAX_MB = 2048
 ROOT = Path(__file__).resolve().parent.parent
 # What a CU's artifact is computed by: loading and optimising its cu.onnx, lowering and rendering.
 COMPILER_SOURCES = ("ir", "passes", "codegen", "backends", "cortex/pipeline.py", "cortex/summary.py",
-                    "cortex/compile_cache.py")
+                    "cortex/compile.py", "cortex/compile_cache.py", "cortex/dag.py")
+# Libraries whose behaviour reaches the artifacts (loading the cu.onnx, folding constants).
+LIBRARIES = ("onnx", "numpy")
 NO_VARIANT = object()   # a cached "this CU has no variant in that precision" (it holds no weights)
 
 
@@ -67,6 +69,17 @@ def compiler_version() -> str:
     return f"{version}+{h.hexdigest()[:16]}"
 
 
+@cache
+def library_versions() -> dict[str, str]:
+    found = {}
+    for name in LIBRARIES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = "none"
+    return found
+
+
 def options_json(options) -> dict:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(options).items()}
 
@@ -86,7 +99,8 @@ class CompileCache:
     def key(self, target: Target, options, cu_id: str, cu_sha256: str, precision: str | None) -> str:
         parts = {"format": ENTRY_FORMAT, "cu_onnx": cu_sha256, "cu": cu_id, "precision": precision,
                  "target": target.name, "options": options_json(options),
-                 "toolchain": target.toolchain(options), "compiler": compiler_version()}
+                 "toolchain": target.toolchain(options), "compiler": compiler_version(),
+                 "libraries": library_versions()}
         return sha256_bytes(json.dumps(parts, sort_keys=True).encode())
 
     def get(self, key: str):

@@ -137,3 +137,14 @@ def test_no_cache_reads_and_writes_no_cache_and_the_bound_holds(tmp_path):
     compile_wasm(tmp_path, "--cache-dir", "small", "--cache-max-mb", "0.05")
     assert sum(p.stat().st_size for p in (tmp_path / "small").iterdir()) <= 0.05 * 2**20
     assert artifacts(tmp_path) == clean
+
+
+@pytest.mark.slow
+def test_variants_come_from_the_cache_too(tmp_path):
+    cu_folder(tmp_path)
+    first = compile_wasm(tmp_path, "--variants", "fp16", "--cache-dir", "cache")
+    built = artifacts(tmp_path)
+    assert any(name.endswith("-fp16.wasm") for name in built)
+    second = compile_wasm(tmp_path, "--variants", "fp16", "--cache-dir", "cache")
+    assert (second["compiled_cus"], second["reused_cus"]) == (0, first["cus"])
+    assert artifacts(tmp_path) == built
