@@ -90,6 +90,7 @@ def test_a_second_build_with_nothing_changed_compiles_nothing(tmp_path):
     assert first["cus"] == second["cus"] > 1
     assert (second["compiled_cus"], second["reused_cus"]) == (0, first["cus"])
     assert tree(tmp_path / "out", skip=()) == before
+    assert second["compile"]["wasm"]["output"] == "out/wasm-bin" and ".build" not in json.dumps(second)
 
 
 def with_one_weight_changed(source: Path, destination: Path, weight: str) -> None:

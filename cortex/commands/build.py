@@ -255,6 +255,7 @@ def _build(model: Path, output: Path, chosen: list[str], run: list[Stage], value
         _swap_in(staging, output, entries, _earlier_entries(output))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    summaries, compiled = _named_in_output({"stages": summaries, "compiled": compiled}, staging, output).values()
     return {"output": str(output), "model": str(model), "targets": chosen,
             "cus": summaries["decompose"]["cus"], "decompose": summaries["decompose"],
             "build_dag": summaries["build-dag"], "compile": compiled,
@@ -262,6 +263,14 @@ def _build(model: Path, output: Path, chosen: list[str], run: list[Stage], value
             "reused_cus": sum(c["reused_cus"] for c in compiled.values()),
             "cache_dir": str(cache.folder) if cache else None, "record": str(output / RECORD_FILE),
             "seconds": round(time.perf_counter() - start, 3)}
+
+
+def _named_in_output(summary: dict, staging: Path, output: Path) -> dict:
+    """The stages' summaries with the paths they wrote to as they are now, in the output folder."""
+    text = jsonlib.dumps(summary)
+    for path in (str(staging.resolve()), str(staging)):
+        text = text.replace(jsonlib.dumps(path)[1:-1], jsonlib.dumps(str(output))[1:-1])
+    return jsonlib.loads(text)
 
 
 def _quietly(stage: Stage, **kwargs) -> dict:
