@@ -7,7 +7,7 @@ OUT    ?= out
 SAMPLE ?= samples/cnn.onnx
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-all test-ray samples conformance bench bench-decompose bench-runtime bench-sandbox bench-js bench-specializations bench-ray gpu-check clean
+.PHONY: setup demo test test-all test-ray samples conformance bench bench-decompose bench-build bench-runtime bench-sandbox bench-js bench-specializations bench-ray gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,10 @@ conformance: setup
 ## decompose + build-dag on MiniLM and synthetic 5k/10k/20k-node graphs: the Decompose section of docs/benchmarks.md.
 bench-decompose: setup
 	$(BIN)/python -m bench.bench_decompose
+
+## cortex build on MiniLM: clean build, unchanged rebuild, one-CU rebuild, --check (prints a table).
+bench-build: setup
+	$(BIN)/python -m bench.bench_build --json $(OUT)/bench-build.json
 
 ## Regenerate the committed sample models and the cached test data (node tests, MiniLM).
 samples: setup

@@ -95,6 +95,8 @@ class Target:
     jobs: int = 1                               # CUs built at once (threads; compilers are subprocesses)
     check: Callable[[object], None] = lambda options: None   # fail before any work (no compiler...)
     lowering: str = "loops"                     # which of the op registry's lowerings its renderer reads
+    # The external compiler the artifacts also depend on ("nvcc 13.0"), part of the compile cache's key.
+    toolchain: Callable[[object], str] = lambda options: ""
 
 
 @dataclass(frozen=True)

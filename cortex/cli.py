@@ -22,7 +22,7 @@ import typer
 from ir.errors import CortexError
 
 from backends.registry import targets
-from cortex.commands import bench, build_dag, bundle, calibrate, decompose, inspect_model, run, serve, verify
+from cortex.commands import bench, build, build_dag, bundle, calibrate, decompose, inspect_model, run, serve, verify
 from cortex.commands.compile_target import compile_command
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -40,6 +40,7 @@ app.command("decompose")(decompose.decompose)
 app.command("build-dag")(build_dag.build_dag)
 for _target in targets().values():
     app.command(f"compile-{_target.name}")(compile_command(_target))
+app.command("build")(build.build)
 app.command("calibrate")(calibrate.calibrate)
 app.command("run")(run.run)
 app.command("verify")(verify.verify)

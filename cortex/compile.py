@@ -17,11 +17,13 @@ whose artifact changed resets it.
 CUs build independently, each a pure function of its graph and the options: `map_cus` says how
 the builds are spread (threads by default; `compile-<target> --executor ray` passes one Ray task
 per CU), and the files are written here, in manifest order, so where they were built never shows.
+With a `cache` (`cortex.compile_cache`), each CU (and each variant) whose key is in the cache is
+taken from it instead of being loaded and built; only the others are. The summary says how many
+CUs were compiled and how many reused.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Callable
 
 from backends.registry import Target
+from cortex.compile_cache import NO_VARIANT, CompileCache, options_json
 from cortex.cus import read_manifest
 from cortex.dag import read_dag, variant_id
 from cortex.pipeline import load_and_optimize
@@ -45,7 +48,8 @@ INDEX_SCHEMA = "cortex.{target}/1"
 
 def compile_cu_dir(target: Target, cu_dir: Path, output: Path, options, dag_path: Path | None = None,
                    on_cu: Callable[[str], None] | None = None, jobs: int | None = None,
-                   variants: tuple[str, ...] = (), map_cus: Callable[[Callable, list], list] | None = None) -> dict:
+                   variants: tuple[str, ...] = (), map_cus: Callable[[Callable, list], list] | None = None,
+                   cache: CompileCache | None = None) -> dict:
     cu_dir, output = Path(cu_dir), Path(output)
     variants = parse_variants(variants)
     listing = read_listing(cu_dir)
@@ -53,20 +57,36 @@ def compile_cu_dir(target: Target, cu_dir: Path, output: Path, options, dag_path
         return compile_specializations(target, cu_dir, output, options, listing, dag_path, on_cu, jobs, variants)
     start = time.perf_counter()
     target.check(options)
-    manifest, graphs = read_cus(cu_dir, target.name)
+    manifest = read_manifest(cu_dir)
     compiled = [cu for cu in manifest["cus"] if "runs_on" not in cu]
     dag = read_dag_for_cus(dag_path, manifest, cu_dir) if dag_path is not None else None
     folder_in_dag = _folder_relative_to(output, dag_path) if dag_path is not None else None
+    precisions = (None, *variants)
+    keys = {(cu["id"], p): cache.key(target, options, cu["id"], cu["sha256"], p)
+            for cu in compiled for p in precisions} if cache is not None else {}
+    found = {slot: cache.get(key) for slot, key in keys.items()}
+    found = {slot: built for slot, built in found.items() if built is not None}
+    rebuilt = [cu for cu in compiled if any((cu["id"], p) not in found for p in precisions)]
+    graphs = load_cu_graphs(cu_dir, rebuilt, target.name)
+
+    def build(cu: dict, precision: str | None):
+        if (cu["id"], precision) in found:
+            built = found[cu["id"], precision]
+            return None if built is NO_VARIANT else built
+        graph = graphs[cu["id"]]
+        if precision is None:
+            built = target.build(graph, options, cu["id"])
+        else:
+            narrow = narrowed(graph, precision)
+            built = None if narrow is None else target.build(narrow, options, variant_id(cu["id"], precision))
+        if cache is not None:
+            cache.put(keys[cu["id"], precision], built)
+        return built
 
     def build_one(cu: dict):
         try:
-            graph = graphs[cu["id"]]
-            exact = target.build(graph, options, cu["id"])
-            built = {}
-            for precision in variants:
-                narrow = narrowed(graph, precision)
-                if narrow is not None:
-                    built[precision] = target.build(narrow, options, variant_id(cu["id"], precision))
+            exact = build(cu, None)
+            built = {p: b for p in variants if (b := build(cu, p)) is not None}
             return exact, built
         except CortexError as e:
             raise type(e)(f"{cu['id']} ({cu_dir / cu['path']}): {e}") from None
@@ -87,7 +107,7 @@ def compile_cu_dir(target: Target, cu_dir: Path, output: Path, options, dag_path
             variant_records[cu["id"]] = {p: r.record for p, r in by_precision.items()}
             if on_cu:
                 on_cu(cu["id"])
-        index = {"schema": INDEX_SCHEMA.format(target=target.name), "options": _as_json(options), "cus": records,
+        index = {"schema": INDEX_SCHEMA.format(target=target.name), "options": options_json(options), "cus": records,
                  **({"variants": variant_records} if variants else {})}
         (folder / "index.json").write_text(json.dumps(index, indent=2) + "\n")
         return records, variant_records
@@ -106,8 +126,11 @@ def compile_cu_dir(target: Target, cu_dir: Path, output: Path, options, dag_path
     if variants:
         summary["variant_bytes"] = {p: target.summarize({c: v[p] for c, v in variant_records.items() if p in v},
                                                         options).get("bytes") for p in variants}
+    if cache is not None:
+        cache.prune()
     return {"output": str(output), "dag": str(dag_path) if dag_path else None, "cus": len(records),
             "fallback_cus": len(manifest["cus"]) - len(compiled),
+            "compiled_cus": len(rebuilt), "reused_cus": len(compiled) - len(rebuilt),
             **summary, "seconds": round(time.perf_counter() - start, 3)}
 
 
@@ -209,20 +232,23 @@ def _record_variants(cu: dict, target: Target, placed: dict[str, dict], exact_ch
 
 
 def read_cus(cu_dir: Path, target_name: str) -> tuple[dict, dict[str, Graph]]:
-    """The manifest and each compiled CU's optimised graph (fallback CUs have none); fails at
-    once, in one line, when any of them holds ops without a loop-nest lowering."""
+    """The manifest and each compiled CU's optimised graph (fallback CUs have none)."""
     manifest = read_manifest(cu_dir)
+    return manifest, load_cu_graphs(cu_dir, [cu for cu in manifest["cus"] if "runs_on" not in cu], target_name)
+
+
+def load_cu_graphs(cu_dir: Path, cus: list[dict], target_name: str) -> dict[str, Graph]:
+    """The optimised graph of each of `cus`; fails at once, in one line, when any of them holds ops
+    without a loop-nest lowering."""
     graphs, missing = {}, []
-    for cu in manifest["cus"]:
-        if "runs_on" in cu:
-            continue
+    for cu in cus:
         graph = load_and_optimize(cu_dir / cu["path"], require_static=True).graph
         missing += unsupported_nodes(graph)
         graphs[cu["id"]] = graph
     if missing:
         raise UnsupportedError(f"{cu_dir}: cannot compile to {target_name}: {describe_unsupported(missing)}; "
                                "decompose with --fallback onnxruntime to run them on onnxruntime")
-    return manifest, graphs
+    return graphs
 
 
 def read_dag_for_cus(dag_path: Path, manifest: dict, cu_dir: Path) -> dict:
@@ -238,10 +264,6 @@ def read_dag_for_cus(dag_path: Path, manifest: dict, cu_dir: Path) -> dict:
         raise CortexError(f"--dag {dag_path} has {len(dag['cus'])} CUs, {cu_dir} has {len(by_id)}; "
                           "run 'cortex build-dag' again")
     return dag
-
-
-def _as_json(options) -> dict:
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(options).items()}
 
 
 def _folder_relative_to(output: Path, dag_path: Path) -> str:

@@ -13,7 +13,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from backends.cuda.render import CudaSource, render_cuda
-from backends.cuda.toolchain import COMPILERS, DEFAULT_ARCHS, choose_compiler, compile_cuda, parse_archs
+from backends.cuda.toolchain import (
+    COMPILERS,
+    DEFAULT_ARCHS,
+    choose_compiler,
+    compile_cuda,
+    find_nvcc,
+    nvcc_version,
+    nvrtc_version,
+    parse_archs,
+)
 from backends.registry import BuiltCU
 from codegen.lower import lower_graph
 from ir.bounds import length_name
@@ -71,6 +80,12 @@ class CudaOptions:
 
 def check_toolchain(options: CudaOptions) -> None:
     choose_compiler(options.compiler)   # fail before any work when no compiler is usable
+
+
+def toolchain_name(options: CudaOptions) -> str:
+    """The compiler and version these options resolve to here (`auto` differs between machines)."""
+    chosen = choose_compiler(options.compiler)
+    return f"nvcc {nvcc_version(find_nvcc())} {find_nvcc()}" if chosen == "nvcc" else f"nvrtc {nvrtc_version()}"
 
 
 def build_cu(graph: Graph, options: CudaOptions, cu_id: str) -> BuiltCU:

@@ -1,5 +1,6 @@
 """`cortex compile-<target>`, one command per registered target: its options are the fields of
-the target's options dataclass, the work is `cortex.compile.compile_cu_dir`."""
+the target's options dataclass, the work is `cortex.compile.compile_cu_dir`. CUs already built
+with the same inputs come from the compile cache (`--cache-dir`; `--no-cache` turns it off)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from typing import Annotated, Callable, Optional
 import typer
 
 from backends.registry import Target
+from cortex.commands.cache_options import CacheDir, CacheMaxMb, NoCache, open_cache
 from cortex.commands.generated_options import with_options
 from cortex.commands.shared_options import AddressOption, ExecutorOption
 from cortex.compile import compile_cu_dir
+from cortex.compile_cache import DEFAULT_MAX_MB
 from cortex.console import print_json, print_summary
 from cortex.runtime.ray_executor import cu_map
 
@@ -29,9 +32,12 @@ def compile_command(target: Target) -> Callable:
                                               "'cortex calibrate' before they are used).")] = "",
         executor: ExecutorOption = "local",
         address: AddressOption = None,
+        cache_dir: CacheDir = None,
+        cache_max_mb: CacheMaxMb = DEFAULT_MAX_MB,
+        no_cache: NoCache = False,
     ) -> None:
         summary = compile_cu_dir(target, cu_dir, output, options, dag, variants=variants,
-                                 map_cus=cu_map(executor, address))
+                                 map_cus=cu_map(executor, address), cache=open_cache(cache_dir, cache_max_mb, no_cache))
         if json:
             print_json(summary)
             return

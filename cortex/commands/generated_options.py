@@ -48,6 +48,8 @@ def with_options(cls, into: str) -> Callable:
         wrapper.__signature__ = signature.replace(parameters=keyword + option_parameters(cls))
         wrapper.__annotations__ = {p.name: p.annotation for p in wrapper.__signature__.parameters.values()}
         del wrapper.__wrapped__      # typer must read the new signature, not the command's
+        # `cortex build` resolves the options it records through the same classes.
+        wrapper.option_classes = (*getattr(command, "option_classes", ()), cls)
         return wrapper
 
     return decorate
