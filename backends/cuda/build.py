@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from backends.cuda.render import CudaSource, render_cuda
+from backends.cuda.tensor_cores import PRECISIONS
 from backends.cuda.toolchain import COMPILERS, DEFAULT_ARCHS, choose_compiler, compile_cuda, parse_archs
 from backends.registry import BuiltCU
 from codegen.lower import lower_graph
@@ -67,15 +68,23 @@ class CudaOptions:
         "Comma-separated GPU architectures for cubins.", parse=parse_archs, show=",".join))
     compiler: str = field(default="auto", metadata=option(
         f"One of {', '.join(COMPILERS)} (auto: nvcc when installed, else NVRTC).", choices=COMPILERS))
+    precision: str = field(default="exact", metadata=option(
+        "Input precision of the tensor-core GEMM/Conv kernels: exact (float32 FMA, no tensor cores), tf32, "
+        "fp16 or bf16 (rounded inputs, float32 sums; float32 contractions of at least 16x16x16 only).",
+        choices=PRECISIONS))
 
 
 def check_toolchain(options: CudaOptions) -> None:
     choose_compiler(options.compiler)   # fail before any work when no compiler is usable
+    old = [arch for arch in options.arch if options.precision != "exact" and int(arch[3:].rstrip("abcdefghijklmnopqrstuvwxyz")) < 80]
+    if old:   # tf32 and bf16 fragments need sm_80; one rule for all three keeps the option simple
+        raise CortexError(f"--precision {options.precision} needs tensor cores of sm_80 or newer; "
+                          f"--arch has {', '.join(old)}")
 
 
 def build_cu(graph: Graph, options: CudaOptions, cu_id: str) -> BuiltCU:
     program = lower_graph(graph)
-    source = render_cuda(program, prefix=cu_id.replace("-", "") + "_")
+    source = render_cuda(program, prefix=cu_id.replace("-", "") + "_", precision=options.precision)
     if not source.launches:
         record, files = _kernel_free_record(cu_id, source)
         return BuiltCU(files, record)
@@ -99,6 +108,8 @@ def build_cu(graph: Graph, options: CudaOptions, cu_id: str) -> BuiltCU:
         "resources": built.resources_json(),
         "spills": built.spilling_kernels(),
     }
+    if options.precision != "exact":   # what was asked for, and the kernels that got it
+        record["precision"] = {"requested": options.precision, "tensor_cores": source.tensor_cores}
     if program.bounds:   # data-dependent lengths (ir/bounds.py): which params carry them
         record["bounds"] = {name: {"axis": axis, "length": length_name(name)}
                             for name, (axis, _) in program.bounds.items()}

@@ -1,0 +1,83 @@
+"""Tensor-core GEMM and implicit-GEMM Conv (WMMA, `--precision tf32|fp16|bf16`) on cuda-sim: the
+rendered kernels really use wmma fragments and cuda_pipeline copies, match onnxruntime within the
+rounding of their input precision (and not bit for bit: the rounding is real), keep fused
+epilogues, and leave small or non-float contractions on the exact kernel."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto as T
+from onnx import helper
+from onnx import numpy_helper as nh
+
+from backends.cuda.tensor_cores import KSTEP
+from cuda_cases import run_cuda_sim
+from wasm_cases import make_model, run_onnxruntime
+
+RNG = np.random.default_rng(16)
+# Relative error of one input rounding (half an ulp at the precision's mantissa bits), times a
+# margin for sums of K products with mixed signs, measured against the largest |output|.
+TOLERANCE = {"tf32": 2e-3, "fp16": 2e-3, "bf16": 2e-2}
+
+
+def _weight(name, shape):
+    return nh.from_array(RNG.standard_normal(shape).astype(np.float32), name)
+
+
+def _info(name, shape):
+    return helper.make_tensor_value_info(name, T.FLOAT, shape)
+
+
+def matmul_bias_relu():
+    """Edges on every side (37 rows, 45 columns, K = 70 are not multiples of 16) and a batch."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["a"]),
+             helper.make_node("Relu", ["a"], ["y"])]
+    return make_model(nodes, [_info("x", [2, 37, 70])], [_info("y", [2, 37, 45])],
+                      [_weight("w", (70, 45)), _weight("b", (45,))])
+
+
+def padded_conv():
+    """An implicit GEMM whose operand is computed (padding), so it is staged without async copies."""
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])]
+    return make_model(nodes, [_info("x", [1, 8, 9, 9])], [_info("y", [1, 24, 9, 9])], [_weight("w", (24, 8, 3, 3))])
+
+
+def _close(got, want, precision):
+    scale = float(np.abs(want).max())
+    error = float(np.abs(got - want).max())
+    assert error <= TOLERANCE[precision] * scale, f"{precision}: max error {error:g} vs max |y| {scale:g}"
+    return error
+
+
+@pytest.mark.parametrize("precision", ["tf32", "fp16", "bf16"])
+def test_matmul_on_tensor_cores_matches_onnxruntime_within_its_precision(precision):
+    model = matmul_bias_relu()
+    feeds = {"x": RNG.standard_normal((2, 37, 70)).astype(np.float32)}
+    want = run_onnxruntime(model, feeds)["y"]
+    got, source = run_cuda_sim(model, feeds, seed=3, with_source=True, precision=precision)
+    assert "wmma::mma_sync(acc_frag, a_frag, b_frag, acc_frag)" in source
+    assert f"wmma::fragment<wmma::matrix_a, 16, 16, {KSTEP[precision]}" in source
+    assert "__pipeline_memcpy_async" in source and "__pipeline_wait_prior(0)" in source
+    assert "Relu" in source.split("tensor cores")[1].splitlines()[0]    # the epilogue stayed fused
+    error = _close(got["y"], want, precision)
+    assert error > 0, "rounded inputs give other numbers than float32 FMA"
+    exact = run_cuda_sim(model, feeds)["y"]
+    assert not np.array_equal(exact, got["y"])
+
+
+def test_conv_as_implicit_gemm_on_tensor_cores_matches_onnxruntime():
+    model = padded_conv()
+    feeds = {"x": RNG.standard_normal((1, 8, 9, 9)).astype(np.float32)}
+    got, source = run_cuda_sim(model, feeds, seed=5, with_source=True, precision="tf32")
+    assert "tensor cores (tf32)" in source and "wmma::__float_to_tf32" in source
+    _close(got["y"], run_onnxruntime(model, feeds)["y"], "tf32")
+
+
+def test_small_contractions_keep_the_exact_kernel():
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
+    model = make_model(nodes, [_info("x", [8, 20])], [_info("y", [8, 20])], [_weight("w", (20, 20))])
+    feeds = {"x": RNG.standard_normal((8, 20)).astype(np.float32)}
+    got, source = run_cuda_sim(model, feeds, with_source=True, precision="fp16")
+    assert "wmma" not in source
+    np.testing.assert_allclose(got["y"], run_onnxruntime(model, feeds)["y"], rtol=1e-5, atol=1e-5)
