@@ -81,3 +81,71 @@ def test_small_contractions_keep_the_exact_kernel():
     got, source = run_cuda_sim(model, feeds, with_source=True, precision="fp16")
     assert "wmma" not in source
     np.testing.assert_allclose(got["y"], run_onnxruntime(model, feeds)["y"], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_the_source_compiles_for_sm_80_and_sm_90_with_each_compiler_available():
+    from backends.cuda import toolchain
+
+    _, source = run_cuda_sim(matmul_bias_relu(), {"x": np.zeros((2, 37, 70), np.float32)}, with_source=True,
+                             precision="bf16")
+    compilers = [c for c, ok in (("nvcc", toolchain.find_nvcc()), ("nvrtc", toolchain.nvrtc_version())) if ok]
+    if not compilers:
+        pytest.skip("no CUDA compiler installed")
+    for compiler in compilers:
+        built = toolchain.compile_cuda(source, "cu.cu", ("sm_80", "sm_90"), compiler)
+        assert set(built.cubins) == {"sm_80", "sm_90"} and not built.spilling_kernels()
+        assert b"mma.sync" in built.ptx or b"wmma.mma" in built.ptx   # really tensor-core instructions
+
+
+def _cli_pipeline(tmp_path, *compile_args):
+    import json
+
+    from cli_helpers import run_cli
+
+    from testdata import sample_model
+
+    case = sample_model("mlp")
+    cus, dag = tmp_path / "cus", tmp_path / "dag.json"
+    assert run_cli(["decompose", "--model-path", case.path, "--output-dir", cus, "--dim", "batch=32"])[0] == 0
+    assert run_cli(["build-dag", "--cu-dir", cus, "--output", dag])[0] == 0
+    code, out, err = run_cli(["compile-cuda", "--cu-dir", cus, "--dag", dag, "--output", tmp_path / "cuda-bin",
+                              "--arch", "sm_90", *compile_args])
+    return case, dag, code, err
+
+
+@pytest.mark.slow
+def test_cli_precision_is_recorded_per_cu_and_runs_on_cuda_sim(tmp_path):
+    import json
+
+    import onnxruntime as ort
+    from cli_helpers import run_cli
+
+    from cortex.dag import validate_dag
+
+    case, dag, code, err = _cli_pipeline(tmp_path, "--precision", "tf32")
+    assert code == 0, err
+    record = json.loads(dag.read_text())
+    validate_dag(record)
+    precisions = [cu["artifacts"]["cuda"]["precision"] for cu in record["cus"]]
+    assert all(p["requested"] == "tf32" for p in precisions)
+    assert any("tf32" in p["tensor_cores"].values() for p in precisions)
+    x = RNG.standard_normal((32, 64)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    code, _, err = run_cli(["run", dag, "--device", "cuda-sim", "--input", f"x={tmp_path / 'x.npy'}",
+                            "--output", tmp_path / "y.npz"])
+    assert code == 0, err
+    session = ort.InferenceSession(str(case.path), providers=["CPUExecutionProvider"])
+    want = session.run(None, {"x": x})[0]
+    with np.load(tmp_path / "y.npz") as got:
+        _close(next(iter(got.values())), want, "tf32")
+
+
+def test_cli_precision_mistakes_are_one_line(tmp_path):
+    from cli_helpers import assert_one_line_error, run_cli
+
+    code, _, err = run_cli(["compile-cuda", "--cu-dir", tmp_path, "--output", tmp_path / "o", "--precision", "fp8"])
+    assert_one_line_error(code, err, "--precision")
+    _, _, code, err = _cli_pipeline(tmp_path, "--precision", "bf16", "--arch", "sm_75")
+    assert_one_line_error(code, err, "--precision bf16", "sm_75")
+    assert not (tmp_path / "cuda-bin").exists()
