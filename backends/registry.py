@@ -87,6 +87,8 @@ class DeviceSpec:
     unavailable: Callable[[], str | None] = lambda: None   # why it cannot run here, in one line
     description: str = ""
     compile_options: dict = field(default_factory=dict)   # target options (as text) that suit this device
+    # A device that spreads CUs over others: () -> the rule (cu record) -> the device that runs it.
+    place: Callable[[], Callable[[dict], str]] | None = None
 
 
 _TARGETS: dict[str, Target] = {}

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from cuda_cases import run_cuda_sim
 from onnx import TensorProto as T
 from onnx import helper
 from onnx import numpy_helper as nh
+from wasm_cases import make_model, run_onnxruntime
 
 from backends.cuda.tensor_cores import KSTEP
-from cuda_cases import run_cuda_sim
-from wasm_cases import make_model, run_onnxruntime
 
 RNG = np.random.default_rng(16)
 # Relative error of one input rounding (half an ulp at the precision's mantissa bits), times a
@@ -99,17 +99,15 @@ def test_the_source_compiles_for_sm_80_and_sm_90_with_each_compiler_available():
 
 
 def _cli_pipeline(tmp_path, *compile_args):
-    import json
 
     from cli_helpers import run_cli
-
     from testdata import sample_model
 
     case = sample_model("mlp")
     cus, dag = tmp_path / "cus", tmp_path / "dag.json"
     assert run_cli(["decompose", "--model-path", case.path, "--output-dir", cus, "--dim", "batch=32"])[0] == 0
     assert run_cli(["build-dag", "--cu-dir", cus, "--output", dag])[0] == 0
-    code, out, err = run_cli(["compile-cuda", "--cu-dir", cus, "--dag", dag, "--output", tmp_path / "cuda-bin",
+    code, _, err = run_cli(["compile-cuda", "--cu-dir", cus, "--dag", dag, "--output", tmp_path / "cuda-bin",
                               "--arch", "sm_90", *compile_args])
     return case, dag, code, err
 

@@ -19,14 +19,9 @@ shim makes the fragment operations warp collectives and the async copies synchro
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from backends.cuda.fuse import Unit
 from backends.cuda.tiled import TILE, TiledContraction
 from ir.loops.expr import Load
-
-if TYPE_CHECKING:
-    from backends.cuda.fuse import Unit
-    from backends.cuda.render import CudaRenderer
 
 PRECISIONS = ("exact", "tf32", "fp16", "bf16")
 WARPS = 4                    # warps (16-row tiles) per block
@@ -65,8 +60,9 @@ def launch_geometry(plan: TiledContraction) -> tuple[list[int], list[int]]:
     return [-(-n // TILE), -(-m // (TILE * WARPS)), b], [32, WARPS, 1]
 
 
-def _stage(r: "CudaRenderer", operand, destination: str, inside: str, indent: str) -> list[str]:
-    """One staged element: an async copy of a plain float32 load, else the value computed here."""
+def _stage(r, operand, destination: str, inside: str, indent: str) -> list[str]:
+    """One staged element: an async copy of a plain float32 load, else the value computed here.
+    `r` is the CUDA renderer (render.CudaRenderer), whose names and expressions it prints."""
     if isinstance(operand, Load) and operand.buffer.storage.dtype == "float32" and id(operand.buffer.storage) not in r._registers:
         source = f"&{r.buffer_name(operand.buffer.storage)}[{r.expr(operand.index)}]"
         return [f"{indent}if ({inside}) __pipeline_memcpy_async(&{destination}, {source}, sizeof(float));",
@@ -74,7 +70,7 @@ def _stage(r: "CudaRenderer", operand, destination: str, inside: str, indent: st
     return [f"{indent}{destination} = ({inside}) ? (float)({r.expr(operand)}) : 0.0f;"]
 
 
-def render_wmma_function(r: "CudaRenderer", unit: "Unit", plan: TiledContraction, precision: str) -> str:
+def render_wmma_function(r, unit: Unit, plan: TiledContraction, precision: str) -> str:
     r._names = {}
     ks, element = KSTEP[precision], ELEMENT[precision]
     m, n, k = plan.extent(plan.rows), plan.extent(plan.cols), plan.extent(plan.k)
