@@ -66,3 +66,7 @@ gpu-check: setup
 
 clean:
 	rm -rf $(OUT) .cache .pytest_cache
+
+## CUDA scratch space with and without reuse of temporaries (light models, MiniLM); no GPU needed.
+bench-cuda-scratch: setup
+	$(BIN)/python -m bench.cuda_scratch
