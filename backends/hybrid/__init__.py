@@ -3,7 +3,8 @@
 Small, latency-bound CUs stay on the CPU, where a launch and a copy across PCIe would cost more than
 the work; heavy contractions go to the GPU. The cost is the CU's `flops` in dag.json: a CU with at
 least `gpu_min_flops` runs on the GPU, the rest on wasm (a CU compiled for only one of the two runs
-there). The scheduler moves a tensor between host and GPU only where the placement changes, and
+there). Without wasmtime installed (a GPU machine that carries only what the CUDA path needs) the
+CPU side is the `onnxruntime` device, which runs any CU from its cu.onnx. The scheduler moves a tensor between host and GPU only where the placement changes, and
 its trace names, per CU, the device it ran on and the bytes it took from the other device
 (`bytes_from_other_devices`).
 
@@ -22,7 +23,7 @@ import os
 from pathlib import Path
 
 from backends.cuda.device import gpu_unavailable
-from backends.registry import DeviceSpec, device, register_device
+from backends.registry import DeviceSpec, device, devices, register_device
 from ir.errors import CortexError
 
 DEFAULT_GPU_MIN_FLOPS = 100_000
@@ -43,16 +44,17 @@ def gpu_min_flops() -> int:
 
 
 def placer(gpu: str):
-    """The placement rule for one GPU device name: (cu record) -> "wasm" or `gpu`."""
+    """The placement rule for one GPU device name: (cu record) -> the CPU device or `gpu`."""
     threshold = gpu_min_flops()
+    cpu_side = "wasm" if "wasm" in devices() else "onnxruntime"
 
     def place(cu: dict) -> str:
         artifacts = cu.get("artifacts", {})
         if "cuda" not in artifacts:
-            return "wasm"
-        if "wasm" not in artifacts:
+            return cpu_side
+        if cpu_side == "wasm" and "wasm" not in artifacts:
             return gpu
-        return gpu if int(cu.get("flops", 0)) >= threshold else "wasm"
+        return gpu if int(cu.get("flops", 0)) >= threshold else cpu_side
     return place
 
 
