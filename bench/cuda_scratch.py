@@ -23,7 +23,7 @@ from passes.partition import PartitionIntoCUs
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-from testdata import LARGE_LIGHT_MODELS, LIGHT_MODEL_NAMES, light_model, minilm  # noqa: E402
+from testdata import LARGE_LIGHT_MODELS, LIGHT_MODEL_NAMES, light_model, minilm
 
 
 def scratch_of(case) -> dict:

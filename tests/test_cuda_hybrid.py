@@ -25,7 +25,8 @@ def test_placement_follows_flops_and_the_artifacts_there_are(monkeypatch):
     assert place({"flops": 999, "artifacts": both}) == "wasm"
     assert place({"flops": 1000, "artifacts": both}) == "cuda-sim"
     assert place({"flops": 10**9, "artifacts": {"wasm": {}}}) == "wasm"
-    assert place({"flops": 0, "artifacts": {"cuda": {}}}) == "cuda-sim"
+    assert place({"flops": 10**9, "artifacts": {"cuda": {}}}) == "cuda-sim"
+    assert place({"flops": 0, "artifacts": {"cuda": {}}}) == "onnxruntime"   # no wasm build: onnxruntime
     monkeypatch.delenv(THRESHOLD_VARIABLE)
     assert placer("cuda")({"flops": DEFAULT_GPU_MIN_FLOPS, "artifacts": both}) == "cuda"
 

@@ -2,11 +2,12 @@
 
 Small, latency-bound CUs stay on the CPU, where a launch and a copy across PCIe would cost more than
 the work; heavy contractions go to the GPU. The cost is the CU's `flops` in dag.json: a CU with at
-least `gpu_min_flops` runs on the GPU, the rest on wasm (a CU compiled for only one of the two runs
-there). Without wasmtime installed (a GPU machine that carries only what the CUDA path needs) the
-CPU side is the `onnxruntime` device, which runs any CU from its cu.onnx. The scheduler moves a tensor between host and GPU only where the placement changes, and
-its trace names, per CU, the device it ran on and the bytes it took from the other device
-(`bytes_from_other_devices`).
+least `gpu_min_flops` runs on the GPU (if it has a cuda artifact), the rest on the CPU. The CPU
+side is wasm for a CU compiled for it; without a wasm artifact, or without wasmtime installed (a
+GPU machine that carries only what the CUDA path needs), it is the `onnxruntime` device, which runs
+any CU from its cu.onnx. The scheduler moves a tensor between host and GPU only where the placement
+changes, and its trace names, per CU, the device it ran on and the bytes it took from the other
+device (`bytes_from_other_devices`).
 
 The threshold: `CORTEX_HYBRID_GPU_MIN_FLOPS` when set, else `DEFAULT_GPU_MIN_FLOPS`, an estimate (not
 yet measured on a GPU) of where one CU's GPU run (a launch per kernel, about 5-10 us each, and its
@@ -50,11 +51,10 @@ def placer(gpu: str):
 
     def place(cu: dict) -> str:
         artifacts = cu.get("artifacts", {})
+        cpu = cpu_side if cpu_side in artifacts else "onnxruntime"
         if "cuda" not in artifacts:
-            return cpu_side
-        if cpu_side == "wasm" and "wasm" not in artifacts:
-            return gpu
-        return gpu if int(cu.get("flops", 0)) >= threshold else cpu_side
+            return cpu
+        return gpu if int(cu.get("flops", 0)) >= threshold else cpu
     return place
 
 
