@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -38,11 +40,30 @@ def median_ms(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def _without_torchvision() -> None:
+    """onnx2torch imports torchvision only for its NMS and RoiAlign converters, which none of the
+    timed models uses; a torchvision wheel is tied to one torch build, so none travels with the
+    check, and where it is missing those two names stand in (calling them fails)."""
+    try:
+        import torchvision  # noqa: F401
+    except ImportError:
+        ops = types.ModuleType("torchvision.ops")
+
+        def missing(*_, **__):
+            raise ImportError("torchvision is not installed")
+        ops.nms = ops.roi_align = ops.box_convert = missing
+        stub = types.ModuleType("torchvision")
+        stub.ops = ops
+        sys.modules.setdefault("torchvision", stub)
+        sys.modules.setdefault("torchvision.ops", ops)
+
+
 def torch_cuda_timer(case, repeats: int) -> tuple[str, float | None]:
     """(name, median ms) of torch eager on CUDA through onnx2torch; (why not, None) where it cannot."""
     try:
-        import onnx2torch
         import torch
+        _without_torchvision()
+        import onnx2torch
     except ImportError as e:
         return f"none ({e.name} is not installed: make gpu-wheels)", None
     if not torch.cuda.is_available():

@@ -34,7 +34,7 @@ def test_the_dry_run_writes_its_json_and_markdown_without_wasmtime(tmp_path):
                           "--kernel-sizes", "32", "--repeats", "1", "--conformance-cases", "test_relu$", "--jobs", "1",
                           "--out", str(out / "build"), "--output", str(out / "gc.json"),
                           "--markdown", str(out / "gc.md")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+                         cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
     assert run.returncode == 0, run.stderr[-2000:]
     document = json.loads((out / "gc.json").read_text())
     assert {k["precision"] for k in document["kernels"]} == {"exact", "tf32", "fp16", "bf16"}
