@@ -12,7 +12,9 @@ In order, while the time budget (`--budget-s`) lasts; what did not fit is listed
    `--device cuda` checked against onnxruntime (CPU) and timed, against torch eager on CUDA
    (onnx2torch), then `--device hybrid` (outputs compared with the cuda run, the placement and the
    bytes that crossed), then the same CUs at `--precision tf32` (error against onnxruntime);
-3. the ONNX node-test conformance suite on `--device cuda`, in the time left.
+3. the crossover for `--device hybrid`: each CU of those models alone on the GPU and on onnxruntime
+   (CPU), and the flops from which the GPU wins (`hybrid.crossover_flops`);
+4. the ONNX node-test conformance suite on `--device cuda`, in the time left.
 
 It writes one JSON (`--output`) and one Markdown page (`--markdown`); with `--docs` it also puts
 the page into its own section of docs/benchmarks.md. `--dry-run` runs the same steps on cuda-sim
@@ -43,7 +45,7 @@ from backends.cuda.toolchain import (
     nvcc_version,
     nvrtc_version,
 )
-from bench.gpu_timing import compile_dag, kernel_tflops, median_ms, torch_cuda_timer
+from bench.gpu_timing import compile_dag, crossover_flops, kernel_tflops, median_ms, torch_cuda_timer
 from bench.page import replace_section
 from bench.report import geomean
 from ir.errors import CortexError
@@ -183,6 +185,16 @@ def render_markdown(document: dict) -> str:
     g = geomean(ratios)
     out += ["", f"Geomean Cortex CUDA / torch eager CUDA (lower is faster): {'n/a' if g is None else f'{g:.2f}'} "
                 f"over {len(ratios)} models."]
+    hybrid = document.get("hybrid") or {}
+    if hybrid.get("cus") and hybrid.get("crossover_flops") is None:
+        out.append(f"- Hybrid crossover: none; `{document['device']}` ran none of {hybrid['cus']} CUs faster than "
+                   f"{hybrid['cpu_device']} with most CUs above it (keep the default threshold).")
+    elif hybrid.get("cus"):
+        out.append(f"- Hybrid crossover: from {hybrid['crossover_flops']} flops a CU runs faster on "
+                   f"`{document['device']}` than on {hybrid['cpu_device']} ({hybrid['gpu_faster']} of {hybrid['cus']} CUs "
+                   f"are); set CORTEX_HYBRID_GPU_MIN_FLOPS to it.")
+    else:
+        out.append(f"- Hybrid crossover: not measured ({hybrid.get('error', 'no CUs')}).")
     conformance = document.get("conformance") or {}
     if "summary" in conformance:
         s = conformance["summary"]
@@ -284,6 +296,13 @@ def main(argv: list[str] | None = None) -> int:
             continue
         rows.append(check_model(case, args, options, devices))
         print(json.dumps(rows[-1]), flush=True)
+    hybrid = {"error": "skipped for the time budget"}
+    if budget.left() >= 60:
+        dags = [args.out / r["model"] / "dag.json" for r in rows if r["matches_onnxruntime"]]
+        try:
+            hybrid = crossover_flops(dags, devices[0], "onnxruntime", max(3, args.repeats // 4))
+        except CortexError as e:
+            hybrid = {"error": _error(e)}
     conformance = {"error": "skipped (--no-conformance)"}
     if not args.no_conformance:
         conformance = run_conformance(devices[0], args.jobs, budget.left() - 15, args.out, args.conformance_cases)
@@ -291,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                 "compiler": f"nvcc {nvcc_version(find_nvcc())}" if compiler == "nvcc" else f"NVRTC {nvrtc_version()}",
                 "commit": _commit(), "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
                 "repeats": args.repeats, "budget_s": args.budget_s, "elapsed_s": args.budget_s - budget.left(),
-                "kernels": kernels, "models": rows, "skipped": skipped, "conformance": conformance}
+                "kernels": kernels, "models": rows, "hybrid": hybrid, "skipped": skipped, "conformance": conformance}
     for path, text in ((args.output, json.dumps(document, indent=2) + "\n"), (args.markdown, render_markdown(document))):
         path.parent.mkdir(parents=True, exist_ok=True)
         write_bytes_atomically(path, text.encode())

@@ -133,3 +133,51 @@ def kernel_tflops(out: Path, device: str, options: CudaOptions, size: int, repea
     return {"size": size, "precision": options.precision, "ms": ms, "tflops": 2 * size ** 3 / ms / 1e9,
             "relative_error": float(np.abs(y - want).max() / np.abs(want).max()),
             "tensor_core_kernels": sorted(record.get("precision", {}).get("tensor_cores", {}))}
+
+
+def cu_times(dag_path: Path, device: str, repeats: int) -> dict[str, float]:
+    """Median ms of each CU alone on `device`, its inputs (random, of the recorded shapes) already
+    there; on a GPU it waits for the kernels. The hybrid threshold comes from comparing two devices."""
+    model = cortex.load(dag_path, device=device, policy="strict")
+    scheduler = model.scheduler
+    rng = np.random.default_rng(2)
+    times = {}
+    for cu in scheduler.dag["cus"]:
+        where = scheduler.devices[scheduler.placement[cu["id"]]]
+        specs = scheduler.dag["tensors"]
+        inputs = {}
+        for name in cu["inputs"]:
+            spec = specs[name]
+            value = rng.standard_normal(spec["shape"]) if spec["dtype"].startswith("float") else \
+                np.zeros(spec["shape"])
+            inputs[name] = where.to_device(value.astype(spec["dtype"]))
+        synchronize = getattr(getattr(where, "gpu", None), "synchronize", lambda: None)
+
+        def run(cu=cu, where=where, inputs=inputs, synchronize=synchronize):
+            where.run(cu, inputs)
+            synchronize()
+        try:
+            times[cu["id"]] = median_ms(run, repeats)
+        except Exception:  # noqa: BLE001, S112 -- random inputs may upset a CU (an index out of range): not timed
+            continue
+    return times
+
+
+def crossover_flops(dag_paths: list[Path], gpu: str, cpu: str, repeats: int) -> dict:
+    """The smallest CU flops from which the GPU runs each CU faster than the CPU device, over the
+    CUs of all the models: the threshold for `--device hybrid` (CORTEX_HYBRID_GPU_MIN_FLOPS)."""
+    points = []
+    for dag_path in dag_paths:
+        flops = {cu["id"]: int(cu.get("flops", 0)) for cu in json.loads(Path(dag_path).read_text())["cus"]}
+        on_gpu, on_cpu = cu_times(dag_path, gpu, repeats), cu_times(dag_path, cpu, repeats)
+        points += [(flops[c], on_gpu[c], on_cpu[c]) for c in on_gpu if c in on_cpu]
+    points.sort()
+    # The lowest threshold such that at most a tenth of the CUs above it are faster on the CPU.
+    threshold = None
+    for i, (f, _, _) in enumerate(points):
+        above = points[i:]
+        if sum(g > c for _, g, c in above) <= len(above) // 10:
+            threshold = f
+            break
+    return {"cus": len(points), "crossover_flops": threshold, "cpu_device": cpu,
+            "gpu_faster": sum(g < c for _, g, c in points)}

@@ -43,6 +43,7 @@ def test_the_dry_run_writes_its_json_and_markdown_without_wasmtime(tmp_path):
     (row,) = document["models"]
     assert row["matches_onnxruntime"] and row["hybrid_max_error_vs_cuda"] < 1e-5 and "tf32_max_error" in row
     assert sum(row["hybrid_placement"].values()) >= 1
+    assert document["hybrid"]["cus"] >= 1 and "crossover_flops" in document["hybrid"]
     assert document["conformance"]["summary"]["passed"] == 1
     markdown = (out / "gc.md").read_text()
     assert "| mlp | yes |" in markdown and "| 32 | tf32 |" in markdown
