@@ -147,3 +147,55 @@ def test_cli_precision_mistakes_are_one_line(tmp_path):
     _, _, code, err = _cli_pipeline(tmp_path, "--precision", "bf16", "--arch", "sm_75")
     assert_one_line_error(code, err, "--precision bf16", "sm_75")
     assert not (tmp_path / "cuda-bin").exists()
+
+
+def test_an_fp16_weights_variant_runs_its_contraction_on_fp16_tensor_cores():
+    from backends.cuda.build import CudaOptions, build_cu, stored_weight_precision
+    from ir.onnx_import import import_model
+    from passes import optimize_pipeline, run_pipeline
+    from passes.narrow_weights import narrowed
+
+    graph, _ = run_pipeline(import_model(matmul_bias_relu()), optimize_pipeline(require_static=True))
+    assert stored_weight_precision(graph) == "exact"
+    variant = narrowed(graph, "fp16")
+    assert stored_weight_precision(variant) == "fp16"
+    options = CudaOptions(arch=("sm_90",), compiler="nvrtc")
+    record = build_cu(variant, options, "cu-0000-fp16").record
+    assert record["precision"]["requested"] == "fp16" and "fp16" in record["precision"]["tensor_cores"].values()
+    assert "precision" not in build_cu(graph, options, "cu-0000").record
+    older = build_cu(variant, CudaOptions(arch=("sm_75",), compiler="nvrtc"), "cu-0000-fp16").record
+    assert "precision" not in older     # no tensor cores to use there
+
+
+@pytest.mark.slow
+def test_fp16_variants_calibrate_with_their_tensor_cores_and_run_on_cuda_sim(tmp_path):
+    import json
+
+    from cli_helpers import run_cli
+    from testdata import sample_model
+
+    import cortex
+
+    case = sample_model("mlp")
+    cus, dag = tmp_path / "cus", tmp_path / "dag.json"
+    assert run_cli(["decompose", "--model-path", case.path, "--output-dir", cus, "--dim", "batch=32",
+                    "--min-cu-size", "16", "--max-cu-depth", "1"])[0] == 0
+    assert run_cli(["build-dag", "--cu-dir", cus, "--output", dag])[0] == 0
+    code, _, err = run_cli(["compile-cuda", "--cu-dir", cus, "--dag", dag, "--output", tmp_path / "cuda-bin",
+                            "--compiler", "nvrtc", "--arch", "sm_90", "--variants", "fp16"])
+    assert code == 0, err
+    data = RNG.standard_normal((4, 32, 64)).astype(np.float32)
+    np.savez(tmp_path / "feeds.npz", x=data)
+    code, _, err = run_cli(["calibrate", dag, "--data", tmp_path / "feeds.npz", "--device", "cuda-sim"])
+    assert code == 0, err
+    record = json.loads(dag.read_text())
+    variants = [cu["variants"]["fp16"] for cu in record["cus"] if cu.get("variants")]
+    on_tensor_cores = [v for v in variants if v["artifacts"]["cuda"].get("precision", {}).get("tensor_cores")]
+    assert on_tensor_cores and all(v["trust"] is not None for v in variants)
+    x = RNG.standard_normal((32, 64)).astype(np.float32)
+    exact = cortex.load(dag, device="cuda-sim", policy="strict").run({"x": x})
+    model = cortex.load(dag, device="cuda-sim", policy="aggressive")
+    got = model.run({"x": x})
+    assert model.last_trace["approximated_cus"]
+    for name, value in exact.items():
+        _close(got[name], value, "fp16")
