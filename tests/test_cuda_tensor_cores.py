@@ -199,3 +199,41 @@ def test_fp16_variants_calibrate_with_their_tensor_cores_and_run_on_cuda_sim(tmp
     assert model.last_trace["approximated_cus"]
     for name, value in exact.items():
         _close(got[name], value, "fp16")
+
+
+SANITIZED_TENSOR_CORES = """
+import functools, sys
+import numpy as np
+sys.path.insert(0, "tests")
+from backends.cuda import runner
+from backends.cuda.sim import SimModule
+runner.SimModule = functools.partial(SimModule, sanitize=True)
+from cuda_cases import run_cuda_sim
+from test_cuda_tensor_cores import matmul_bias_relu, padded_conv
+from wasm_cases import run_onnxruntime
+rng = np.random.default_rng(0)
+for model, shape in ((matmul_bias_relu(), (2, 37, 70)), (padded_conv(), (1, 8, 9, 9))):
+    feeds = {"x": rng.standard_normal(shape).astype(np.float32)}
+    got = run_cuda_sim(model, feeds, seed=7, precision=sys.argv[1])["y"]
+    want = run_onnxruntime(model, feeds)["y"]
+    print("error", float(np.abs(got - want).max() / np.abs(want).max()))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+def test_tensor_core_kernels_stay_in_bounds_under_asan(precision):
+    """The staging loops of edge tiles (rows, columns and K not multiples of 16) read and write
+    nothing outside their buffers: AddressSanitizer and UBSan watch every access."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from backends.cuda.sim import sanitizer_env
+
+    root = Path(__file__).resolve().parent.parent
+    run = subprocess.run([sys.executable, "-c", SANITIZED_TENSOR_CORES, precision], cwd=root, capture_output=True,
+                         text=True, env={**sanitizer_env(), "PYTHONPATH": str(root)}, timeout=600, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    errors = [float(line.split()[1]) for line in run.stdout.splitlines() if line.startswith("error")]
+    assert len(errors) == 2 and max(errors) < TOLERANCE[precision]
