@@ -5,6 +5,7 @@ no wasmtime (the GPU machine has none)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# Loaded by every Python process of the run (the conformance workers too) through PYTHONPATH.
 WITHOUT_WASMTIME = """
 import sys
 class NoWasmtime:
@@ -20,21 +22,21 @@ class NoWasmtime:
         if name.split(".")[0] == "wasmtime":
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 sys.meta_path.insert(0, NoWasmtime())
-from bench import gpu_check
-code = gpu_check.main(sys.argv[1:])
-assert "wasmtime" not in sys.modules
-sys.exit(code)
 """
 
 
 @pytest.mark.slow
 def test_the_dry_run_writes_its_json_and_markdown_without_wasmtime(tmp_path):
     out = tmp_path / "gpu-check"
-    run = subprocess.run([sys.executable, "-c", WITHOUT_WASMTIME, "--dry-run", "--models", "mlp",
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(WITHOUT_WASMTIME)
+    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}"}
+    run = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--dry-run", "--models", "mlp",
                           "--kernel-sizes", "32", "--repeats", "1", "--conformance-cases", "test_relu$", "--jobs", "1",
                           "--out", str(out / "build"), "--output", str(out / "gc.json"),
                           "--markdown", str(out / "gc.md")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert run.returncode == 0, run.stderr[-2000:]
     document = json.loads((out / "gc.json").read_text())
     assert {k["precision"] for k in document["kernels"]} == {"exact", "tf32", "fp16", "bf16"}
@@ -42,7 +44,7 @@ def test_the_dry_run_writes_its_json_and_markdown_without_wasmtime(tmp_path):
     assert all(k["relative_error"] < 1e-2 for k in document["kernels"])
     (row,) = document["models"]
     assert row["matches_onnxruntime"] and row["hybrid_max_error_vs_cuda"] < 1e-5 and "tf32_max_error" in row
-    assert sum(row["hybrid_placement"].values()) >= 1
+    assert set(row["hybrid_placement"]) <= {"cuda-sim", "onnxruntime"}    # no wasm without wasmtime
     assert document["hybrid"]["cus"] >= 1 and "crossover_flops" in document["hybrid"]
     assert document["conformance"]["summary"]["passed"] == 1
     markdown = (out / "gc.md").read_text()
