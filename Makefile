@@ -72,7 +72,7 @@ GPU_PACKAGES := 'jsonschema>=4.26,<4.27' 'attrs>=26.1,<26.2' 'referencing>=0.37,
                 'jsonschema-specifications>=2025.9,<2025.10' 'rpds-py>=0.30,<2026.10' 'xxhash>=4.1,<4.2' \
                 'onnx2torch>=1.5.15,<1.6' 'pytest>=9.2,<9.3' 'iniconfig>=2.3,<2.4' 'pluggy>=1.7,<1.8'
 gpu-check:
-	$(GPU_PYTHON) -m pip install --quiet --no-index --no-deps --find-links $(GPU_WHEELS) --target $(GPU_SITE) $(GPU_PACKAGES)
+	$(GPU_PYTHON) -m pip install --quiet --upgrade --no-index --no-deps --find-links $(GPU_WHEELS) --target $(GPU_SITE) $(GPU_PACKAGES)
 	PYTHONPATH=$(CURDIR):$(GPU_SITE) $(GPU_PYTHON) -m bench.gpu_check --out $(OUT)/gpu-check \
 	  --output $(OUT)/gpu-check.json --markdown $(OUT)/gpu-check.md
 
