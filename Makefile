@@ -7,7 +7,7 @@ OUT    ?= out
 SAMPLE ?= samples/cnn.onnx
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-all test-ray samples conformance bench bench-decompose bench-build bench-runtime bench-sandbox bench-js bench-specializations bench-ray gpu-check clean
+.PHONY: setup demo test test-all test-ray samples conformance bench bench-decompose bench-build bench-runtime bench-sandbox bench-js bench-specializations bench-ray gpu-check gpu-wheels gpu-check-dry-run bench-cuda-scratch clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -96,8 +96,37 @@ bench-sandbox: setup
 ## On a machine with an NVIDIA GPU: compile-cuda + run --device cuda on the samples, light models and
 ## MiniLM against onnxruntime, timed against onnxruntime's CUDA EP (or torch), plus conformance on cuda;
 ## writes its section of docs/benchmarks.md. Without a GPU: one line, exit code 2, nothing written.
-gpu-check: setup
-	$(BIN)/python -m bench.gpu_check --out $(OUT)/gpu-check --output $(OUT)/gpu-check.json
+# On the GPU machine, which has python3 with nvcc, torch, onnx, onnxruntime, cuda-bindings, NVRTC, typer,
+# rich, networkx and numpy and no network: no venv; the wheels `make gpu-wheels` fetched beforehand go
+# into a folder of their own (no dependencies resolved, nothing from the network), then the check
+# runs in under 8 minutes and writes $(OUT)/gpu-check.json and $(OUT)/gpu-check.md.
+GPU_PYTHON   ?= python3
+GPU_WHEELS   ?= $(OUT)/gpu-wheels
+GPU_SITE     ?= $(OUT)/gpu-site
+GPU_PACKAGES := 'jsonschema>=4.26,<4.27' 'attrs>=26.1,<26.2' 'referencing>=0.37,<0.38' \
+                'jsonschema-specifications>=2025.9,<2025.10' 'rpds-py>=0.30,<2026.10' 'xxhash>=4.1,<4.2' \
+                'onnx2torch>=1.5.15,<1.6' 'pytest>=9.2,<9.3' 'iniconfig>=2.3,<2.4' 'pluggy>=1.7,<1.8'
+gpu-check:
+	$(GPU_PYTHON) -m pip install --quiet --upgrade --no-index --no-deps --find-links $(GPU_WHEELS) --target $(GPU_SITE) $(GPU_PACKAGES)
+	PYTHONPATH=$(CURDIR):$(GPU_SITE) $(GPU_PYTHON) -m bench.gpu_check --out $(OUT)/gpu-check \
+	  --output $(OUT)/gpu-check.json --markdown $(OUT)/gpu-check.md
+
+## The wheels for gpu-check (about 1.6 MB per Python version): fetched here, carried to the GPU machine.
+GPU_PYTHONS ?= 3.10 3.11 3.12 3.13
+gpu-wheels: setup
+	for v in $(GPU_PYTHONS); do $(BIN)/pip download --quiet --no-deps --only-binary=:all: --python-version $$v \
+	  --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+	  -d $(GPU_WHEELS) $(GPU_PACKAGES) || exit 1; done
+
+## gpu-check's steps on cuda-sim and hybrid-sim with tiny sizes, where there is no GPU.
+gpu-check-dry-run: setup
+	$(BIN)/python -m bench.gpu_check --dry-run --models mlp --kernel-sizes 32 --repeats 1 \
+	  --conformance-cases 'test_relu$$' --out $(OUT)/gpu-check-dry --output $(OUT)/gpu-check-dry.json \
+	  --markdown $(OUT)/gpu-check-dry.md
 
 clean:
 	rm -rf $(OUT) .cache .pytest_cache
+
+## CUDA scratch space with and without reuse of temporaries (light models, MiniLM); no GPU needed.
+bench-cuda-scratch: setup
+	$(BIN)/python -m bench.cuda_scratch

@@ -108,11 +108,15 @@ class DeviceSpec:
     description: str = ""
     compile_options: dict = field(default_factory=dict)   # target options (as text) that suit this device
     sandboxed: bool = False                     # open takes a SandboxLimits; the device is a SandboxedDevice
+    # A device that spreads CUs over others: () -> the rule (cu record) -> the device that runs it.
+    place: Callable[[], Callable[[dict], str]] | None = None
 
 
 _TARGETS: dict[str, Target] = {}
 _DEVICES: dict[str, DeviceSpec] = {}
 _discovered = False
+_MISSING: dict[str, str] = {}     # backend folder -> the missing Python package that kept it out
+_PROJECT_PACKAGES = {"backends", "codegen", "cortex", "ir", "passes"}
 
 
 def register_target(target: Target) -> Target:
@@ -137,7 +141,20 @@ def _discover() -> None:
     _discovered = True
     for module in pkgutil.iter_modules([str(Path(__file__).parent)]):
         if module.ispkg:
-            importlib.import_module(f"{__package__}.{module.name}")
+            try:
+                importlib.import_module(f"{__package__}.{module.name}")
+            except ModuleNotFoundError as e:
+                # A backend whose Python package is not installed (wasmtime on a GPU machine) is
+                # absent; the others still work, and asking for it says what is missing.
+                if not e.name or e.name.split(".")[0] in _PROJECT_PACKAGES:
+                    raise
+                _MISSING[module.name] = e.name.split(".")[0]
+
+
+def _unknown(kind: str, name: str, known) -> CortexError:
+    if name in _MISSING:
+        return CortexError(f"{kind} {name!r} needs the Python package {_MISSING[name]!r}, which is not installed")
+    return CortexError(f"unknown {kind} {name!r}: expected one of {', '.join(known)}")
 
 
 def targets() -> dict[str, Target]:
@@ -153,12 +170,12 @@ def devices() -> dict[str, DeviceSpec]:
 def target(name: str) -> Target:
     known = targets()
     if name not in known:
-        raise CortexError(f"unknown target {name!r}: expected one of {', '.join(known)}")
+        raise _unknown("target", name, known)
     return known[name]
 
 
 def device(name: str) -> DeviceSpec:
     known = devices()
     if name not in known:
-        raise CortexError(f"unknown device {name!r}: expected one of {', '.join(known)}")
+        raise _unknown("device", name, known)
     return known[name]

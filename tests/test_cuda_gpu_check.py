@@ -32,15 +32,18 @@ def test_without_a_gpu_it_stops_with_one_line_and_leaves_the_docs_untouched(tmp_
 
 
 DOCUMENT = {
-    "gpu": "NVIDIA H100 80GB HBM3", "arch": "sm_90", "compiler": "nvcc 13.0", "commit": "abc1234",
-    "date": "2026-11-29 12:00 UTC", "repeats": 20,
+    "gpu": "NVIDIA H200", "arch": "sm_90", "device": "cuda", "compiler": "nvcc 13.0", "commit": "abc1234",
+    "date": "2026-11-29 12:00 UTC", "repeats": 20, "elapsed_s": 300,
+    "kernels": [{"size": 4096, "precision": "tf32", "ms": 2.0, "tflops": 68.72, "relative_error": 4e-4,
+                 "tensor_core_kernels": ["k"]}],
     "models": [
-        {"model": "cnn", "matches_onnxruntime": True, "cortex_cuda_ms": 0.5, "reference": "onnxruntime CUDA EP",
-         "reference_ms": 0.25},
-        {"model": "mlp", "matches_onnxruntime": True, "cortex_cuda_ms": 2.0, "reference": "onnxruntime CUDA EP",
-         "reference_ms": 1.0},
+        {"model": "cnn", "matches_onnxruntime": True, "cortex_ms": 0.5, "tflops": 0.1, "torch": "torch eager CUDA",
+         "torch_ms": 0.25, "hybrid_ms": 0.4, "hybrid_placement": {"cuda": 2, "onnxruntime": 1},
+         "hybrid_bytes_crossed": 4096, "tf32_ms": 0.45, "tf32_max_error": 3e-4},
+        {"model": "mlp", "matches_onnxruntime": True, "cortex_ms": 2.0, "torch": "torch eager CUDA", "torch_ms": 1.0},
         {"model": "minilm", "matches_onnxruntime": False, "error": "output 'y': 3 of 10 values off"},
     ],
+    "skipped": ["light_resnet50"],
     "conformance": {"exit_code": 0, "table": "docs/conformance-cuda.md",
                     "summary": {"counted": 1500, "passed": 1200, "failed": 3, "unsupported": 290, "crashed": 7,
                                 "pass_rate": 0.8}},
@@ -50,10 +53,12 @@ DOCUMENT = {
 def test_the_section_reports_each_model_the_geomean_and_the_conformance_figure():
     section = gpu_check.render_section(DOCUMENT)
     assert section.startswith(gpu_check.BEGIN) and section.rstrip().endswith(gpu_check.END)
-    assert "| cnn | yes | 0.500 | onnxruntime CUDA EP | 0.250 | 2.00 |" in section
+    assert "| cnn | yes | 0.500 | 0.100 | 0.250 | 2.00 | 0.400 | 0.80 | 2 cuda, 1 onnxruntime | 4096 | 0.450 | 3.0e-04 |" in section
     assert "| minilm | **no**: output 'y': 3 of 10 values off | n/a |" in section
-    assert "Geomean Cortex / reference (lower is faster): 2.00 over 2 models." in section
+    assert "| 4096 | tf32 | 2.000 | 68.72 | 1 | 4.0e-04 |" in section
+    assert "Geomean Cortex CUDA / torch eager CUDA (lower is faster): 2.00 over 2 models." in section
     assert "1200 of 1500 node-test cases that onnxruntime passes pass (80.0%)" in section
+    assert "Not run, for the time budget: light_resnet50." in section
 
 
 def test_rewriting_the_section_keeps_the_rest_of_the_page(tmp_path):

@@ -236,8 +236,8 @@ def test_inline_ptx_is_refused_clearly_and_its_fallback_runs(tmp_path):
 
 
 @pytest.mark.parametrize("construct,what", [
-    ("wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> a;", "tensor-core mma"),
-    ("__pipeline_memcpy_async(y, y + 1, 4);", "cp.async"),
+    ('asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {};");', r"inline PTX \(asm\), tensor-core mma"),
+    ("cuda::memcpy_async(y, y + 1, 4, bar);", "cp.async"),
     ("cooperative_groups::this_grid().sync();", "grid-wide sync"),
 ])
 def test_unemulated_features_are_refused_before_compiling(tmp_path, construct, what):

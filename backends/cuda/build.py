@@ -12,7 +12,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+import ml_dtypes
+import numpy as np
+
 from backends.cuda.render import CudaSource, render_cuda
+from backends.cuda.tensor_cores import PRECISIONS
 from backends.cuda.toolchain import (
     COMPILERS,
     DEFAULT_ARCHS,
@@ -25,6 +29,7 @@ from backends.cuda.toolchain import (
 )
 from backends.registry import BuiltCU
 from codegen.lower import lower_graph
+from ir import dtypes
 from ir.bounds import length_name
 from ir.errors import CortexError
 from ir.fs import sha256_bytes
@@ -32,6 +37,7 @@ from ir.graph import Graph
 from ir.options import option
 
 RECORD_SCHEMA = "cortex.cuda/1"
+NARROW_STORAGE = {dtypes.from_numpy(np.float16): "fp16", dtypes.from_numpy(np.dtype(ml_dtypes.bfloat16)): "bf16"}
 
 
 def _sha(data: bytes) -> str:
@@ -76,10 +82,33 @@ class CudaOptions:
         "Comma-separated GPU architectures for cubins.", parse=parse_archs, show=",".join))
     compiler: str = field(default="auto", metadata=option(
         f"One of {', '.join(COMPILERS)} (auto: nvcc when installed, else NVRTC).", choices=COMPILERS))
+    precision: str = field(default="exact", metadata=option(
+        "Input precision of the tensor-core GEMM/Conv kernels: exact (float32 FMA, no tensor cores), tf32, "
+        "fp16 or bf16 (rounded inputs, float32 sums; float32 contractions of at least 16x16x16 only).",
+        choices=PRECISIONS))
+
+
+def _has_tensor_cores(arch: str) -> bool:
+    """sm_80 or newer: what tf32 and bf16 fragments need (fp16 would do with sm_70)."""
+    return int(arch[3:].rstrip("abcdefghijklmnopqrstuvwxyz")) >= 80
 
 
 def check_toolchain(options: CudaOptions) -> None:
     choose_compiler(options.compiler)   # fail before any work when no compiler is usable
+    old = [arch for arch in options.arch if options.precision != "exact" and not _has_tensor_cores(arch)]
+    if old:   # tf32 and bf16 fragments need sm_80; one rule for all three keeps the option simple
+        raise CortexError(f"--precision {options.precision} needs tensor cores of sm_80 or newer; "
+                          f"--arch has {', '.join(old)}")
+
+
+def stored_weight_precision(graph: Graph) -> str:
+    """fp16 or bf16 when the graph's weights are stored narrow and widened by a Cast (a `--variants`
+    build, passes/narrow_weights.py), else exact."""
+    for node in graph.nodes:
+        source = node.inputs[0] if node.op_type == "Cast" and node.inputs else None
+        if source is not None and source.is_const and source.dtype in NARROW_STORAGE:
+            return NARROW_STORAGE[source.dtype]
+    return "exact"
 
 
 def toolchain_name(options: CudaOptions) -> str:
@@ -90,7 +119,12 @@ def toolchain_name(options: CudaOptions) -> str:
 
 def build_cu(graph: Graph, options: CudaOptions, cu_id: str) -> BuiltCU:
     program = lower_graph(graph)
-    source = render_cuda(program, prefix=cu_id.replace("-", "") + "_")
+    # A variant whose weights are already rounded to fp16 or bf16 also rounds the other operand on
+    # tensor cores: `cortex calibrate` measures the two roundings together in the variant's trust.
+    precision = options.precision
+    if precision == "exact" and all(_has_tensor_cores(arch) for arch in options.arch):
+        precision = stored_weight_precision(graph)
+    source = render_cuda(program, prefix=cu_id.replace("-", "") + "_", precision=precision)
     if not source.launches:
         record, files = _kernel_free_record(cu_id, source)
         return BuiltCU(files, record)
@@ -114,6 +148,8 @@ def build_cu(graph: Graph, options: CudaOptions, cu_id: str) -> BuiltCU:
         "resources": built.resources_json(),
         "spills": built.spilling_kernels(),
     }
+    if precision != "exact":   # what was asked for (or the variant's weights), and the kernels that got it
+        record["precision"] = {"requested": precision, "tensor_cores": source.tensor_cores}
     if program.bounds:   # data-dependent lengths (ir/bounds.py): which params carry them
         record["bounds"] = {name: {"axis": axis, "length": length_name(name)}
                             for name, (axis, _) in program.bounds.items()}

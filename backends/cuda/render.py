@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from backends.cuda.fuse import Unit, fuse_elementwise
 from backends.cuda.parallelize import ParallelNest, plan_parallel
 from backends.cuda.spelling import C_COMPUTE, C_STORAGE, PRELUDE, binary, cast, combine, identity, number, unary
+from backends.cuda.tensor_cores import HEADERS, choose_precision, launch_geometry, render_wmma_function
 from backends.cuda.tiled import TILE, TiledContraction, plan_tiled
 from backends.cuda.warp_rows import StridedLoop, plan_warp_rows
 from codegen.memory_plan import place_temporaries
@@ -66,6 +67,7 @@ class CudaSource:
     params: list[Param]
     weights: bytes
     scratch_bytes: int
+    tensor_cores: dict[str, str] = field(default_factory=dict)   # kernel -> precision of its inputs
 
     @property
     def kernel_names(self) -> list[str]:
@@ -76,16 +78,22 @@ def _align(n: int) -> int:
     return -(-max(n, 1) // ALIGN) * ALIGN
 
 
-def render_cuda(program: Program, prefix: str = "k", *, tiled: bool = True, epilogues: bool = True) -> CudaSource:
+def render_cuda(program: Program, prefix: str = "k", *, tiled: bool = True, epilogues: bool = True,
+                precision: str = "exact") -> CudaSource:
     """`tiled=False`: contractions stay one thread per output (no shared-memory tiles, hence no
     epilogues either); `epilogues=False`: they are tiled but the maps after them keep their own
-    launches. Both exist to compare a build against the plainer one (tests, and when in doubt)."""
-    return CudaRenderer(program, prefix, tiled=tiled, epilogues=epilogues).render()
+    launches. Both exist to compare a build against the plainer one (tests, and when in doubt).
+    `precision` (tf32, fp16, bf16): tiled contractions large enough run on tensor cores with their
+    inputs rounded to it (`tensor_cores`)."""
+    return CudaRenderer(program, prefix, tiled=tiled, epilogues=epilogues, precision=precision).render()
 
 
 class CudaRenderer:
-    def __init__(self, program: Program, prefix: str, *, tiled: bool = True, epilogues: bool = True):
+    def __init__(self, program: Program, prefix: str, *, tiled: bool = True, epilogues: bool = True,
+                 precision: str = "exact"):
         self.program = program
+        self.precision = precision
+        self.tensor_cores: dict[str, str] = {}
         self.tiled = tiled
         self.epilogues = tiled and epilogues
         self.prefix = re.sub(r"\W", "_", prefix)
@@ -139,8 +147,9 @@ class CudaRenderer:
         launches = fuse_elementwise(units, epilogues=self.epilogues)
         self.place_scratch(launches)
         functions = [self.emit(unit) for unit in launches]
-        return CudaSource(PRELUDE + "\n" + "\n".join(functions), self.launches, self.params,
-                          bytes(self.weight_blob), self.scratch)
+        prelude = PRELUDE + (HEADERS if self.tensor_cores else "")
+        return CudaSource(prelude + "\n" + "\n".join(functions), self.launches, self.params,
+                          bytes(self.weight_blob), self.scratch, self.tensor_cores)
 
     def units(self, index: int, kernel: Kernel) -> list[Unit]:
         """The launches one node's kernel needs: a parallel nest each, serial statements grouped."""
@@ -172,6 +181,13 @@ class CudaRenderer:
             block = min(BLOCK_THREADS, -(-threads // 32) * 32)
             self.launches.append(Launch(name, node_kernels, op_types, -(-threads // block), block, threads))
             return self.fused_function(unit)
+        precision = choose_precision(tiled, self.precision)
+        if tiled is not None and precision != "exact":
+            grid, block = launch_geometry(tiled)
+            m, n, b = (tiled.extent(x) for x in (tiled.rows, tiled.cols, tiled.batch))
+            self.launches.append(Launch(name, node_kernels, op_types, grid, block, m * n * b))
+            self.tensor_cores[name] = precision
+            return render_wmma_function(self, unit, tiled, precision)
         if tiled is not None:
             m, n, b = (tiled.extent(x) for x in (tiled.rows, tiled.cols, tiled.batch))
             self.launches.append(Launch(name, node_kernels, op_types, [-(-n // TILE), -(-m // TILE), b],

@@ -36,14 +36,17 @@ from ir.errors import CortexError
 
 SIM_DIR = Path(__file__).parent / "sim"
 SHIM = SIM_DIR / "cuda_sim_shim.h"
+WMMA = SIM_DIR / "cuda_sim_wmma.h"       # included by the shim
 RUNTIME = SIM_DIR / "cuda_sim_runtime.cpp"
 SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer", "-g")
 
 # What host emulation cannot do, spotted in the code that is active after preprocessing.
 _UNEMULATED = [
     (re.compile(r"\basm\b|\b__asm__\b"), "inline PTX (asm)"),
-    (re.compile(r"\bwmma::|\bmma_sync\b|\bmma\.sync\b|\bwgmma\b"), "tensor-core mma"),
-    (re.compile(r"\bcp\.async\b|__pipeline_memcpy_async|\bmemcpy_async\b|cp\.async\.bulk|\bcuda::barrier\b"), "cp.async / TMA copies"),
+    # The WMMA C++ API (`wmma::mma_sync`) and `__pipeline_memcpy_async` are emulated (sim/cuda_sim_wmma.h);
+    # the PTX instructions underneath them are not.
+    (re.compile(r"\bmma\.sync\b|\bwgmma\b"), "tensor-core mma"),
+    (re.compile(r"\bcp\.async\b|(?<!__pipeline_)\bmemcpy_async\b|cp\.async\.bulk|\bcuda::barrier\b"), "cp.async / TMA copies"),
     (re.compile(r"\bthis_grid\s*\(|\bgrid_group\b|\bcudaLaunchCooperativeKernel\b"), "grid-wide sync"),
 ]
 _KERNEL = re.compile(r"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(")
@@ -129,7 +132,7 @@ def build(source_path: str | os.PathLike, *, sanitize: bool = False, opt: str = 
     flags = ["-std=c++20", opt, "-fPIC", "-fvisibility=hidden", "-pthread",
              *(f"-D{d}" for d in defines), *(SANITIZE_FLAGS if sanitize else ())]
     key = hashlib.sha256()
-    for part in (source, SHIM.read_text(), RUNTIME.read_text(), wrapper_text, " ".join(flags), compiler()):
+    for part in (source, SHIM.read_text(), WMMA.read_text(), RUNTIME.read_text(), wrapper_text, " ".join(flags), compiler()):
         key.update(part.encode() + b"\0")
     library = cache_dir() / f"{source_path.stem}-{key.hexdigest()[:20]}.so"
     if library.exists():

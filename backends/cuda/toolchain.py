@@ -101,6 +101,15 @@ def find_nvcc() -> str | None:
 
 
 @cache
+def toolkit_include() -> str | None:
+    """A CUDA toolkit's include folder, for the headers NVRTC does not build in (`mma.h`,
+    `cuda_pipeline.h`, which the tensor-core kernels include)."""
+    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda",
+             *sorted(str(p) for p in Path("/usr/local").glob("cuda-*"))[::-1]]
+    return next((str(Path(r) / "include") for r in roots if r and (Path(r) / "include" / "mma.h").is_file()), None)
+
+
+@cache
 def nvrtc_version() -> str | None:
     try:
         from cuda.bindings import nvrtc
@@ -167,6 +176,8 @@ def _compile_nvrtc(source: str, name: str, archs: Sequence[str], ptx_arch: str) 
         _check_nvrtc(result, name)
         try:
             options = [f"--gpu-architecture={arch}".encode(), *(f.encode() for f in COMMON_FLAGS)]
+            if "#include <mma.h>" in source and toolkit_include():
+                options.append(f"--include-path={toolkit_include()}".encode())
             if verbose:
                 options += [b"--ptxas-options=-v", b"--ptxas-options=-warn-spills"]
             (compiled,) = nvrtc.nvrtcCompileProgram(program, len(options), options)

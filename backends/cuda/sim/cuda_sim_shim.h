@@ -5,8 +5,9 @@
 // is per block because the blocks a host thread runs run one at a time, each CUDA thread of a block
 // being a fiber on that host thread (cuda_sim_runtime.cpp); threadIdx/blockIdx/blockDim/gridDim read
 // the running fiber's state; barriers, shuffles and votes are cooperative points where fibers yield.
-// What it refuses: inline PTX, tensor cores (mma), cp.async/TMA and grid-wide sync; sim.py rejects a
-// source whose active code uses them before compiling it.
+// The WMMA API and cuda_pipeline's async copies are emulated (cuda_sim_wmma.h). What it refuses:
+// inline PTX (the mma.sync, wgmma and cp.async instructions with it), cuda::memcpy_async/barrier (TMA)
+// and grid-wide sync; sim.py rejects a source whose active code uses them before compiling it.
 #pragma once
 
 // Standard headers first, before any macro below could touch them.
@@ -312,3 +313,6 @@ template <class... A> int launch_kernel(void (*kernel)(A...), const LaunchConfig
     thread_local type name[CUDA_SIM_MAX_DYNAMIC_SHARED / sizeof(type)] __attribute__((aligned(16)));    \
     static int cuda_sim_registered_##name = cuda_sim::register_dynamic_shared(                           \
         [] { return static_cast<void*>(name); }, sizeof(name));
+
+// Tensor cores (WMMA), bfloat16 and cuda_pipeline's async copies.
+#include "cuda_sim_wmma.h"
