@@ -24,6 +24,7 @@ CUs were compiled and how many reused.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -181,7 +182,7 @@ def compile_specializations(target: Target, cu_dir: Path, output: Path, options,
             records[name][cu["id"]] = result.record
             if on_cu:
                 on_cu(f"{name} {cu['id']}")
-        index = {"schema": INDEX_SCHEMA.format(target=target.name), "options": _as_json(options),
+        index = {"schema": INDEX_SCHEMA.format(target=target.name), "options": options_json(options),
                  "specializations": records}
         (folder / "index.json").write_text(json.dumps(index, indent=2) + "\n")
         return records
