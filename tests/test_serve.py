@@ -279,3 +279,28 @@ def test_serve_refuses_bad_options_in_one_line(served, tmp_path):
     assert_one_line_error(code, err, "dag.json")
     code, _, err = run_cli(["serve", dag_path, "--port", str(server.port)])
     assert_one_line_error(code, err, f"--port {server.port}: cannot listen there")
+
+
+def test_a_memory_budget_keeps_each_instance_within_it_and_answers_correctly(tmp_path):
+    dag_path = build(two_output_model(), tmp_path / "tiny")
+    dag = json.loads(dag_path.read_text())
+    pages = [-(-cu["artifacts"]["wasm"]["memory"]["memory_bytes"] // 65536) * 65536 for cu in dag["cus"]]
+    assert len(pages) > 1
+    budget_mb = max(pages) / (1 << 20)       # room for the largest CU alone: every other CU is evicted for it
+    server = Server(dag_path, "--memory-budget", repr(budget_mb), "--policy", "strict")
+    try:
+        for seed in range(3):
+            x = sample(seed)
+            status, document = server.infer({"inputs": [tensor("x", x)]}, headers={"X-Cortex-Trace": "true"})
+            assert status == 200, document
+            for name in ("y1", "y2"):
+                np.testing.assert_allclose(output_array(document, name), reference(dag_path, x)[name],
+                                           rtol=1e-5, atol=1e-5)
+            memory = json.loads(document["parameters"]["cortex_trace"])["memory"]
+            assert memory["budget_bytes"] == max(pages)
+            assert memory["peak_resident_bytes"] <= max(pages)
+        metrics = server.metrics()
+        assert metrics['cortex_memory_loaded_bytes_total{model="tiny"}'] > 0
+        assert metrics['cortex_evictions_total{model="tiny"}'] > 0
+    finally:
+        server.stop()
