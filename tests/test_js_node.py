@@ -1,6 +1,7 @@
 """The JavaScript runtime (js/) under Node's test runner, on models the Python side compiled, against
 onnxruntime's outputs: the samples, a decomposed If (branch CUs), a two-output model (requested
-outputs) by default; the light models and MiniLM in the slow run."""
+outputs), shape specializations (exact shapes, a refused shape, padding to a bucket) and
+external weights (a tampered file refused) by default; the light models and MiniLM in the slow run."""
 
 from __future__ import annotations
 
@@ -9,14 +10,25 @@ import json
 import numpy as np
 import onnx
 import pytest
-from js_cases import CASES_DIR, NODE, compiled_case, run_node_tests, write_case
+from js_cases import (
+    CASES_DIR,
+    NODE,
+    compiled_case,
+    run_node_tests,
+    write_case,
+    write_requests,
+)
 from onnx import TensorProto, helper, numpy_helper
 from test_conditional_cus import build, feeds_for, if_model
 from test_data_dependent import compile_wasm, detection_feeds, detection_model
 from test_fallback_cus import WIDTH, mixed_model
+from test_specializations import build as build_specialized
+from test_specializations import conv_model, masked_attention_model
 from testdata import light_model, minilm, run_onnxruntime, sample_model
 from wasm_cases import compile_pipeline
 
+import cortex
+from cortex.runtime.specialized import SpecializedModel
 from samples.cache import ensure_folder
 
 pytestmark = pytest.mark.skipif(NODE is None, reason="node is not installed")
@@ -92,11 +104,101 @@ def bounded_case():
     return ensure_folder(CASES_DIR / "bounded-lengths", make) / "case.json"
 
 
+def _with(case_json, **extra) -> None:
+    """Adds what js/test/specialized.test.js reads to a case.json: `specialized` (the compiled shapes
+    as the Python runtime lists them, a shape it refuses, padded requests with Python's outputs) and
+    `external_weights`."""
+    case = json.loads(case_json.read_text())
+    case.update(extra)
+    case_json.write_text(json.dumps(case, indent=1))
+
+
+def _side_requests(case_folder, name: str, requests: list[dict]) -> list[dict]:
+    """`requests` written into a subfolder (their files named as the case's own would be)."""
+    (case_folder / name).mkdir()
+    described = write_requests(case_folder / name, requests)
+    for entry in described:
+        for spec in [*entry["inputs"].values(), *entry["outputs"].values()]:
+            spec["file"] = f"{name}/{spec['file']}"
+    return described
+
+
+def conv_widths_case():
+    """The Conv model built for widths 16 and 32 (cortex.dag/2, the weights in files both share)."""
+    def make(tmp):
+        model = conv_model(tmp / "line.onnx")
+        dag = build_specialized(model, tmp / "out", "--input-shape", "x=1x3x8x16,1x3x8x32")
+        rng = np.random.default_rng(5)
+        requests = []
+        for width in (16, 32, 16):
+            feeds = {"x": rng.standard_normal((1, 3, 8, width)).astype(np.float32)}
+            requests.append({"inputs": feeds, "outputs": run_onnxruntime(onnx.load(model), feeds)})
+        write_case(tmp, "specialized-widths", dag, requests, 1e-4, 1e-5)
+        python = cortex.load(dag)
+        assert isinstance(python, SpecializedModel)
+        refused = _side_requests(tmp, "refused", [{"inputs": {"x": np.zeros((1, 3, 8, 24), np.float32)}, "outputs": {}}])
+        _with(tmp / "case.json", specialized={"compiled_for": python.compiled_shapes(), "refused": refused[0]["inputs"],
+                                              "refused_text": "x=1x3x8x24", "pad": None})
+    return ensure_folder(CASES_DIR / "specialized-widths", make) / "case.json"
+
+
+def masked_seq_case():
+    """The masked attention built for seq=8,16: exact lengths, and lengths 5 and 11 padded up to
+    the next bucket, against the Python runtime's padded outputs (and onnxruntime's)."""
+    def make(tmp):
+        model = masked_attention_model(tmp / "masked.onnx")
+        dag = build_specialized(model, tmp / "out", "--dim", "seq=8,16")
+        rng = np.random.default_rng(6)
+
+        def feeds_of(length):
+            ids = rng.integers(0, 50, (1, length)).astype(np.int64)
+            return {"ids": ids, "mask": np.ones_like(ids)}
+        exact = [feeds_of(n) for n in (8, 16)]
+        write_case(tmp, "specialized-seq", dag, [{"inputs": f, "outputs": run_onnxruntime(onnx.load(model), f)}
+                                                 for f in exact], 1e-4, 1e-5)
+        python = cortex.load(dag, pad_to_bucket="seq", pad_value=0)
+        padded = []
+        for n, bucket in ((5, "seq=8"), (11, "seq=16")):
+            feeds = feeds_of(n)
+            got = python.run(feeds)
+            assert python.specialization == bucket and got["y"].shape == (1, n, 16)
+            np.testing.assert_allclose(got["y"], run_onnxruntime(onnx.load(model), feeds)["y"], rtol=1e-4, atol=1e-5)
+            padded.append({"inputs": feeds, "outputs": got, "specialization": bucket})
+        described = _side_requests(tmp, "padded", padded)
+        for entry, request in zip(described, padded):
+            entry["specialization"] = request["specialization"]
+        refused = _side_requests(tmp, "refused", [{"inputs": feeds_of(20), "outputs": {}}])
+        _with(tmp / "case.json", specialized={"compiled_for": python.compiled_shapes(), "refused": refused[0]["inputs"],
+                                              "refused_text": "ids=1x20 mask=1x20",
+                                              "pad": {"bucket": "seq", "value": 0, "requests": described}})
+    return ensure_folder(CASES_DIR / "specialized-seq", make) / "case.json"
+
+
+def external_weights_case():
+    """One shape, compiled with --external-weights: content-addressed modules and weight files."""
+    def make(tmp):
+        model = conv_model(tmp / "line.onnx")
+        dag = build_specialized(model, tmp / "out", "--input-shape", "x=1x3x8x16",
+                                compile_options=("--external-weights",))
+        record = json.loads(dag.read_text())["cus"][0]["artifacts"]["wasm"]
+        assert record["path"].startswith("wasm-bin/modules/") and record["weights"]
+        feeds = {"x": np.random.default_rng(7).standard_normal((1, 3, 8, 16)).astype(np.float32)}
+        write_case(tmp, "external-weights", dag, [{"inputs": feeds, "outputs": run_onnxruntime(onnx.load(model), feeds)}],
+                   1e-4, 1e-5)
+        _with(tmp / "case.json", external_weights=True)
+    return ensure_folder(CASES_DIR / "external-weights", make) / "case.json"
+
+
 def test_node_runs_the_samples_branches_requested_outputs_fallbacks_and_bounded_lengths(tmp_path):
     cases = [compiled_case(sample_model(name), features, opt_level="3" if "relaxed" in features else "2",
                            min_cu_size=256, max_cu_depth=3)
              for name, features in SAMPLE_FEATURES.items()]
     run_node_tests([*cases, branch_case(), two_outputs_case(), fallback_case(), bounded_case()], tmp_path)
+
+
+def test_node_runs_shape_specializations_and_external_weights(tmp_path):
+    cases = [conv_widths_case(), masked_seq_case(), external_weights_case()]
+    run_node_tests(cases, tmp_path, "models.test.js", "specialized.test.js")
 
 
 @pytest.mark.slow
