@@ -6,10 +6,13 @@ external weights (a tampered file refused) by default; the light models and Mini
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 
 import numpy as np
 import onnx
 import pytest
+from cli_helpers import run_cli
 from js_cases import (
     CASES_DIR,
     NODE,
@@ -198,7 +201,15 @@ def test_node_runs_the_samples_branches_requested_outputs_fallbacks_and_bounded_
 
 def test_node_runs_shape_specializations_and_external_weights(tmp_path):
     cases = [conv_widths_case(), masked_seq_case(), external_weights_case()]
-    run_node_tests(cases, tmp_path, "models.test.js", "specialized.test.js")
+    report = run_node_tests(cases, tmp_path, "models.test.js", "specialized.test.js")
+    expected = [f"{name}: {what}" for name in ("specialized-widths", "specialized-seq")
+                for what in ("each compiled shape runs on its specialization",
+                             "a shape no specialization holds is refused in one line naming the compiled ones",
+                             "a tampered weight file is refused at create, naming it and its CU")]
+    expected += ["specialized-seq: padding to a bucket gives the Python runtime's outputs",
+                 "external-weights: a tampered weight file is refused at create, naming it and its CU"]
+    passed = set(re.findall(r"^ok \d+ - (.+)$", report, re.MULTILINE))
+    assert not set(expected) - passed, report[-3000:]
 
 
 @pytest.mark.slow
@@ -208,3 +219,53 @@ def test_node_runs_the_light_models_and_minilm(tmp_path):
              for name in LIGHT_MODEL_NAMES if name not in LARGE_LIGHT_MODELS]
     cases.append(compiled_case(minilm(1, 128), rtol=1e-3, atol=1e-4))
     run_node_tests(cases, tmp_path, "models.test.js")
+
+
+BUNDLED_RUN = """
+const [site] = process.argv.slice(1);
+const { InferenceSession, exampleFeeds } = await import(`${site}/cortex-runtime/index.js`);
+const session = await InferenceSession.create(`${site}/dag.json`);
+const outputs = await session.run(exampleFeeds(session.inputMetadata));
+console.log(JSON.stringify({specialization: session.specialization, inputs: session.inputMetadata,
+  outputs: Object.fromEntries(Object.entries(outputs).map(([n, t]) => [n, {dims: t.dims, data: Array.from(t.data)}]))}));
+"""
+
+
+def _example_feeds(inputs: list[dict]) -> dict:
+    """`cortex run --example-inputs`: floats arange(n) / n, integers zero."""
+    feeds = {}
+    for spec in inputs:
+        n = int(np.prod(spec["shape"]))
+        dtype = np.dtype(spec["dtype"])
+        values = np.arange(n, dtype=np.float64) / max(n, 1) if dtype.kind == "f" else np.zeros(n)
+        feeds[spec["name"]] = values.astype(dtype).reshape(spec["shape"])
+    return feeds
+
+
+@pytest.mark.parametrize("case", ["specialized-widths", "external-weights"])
+def test_a_bundle_of_a_specialized_or_external_weights_build_runs_its_first_shape(tmp_path, case):
+    case_json = {"specialized-widths": conv_widths_case, "external-weights": external_weights_case}[case]()
+    dag = case_json.parent / json.loads(case_json.read_text())["dag"]
+    site = tmp_path / "site"
+    code, out, err = run_cli(["bundle", dag, "--output", site, "--json"])
+    assert code == 0, err
+    document = json.loads(dag.read_text())
+    sections = document.get("specializations", [document])
+    records = [cu["artifacts"]["wasm"] for s in sections for cu in s["cus"]]
+    named = {r["path"] for r in records} | {w["path"] for r in records for w in r.get("weights", [])}
+    copied = {str(p.relative_to(site)) for p in site.rglob("*") if p.is_file()} - {"dag.json", "index.html", "main.js"}
+    assert {p for p in copied if not p.startswith("cortex-runtime/")} == named        # each file once, nothing else
+    assert json.loads(out)["files"] == len(named)
+    done = subprocess.run([NODE, "--input-type=module", "-e", BUNDLED_RUN, str(site)], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    ran = json.loads(done.stdout)
+    first = sections[0]
+    assert ran["specialization"] == first.get("name")
+    assert [i["shape"] for i in ran["inputs"]] == [i["shape"] for i in first["inputs"]]
+    feeds = _example_feeds(first["inputs"])
+    want = cortex.load(dag).run(feeds)
+    for name, value in want.items():
+        assert ran["outputs"][name]["dims"] == list(value.shape)
+        np.testing.assert_allclose(np.array(ran["outputs"][name]["data"], np.float32).reshape(value.shape), value,
+                                   rtol=0, atol=0)
