@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 
 import numpy as np
 import onnx
 import pytest
-from cli_helpers import run_cli
+from cli_helpers import assert_one_line_error, run_cli
 from js_cases import (
     CASES_DIR,
     NODE,
@@ -269,3 +270,18 @@ def test_a_bundle_of_a_specialized_or_external_weights_build_runs_its_first_shap
         assert ran["outputs"][name]["dims"] == list(value.shape)
         np.testing.assert_allclose(np.array(ran["outputs"][name]["data"], np.float32).reshape(value.shape), value,
                                    rtol=0, atol=0)
+
+
+def test_bundle_refuses_a_tampered_weight_file_in_one_line_and_writes_nothing(tmp_path):
+    case_json = external_weights_case()
+    source = case_json.parent / "out"
+    copy = tmp_path / "out"
+    shutil.copytree(source, copy)
+    record = json.loads((copy / "dag.json").read_text())["cus"][0]["artifacts"]["wasm"]
+    weight = copy / record["weights"][0]["path"]
+    data = bytearray(weight.read_bytes())
+    data[0] ^= 1
+    weight.write_bytes(bytes(data))
+    code, _, err = run_cli(["bundle", copy / "dag.json", "--output", tmp_path / "site"])
+    assert_one_line_error(code, err, weight.name, "sha256 differs")
+    assert not (tmp_path / "site").exists()

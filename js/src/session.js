@@ -12,6 +12,7 @@ import { ModuleFiles, loadWasmUnit } from "./modules.js";
 import { policy as resolvePolicy } from "./policy.js";
 import { Scheduler } from "./scheduler.js";
 import { Buckets, compiledShapes, exactSection, feedShapes, shapesText } from "./specialized.js";
+import { Tensor } from "./tensor.js";
 import { emptyTrace, requestTrace } from "./trace.js";
 import { WeightFiles } from "./weights.js";
 
@@ -152,7 +153,9 @@ export class InferenceSession {
     const chosen = options.policy === undefined ? this.policy : resolvePolicy(options.policy);
     const names = requestedOutputs(fetches, this.dag.outputs);
     if (this.sections[0].name === null) return this.runOn(0, feeds, names, chosen);
-    if (typeof feeds !== "object" || feeds === null || Array.isArray(feeds)) checkedFeeds(feeds, this.dag.inputs);
+    if (typeof feeds !== "object" || feeds === null || Array.isArray(feeds) || feeds instanceof Tensor) {
+      checkedFeeds(feeds, this.dag.inputs);          // refuses it with the single-shape message
+    }
     const shapes = feedShapes(feeds);
     const exact = exactSection(this.sections, shapes);
     if (exact >= 0) return this.runOn(exact, feeds, names, chosen);
