@@ -128,7 +128,8 @@ def _side_requests(case_folder, name: str, requests: list[dict]) -> list[dict]:
 
 
 def conv_widths_case():
-    """The Conv model built for widths 16 and 32 (cortex.dag/2, the weights in files both share)."""
+    """The Conv model built for widths 16 and 32 (cortex.dag/2, the weights in files both share),
+    and width 10 padded with 0.5 up to 16 by the Python runtime."""
     def make(tmp):
         model = conv_model(tmp / "line.onnx")
         dag = build_specialized(model, tmp / "out", "--input-shape", "x=1x3x8x16,1x3x8x32")
@@ -140,10 +141,19 @@ def conv_widths_case():
         write_case(tmp, "specialized-widths", dag, requests, 1e-4, 1e-5)
         python = cortex.load(dag)
         assert isinstance(python, SpecializedModel)
-        refused = _side_requests(tmp, "refused", [{"inputs": {"x": np.zeros((1, 3, 8, 24), np.float32)}, "outputs": {}}])
+        refused = _side_requests(tmp, "refused", [{"inputs": {"x": np.zeros((1, 3, 8, 40), np.float32)}, "outputs": {}}])
+        # Padding along an input given several shapes, with a pad value that is not zero: the
+        # Conv sees it, so this checks the rule and the value, not the model's accuracy.
+        padding = cortex.load(dag, pad_to_bucket="x", pad_value=0.5)
+        feeds = {"x": rng.standard_normal((1, 3, 8, 10)).astype(np.float32)}
+        padded = [{"inputs": feeds, "outputs": padding.run(feeds)}]
+        assert padding.specialization == "x=1x3x8x16" and padded[0]["outputs"]["y"].shape == (1, 8, 8, 10)
+        described = _side_requests(tmp, "padded", padded)
+        described[0]["specialization"] = "x=1x3x8x16"
         _with(tmp / "case.json", specialized={"compiled_for": python.compiled_shapes(), "refused": refused[0]["inputs"],
-                                              "refused_text": "x=1x3x8x24", "pad": None})
-    return ensure_folder(CASES_DIR / "specialized-widths", make) / "case.json"
+                                              "refused_text": "x=1x3x8x40",
+                                              "pad": {"bucket": "x", "value": 0.5, "requests": described}})
+    return ensure_folder(CASES_DIR / "specialized-widths-padded", make) / "case.json"
 
 
 def masked_seq_case():
@@ -207,8 +217,9 @@ def test_node_runs_shape_specializations_and_external_weights(tmp_path):
                 for what in ("each compiled shape runs on its specialization",
                              "a shape no specialization holds is refused in one line naming the compiled ones",
                              "a tampered weight file is refused at create, naming it and its CU")]
-    expected += ["specialized-seq: padding to a bucket gives the Python runtime's outputs",
-                 "external-weights: a tampered weight file is refused at create, naming it and its CU"]
+    expected += [f"{name}: padding to a bucket gives the Python runtime's outputs"
+                 for name in ("specialized-widths", "specialized-seq")]
+    expected.append("external-weights: a tampered weight file is refused at create, naming it and its CU")
     passed = set(re.findall(r"^ok \d+ - (.+)$", report, re.MULTILINE))
     assert not set(expected) - passed, report[-3000:]
 
