@@ -6,6 +6,10 @@ The bundle's dag.json is the compiled one less what the browser runtime never re
 model (a file outside the folder, for the offline policy) and reduced-precision variants. Each
 module is copied after its sha256 is checked against dag.json, so a stale build is refused here
 rather than in the browser. The folder is built beside --output and renamed into place.
+
+A dag.json of shape specializations (cortex.dag/2) or of `compile-wasm --external-weights` names
+content-addressed modules and weight files that several CUs and specializations share: each is
+checked and copied once. The page runs the first specialization's shapes.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import typer
 
 from cortex.console import print_json, print_summary
 from cortex.dag import read_dag, validate_dag
+from cortex.specializations import is_specialized, read_specialized_dag, section_dag
 from ir.errors import CortexError
 from ir.fs import (
     confined_path,
@@ -37,9 +42,11 @@ def bundle(
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
 ) -> None:
     """Write a static site that runs the model in a browser: dag.json, modules, JS runtime, example page."""
-    document = read_dag(dag)
+    specialized = is_specialized(dag)
+    document = read_specialized_dag(dag) if specialized else read_dag(dag)
+    sections = document["specializations"] if specialized else [document]
     sources = _runtime_sources()
-    files = _artifacts(document, dag)
+    files = _artifacts([cu for section in sections for cu in section["cus"]], dag)
     if dag.resolve().is_relative_to(output.resolve()):      # replacing --output would delete the model
         raise CortexError(f"--output {output}: it holds {dag}; bundle into another folder")
 
@@ -49,7 +56,8 @@ def bundle(
             write_bytes_atomically(folder / relative, data)
             total += len(data)
         bundled = _bundled_dag(document)
-        validate_dag(bundled)
+        for section in bundled.get("specializations", [bundled]):
+            validate_dag(section_dag(section) if specialized else section)
         write_bytes_atomically(folder / "dag.json", jsonlib.dumps(bundled, indent=2).encode())
         (folder / RUNTIME_FOLDER).mkdir()
         for source in sources:
@@ -59,8 +67,9 @@ def bundle(
         return total
 
     module_bytes = write_directory_atomically(output, fill)
-    summary = {"output": str(output), "cus": len(document["cus"]), "files": len(files), "module_bytes": module_bytes,
-               "runtime": f"{RUNTIME_FOLDER}/ ({len(sources)} files)", "page": "index.html"}
+    summary = {"output": str(output), "cus": sum(len(s["cus"]) for s in sections), "files": len(files),
+               "module_bytes": module_bytes, "runtime": f"{RUNTIME_FOLDER}/ ({len(sources)} files)", "page": "index.html",
+               "specializations": [s["name"] for s in sections] if specialized else []}
     if json:
         print_json(summary)
     else:
@@ -77,20 +86,27 @@ def _runtime_sources() -> list[Path]:
     return sources
 
 
-def _artifacts(document: dict, dag: Path) -> dict[str, bytes]:
-    """Each file the browser fetches, by its path relative to dag.json, its sha256 checked."""
+def _artifacts(cus: list[dict], dag: Path) -> dict[str, bytes]:
+    """Each file the browser fetches (modules, weight files, fallback models), by its path relative
+    to dag.json, its sha256 checked once however many CUs name it."""
     files = {}
-    for cu in document["cus"]:
+    for cu in cus:
         record = {"path": cu["path"], "sha256": cu["sha256"]} if "runs_on" in cu else cu.get("artifacts", {}).get("wasm")
         if record is None:
             raise CortexError(f"{dag}: {cu['id']} has no wasm artifact; run 'cortex compile-wasm --dag {dag}' first")
-        path = confined_path(dag.parent, record["path"])       # read_dag checked it stays inside
-        files[record["path"]] = read_artifact(path, record["sha256"], f"{dag} ({cu['id']})",
-                                              f"rerun 'cortex compile-wasm --dag {dag}'")
+        for entry in [record, *record.get("weights", ())]:
+            if entry["path"] in files:
+                continue
+            path = confined_path(dag.parent, entry["path"])       # read_dag checked it stays inside
+            files[entry["path"]] = read_artifact(path, entry["sha256"], f"{dag} ({cu['id']})",
+                                                 f"rerun 'cortex compile-wasm --dag {dag}'")
     return files
 
 
 def _bundled_dag(document: dict) -> dict:
     bundled = {k: v for k, v in document.items() if k != "source_model"}
-    bundled["cus"] = [{k: v for k, v in cu.items() if k != "variants"} for cu in document["cus"]]
+    if "specializations" in document:
+        bundled["specializations"] = [_bundled_dag(section) for section in document["specializations"]]
+    else:
+        bundled["cus"] = [{k: v for k, v in cu.items() if k != "variants"} for cu in document["cus"]]
     return bundled

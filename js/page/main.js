@@ -1,6 +1,7 @@
 // The example page of `cortex bundle`: load dag.json and its modules, run the model once on the
-// example inputs, show the outputs and a bar chart of each CU's time. `window.cortexBundle` holds
-// what the page found, for scripts that drive it (the tests read it).
+// example inputs (the first specialization's, for a dag.json of several input shapes), show the
+// outputs and a bar chart of each CU's time. `window.cortexBundle` holds what the page found, for
+// scripts that drive it (the tests read it).
 import { InferenceSession, exampleFeeds } from "./cortex-runtime/index.js";
 
 const SHOWN_VALUES = 8;
@@ -53,12 +54,14 @@ async function main() {
   $("model").textContent = session.dag.model?.name ?? "the model";
   const outputs = await session.run(exampleFeeds(session.inputMetadata));
   const trace = session.lastTrace;
-  $("status").textContent = `Loaded ${session.dag.cus.length} CUs in ${loadMs.toFixed(1)} ms (fetch, sha256, compile); `
+  const on = session.specialization === null ? "" : ` (specialization ${session.specialization}, `
+    + `one of ${session.sections.length})`;
+  $("status").textContent = `Loaded ${session.dag.cus.length} CUs${on} in ${loadMs.toFixed(1)} ms (fetch, sha256, compile); `
     + `ran ${trace.activated_cus.length} in ${(trace.total_seconds * 1e3).toFixed(2)} ms.`;
   $("status").dataset.state = "done";
   table(outputs);
   chart(trace.cus);
-  return { status: "done", loadMs, trace,
+  return { status: "done", loadMs, trace, specialization: session.specialization,
     outputs: Object.fromEntries(Object.entries(outputs).map(([name, t]) => [name,
       { type: t.type, dims: [...t.dims], data: Array.from(t.data, Number) }])) };
 }

@@ -1,15 +1,19 @@
-// dag.json (`cortex.dag/1`) as this runtime reads it: the checks that keep a run from failing
-// halfway (the schema version, an artifact for every CU, files inside dag.json's folder). The
-// Python side validates the whole JSON Schema when it writes the file.
+// dag.json as this runtime reads it: the checks that keep a run from failing halfway (the schema
+// version, an artifact for every CU, files inside dag.json's folder). The Python side validates
+// the whole JSON Schema when it writes the file. A `cortex.dag/2` dag.json (shape
+// specializations, cortex/specializations.py) holds one cortex.dag/1 body per input shape; each
+// is checked as a dag.json of its own, and they must agree on the interface and differ in shapes.
 import { CortexError } from "./errors.js";
 import { fileUrl } from "./loader.js";
 
 export const DAG_SCHEMA = "cortex.dag/1";
+export const SPECIALIZED_DAG_SCHEMA = "cortex.dag/2";
 
 /** @typedef {{name: string, offset: number, bytes: number, dtype: string, shape: number[],
  *             bound?: {axis: number, length_offset: number}}} PlanEntry */
 /** @typedef {{memory_bytes: number, inputs: PlanEntry[], outputs: PlanEntry[]}} MemoryPlan */
-/** @typedef {{path: string, sha256: string, bytes: number, options: {features: string[]}, memory: MemoryPlan}} WasmRecord */
+/** @typedef {{path: string, sha256: string, bytes: number, options: {features: string[]}, memory: MemoryPlan,
+ *             weights?: import("./weights.js").WeightEntry[]}} WasmRecord */
 /** @typedef {{id: string, path: string, sha256: string, inputs: string[], outputs: string[], op_types?: string[],
  *             artifacts?: {wasm?: WasmRecord}, runs_on?: string, activation?: {tensor: string, equals: boolean},
  *             random?: boolean}} CU */
@@ -18,14 +22,58 @@ export const DAG_SCHEMA = "cortex.dag/1";
  *             tensors: Record<string, {dtype: string, shape: number[], bytes: number, producer: string|null}>,
  *             selects?: {tensor: string, condition: string, cases: {equals: boolean, tensor: string}[]}[]}} Dag */
 
+/** @typedef {{name: string, input_shapes: Record<string, number[]>, dims: Record<string, number>, dag: Dag}} Section */
+
 const FALLBACK_RUNTIMES = ["onnxruntime"];
 
-/** Throws one error naming the file and what is wrong. @param {any} dag @param {URL} url @returns {Dag} */
-export function checkDag(dag, url) {
+/** The sections of a dag.json: one for cortex.dag/1 (named null), one per specialization for
+ * cortex.dag/2. Throws one error naming the file and what is wrong. @param {any} dag @param {URL} url
+ * @returns {Section[]} */
+export function checkedSections(dag, url) {
   const where = url.href;
   if (typeof dag !== "object" || dag === null || Array.isArray(dag)) throw new CortexError(`${where}: not a dag.json`);
+  if (dag.schema !== SPECIALIZED_DAG_SCHEMA) {
+    const one = checkDag(dag, url, where);
+    return [{ name: /** @type {any} */ (null), input_shapes: shapesOf(one), dims: {}, dag: one }];
+  }
+  if (!Array.isArray(dag.specializations) || !dag.specializations.length) {
+    throw new CortexError(`${where}: 'specializations' is missing or empty`);
+  }
+  /** @type {Section[]} */
+  const sections = [];
+  /** @type {Map<string, string>} */
+  const seen = new Map();
+  for (const section of dag.specializations) {
+    const { name, input_shapes: shapes, dims, ...body } = section ?? {};
+    const label = `${where} (specialization ${name})`;
+    if (typeof name !== "string" || typeof shapes !== "object" || shapes === null || typeof dims !== "object") {
+      throw new CortexError(`${where}: each specialization needs a name, input_shapes and dims`);
+    }
+    const one = checkDag({ schema: DAG_SCHEMA, model: dag.model, ...body }, url, label);
+    const first = sections[0];
+    if (first && interfaceOf(one) !== interfaceOf(first.dag)) {
+      throw new CortexError(`${where}: specialization ${name} has other inputs or outputs than ${first.name}`);
+    }
+    const key = JSON.stringify(Object.keys(shapes).sort().map((k) => [k, shapes[k]]));
+    if (seen.has(key)) throw new CortexError(`${where}: specializations ${seen.get(key)} and ${name} have the same input shapes`);
+    seen.set(key, name);
+    sections.push({ name, input_shapes: shapes, dims, dag: one });
+  }
+  return sections;
+}
+
+/** @param {Dag} dag */
+const shapesOf = (dag) => Object.fromEntries(dag.inputs.map((s) => [s.name, s.shape]));
+
+/** @param {Dag} dag */
+const interfaceOf = (dag) => JSON.stringify([dag.inputs.map((s) => [s.name, s.dtype]), dag.outputs.map((s) => [s.name, s.dtype])]);
+
+/** Throws one error naming the file and what is wrong. @param {any} dag @param {URL} url @param {string} where
+ * @returns {Dag} */
+export function checkDag(dag, url, where = url.href) {
   if (dag.schema !== DAG_SCHEMA) {
-    throw new CortexError(`${where}: schema ${JSON.stringify(dag.schema)} is not ${DAG_SCHEMA} (rebuild it with cortex build-dag)`);
+    throw new CortexError(`${where}: schema ${JSON.stringify(dag.schema)} is not ${DAG_SCHEMA} or ${SPECIALIZED_DAG_SCHEMA} `
+      + "(rebuild it with cortex build-dag)");
   }
   for (const key of ["inputs", "outputs", "cus", "order"]) {
     if (!Array.isArray(dag[key])) throw new CortexError(`${where}: '${key}' is missing or not a list`);
@@ -44,14 +92,15 @@ export function checkDag(dag, url) {
     }
     const record = cu.artifacts?.wasm;
     if (!record) {
-      throw new CortexError(`${where}: ${cu.id} has no wasm artifact; run 'cortex compile-wasm --dag ${where}' first`);
+      throw new CortexError(`${where}: ${cu.id} has no wasm artifact; run 'cortex compile-wasm --dag ${url.href}' first`);
     }
     fileUrl(url, record.path, cu.id);
+    for (const w of record.weights ?? []) fileUrl(url, w.path, cu.id);
   }
   return dag;
 }
 
-/** The union of the features a dag's modules were built with. @param {Dag} dag */
+/** The wasm records of a dag's CUs (their features are checked against the engine). @param {Dag} dag */
 export function wasmRecords(dag) {
   return dag.cus.filter((cu) => cu.runs_on === undefined).map((cu) => /** @type {WasmRecord} */ (cu.artifacts?.wasm));
 }

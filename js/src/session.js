@@ -2,32 +2,54 @@
 // `await session.run(feeds, fetches?)` -> {name: Tensor}, `inputNames`, `outputNames`.
 // Requests run one after another: each CU's memory holds one request's tensors at a time.
 import { DEFAULT_CACHE_BYTES, ResultCache } from "./cache.js";
-import { checkDag, wasmRecords } from "./dag.js";
+import { checkedSections, wasmRecords } from "./dag.js";
 import { CortexError } from "./errors.js";
 import { loadFallbackUnit, onnxruntimeWeb } from "./fallback.js";
 import { checkFeatures, recordedFeatures } from "./features.js";
 import { checkedFeeds, requestedOutputs } from "./feeds.js";
 import { dagUrl, readJson } from "./loader.js";
-import { loadWasmUnit } from "./modules.js";
+import { ModuleFiles, loadWasmUnit } from "./modules.js";
 import { policy as resolvePolicy } from "./policy.js";
 import { Scheduler } from "./scheduler.js";
+import { Buckets, compiledShapes, exactSection, feedShapes, shapesText } from "./specialized.js";
+import { Tensor } from "./tensor.js";
 import { emptyTrace, requestTrace } from "./trace.js";
+import { WeightFiles } from "./weights.js";
 
 /**
  * @typedef {object} SessionOptions
  * @property {string} [policy] strict, balanced (the default) or aggressive
  * @property {number} [cacheBytes] the result cache's budget; 0 turns it off
  * @property {any} [onnxruntime] onnxruntime-web, for fallback CUs (imported by name when absent)
+ * @property {string} [padToBucket] shape specializations: pad a request no specialization matches
+ *   up to the nearest larger one along this dim (or input), as `cortex run --pad-to-bucket`
+ * @property {number} [padValue] the value padding writes (0 by default)
  */
 
+// Sections of a cortex.dag/2 dag.json: every module and weight file is fetched, checked and
+// compiled at create (a tampered file is refused there, and compiling is most of a load), but a
+// section's CUs are instantiated, each with a memory holding its weights, on the first request for
+// its shape; the first section at create. A page pays memory only for the shapes it meets, and the
+// first request at a new shape pays instantiation and a copy of the weights, not a fetch or a compile.
+
 export class InferenceSession {
-  /** Use `InferenceSession.create`. @param {URL} url @param {import("./dag.js").Dag} dag @param {Scheduler} scheduler @param {import("./policy.js").Policy} policy */
-  constructor(url, dag, scheduler, policy) {
+  /** Use `InferenceSession.create`.
+   * @param {URL} url @param {import("./dag.js").Section[]} sections
+   * @param {{modules: ModuleFiles, weights: WeightFiles, ort: any}} files @param {ResultCache} cache
+   * @param {import("./policy.js").Policy} policy @param {Buckets | null} buckets @param {number} padValue */
+  constructor(url, sections, files, cache, policy, buckets, padValue) {
     this.url = url;
-    this.dag = dag;
-    this.scheduler = scheduler;
+    this.sections = sections;
+    this.files = files;
+    this.cache = cache;
     this.policy = policy;
-    this.cache = scheduler.cache;
+    this.buckets = buckets;
+    this.padValue = padValue;
+    /** @type {(Scheduler | undefined)[]} one per section, once it is instantiated */
+    this.schedulers = sections.map(() => undefined);
+    this.chosen = 0;
+    /** The specialization the last request ran on (null for a single-shape dag.json). @type {string | null} */
+    this.specialization = null;
     /** The last request's trace (docs/runtime.md). */
     this.lastTrace = emptyTrace(url.href);
     /** @type {Promise<unknown>} */
@@ -41,15 +63,54 @@ export class InferenceSession {
     if (!Number.isInteger(cacheBytes) || cacheBytes < 0) {
       throw new CortexError(`the cache budget must be a whole number of bytes, at least 0 (got ${cacheBytes})`);
     }
+    const padValue = options.padValue ?? 0;
+    if (typeof padValue !== "number" || Number.isNaN(padValue)) {
+      throw new CortexError(`padValue must be a number (got ${JSON.stringify(padValue)})`);
+    }
     const url = await dagUrl(where);
-    const dag = checkDag(await readJson(url), url);
-    checkFeatures(recordedFeatures(wasmRecords(dag)), url.href);
-    const fallback = dag.cus.filter((cu) => cu.runs_on !== undefined);
-    const ort = fallback.length ? await onnxruntimeWeb(options.onnxruntime) : null;
-    const units = await Promise.all(dag.cus.map((cu) => (cu.runs_on === undefined ? loadWasmUnit(cu, url)
-      : loadFallbackUnit(cu, url, ort))));
-    const scheduler = new Scheduler(dag, new Map(units.map((unit) => [unit.cu.id, unit])), new ResultCache(cacheBytes));
-    return new InferenceSession(url, dag, scheduler, chosen);
+    const sections = checkedSections(await readJson(url), url);
+    let buckets = null;
+    if (options.padToBucket !== undefined) {
+      if (sections[0].name === null) {
+        throw new CortexError(`--pad-to-bucket ${options.padToBucket}: ${url.href} was built for one input shape; padding `
+          + "needs shape specializations (decompose --dim NAME=A,B,...)");
+      }
+      buckets = new Buckets(sections, String(options.padToBucket));
+    }
+    checkFeatures(recordedFeatures(sections.flatMap((s) => wasmRecords(s.dag))), url.href);
+    const cus = sections.flatMap((s) => s.dag.cus);
+    const ort = cus.some((cu) => cu.runs_on !== undefined) ? await onnxruntimeWeb(options.onnxruntime) : null;
+    const files = { modules: new ModuleFiles(url), weights: new WeightFiles(url), ort };
+    const wasm = cus.filter((cu) => cu.runs_on === undefined);
+    await Promise.all([...wasm.map((cu) => files.modules.module(cu)), files.weights.readAll(wasm)]);
+    const session = new InferenceSession(url, sections, files, new ResultCache(cacheBytes), chosen, buckets, padValue);
+    await session.instantiated(0);
+    return session;
+  }
+
+  /** Section i's scheduler, its CUs instantiated on first use. @param {number} i */
+  async instantiated(i) {
+    let scheduler = this.schedulers[i];
+    if (scheduler === undefined) {
+      const { dag } = this.sections[i];
+      const { modules, weights, ort } = this.files;
+      const units = await Promise.all(dag.cus.map((cu) => (cu.runs_on === undefined
+        ? loadWasmUnit(cu, this.url, modules, weights) : loadFallbackUnit(cu, this.url, ort))));
+      scheduler = new Scheduler(dag, new Map(units.map((unit) => [unit.cu.id, unit])), this.cache);
+      this.schedulers[i] = scheduler;
+      if (this.schedulers.every((s) => s !== undefined)) weights.release();
+    }
+    return scheduler;
+  }
+
+  /** The dag.json body of the section the last request ran on (the first before any request). */
+  get dag() {
+    return this.sections[this.chosen].dag;
+  }
+
+  /** The scheduler of that section. */
+  get scheduler() {
+    return /** @type {Scheduler} */ (this.schedulers[this.chosen]);
   }
 
   get inputNames() {
@@ -91,10 +152,33 @@ export class InferenceSession {
   async runNow(feeds, fetches, options) {
     const chosen = options.policy === undefined ? this.policy : resolvePolicy(options.policy);
     const names = requestedOutputs(fetches, this.dag.outputs);
-    const checked = checkedFeeds(feeds, this.dag.inputs);
-    const { results, request } = await this.scheduler.run(checked, chosen, names);
+    if (this.sections[0].name === null) return this.runOn(0, feeds, names, chosen);
+    if (typeof feeds !== "object" || feeds === null || Array.isArray(feeds) || feeds instanceof Tensor) {
+      checkedFeeds(feeds, this.dag.inputs);          // refuses it with the single-shape message
+    }
+    const shapes = feedShapes(feeds);
+    const exact = exactSection(this.sections, shapes);
+    if (exact >= 0) return this.runOn(exact, feeds, names, chosen);
+    if (this.buckets === null) {
+      throw new CortexError(`no shape specialization matches the inputs (${shapesText(shapes)}); ${this.url.href} `
+        + `was compiled for: ${compiledShapes(this.sections)}`);
+    }
+    const buckets = this.buckets;
+    const [i, length] = buckets.nearest(shapes, this.url.href);
+    const padded = Object.fromEntries(Object.entries(feeds).map(([name, t]) => [name, buckets.pad(name, t, i, this.padValue)]));
+    const results = await this.runOn(i, padded, names, chosen);
+    return Object.fromEntries(Object.entries(results).map(([name, t]) => [name, buckets.slice(name, t, length)]));
+  }
+
+  /** @param {number} i @param {any} feeds @param {string[]} names @param {import("./policy.js").Policy} chosen */
+  async runOn(i, feeds, names, chosen) {
+    const scheduler = await this.instantiated(i);
+    const { dag, name } = this.sections[i];
+    const checked = checkedFeeds(feeds, dag.inputs);
+    [this.chosen, this.specialization] = [i, name];
+    const { results, request } = await scheduler.run(checked, chosen, names);
     this.lastTrace = requestTrace({ policy: chosen.name, dag: this.url.href, outputs: names, request,
-      residentBytes: this.scheduler.residentBytes(), cacheStats: chosen.cache ? this.cache.stats() : null });
+      residentBytes: scheduler.residentBytes(), cacheStats: chosen.cache ? this.cache.stats() : null });
     return results;
   }
 

@@ -8,6 +8,9 @@ const IN_NODE = typeof process !== "undefined" && typeof process.cpuUsage === "f
 const MB = 2 ** 20;
 export const TRACE_SCHEMA = "cortex.trace/1";
 export const FALLBACK_RUNTIME = "fallback runtime";
+// The Python sandbox's counters. Here a trap ends the request as a CortexError and the engine
+// sets no deadlines or memory limits of its own, so nothing is stopped, limited or rebuilt.
+const NO_SANDBOX = { traps: 0, timeouts: 0, memory_limit_hits: 0, rebuilt: 0 };
 
 /** Milliseconds, monotonic. */
 export const clock = () => performance.now();
@@ -34,8 +37,8 @@ function header(policy, dag, outputs) {
 export function emptyTrace(dag) {
   return { ...header(null, dag, []), activated_cus: [], skipped_cus: [], approximated_cus: [], fell_back_cus: [],
     sandbox_stats: { cpu_time_ms: 0, peak_memory_mb: 0, peak_memory_basis: "loaded CUs + live tensors",
-      process_maxrss_mb: processMaxrssMb(), wasm_executions: 0 },
-    cache: null, offline: null, cus_by_device: {}, total_seconds: 0, cus: [], traceEvents: [] };
+      process_maxrss_mb: processMaxrssMb(), wasm_executions: 0, ...NO_SANDBOX },
+    cache: null, memory: null, offline: null, cus_by_device: {}, total_seconds: 0, cus: [], traceEvents: [] };
 }
 
 /** @param {{policy: string, dag: string, outputs: string[], request: any, residentBytes: number, cacheStats: any}} what */
@@ -58,8 +61,10 @@ export function requestTrace({ policy, dag, outputs, request, residentBytes, cac
       peak_memory_basis: "loaded CUs + live tensors",
       process_maxrss_mb: processMaxrssMb(),
       wasm_executions: entries.filter((t) => t.device === "wasm").length,
+      ...NO_SANDBOX,
     },
     cache: cacheStats,
+    memory: null,            // every CU stays resident: this runtime has no memory tiers
     offline: null,
     cus_by_device: byDevice,
     total_seconds: entries.reduce((n, t) => n + t.seconds, 0),
