@@ -190,11 +190,11 @@ def render_markdown(document: dict) -> str:
     hybrid = document.get("hybrid") or {}
     if hybrid.get("cus") and hybrid.get("crossover_flops") is None:
         out.append(f"- Hybrid crossover: none; `{document['device']}` ran none of {hybrid['cus']} CUs faster than "
-                   f"{hybrid['cpu_device']} with most CUs above it (keep the default threshold).")
+                   f"{hybrid['cpu_device']} with most CUs above it, over all the models (each model's own crossover is in its dag.json).")
     elif hybrid.get("cus"):
         out.append(f"- Hybrid crossover: from {hybrid['crossover_flops']} flops a CU runs faster on "
                    f"`{document['device']}` than on {hybrid['cpu_device']} ({hybrid['gpu_faster']} of {hybrid['cus']} CUs "
-                   f"are); set CORTEX_HYBRID_GPU_MIN_FLOPS to it.")
+                   f"are); each model's own crossover is in its dag.json (`cortex calibrate --hybrid` records one for any model).")
     else:
         out.append(f"- Hybrid crossover: not measured ({hybrid.get('error', 'no CUs')}).")
     conformance = document.get("conformance") or {}
