@@ -20,7 +20,8 @@ from ir.errors import CortexError
 
 
 def calibrate(
-    dag: Annotated[Path, typer.Argument(help="The dag.json, compiled with --variants (rewritten).")],
+    dag: Annotated[Path, typer.Argument(help="The dag.json (rewritten): compiled with --variants, or for "
+                                             "--hybrid with compile-cuda.")],
     data: Annotated[Path | None, typer.Option("--data", help="A folder of .npz feeds, or one .npz whose arrays have a "
                                               "leading batch axis (one feed per row). With --hybrid, optional: "
                                               "its first feed (else example inputs).")] = None,
@@ -32,7 +33,8 @@ def calibrate(
                                          "(the median counts).")] = 5,
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
 ) -> None:
-    """Measure each variant against its exact CU and record its trust in dag.json."""
+    """Measure each variant against its exact CU and record its trust in dag.json (with --hybrid: the crossover
+    flops of --device hybrid)."""
     if hybrid:
         _calibrate_hybrid(dag, data, device, repeats, json)
         return
