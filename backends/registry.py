@@ -108,8 +108,8 @@ class DeviceSpec:
     description: str = ""
     compile_options: dict = field(default_factory=dict)   # target options (as text) that suit this device
     sandboxed: bool = False                     # open takes a SandboxLimits; the device is a SandboxedDevice
-    # A device that spreads CUs over others: () -> the rule (cu record) -> the device that runs it.
-    place: Callable[[], Callable[[dict], str]] | None = None
+    # A device that spreads CUs over others: (dag) -> the rule (cu record) -> the device that runs it.
+    place: Callable[[dict], Callable[[dict], str]] | None = None
 
 
 _TARGETS: dict[str, Target] = {}

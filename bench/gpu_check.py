@@ -12,8 +12,10 @@ In order, while the time budget (`--budget-s`) lasts; what did not fit is listed
    `--device cuda` checked against onnxruntime (CPU) and timed, against torch eager on CUDA
    (onnx2torch), then `--device hybrid` (outputs compared with the cuda run, the placement and the
    bytes that crossed), then the same CUs at `--precision tf32` (error against onnxruntime);
-3. the crossover for `--device hybrid`: each CU of those models alone on the GPU and on onnxruntime
-   (CPU), and the flops from which the GPU wins (`hybrid.crossover_flops`);
+3. the crossover for `--device hybrid`, as `cortex calibrate --hybrid` measures it: each CU of those
+   models alone on the GPU (its border copies included) and on onnxruntime (CPU), each model's
+   crossover recorded in its dag.json, and over all their CUs the flops from which the GPU wins
+   (`hybrid.crossover_flops`);
 4. the ONNX node-test conformance suite on `--device cuda`, in the time left.
 
 It writes one JSON (`--output`) and one Markdown page (`--markdown`); with `--docs` it also puts
@@ -188,11 +190,11 @@ def render_markdown(document: dict) -> str:
     hybrid = document.get("hybrid") or {}
     if hybrid.get("cus") and hybrid.get("crossover_flops") is None:
         out.append(f"- Hybrid crossover: none; `{document['device']}` ran none of {hybrid['cus']} CUs faster than "
-                   f"{hybrid['cpu_device']} with most CUs above it (keep the default threshold).")
+                   f"{hybrid['cpu_device']} with most CUs above it, over all the models (each model's own crossover is in its dag.json).")
     elif hybrid.get("cus"):
         out.append(f"- Hybrid crossover: from {hybrid['crossover_flops']} flops a CU runs faster on "
                    f"`{document['device']}` than on {hybrid['cpu_device']} ({hybrid['gpu_faster']} of {hybrid['cus']} CUs "
-                   f"are); set CORTEX_HYBRID_GPU_MIN_FLOPS to it.")
+                   f"are); each model's own crossover is in its dag.json (`cortex calibrate --hybrid` records one for any model).")
     else:
         out.append(f"- Hybrid crossover: not measured ({hybrid.get('error', 'no CUs')}).")
     conformance = document.get("conformance") or {}
@@ -298,11 +300,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(rows[-1]), flush=True)
     hybrid = {"error": "skipped for the time budget"}
     if budget.left() >= 60:
-        dags = [args.out / r["model"] / "dag.json" for r in rows if r["matches_onnxruntime"]]
-        try:
-            hybrid = crossover_flops(dags, devices[0], "onnxruntime", max(3, args.repeats // 4))
-        except CortexError as e:
-            hybrid = {"error": _error(e)}
+        feeds = {case.name: case.inputs for case in cases}
+        runs = [(args.out / r["model"] / "dag.json", feeds[r["model"]]) for r in rows if r["matches_onnxruntime"]]
+        hybrid = crossover_flops(runs, devices[1], max(3, args.repeats // 4))
     conformance = {"error": "skipped (--no-conformance)"}
     if not args.no_conformance:
         conformance = run_conformance(devices[0], args.jobs, budget.left() - 15, args.out, args.conformance_cases)

@@ -3,7 +3,8 @@ and the GEMM kernels alone, for their achieved TFLOP/s.
 
 The model timings (`median_ms`) are wall-clock medians of whole runs: inputs go up and outputs come
 back every run, for Cortex and torch alike. The kernel timings launch one CU's kernels on inputs
-already on the device and wait for the GPU (`synchronize`), so they hold no copies.
+already on the device and wait for the GPU (`synchronize`), so they hold no copies. The hybrid
+crossover is `cortex calibrate --hybrid`'s measurement (cortex/runtime/crossover.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from backends.registry import target
 from cortex.commands.decompose import decompose_model
 from cortex.compile import compile_cu_dir
 from cortex.dag import build_dag
+from cortex.runtime.crossover import crossover_threshold, record_crossover
+from ir.errors import CortexError
 from ir.fs import write_bytes_atomically
 from passes.partition import PartitionIntoCUs
 
@@ -135,49 +138,21 @@ def kernel_tflops(out: Path, device: str, options: CudaOptions, size: int, repea
             "tensor_core_kernels": sorted(record.get("precision", {}).get("tensor_cores", {}))}
 
 
-def cu_times(dag_path: Path, device: str, repeats: int) -> dict[str, float]:
-    """Median ms of each CU alone on `device`, its inputs (random, of the recorded shapes) already
-    there; on a GPU it waits for the kernels. The hybrid threshold comes from comparing two devices."""
-    model = cortex.load(dag_path, device=device, policy="strict")
-    scheduler = model.scheduler
-    rng = np.random.default_rng(2)
-    times = {}
-    for cu in scheduler.dag["cus"]:
-        where = scheduler.devices[scheduler.placement[cu["id"]]]
-        specs = scheduler.dag["tensors"]
-        inputs = {}
-        for name in cu["inputs"]:
-            spec = specs[name]
-            value = rng.standard_normal(spec["shape"]) if spec["dtype"].startswith("float") else \
-                np.zeros(spec["shape"])
-            inputs[name] = where.to_device(value.astype(spec["dtype"]))
-        synchronize = getattr(getattr(where, "gpu", None), "synchronize", lambda: None)
-
-        def run(cu=cu, where=where, inputs=inputs, synchronize=synchronize):
-            where.run(cu, inputs)
-            synchronize()
+def crossover_flops(runs: list[tuple[Path, dict]], hybrid: str, repeats: int) -> dict:
+    """The crossover for `--device hybrid`, by the path `cortex calibrate --hybrid` takes: each model's
+    CUs timed on its own feed, alone on the CPU and on the GPU (copies at the CU's borders included),
+    its crossover recorded in its dag.json; then the same rule over the CUs of all the models."""
+    points, cpu_devices, models = [], set(), {}
+    for dag_path, feed in runs:
         try:
-            times[cu["id"]] = median_ms(run, repeats)
-        except Exception:  # noqa: BLE001, S112 -- random inputs may upset a CU (an index out of range): not timed
+            record = record_crossover(dag_path, hybrid, feed, repeats)
+        except CortexError as e:
+            models[Path(dag_path).parent.name] = {"error": " ".join(str(e).split())[:300]}
             continue
-    return times
-
-
-def crossover_flops(dag_paths: list[Path], gpu: str, cpu: str, repeats: int) -> dict:
-    """The smallest CU flops from which the GPU runs each CU faster than the CPU device, over the
-    CUs of all the models: the threshold for `--device hybrid` (CORTEX_HYBRID_GPU_MIN_FLOPS)."""
-    points = []
-    for dag_path in dag_paths:
-        flops = {cu["id"]: int(cu.get("flops", 0)) for cu in json.loads(Path(dag_path).read_text())["cus"]}
-        on_gpu, on_cpu = cu_times(dag_path, gpu, repeats), cu_times(dag_path, cpu, repeats)
-        points += [(flops[c], on_gpu[c], on_cpu[c]) for c in on_gpu if c in on_cpu]
-    points.sort()
-    # The lowest threshold such that at most a tenth of the CUs above it are faster on the CPU.
-    threshold = None
-    for i, (f, _, _) in enumerate(points):
-        above = points[i:]
-        if sum(g > c for _, g, c in above) <= len(above) // 10:
-            threshold = f
-            break
-    return {"cus": len(points), "crossover_flops": threshold, "cpu_device": cpu,
-            "gpu_faster": sum(g < c for _, g, c in points)}
+        models[Path(dag_path).parent.name] = {"crossover_flops": record["crossover_flops"], "cus": len(record["cus"])}
+        for timing in record["cus"].values():
+            points.append((timing["flops"], timing["gpu_ms"], timing["cpu_ms"]))
+            cpu_devices.add(timing["cpu_device"])
+    return {"cus": len(points), "crossover_flops": crossover_threshold(points),
+            "cpu_device": ", ".join(sorted(cpu_devices)) or "the CPU",
+            "gpu_faster": sum(gpu < cpu for _, gpu, cpu in points), "models": models}

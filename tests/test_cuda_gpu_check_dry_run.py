@@ -46,6 +46,11 @@ def test_the_dry_run_writes_its_json_and_markdown_without_wasmtime(tmp_path):
     assert row["matches_onnxruntime"] and row["hybrid_max_error_vs_cuda"] < 1e-5 and "tf32_max_error" in row
     assert set(row["hybrid_placement"]) <= {"cuda-sim", "onnxruntime"}    # no wasm without wasmtime
     assert document["hybrid"]["cus"] >= 1 and "crossover_flops" in document["hybrid"]
+    # The same path as `cortex calibrate --hybrid`: the model's dag.json holds its own crossover.
+    recorded = json.loads((out / "build" / "mlp" / "dag.json").read_text())["hybrid"]
+    assert recorded["device"] == "cuda-sim" and len(recorded["cus"]) == document["hybrid"]["cus"]
+    assert {t["cpu_device"] for t in recorded["cus"].values()} == {"onnxruntime"}
+    assert document["hybrid"]["models"]["mlp"]["crossover_flops"] == recorded["crossover_flops"]
     assert document["conformance"]["summary"]["passed"] == 1
     markdown = (out / "gc.md").read_text()
     assert "| mlp | yes |" in markdown and "| 32 | tf32 |" in markdown

@@ -91,7 +91,7 @@ class SequentialScheduler:
         # What a trace entry says of each CU that no run changes, computed once, not per request.
         self.traffic = {cu_id: (sum(self.tensor_bytes[n] for n in cu["inputs"]),
                                 sum(self.tensor_bytes[n] for n in cu["outputs"])) for cu_id, cu in self.cus.items()}
-        place = device_spec(device).place() if device_spec(device).place else lambda cu: device
+        place = device_spec(device).place(dag) if device_spec(device).place else lambda cu: device
         self.placement = {cu_id: self.cus[cu_id].get("runs_on") or place(self.cus[cu_id]) for cu_id in dag["order"]}
         self.devices: dict[str, Device] = {}
         for name in dict.fromkeys([device, *self.placement.values()]):
