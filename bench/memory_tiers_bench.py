@@ -5,7 +5,7 @@ The model is samples/vgg.py's (vgg19 by default: 548 MB of random float32 weight
 with `--max-cu-size` so that its largest CU fits the budget with room to prefetch the next one
 (the first fully connected layer alone holds 103 M parameters and is split along its outputs),
 compiled for wasm. Each measurement is a fresh process (`measure`, below), so its peak RSS
-(`ru_maxrss`) is its own: first every CU resident, then under the budget, interleaved over rounds,
+(VmHWM, `process_maxrss_mb`: getrusage's ru_maxrss would carry the parent's peak over) is its own: first every CU resident, then under the budget, interleaved over rounds,
 after one unmeasured process that fills the native-code cache, so that every measured load is warm
 (compiling a CU to native code takes more memory than running it). Reported:
 - the runtime's own baseline: the RSS of a process that loaded the model under the budget, before
@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from cortex.runtime.trace import process_maxrss_mb
 from samples.cache import CACHE_DIR
 from samples.vgg import ensure_vgg, vgg_input, vgg_name
 
@@ -86,8 +86,7 @@ def measure(dag_path: Path, budget_mb: float | None, runs: int, warmup: int) -> 
         model.run(feeds)
         seconds.append(time.perf_counter() - start)
         memories.append(model.last_trace["memory"])
-    return {"budget_mb": budget_mb, "baseline_rss_mb": baseline, "peak_rss_mb": resource.getrusage(
-        resource.RUSAGE_SELF).ru_maxrss / 1024, "median_ms": statistics.median(seconds) * 1e3,
+    return {"budget_mb": budget_mb, "baseline_rss_mb": baseline, "peak_rss_mb": process_maxrss_mb(), "median_ms": statistics.median(seconds) * 1e3,
         "min_ms": min(seconds) * 1e3,
         "per_request": {key: statistics.median(m[key] for m in memories) for key in
                         ("bytes_loaded", "bytes_evicted", "wasted_bytes", "prefetch_hits", "prefetch_misses",

@@ -2,7 +2,8 @@
 handed. It walks dag.json's topological order one CU at a time.
 
 Where: each CU on the device its record asks for (`runs_on`: a fallback CU's runtime, from
-`cortex decompose --fallback`), the others on the model's device. Each device comes from the
+`cortex decompose --fallback`), the others on the model's device, or where that device's
+placement rule puts them (`DeviceSpec.place`: `--device hybrid` by each CU's flops). Each device comes from the
 registry by name and is opened on the CUs it runs. Tensors cross between devices only at those
 borders, through the producer's `to_host` and the reader's `to_device`, once per tensor and device
 in a request; model inputs go to each device that reads them.
@@ -20,7 +21,10 @@ CUs holding random ops are never cached, nor CUs on a device whose tensors are n
 Resident: with a memory budget (`memory_budget`, bytes) only some CUs are loaded at a time
 (`cortex/runtime/memory.py` decides which, `cortex/runtime/residency.py` loads, prefetches and
 evicts); without one every CU is loaded before the first request. Either way a CU runs the same.
-Threads and remote executors belong here too: they change which CU runs next, never how a CU runs.
+Threads (`cortex/runtime/parallel.py`, the ready CUs at once, deciding with this class's own
+steps) and Ray (`cortex/runtime/ray_executor.py`, this class on each actor's stage of CUs) change
+which CU runs when and where, never how a CU runs. Under a memory budget the walk stays sequential:
+the residency plans loads and evictions in dag.json's order.
 """
 
 from __future__ import annotations

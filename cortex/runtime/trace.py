@@ -9,7 +9,7 @@ docs/runtime.md; its JSON Schema is `cortex/schemas/trace.schema.json`.
   tensors": the resident bytes of every loaded CU plus the bytes of the tensors the request holds
   at its end (it frees none before; inputs, outputs, copies between devices, cached outputs). A
   wasm CU's outputs lie in its memory and are counted twice, so it is an upper bound. Offline,
-  "process maxrss": the process's peak resident set (`resource.getrusage`), which onnxruntime's
+  "process maxrss": the process's peak resident set (VmHWM on Linux, else `resource.getrusage`), which onnxruntime's
   arena is part of. `process_maxrss_mb` is that figure in both cases.
 - `wasm_executions`: CUs the wasm device ran.
 - `traps`, `timeouts`, `memory_limit_hits`, `rebuilt`: what the CU sandbox (backends/limits.py,
@@ -136,6 +136,14 @@ def _events(entries: list[dict]) -> list[dict]:
 
 
 def process_maxrss_mb() -> float:
+    """The process's peak resident set in MB. On Linux it is VmHWM, this program's own: getrusage's
+    ru_maxrss survives fork and exec, so a process started by a large one reports its parent's peak."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / MB if sys.platform == "darwin" else peak / 1024   # bytes on macOS, KiB on Linux
 
