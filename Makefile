@@ -86,9 +86,6 @@ bench-runtime: setup
 bench-specializations: setup
 	$(BIN)/python -m bench.bench_specializations --json $(OUT)/bench-specializations.json
 
-bench-runtime: setup
-	$(BIN)/python -m bench.bench_runtime --json $(OUT)/bench-runtime.json
-
 ## The CU sandbox's time limit (epoch interruption) on MiniLM: median CPU time with and without it.
 bench-sandbox: setup
 	$(BIN)/python -m bench.sandbox_overhead --json $(OUT)/bench-sandbox.json
