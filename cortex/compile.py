@@ -70,34 +70,38 @@ def compile_cu_dir(target: Target, cu_dir: Path, output: Path, options, dag_path
     rebuilt = [cu for cu in compiled if any((cu["id"], p) not in found for p in precisions)]
     graphs = load_cu_graphs(cu_dir, rebuilt, target.name)
 
-    def build(cu: dict, precision: str | None):
-        if (cu["id"], precision) in found:
-            built = found[cu["id"], precision]
-            return None if built is NO_VARIANT else built
-        graph = graphs[cu["id"]]
-        if precision is None:
-            built = target.build(graph, options, cu["id"])
-        else:
-            narrow = narrowed(graph, precision)
-            built = None if narrow is None else target.build(narrow, options, variant_id(cu["id"], precision))
-        if cache is not None:
-            cache.put(keys[cu["id"], precision], built)
-        return built
+    # What each CU still needs built: a pure function of its graph and the options, so it may run on
+    # another machine (`map_cus`); the cache is read and written here, never where the build runs.
+    missing = [(cu, [p for p in precisions if (cu["id"], p) not in found]) for cu in rebuilt]
 
-    def build_one(cu: dict):
+    def build_missing(item: tuple[dict, list]) -> dict:
+        cu, wanted = item
+        graph, built = graphs[cu["id"]], {}
         try:
-            exact = build(cu, None)
-            built = {p: b for p in variants if (b := build(cu, p)) is not None}
-            return exact, built
+            for precision in wanted:
+                if precision is None:
+                    built[precision] = target.build(graph, options, cu["id"])
+                else:
+                    narrow = narrowed(graph, precision)
+                    built[precision] = None if narrow is None else target.build(
+                        narrow, options, variant_id(cu["id"], precision))
         except CortexError as e:
             raise type(e)(f"{cu['id']} ({cu_dir / cu['path']}): {e}") from None
+        return built
 
     def fill(folder: Path) -> dict:
         if map_cus is not None:
-            built = list(map_cus(build_one, compiled))
+            fresh = list(map_cus(build_missing, missing))
         else:
             with ThreadPoolExecutor(max_workers=jobs or min(target.jobs, os.cpu_count() or 1)) as pool:
-                built = list(pool.map(build_one, compiled))
+                fresh = list(pool.map(build_missing, missing))
+        slots = {(cu["id"], p): value for (cu, _), made in zip(missing, fresh) for p, value in made.items()}
+        if cache is not None:
+            for slot, value in slots.items():
+                cache.put(keys[slot], value)
+        slots.update((slot, None if value is NO_VARIANT else value) for slot, value in found.items())
+        built = [(slots[cu["id"], None], {p: slots[cu["id"], p] for p in variants if slots[cu["id"], p] is not None})
+                 for cu in compiled]
         records, variant_records = {}, {}
         for cu, (result, by_precision) in zip(compiled, built):
             for one in (result, *by_precision.values()):
