@@ -11,6 +11,7 @@ import onnx
 import pytest
 
 from cli_helpers import assert_one_line_error, run_cli
+import cortex
 from cortex.dag import read_dag
 from cortex.runtime.calibrate import calibrate, relative_l2
 from variant_cases import build, embedding_mlp, feeds, narrowed_reference, run_onnxruntime, weights
@@ -119,8 +120,17 @@ def test_cli_calibrate_errors_are_one_line(copy, tmp_path):
     no_variants = tmp_path / "plain"
     cli_pipeline(no_variants)
     save_batched(tmp_path / "good.npz", good)
-    code, _, err = run_cli(["calibrate", no_variants / "dag.json", "--data", tmp_path / "good.npz"])
-    assert_one_line_error(code, err, "has no variants to calibrate", "--variants fp16,bf16,int8")
+    # Without variants calibrate still records each CU's speed: the hot CUs a memory budget pins.
+    code, out, err = run_cli(["calibrate", no_variants / "dag.json", "--data", tmp_path / "good.npz", "--json"])
+    assert code == 0, err
+    plain = json.loads((no_variants / "dag.json").read_text())
+    assert json.loads(out)["variants"] == {}
+    assert json.loads(out)["hot_cus"] == [cu["id"] for cu in plain["cus"] if cu["residency"]["hot"]]
+    assert all(cu["residency"]["load_ms"] > 0 and "variants" not in cu for cu in plain["cus"])
+    hot = {cu["id"] for cu in plain["cus"] if cu["residency"]["hot"]}
+    budgeted = cortex.load(no_variants / "dag.json", memory_budget_mb=64.0)
+    budgeted.run(good[0])
+    assert set(budgeted.last_trace["memory"]["pinned_cus"]) == hot     # room for all: every hot CU pinned
     code, _, err = run_cli(["compile-wasm", "--cu-dir", no_variants / "cus", "--output", no_variants / "wasm-bin",
                             "--dag", no_variants / "dag.json", "--variants", "fp16,fp8"])
     assert_one_line_error(code, err, "unknown --variants fp8")

@@ -20,8 +20,9 @@ from ir.errors import CortexError
 
 
 def calibrate(
-    dag: Annotated[Path, typer.Argument(help="The dag.json (rewritten): compiled with --variants, or for "
-                                             "--hybrid with compile-cuda.")],
+    dag: Annotated[Path, typer.Argument(help="The dag.json (rewritten): its variants' trust (compile --variants) "
+                                             "and each CU's run and load time (the hot CUs a --memory-budget "
+                                             "pins); for --hybrid compiled with compile-cuda too.")],
     data: Annotated[Path | None, typer.Option("--data", help="A folder of .npz feeds, or one .npz whose arrays have a "
                                               "leading batch axis (one feed per row). With --hybrid, optional: "
                                               "its first feed (else example inputs).")] = None,
@@ -33,8 +34,8 @@ def calibrate(
                                          "(the median counts).")] = 5,
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
 ) -> None:
-    """Measure each variant against its exact CU and record its trust in dag.json (with --hybrid: the crossover
-    flops of --device hybrid)."""
+    """Measure each variant against its exact CU and record its trust, and each CU's speed (its hot CUs), in
+    dag.json (with --hybrid: the crossover flops of --device hybrid)."""
     if hybrid:
         _calibrate_hybrid(dag, data, device, repeats, json)
         return
@@ -46,7 +47,10 @@ def calibrate(
         return
     rows = [(name, "not measured" if trust is None else f"trust {trust:.6f}")
             for name, trust in summary["variants"].items()]
-    print_summary(f"calibrated {len(rows)} variants on {summary['feeds']} feeds ({device}); {dag} updated", rows)
+    hot = summary["hot_cus"]
+    print_summary(f"calibrated {len(rows)} variants on {summary['feeds']} feeds ({device}) and timed every CU "
+                  f"({len(hot)} hot, pinned under --memory-budget{': ' + ', '.join(hot) if hot else ''}); "
+                  f"{dag} updated", rows)
 
 
 def _calibrate_hybrid(dag: Path, data: Path | None, device: str, repeats: int, as_json: bool) -> None:

@@ -144,10 +144,8 @@ def calibrate(dag_path: Path, data: Path, device: str = "wasm") -> dict:
     dag_path = Path(dag_path)
     model = CompiledModel(dag_path, device, policy="strict")
     dag = model.dag
+    # Without variants there is still each CU's speed to record: the hot CUs a memory budget pins.
     with_variants = [cu for cu in dag["cus"] if cu.get("variants")]
-    if not with_variants:
-        raise CortexError(f"{dag_path} has no variants to calibrate; build them with "
-                          f"'cortex compile-<target> --variants fp16,bf16,int8 --dag {dag_path}'")
     feeds = read_feeds(data, dag["inputs"])
     exact = ExactRun(model)
     artifact = {name: model.scheduler.variants.artifacts[name] for name in model.scheduler.devices}
@@ -185,7 +183,8 @@ def calibrate(dag_path: Path, data: Path, device: str = "wasm") -> dict:
     validate_dag(dag)
     write_bytes_atomically(dag_path, (json.dumps(dag, indent=2) + "\n").encode())
     return {"dag": str(dag_path), "device": device, "feeds": len(feeds),
-            "variants": {f"{cu_id} {p}": s.trust for (cu_id, p), s in measured.items()}}
+            "variants": {f"{cu_id} {p}": s.trust for (cu_id, p), s in measured.items()},
+            "hot_cus": [cu["id"] for cu in dag["cus"] if cu["residency"]["hot"]]}
 
 
 def load_seconds(model: CompiledModel) -> dict[str, float]:
