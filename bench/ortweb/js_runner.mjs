@@ -15,7 +15,7 @@
 import fs from "node:fs";
 import http from "node:http";
 import path from "node:path";
-import readline from "node:readline";
+import { serveLines } from "./line_protocol.mjs";
 import { performance } from "node:perf_hooks";
 import * as ort from "onnxruntime-web";
 import { InferenceSession, Tensor } from "../../js/src/index.js";
@@ -112,17 +112,4 @@ async function agree(req) {
 
 const version = async () => ({ web: ort.env.versions.web, node: process.versions.node, v8: process.versions.v8 });
 const handlers = { serve, ortweb, cortex, time, load, agree, version };
-const lines = readline.createInterface({ input: process.stdin });
-for await (const line of lines) {
-  if (!line.trim()) continue;
-  const req = JSON.parse(line);
-  if (req.cmd === "quit") break;
-  let reply;
-  try {
-    reply = { ok: true, ...(await handlers[req.cmd](req)) };
-  } catch (e) {
-    reply = { ok: false, error: String(e && e.message || e).split("\n")[0] };
-  }
-  process.stdout.write(JSON.stringify(reply) + "\n");
-}
-process.exit(0);
+await serveLines(handlers);

@@ -7,7 +7,7 @@
 //   {"cmd": "version"}                                        -> {"ok": true, "web": "1.30.0", ...}
 //   {"cmd": "quit"}
 import fs from "node:fs";
-import readline from "node:readline";
+import { serveLines } from "./line_protocol.mjs";
 import { performance } from "node:perf_hooks";
 import * as ort from "onnxruntime-web";
 
@@ -64,17 +64,4 @@ async function version() {
 }
 
 const handlers = { load, wasm: loadWasm, time, version };
-const lines = readline.createInterface({ input: process.stdin });
-for await (const line of lines) {
-  if (!line.trim()) continue;
-  const req = JSON.parse(line);
-  if (req.cmd === "quit") break;
-  let reply;
-  try {
-    reply = { ok: true, ...(await handlers[req.cmd](req)) };
-  } catch (e) {
-    reply = { ok: false, error: String(e && e.message || e).split("\n")[0] };
-  }
-  process.stdout.write(JSON.stringify(reply) + "\n");
-}
-process.exit(0);
+await serveLines(handlers);
