@@ -28,6 +28,7 @@ from cortex.commands.shared_options import (
     ExecutorOption,
     MemoryBudgetOption,
     PinOption,
+    SpecializationsOption,
     ThreadsOption,
     checked_threads,
 )
@@ -53,6 +54,7 @@ def bench(
     memory_budget: MemoryBudgetOption = None,
     pin: PinOption = None,
     threads: ThreadsOption = None,
+    specializations: SpecializationsOption = "lazy",
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable report.")] = False,
     executor: ExecutorOption = "local",
     address: AddressOption = None,
@@ -72,7 +74,8 @@ def bench(
     threads = checked_threads(threads)
     feeds = read_inputs(input or [])
     start = time.perf_counter()
-    model = load(dag, device, policy=chosen, threads=threads, **memory, **executor_keywords(executor, address),
+    model = load(dag, device, policy=chosen, threads=threads, specializations=specializations, **memory,
+                 **executor_keywords(executor, address),
                  **sandbox_options(cu_timeout_ms, cu_load_timeout_s))
     load_s = time.perf_counter() - start
     feeds = {**example_feeds(model.inputs), **feeds}

@@ -21,6 +21,7 @@ from cortex.commands.shared_options import (
     ExecutorOption,
     MemoryBudgetOption,
     PinOption,
+    SpecializationsOption,
     ThreadsOption,
     checked_threads,
 )
@@ -66,6 +67,7 @@ def run(
     pad_value: Annotated[float, typer.Option("--pad-value", help="The value --pad-to-bucket pads every input "
                                              "with (an attention mask's 0, a [PAD] token id).")] = 0.0,
     threads: ThreadsOption = None,
+    specializations: SpecializationsOption = "lazy",
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
     executor: ExecutorOption = "local",
     address: AddressOption = None,
@@ -83,7 +85,8 @@ def run(
     requested = parse_output_names(output_names)
     feeds = read_inputs(input or [])
     model = load(dag, device, policy=chosen, cache_bytes=cache_bytes, pad_to_bucket=pad_to_bucket,
-                 pad_value=pad_value, threads=threads, **memory_options(memory_budget, pin),
+                 pad_value=pad_value, threads=threads, specializations=specializations,
+                 **memory_options(memory_budget, pin),
                  **sandbox_options(cu_timeout_ms, cu_load_timeout_s), **executor_keywords(executor, address))
     if example_inputs:
         feeds = {**example_feeds(model.inputs), **feeds}

@@ -15,6 +15,7 @@ from cortex.commands.shared_options import (
     CuLoadTimeoutOption,
     CuTimeoutOption,
     DeviceOption,
+    SpecializationsOption,
     ThreadsOption,
     checked_threads,
 )
@@ -54,6 +55,7 @@ def serve(
     cu_timeout_ms: CuTimeoutOption = AUTO_DEADLINE,
     cu_load_timeout_s: CuLoadTimeoutOption = None,
     threads: ThreadsOption = None,
+    specializations: SpecializationsOption = "lazy",
 ) -> None:
     """Serve the model over HTTP (Open Inference Protocol v2) with Prometheus metrics at /metrics."""
     if policy not in POLICIES:
@@ -72,7 +74,8 @@ def serve(
     if not MODEL_NAME.fullmatch(name):
         raise CortexError(f"--model-name {name!r}: use letters, digits, '_', '.' and '-' (it is part of the URL)")
     pool = ModelPool(dag, device, policy, workers, memory_budget,
-                     {**sandbox_options(cu_timeout_ms, cu_load_timeout_s), "threads": checked_threads(threads)})
+                     {**sandbox_options(cu_timeout_ms, cu_load_timeout_s), "threads": checked_threads(threads),
+                      "specializations": specializations})
     app = create_app(pool, ServeSettings(name, max_body_bytes=int(max_body_mb * MB), read_timeout_s=read_timeout_s))
     sock = bind(host, port)
     bound_host, bound_port = sock.getsockname()[:2]

@@ -24,6 +24,9 @@ MemoryBudgetOption = Annotated[Optional[float], typer.Option(
 PinOption = Annotated[Optional[str], typer.Option(
     "--pin", help="CUs that stay resident under --memory-budget, comma-separated (cu-0003,cu-0007; default: the "
     "hot CUs 'cortex calibrate' recorded).")]
+SpecializationsOption = Annotated[str, typer.Option(
+    "--specializations", help="With shape specializations: lazy (each one's CUs load when a request first has its "
+    "shapes: one copy of the weights per shape in use) or eager (all at load).")]
 ThreadsOption = Annotated[Optional[int], typer.Option("--threads", help="Ready CUs run at once on this many threads "
                                                      "(default: the machine's cores; 1: one after the other).")]
 

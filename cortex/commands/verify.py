@@ -3,7 +3,11 @@ model, on the same inputs. Exit 0 when all outputs agree within tolerance, 1 whe
 
 `--bisect` also judges each CU on the inputs it received in that run (`cortex.runtime.bisect`) and
 names the first CU whose own outputs diverge; `--dump DIR` writes that CU as a reproduction
-(`cortex.runtime.repro`). The exit code stays the model's verdict."""
+(`cortex.runtime.repro`). The exit code stays the model's verdict.
+
+A dag.json of shape specializations is checked on one of them, bisection included: the one
+`--specialization` names, else the one the shapes of the `--input`s select (the first when they
+select several); inputs not given get that one's example."""
 
 from __future__ import annotations
 
@@ -39,6 +43,9 @@ def verify(
     dump: Annotated[Optional[Path], typer.Option("--dump", help="With --bisect: write that CU (or, when none "
                                                  "diverges, the one with the largest own error) to this folder as "
                                                  "a reproduction that 'sh DIR/repro.sh' checks again.")] = None,
+    specialization: Annotated[str | None, typer.Option("--specialization", help="With shape specializations: "
+                                                          "the one to check, by its name in dag.json (seq=64; "
+                                                          "default: the one the --input shapes select).")] = None,
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable report.")] = False,
 ) -> None:
     """Check a compiled model against onnxruntime: the same inputs must give the same outputs."""
@@ -48,11 +55,14 @@ def verify(
         raise CortexError(f"--dump {dump}: needs --bisect, which finds the CU to dump")
     # The bisection names the first CU that diverges in dag.json's order: one thread keeps that order.
     compiled = load(dag, device, threads=1 if bisect else None)
-    if bisect and isinstance(compiled, SpecializedModel):
-        raise CortexError(f"--bisect: {dag} holds shape specializations ({compiled.compiled_shapes()}); "
-                          "bisection reads a single-shape dag.json")
-    _check_same_model(model, compiled.dag)
     given = read_inputs(input or [])
+    chosen = None
+    if isinstance(compiled, SpecializedModel):
+        i = compiled.select({name: list(np.shape(value)) for name, value in given.items()}, specialization)
+        chosen, compiled = compiled.sections[i]["name"], compiled.specialization_model(i)
+    elif specialization is not None:
+        raise CortexError(f"--specialization {specialization}: {dag} was built for one input shape")
+    _check_same_model(model, compiled.dag)
     frozen = _frozen_feeds(compiled.dag, given)
     feeds = {**example_feeds(compiled.inputs), **{k: v for k, v in given.items() if k not in frozen}}
     bisection = Bisection(compiled, rtol, atol) if bisect else None
@@ -67,12 +77,13 @@ def verify(
                                      rtol, atol)
     if json:
         document = {"dag": str(dag), "model": str(model), "device": device, "rtol": rtol, "atol": atol,
-                    "ok": ok, "outputs": rows}
+                    "ok": ok, "outputs": rows, **({"specialization": chosen} if chosen else {})}
         if report is not None:
             document["bisect"] = {**report.to_json(), "dump": str(dump) if command else None, "repro": command}
         print_json(document)
     else:
-        table = Table(title=f"{dag} on {device} against onnxruntime (rtol {rtol:g}, atol {atol:g})")
+        shown = f"{dag} ({chosen})" if chosen else str(dag)
+        table = Table(title=f"{shown} on {device} against onnxruntime (rtol {rtol:g}, atol {atol:g})")
         for col in ("output", "shape", "max abs error", "max rel error", "result"):
             table.add_column(col)
         for r in rows:

@@ -42,7 +42,7 @@ from cortex.runtime.policy import policy as resolve_policy
 from cortex.runtime.ray_executor import OPTIONS as RAY_OPTIONS
 from cortex.runtime.ray_executor import RayExecutor
 from cortex.runtime.scheduler import SequentialScheduler
-from cortex.runtime.specialized import SpecializedModel
+from cortex.runtime.specialized import SpecializedModel, check_loading
 from cortex.runtime.trace import empty_trace, offline_trace, request_trace
 from cortex.specializations import is_specialized
 from ir.errors import CortexError
@@ -60,7 +60,7 @@ class CompiledModel:
                  pins: list[str] | None = None, cu_timeout_ms: float | str | None = None,
                  cu_load_timeout_s: float | None = None, threads: int | None = None,
                  executor: str = "local", address: str | None = None, executor_options: dict | None = None,
-                 dag: dict | None = None):
+                 dag: dict | None = None, lazy: bool = False):
         self.path = Path(dag_path)
         self.limits = sandbox_limits(cu_timeout_ms, cu_load_timeout_s)
         self.memory_budget = budget_bytes(memory_budget_mb)
@@ -93,7 +93,7 @@ class CompiledModel:
         self._source: SourceModel | None = None
         if self.policy.offline:
             self._source_model()           # a missing or changed source model fails at load
-        else:
+        elif not lazy:                     # lazy: the CUs load when the first request needs them
             self._loaded_scheduler()
         self.trace: list[dict] = []
         self.last_trace: dict = empty_trace(self.device_name, self.path)
@@ -101,6 +101,15 @@ class CompiledModel:
     @property
     def scheduler(self) -> SequentialScheduler | RayExecutor:
         return self._loaded_scheduler()
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the CUs are loaded (a lazy model, or one under the offline policy, waits for a request)."""
+        return self._scheduler is not None
+
+    def load_cus(self) -> None:
+        """Load the CUs now, as a model that is not lazy does at load."""
+        self._loaded_scheduler()
 
     @property
     def device(self):
@@ -235,7 +244,8 @@ def load(dag_path, device: str = "wasm", policy: str | Policy | None = None,
          pins: list[str] | None = None, cu_timeout_ms: float | str | None = None,
          cu_load_timeout_s: float | None = None, threads: int | None = None,
          executor: str = "local", address: str | None = None, executor_options: dict | None = None,
-         pad_to_bucket: str | None = None, pad_value: float = 0.0) -> CompiledModel | SpecializedModel:
+         pad_to_bucket: str | None = None, pad_value: float = 0.0,
+         specializations: str = "lazy") -> CompiledModel | SpecializedModel:
     """A model ready to run; `policy` defaults to balanced, `cache_bytes` bounds the result cache
     (0 turns it off), `memory_budget_mb` the resident CUs (None: all resident), `pins` the CUs that
     stay resident under it; `cu_timeout_ms` and `cu_load_timeout_s` are the sandbox's limits;
@@ -244,13 +254,16 @@ def load(dag_path, device: str = "wasm", policy: str | Policy | None = None,
     at `address` (`executor_options`: RayExecutor's stages, num_cpus, retries, timeout_s,
     max_restarts; on Ray `cache_bytes` is each actor's). A
     dag.json of shape specializations runs each request on the one its input shapes match (padded
-    up to the nearest along `pad_to_bucket` when asked: cortex/runtime/specialized.py)."""
+    up to the nearest along `pad_to_bucket` when asked: cortex/runtime/specialized.py), each one's
+    CUs loaded when a request first picks it (`specializations="eager"`: all of them now)."""
     options = {"memory_budget_mb": memory_budget_mb, "pins": pins, "cu_timeout_ms": cu_timeout_ms,
                "cu_load_timeout_s": cu_load_timeout_s, "threads": threads,
                "executor": executor, "address": address, "executor_options": executor_options}
+    check_loading(specializations)
     if is_specialized(Path(dag_path)):
         return SpecializedModel(Path(dag_path), lambda dag: CompiledModel(Path(dag_path), device, policy, cache_bytes,
-                                                                          dag=dag, **options), pad_to_bucket, pad_value)
+                                                                          dag=dag, lazy=True, **options),
+                                pad_to_bucket, pad_value, specializations)
     if pad_to_bucket is not None:
         raise CortexError(f"--pad-to-bucket {pad_to_bucket}: {dag_path} was built for one input shape; padding "
                           "needs shape specializations (decompose --dim NAME=A,B,...)")

@@ -97,8 +97,8 @@ def one_cu_dag(dag: dict, cu: dict, artifacts: dict) -> dict:
 
 def artifact_files(kind: str, record: dict) -> list[str] | None:
     """The files (relative to dag.json) an artifact record names; None for a kind not known here."""
-    if kind == "wasm":
-        return [record["path"]]
+    if kind == "wasm":     # the module, and its weight files when they are outside it
+        return [record["path"], *(w["path"] for w in record.get("weights", ()))]
     if kind == "cuda":
         entries = [record["source"], record["ptx"], record["weights"], *record["cubins"].values()]
         return [f"{record['folder']}/{e['file']}" for e in entries if e]

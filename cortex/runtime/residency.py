@@ -107,6 +107,22 @@ class Residency:
         for cu_id in sorted(self.claimed):
             self._land(cu_id)
 
+    def evict_idle(self, nbytes: int) -> int:
+        """Between requests (no load in flight, no request's tensors to save): unload the least
+        recently used CUs, unpinned ones before pinned ones, until `nbytes` are freed; the bytes
+        freed. Another model sharing the budget asks for them (shape specializations); a pin
+        evicted this way is loaded again when its CU next runs."""
+        freed = 0
+        order = [c for c in self.set.resident if c not in self.set.pins] + \
+                [c for c in self.set.resident if c in self.set.pins]
+        for cu_id in order:
+            if freed >= nbytes:
+                break
+            freed += self.set.resident[cu_id]
+            self._device(cu_id).unload(cu_id)
+            self.set.release(cu_id)
+        return freed
+
     def _reserve(self, cu_id: str, request, keep: set[str], force: bool = False) -> bool:
         """Evict what must go and reserve `cu_id`'s bytes; False when it cannot fit now (never with
         `force`: `check_budget` guaranteed the largest CU fits next to the pins)."""

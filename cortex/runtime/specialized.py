@@ -11,26 +11,61 @@ and outputs alike). That is only sound for models that ignore padded positions (
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from backends.limits import no_sandbox_events
+from cortex.runtime.memory import required_bytes
 from cortex.specializations import read_specialized_dag, section_dag, shapes_text
 from ir.errors import CortexError
 
+LOADING = ("lazy", "eager")
+
+
+def check_loading(loading: str) -> None:
+    if loading not in LOADING:
+        raise CortexError(f"--specializations {loading!r}: expected one of {', '.join(LOADING)} (when each "
+                          "shape specialization's CUs load)")
+
 
 class SpecializedModel:
+    """One `CompiledModel` per specialization, made at load with its dag checked but its CUs not
+    loaded: a specialization's CUs load when a request first picks it (`loading="eager"`: all at
+    load), so a process serving one shape holds one copy of the weights, not one per shape.
+
+    Requests may come from several threads. Each specialization has a lock: its CUs load once,
+    under it, however many first requests wait, and one request at a time enters its stores
+    (wasmtime's rule), while requests of other specializations run meanwhile. Under a memory
+    budget the budget is the whole model's: one lock for all, and before a request its
+    specialization may hold what the others do not (`_share_budget`)."""
+
     def __init__(self, dag_path: Path, open_model: Callable[[dict], object], pad_to_bucket: str | None = None,
-                 pad_value: float = 0.0):
+                 pad_value: float = 0.0, loading: str = "lazy"):
+        check_loading(loading)
         self.path = Path(dag_path)
         self.dag = read_specialized_dag(self.path)
         self.sections = self.dag["specializations"]
         self.models = [open_model(section_dag(s)) for s in self.sections]
         self.buckets = Buckets(self.sections, pad_to_bucket) if pad_to_bucket is not None else None
         self.pad_value = pad_value
-        self.chosen = self.models[0]
+        self.memory_budget = getattr(self.models[0], "memory_budget", None)
+        shared = threading.Lock()
+        self._locks = [shared if self.memory_budget is not None else threading.Lock() for _ in self.sections]
+        self._last_run = [0] * len(self.sections)      # request count when each last ran (0: never)
+        self._requests = 0
+        self._chosen = 0
         self.specialization: str | None = None     # the name the last request ran on
+        if loading == "eager":
+            for i in range(len(self.sections)):
+                self.specialization_model(i)
+
+    @property
+    def chosen(self):
+        """The model of the specialization the last request ran on (before any: the first's)."""
+        return self.models[self._chosen]
 
     @property
     def inputs(self) -> list[dict]:
@@ -48,16 +83,42 @@ class SpecializedModel:
     def last_trace(self) -> dict:
         return self.chosen.last_trace
 
+    @property
+    def scheduler(self):
+        """The scheduler of the specialization the last request ran on (loading it if need be)."""
+        return self.specialization_model(self._chosen).scheduler
+
     def trace_document(self) -> dict:
         return self.chosen.trace_document()
+
+    def loaded_specializations(self) -> list[str]:
+        """The specializations whose CUs are loaded (or were: a budget may have evicted them since)."""
+        return [s["name"] for s, model in zip(self.sections, self.models) if model.loaded]
+
+    def sandbox_events(self) -> dict[str, int]:
+        """The sandbox's counts over the model's life, every loaded specialization's summed."""
+        totals = no_sandbox_events()
+        for model in self.models:
+            if model.loaded:
+                for counter, count in model.sandbox_events().items():
+                    totals[counter] += count
+        return totals
+
+    def resident_bytes(self) -> int:
+        """What the loaded specializations' resident CUs hold, all together."""
+        return sum(model.scheduler.resident_bytes() for model in self.models if model.loaded)
+
+    def close(self) -> None:
+        for model in self.models:
+            model.close()
 
     def run(self, feeds: dict, outputs: list[str] | None = None, policy=None) -> dict[str, np.ndarray]:
         if not isinstance(feeds, dict):
             raise CortexError("inputs must be a dict of name -> numpy array")
         shapes = {name: list(np.shape(value)) for name, value in feeds.items()}
-        for i, section in enumerate(self.sections):
-            if shapes == section["input_shapes"]:
-                return self._run_on(i, feeds, outputs, policy)
+        i = self.exact(shapes)
+        if i is not None:
+            return self._run_on(i, feeds, outputs, policy)
         if self.buckets is None:
             raise CortexError(f"no shape specialization matches the inputs ({shapes_text(shapes)}); {self.path} "
                               f"was compiled for: {self.compiled_shapes()}")
@@ -66,12 +127,80 @@ class SpecializedModel:
         results = self._run_on(i, padded, outputs, policy)
         return {name: self.buckets.slice(name, value, i, length) for name, value in results.items()}
 
+    def exact(self, shapes: dict[str, list[int]]) -> int | None:
+        """The specialization compiled for exactly these input shapes, if one is."""
+        return next((i for i, s in enumerate(self.sections) if shapes == s["input_shapes"]), None)
+
+    def select(self, shapes: dict[str, list[int]], name: str | None = None) -> int:
+        """The specialization named `name`, or else the first one whose inputs have these shapes
+        (`shapes` may name only some inputs, and other names, such as frozen inputs, are not
+        compared); a conflict is one error."""
+        if name is not None:
+            found = next((i for i, s in enumerate(self.sections) if s["name"] == name), None)
+            if found is None:
+                raise CortexError(f"--specialization {name}: {self.path} has no such specialization; it has "
+                                  f"{', '.join(s['name'] for s in self.sections)}")
+            want = self.sections[found]["input_shapes"]
+            wrong = [n for n, shape in shapes.items() if n in want and shape != want[n]]
+            if wrong:
+                raise CortexError(f"--specialization {name} takes {shapes_text({n: want[n] for n in wrong})}, "
+                                  f"the inputs have {shapes_text({n: shapes[n] for n in wrong})}")
+            return found
+        for i, section in enumerate(self.sections):
+            if all(shape == section["input_shapes"][n] for n, shape in shapes.items() if n in section["input_shapes"]):
+                return i
+        raise CortexError(f"no shape specialization matches the inputs ({shapes_text(shapes)}); {self.path} "
+                          f"was compiled for: {self.compiled_shapes()}")
+
     def compiled_shapes(self) -> str:
         return "; ".join(f"{s['name']} ({shapes_text(s['input_shapes'])})" for s in self.sections)
 
+    def specialization_model(self, i: int):
+        """Specialization `i`'s own model, its CUs loaded (`cortex verify --bisect` observes it)."""
+        with self._locks[i]:
+            self._share_budget(i)
+            return self._loaded(i)
+
     def _run_on(self, i: int, feeds: dict, outputs, policy) -> dict[str, np.ndarray]:
-        self.chosen, self.specialization = self.models[i], self.sections[i]["name"]
-        return self.chosen.run(feeds, outputs=outputs, policy=policy)
+        with self._locks[i]:
+            self._share_budget(i)
+            model = self._loaded(i)
+            self._requests += 1
+            self._last_run[i] = self._requests
+            self._chosen, self.specialization = i, self.sections[i]["name"]
+            return model.run(feeds, outputs=outputs, policy=policy)
+
+    def _loaded(self, i: int):
+        """Specialization `i`'s model with its CUs loaded (under a budget: its pins; under the
+        offline policy none, as for one shape); the caller holds its lock."""
+        model = self.models[i]
+        if not model.loaded and not model.policy.offline:
+            model.load_cus()
+        return model
+
+    def _share_budget(self, i: int) -> None:
+        """Under a memory budget, make the resident CUs of every specialization together fit it:
+        the other specializations' CUs are evicted, least recently run specialization first and
+        its least recently used CUs first, until specialization `i` has room to run (its pins plus
+        its largest other CU); what the others still hold is taken from `i`'s share. A
+        specialization not loaded yet gets the whole budget: the others are emptied before its
+        pins load. The caller holds the (shared) lock."""
+        if self.memory_budget is None:
+            return
+        residency = self.models[i].scheduler.residency if self.models[i].loaded else None
+        room = required_bytes(residency.set.footprints, residency.set.pins)[0] if residency else self.memory_budget
+        others = sorted((j for j in range(len(self.sections)) if j != i and self.models[j].loaded),
+                        key=lambda j: self._last_run[j])
+        held = sum(self._resident_set(j).used() for j in others)
+        for j in others:
+            if self.memory_budget - held >= room:
+                break
+            held -= self.models[j].scheduler.residency.evict_idle(held - (self.memory_budget - room))
+        if residency is not None:
+            residency.set.budget = self.memory_budget - held
+
+    def _resident_set(self, j: int):
+        return self.models[j].scheduler.residency.set
 
 
 class Buckets:
