@@ -6,19 +6,25 @@ of every file written.
 
 The check compares in that order and stops at the first difference, which it names in one line.
 Files the runtimes add beside the artifacts later (wasmtime's native-code cache) are not part of
-the record and do not make a folder stale.
+the record and do not make a folder stale. The record's JSON Schema is
+`cortex/schemas/build.schema.json` (its fields are described there and in docs/build.md); a record
+that does not follow it is stale, named with the field at fault.
 """
 
 from __future__ import annotations
 
 import json
+from functools import cache
 from pathlib import Path
+
+import jsonschema
 
 from ir.errors import CortexError
 from ir.fs import file_sha256, write_bytes_atomically
 
 BUILD_SCHEMA = "cortex.build/1"
 RECORD_FILE = "build.json"
+SCHEMA_FILE = Path(__file__).resolve().parent / "schemas" / "build.schema.json"
 
 
 class StaleBuild(CortexError):
@@ -69,7 +75,21 @@ def read_record(folder: Path) -> dict:
         raise StaleBuild(f"{path}: not a readable build record ({e})") from None
     if not isinstance(record, dict) or record.get("schema") != BUILD_SCHEMA:
         raise StaleBuild(f"{path}: not a {BUILD_SCHEMA} record")
+    error = jsonschema.exceptions.best_match(_validator().iter_errors(record))
+    if error is not None:
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path).lstrip(".")
+        raise StaleBuild(f"{path}: does not follow the {BUILD_SCHEMA} schema at {where or 'the top'}: "
+                         f"{error.message[:160]}")
     return record
+
+
+def build_schema() -> dict:
+    return json.loads(SCHEMA_FILE.read_text())
+
+
+@cache
+def _validator() -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(build_schema())
 
 
 def first_difference(folder: Path, built: dict, wanted: dict, flags: dict[tuple[str, str], str]) -> str | None:

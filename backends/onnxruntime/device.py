@@ -24,10 +24,7 @@ class OnnxruntimeDevice(HostTensors):
 
     def __init__(self, dag: dict, dag_path: Path, *, threads: int = 1):
         self.dag_path = Path(dag_path)
-        self.options = ort.SessionOptions()
-        self.options.intra_op_num_threads = threads
-        self.options.inter_op_num_threads = 1
-        self.options.log_severity_level = 3
+        self.threads = threads
         self.sessions: dict[str, ort.InferenceSession] = {}
         self.sizes: dict[str, int] = {}
 
@@ -41,10 +38,21 @@ class OnnxruntimeDevice(HostTensors):
             data = read_artifact(path, cu["sha256"], f"{cu['id']} in {self.dag_path}",
                                  "run 'cortex decompose' and 'cortex build-dag' again")
             try:
-                self.sessions[cu["id"]] = ort.InferenceSession(data, self.options, providers=["CPUExecutionProvider"])
+                self.sessions[cu["id"]] = ort.InferenceSession(data, self._options(path.parent),
+                                                               providers=["CPUExecutionProvider"])
             except Exception as e:   # onnxruntime raises its own exception types
                 raise CortexError(f"{path}: onnxruntime cannot load {cu['id']}: {_first_line(e)}") from None
             self.sizes[cu["id"]] = len(data)
+
+    def _options(self, folder: Path) -> ort.SessionOptions:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = self.threads
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3
+        # A session built from bytes finds external weights (a specialized CU folder's cu.onnx
+        # keeps them in shared files) only through this folder, not next to the file.
+        options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
+        return options
 
     def run(self, cu: dict, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         try:

@@ -21,6 +21,7 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from cortex.dag import read_dag
 from cortex.runtime.bisect import CUCase, CUCheck, describe
@@ -45,6 +46,12 @@ def write_reproduction(folder: Path, dag: dict, dag_path: Path, case: CUCase, ch
         model = read_artifact(source / cu["path"], cu["sha256"],     # read_dag kept the path inside
                               f"{cu['id']} in {dag_path}", "run 'cortex decompose' and 'cortex build-dag' again")
         write_bytes_atomically(tmp / "cu.onnx", model)
+        for location in external_data_files(model):     # a specialized CU's weights, beside it as in its folder
+            path = confined_path((source / cu["path"]).parent, location)
+            if path is None or not path.is_file():
+                raise CortexError(f"{dag_path}: {cu['id']}'s cu.onnx names external data {location!r}, "
+                                  "which is missing")
+            write_bytes_atomically(tmp / location, path.read_bytes())
         artifacts = {}
         for kind, record in cu.get("artifacts", {}).items():
             files = artifact_files(kind, record)
@@ -93,6 +100,19 @@ def one_cu_dag(dag: dict, cu: dict, artifacts: dict) -> dict:
             "tensors": dict(sorted(tensors.items())),
             "cus": [record], "edges": [], "order": [cu_id], "levels": [[cu_id]],
             "critical_path": {"cus": [cu_id], "flops": cu.get("flops", 0)}}
+
+
+def external_data_files(model: bytes) -> list[str]:
+    """The files (relative to the model's folder) holding a model's external tensors."""
+    graphs, found = [onnx.load_from_string(model).graph], set()
+    while graphs:
+        graph = graphs.pop()
+        for tensor in graph.initializer:
+            if tensor.data_location == onnx.TensorProto.EXTERNAL:
+                found.update(e.value for e in tensor.external_data if e.key == "location")
+        graphs += [g for node in graph.node for a in node.attribute for g in [*([a.g] if a.HasField("g") else []),
+                                                                            *a.graphs]]
+    return sorted(found)
 
 
 def artifact_files(kind: str, record: dict) -> list[str] | None:
