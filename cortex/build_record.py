@@ -7,7 +7,7 @@ of every file written.
 The check compares in that order and stops at the first difference, which it names in one line.
 Files the runtimes add beside the artifacts later (wasmtime's native-code cache) are not part of
 the record and do not make a folder stale. The record's JSON Schema is
-`cortex/schemas/build.schema.json` (its fields are described there and in docs/build.md); a record
+`cortex/schemas/build.schema.json` (its fields are described there and in docs/build-record.md); a record
 that does not follow it is stale, named with the field at fault.
 """
 
