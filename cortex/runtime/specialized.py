@@ -1,5 +1,6 @@
 """A model compiled for several input shapes (a cortex.dag/2 dag.json): each request runs on the
-specialization whose input shapes match its inputs exactly.
+specialization whose input shapes match its inputs exactly, whose CUs load when a request first
+picks it (`SpecializedModel`: locks, eager loading, one memory budget for all).
 
 With `pad_to_bucket` (a dim name given to `--dim`, or an input given several `--input-shape`s), a
 request no specialization matches exactly is padded with `pad_value` up to the nearest larger
@@ -51,7 +52,7 @@ class SpecializedModel:
         self.models = [open_model(section_dag(s)) for s in self.sections]
         self.buckets = Buckets(self.sections, pad_to_bucket) if pad_to_bucket is not None else None
         self.pad_value = pad_value
-        self.memory_budget = getattr(self.models[0], "memory_budget", None)
+        self.memory_budget = self.models[0].memory_budget       # bytes, or None; the same for every one
         shared = threading.Lock()
         self._locks = [shared if self.memory_budget is not None else threading.Lock() for _ in self.sections]
         self._last_run = [0] * len(self.sections)      # request count when each last ran (0: never)
