@@ -147,10 +147,13 @@ def test_under_a_memory_budget_the_specializations_share_it(chain):
 def test_the_cli_takes_specializations_and_refuses_a_bad_value_in_one_line(chain, tmp_path):
     dag, model = chain
     np.save(tmp_path / "x.npy", feed(8)["x"])
-    for loading in ("lazy", "eager"):
+    budget_mb = max(footprints(dag).values()) / 2**20
+    for loading, extra in (("lazy", []), ("eager", ["--memory-budget", repr(budget_mb)])):
         code, out, err = run_cli(["run", dag, "--input", f"x={tmp_path / 'x.npy'}", "--specializations", loading,
-                                  "--output", tmp_path / f"{loading}.npz", "--json"])
+                                  "--output", tmp_path / f"{loading}.npz", "--json", *extra])
         assert code == 0, err
+        memory = json.loads(out)["memory"]
+        assert memory["budget_bytes"] == (budget_mb * 2**20 if extra else None)
         np.testing.assert_allclose(only_output(dict(np.load(tmp_path / f"{loading}.npz"))),
                                    reference(model, feed(8)), rtol=RTOL, atol=ATOL)
     code, out, err = run_cli(["bench", dag, "--specializations", "eager", "--repeat", "1", "--warmup", "0", "--json"])
