@@ -132,3 +132,11 @@ def test_calibration_needs_two_feeds(tmp_path, model_path):
     code, _, err = run_cli(["decompose", "--model-path", model_path, "--output-dir", tmp_path / "cus",
                             "--cache-inputs-from", tmp_path / "one.npz"])
     assert_one_line_error(code, err, "--cache-inputs-from", "at least 2")
+
+
+def test_a_single_array_file_of_feeds_is_one_clear_error(tmp_path, model_path):
+    np.save(tmp_path / "x.npy", np.zeros((2, 3), np.float32))
+    code, _, err = run_cli(["decompose", "--model-path", model_path, "--output-dir", tmp_path / "cus",
+                            "--cache-inputs-from", tmp_path / "x.npy"])
+    assert_one_line_error(code, err, "--cache-inputs-from", "x.npy", ".npz")
+    assert not (tmp_path / "cus").exists()

@@ -151,10 +151,14 @@ def read_feeds(path: Path) -> list[dict[str, np.ndarray]]:
 
 def _npz(path: Path, label: str) -> dict[str, np.ndarray]:
     try:
-        with np.load(path, allow_pickle=False) as loaded:
-            return {k: loaded[k] for k in loaded.files}
-    except (OSError, ValueError, AttributeError) as e:
+        loaded = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
         raise CortexError(f"{label}: {path} is not a readable .npz file ({e})") from None
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        raise CortexError(f"{label}: {path} is a single array; feeds are named, so give an .npz file "
+                          "(or a folder of them)")
+    with loaded:
+        return {k: loaded[k] for k in loaded.files}
 
 
 def repeating_inputs(feeds: list[dict[str, np.ndarray]]) -> list[str]:
