@@ -6,6 +6,7 @@ and threads keep their meaning; a trap rebuilds the whole memory; bad combinatio
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -126,7 +127,7 @@ def test_the_plan_gives_each_cu_its_own_region_and_reads_borders_in_place(builds
     shared = [r["shared"] for r in records.values()]
     assert len({s["memory_bytes"] for s in shared}) == 1
     spans = sorted((s["base"], s["base"] + s["region_bytes"]) for s in shared)
-    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))     # no two regions overlap
+    assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))     # no two regions overlap
     slots = {e["name"]: e["offset"] for r in records.values() for e in r["outputs"]}
     borders = [(e["name"], e["offset"]) for r in records.values() for e in r["inputs"] if e["name"] in slots]
     assert borders and all(slots[name] == offset for name, offset in borders)
