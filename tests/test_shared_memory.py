@@ -260,3 +260,6 @@ def test_bad_combinations_are_one_line(builds, tmp_path):
     assert not (tmp_path / "w").exists()
     code, _, err = run_cli(["run", builds["cnn", "shared"], "--example-inputs", "--memory-budget", "1"])
     assert_one_line_error(code, err, "--memory shared", "--memory per-cu")
+    code, _, err = run_cli(["bundle", builds["cnn", "shared"], "--output", tmp_path / "site"])
+    assert_one_line_error(code, err, "--memory shared", "JavaScript runtime")
+    assert not (tmp_path / "site").exists()
