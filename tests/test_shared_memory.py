@@ -18,6 +18,7 @@ from cli_helpers import assert_one_line_error, run_cli
 from onnx import TensorProto, helper, numpy_helper
 from runtime_cases import two_output_model
 from test_conditional_cus import if_model
+from test_fallback_cus import mixed_model
 from testdata import run_onnxruntime
 
 import cortex
@@ -75,11 +76,11 @@ def feeds_for(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
     return feeds
 
 
-def build(model: onnx.ModelProto, out: Path, **options) -> Path:
+def build(model: onnx.ModelProto, out: Path, fallback: str | None = None, **options) -> Path:
     """decompose (one op per CU where fusion allows) -> build-dag -> compile-wasm with `options`."""
     out.mkdir(parents=True, exist_ok=True)
     onnx.save(model, out / "m.onnx")
-    decompose_model(out / "m.onnx", out / "cus", PartitionIntoCUs(min_cu_size=0, max_cu_depth=1))
+    decompose_model(out / "m.onnx", out / "cus", PartitionIntoCUs(min_cu_size=0, max_cu_depth=1, fallback=fallback))
     dag_path = out / "dag.json"
     write_bytes_atomically(dag_path, json.dumps(build_dag(out / "cus", dag_path), indent=2).encode())
     compile_cu_dir(target("wasm"), out / "cus", out / "wasm-bin", WasmOptions(**options), dag_path, jobs=1)
@@ -179,6 +180,22 @@ def test_external_weights_are_written_into_the_shared_memory(tmp_path):
     loaded = cortex.load(dag_path, threads=1)
     np.testing.assert_allclose(loaded.run(feeds)["y"], run_onnxruntime(model, feeds)["y"], rtol=RTOL, atol=ATOL)
     assert copied(loaded) == 0
+
+
+def test_tensors_from_a_fallback_cu_are_written_in_and_read_in_place_after(tmp_path):
+    model = mixed_model()       # MatMul, Relu -> TfIdfVectorizer on onnxruntime -> Tanh, Add
+    feeds = feeds_for(model)
+    expected = run_onnxruntime(model, feeds)
+    results = {}
+    for memory in ("per-cu", "shared"):
+        loaded = cortex.load(build(model, tmp_path / memory, fallback="onnxruntime", memory=memory), threads=1)
+        results[memory] = loaded.run(feeds)
+        assert loaded.last_trace["cus_by_device"]["onnxruntime"] == 1
+        if memory == "shared":
+            assert copied(loaded) == 0
+    for out, want in expected.items():
+        np.testing.assert_array_equal(results["shared"][out], results["per-cu"][out])
+        np.testing.assert_allclose(results["shared"][out], want, rtol=RTOL, atol=ATOL)
 
 
 def _hostile_module(dag_path: Path, cu_id: str) -> None:
