@@ -105,6 +105,7 @@ def measure(name: str, rounds: int, workdir: Path, log=print) -> dict:
             timings[memory] += got[memory].seconds
             walls[memory] += got[memory].wall_seconds
     ratios = [s / p for s, p in zip(per_round["shared"], per_round["per-cu"])]
+    rebuild = rebuild_ms(loaded)
     drift = Drift(name, before, fma_peak())
     result = {
         "model": name, "cus": len(loaded["shared"].dag["cus"]), "runs_each": len(timings["shared"]),
@@ -116,10 +117,29 @@ def measure(name: str, rounds: int, workdir: Path, log=print) -> dict:
         "round_ratios": ratios,
         "bytes_copied_between_cus": {m: stats[m]["bytes_copied_between_cus"] for m in MEMORIES},
         "resident_mb": {m: resident[m] / MB for m in MEMORIES},
-        "warm_load_s": load_s, "compile_wasm_s": compile_s, "drift": drift.to_json(),
+        "warm_load_s": load_s, "compile_wasm_s": compile_s, "rebuild_after_trap_ms": rebuild,
+        "drift": drift.to_json(),
     }
     log(f"  {name}: {drift.note()}")
     return result
+
+
+def rebuild_ms(loaded: dict) -> dict:
+    """What the sandbox's rebuild after a trap costs: per-cu rebuilds the failed CU's store (the
+    median and the largest over the CUs), shared rebuilds the whole model's (median of 3)."""
+    per_cu = loaded["per-cu"].scheduler.devices["wasm"]
+    each = []
+    for cu_id in loaded["per-cu"].dag["order"]:
+        start = time.perf_counter()
+        per_cu._rebuild(loaded["per-cu"].scheduler.cus[cu_id])
+        each.append((time.perf_counter() - start) * 1e3)
+    shared = loaded["shared"].scheduler.devices["wasm"]
+    whole = []
+    for _ in range(3):
+        start = time.perf_counter()
+        shared._rebuild_model()
+        whole.append((time.perf_counter() - start) * 1e3)
+    return {"per-cu median": statistics.median(each), "per-cu largest": max(each), "shared": statistics.median(whole)}
 
 
 def report(results: list[dict]) -> str:
@@ -138,7 +158,10 @@ def report(results: list[dict]) -> str:
             f"{r['resident_mb']['per-cu']:.1f} / {r['resident_mb']['shared']:.1f} | "
             f"{r['warm_load_s']['per-cu']:.2f} / {r['warm_load_s']['shared']:.2f} |")
     notes = [f"- {r['model']}: {Drift(r['model'], r['drift']['before_gflops'], r['drift']['after_gflops']).note()}; "
-             f"{r['runs_each']} runs each, outputs {'bitwise identical' if r['bitwise_identical'] else 'DIFFER'}"
+             f"{r['runs_each']} runs each, outputs {'bitwise identical' if r['bitwise_identical'] else 'DIFFER'}; "
+             f"rebuild after a trap: per-cu {r['rebuild_after_trap_ms']['per-cu median']:.1f} ms median, "
+             f"{r['rebuild_after_trap_ms']['per-cu largest']:.1f} ms largest CU; shared "
+             f"{r['rebuild_after_trap_ms']['shared']:.1f} ms (the whole model)"
              for r in results if "error" not in r]
     return "\n".join([*lines, "", *notes])
 
