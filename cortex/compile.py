@@ -14,7 +14,9 @@ files beside the exact one, recorded as `cus[i].variants[<precision>].artifacts.
 variant's `trust` stays null (never run) until `cortex calibrate` measures it; rebuilding a variant
 whose artifact changed resets it.
 
-CUs build independently, each a pure function of its graph and the options: `map_cus` says how
+A target whose options link the CUs (`Target.links`: one model-level memory) is handed every CU's
+graph first and says the options each CU builds with (`Target.link`); those options are the CU's
+cache key. CUs build independently, each a pure function of its graph and the options: `map_cus` says how
 the builds are spread (threads by default; `compile-<target> --executor ray` passes one Ray task
 per CU), and the files are written here, in manifest order, so where they were built never shows.
 With a `cache` (`cortex.compile_cache`), each CU (and each variant) whose key is in the cache is
@@ -147,8 +149,8 @@ def linked_options(target: Target, options, cu_dir: Path, manifest: dict, compil
     if not target.links(options):
         return None, {cu["id"]: options for cu in compiled}
     if variants:
-        raise CortexError(f"--variants: the CUs of a linked build ({options_json(options)}) share one memory "
-                          "plan; variants of them are not built yet")
+        raise CortexError(f"--variants: the CUs of this compile-{target.name} build share one memory plan "
+                          "(--memory shared); variants of them are not built yet")
     graphs = load_cu_graphs(cu_dir, compiled, target.name)
     return graphs, target.link(options, graphs, manifest)
 
