@@ -90,6 +90,12 @@ bench-specializations: setup
 bench-sandbox: setup
 	$(BIN)/python -m bench.sandbox_overhead --json $(OUT)/bench-sandbox.json
 
+## One shared linear memory per model (compile-wasm --memory shared) against per-CU memories, on
+## densenet121 and MiniLM: latency, bytes copied between CUs per inference, resident memory, warm load.
+.PHONY: bench-shared-memory
+bench-shared-memory: setup
+	$(BIN)/python -m bench.shared_memory_bench --json $(OUT)/bench-shared-memory.json
+
 ## On a machine with an NVIDIA GPU: compile-cuda + run --device cuda on the samples, light models and
 ## MiniLM against onnxruntime, timed against onnxruntime's CUDA EP (or torch), plus conformance on cuda;
 ## writes its section of docs/benchmarks.md. Without a GPU: one line, exit code 2, nothing written.

@@ -97,6 +97,10 @@ class Target:
     lowering: str = "loops"                     # which of the op registry's lowerings its renderer reads
     # The external compiler the artifacts also depend on ("nvcc 13.0"), part of the compile cache's key.
     toolchain: Callable[[object], str] = lambda options: ""
+    # Builds whose CUs depend on one another (one model-level memory, `compile-wasm --memory shared`):
+    # `links(options)` says so, and `link(options, graphs by CU id, manifest)` gives each CU's options.
+    links: Callable[[object], bool] = lambda options: False
+    link: Callable[[object, dict, dict], dict] | None = None
 
 
 @dataclass(frozen=True)

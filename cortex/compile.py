@@ -14,7 +14,9 @@ files beside the exact one, recorded as `cus[i].variants[<precision>].artifacts.
 variant's `trust` stays null (never run) until `cortex calibrate` measures it; rebuilding a variant
 whose artifact changed resets it.
 
-CUs build independently, each a pure function of its graph and the options: `map_cus` says how
+A target whose options link the CUs (`Target.links`: one model-level memory) is handed every CU's
+graph first and says the options each CU builds with (`Target.link`); those options are the CU's
+cache key. CUs build independently, each a pure function of its graph and the options: `map_cus` says how
 the builds are spread (threads by default; `compile-<target> --executor ray` passes one Ray task
 per CU), and the files are written here, in manifest order, so where they were built never shows.
 With a `cache` (`cortex.compile_cache`), each CU (and each variant) whose key is in the cache is
@@ -63,12 +65,13 @@ def compile_cu_dir(target: Target, cu_dir: Path, output: Path, options, dag_path
     dag = read_dag_for_cus(dag_path, manifest, cu_dir) if dag_path is not None else None
     folder_in_dag = _folder_relative_to(output, dag_path) if dag_path is not None else None
     precisions = (None, *variants)
-    keys = {(cu["id"], p): cache.key(target, options, cu["id"], cu["sha256"], p)
+    graphs, per_cu = linked_options(target, options, cu_dir, manifest, compiled, variants)
+    keys = {(cu["id"], p): cache.key(target, per_cu[cu["id"]], cu["id"], cu["sha256"], p)
             for cu in compiled for p in precisions} if cache is not None else {}
     found = {slot: cache.get(key) for slot, key in keys.items()}
     found = {slot: built for slot, built in found.items() if built is not None}
     rebuilt = [cu for cu in compiled if any((cu["id"], p) not in found for p in precisions)]
-    graphs = load_cu_graphs(cu_dir, rebuilt, target.name)
+    graphs = graphs if graphs is not None else load_cu_graphs(cu_dir, rebuilt, target.name)
 
     # What each CU still needs built: a pure function of its graph and the options, so it may run on
     # another machine (`map_cus`); the cache is read and written here, never where the build runs.
@@ -80,7 +83,7 @@ def compile_cu_dir(target: Target, cu_dir: Path, output: Path, options, dag_path
         try:
             for precision in wanted:
                 if precision is None:
-                    built[precision] = target.build(graph, options, cu["id"])
+                    built[precision] = target.build(graph, per_cu[cu["id"]], cu["id"])
                 else:
                     narrow = narrowed(graph, precision)
                     built[precision] = None if narrow is None else target.build(
@@ -139,6 +142,19 @@ def compile_cu_dir(target: Target, cu_dir: Path, output: Path, options, dag_path
             **summary, "seconds": round(time.perf_counter() - start, 3)}
 
 
+def linked_options(target: Target, options, cu_dir: Path, manifest: dict, compiled: list[dict],
+                   variants: tuple[str, ...]) -> tuple[dict[str, Graph] | None, dict[str, object]]:
+    """The options each CU builds with: the command's, or, for a target whose options link the
+    CUs (one model-level memory), what its `link` plans from every CU's graph (then returned too)."""
+    if not target.links(options):
+        return None, {cu["id"]: options for cu in compiled}
+    if variants:
+        raise CortexError(f"--variants: the CUs of this compile-{target.name} build share one memory plan "
+                          "(--memory shared); variants of them are not built yet")
+    graphs = load_cu_graphs(cu_dir, compiled, target.name)
+    return graphs, target.link(options, graphs, manifest)
+
+
 def compile_specializations(target: Target, cu_dir: Path, output: Path, options, listing: list[dict],
                             dag_path: Path | None, on_cu: Callable[[str], None] | None, jobs: int | None,
                             variants: tuple[str, ...]) -> dict:
@@ -151,6 +167,8 @@ def compile_specializations(target: Target, cu_dir: Path, output: Path, options,
     if "external_weights" not in {f.name for f in dataclasses.fields(options)}:
         raise CortexError(f"{cu_dir} holds shape specializations; compile-{target.name} cannot store their "
                           "shared weights once yet (compile-wasm can)")
+    if target.links(options):
+        raise CortexError(f"{cu_dir} holds shape specializations; their CUs cannot share one memory plan yet")
     options = dataclasses.replace(options, external_weights=True)
     target.check(options)
     folders = {entry["name"]: cu_dir / entry["folder"] for entry in listing}

@@ -226,21 +226,23 @@ def _wasm_record(cu: dict, record: dict, tensors: dict, folder: Path) -> str | N
     if problem:
         return problem
     memory = record["memory"]
+    # A module of a --memory shared build addresses the model's whole memory, not only its region.
+    addressable = (memory.get("shared") or {}).get("memory_bytes", memory["memory_bytes"])
     for kind, names in (("inputs", cu["inputs"]), ("outputs", cu["outputs"])):
         problem = _same_tensors(kind, memory[kind], names, tensors)
         if problem:
             return problem
         for e in memory[kind]:
-            if e["offset"] + e["bytes"] > memory["memory_bytes"]:
+            if e["offset"] + e["bytes"] > addressable:
                 return f"{kind[:-1]} {e['name']!r} at offset {e['offset']} (+{e['bytes']} bytes) lies past the " \
-                       f"module's {memory['memory_bytes']} bytes of memory"
+                       f"module's {addressable} bytes of memory"
     for w in record.get("weights", ()):
         problem = _outside(folder, w["path"])
         if problem:
             return f"weights {problem}"
-        if w["offset"] + w["bytes"] > memory["memory_bytes"]:
+        if w["offset"] + w["bytes"] > addressable:
             return f"weights {w['path']!r} at offset {w['offset']} (+{w['bytes']} bytes) lie past the " \
-                   f"module's {memory['memory_bytes']} bytes of memory"
+                   f"module's {addressable} bytes of memory"
     return None
 
 

@@ -14,6 +14,7 @@ from backends.wasm.intrinsics import kernels as contraction_kernels
 from backends.wasm.memory_plan import describe_plan, place_storages
 from backends.wasm.options import WasmOptions
 from backends.wasm.render import render_module
+from backends.wasm.shared_memory import place_shared
 from backends.wasm.weights_files import weight_segments
 from codegen.lower import lower_graph
 from ir.fs import sha256_bytes
@@ -38,10 +39,17 @@ class WasmArtifact:
 
 def compile_graph(graph: Graph, options: WasmOptions) -> WasmArtifact:
     program = lower_graph(graph, contraction_kernels(options))
-    memory_bytes, arena_bytes = place_storages(program)
-    wat = render_module(program, options, memory_bytes)
+    layout = options.shared_layout
+    if layout is None:
+        memory_bytes, arena_bytes = place_storages(program)
+        wat = render_module(program, options, memory_bytes)
+    else:   # one region of the model's memory, which the module imports (--memory shared)
+        memory_bytes, arena_bytes = layout.region_bytes, place_shared(program, layout)
+        wat = render_module(program, options, layout.memory_bytes)
     wasm = assemble(wat, program, options)
     plan = describe_plan(program, memory_bytes, arena_bytes)
+    if layout is not None:
+        plan["shared"] = layout.to_json()
     if options.external_weights:
         return WasmArtifact(wasm, wat, plan, weight_segments(program))
     return WasmArtifact(wasm, _with_inline_weights(wat, program), plan)

@@ -26,7 +26,7 @@ import wasmtime
 from backends.limits import SandboxLimits
 from backends.registry import HostTensors
 from backends.wasm.assemble import make_engine
-from backends.wasm.instance import WasmInstance
+from backends.wasm.instance import WasmInstance, in_place
 from backends.wasm.native_cache import CacheWrites, Stamps, load_module
 from backends.wasm.options import WasmOptions, parse_options
 from backends.wasm.sandbox import (
@@ -144,6 +144,12 @@ class WasmDevice(HostTensors):
                               "the next request tries again") from None
         self.events.count("rebuilt")
         return instance
+
+    def reads_in_place(self, cu: dict, name: str, tensor) -> bool:
+        """Whether running `cu` reads its input `name` where `tensor` already lies, copying nothing
+        (a producer's output slot in the model's shared memory); with memories of their own, never."""
+        instance = self.instances.get(cu["id"])
+        return instance is not None and name in instance.inputs and in_place(tensor, instance.inputs[name])
 
     def sandbox_events(self) -> dict[str, int]:
         return dict(self.events.counts)

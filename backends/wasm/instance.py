@@ -23,14 +23,15 @@ from ir.bounds import pad_into, real_part
 class WasmInstance:
     def __init__(self, engine: wasmtime.Engine, module: wasmtime.Module, plan: dict,
                  memory_limit: int | None = None, deadline_ticks: int | None = None,
-                 start_ticks: int | None = None):
-        self.store = wasmtime.Store(engine)
+                 start_ticks: int | None = None, store: wasmtime.Store | None = None, imports: tuple = ()):
+        # A given store holds the model's one memory, which the module imports (--memory shared).
+        self.store = store if store is not None else wasmtime.Store(engine)
         if memory_limit is not None:     # one instance with one memory: all a CU module has
             self.store.set_limits(memory_size=memory_limit, instances=1, memories=1)
         self.deadline_ticks = deadline_ticks
         if start_ticks is not None:      # a start function (copying passive weights in) runs now
             self.store.set_epoch_deadline(start_ticks)
-        self.instance = wasmtime.Instance(self.store, module, [])
+        self.instance = wasmtime.Instance(self.store, module, list(imports))
         exports = self.instance.exports(self.store)
         self.memory: wasmtime.Memory = exports["memory"]
         self._run = exports["run"]
@@ -59,7 +60,7 @@ class WasmInstance:
         for name, view in self.inputs.items():
             if name in self.lengths:     # a bounded tensor comes at its real shape (ir/bounds.py)
                 self.lengths[name][0] = pad_into(view, inputs[name], self._axes[name])
-            else:
+            elif not in_place(inputs[name], view):    # in place: the producer wrote it here (--memory shared)
                 view[...] = inputs[name]
         if self.deadline_ticks is not None:
             self.store.set_epoch_deadline(self.deadline_ticks)
@@ -69,6 +70,13 @@ class WasmInstance:
             return self.outputs
         return {name: real_part(view, self._axes[name], int(self.lengths[name][0])) if name in self.lengths else view
                 for name, view in self.outputs.items()}
+
+
+def in_place(value, view: np.ndarray) -> bool:
+    """Whether `value` already is `view`: the same bytes of the same memory, in the same layout."""
+    return (isinstance(value, np.ndarray) and value.shape == view.shape and value.dtype == view.dtype
+            and value.__array_interface__["data"][0] == view.__array_interface__["data"][0]
+            and value.flags.c_contiguous)
 
 
 def _length_view(raw: np.ndarray, bound: dict) -> np.ndarray:

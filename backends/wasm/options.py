@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from backends.wasm.shared_layout import SharedLayout
 from ir.errors import CortexError
 from ir.options import from_text, option
 
@@ -13,6 +14,8 @@ FEATURES = ("simd", "bulk-memory", "relaxed-simd")
 OPT_LEVELS = ("0", "1", "2", "3", "s", "z")
 # Without bulk-memory weights stay in active segments that wasmtime maps copy-on-write at load.
 DEFAULT_FEATURES = ("simd",)
+# per-cu: each CU's module owns its memory (the sandbox's unit); shared: one model memory (docs/runtime.md).
+MEMORY_MODES = ("per-cu", "shared")
 
 
 def parse_features(text: str) -> tuple[str, ...]:
@@ -38,6 +41,12 @@ class WasmOptions:
         "Store weights in content-addressed weights/<sha256>.bin files, written into memory at load, and "
         "each module as modules/<sha256>.wasm, so identical weights and modules are stored once (always on "
         "for shape specializations)."))
+    memory: str = field(default=MEMORY_MODES[0], metadata=option(
+        "per-cu: each CU's module owns its linear memory and tensors are copied across CU borders; shared: "
+        "every module imports one model memory, and a tensor crossing a CU border is read in place.",
+        choices=MEMORY_MODES))
+    # Not an option: the driver sets it per CU from the model-level plan (backends/wasm/shared_memory.py).
+    shared_layout: SharedLayout | None = None
 
     def __post_init__(self):
         if "relaxed-simd" in self.features and "simd" not in self.features:
@@ -45,6 +54,10 @@ class WasmOptions:
         if self.external_weights and self.bulk_memory:
             # Both move the weights out of active segments; external files leave no segment to copy.
             raise CortexError("--external-weights and --features bulk-memory both place the weights; choose one")
+
+    @property
+    def shared(self) -> bool:
+        return self.memory == "shared"
 
     @property
     def simd(self) -> bool:
@@ -70,7 +83,10 @@ class WasmOptions:
 
     def to_json(self) -> dict:
         """What the module depends on, as dag.json records it."""
-        return {"target": self.target, "features": list(self.features), "opt_level": self.opt_level}
+        found = {"target": self.target, "features": list(self.features), "opt_level": self.opt_level}
+        if self.shared:     # per-cu records stay as they were
+            found["memory"] = self.memory
+        return found
 
 
 def parse_options(target: str | None, features: str | None, opt_level: str | None) -> WasmOptions:

@@ -68,7 +68,9 @@ class WatRenderer:
         weights = [] if self.options.external_weights else \
             [s for s in self.program.storages if s.kind == WEIGHT and s.nbytes]
         funcs = [self.kernel(k) for k in self.program.kernels]
-        lines = ["(module", f'  (memory (export "memory") {pages})']
+        # Under --memory shared the module imports the model's one memory (and still exports it).
+        imported = ' (import "env" "memory")' if self.options.shared_layout is not None else ""
+        lines = ["(module", f'  (memory (export "memory"){imported} {pages})']
         if self.options.bulk_memory and weights:
             # Passive segments, copied in once by the start function and then dropped, so an engine
             # that keeps the module's bytes (a browser) can free its copy of the weights.

@@ -94,6 +94,9 @@ def _artifacts(cus: list[dict], dag: Path) -> dict[str, bytes]:
         record = {"path": cu["path"], "sha256": cu["sha256"]} if "runs_on" in cu else cu.get("artifacts", {}).get("wasm")
         if record is None:
             raise CortexError(f"{dag}: {cu['id']} has no wasm artifact; run 'cortex compile-wasm --dag {dag}' first")
+        if "shared" in record.get("memory", {}):     # its modules import env.memory, which js/ does not provide
+            raise CortexError(f"{dag}: built with compile-wasm --memory shared, which the JavaScript runtime does not "
+                              "run yet; bundle a --memory per-cu build")
         for entry in [record, *record.get("weights", ())]:
             if entry["path"] in files:
                 continue

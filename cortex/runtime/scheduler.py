@@ -331,8 +331,22 @@ class SequentialScheduler:
                                   "start": run.start, "seconds": run.seconds, "cpu_seconds": run.cpu_seconds,
                                   "bytes_in": bytes_in, "bytes_out": bytes_out, "bytes_from_other_devices": crossed,
                                   "resident_bytes": device.resident_bytes(cu_id), **run.variant, **run.where})
+        copied = _copied_between_cus(cu, request, where, device, self.tensor_bytes)
+        if copied is not None:
+            request.activated[-1]["bytes_copied_between_cus"] = copied
         if self.residency is not None:
             request.activated[-1]["resident_total_bytes"] = self.residency.after_run(cu_id, request, request.position)
+
+
+def _copied_between_cus(cu: dict, request: Request, where: str, device: Device, sizes: dict[str, int]) -> int | None:
+    """Bytes of the CU's inputs that other CUs on its device produced and the device copied into
+    the CU's memory; the device says which it read in place (a shared memory). None: a device
+    that does not say."""
+    reads_in_place = getattr(device, "reads_in_place", None)
+    if reads_in_place is None:
+        return None
+    return sum(sizes[name] for name in cu["inputs"]
+               if request.env[name][0] == where and not reads_in_place(cu, name, request.env[name][1]))
 
 
 def _holds_random_ops(cu: dict) -> bool:

@@ -12,6 +12,9 @@ docs/runtime.md; its JSON Schema is `cortex/schemas/trace.schema.json`.
   "process maxrss": the process's peak resident set (VmHWM on Linux, else `resource.getrusage`), which onnxruntime's
   arena is part of. `process_maxrss_mb` is that figure in both cases.
 - `wasm_executions`: CUs the wasm device ran.
+- `bytes_copied_between_cus`: bytes of CU outputs copied into the memory of a CU that reads them on
+  the same device (each entry's own figure is in `cus`); 0 for a wasm build with `--memory shared`,
+  whose consumers read their producers' slots in place.
 - `traps`, `timeouts`, `memory_limit_hits`, `rebuilt`: what the CU sandbox (backends/limits.py,
   backends/wasm/sandbox.py) stopped and how many CU stores it rebuilt, over the model's life,
   failed requests included (a failed request has no trace of its own: the next one shows them).
@@ -62,6 +65,7 @@ def request_trace(*, policy: str, device: str, dag_path: Path, outputs: list[str
                           "peak_memory_basis": "loaded CUs + live tensors",
                           "process_maxrss_mb": process_maxrss_mb(),
                           "wasm_executions": sum(1 for t in entries if t["device"] == "wasm"),
+                          "bytes_copied_between_cus": sum(t.get("bytes_copied_between_cus", 0) for t in entries),
                           **(sandbox_events or no_sandbox_events())},
         "cache": cache_stats,
         "memory": memory,
