@@ -7,6 +7,7 @@ source model with --with-source."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import subprocess
@@ -90,7 +91,8 @@ def variants_case():
         case.update(variant_runs=runs, offline={"requests": case["requests"], "model": record["path"],
                                                 "sha256": record["sha256"]})
         (tmp / "case.json").write_text(json.dumps(case, indent=1))
-    return ensure_folder(CASES_DIR / "variants-embedding-mlp", make) / "case.json"
+    runs_key = hashlib.sha256(json.dumps(RUNS).encode()).hexdigest()[:8]     # a changed RUNS rebuilds the case
+    return ensure_folder(CASES_DIR / f"variants-embedding-mlp-{runs_key}", make) / "case.json"
 
 
 def test_the_case_covers_every_kind_of_pick():
