@@ -7,7 +7,7 @@
 // - `strict` skips nothing and caches nothing. Random CUs are never cached;
 // - a CU the policy runs as a reduced-precision variant (js/src/variants.js) is never looked up
 //   in the cache, whose keys name the exact CU's code.
-import { cuKey, copied, tensorKey } from "./cache.js";
+import { cuKey, copied, outputKey, tensorKey } from "./cache.js";
 import { clock, cpuClock } from "./trace.js";
 import { VariantRunner } from "./variants.js";
 
@@ -169,9 +169,9 @@ export class Scheduler {
     }
     const [bytesIn, bytesOut] = /** @type {number[]} */ (this.traffic.get(cu.id));
     request.liveBytes += bytesOut;
-    if (key !== null && this.cache.fits(bytesOut)) {
-      const entry = await this.cache.put(key, results);
-      if (entry !== undefined) for (const [name, k] of Object.entries(entry.outputKeys)) request.keys.set(name, k);
+    if (key !== null) {
+      if (this.cache.fits(bytesOut)) this.cache.put(key, results);
+      for (const name of Object.keys(results)) request.keys.set(name, outputKey(key, name));   // stored or not
     }
     request.activated.push({ cu: cu.id, device: where, op_types: cu.op_types ?? [], start, seconds,
       cpu_seconds: cpuSeconds, bytes_in: bytesIn, bytes_out: bytesOut, bytes_from_other_devices: crossed,
