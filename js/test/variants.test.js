@@ -77,6 +77,8 @@ for (const c of cases) {
     const again = await session.run(feeds, { policy: "strict" });
     assert.deepEqual(session.lastTrace.approximated_cus, []);
     assert.notDeepEqual(again.y.data, first.y.data, "strict runs the exact CUs, whose bits differ");
+    await session.run(feeds, { trustThreshold: null });           // balanced's skips and cache, exact CUs only
+    assert.deepEqual([session.lastTrace.policy, session.lastTrace.approximated_cus], ["balanced", []]);
   });
 
   test(`${c.name}: a variant module that was tampered with is refused when a policy first picks it`, async () => {
