@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated light models and/or "
                         f"{model_bench.MINILM}")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per measurement")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of paired runs per measurement (each about 0.3 s of runs, at least 15 pairs in all)")
     parser.add_argument("--load-repeats", type=int, default=5, help="fresh sessions timed per contestant")
     parser.add_argument("--output", type=Path, default=Path("docs/benchmarks.md"))
     parser.add_argument("--json", type=Path, help="also write the raw results here")
