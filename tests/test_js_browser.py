@@ -16,8 +16,10 @@ import numpy as np
 import pytest
 from cli_helpers import run_cli
 from js_cases import compiled_case
+from test_js_variants import variants_case
 from testdata import run_onnxruntime, sample_model
 
+import cortex
 from cortex.commands.run import example_feeds
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -91,3 +93,29 @@ def test_the_example_page_matches_onnxruntime_in_chromium(tmp_path, name, featur
     assert result["trace"]["schema"] == "cortex.trace/1"
     assert bars == len(result["trace"]["activated_cus"]) > 0
     assert result["loadMs"] > 0
+
+
+def test_the_page_runs_the_variants_python_picks_in_chromium(tmp_path):
+    """A bundle of the calibrated variants model (tests/test_js_variants.py): under balanced the
+    page runs the variants the Python runtime runs on the same inputs, and gives its outputs."""
+    listing = variants_case()
+    dag = listing.parent / json.loads(listing.read_text())["dag"]
+    site = tmp_path / "site"
+    code, _, err = run_cli(["bundle", dag, "--output", site])
+    assert code == 0, err
+    feeds = example_feeds(json.loads(dag.read_text())["inputs"])
+    python = cortex.load(dag, threads=1)
+    expected = python.run(feeds)["y"]
+    server = served(site)
+    try:
+        result, bars = page_result(f"http://127.0.0.1:{server.server_address[1]}/index.html")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result["status"] == "done", result.get("error")
+    trace = result["trace"]
+    assert trace["approximated_cus"] == python.last_trace["approximated_cus"] and trace["approximated_cus"]
+    assert trace["fell_back_cus"] == python.last_trace["fell_back_cus"]
+    np.testing.assert_allclose(np.array(result["outputs"]["y"]["data"]).reshape(expected.shape), expected,
+                               rtol=1e-5, atol=1e-6)
+    assert bars == len(trace["activated_cus"])

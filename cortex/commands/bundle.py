@@ -2,10 +2,13 @@
 compiled model, the JavaScript runtime (js/src, as `cortex-runtime/`) and an example page that runs
 the model on the example inputs of `cortex run --example-inputs` and charts each CU's time.
 
-The bundle's dag.json is the compiled one less what the browser runtime never reads: the source
-model (a file outside the folder, for the offline policy) and reduced-precision variants. Each
-module is copied after its sha256 is checked against dag.json, so a stale build is refused here
-rather than in the browser. The folder is built beside --output and renamed into place.
+The bundle's dag.json is the compiled one with its reduced-precision variants (their modules copied
+too: the runtime picks them by the calibrated trust dag.json records). The source model, which the
+offline policy runs on onnxruntime-web, usually lies outside the folder and is as large as all the
+modules together, so it is left out unless `--with-source` asks for it: then it is copied to
+`source/<its name>` and dag.json's `source_model` names that copy. Each file is copied after its
+sha256 is checked against dag.json, so a stale build is refused here rather than in the browser.
+The folder is built beside --output and renamed into place.
 
 A dag.json of shape specializations (cortex.dag/2) or of `compile-wasm --external-weights` names
 content-addressed modules and weight files that several CUs and specializations share: each is
@@ -34,12 +37,15 @@ from ir.fs import (
 
 JS_DIR = Path(__file__).resolve().parents[2] / "js"
 RUNTIME_FOLDER = "cortex-runtime"
+SOURCE_FOLDER = "source"
 
 
 def bundle(
     dag: Annotated[Path, typer.Argument(help="The dag.json, compiled with 'cortex compile-wasm'.")],
     output: Annotated[Path, typer.Option("--output", help="The folder to write (replaced as a whole).")],
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
+    with_source: Annotated[bool, typer.Option("--with-source", help="Also copy the source model dag.json records, "
+                                              "so that the offline policy runs in the browser.")] = False,
 ) -> None:
     """Write a static site that runs the model in a browser: dag.json, modules, JS runtime, example page."""
     specialized = is_specialized(dag)
@@ -47,6 +53,9 @@ def bundle(
     sections = document["specializations"] if specialized else [document]
     sources = _runtime_sources()
     files = _artifacts([cu for section in sections for cu in section["cus"]], dag)
+    source_copy = _source_model(document, dag) if with_source else None
+    if source_copy is not None:
+        files[source_copy[0]["path"]] = source_copy[1]
     if dag.resolve().is_relative_to(output.resolve()):      # replacing --output would delete the model
         raise CortexError(f"--output {output}: it holds {dag}; bundle into another folder")
 
@@ -55,7 +64,7 @@ def bundle(
         for relative, data in files.items():
             write_bytes_atomically(folder / relative, data)
             total += len(data)
-        bundled = _bundled_dag(document)
+        bundled = _bundled_dag(document, source_copy[0] if source_copy else None)
         for section in bundled.get("specializations", [bundled]):
             validate_dag(section_dag(section) if specialized else section)
         write_bytes_atomically(folder / "dag.json", jsonlib.dumps(bundled, indent=2).encode())
@@ -69,7 +78,8 @@ def bundle(
     module_bytes = write_directory_atomically(output, fill)
     summary = {"output": str(output), "cus": sum(len(s["cus"]) for s in sections), "files": len(files),
                "module_bytes": module_bytes, "runtime": f"{RUNTIME_FOLDER}/ ({len(sources)} files)", "page": "index.html",
-               "specializations": [s["name"] for s in sections] if specialized else []}
+               "specializations": [s["name"] for s in sections] if specialized else [],
+               "source_model": source_copy[0]["path"] if source_copy else None}
     if json:
         print_json(summary)
     else:
@@ -97,7 +107,8 @@ def _artifacts(cus: list[dict], dag: Path) -> dict[str, bytes]:
         if "shared" in record.get("memory", {}):     # its modules import env.memory, which js/ does not provide
             raise CortexError(f"{dag}: built with compile-wasm --memory shared, which the JavaScript runtime does not "
                               "run yet; bundle a --memory per-cu build")
-        for entry in [record, *record.get("weights", ())]:
+        variants = [v["artifacts"]["wasm"] for v in cu.get("variants", {}).values() if "wasm" in v.get("artifacts", {})]
+        for entry in [r for rec in [record, *variants] for r in [rec, *rec.get("weights", ())]]:
             if entry["path"] in files:
                 continue
             path = confined_path(dag.parent, entry["path"])       # read_dag checked it stays inside
@@ -106,10 +117,24 @@ def _artifacts(cus: list[dict], dag: Path) -> dict[str, bytes]:
     return files
 
 
-def _bundled_dag(document: dict) -> dict:
+def _source_model(document: dict, dag: Path) -> tuple[dict, bytes]:
+    """The source model's record in the bundle and its checked bytes (`--with-source`)."""
+    record = document.get("source_model")
+    if record is None:
+        raise CortexError(f"--with-source: {dag} records no source model; run 'cortex build-dag' again next to the "
+                          "model it was decomposed from")
+    if Path(record["path"]).is_absolute():
+        raise CortexError(f"--with-source: {dag} names its source model by an absolute path, {record['path']}")
+    data = read_artifact(dag.parent / record["path"], record["sha256"], f"{dag} (source_model)",
+                         "run 'cortex build-dag' again next to the model it was decomposed from")
+    return {"path": f"{SOURCE_FOLDER}/{Path(record['path']).name}", "sha256": record["sha256"]}, data
+
+
+def _bundled_dag(document: dict, source: dict | None) -> dict:
+    """dag.json as the bundle holds it: `source_model` names the copy, or is left out without one."""
     bundled = {k: v for k, v in document.items() if k != "source_model"}
+    if source is not None:
+        bundled["source_model"] = source
     if "specializations" in document:
-        bundled["specializations"] = [_bundled_dag(section) for section in document["specializations"]]
-    else:
-        bundled["cus"] = [{k: v for k, v in cu.items() if k != "variants"} for cu in document["cus"]]
+        bundled["specializations"] = [_bundled_dag(section, source) for section in document["specializations"]]
     return bundled

@@ -17,14 +17,15 @@ function svg(tag, attributes, text) {
 
 /** One bar per activated CU, its length its milliseconds. @param {any[]} cus */
 function chart(cus) {
-  const bar = 18, label = 90, width = 600, longest = Math.max(...cus.map((t) => t.seconds), 1e-9);
+  const bar = 18, label = 110, width = 600, longest = Math.max(...cus.map((t) => t.seconds), 1e-9);
   const root = svg("svg", { width: label + width + 90, height: cus.length * (bar + 4) + 4, role: "img",
     "aria-label": "milliseconds per computation unit" });
   cus.forEach((t, i) => {
     const y = 2 + i * (bar + 4), w = Math.max(1, (t.seconds / longest) * width);
     const row = svg("g", {});
-    row.append(svg("title", {}, `${t.cu}: ${t.op_types.join(", ")}`));
-    row.append(svg("text", { x: 0, y: y + bar - 5 }, t.cu));
+    const variant = t.precision ? ` ${t.precision}` : "";         // a reduced-precision variant ran
+    row.append(svg("title", {}, `${t.cu}${variant}: ${t.op_types.join(", ")}`));
+    row.append(svg("text", { x: 0, y: y + bar - 5 }, `${t.cu}${variant}`));
     row.append(svg("rect", { x: label, y, width: w, height: bar }));
     row.append(svg("text", { x: label + w + 6, y: y + bar - 5 }, `${(t.seconds * 1e3).toFixed(3)} ms`));
     root.append(row);

@@ -1,10 +1,16 @@
 // The result cache, with the Python runtime's semantics (cortex/runtime/cache.py): a CU whose
 // inputs are byte-identical to an earlier run's hands back that run's outputs without running.
 // A tensor's key hashes its dtype, shape and bytes; a CU's key hashes its identity (id, device,
-// its cu.onnx sha256, its artifact record) and its inputs' keys in order; an entry keeps its
-// outputs' keys, so the CUs after a hit get theirs without hashing bytes (chaining). Keys are
-// SHA-256 here (SubtleCrypto is what every engine has), xxh3_128 in Python: each runtime's cache
-// is its own, so the two never compare keys. Least recently used first out, bounded by bytes.
+// its cu.onnx sha256, its artifact record) and its inputs' keys in order. Keys are SHA-256 here
+// (SubtleCrypto is what every engine has), xxh3_128 in Python: each runtime's cache is its own,
+// so the two never compare keys. Least recently used first out, bounded by bytes.
+// Chaining differs from Python's on purpose: an output's key is derived from its CU's key and its
+// name (`outputKey`), not hashed from its bytes. A CU is a pure function of its inputs, so the
+// same CU key means the same output bytes, and the CUs after it get their keys without hashing:
+// on MiniLM, hashing each output with SHA-256 made a balanced request that misses cost 1.4x a
+// strict one. What is lost: two different inputs whose CU writes byte-identical outputs (a Relu
+// that zeroes both) do not meet in one key downstream, as they do in Python. Outputs of CUs that
+// have no key (random ones, variants) are hashed from their bytes when a later CU needs a key.
 import { digest, hex } from "./sha256.js";
 import { Tensor, bytesOf } from "./tensor.js";
 
@@ -13,15 +19,16 @@ export const DEFAULT_CACHE_BYTES = 256 * 2 ** 20;
 
 const encoder = new TextEncoder();
 
-/** @param {{type: string, dims: readonly number[], data: ArrayBufferView}} tensor @returns {Promise<string>} */
+/** The bytes' digest, then the header with it: no copy of the bytes.
+ * @param {{type: string, dims: readonly number[], data: ArrayBufferView}} tensor @returns {Promise<string>} */
 export async function tensorKey(tensor) {
-  const header = encoder.encode(`${tensor.type}[${tensor.dims.join(",")}]`);
-  const body = bytesOf(tensor);
-  const joined = new Uint8Array(header.length + body.length);
-  joined.set(header);
-  joined.set(body, header.length);
-  return hex(await digest(joined));
+  const body = hex(await digest(bytesOf(tensor)));
+  return hex(await digest(encoder.encode(`${tensor.type}[${tensor.dims.join(",")}]\n${body}`)));
 }
+
+/** The key of output `name` of the CU run under `key` (never equal to a content key, which is
+ * bare hex). @param {string} key @param {string} name */
+export const outputKey = (key, name) => `${key}/${name}`;
 
 /** @param {string} identity @param {string[]} inputKeys */
 export async function cuKey(identity, inputKeys) {
@@ -71,13 +78,11 @@ export class ResultCache {
 
   /** Stores copies of `outputs` with their keys; undefined when they exceed the whole budget.
    * @param {string} key @param {Record<string, Tensor>} outputs */
-  async put(key, outputs) {
-    const copies = Object.fromEntries(Object.entries(outputs).map(([name, t]) => [name, copied(t)]));
-    const nbytes = Object.values(copies).reduce((n, t) => n + t.data.byteLength, 0);
+  put(key, outputs) {
+    const nbytes = Object.values(outputs).reduce((n, t) => n + t.data.byteLength, 0);
     if (!this.fits(nbytes)) return undefined;
-    /** @type {Record<string, string>} */
-    const outputKeys = {};
-    for (const [name, t] of Object.entries(copies)) outputKeys[name] = await tensorKey(t);
+    const copies = Object.fromEntries(Object.entries(outputs).map(([name, t]) => [name, copied(t)]));
+    const outputKeys = Object.fromEntries(Object.keys(copies).map((name) => [name, outputKey(key, name)]));
     const old = this.entries.get(key);
     if (old !== undefined) {
       this.entries.delete(key);

@@ -5,6 +5,7 @@
 // is checked as a dag.json of its own, and they must agree on the interface and differ in shapes.
 import { CortexError } from "./errors.js";
 import { fileUrl } from "./loader.js";
+import { variantWasmRecords } from "./variants.js";
 
 export const DAG_SCHEMA = "cortex.dag/1";
 export const SPECIALIZED_DAG_SCHEMA = "cortex.dag/2";
@@ -16,9 +17,11 @@ export const SPECIALIZED_DAG_SCHEMA = "cortex.dag/2";
  *             weights?: import("./weights.js").WeightEntry[]}} WasmRecord */
 /** @typedef {{id: string, path: string, sha256: string, inputs: string[], outputs: string[], op_types?: string[],
  *             artifacts?: {wasm?: WasmRecord}, runs_on?: string, activation?: {tensor: string, equals: boolean},
- *             random?: boolean}} CU */
+ *             random?: boolean, variants?: Record<string, {artifacts?: {wasm?: WasmRecord}, trust?: number|null}>,
+ *             calibration?: {outputs?: Record<string, {min?: number, max?: number, nonfinite?: boolean}>}}} CU */
 /** @typedef {{name: string, dtype: string, shape: number[]}} TensorSpec */
-/** @typedef {{schema: string, inputs: TensorSpec[], outputs: TensorSpec[], cus: CU[], order: string[],
+/** @typedef {{schema: string, source_model?: {path: string, sha256: string},
+ *             options?: {frozen_inputs?: {name: string}[]}, inputs: TensorSpec[], outputs: TensorSpec[], cus: CU[], order: string[],
  *             tensors: Record<string, {dtype: string, shape: number[], bytes: number, producer: string|null}>,
  *             selects?: {tensor: string, condition: string, cases: {equals: boolean, tensor: string}[]}[]}} Dag */
 
@@ -94,13 +97,17 @@ export function checkDag(dag, url, where = url.href) {
     if (!record) {
       throw new CortexError(`${where}: ${cu.id} has no wasm artifact; run 'cortex compile-wasm --dag ${url.href}' first`);
     }
-    fileUrl(url, record.path, cu.id);
-    for (const w of record.weights ?? []) fileUrl(url, w.path, cu.id);
+    for (const r of [record, ...variantWasmRecords(cu)]) {
+      fileUrl(url, r.path, cu.id);
+      for (const w of r.weights ?? []) fileUrl(url, w.path, cu.id);
+    }
   }
   return dag;
 }
 
-/** The wasm records of a dag's CUs (their features are checked against the engine). @param {Dag} dag */
+/** The wasm records of a dag's CUs and their variants (their features are checked against the engine).
+ * @param {Dag} dag */
 export function wasmRecords(dag) {
-  return dag.cus.filter((cu) => cu.runs_on === undefined).map((cu) => /** @type {WasmRecord} */ (cu.artifacts?.wasm));
+  return dag.cus.filter((cu) => cu.runs_on === undefined)
+    .flatMap((cu) => [/** @type {WasmRecord} */ (cu.artifacts?.wasm), ...variantWasmRecords(cu)]);
 }

@@ -5,15 +5,15 @@ import { fileUrl, readBytes } from "./loader.js";
 import { sha256Hex } from "./sha256.js";
 import { Tensor } from "./tensor.js";
 
-/** onnxruntime-web, given or imported. @param {any} given */
-export async function onnxruntimeWeb(given) {
+/** onnxruntime-web, given or imported. @param {any} given
+ * @param {string} [what] what needs it, for the error */
+export async function onnxruntimeWeb(given, what = "this model has fallback CUs (runs_on: onnxruntime), which need") {
   if (given) return given;
   const name = "onnxruntime-web";   // a variable, so that bundlers leave the optional import alone
   try {
     return await import(name);
   } catch {
-    throw new CortexError("this model has fallback CUs (runs_on: onnxruntime), which need onnxruntime-web: "
-      + "install it, or pass it as InferenceSession.create(url, {onnxruntime: ort})");
+    throw new CortexError(`${what} onnxruntime-web: install it, or pass it as InferenceSession.create(url, {onnxruntime: ort})`);
   }
 }
 
@@ -47,23 +47,28 @@ export async function loadFallbackUnit(cu, base, ort) {
   if (sha !== cu.sha256) {
     throw new CortexError(`${url.href}: sha256 ${sha} is not the ${cu.sha256} that dag.json records for ${cu.id}`);
   }
-  let session;
-  try {
-    session = await ort.InferenceSession.create(bytes, { executionProviders: ["wasm"] });
-  } catch (e) {
-    // cu.onnx carries the IR version of the onnx package that wrote it, which may be newer than
-    // the onnxruntime-web at hand supports; the CU uses only what its opset allows, so it is retried
-    // once declaring the newest IR version that onnxruntime-web names.
-    const newest = /max supported IR version: (\d+)/.exec(String(/** @type {any} */ (e)?.message));
-    if (!newest) throw new CortexError(`${cu.id}: onnxruntime-web cannot load ${url.href}: ${firstLine(e)}`);
-    session = await ort.InferenceSession.create(withIrVersion(bytes, Number(newest[1])), { executionProviders: ["wasm"] })
-      .catch((again) => { throw new CortexError(`${cu.id}: onnxruntime-web cannot load ${url.href}: ${firstLine(again)}`); });
-  }
+  const session = await ortSession(ort, bytes, `${cu.id}: onnxruntime-web cannot load ${url.href}`);
   return new OnnxruntimeUnit(cu, session, ort);
 }
 
+/** An onnxruntime-web session on a model's bytes, or one error starting with `refusal`.
+ * @param {any} ort @param {Uint8Array} bytes @param {string} refusal */
+export async function ortSession(ort, bytes, refusal) {
+  try {
+    return await ort.InferenceSession.create(bytes, { executionProviders: ["wasm"] });
+  } catch (e) {
+    // A model carries the IR version of the onnx package that wrote it, which may be newer than
+    // the onnxruntime-web at hand supports; the model uses only what its opset allows, so it is
+    // retried once declaring the newest IR version that onnxruntime-web names.
+    const newest = /max supported IR version: (\d+)/.exec(String(/** @type {any} */ (e)?.message));
+    if (!newest) throw new CortexError(`${refusal}: ${firstLine(e)}`);
+    return ort.InferenceSession.create(withIrVersion(bytes, Number(newest[1])), { executionProviders: ["wasm"] })
+      .catch((/** @type {any} */ again) => { throw new CortexError(`${refusal}: ${firstLine(again)}`); });
+  }
+}
+
 /** @param {any} e */
-function firstLine(e) {
+export function firstLine(e) {
   return String(e?.message ?? e).split("\n")[0].split("ERROR_MESSAGE:").pop()?.trim();
 }
 

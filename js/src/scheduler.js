@@ -4,9 +4,12 @@
 //   `inactive branch`; the If's outputs (selects) are the picked case's tensor once its CU ran;
 // - a CU no requested output depends on is `not needed`;
 // - a CU whose inputs are byte-identical to an earlier run's is a `cache hit`;
-// - `strict` skips nothing and caches nothing. Random CUs are never cached.
-import { cuKey, copied, tensorKey } from "./cache.js";
+// - `strict` skips nothing and caches nothing. Random CUs are never cached;
+// - a CU the policy runs as a reduced-precision variant (js/src/variants.js) is never looked up
+//   in the cache, whose keys name the exact CU's code.
+import { cuKey, copied, outputKey, tensorKey } from "./cache.js";
 import { clock, cpuClock } from "./trace.js";
+import { VariantRunner } from "./variants.js";
 
 export const INACTIVE = "inactive branch";
 export const NOT_NEEDED = "not needed";
@@ -18,12 +21,14 @@ const conditionValue = (tensor) => Boolean(Number(tensor.data[0]));
 /** @typedef {{run(inputs: Record<string, any>): Record<string, any> | Promise<Record<string, any>>, residentBytes: number}} Unit */
 
 export class Scheduler {
-  /** @param {import("./dag.js").Dag} dag @param {Map<string, Unit>} units @param {import("./cache.js").ResultCache} cache */
-  constructor(dag, units, cache) {
+  /** @param {import("./dag.js").Dag} dag @param {Map<string, Unit>} units @param {import("./cache.js").ResultCache} cache
+   *  @param {(cu: import("./dag.js").CU) => Promise<Unit>} loadVariant */
+  constructor(dag, units, cache, loadVariant) {
     this.dag = dag;
     this.units = units;
     this.cache = cache;
     this.cus = new Map(dag.cus.map((cu) => [cu.id, cu]));
+    this.variants = new VariantRunner(this.cus, loadVariant);
     this.producer = new Map(Object.entries(dag.tensors).map(([name, t]) => [name, t.producer]));
     this.placement = new Map(dag.cus.map((cu) => [cu.id, cu.runs_on ?? "wasm"]));
     const bytes = (/** @type {string[]} */ names) => names.reduce((n, name) => n + dag.tensors[name].bytes, 0);
@@ -66,7 +71,7 @@ export class Scheduler {
   residentBytes() {
     let total = 0;
     for (const unit of this.units.values()) total += unit.residentBytes;
-    return total;
+    return total + this.variants.residentBytes;
   }
 
   /** @param {Record<string, import("./tensor.js").Tensor>} feeds @param {import("./policy.js").Policy} policy @param {string[]} outputs */
@@ -120,7 +125,7 @@ export class Scheduler {
       return [INACTIVE, null, null];
     }
     if (request.needed !== null && !request.needed.has(cu.id)) return [NOT_NEEDED, null, null];
-    if (request.policy.cache && this.cache.enabled && !cu.random) {
+    if (request.policy.cache && this.cache.enabled && !cu.random && this.variants.choice(cu.id, request.policy) === null) {
       const inputKeys = [];
       for (const name of cu.inputs) inputKeys.push(await this.tensorKey(name, request));
       const key = await cuKey(/** @type {string} */ (this.identity.get(cu.id)), inputKeys);
@@ -155,7 +160,7 @@ export class Scheduler {
     }
     const cpuStart = cpuClock();
     const start = clock();
-    const results = await unit.run(inputs);
+    const [results, variant] = await this.variants.run(cu, unit, inputs, request.policy);
     const seconds = (clock() - start) / 1000;
     const cpuSeconds = cpuClock() - cpuStart;
     for (const [name, tensor] of Object.entries(results)) {
@@ -164,12 +169,12 @@ export class Scheduler {
     }
     const [bytesIn, bytesOut] = /** @type {number[]} */ (this.traffic.get(cu.id));
     request.liveBytes += bytesOut;
-    if (key !== null && this.cache.fits(bytesOut)) {
-      const entry = await this.cache.put(key, results);
-      if (entry !== undefined) for (const [name, k] of Object.entries(entry.outputKeys)) request.keys.set(name, k);
+    if (key !== null) {
+      if (this.cache.fits(bytesOut)) this.cache.put(key, results);
+      for (const name of Object.keys(results)) request.keys.set(name, outputKey(key, name));   // stored or not
     }
     request.activated.push({ cu: cu.id, device: where, op_types: cu.op_types ?? [], start, seconds,
       cpu_seconds: cpuSeconds, bytes_in: bytesIn, bytes_out: bytesOut, bytes_from_other_devices: crossed,
-      resident_bytes: unit.residentBytes });
+      resident_bytes: unit.residentBytes, ...variant });
   }
 }

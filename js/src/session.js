@@ -9,18 +9,22 @@ import { checkFeatures, recordedFeatures } from "./features.js";
 import { checkedFeeds, requestedOutputs } from "./feeds.js";
 import { dagUrl, readJson } from "./loader.js";
 import { ModuleFiles, loadWasmUnit } from "./modules.js";
+import { SourceModel } from "./offline.js";
 import { policy as resolvePolicy } from "./policy.js";
 import { Scheduler } from "./scheduler.js";
 import { Buckets, compiledShapes, exactSection, feedShapes, shapesText } from "./specialized.js";
 import { Tensor } from "./tensor.js";
-import { emptyTrace, requestTrace } from "./trace.js";
+import { emptyTrace, offlineTrace, requestTrace } from "./trace.js";
 import { WeightFiles } from "./weights.js";
 
 /**
  * @typedef {object} SessionOptions
- * @property {string} [policy] strict, balanced (the default) or aggressive
+ * @property {string} [policy] strict, balanced (the default), aggressive or offline
+ * @property {number|null} [trustThreshold] replaces the policy's trust threshold (null: exact CUs
+ *   only), as `cortex run --trust-threshold`
  * @property {number} [cacheBytes] the result cache's budget; 0 turns it off
- * @property {any} [onnxruntime] onnxruntime-web, for fallback CUs (imported by name when absent)
+ * @property {any} [onnxruntime] onnxruntime-web, for fallback CUs and the offline policy (imported
+ *   by name when absent)
  * @property {string} [padToBucket] shape specializations: pad a request no specialization matches
  *   up to the nearest larger one along this dim (or input), as `cortex run --pad-to-bucket`
  * @property {number} [padValue] the value padding writes (0 by default)
@@ -31,16 +35,28 @@ import { WeightFiles } from "./weights.js";
 // section's CUs are instantiated, each with a memory holding its weights, on the first request for
 // its shape; the first section at create. A page pays memory only for the shapes it meets, and the
 // first request at a new shape pays instantiation and a copy of the weights, not a fetch or a compile.
+// Reduced-precision variants are fetched, checked and instantiated when a policy first picks them
+// (the session's policy's picks with their section). Under the offline policy nothing of the CUs
+// is read at create, as in Python: offline is what runs when they cannot be loaded; a later
+// request under another policy loads them then.
+
+/** @typedef {{policy?: string, trustThreshold?: number|null}} RunOptions */
 
 export class InferenceSession {
   /** Use `InferenceSession.create`.
-   * @param {URL} url @param {import("./dag.js").Section[]} sections
-   * @param {{modules: ModuleFiles, weights: WeightFiles, ort: any}} files @param {ResultCache} cache
+   * @param {URL} url @param {any} document dag.json as read @param {import("./dag.js").Section[]} sections
+   * @param {any} ort onnxruntime-web as given @param {ResultCache} cache
    * @param {import("./policy.js").Policy} policy @param {Buckets | null} buckets @param {number} padValue */
-  constructor(url, sections, files, cache, policy, buckets, padValue) {
+  constructor(url, document, sections, ort, cache, policy, buckets, padValue) {
     this.url = url;
+    this.document = document;
     this.sections = sections;
-    this.files = files;
+    this.givenOrt = ort;
+    this.files = { modules: new ModuleFiles(url), weights: new WeightFiles(url), ort: /** @type {any} */ (null) };
+    /** @type {Promise<void> | null} every module and weight file fetched, checked and compiled */
+    this.cusRead = null;
+    /** @type {Promise<SourceModel> | null} */
+    this.source = null;
     this.cache = cache;
     this.policy = policy;
     this.buckets = buckets;
@@ -58,7 +74,7 @@ export class InferenceSession {
 
   /** @param {string | URL} where dag.json's URL or path @param {SessionOptions} [options] */
   static async create(where, options = {}) {
-    const chosen = resolvePolicy(options.policy);
+    const chosen = resolvePolicy(options.policy, options.trustThreshold);
     const cacheBytes = options.cacheBytes ?? DEFAULT_CACHE_BYTES;
     if (!Number.isInteger(cacheBytes) || cacheBytes < 0) {
       throw new CortexError(`the cache budget must be a whole number of bytes, at least 0 (got ${cacheBytes})`);
@@ -68,7 +84,8 @@ export class InferenceSession {
       throw new CortexError(`padValue must be a number (got ${JSON.stringify(padValue)})`);
     }
     const url = await dagUrl(where);
-    const sections = checkedSections(await readJson(url), url);
+    const document = await readJson(url);
+    const sections = checkedSections(document, url);
     let buckets = null;
     if (options.padToBucket !== undefined) {
       if (sections[0].name === null) {
@@ -77,26 +94,54 @@ export class InferenceSession {
       }
       buckets = new Buckets(sections, String(options.padToBucket));
     }
-    checkFeatures(recordedFeatures(sections.flatMap((s) => wasmRecords(s.dag))), url.href);
-    const cus = sections.flatMap((s) => s.dag.cus);
-    const ort = cus.some((cu) => cu.runs_on !== undefined) ? await onnxruntimeWeb(options.onnxruntime) : null;
-    const files = { modules: new ModuleFiles(url), weights: new WeightFiles(url), ort };
-    const wasm = cus.filter((cu) => cu.runs_on === undefined);
-    await Promise.all([...wasm.map((cu) => files.modules.module(cu)), files.weights.readAll(wasm)]);
-    const session = new InferenceSession(url, sections, files, new ResultCache(cacheBytes), chosen, buckets, padValue);
-    await session.instantiated(0);
+    const session = new InferenceSession(url, document, sections, options.onnxruntime, new ResultCache(cacheBytes),
+      chosen, buckets, padValue);
+    if (chosen.offline) {
+      await session.sourceModel();
+    } else {
+      await session.instantiated(0);
+    }
     return session;
   }
 
-  /** Section i's scheduler, its CUs instantiated on first use. @param {number} i */
+  /** Every module and weight file of every section, fetched, checked and compiled once. */
+  readCus() {
+    if (this.cusRead === null) {
+      this.cusRead = (async () => {
+        checkFeatures(recordedFeatures(this.sections.flatMap((s) => wasmRecords(s.dag))), this.url.href);
+        const cus = this.sections.flatMap((s) => s.dag.cus);
+        if (cus.some((cu) => cu.runs_on !== undefined)) this.files.ort = await onnxruntimeWeb(this.givenOrt);
+        const wasm = cus.filter((cu) => cu.runs_on === undefined);
+        await Promise.all([...wasm.map((cu) => this.files.modules.module(cu)), this.files.weights.readAll(wasm)]);
+      })();
+      this.cusRead.catch(() => { this.cusRead = null; });
+    }
+    return this.cusRead;
+  }
+
+  /** The offline policy's source model, read, checked and opened on first use. */
+  sourceModel() {
+    if (this.source === null) {
+      this.source = onnxruntimeWeb(this.givenOrt, "the offline policy runs the source model on")
+        .then((ort) => SourceModel.open(this.document, this.url, this.outputNames, ort));
+      this.source.catch(() => { this.source = null; });
+    }
+    return this.source;
+  }
+
+  /** Section i's scheduler, its CUs instantiated on first use, with the variants the session's
+   * policy picks. @param {number} i */
   async instantiated(i) {
     let scheduler = this.schedulers[i];
     if (scheduler === undefined) {
+      await this.readCus();
       const { dag } = this.sections[i];
       const { modules, weights, ort } = this.files;
       const units = await Promise.all(dag.cus.map((cu) => (cu.runs_on === undefined
         ? loadWasmUnit(cu, this.url, modules, weights) : loadFallbackUnit(cu, this.url, ort))));
-      scheduler = new Scheduler(dag, new Map(units.map((unit) => [unit.cu.id, unit])), this.cache);
+      const loadVariant = (/** @type {import("./dag.js").CU} */ record) => loadWasmUnit(record, this.url, modules, weights);
+      scheduler = new Scheduler(dag, new Map(units.map((unit) => [unit.cu.id, unit])), this.cache, loadVariant);
+      await scheduler.variants.load(this.policy);
       this.schedulers[i] = scheduler;
       if (this.schedulers.every((s) => s !== undefined)) weights.release();
     }
@@ -132,25 +177,27 @@ export class InferenceSession {
 
   /**
    * The requested outputs (all by default). `fetches`: output names, or an object keyed by them, as
-   * in onnxruntime-web; `options.policy` overrides the session's policy for this request.
+   * in onnxruntime-web; `options.policy` (and `options.trustThreshold`) override the session's
+   * policy for this request.
    * @param {Record<string, import("./tensor.js").Tensor>} feeds
-   * @param {string[] | Record<string, unknown> | {policy?: string}} [fetches]
-   * @param {{policy?: string}} [options]
+   * @param {string[] | Record<string, unknown> | RunOptions} [fetches]
+   * @param {RunOptions} [options]
    * @returns {Promise<Record<string, import("./tensor.js").Tensor>>}
    */
   run(feeds, fetches, options) {
     if (fetches && !Array.isArray(fetches) && typeof fetches === "object"
         && !Object.keys(fetches).some((name) => this.outputNames.includes(name)) && options === undefined) {
-      [fetches, options] = [undefined, /** @type {{policy?: string}} */ (fetches)];   // run(feeds, options)
+      [fetches, options] = [undefined, /** @type {RunOptions} */ (fetches)];   // run(feeds, options)
     }
     const done = this.queue.then(() => this.runNow(feeds, fetches, options ?? {}));
     this.queue = done.catch(() => undefined);
     return done;
   }
 
-  /** @param {any} feeds @param {any} fetches @param {{policy?: string}} options */
+  /** @param {any} feeds @param {any} fetches @param {RunOptions} options */
   async runNow(feeds, fetches, options) {
-    const chosen = options.policy === undefined ? this.policy : resolvePolicy(options.policy);
+    const chosen = options.policy === undefined && options.trustThreshold === undefined ? this.policy
+      : resolvePolicy(options.policy ?? this.policy.name, options.trustThreshold);
     const names = requestedOutputs(fetches, this.dag.outputs);
     if (this.sections[0].name === null) return this.runOn(0, feeds, names, chosen);
     if (typeof feeds !== "object" || feeds === null || Array.isArray(feeds) || feeds instanceof Tensor) {
@@ -172,8 +219,16 @@ export class InferenceSession {
 
   /** @param {number} i @param {any} feeds @param {string[]} names @param {import("./policy.js").Policy} chosen */
   async runOn(i, feeds, names, chosen) {
-    const scheduler = await this.instantiated(i);
     const { dag, name } = this.sections[i];
+    if (chosen.offline) {
+      const checked = checkedFeeds(feeds, dag.inputs);
+      const source = await this.sourceModel();
+      [this.chosen, this.specialization] = [i, name];
+      const { results, run } = await source.run(checked, names);
+      this.lastTrace = offlineTrace({ dag: this.url.href, outputs: names, run });
+      return results;
+    }
+    const scheduler = await this.instantiated(i);
     const checked = checkedFeeds(feeds, dag.inputs);
     [this.chosen, this.specialization] = [i, name];
     const { results, request } = await scheduler.run(checked, chosen, names);

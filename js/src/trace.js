@@ -53,8 +53,9 @@ export function requestTrace({ policy, dag, outputs, request, residentBytes, cac
     ...header(policy, dag, outputs),
     activated_cus: entries.map((t) => t.cu),
     skipped_cus: [...request.skipped],
-    approximated_cus: [],
-    fell_back_cus: entries.filter((t) => t.device !== "wasm").map((t) => ({ cu: t.cu, reason: FALLBACK_RUNTIME })),
+    approximated_cus: entries.filter((t) => "precision" in t).map((t) => ({ cu: t.cu, precision: t.precision, trust: t.trust })),
+    fell_back_cus: [...entries.filter((t) => t.device !== "wasm").map((t) => ({ cu: t.cu, reason: FALLBACK_RUNTIME })),
+      ...entries.filter((t) => "fell_back" in t).map((t) => ({ cu: t.cu, reason: t.fell_back }))],
     sandbox_stats: {
       cpu_time_ms: entries.reduce((n, t) => n + t.cpu_seconds, 0) * 1e3,
       peak_memory_mb: (residentBytes + request.liveBytes) / MB,
@@ -72,5 +73,27 @@ export function requestTrace({ policy, dag, outputs, request, residentBytes, cac
     traceEvents: entries.map((t) => ({ name: t.cu, cat: t.op_types.join(","), ph: "X", pid: 0, tid: 0,
       ts: (t.start - t0) * 1e3, dur: t.seconds * 1e6,
       args: { device: t.device, bytes_in: t.bytes_in, bytes_out: t.bytes_out } })),
+  };
+}
+
+/** The trace of a request the offline policy ran (`run`: what `SourceModel.run` reported), as
+ * Python's `offline_trace`: no CUs; the peak memory is the process's where the engine tells it.
+ * @param {{dag: string, outputs: string[], run: any}} what */
+export function offlineTrace({ dag, outputs, run }) {
+  const maxrss = processMaxrssMb();
+  const { cpu_seconds: cpuSeconds, ...offline } = run;
+  return {
+    ...header("offline", dag, outputs),
+    activated_cus: [], skipped_cus: [], approximated_cus: [], fell_back_cus: [],
+    sandbox_stats: { cpu_time_ms: cpuSeconds * 1e3, peak_memory_mb: maxrss, peak_memory_basis: "process maxrss",
+      process_maxrss_mb: maxrss, wasm_executions: 0, ...NO_SANDBOX },
+    cache: null,
+    memory: null,
+    offline,
+    cus_by_device: {},
+    total_seconds: run.seconds,
+    cus: [],
+    traceEvents: [{ name: "source model", cat: "offline", ph: "X", pid: 0, tid: 0, ts: 0, dur: run.seconds * 1e6,
+      args: { runtime: run.runtime, model: run.model } }],
   };
 }
