@@ -57,6 +57,10 @@ $(ORTWEB): bench/ortweb/package.json bench/ortweb/package-lock.json
 	cd bench/ortweb && npm ci --no-audit --no-fund --loglevel=error
 	touch $(ORTWEB)
 
+## onnxruntime-web alone: the JavaScript tests of fallback CUs and the offline policy need it (they skip without it).
+.PHONY: ortweb
+ortweb: $(ORTWEB)
+
 ## Cortex WASM against onnxruntime (native) and onnxruntime-web (after bench-decompose): writes its section of docs/benchmarks.md and $(OUT)/bench.json.
 bench: setup $(ORTWEB) bench-decompose bench-js
 	$(BIN)/python -m bench.bench_models --json $(OUT)/bench.json
