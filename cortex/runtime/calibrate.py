@@ -19,7 +19,7 @@ pins hot CUs when no `--pin` is given (docs/runtime.md, "Memory tiers").
 
 A dag.json of shape specializations (cortex.dag/2) is calibrated per specialization: each feed
 goes to the specialization whose input shapes are its own, and each specialization's variants are
-measured on its feeds only (one that no feed matches keeps trust null). The dag.json is rewritten
+measured on its feeds only (one that no feed matches is left as it was). The dag.json is rewritten
 atomically, checked against its schema first.
 """
 
@@ -164,8 +164,9 @@ def calibrate(dag_path: Path, data: Path, device: str = "wasm") -> dict:
 
 def calibrate_specializations(dag_path: Path, data: Path, device: str) -> dict:
     """A cortex.dag/2 file: each specialization calibrated on the feeds whose shapes are its own.
-    A specialization no feed matches keeps its variants uncalibrated (trust null: they never run),
-    since a variant's error at one shape says nothing certain about another's."""
+    A specialization no feed matches is left as it was (its variants uncalibrated, trust null, until
+    feeds of its shapes are given), since a variant's error at one shape says nothing certain about
+    another's."""
     document = read_specialized_dag(dag_path)
     sections = document["specializations"]
     grouped = feeds_by_specialization(data, sections, dag_path)
