@@ -81,7 +81,8 @@ def main() -> None:
         cuda_rows = {}
         for i, (name, shapes) in enumerate(CUDA_BUILDS.items() if "cuda" in targets else ()):
             dag = build(model, root / f"cuda-{i}", shapes, [], target="cuda")
-            cuda_rows[name] = {"bytes": folder_bytes(dag.parent), "cuda_bin_bytes": folder_bytes(dag.parent / "cuda-bin")}
+            cuda_rows[name] = {"bytes": folder_bytes(dag.parent),
+                               "cuda_bin_bytes": folder_bytes(dag.parent / "cuda-bin")}
     if rows:
         base = rows["seq=128, weights embedded"]
         for row in rows.values():

@@ -20,6 +20,10 @@ per CU), and the files are written here, in manifest order, so where they were b
 With a `cache` (`cortex.compile_cache`), each CU (and each variant) whose key is in the cache is
 taken from it instead of being loaded and built; only the others are. The summary says how many
 CUs were compiled and how many reused.
+
+A CU folder of shape specializations (`decompose --dim seq=32,64,128`) goes through the same steps,
+cache and variants included, every specialization's CUs into one folder: the target names its files
+by content (`external_weights`, forced on), so what several shapes make is written once.
 """
 
 from __future__ import annotations
@@ -90,7 +94,8 @@ def compile_cu_dir(target: Target, cu_dir: Path, output: Path, options, dag_path
     return {"output": str(output), "dag": str(dag_path) if dag_path else None, "cus": len(records),
             "fallback_cus": len(manifest["cus"]) - len(compiled),
             "compiled_cus": rebuilt, "reused_cus": len(compiled) - rebuilt,
-            **_summary(target, options, records, variant_records, variants), "seconds": round(time.perf_counter() - start, 3)}
+            **_summary(target, options, records, variant_records, variants),
+            "seconds": round(time.perf_counter() - start, 3)}
 
 
 def compile_specializations(target: Target, cu_dir: Path, output: Path, options, listing: list[dict],
@@ -146,7 +151,8 @@ def compile_specializations(target: Target, cu_dir: Path, output: Path, options,
     return {"output": str(output), "dag": str(dag_path) if dag_path else None, "specializations": len(records),
             "cus": len(flat), "fallback_cus": sum(len(m["cus"]) for m in manifests.values()) - len(every),
             "compiled_cus": rebuilt, "reused_cus": len(every) - rebuilt,
-            **_summary(target, options, flat, flat_variants, variants), "seconds": round(time.perf_counter() - start, 3)}
+            **_summary(target, options, flat, flat_variants, variants),
+            "seconds": round(time.perf_counter() - start, 3)}
 
 
 def build_cus(target: Target, options, work: list[_Work], variants: tuple[str, ...], cache: CompileCache | None,
