@@ -90,6 +90,11 @@ bench-runtime: setup
 bench-specializations: setup
 	$(BIN)/python -m bench.bench_specializations --json $(OUT)/bench-specializations.json
 
+## The same bundle for CUDA (bytes; needs nvcc or NVRTC, no GPU).
+.PHONY: bench-specializations-cuda
+bench-specializations-cuda: setup
+	$(BIN)/python -m bench.bench_specializations --targets cuda --json $(OUT)/bench-specializations-cuda.json
+
 ## The CU sandbox's time limit (epoch interruption) on MiniLM: median CPU time with and without it.
 bench-sandbox: setup
 	$(BIN)/python -m bench.sandbox_overhead --json $(OUT)/bench-sandbox.json

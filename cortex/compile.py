@@ -22,6 +22,10 @@ per CU), and the files are written here, in manifest order, so where they were b
 With a `cache` (`cortex.compile_cache`), each CU (and each variant) whose key is in the cache is
 taken from it instead of being loaded and built; only the others are. The summary says how many
 CUs were compiled and how many reused.
+
+A CU folder of shape specializations (`decompose --dim seq=32,64,128`) goes through the same steps,
+cache and variants included, every specialization's CUs into one folder: the target names its files
+by content (`external_weights`, forced on), so what several shapes make is written once.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -49,6 +54,14 @@ from passes.narrow_weights import PRECISIONS, narrowed
 INDEX_SCHEMA = "cortex.{target}/1"
 
 
+@dataclass(frozen=True)
+class _Work:
+    """One CU to build: its manifest entry, the CU folder holding it, and how messages name it."""
+    cu: dict
+    folder: Path
+    label: str
+
+
 def compile_cu_dir(target: Target, cu_dir: Path, output: Path, options, dag_path: Path | None = None,
                    on_cu: Callable[[str], None] | None = None, jobs: int | None = None,
                    variants: tuple[str, ...] = (), map_cus: Callable[[Callable, list], list] | None = None,
@@ -57,97 +70,155 @@ def compile_cu_dir(target: Target, cu_dir: Path, output: Path, options, dag_path
     variants = parse_variants(variants)
     listing = read_listing(cu_dir)
     if listing is not None:
-        return compile_specializations(target, cu_dir, output, options, listing, dag_path, on_cu, jobs, variants)
+        return compile_specializations(target, cu_dir, output, options, listing, dag_path, on_cu, jobs, variants,
+                                       map_cus, cache)
     start = time.perf_counter()
     target.check(options)
     manifest = read_manifest(cu_dir)
-    compiled = [cu for cu in manifest["cus"] if "runs_on" not in cu]
+    compiled = [_Work(cu, cu_dir, cu["id"]) for cu in manifest["cus"] if "runs_on" not in cu]
     dag = read_dag_for_cus(dag_path, manifest, cu_dir) if dag_path is not None else None
     folder_in_dag = _folder_relative_to(output, dag_path) if dag_path is not None else None
+
+    linked = linked_options(target, options, cu_dir, manifest, [w.cu for w in compiled], variants)
+
+    def fill(folder: Path):
+        built, rebuilt = build_cus(target, options, compiled, variants, cache, jobs, map_cus, linked)
+        records, variant_records = _write_built(folder, compiled, built, on_cu)
+        index = {"schema": INDEX_SCHEMA.format(target=target.name), "options": options_json(options), "cus": records,
+                 **({"variants": variant_records} if variants else {})}
+        (folder / "index.json").write_text(json.dumps(index, indent=2) + "\n")
+        return records, variant_records, rebuilt
+
+    records, variant_records, rebuilt = write_directory_atomically(output, fill)
+    if dag is not None:
+        _record_artifacts(dag["cus"], records, variant_records, target, folder_in_dag)
+        write_bytes_atomically(Path(dag_path), (json.dumps(dag, indent=2) + "\n").encode())
+    if cache is not None:
+        cache.prune()
+    return {"output": str(output), "dag": str(dag_path) if dag_path else None, "cus": len(records),
+            "fallback_cus": len(manifest["cus"]) - len(compiled),
+            "compiled_cus": rebuilt, "reused_cus": len(compiled) - rebuilt,
+            **_summary(target, options, records, variant_records, variants),
+            "seconds": round(time.perf_counter() - start, 3)}
+
+
+def compile_specializations(target: Target, cu_dir: Path, output: Path, options, listing: list[dict],
+                            dag_path: Path | None, on_cu: Callable[[str], None] | None, jobs: int | None,
+                            variants: tuple[str, ...], map_cus: Callable[[Callable, list], list] | None = None,
+                            cache: CompileCache | None = None) -> dict:
+    """Every specialization's CUs (and their variants) into one folder. The target names its files
+    by content (`external_weights`), so a module or a weight file several specializations make is
+    written and counted once; each section of the cortex.dag/2 dag.json gets its CUs' records."""
+    start = time.perf_counter()
+    if "external_weights" not in {f.name for f in dataclasses.fields(options)}:
+        raise CortexError(f"{cu_dir} holds shape specializations; compile-{target.name} cannot store their "
+                          "shared weights once yet (compile-wasm and compile-cuda can)")
+    if target.links(options):
+        raise CortexError(f"{cu_dir} holds shape specializations; their CUs cannot share one memory plan yet")
+    options = dataclasses.replace(options, external_weights=True)
+    target.check(options)
+    folders = {entry["name"]: cu_dir / entry["folder"] for entry in listing}
+    manifests = {name: read_manifest(folder) for name, folder in folders.items()}
+    dag = read_specialized_dag(dag_path, option="--dag") if dag_path is not None else None
+    if dag is not None:
+        sections = {s["name"]: s for s in dag["specializations"]}
+        for name, manifest in manifests.items():
+            shas = {cu["id"]: cu["sha256"] for cu in manifest["cus"]}
+            section = sections.get(name)
+            if section is None or {cu["id"]: cu["sha256"] for cu in section["cus"]} != shas:
+                raise CortexError(f"--dag {dag_path} does not describe the CUs of specialization {name} in "
+                                  f"{cu_dir}; run 'cortex build-dag' again")
+    folder_in_dag = _folder_relative_to(output, dag_path) if dag_path is not None else None
+    work = {name: [_Work(cu, folders[name], f"{name} {cu['id']}") for cu in manifest["cus"] if "runs_on" not in cu]
+            for name, manifest in manifests.items()}
+    every = [w for ws in work.values() for w in ws]
+
+    def fill(folder: Path):
+        built, rebuilt = build_cus(target, options, every, variants, cache, jobs, map_cus)
+        records, variant_records, at = {}, {}, 0
+        for name, ws in work.items():
+            records[name], variant_records[name] = _write_built(folder, ws, built[at:at + len(ws)], on_cu)
+            at += len(ws)
+        index = {"schema": INDEX_SCHEMA.format(target=target.name), "options": options_json(options),
+                 "specializations": records, **({"variants": variant_records} if variants else {})}
+        (folder / "index.json").write_text(json.dumps(index, indent=2) + "\n")
+        return records, variant_records, rebuilt
+
+    records, variant_records, rebuilt = write_directory_atomically(output, fill)
+    if dag is not None:
+        for section in dag["specializations"]:
+            _record_artifacts(section["cus"], records[section["name"]], variant_records[section["name"]], target,
+                              folder_in_dag)
+        write_bytes_atomically(Path(dag_path), (json.dumps(dag, indent=2) + "\n").encode())
+    if cache is not None:
+        cache.prune()
+    flat = {f"{name}/{cu}": r for name, by_cu in records.items() for cu, r in by_cu.items()}
+    flat_variants = {f"{name}/{cu}": v for name, by_cu in variant_records.items() for cu, v in by_cu.items()}
+    return {"output": str(output), "dag": str(dag_path) if dag_path else None, "specializations": len(records),
+            "cus": len(flat), "fallback_cus": sum(len(m["cus"]) for m in manifests.values()) - len(every),
+            "compiled_cus": rebuilt, "reused_cus": len(every) - rebuilt,
+            **_summary(target, options, flat, flat_variants, variants),
+            "seconds": round(time.perf_counter() - start, 3)}
+
+
+def build_cus(target: Target, options, work: list[_Work], variants: tuple[str, ...], cache: CompileCache | None,
+              jobs: int | None, map_cus: Callable[[Callable, list], list] | None,
+              linked: tuple[dict[str, Graph], dict[str, object]] | None = None) -> tuple[list, int]:
+    """Each CU's exact build and its variants by precision ({} for a CU without weights), in the
+    order of `work`, and how many CUs were (partly) built rather than all taken from the cache.
+    `linked` (from `linked_options`): every CU's graph, already loaded, and the options each builds with."""
     precisions = (None, *variants)
-    graphs, per_cu = linked_options(target, options, cu_dir, manifest, compiled, variants)
-    keys = {(cu["id"], p): cache.key(target, per_cu[cu["id"]], cu["id"], cu["sha256"], p)
-            for cu in compiled for p in precisions} if cache is not None else {}
+    per_cu = [linked[1][w.cu["id"]] if linked else options for w in work]
+    keys = {(i, p): cache.key(target, per_cu[i], w.cu["id"], w.cu["sha256"], p)
+            for i, w in enumerate(work) for p in precisions} if cache is not None else {}
     found = {slot: cache.get(key) for slot, key in keys.items()}
     found = {slot: built for slot, built in found.items() if built is not None}
-    rebuilt = [cu for cu in compiled if any((cu["id"], p) not in found for p in precisions)]
-    graphs = graphs if graphs is not None else load_cu_graphs(cu_dir, rebuilt, target.name)
+    rebuilt = [i for i in range(len(work)) if any((i, p) not in found for p in precisions)]
+    graphs = {i: linked[0][work[i].cu["id"]] for i in rebuilt} if linked else {}
+    for folder in dict.fromkeys(work[i].folder for i in rebuilt if i not in graphs):
+        here = [i for i in rebuilt if work[i].folder == folder]
+        loaded = load_cu_graphs(folder, [work[i].cu for i in here], target.name)
+        graphs.update((i, loaded[work[i].cu["id"]]) for i in here)
 
     # What each CU still needs built: a pure function of its graph and the options, so it may run on
     # another machine (`map_cus`); the cache is read and written here, never where the build runs.
-    missing = [(cu, [p for p in precisions if (cu["id"], p) not in found]) for cu in rebuilt]
+    missing = [(i, [p for p in precisions if (i, p) not in found]) for i in rebuilt]
 
-    def build_missing(item: tuple[dict, list]) -> dict:
-        cu, wanted = item
-        graph, built = graphs[cu["id"]], {}
+    def build_missing(item: tuple[int, list]) -> dict:
+        i, wanted = item
+        graph, cu, built = graphs[i], work[i].cu, {}
         try:
             for precision in wanted:
                 if precision is None:
-                    built[precision] = target.build(graph, per_cu[cu["id"]], cu["id"])
+                    built[precision] = target.build(graph, per_cu[i], cu["id"])
                 else:
                     narrow = narrowed(graph, precision)
                     built[precision] = None if narrow is None else target.build(
                         narrow, options, variant_id(cu["id"], precision))
         except CortexError as e:
-            raise type(e)(f"{cu['id']} ({cu_dir / cu['path']}): {e}") from None
+            raise type(e)(f"{work[i].label} ({work[i].folder / cu['path']}): {e}") from None
         return built
 
-    def fill(folder: Path) -> dict:
-        if map_cus is not None:
-            fresh = list(map_cus(build_missing, missing))
-        else:
-            with ThreadPoolExecutor(max_workers=jobs or min(target.jobs, os.cpu_count() or 1)) as pool:
-                fresh = list(pool.map(build_missing, missing))
-        slots = {(cu["id"], p): value for (cu, _), made in zip(missing, fresh) for p, value in made.items()}
-        if cache is not None:
-            for slot, value in slots.items():
-                cache.put(keys[slot], value)
-        slots.update((slot, None if value is NO_VARIANT else value) for slot, value in found.items())
-        built = [(slots[cu["id"], None], {p: slots[cu["id"], p] for p in variants if slots[cu["id"], p] is not None})
-                 for cu in compiled]
-        records, variant_records = {}, {}
-        for cu, (result, by_precision) in zip(compiled, built):
-            for one in (result, *by_precision.values()):
-                for name, data in one.files.items():
-                    (folder / name).parent.mkdir(parents=True, exist_ok=True)   # modules/, weights/
-                    (folder / name).write_bytes(data)
-            records[cu["id"]] = result.record
-            variant_records[cu["id"]] = {p: r.record for p, r in by_precision.items()}
-            if on_cu:
-                on_cu(cu["id"])
-        index = {"schema": INDEX_SCHEMA.format(target=target.name), "options": options_json(options), "cus": records,
-                 **({"variants": variant_records} if variants else {})}
-        (folder / "index.json").write_text(json.dumps(index, indent=2) + "\n")
-        return records, variant_records
-
-    records, variant_records = write_directory_atomically(output, fill)
-    if dag is not None:
-        for cu in dag["cus"]:
-            if cu["id"] in records:
-                old = cu.setdefault("artifacts", {}).get(target.artifact, {}).get("sha256")
-                cu["artifacts"][target.artifact] = target.place(records[cu["id"]], folder_in_dag)
-                _record_variants(cu, target, {p: target.place(r, folder_in_dag)
-                                              for p, r in variant_records[cu["id"]].items()},
-                                 exact_changed=old != records[cu["id"]].get("sha256"))
-        write_bytes_atomically(Path(dag_path), (json.dumps(dag, indent=2) + "\n").encode())
-    summary = target.summarize(records, options)
-    if variants:
-        summary["variant_bytes"] = {p: target.summarize({c: v[p] for c, v in variant_records.items() if p in v},
-                                                        options).get("bytes") for p in variants}
+    if map_cus is not None:
+        fresh = list(map_cus(build_missing, missing))
+    else:
+        with ThreadPoolExecutor(max_workers=jobs or min(target.jobs, os.cpu_count() or 1)) as pool:
+            fresh = list(pool.map(build_missing, missing))
+    slots = {(i, p): value for (i, _), made in zip(missing, fresh) for p, value in made.items()}
     if cache is not None:
-        cache.prune()
-    return {"output": str(output), "dag": str(dag_path) if dag_path else None, "cus": len(records),
-            "fallback_cus": len(manifest["cus"]) - len(compiled),
-            "compiled_cus": len(rebuilt), "reused_cus": len(compiled) - len(rebuilt),
-            **summary, "seconds": round(time.perf_counter() - start, 3)}
+        for slot, value in slots.items():
+            cache.put(keys[slot], value)
+    slots.update((slot, None if value is NO_VARIANT else value) for slot, value in found.items())
+    return [(slots[i, None], {p: slots[i, p] for p in variants if slots[i, p] is not None})
+            for i in range(len(work))], len(rebuilt)
 
 
 def linked_options(target: Target, options, cu_dir: Path, manifest: dict, compiled: list[dict],
-                   variants: tuple[str, ...]) -> tuple[dict[str, Graph] | None, dict[str, object]]:
-    """The options each CU builds with: the command's, or, for a target whose options link the
-    CUs (one model-level memory), what its `link` plans from every CU's graph (then returned too)."""
+                   variants: tuple[str, ...]) -> tuple[dict[str, Graph], dict[str, object]] | None:
+    """For a target whose options link the CUs (one model-level memory): every CU's graph and the
+    options its `link` plans for each CU from all of them. None for any other target."""
     if not target.links(options):
-        return None, {cu["id"]: options for cu in compiled}
+        return None
     if variants:
         raise CortexError(f"--variants: the CUs of this compile-{target.name} build share one memory plan "
                           "(--memory shared); variants of them are not built yet")
@@ -155,71 +226,40 @@ def linked_options(target: Target, options, cu_dir: Path, manifest: dict, compil
     return graphs, target.link(options, graphs, manifest)
 
 
-def compile_specializations(target: Target, cu_dir: Path, output: Path, options, listing: list[dict],
-                            dag_path: Path | None, on_cu: Callable[[str], None] | None, jobs: int | None,
-                            variants: tuple[str, ...]) -> dict:
-    """Every specialization's CUs into one folder. The target names its files by content
-    (`external_weights`), so a module or a weight file several specializations make is written
-    and counted once; each section of the cortex.dag/2 dag.json gets its CUs' records."""
-    start = time.perf_counter()
+def _write_built(folder: Path, work: list[_Work], built: list, on_cu: Callable[[str], None] | None
+                 ) -> tuple[dict, dict]:
+    """The CUs' files written into `folder` (a content-addressed name already there holds the same
+    bytes, so it is written once); their records and their variants' records by CU id."""
+    records, variant_records = {}, {}
+    for w, (result, by_precision) in zip(work, built):
+        for one in (result, *by_precision.values()):
+            for name, data in one.files.items():
+                if not (folder / name).exists():
+                    (folder / name).parent.mkdir(parents=True, exist_ok=True)   # modules/, weights/
+                    (folder / name).write_bytes(data)
+        records[w.cu["id"]] = result.record
+        variant_records[w.cu["id"]] = {p: r.record for p, r in by_precision.items()}
+        if on_cu:
+            on_cu(w.label)
+    return records, variant_records
+
+
+def _record_artifacts(cus: list[dict], records: dict, variant_records: dict, target: Target, folder: str) -> None:
+    """Each built CU's record (and its variants') into its dag.json entry."""
+    for cu in cus:
+        if cu["id"] in records:
+            old = cu.setdefault("artifacts", {}).get(target.artifact, {}).get("sha256")
+            cu["artifacts"][target.artifact] = target.place(records[cu["id"]], folder)
+            _record_variants(cu, target, {p: target.place(r, folder) for p, r in variant_records[cu["id"]].items()},
+                             exact_changed=old != records[cu["id"]].get("sha256"))
+
+
+def _summary(target: Target, options, records: dict, variant_records: dict, variants: tuple[str, ...]) -> dict:
+    summary = target.summarize(records, options)
     if variants:
-        raise CortexError(f"--variants: {cu_dir} holds shape specializations; variants of them are not built yet")
-    if "external_weights" not in {f.name for f in dataclasses.fields(options)}:
-        raise CortexError(f"{cu_dir} holds shape specializations; compile-{target.name} cannot store their "
-                          "shared weights once yet (compile-wasm can)")
-    if target.links(options):
-        raise CortexError(f"{cu_dir} holds shape specializations; their CUs cannot share one memory plan yet")
-    options = dataclasses.replace(options, external_weights=True)
-    target.check(options)
-    folders = {entry["name"]: cu_dir / entry["folder"] for entry in listing}
-    read = {name: read_cus(folder, target.name) for name, folder in folders.items()}
-    dag = read_specialized_dag(dag_path, option="--dag") if dag_path is not None else None
-    if dag is not None:
-        sections = {s["name"]: s for s in dag["specializations"]}
-        for name, (manifest, _) in read.items():
-            shas = {cu["id"]: cu["sha256"] for cu in manifest["cus"]}
-            section = sections.get(name)
-            if section is None or {cu["id"]: cu["sha256"] for cu in section["cus"]} != shas:
-                raise CortexError(f"--dag {dag_path} does not describe the CUs of specialization {name} in "
-                                  f"{cu_dir}; run 'cortex build-dag' again")
-    folder_in_dag = _folder_relative_to(output, dag_path) if dag_path is not None else None
-    work = [(name, cu) for name, (manifest, _) in read.items() for cu in manifest["cus"] if "runs_on" not in cu]
-
-    def build_one(item):
-        name, cu = item
-        try:
-            return target.build(read[name][1][cu["id"]], options, cu["id"])
-        except CortexError as e:
-            raise type(e)(f"{name} {cu['id']} ({folders[name] / cu['path']}): {e}") from None
-
-    def fill(folder: Path) -> dict:
-        with ThreadPoolExecutor(max_workers=jobs or min(target.jobs, os.cpu_count() or 1)) as pool:
-            built = list(pool.map(build_one, work))
-        records: dict[str, dict] = {name: {} for name in read}
-        for (name, cu), result in zip(work, built):
-            for file, data in result.files.items():
-                if not (folder / file).exists():       # content-addressed: the same name, the same bytes
-                    (folder / file).parent.mkdir(parents=True, exist_ok=True)
-                    (folder / file).write_bytes(data)
-            records[name][cu["id"]] = result.record
-            if on_cu:
-                on_cu(f"{name} {cu['id']}")
-        index = {"schema": INDEX_SCHEMA.format(target=target.name), "options": options_json(options),
-                 "specializations": records}
-        (folder / "index.json").write_text(json.dumps(index, indent=2) + "\n")
-        return records
-
-    records = write_directory_atomically(output, fill)
-    if dag is not None:
-        for section in dag["specializations"]:
-            for cu in section["cus"]:
-                if cu["id"] in records[section["name"]]:
-                    cu["artifacts"][target.artifact] = target.place(records[section["name"]][cu["id"]], folder_in_dag)
-        write_bytes_atomically(Path(dag_path), (json.dumps(dag, indent=2) + "\n").encode())
-    every = {f"{name}/{cu}": r for name, by_cu in records.items() for cu, r in by_cu.items()}
-    return {"output": str(output), "dag": str(dag_path) if dag_path else None, "specializations": len(records),
-            "cus": len(every), "fallback_cus": sum(len(m["cus"]) for m, _ in read.values()) - len(work),
-            **target.summarize(every, options), "seconds": round(time.perf_counter() - start, 3)}
+        summary["variant_bytes"] = {p: target.summarize({c: v[p] for c, v in variant_records.items() if p in v},
+                                                        options).get("bytes") for p in variants}
+    return summary
 
 
 def parse_variants(variants) -> tuple[str, ...]:

@@ -250,7 +250,8 @@ def _cuda_record(cu: dict, record: dict, tensors: dict, folder: Path) -> str | N
     problem = _outside(folder, record["folder"])
     if problem:
         return problem
-    entries = [record["source"], record["ptx"], record["weights"], *record["cubins"].values()]
+    weights = record["weights"]
+    entries = [record["source"], record["ptx"], *record["cubins"].values(), *weights.get("segments", [weights])]
     for entry in filter(None, entries):
         problem = _outside(folder, f"{record['folder']}/{entry['file']}")
         if problem:

@@ -22,7 +22,13 @@ from pathlib import Path
 import jsonschema
 
 from cortex.cus import SPECIALIZATIONS_LISTING
-from cortex.dag import DAG_SCHEMA, SPECIALIZED_DAG_SCHEMA, build_dag, check_dag
+from cortex.dag import (
+    DAG_SCHEMA,
+    SPECIALIZED_DAG_SCHEMA,
+    build_dag,
+    check_dag,
+    validate_dag,
+)
 from ir.errors import CortexError
 
 LISTING = SPECIALIZATIONS_LISTING
@@ -183,6 +189,14 @@ def read_specialized_dag(path: Path, option: str | None = None) -> dict:
             return _fail(label, f"specializations {seen[key]} and {section['name']} have the same input shapes")
         seen[key] = section["name"]
     return dag
+
+
+def validate_specialized_dag(dag: dict) -> None:
+    """Raise jsonschema.ValidationError unless `dag` follows the cortex.dag/2 schema and each
+    section the cortex.dag/1 one (a document about to be written back, e.g. by calibrate)."""
+    jsonschema.validate(dag, json.loads(SCHEMA_FILE.read_text()))
+    for section in dag["specializations"]:
+        validate_dag(section_dag(section))
 
 
 def section_dag(section: dict) -> dict:

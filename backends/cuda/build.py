@@ -1,7 +1,8 @@
 """The CUDA target: one CU's graph -> CUDA C++, PTX, cubins and weights, and its record.
 
 Per CU: `cu-NNNN.cu` (one translation unit, `extern "C"` kernels), `cu-NNNN.ptx`, one
-`cu-NNNN.sm_XX.cubin` per architecture, and `cu-NNNN.weights` (the weights blob the kernels read).
+`cu-NNNN.sm_XX.cubin` per architecture, and `cu-NNNN.weights` (the weights blob the kernels read);
+with `--external-weights` each file is named by its content instead (`content_addressed.py`).
 A CU whose outputs are all empty tensors renders no kernel: it gets its (empty) weights file only,
 and its record says `module: false` and each output `empty`, so the devices load nothing for it.
 The record (`cus[i].artifacts.cuda`) holds the files and hashes, the kernels with launch geometry
@@ -15,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 import ml_dtypes
 import numpy as np
 
+from backends.cuda.content_addressed import file_entries, module_name, weight_segment_files
 from backends.cuda.render import CudaSource, render_cuda
 from backends.cuda.tensor_cores import PRECISIONS
 from backends.cuda.toolchain import (
@@ -48,7 +50,7 @@ def _entry(name: str, data: bytes) -> dict:
     return {"file": name, "sha256": _sha(data), "bytes": len(data)}
 
 
-def _kernel_free_record(cu_id: str, source: CudaSource) -> tuple[dict, dict[str, bytes]]:
+def _kernel_free_record(cu_id: str, source: CudaSource, external: bool) -> tuple[dict, dict[str, bytes]]:
     """A CU that renders no kernel: every output is an empty tensor (a view or a copy of another
     tensor is always written by a kernel, since a CU output owns its storage). There is nothing to
     compile or load; the devices allocate the empty outputs and launch nothing. The record says so
@@ -57,7 +59,7 @@ def _kernel_free_record(cu_id: str, source: CudaSource) -> tuple[dict, dict[str,
         if p.kind == "output" and p.bytes:
             raise CortexError(f"output {p.name!r} ({p.bytes} bytes) is written by no kernel; the CUDA renderer "
                               "dropped its loop nest")
-    files = {f"{cu_id}.weights": source.weights}
+    files, weights = _weights(cu_id, source, external)
     record = {
         "schema": RECORD_SCHEMA,
         "compiler": None,
@@ -66,7 +68,7 @@ def _kernel_free_record(cu_id: str, source: CudaSource) -> tuple[dict, dict[str,
         "source": None,
         "ptx": None,
         "cubins": {},
-        "weights": _entry(f"{cu_id}.weights", source.weights),
+        "weights": weights,
         "scratch_bytes": source.scratch_bytes,
         "params": [asdict(p) for p in source.params],
         "launches": [],
@@ -86,6 +88,10 @@ class CudaOptions:
         "Input precision of the tensor-core GEMM/Conv kernels: exact (float32 FMA, no tensor cores), tf32, "
         "fp16 or bf16 (rounded inputs, float32 sums; float32 contractions of at least 16x16x16 only).",
         choices=PRECISIONS))
+    external_weights: bool = field(default=False, metadata=option(
+        "Name every file by its content: modules/<sha256>.cu, .ptx and .sm_XX.cubin, and one "
+        "weights/<sha256>.bin per weight tensor, so identical code and weights are stored once (always on "
+        "for shape specializations)."))
 
 
 def _has_tensor_cores(arch: str) -> bool:
@@ -126,22 +132,28 @@ def build_cu(graph: Graph, options: CudaOptions, cu_id: str) -> BuiltCU:
         precision = stored_weight_precision(graph)
     source = render_cuda(program, prefix=cu_id.replace("-", "") + "_", precision=precision)
     if not source.launches:
-        record, files = _kernel_free_record(cu_id, source)
+        record, files = _kernel_free_record(cu_id, source, options.external_weights)
         return BuiltCU(files, record)
     built = compile_cuda(source.text, f"{cu_id}.cu", options.arch, options.compiler)
-    files = {f"{cu_id}.cu": source.text.encode(), f"{cu_id}.ptx": built.ptx,
-             f"{cu_id}.weights": source.weights,
-             **{f"{cu_id}.{arch}.cubin": cubin for arch, cubin in built.cubins.items()}}
+    text = source.text.encode()
+    names = {"source": f"{cu_id}.cu", "ptx": f"{cu_id}.ptx", **{arch: f"{cu_id}.{arch}.cubin" for arch in built.cubins}}
+    if options.external_weights:
+        names = {"source": module_name(text, ".cu"), "ptx": module_name(built.ptx, ".ptx"),
+                 **{arch: module_name(cubin, f".{arch}.cubin") for arch, cubin in built.cubins.items()}}
+    files = {names["source"]: text, names["ptx"]: built.ptx,
+             **{names[arch]: cubin for arch, cubin in built.cubins.items()}}
+    weight_files, weights = _weights(cu_id, source, options.external_weights)
+    files.update(weight_files)
     entry = lambda name: _entry(name, files[name])  # noqa: E731
     record = {
         "schema": RECORD_SCHEMA,
         "compiler": built.compiler,
         "module": True,
         "outputs": {p.name: "kernels" if p.bytes else "empty" for p in source.params if p.kind == "output"},
-        "source": entry(f"{cu_id}.cu"),
-        "ptx": {**entry(f"{cu_id}.ptx"), "arch": built.ptx_arch},
-        "cubins": {arch: entry(f"{cu_id}.{arch}.cubin") for arch in built.cubins},
-        "weights": entry(f"{cu_id}.weights"),
+        "source": entry(names["source"]),
+        "ptx": {**entry(names["ptx"]), "arch": built.ptx_arch},
+        "cubins": {arch: entry(names[arch]) for arch in built.cubins},
+        "weights": weights,
         "scratch_bytes": source.scratch_bytes,
         "params": [asdict(p) for p in source.params],
         "launches": [{**asdict(launch), "shared_bytes": 0} for launch in source.launches],
@@ -156,6 +168,13 @@ def build_cu(graph: Graph, options: CudaOptions, cu_id: str) -> BuiltCU:
     return BuiltCU(files, record)
 
 
+def _weights(cu_id: str, source: CudaSource, external: bool) -> tuple[dict[str, bytes], dict]:
+    """The weights' files and the record's entry: one blob, or one content-addressed file per weight."""
+    if external:
+        return weight_segment_files(source.weights, source.weight_segments)
+    return {f"{cu_id}.weights": source.weights}, _entry(f"{cu_id}.weights", source.weights)
+
+
 def place(record: dict, folder: str) -> dict:
     return {**record, "folder": folder}
 
@@ -168,6 +187,6 @@ def summarize(records: dict[str, dict], options: CudaOptions) -> dict:
         "spills": sorted(f"{cu}: {k}" for cu, r in records.items() for k in r["spills"]),
         "max_registers": max((res["registers"] for r in records.values() for arch in r["resources"].values()
                               for res in arch.values()), default=0),
-        "bytes": sum(e["bytes"] for r in records.values()
-                     for e in [r["source"], r["ptx"], r["weights"], *r["cubins"].values()] if e),
+        # As stored: a content-addressed file several CUs (or specializations) name counts once.
+        "bytes": sum({e["file"]: e["bytes"] for r in records.values() for e in file_entries(r)}.values()),
     }

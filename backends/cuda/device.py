@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from backends.cuda.content_addressed import file_entries
 from backends.cuda.driver import CudaDevice, CudaDeviceError, DeviceBuffer, open_driver
 from backends.cuda.runner import CuRunner
 from backends.cuda.sim import build as build_for_host
@@ -27,13 +28,15 @@ from ir.fs import confined_path, read_artifact
 
 
 def _record(cu: dict, dag_path: Path) -> tuple[dict, Path]:
-    """The CU's record and its folder, every file in it checked against its sha256."""
+    """The CU's record and its folder, every file in it checked against its sha256 (the weights
+    when the runner reads them)."""
     record = cu["artifacts"]["cuda"]     # _check_artifacts made sure, when the device was opened
     folder = confined_path(dag_path.parent, record["folder"])    # read_dag checked it stays inside
-    entries = [record["source"], record["weights"], record["ptx"], *record["cubins"].values()]
-    for entry in filter(None, entries):   # a kernel-free CU has no source, PTX or cubins
-        read_artifact(folder / entry["file"], entry["sha256"], f"{cu['id']} in {dag_path}",
-                      "run 'cortex compile-cuda' again")
+    weights = file_entries({**record, "source": None, "ptx": None, "cubins": {}})
+    for entry in file_entries(record):   # a kernel-free CU has no source, PTX or cubins
+        if entry not in weights:
+            read_artifact(folder / entry["file"], entry["sha256"], f"{cu['id']} in {dag_path}",
+                          "run 'cortex compile-cuda' again")
     return record, folder
 
 
@@ -60,7 +63,8 @@ class CudaSimDevice(HostTensors):
             list(pool.map(lambda rf: build_for_host(rf[1] / rf[0]["source"]["file"]),
                           [rf for rf in records.values() if rf[0].get("module", True)]))
         for cu_id, (record, folder) in records.items():
-            self.runners[cu_id] = CuRunner(None, record, folder, seed=self.seed, host_threads=self.threads)
+            self.runners[cu_id] = CuRunner(None, record, folder, seed=self.seed, host_threads=self.threads,
+                                           owner=f"{cu_id} in {self.dag_path}")
 
     def run(self, cu: dict, inputs: dict) -> dict[str, np.ndarray]:
         runner = self.runners[cu["id"]]
@@ -103,7 +107,7 @@ class CudaGpuDevice:
         for cu in cus:
             if cu["id"] not in self.runners:
                 record, folder = _record(cu, self.dag_path)
-                self.runners[cu["id"]] = CuRunner(self.gpu, record, folder)
+                self.runners[cu["id"]] = CuRunner(self.gpu, record, folder, owner=f"{cu['id']} in {self.dag_path}")
 
     def run(self, cu: dict, inputs: dict[str, GpuTensor]) -> dict[str, GpuTensor]:
         runner = self.runners[cu["id"]]

@@ -68,6 +68,7 @@ class CudaSource:
     weights: bytes
     scratch_bytes: int
     tensor_cores: dict[str, str] = field(default_factory=dict)   # kernel -> precision of its inputs
+    weight_segments: list[tuple[int, int]] = field(default_factory=list)   # (offset, bytes) of each weight
 
     @property
     def kernel_names(self) -> list[str]:
@@ -99,6 +100,7 @@ class CudaRenderer:
         self.prefix = re.sub(r"\W", "_", prefix)
         self.address: dict[int, str] = {}      # id(storage) -> C expression of its base pointer
         self.weight_blob = bytearray()
+        self.weight_segments: list[tuple[int, int]] = []
         self.scratch = 0
         self.params: list[Param] = []
         self.launches: list[Launch] = []
@@ -124,6 +126,8 @@ class CudaRenderer:
             if storage.kind == WEIGHT:
                 self.address[id(storage)] = f"(weights + {len(self.weight_blob)})"
                 data = storage.data or b""
+                if data:
+                    self.weight_segments.append((len(self.weight_blob), len(data)))
                 self.weight_blob += data + b"\0" * (_align(len(data)) - len(data))
             elif storage.kind != TEMP:       # temporaries are placed once the launches are known
                 raise UnsupportedError(f"tensor {storage.name!r} ({storage.kind}) is not bound to a CU input or output")
@@ -149,7 +153,7 @@ class CudaRenderer:
         functions = [self.emit(unit) for unit in launches]
         prelude = PRELUDE + (HEADERS if self.tensor_cores else "")
         return CudaSource(prelude + "\n" + "\n".join(functions), self.launches, self.params,
-                          bytes(self.weight_blob), self.scratch, self.tensor_cores)
+                          bytes(self.weight_blob), self.scratch, self.tensor_cores, self.weight_segments)
 
     def units(self, index: int, kernel: Kernel) -> list[Unit]:
         """The launches one node's kernel needs: a parallel nest each, serial statements grouped."""

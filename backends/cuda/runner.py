@@ -15,21 +15,23 @@ from pathlib import Path
 
 import numpy as np
 
+from backends.cuda.content_addressed import read_weights
 from backends.cuda.sim import SimModule
 from ir.bounds import pad_into
 from ir.errors import CortexError
 
 
 class CuRunner:
-    def __init__(self, device, record: dict, folder: Path, *, seed: int = 0, host_threads: int = 1):
-        """`device`: a CudaDevice, or None for cuda-sim. `folder`: where the record's files are."""
+    def __init__(self, device, record: dict, folder: Path, *, seed: int = 0, host_threads: int = 1,
+                 owner: str = "its record"):
+        """`device`: a CudaDevice, or None for cuda-sim. `folder`: where the record's files are;
+        `owner` names the CU in the error for a missing or modified weights file."""
         self.device = device
         self.record = record
         self.params = record["params"]
         self.launches = record["launches"]
         self.seed, self.host_threads = seed, host_threads
-        weights_path = folder / record["weights"]["file"] if record["weights"]["bytes"] else None
-        weights = np.fromfile(weights_path, np.uint8) if weights_path else np.zeros(1, np.uint8)
+        weights = read_weights(record, folder, owner)
         scratch_bytes = max(1, record["scratch_bytes"])
         signatures = {launch["kernel"]: ["ptr"] * len(self.params) for launch in self.launches}
         if not record.get("module", True):

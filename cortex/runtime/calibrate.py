@@ -17,7 +17,10 @@ code cached, once unloaded), and whether it is hot: activated by every feed, and
 that under a memory budget reloading it each request would cost more than running it; the runtime
 pins hot CUs when no `--pin` is given (docs/runtime.md, "Memory tiers").
 
-The dag.json is rewritten atomically, checked against its schema first.
+A dag.json of shape specializations (cortex.dag/2) is calibrated per specialization: each feed
+goes to the specialization whose input shapes are its own, and each specialization's variants are
+measured on its feeds only (one that no feed matches is left as it was). The dag.json is rewritten
+atomically, checked against its schema first.
 """
 
 from __future__ import annotations
@@ -33,6 +36,13 @@ import numpy as np
 from cortex.dag import validate_dag
 from cortex.runtime.loader import CompiledModel
 from cortex.runtime.variants import variant_record
+from cortex.specializations import (
+    is_specialized,
+    read_specialized_dag,
+    section_dag,
+    shapes_text,
+    validate_specialized_dag,
+)
 from ir.errors import CortexError
 from ir.fs import write_bytes_atomically
 
@@ -142,11 +152,77 @@ class ExactRun:
 
 def calibrate(dag_path: Path, data: Path, device: str = "wasm") -> dict:
     dag_path = Path(dag_path)
+    if is_specialized(dag_path):
+        return calibrate_specializations(dag_path, data, device)
     model = CompiledModel(dag_path, device, policy="strict")
+    feeds = read_feeds(data, model.dag["inputs"])
+    found = calibrate_model(model, feeds, device)
+    validate_dag(model.dag)
+    write_bytes_atomically(dag_path, (json.dumps(model.dag, indent=2) + "\n").encode())
+    return {"dag": str(dag_path), "device": device, "feeds": len(feeds), **found}
+
+
+def calibrate_specializations(dag_path: Path, data: Path, device: str) -> dict:
+    """A cortex.dag/2 file: each specialization calibrated on the feeds whose shapes are its own.
+    A specialization no feed matches is left as it was (its variants uncalibrated, trust null, until
+    feeds of its shapes are given), since a variant's error at one shape says nothing certain about
+    another's."""
+    document = read_specialized_dag(dag_path)
+    sections = document["specializations"]
+    grouped = feeds_by_specialization(data, sections, dag_path)
+    variants, hot = {}, []
+    for section, feeds in zip(sections, grouped):
+        if not feeds:
+            variants.update({f"{section['name']} {cu['id']} {p}": None for cu in section["cus"]
+                             for p in cu.get("variants", {})})
+            continue
+        model = CompiledModel(dag_path, device, policy="strict", dag=section_dag(section))
+        found = calibrate_model(model, feeds, device)
+        section["cus"] = model.dag["cus"]
+        variants.update({f"{section['name']} {name}": trust for name, trust in found["variants"].items()})
+        hot += [f"{section['name']} {cu_id}" for cu_id in found["hot_cus"]]
+    validate_specialized_dag(document)
+    write_bytes_atomically(dag_path, (json.dumps(document, indent=2) + "\n").encode())
+    return {"dag": str(dag_path), "device": device, "feeds": sum(map(len, grouped)),
+            "specializations": {s["name"]: len(f) for s, f in zip(sections, grouped)},
+            "variants": variants, "hot_cus": hot}
+
+
+def feeds_by_specialization(data: Path, sections: list[dict], dag_path: Path) -> list[list[dict[str, np.ndarray]]]:
+    """The calibration feeds of each specialization: a feed (an .npz of a folder, or one .npz of
+    batched rows) belongs to the specialization whose input shapes are its own."""
+    data = Path(data)
+    if data.is_dir():
+        files = sorted(data.glob("*.npz"))
+        if not files:
+            raise CortexError(f"--data {data}: the folder holds no .npz files")
+    elif data.is_file():
+        files = [data]
+    else:
+        raise CortexError(f"--data {data}: no such file or folder")
+    grouped: list[list[dict]] = [[] for _ in sections]
+    for path in files:
+        arrays = _arrays(path)
+        for i, section in enumerate(sections):
+            try:
+                grouped[i] += _feed(arrays, section["inputs"], path, batched=not data.is_dir())
+                break
+            except CortexError:
+                continue
+        else:
+            compiled = "; ".join(f"{s['name']} ({shapes_text(s['input_shapes'])})" for s in sections)
+            shapes = shapes_text({name: list(a.shape) for name, a in arrays.items()})
+            raise CortexError(f"--data {path}: its arrays ({shapes}) match no shape specialization of {dag_path}, "
+                              f"which was compiled for: {compiled}")
+    return grouped
+
+
+def calibrate_model(model: CompiledModel, feeds: list[dict], device: str) -> dict:
+    """Measure every variant of the model's CUs on `feeds` and record trust, ranges and speed in
+    `model.dag`'s CUs; returns the trust of each variant measured and the hot CUs."""
     dag = model.dag
     # Without variants there is still each CU's speed to record: the hot CUs a memory budget pins.
     with_variants = [cu for cu in dag["cus"] if cu.get("variants")]
-    feeds = read_feeds(data, dag["inputs"])
     exact = ExactRun(model)
     artifact = {name: model.scheduler.variants.artifacts[name] for name in model.scheduler.devices}
     position = {cu_id: i for i, cu_id in enumerate(dag["order"])}
@@ -180,10 +256,7 @@ def calibrate(dag_path: Path, data: Path, device: str = "wasm") -> dict:
             found = measured.get((cu["id"], precision))
             cu["variants"][precision] = {"artifacts": variant["artifacts"],
                                          **(found.record(device) if found else {"trust": None})}
-    validate_dag(dag)
-    write_bytes_atomically(dag_path, (json.dumps(dag, indent=2) + "\n").encode())
-    return {"dag": str(dag_path), "device": device, "feeds": len(feeds),
-            "variants": {f"{cu_id} {p}": s.trust for (cu_id, p), s in measured.items()},
+    return {"variants": {f"{cu_id} {p}": s.trust for (cu_id, p), s in measured.items()},
             "hot_cus": [cu["id"] for cu in dag["cus"] if cu["residency"]["hot"]]}
 
 

@@ -120,7 +120,8 @@ def artifact_files(kind: str, record: dict) -> list[str] | None:
     if kind == "wasm":     # the module, and its weight files when they are outside it
         return [record["path"], *(w["path"] for w in record.get("weights", ()))]
     if kind == "cuda":
-        entries = [record["source"], record["ptx"], record["weights"], *record["cubins"].values()]
+        weights = record["weights"]    # one blob, or content-addressed segments (--external-weights)
+        entries = [record["source"], record["ptx"], *record["cubins"].values(), *weights.get("segments", [weights])]
         return [f"{record['folder']}/{e['file']}" for e in entries if e]
     return None
 
