@@ -12,11 +12,13 @@ Layouts (i16 little-endian, k in pairs so that one 32-bit lane holds (k, k + 1))
   A B that is an activation (attention's Q @ K^T and scores @ V in a quantized transformer) is
   packed the same way at run time, B - b_zero, once per product of the batch, into the scratch
   (`$name_pack_b`, kernels/int8_panels.py: the integer Conv's packer of its im2col matrix).
-- A, packed at run time into the scratch with its zero point subtracted: groups of 4 rows,
-  [ceil(M/4)][ceil(K/2)][4][2]; a group's values for one k pair are one v128 (rows past M repeat
-  the last row and are never stored; the k past K are zero).
-A 4-row tile of one panel is one pass over K of 8 accumulators (4 rows x 2 vectors): per k pair one
-load of A, a shuffle per row to broadcast its pair, two loads of B and 8 `dot` + `add`. The k loop is
+- A, packed at run time into the scratch with its zero point subtracted (kernels/int8_pack_a.py):
+  groups of 4 rows, each row's k pair broadcast to a v128, [ceil(M/4)][ceil(K/2)][4][4][2] (rows
+  past M repeat the last row and are never stored; the k past K are zero).
+A 4-row tile of one panel is one pass over K of 8 accumulators (4 rows x 2 vectors): per k pair four
+loads of A, two of B and 8 `dot` + `add`, nothing else on the vector ALUs (which bound it on x86:
+a dot and its add are two of their slots per 8 products; more accumulators than 8 spill under
+Cranelift, measured at 30-36 GMAC/s against 60 for this tile alone). The k loop is
 a function of its own (as the float GEMM's, kernels/microkernel.py: Cranelift then allocates its
 registers without the epilogue's) that leaves the tile's sums in a 128-byte scratch tile, which the
 epilogue reads: stored as int32 (MatMulInteger), or requantised (QLinearMatMul) exactly as the loop
