@@ -12,9 +12,10 @@ Layouts (i16 little-endian, k in pairs so that one 32-bit lane holds (k, k + 1))
   A B that is an activation (attention's Q @ K^T and scores @ V in a quantized transformer) is
   packed the same way at run time, B - b_zero, once per product of the batch, into the scratch
   (`$name_pack_b`, kernels/int8_panels.py: the integer Conv's packer of its im2col matrix).
-- A, packed at run time into the scratch with its zero point subtracted (kernels/int8_pack_a.py):
-  groups of 4 rows, each row's k pair broadcast to a v128, [ceil(M/4)][ceil(K/2)][4][4][2] (rows
-  past M repeat the last row and are never stored; the k past K are zero).
+- A, packed at run time with its zero point subtracted (kernels/int8_pack_a.py), one group of 4
+  rows at a time into the scratch, right before the tiles of that group: each row's k pair
+  broadcast to a v128, [ceil(K/2)][4][4][2] (rows past M repeat the last row and are never
+  stored; the k past K are zero).
 A 4-row tile of one panel is one pass over K of 8 accumulators (4 rows x 2 vectors): per k pair four
 loads of A, two of B and 8 `dot` + `add`, nothing else on the vector ALUs (which bound it on x86:
 a dot and its add are two of their slots per 8 products; more accumulators than 8 spill under
@@ -143,7 +144,7 @@ def render_integer_gemm(spec: IntegerGemmSpec, at: IntegerGemmOffsets, name: str
         b_zero = f"(i32.load8_{'s' if spec.b_signed else 'u'} (i32.const {at.b_zero}))" if spec.b_zero else "(i32.const 0)"
         per_product.append(f"(call ${name}_pack_b (i32.add (i32.const {at.b_source}) (i32.mul (local.get $bt) "
                            f"(i32.const {spec.k * spec.n}))) {b_zero})")
-    per_product += pack_a + _tiles(spec, at, name, relaxed)
+    per_product += (pack_a + _tiles(spec, at, name, relaxed)) if relaxed else _tiles(spec, at, name, relaxed, pack_a)
     code = _scales(spec, at) + _dequantize_scale(spec, at) + zero_points + counted_loop("$bt", spec.batch, per_product)
     decls = ["(local $za i32) (local $g i32) (local $p i32) (local $pa i32) (local $pb i32) (local $pc i32)",
              "(local $bt i32) (local $abase i32) (local $cbase i32) (local $pr i32) (local $dqs v128) (local $dqf f32)",
@@ -192,37 +193,40 @@ def _dequantize_scale(spec: IntegerGemmSpec, at: IntegerGemmOffsets) -> list[str
     return [f"(local.set $dqf (f32.load (i32.const {at.dequantize_scale})))", "(local.set $dqs (f32x4.splat (local.get $dqf)))"]
 
 
-def _tiles(spec: IntegerGemmSpec, at: IntegerGemmOffsets, name: str, relaxed: bool) -> list[str]:
-    """The tiles, the last group and the last panel partial: with 16-bit A row groups outside, panels
-    inside; the relaxed kernel's panels outside (one panel of B', K x 8 bytes, stays in L1 while
-    every row group passes)."""
+def _tiles(spec: IntegerGemmSpec, at: IntegerGemmOffsets, name: str, relaxed: bool,
+           pack_group: list[str] | None = None) -> list[str]:
+    """The tiles, the last group and the last panel partial. 16-bit A: row groups outside, each
+    packed by `pack_group` into the one group of scratch right before the panels pass over it, so it
+    is in L1 while they stream past (its 64 bytes per k pair are twice a panel's); the relaxed
+    kernel's A, packed whole before: panels outside (one panel of B', K x 8 bytes, stays in L1
+    while every row group passes)."""
     m, n, k = spec.m, spec.n, spec.k
     panel_bytes, a_group_bytes = steps(k, relaxed) * PANEL * 4, group_bytes(k, relaxed)
+    group_a = (f"(i32.add (i32.const {at.a_packed}) (i32.mul (local.get $g) (i32.const {a_group_bytes})))" if relaxed
+               else f"(i32.const {at.a_packed})")
 
     def tile(rows: int, cols: int) -> list[str]:
         height = ROWS if rows == ROWS else rows
-        return [f"(local.set $pa (i32.add (i32.const {at.a_packed}) (i32.mul (local.get $g) (i32.const {a_group_bytes}))))",
+        return [f"(local.set $pa {group_a})",
                 f"(local.set $pb (i32.add (i32.const {at.b_packed}) (i32.mul (local.get $p) (i32.const {panel_bytes}))))",
                 f"(call ${name}_k{height} (local.get $pa) (local.get $pb) (i32.add (local.get $pb) (i32.const {panel_bytes})))",
                 *_epilogue(spec, at, rows, cols, relaxed)]
-    # the 16-bit A group (64 bytes per k pair) is twice a B panel's bytes: it stays in cache while
-    # the panels stream past it (bench/int8_gemm_bench.py --shapes minilm: 1-5% faster)
-    return tile_grid(m, n, tile, groups_outside=not relaxed)
+    return tile_grid(m, n, tile) if relaxed else tile_grid(m, n, tile, group_prologue=pack_group)
 
 
-def tile_grid(m: int, n: int, tile, groups_outside: bool = False) -> list[str]:
+def tile_grid(m: int, n: int, tile, group_prologue: list[str] | None = None) -> list[str]:
     """The loops over an m x n result in tiles: panels of PANEL columns outside ($p), groups of ROWS
-    rows inside ($g), or with `groups_outside` the other way round, the last of either partial;
-    `tile(rows, cols)` is the code of the tile at $g, $p (the integer Conv's channels x pixels
-    tiles walk the same grid)."""
+    rows inside ($g), or with a `group_prologue` (code run first for each group) the other way
+    round, the last of either partial; `tile(rows, cols)` is the code of the tile at $g, $p (the
+    integer Conv's channels x pixels tiles walk the same grid)."""
     full_groups, rest_rows = divmod(m, ROWS)
     full_panels, rest_cols = divmod(n, PANEL)
-    if groups_outside:
+    if group_prologue is not None:
         def panels_of(rows: int) -> list[str]:
             code = counted_loop("$p", full_panels, tile(rows, PANEL)) if full_panels else []
             if rest_cols:
                 code += [f"(local.set $p (i32.const {full_panels}))", *tile(rows, rest_cols)]
-            return code
+            return group_prologue + code
 
         code = counted_loop("$g", full_groups, panels_of(ROWS)) if full_groups else []
         if rest_rows:

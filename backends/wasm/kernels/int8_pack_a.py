@@ -1,13 +1,14 @@
-"""The run-time packing of the integer GEMM's A (kernels/int8_gemm.py), once per product, minus its
-zero point, in groups of 4 rows (rows past M repeat the last row; their sums are never stored):
+"""The run-time packing of the integer GEMM's A (kernels/int8_gemm.py) minus its zero point, in
+groups of 4 rows (rows past M repeat the last row; their sums are never stored):
 
-- 16-bit (`render_pack_a(..., relaxed=False)`): each row's k pair (A[i, k] - a_zero, A[i, k + 1] -
-  a_zero) as int16, already broadcast to the 4 lanes of a v128: [ceil(M/4)][ceil(K/2)][4 rows][4
-  lanes][2], 64 bytes per k pair of a group (the k past K are zero). The tile's k loop then reads
-  each row's operand of `i32x4.dot_i16x8_s` with a plain load instead of broadcasting it with a
-  shuffle: on x86 the shuffle takes a vector ALU slot that the dot products and their adds need
-  (measured on the 4 x 8 tile alone, bench/int8_gemm_bench.py: about 53 -> 60 GMAC/s), and a load
-  slot is free. The price is 4x the packed bytes (M x K x 8), written once per product.
+- 16-bit (`render_pack_a(..., relaxed=False)`): one group at a time (at $g, into the same scratch,
+  which the group's tiles then read), each row's k pair (A[i, k] - a_zero, A[i, k + 1] - a_zero) as
+  int16 already broadcast to the 4 lanes of a v128: [ceil(K/2)][4 rows][4 lanes][2], 64 bytes per
+  k pair (the k past K are zero). The tile's k loop then reads each row's operand of
+  `i32x4.dot_i16x8_s` with a plain load instead of broadcasting it with a shuffle: on x86 the
+  shuffle takes a vector ALU slot that the dot products and their adds need (the 4 x 8 tile alone,
+  bench/int8_tile_bench.py: 49-53 -> 54-60 GMAC/s), and a load slot is free. The price, 4x the
+  bytes of a group, is why one group is packed at a time: K x 32 bytes of scratch.
 - 8-bit, relaxed SIMD (`relaxed=True`): A as int8 (uint8 A shifted by -128), 4 k of 4 rows per
   v128, [ceil(M/4)][ceil(K/4)][4 rows][4], each row's sum after the groups (the relaxed kernel's
   correction).
@@ -47,13 +48,16 @@ def shift_of(spec: IntegerGemmSpec) -> int:
 
 
 def packed_a_bytes(spec: IntegerGemmSpec, relaxed: bool) -> int:
-    """The packed groups, with relaxed the row sums after them."""
-    return groups(spec.m) * group_bytes(spec.k, relaxed) + (4 * ROWS * groups(spec.m) if relaxed else 0)
+    """The scratch of packed A: one 16-bit group, or every relaxed group and the row sums after them."""
+    if not relaxed:
+        return group_bytes(spec.k, False)
+    return groups(spec.m) * group_bytes(spec.k, True) + 4 * ROWS * groups(spec.m)
 
 
 def render_pack_a(spec: IntegerGemmSpec, a_zero: int | None, packed: int, relaxed: bool) -> tuple[list[str], list[str]]:
     """(reading the zero point at `a_zero` (None: 0) once per call into $za / $zv; packing the
-    product's A at $abase into the groups at `packed`). Uses the GEMM function's locals."""
+    product's A at $abase: relaxed, every group into `packed`; 16-bit, the group at $g only, for the
+    caller to run once per group). Uses the GEMM function's locals."""
     sign = "s" if spec.a_signed else "u"
     load_zero = f"(i32.load8_{sign} (i32.const {a_zero}))" if a_zero is not None else "(i32.const 0)"
     code = [f"(local.set $za {load_zero})", "(local.set $zv (i16x8.splat (local.get $za)))"]
@@ -72,13 +76,13 @@ def _row(spec: IntegerGemmSpec, r: int) -> str:
 
 
 def _pack_broadcast_pairs(spec: IntegerGemmSpec, packed: int) -> list[str]:
-    """Per row of a group, 8 k at a time: one 8-byte load widened to int16 less the zero point (4
-    k pairs, one per 32-bit lane), each lane broadcast into its own v128; the last k pairs one value
+    """Group $g's rows, 8 k at a time: one 8-byte load widened to int16 less the zero point (4 k
+    pairs, one per 32-bit lane), each lane broadcast into its own v128; the last k pairs one value
     at a time."""
     k = spec.k
     sign = "s" if spec.a_signed else "u"
     blocks = k // 8
-    code = [f"(local.set $pa (i32.add (i32.const {packed}) (i32.mul (local.get $g) (i32.const {group_bytes(k, False)}))))"]
+    code = [f"(local.set $pa (i32.const {packed}))"]
     for r in range(ROWS):
         code.append(f"(local.set $src {_row(spec, r)})")
         if blocks:
@@ -97,7 +101,7 @@ def _pack_broadcast_pairs(spec: IntegerGemmSpec, packed: int) -> list[str]:
                     if 2 * pair + 1 < k else "(i32.const 0)")
             value = f"(i32.or (i32.and {low} (i32.const 65535)) {high})"
             code.append(f"(v128.store offset={16 * r + pair * BROADCAST_PAIR_BYTES} (local.get $pa) (i32x4.splat {value}))")
-    return counted_loop("$g", groups(spec.m), code)
+    return code
 
 
 def _loop_until(label: str, count: int, body: list[str]) -> list[str]:
