@@ -19,7 +19,7 @@ Layouts (i16 little-endian, k in pairs so that one 32-bit lane holds (k, k + 1))
 A 4-row tile of one panel is one pass over K of 8 accumulators (4 rows x 2 vectors): per k pair four
 loads of A, two of B and 8 `dot` + `add`, nothing else on the vector ALUs (which bound it on x86:
 a dot and its add are two of their slots per 8 products; more accumulators than 8 spill under
-Cranelift, measured at 30-36 GMAC/s against 60 for this tile alone). The k loop is
+Cranelift: 29-35 GMAC/s against 54-60 for this tile alone, bench/int8_tile_bench.py). The k loop is
 a function of its own (as the float GEMM's, kernels/microkernel.py: Cranelift then allocates its
 registers without the epilogue's) that leaves the tile's sums in a 128-byte scratch tile, which the
 epilogue reads: stored as int32 (MatMulInteger), or requantised (QLinearMatMul) exactly as the loop

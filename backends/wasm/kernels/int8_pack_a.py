@@ -7,7 +7,7 @@ groups of 4 rows (rows past M repeat the last row; their sums are never stored):
   k pair (the k past K are zero). The tile's k loop then reads each row's operand of
   `i32x4.dot_i16x8_s` with a plain load instead of broadcasting it with a shuffle: on x86 the
   shuffle takes a vector ALU slot that the dot products and their adds need (the 4 x 8 tile alone,
-  bench/int8_tile_bench.py: 49-53 -> 54-60 GMAC/s), and a load slot is free. The price, 4x the
+  bench/int8_tile_bench.py: 48-53 -> 54-60 GMAC/s), and a load slot is free. The price, 4x the
   bytes of a group, is why one group is packed at a time: K x 32 bytes of scratch.
 - 8-bit, relaxed SIMD (`relaxed=True`): A as int8 (uint8 A shifted by -128), 4 k of 4 rows per
   v128, [ceil(M/4)][ceil(K/4)][4 rows][4], each row's sum after the groups (the relaxed kernel's
