@@ -95,6 +95,11 @@ bench-specializations: setup
 bench-specializations-cuda: setup
 	$(BIN)/python -m bench.bench_specializations --targets cuda --json $(OUT)/bench-specializations-cuda.json
 
+## The integer GEMM kernel alone on MiniLM's products (seq 128): GOPS against the float GEMM, interleaved.
+.PHONY: bench-int8-gemm
+bench-int8-gemm: setup
+	$(BIN)/python -m bench.int8_gemm_bench --shapes minilm
+
 ## The CU sandbox's time limit (epoch interruption) on MiniLM: median CPU time with and without it.
 bench-sandbox: setup
 	$(BIN)/python -m bench.sandbox_overhead --json $(OUT)/bench-sandbox.json

@@ -3,8 +3,10 @@ same shapes, interleaved: GOPS (2 * M * N * K operations per product per second,
 
 `python -m bench.int8_gemm_bench [--rounds N]` prints one line per shape. Contestants: the float
 GEMM with relaxed SIMD (FMA) and with plain SIMD, the integer GEMM with int32 output
-(MatMulInteger) and requantised to uint8 (QLinearMatMul), the relaxed-SIMD 8-bit kernel on
-7-bit weights (int32 output), and onnxruntime's MatMulInteger (native, one thread) for scale."""
+(MatMulInteger), requantised to uint8 (QLinearMatMul) and dequantised to float32 with a bias
+(MatMulIntegerToFloat, dynamically quantized MiniLM's form), the relaxed-SIMD 8-bit kernel on
+7-bit weights (int32 output), and onnxruntime's MatMulInteger (native, one thread) for scale.
+`--shapes minilm` runs MiniLM-L6's products at sequence length 128 only."""
 
 from __future__ import annotations
 
@@ -20,9 +22,10 @@ from backends.wasm.kernels.int8_gemm import pack_b as pack_integer_b
 from backends.wasm.kernels.operands import GemmOffsets
 from backends.wasm.kernels.standalone import instantiate, write
 from bench.timing import InProcess, interleave, repeats_for
-from ir.loops.contraction import GemmSpec, IntegerGemmSpec, RequantizeSpec
+from ir.loops.contraction import DequantizeSpec, GemmSpec, IntegerGemmSpec, RequantizeSpec
 
 SHAPES = ((512, 512, 512), (16, 384, 384), (16, 384, 1536), (16, 1536, 384))   # m, n, k
+MINILM_SHAPES = ((128, 384, 384), (128, 1536, 384), (128, 384, 1536))   # attention, FFN up, FFN down
 
 
 def _repeat(name: str) -> str:
@@ -46,21 +49,23 @@ def _float_contestant(label, a, b, features, calls):
     return InProcess(label, lambda: repeat(store, calls))
 
 
-def _integer_contestant(label, a, b, requantize, calls, relaxed=False):
+def _integer_contestant(label, a, b, requantize, calls, relaxed=False, dequantize=False):
     m, k = a.shape
     n = b.shape[1]
     span = int((b.astype(np.int32).max(0) - b.astype(np.int32).min(0)).max())
-    spec = IntegerGemmSpec(m, n, k, b_column_span=span, requantize=RequantizeSpec() if requantize else None)
+    spec = IntegerGemmSpec(m, n, k, b_column_span=span, requantize=RequantizeSpec() if requantize else None,
+                           dequantize=DequantizeSpec(bias=True) if dequantize else None)
     packed_a, tile, scales = scratch_bytes(spec, relaxed)
     packed_b = pack_integer_b(b.astype(np.int32), relaxed).tobytes()
     offsets, end = [], 64
-    for size in (a.nbytes, len(packed_b), m * n * 4, packed_a, tile, max(scales, 16), 16, 16, 16, 16, 16):
+    for size in (a.nbytes, len(packed_b), m * n * 4, packed_a, tile, max(scales, 16), 16, 16, 16, 16, 16, 4 * n):
         offsets.append(end)
         end += size + 64
-    a_at, b_at, c_at, pa_at, tile_at, scales_at, za_at, as_at, bs_at, ys_at, yz_at = offsets
+    a_at, b_at, c_at, pa_at, tile_at, scales_at, za_at, as_at, bs_at, ys_at, yz_at, bias_at = offsets
     at = IntegerGemmOffsets(a_at, b_at, c_at, pa_at, tile_at, a_zero=za_at,
-                            **(dict(scales=scales_at, a_scale=as_at, b_scale=bs_at, out_scale=ys_at, out_zero=yz_at)
-                               if requantize else {}))
+                            **({"scales": scales_at, "a_scale": as_at, "b_scale": bs_at, "out_scale": ys_at, "out_zero": yz_at}
+                               if requantize else {}),
+                            **({"dequantize_scale": as_at, "bias": bias_at} if dequantize else {}))
     features = {"simd", "relaxed-simd"} if relaxed else {"simd"}
     store, inst = instantiate(render_integer_gemm(spec, at, relaxed=relaxed) + _repeat("igemm"), end, features)
     memory = inst.exports(store)["memory"]
@@ -101,6 +106,7 @@ def bench_shape(shape, rounds: int) -> dict[str, float]:
                    _float_contestant("f32-simd", af, bf, SIMD, calls),
                    _integer_contestant("int8-int32out", a8, b8, False, calls),
                    _integer_contestant("int8-requant", a8, b8, True, calls),
+                   _integer_contestant("int8-dequant-bias", a8, b8, False, calls, dequantize=True),
                    _integer_contestant("int8-relaxed-int32out", a8, b7, False, calls, relaxed=True)]
     timings = interleave(contestants + [_ort_contestant(a8, b8)], rounds, repeats_for(calls * ops / 20e9), warmup=2)
     return {name: ops * (1 if name.startswith("ort") else calls) / t.median / 1e9 for name, t in timings.items()}
@@ -109,8 +115,9 @@ def bench_shape(shape, rounds: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--shapes", choices=("default", "minilm"), default="default")
     args = parser.parse_args()
-    for shape in SHAPES:
+    for shape in MINILM_SHAPES if args.shapes == "minilm" else SHAPES:
         gops = bench_shape(shape, args.rounds)
         print(f"{'x'.join(map(str, shape)):>14}: " + ", ".join(f"{k} {v:.1f}" for k, v in gops.items()) + " GOPS",
               flush=True)

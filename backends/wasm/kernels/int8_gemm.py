@@ -12,11 +12,14 @@ Layouts (i16 little-endian, k in pairs so that one 32-bit lane holds (k, k + 1))
   A B that is an activation (attention's Q @ K^T and scores @ V in a quantized transformer) is
   packed the same way at run time, B - b_zero, once per product of the batch, into the scratch
   (`$name_pack_b`, kernels/int8_panels.py: the integer Conv's packer of its im2col matrix).
-- A, packed at run time into the scratch with its zero point subtracted: groups of 4 rows,
-  [ceil(M/4)][ceil(K/2)][4][2]; a group's values for one k pair are one v128 (rows past M repeat
-  the last row and are never stored; the k past K are zero).
-A 4-row tile of one panel is one pass over K of 8 accumulators (4 rows x 2 vectors): per k pair one
-load of A, a shuffle per row to broadcast its pair, two loads of B and 8 `dot` + `add`. The k loop is
+- A, packed at run time with its zero point subtracted (kernels/int8_pack_a.py), one group of 4
+  rows at a time into the scratch, right before the tiles of that group: each row's k pair
+  broadcast to a v128, [ceil(K/2)][4][4][2] (rows past M repeat the last row and are never
+  stored; the k past K are zero).
+A 4-row tile of one panel is one pass over K of 8 accumulators (4 rows x 2 vectors): per k pair four
+loads of A, two of B and 8 `dot` + `add`, nothing else on the vector ALUs (which bound it on x86:
+a dot and its add are two of their slots per 8 products; more accumulators than 8 spill under
+Cranelift: 29-35 GMAC/s against 54-60 for this tile alone, bench/int8_tile_bench.py). The k loop is
 a function of its own (as the float GEMM's, kernels/microkernel.py: Cranelift then allocates its
 registers without the epilogue's) that leaves the tile's sums in a 128-byte scratch tile, which the
 epilogue reads: stored as int32 (MatMulInteger), or requantised (QLinearMatMul) exactly as the loop
@@ -36,11 +39,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from backends.wasm.kernels.int8_pack_a import (BROADCAST_PAIR_BYTES, ROWS, group_bytes, groups, packed_a_bytes, quads,
+                                               render_pack_a, steps)
 from backends.wasm.kernels.int8_panels import PANEL, counted_loop, pairs, panels, panels_bytes, render_pack_panels
 from backends.wasm.simd_lanes import shuffle_lanes
 from ir.loops.contraction import IntegerGemmSpec
 
-ROWS = 4            # rows per packed A group and per register tile
 TILE_BYTES = ROWS * PANEL * 4
 K_UNROLL = 4        # k pairs per iteration of the tile's k loop
 
@@ -69,29 +73,11 @@ class IntegerGemmOffsets:
     residual: int | None = None
 
 
-def quads(k: int) -> int:
-    return -(-k // 4)
-
-
 def uses_relaxed_dot(spec: IntegerGemmSpec, features) -> bool:
     """Whether the kernel for `spec` runs on `i32x4.relaxed_dot_i8x16_i7x16_add_s`: with relaxed SIMD,
     when every column of B' spans at most 127 (then B' minus its column minimum is 7-bit, the
     operand lanes that give the same result on every host)."""
     return "relaxed-simd" in frozenset(features) and spec.constant_b and spec.b_column_span <= 127
-
-
-def shift_of(spec: IntegerGemmSpec) -> int:
-    """What the relaxed kernel subtracts from A to make it int8: 128 for uint8 A."""
-    return 0 if spec.a_signed else 128
-
-
-def steps(k: int, relaxed: bool) -> int:
-    """k steps of the tile's loop: one per k pair (16-bit), or per 4 k (8-bit, relaxed)."""
-    return quads(k) if relaxed else pairs(k)
-
-
-def groups(m: int) -> int:
-    return -(-m // ROWS)
 
 
 def pack_b(b: np.ndarray, relaxed: bool = False) -> np.ndarray:
@@ -122,8 +108,7 @@ def scratch_bytes(spec: IntegerGemmSpec, relaxed: bool = False) -> tuple[int, in
     """(packed A, with relaxed its row sums after it; the tile; the per-column scales: 0 without
     requantisation), in bytes."""
     scales = 4 * PANEL * panels(spec.n) if spec.requantize is not None else 0
-    row_sums = 4 * ROWS * groups(spec.m) if relaxed else 0
-    return groups(spec.m) * steps(spec.k, relaxed) * 16 + row_sums, TILE_BYTES, scales
+    return packed_a_bytes(spec, relaxed), TILE_BYTES, scales
 
 
 def b_panels_bytes(spec: IntegerGemmSpec) -> int:
@@ -150,7 +135,7 @@ def render_integer_gemm(spec: IntegerGemmSpec, at: IntegerGemmOffsets, name: str
         raise ValueError(f"the offsets {at} do not match {spec}")
     if relaxed and spec.b_column_span > 127:
         raise ValueError(f"B' spans {spec.b_column_span} in a column: the relaxed dot product would not be exact")
-    zero_points, pack_a = _pack_a(spec, at, relaxed)
+    zero_points, pack_a = render_pack_a(spec, at.a_zero if spec.a_zero else None, at.a_packed, relaxed)
     size = output_size(spec)
     per_product = [f"(local.set $abase (i32.add (i32.const {at.a}) (i32.mul (local.get $bt) (i32.const {spec.m * spec.k}))))",
                    f"(local.set $cbase (i32.add (i32.const {at.c}) (i32.mul (local.get $bt) "
@@ -159,12 +144,12 @@ def render_integer_gemm(spec: IntegerGemmSpec, at: IntegerGemmOffsets, name: str
         b_zero = f"(i32.load8_{'s' if spec.b_signed else 'u'} (i32.const {at.b_zero}))" if spec.b_zero else "(i32.const 0)"
         per_product.append(f"(call ${name}_pack_b (i32.add (i32.const {at.b_source}) (i32.mul (local.get $bt) "
                            f"(i32.const {spec.k * spec.n}))) {b_zero})")
-    per_product += pack_a + _tiles(spec, at, name, relaxed)
+    per_product += (pack_a + _tiles(spec, at, name, relaxed)) if relaxed else _tiles(spec, at, name, relaxed, pack_a)
     code = _scales(spec, at) + _dequantize_scale(spec, at) + zero_points + counted_loop("$bt", spec.batch, per_product)
     decls = ["(local $za i32) (local $g i32) (local $p i32) (local $pa i32) (local $pb i32) (local $pc i32)",
              "(local $bt i32) (local $abase i32) (local $cbase i32) (local $pr i32) (local $dqs v128) (local $dqf f32)",
              "(local $src i32) (local $zv v128) (local $x0 v128) (local $x1 v128) (local $x2 v128) (local $x3 v128)",
-             "(local $lo v128) (local $hi v128) (local $v0 v128) (local $v1 v128) (local $szv v128)",
+             "(local $lo v128) (local $hi v128) (local $v0 v128) (local $v1 v128) (local $szv v128) (local $n i32)",
              " ".join(f"(local $s{r} v128) (local $t{r} i32)" for r in range(ROWS))]
     q = spec.requantize
     title = (f";; C[{spec.m}x{spec.n}] = (A[{spec.m}x{spec.k}] - a_zero) @ B'[{spec.k}x{spec.n}]"
@@ -173,7 +158,8 @@ def render_integer_gemm(spec: IntegerGemmSpec, at: IntegerGemmOffsets, name: str
              + (f", requantised to {'int8' if q.signed_output else 'uint8'}" if q else
                 ", dequantised to float32" if d else ", int32"))
     body = "\n".join([f"(func ${name}", "  " + title, *("  " + d for d in decls), *("  " + c for c in code), ")"])
-    helpers = "".join(render_k_function(f"{name}_k{rows}", rows, at.tile, relaxed) for rows in sorted(tile_heights(spec.m)))
+    helpers = "".join(render_k_function(f"{name}_k{rows}", rows, at.tile, relaxed, broadcast_a=not relaxed)
+                      for rows in sorted(tile_heights(spec.m)))
     if not spec.constant_b:
         helpers += render_pack_panels(spec.n, spec.k, spec.b_signed, at.b_packed, f"{name}_pack_b")
     return body + "\n" + helpers
@@ -207,103 +193,45 @@ def _dequantize_scale(spec: IntegerGemmSpec, at: IntegerGemmOffsets) -> list[str
     return [f"(local.set $dqf (f32.load (i32.const {at.dequantize_scale})))", "(local.set $dqs (f32x4.splat (local.get $dqf)))"]
 
 
-def _pack_a(spec: IntegerGemmSpec, at: IntegerGemmOffsets, relaxed: bool) -> tuple[list[str], list[str]]:
-    """(reading the zero point, once per call; packing the product's A at $abase into the packed
-    groups): A - a_zero as int16, 8 k of 4 rows per step, or with `relaxed` A as int8 (uint8 A
-    shifted by -128) with each row's sum after the groups, 16 k of 4 rows per step: either way a
-    4 x 4 transpose of the rows' 32-bit lanes. The last k one value at a time."""
-    m, k = spec.m, spec.k
-    sign = "s" if spec.a_signed else "u"
-    load_zero = f"(i32.load8_{sign} (i32.const {at.a_zero}))" if spec.a_zero else "(i32.const 0)"
-    code = [f"(local.set $za {load_zero})", "(local.set $zv (i16x8.splat (local.get $za)))"]
-    if relaxed:   # A = packed A + shift: the correction's factor of B's column sums
-        code.append(f"(local.set $szv (i32x4.splat (i32.sub (i32.const {shift_of(spec)}) (local.get $za))))")
-    per_step, width = (16, 4) if relaxed else (8, 2)   # k per packing step, k per 32-bit lane
-    group_bytes = steps(k, relaxed) * 16
-    shift = shift_of(spec) if relaxed else 0
-
-    def row(r: int) -> str:
-        """The address of row 4g + r of A, the rows past M clamped to the last."""
-        index = f"(i32.add (i32.shl (local.get $g) (i32.const 2)) (i32.const {r}))"
-        if m % ROWS:
-            index = f"(select {index} (i32.const {m - 1}) (i32.lt_u {index} (i32.const {m})))"
-        return f"(i32.add (local.get $abase) (i32.mul {index} (i32.const {k})))"
-
-    group = [f"(local.set $pa (i32.add (i32.const {at.a_packed}) (i32.mul (local.get $g) (i32.const {group_bytes}))))"]
-    if relaxed:
-        group += [f"(local.set $s{r} (v128.const i32x4 0 0 0 0))" for r in range(ROWS)]
-        group += [f"(local.set $t{r} (i32.const 0))" for r in range(ROWS)]
-    blocks = k // per_step
-    if blocks:
-        low = (f"(i8x16.shuffle {shuffle_lanes(0, 4, 1, 5)} (local.get $x0) (local.get $x1))",
-               f"(i8x16.shuffle {shuffle_lanes(0, 4, 1, 5)} (local.get $x2) (local.get $x3))")
-        high = (f"(i8x16.shuffle {shuffle_lanes(2, 6, 3, 7)} (local.get $x0) (local.get $x1))",
-                f"(i8x16.shuffle {shuffle_lanes(2, 6, 3, 7)} (local.get $x2) (local.get $x3))")
-        step = []
-        for r in range(ROWS):
-            address = f"(i32.add {row(r)} (i32.shl (local.get $p) (i32.const {per_step.bit_length() - 1})))"
-            if not relaxed:
-                step.append(f"(local.set $x{r} (i16x8.sub (i16x8.extend_low_i8x16_{sign} (v128.load64_zero {address})) "
-                            "(local.get $zv)))")
-                continue
-            value = f"(v128.load {address})"
-            if shift:
-                value = f"(v128.xor {value} (v128.const i8x16 {' '.join(['-128'] * 16)}))"
-            step += [f"(local.set $x{r} {value})",
-                     f"(local.set $s{r} (i32x4.add (local.get $s{r}) (i32x4.extadd_pairwise_i16x8_s "
-                     f"(i16x8.extadd_pairwise_i8x16_s (local.get $x{r})))))"]
-        step += [f"(local.set $lo {low[0]})", f"(local.set $hi {low[1]})",
-                 f"(v128.store (local.get $pa) (i8x16.shuffle {shuffle_lanes(0, 1, 4, 5)} (local.get $lo) (local.get $hi)))",
-                 f"(v128.store offset=16 (local.get $pa) (i8x16.shuffle {shuffle_lanes(2, 3, 6, 7)} (local.get $lo) (local.get $hi)))",
-                 f"(local.set $lo {high[0]})", f"(local.set $hi {high[1]})",
-                 f"(v128.store offset=32 (local.get $pa) (i8x16.shuffle {shuffle_lanes(0, 1, 4, 5)} (local.get $lo) (local.get $hi)))",
-                 f"(v128.store offset=48 (local.get $pa) (i8x16.shuffle {shuffle_lanes(2, 3, 6, 7)} (local.get $lo) (local.get $hi)))",
-                 "(local.set $pa (i32.add (local.get $pa) (i32.const 64)))"]
-        group += counted_loop("$p", blocks, step)
-    for kk in range(per_step * blocks, width * steps(k, relaxed)):   # the tail, and zeros up to a whole lane
-        for r in range(ROWS):
-            at_pa = f"offset={(kk - per_step * blocks) // width * 16 + 4 * r + (kk % width) * (1 if relaxed else 2)}"
-            if kk >= k:
-                group.append(f"(i32.store{'8' if relaxed else '16'} {at_pa} (local.get $pa) (i32.const 0))")
-            elif relaxed:
-                value = f"(i32.load8_{sign} offset={kk} {row(r)})"
-                group += [f"(local.set $src {f'(i32.sub {value} (i32.const {shift}))' if shift else value})",
-                          f"(i32.store8 {at_pa} (local.get $pa) (local.get $src))",
-                          f"(local.set $t{r} (i32.add (local.get $t{r}) (local.get $src)))"]
-            else:
-                group.append(f"(i32.store16 {at_pa} (local.get $pa) (i32.sub (i32.load8_{sign} offset={kk} {row(r)}) "
-                             "(local.get $za)))")
-    if relaxed:   # the row sums, after the groups
-        sums = groups(m) * group_bytes
-        for r in range(ROWS):
-            total = f"(local.get $t{r})"
-            for lane in range(4):
-                total = f"(i32.add {total} (i32x4.extract_lane {lane} (local.get $s{r})))"
-            group.append(f"(i32.store offset={at.a_packed + sums + 4 * r} (i32.shl (local.get $g) (i32.const 4)) {total})")
-    return code, counted_loop("$g", groups(m), group)
-
-
-def _tiles(spec: IntegerGemmSpec, at: IntegerGemmOffsets, name: str, relaxed: bool) -> list[str]:
-    """Panels outside (one panel of B', K x 8 x 2 bytes, stays in L1 while every row group passes),
-    row groups inside; the last group and the last panel may be partial."""
+def _tiles(spec: IntegerGemmSpec, at: IntegerGemmOffsets, name: str, relaxed: bool,
+           pack_group: list[str] | None = None) -> list[str]:
+    """The tiles, the last group and the last panel partial. 16-bit A: row groups outside, each
+    packed by `pack_group` into the one group of scratch right before the panels pass over it, so it
+    is in L1 while they stream past (its 64 bytes per k pair are twice a panel's); the relaxed
+    kernel's A, packed whole before: panels outside (one panel of B', K x 8 bytes, stays in L1
+    while every row group passes)."""
     m, n, k = spec.m, spec.n, spec.k
-    panel_bytes, group_bytes = steps(k, relaxed) * PANEL * 4, steps(k, relaxed) * 16
+    panel_bytes, a_group_bytes = steps(k, relaxed) * PANEL * 4, group_bytes(k, relaxed)
+    group_a = (f"(i32.add (i32.const {at.a_packed}) (i32.mul (local.get $g) (i32.const {a_group_bytes})))" if relaxed
+               else f"(i32.const {at.a_packed})")
 
     def tile(rows: int, cols: int) -> list[str]:
         height = ROWS if rows == ROWS else rows
-        return [f"(local.set $pa (i32.add (i32.const {at.a_packed}) (i32.mul (local.get $g) (i32.const {group_bytes}))))",
+        return [f"(local.set $pa {group_a})",
                 f"(local.set $pb (i32.add (i32.const {at.b_packed}) (i32.mul (local.get $p) (i32.const {panel_bytes}))))",
                 f"(call ${name}_k{height} (local.get $pa) (local.get $pb) (i32.add (local.get $pb) (i32.const {panel_bytes})))",
                 *_epilogue(spec, at, rows, cols, relaxed)]
-    return tile_grid(m, n, tile)
+    return tile_grid(m, n, tile) if relaxed else tile_grid(m, n, tile, group_prologue=pack_group)
 
 
-def tile_grid(m: int, n: int, tile) -> list[str]:
+def tile_grid(m: int, n: int, tile, group_prologue: list[str] | None = None) -> list[str]:
     """The loops over an m x n result in tiles: panels of PANEL columns outside ($p), groups of ROWS
-    rows inside ($g), the last of either partial; `tile(rows, cols)` is the code of the tile at
-    $g, $p (the integer Conv's channels x pixels tiles walk the same grid)."""
+    rows inside ($g), or with a `group_prologue` (code run first for each group) the other way
+    round, the last of either partial; `tile(rows, cols)` is the code of the tile at $g, $p (the
+    integer Conv's channels x pixels tiles walk the same grid)."""
     full_groups, rest_rows = divmod(m, ROWS)
     full_panels, rest_cols = divmod(n, PANEL)
+    if group_prologue is not None:
+        def panels_of(rows: int) -> list[str]:
+            code = counted_loop("$p", full_panels, tile(rows, PANEL)) if full_panels else []
+            if rest_cols:
+                code += [f"(local.set $p (i32.const {full_panels}))", *tile(rows, rest_cols)]
+            return group_prologue + code
+
+        code = counted_loop("$g", full_groups, panels_of(ROWS)) if full_groups else []
+        if rest_rows:
+            code += [f"(local.set $g (i32.const {full_groups}))", *panels_of(rest_rows)]
+        return code
 
     def row_groups(cols: int) -> list[str]:
         code = counted_loop("$g", full_groups, tile(ROWS, cols)) if full_groups else []
@@ -416,19 +344,23 @@ def _dequantized(spec: IntegerGemmSpec, at: IntegerGemmOffsets, rows: int, cols:
     return code
 
 
-def render_k_function(name: str, rows: int, tile: int, relaxed: bool) -> str:
-    """`(func $name (param $pa $pb $pend))`: one tile of `rows` rows (4: one v128 of packed A per k
-    pair, a shuffle per row; fewer: one 32-bit splat load per row) over the panel from $pb to $pend,
-    K_UNROLL k pairs per iteration with a test between steps (which is also the tail), its sums
-    stored to the tile at `tile`."""
+def render_k_function(name: str, rows: int, tile: int, relaxed: bool, broadcast_a: bool = False) -> str:
+    """`(func $name (param $pa $pb $pend))`: one tile of `rows` rows over the panel from $pb to
+    $pend, K_UNROLL k pairs per iteration with a test between steps (which is also the tail), its
+    sums stored to the tile at `tile`. With `broadcast_a` (the GEMM's 16-bit A, kernels/int8_pack_a.py)
+    each row's operand is one plain load; else A holds one v128 per k pair of 4 rows (the integer
+    Conv's weight, the relaxed kernel's A), a shuffle per row, or for fewer rows one 32-bit splat
+    load per row."""
     accs = [f"$c{r}_{v}" for r in range(rows) for v in range(2)]
     locals_ = " ".join(f"(local {a} v128)" for a in accs) + " (local $av v128) (local $a v128) (local $b0 v128) (local $b1 v128)"
 
     def step() -> list[str]:
-        code = ["(local.set $av (v128.load (local.get $pa)))"] if rows == ROWS else []
+        shuffled = rows == ROWS and not broadcast_a
+        code = ["(local.set $av (v128.load (local.get $pa)))"] if shuffled else []
         code += ["(local.set $b0 (v128.load (local.get $pb)))", "(local.set $b1 (v128.load offset=16 (local.get $pb)))"]
         for r in range(rows):
-            splat = (f"(i8x16.shuffle {shuffle_lanes(r, r, r, r)} (local.get $av) (local.get $av))" if rows == ROWS
+            splat = (f"(v128.load offset={16 * r} (local.get $pa))" if broadcast_a else
+                     f"(i8x16.shuffle {shuffle_lanes(r, r, r, r)} (local.get $av) (local.get $av))" if shuffled
                      else f"(v128.load32_splat offset={4 * r} (local.get $pa))")
             code.append(f"(local.set $a {splat})")
             if relaxed:   # A's 4 int8 against B's 4 7-bit values, added to the sums
@@ -437,7 +369,7 @@ def render_k_function(name: str, rows: int, tile: int, relaxed: bool) -> str:
             else:
                 code += [f"(local.set $c{r}_{v} (i32x4.add (local.get $c{r}_{v}) (i32x4.dot_i16x8_s (local.get $a) "
                          f"(local.get $b{v}))))" for v in range(2)]
-        return code + ["(local.set $pa (i32.add (local.get $pa) (i32.const 16)))",
+        return code + [f"(local.set $pa (i32.add (local.get $pa) (i32.const {BROADCAST_PAIR_BYTES if broadcast_a else 16})))",
                        f"(local.set $pb (i32.add (local.get $pb) (i32.const {PANEL * 4})))"]
 
     body: list[str] = []
