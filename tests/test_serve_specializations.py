@@ -21,6 +21,8 @@ from serve_cases import Server, output_array, tensor
 from specialized_builds import WIDTH, build_in_process, chain_model
 from tritonclient.utils import InferenceServerException
 
+from cortex.serve.codec import RequestError, decode_request
+
 RTOL, ATOL = 1e-4, 1e-5
 BATCHES = (2, 4, 8)
 COMPILED = "batch=2 (x=2x16); batch=4 (x=4x16); batch=8 (x=8x16)"
@@ -202,3 +204,21 @@ def test_eager_instances_load_every_specialization_before_serving(padding):
 def test_a_bucket_the_specializations_lack_is_one_error_at_startup(bundle):
     code, _, err = run_cli(["serve", bundle[0], "--port", "0", "--pad-to-bucket", "seq"])
     assert_one_line_error(code, err, "--pad-to-bucket seq: not a dim or input of the specializations", "batch")
+
+
+def test_the_codec_asks_the_model_about_the_shapes_before_reading_any_data():
+    asked = []
+
+    def only_batch_two(shapes):
+        asked.append(shapes)
+        if shapes["x"][0] != 2:
+            raise RequestError("not batch 2")
+
+    inputs = [{"name": "x", "dtype": "float32", "shape": [-1, WIDTH]}]
+    outputs = [{"name": OUTPUT, "dtype": "float32", "shape": [-1, WIDTH]}]
+    huge = {"inputs": [{"name": "x", "shape": [10 ** 12, WIDTH], "datatype": "FP32", "data": [1.0]}]}
+    with pytest.raises(RequestError, match="not batch 2"):
+        decode_request(json.dumps(huge).encode(), None, inputs, outputs, only_batch_two)
+    x = sample(2)
+    decoded = decode_request(json.dumps({"inputs": [tensor("x", x)]}).encode(), None, inputs, outputs, only_batch_two)
+    assert asked == [{"x": [10 ** 12, WIDTH]}, {"x": [2, WIDTH]}] and np.array_equal(decoded.feeds["x"], x)
