@@ -108,7 +108,7 @@ class ModelPool:
         self.resident[slot] = _resident_bytes(model, trace)
         self.loaded[slot] = _loaded_specializations(model)
         return RunResult(results, trace, self.resident[slot], _since(counted, model.sandbox_events()),
-                         getattr(model, "specialization", None))
+                         model.specialization if isinstance(model, SpecializedModel) else None)
 
     def _replace(self, slot: int) -> None:
         try:
