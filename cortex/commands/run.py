@@ -20,6 +20,8 @@ from cortex.commands.shared_options import (
     DeviceOption,
     ExecutorOption,
     MemoryBudgetOption,
+    PadToBucketOption,
+    PadValueOption,
     PinOption,
     SpecializationsOption,
     ThreadsOption,
@@ -59,13 +61,8 @@ def run(
     pin: PinOption = None,
     example_inputs: Annotated[bool, typer.Option("--example-inputs", help="Feed inputs not given with --input a "
                                                  "deterministic example (floats arange(n)/n, integers and bools 0).")] = False,
-    pad_to_bucket: Annotated[Optional[str], typer.Option("--pad-to-bucket", help="With shape specializations: pad "
-                                                         "inputs no specialization matches up to the nearest larger "
-                                                         "one along this dim (a --dim name, or an input), and slice "
-                                                         "the outputs back; sound only for masked inputs "
-                                                         "(docs/runtime.md).")] = None,
-    pad_value: Annotated[float, typer.Option("--pad-value", help="The value --pad-to-bucket pads every input "
-                                             "with (an attention mask's 0, a [PAD] token id).")] = 0.0,
+    pad_to_bucket: PadToBucketOption = None,
+    pad_value: PadValueOption = 0.0,
     threads: ThreadsOption = None,
     specializations: SpecializationsOption = "lazy",
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,

@@ -15,6 +15,8 @@ from cortex.commands.shared_options import (
     CuLoadTimeoutOption,
     CuTimeoutOption,
     DeviceOption,
+    PadToBucketOption,
+    PadValueOption,
     SpecializationsOption,
     ThreadsOption,
     checked_threads,
@@ -56,6 +58,8 @@ def serve(
     cu_load_timeout_s: CuLoadTimeoutOption = None,
     threads: ThreadsOption = None,
     specializations: SpecializationsOption = "lazy",
+    pad_to_bucket: PadToBucketOption = None,
+    pad_value: PadValueOption = 0.0,
 ) -> None:
     """Serve the model over HTTP (Open Inference Protocol v2) with Prometheus metrics at /metrics."""
     if policy not in POLICIES:
@@ -75,8 +79,9 @@ def serve(
         raise CortexError(f"--model-name {name!r}: use letters, digits, '_', '.' and '-' (it is part of the URL)")
     pool = ModelPool(dag, device, policy, workers, memory_budget,
                      {**sandbox_options(cu_timeout_ms, cu_load_timeout_s), "threads": checked_threads(threads),
-                      "specializations": specializations})
-    app = create_app(pool, ServeSettings(name, max_body_bytes=int(max_body_mb * MB), read_timeout_s=read_timeout_s))
+                      "specializations": specializations, "pad_to_bucket": pad_to_bucket, "pad_value": pad_value})
+    app = create_app(pool, ServeSettings(name, max_body_bytes=int(max_body_mb * MB), read_timeout_s=read_timeout_s,
+                                         pad_to_bucket=pad_to_bucket))
     sock = bind(host, port)
     bound_host, bound_port = sock.getsockname()[:2]
     out.print(f"serving {name} ({dag}) on http://{_url_host(bound_host)}:{bound_port} with {workers} "

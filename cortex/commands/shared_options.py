@@ -27,6 +27,12 @@ PinOption = Annotated[Optional[str], typer.Option(
 SpecializationsOption = Annotated[str, typer.Option(
     "--specializations", help="With shape specializations: lazy (each one's CUs load when a request first has its "
     "shapes: one copy of the weights per shape in use) or eager (all at load).")]
+PadToBucketOption = Annotated[str | None, typer.Option(
+    "--pad-to-bucket", help="With shape specializations: pad inputs no specialization matches up to the nearest "
+    "larger one along this dim (a --dim name, or an input), and slice the outputs back; sound only for masked "
+    "inputs (docs/runtime.md).")]
+PadValueOption = Annotated[float, typer.Option(
+    "--pad-value", help="The value --pad-to-bucket pads every input with (an attention mask's 0, a [PAD] token id).")]
 ThreadsOption = Annotated[Optional[int], typer.Option("--threads", help="Ready CUs run at once on this many threads "
                                                      "(default: the machine's cores; 1: one after the other).")]
 

@@ -116,17 +116,30 @@ class SpecializedModel:
     def run(self, feeds: dict, outputs: list[str] | None = None, policy=None) -> dict[str, np.ndarray]:
         if not isinstance(feeds, dict):
             raise CortexError("inputs must be a dict of name -> numpy array")
-        shapes = {name: list(np.shape(value)) for name, value in feeds.items()}
-        i = self.exact(shapes)
-        if i is not None:
+        i, length = self._pick({name: list(np.shape(value)) for name, value in feeds.items()}, str(self.path))
+        if length is None:
             return self._run_on(i, feeds, outputs, policy)
-        if self.buckets is None:
-            raise CortexError(f"no shape specialization matches the inputs ({shapes_text(shapes)}); {self.path} "
-                              f"was compiled for: {self.compiled_shapes()}")
-        i, length = self.buckets.nearest(shapes, self)
         padded = {name: self.buckets.pad(name, np.asarray(value), i, self.pad_value) for name, value in feeds.items()}
         results = self._run_on(i, padded, outputs, policy)
         return {name: self.buckets.slice(name, value, i, length) for name, value in results.items()}
+
+    def specialization_for(self, shapes: dict[str, list[int]], label: str | None = None) -> str:
+        """The name of the specialization that inputs of these shapes run on (exactly, or padded up
+        under `pad_to_bucket`), by the rule `run` applies; when none takes them, the one error `run`
+        raises, listing the compiled shapes, with `label` naming the model (default: its path).
+        It reads only dag.json, so any thread may ask while another runs the model."""
+        return self.sections[self._pick(shapes, label or str(self.path))[0]]["name"]
+
+    def _pick(self, shapes: dict[str, list[int]], label: str) -> tuple[int, int | None]:
+        """The specialization these shapes run on, and their length along the padded dim (None:
+        an exact match, no padding)."""
+        i = self.exact(shapes)
+        if i is not None:
+            return i, None
+        if self.buckets is None:
+            raise CortexError(f"no shape specialization matches the inputs ({shapes_text(shapes)}); {label} "
+                              f"was compiled for: {self.compiled_shapes()}")
+        return self.buckets.nearest(shapes, label, self.compiled_shapes())
 
     def exact(self, shapes: dict[str, list[int]]) -> int | None:
         """The specialization compiled for exactly these input shapes, if one is."""
@@ -231,7 +244,7 @@ class Buckets:
         self.output_axes = _carrying_axes({o["name"]: [o["shape"] for o in _all(sections, "outputs", o["name"])]
                                            for o in sections[0]["outputs"]}, self.values)
 
-    def nearest(self, shapes: dict[str, list[int]], model: SpecializedModel) -> tuple[int, int]:
+    def nearest(self, shapes: dict[str, list[int]], label: str, compiled: str) -> tuple[int, int]:
         """The smallest bucket the inputs fit when padded, and their length along the dim."""
         lengths = {shape[axis] for name, shape in shapes.items() for axis in self.input_axes.get(name, ())
                    if axis < len(shape)}
@@ -245,8 +258,7 @@ class Buckets:
                     fits.append((self.values[i], i, length))
         if not fits:
             raise CortexError(f"no shape specialization matches or holds the inputs padded along "
-                              f"{self.name} ({shapes_text(shapes)}); {model.path} was compiled for: "
-                              f"{model.compiled_shapes()}")
+                              f"{self.name} ({shapes_text(shapes)}); {label} was compiled for: {compiled}")
         _, i, length = min(fits)
         return i, length
 

@@ -35,6 +35,7 @@ from cortex.serve.codec import (
 )
 from cortex.serve.metrics import CONTENT_TYPE, ServerMetrics
 from cortex.serve.pool import ModelPool, RunFailed
+from cortex.serve.specializations import model_parameters
 
 SERVER_NAME = "cortex"
 SERVER_VERSION = "0.1.0"
@@ -47,10 +48,18 @@ class ServeSettings:
     model_name: str
     max_body_bytes: int
     read_timeout_s: float
+    pad_to_bucket: str | None = None
 
 
 def create_app(pool: ModelPool, settings: ServeSettings) -> Starlette:
-    metrics = ServerMetrics(settings.model_name)
+    metrics = ServerMetrics(settings.model_name, [s["name"] for s in pool.sections or ()])
+    metrics.loaded(pool.instances_loaded())
+    check_shapes = pool.shape_rule(f"model {settings.model_name!r}")
+    metadata = {"name": settings.model_name, "versions": [MODEL_VERSION], "platform": "cortex_dag",
+                "inputs": [tensor_metadata(spec) for spec in pool.inputs],
+                "outputs": [tensor_metadata(spec) for spec in pool.outputs]}
+    if pool.sections:
+        metadata["parameters"] = model_parameters(pool.sections, settings.pad_to_bucket)
 
     def model_or_404(request: Request) -> None:
         name = request.path_params["name"]
@@ -71,9 +80,7 @@ def create_app(pool: ModelPool, settings: ServeSettings) -> Starlette:
 
     async def model_metadata(request: Request) -> Response:
         model_or_404(request)
-        return JSONResponse({"name": settings.model_name, "versions": [MODEL_VERSION], "platform": "cortex_dag",
-                             "inputs": [tensor_metadata(spec) for spec in pool.inputs],
-                             "outputs": [tensor_metadata(spec) for spec in pool.outputs]})
+        return JSONResponse(metadata)
 
     async def model_ready(request: Request) -> Response:
         model_or_404(request)
@@ -98,13 +105,17 @@ def create_app(pool: ModelPool, settings: ServeSettings) -> Starlette:
         if encoding != "identity":
             raise RequestError(f"Content-Encoding {encoding!r} is not supported: send the body uncompressed", 415)
         body = await read_body(request, settings)
-        decoded = decode_request(body, request.headers.get(HEADER_LENGTH), pool.inputs, pool.outputs)
+        decoded = decode_request(body, request.headers.get(HEADER_LENGTH), pool.inputs, pool.outputs, check_shapes)
         try:
             run = await pool.run(decoded.feeds, decoded.outputs, policy)
         except RunFailed as e:
             metrics.failed(e.sandbox_events)
+            metrics.loaded(pool.instances_loaded())      # the failed instance was replaced, nothing loaded
             return error_response(f"the model failed on this request: {e}", 500)
         metrics.ran(run.trace, pool.resident_bytes(), run.sandbox_events)
+        if run.specialization is not None:
+            metrics.ran_on(run.specialization)
+            metrics.loaded(pool.instances_loaded())
         head = {"model_name": settings.model_name, "model_version": MODEL_VERSION}
         if decoded.id is not None:
             head["id"] = decoded.id

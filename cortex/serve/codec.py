@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import ml_dtypes  # noqa: F401  (registers numpy's bfloat16 dtype, BF16's)
 import numpy as np
+
+from cortex.serve.specializations import tensor_parameters
 
 # KServe v2 datatype -> numpy dtype name, as dag.json spells dtypes.
 DATATYPES = {
@@ -51,12 +54,18 @@ def datatype_of(dtype: str) -> str:
 
 
 def tensor_metadata(spec: dict) -> dict:
-    return {"name": spec["name"], "datatype": datatype_of(spec["dtype"]), "shape": list(spec["shape"])}
+    metadata = {"name": spec["name"], "datatype": datatype_of(spec["dtype"]), "shape": list(spec["shape"])}
+    parameters = tensor_parameters(spec)
+    return {**metadata, "parameters": parameters} if parameters else metadata
 
 
-def decode_request(body: bytes, header_length: str | None, inputs: list[dict], outputs: list[dict]) -> InferRequest:
+def decode_request(body: bytes, header_length: str | None, inputs: list[dict], outputs: list[dict],
+                   check_shapes: Callable[[dict[str, list[int]]], None] | None = None) -> InferRequest:
     """The feeds and requested outputs of an infer request's body, checked against the model's
-    `inputs` and `outputs` (dag.json's specs)."""
+    `inputs` and `outputs` (dag.json's specs). Without `check_shapes` each input must have its
+    spec's shape; with it (a model of several shapes, whose specs say -1 where they differ) the
+    model judges the request's shapes as a whole, raising a RequestError for shapes it cannot run,
+    before any tensor's data is read."""
     json_bytes, binary = _split_body(body, header_length)
     try:
         document = json.loads(json_bytes)
@@ -68,21 +77,27 @@ def decode_request(body: bytes, header_length: str | None, inputs: list[dict], o
     given = document.get("inputs")
     if not isinstance(given, list) or not all(isinstance(entry, dict) for entry in given):
         raise RequestError("'inputs' must be a list of tensors, each an object with name, shape, datatype and data")
-    feeds: dict[str, np.ndarray] = {}
-    offset = 0
+    shapes: dict[str, list[int]] = {}
     for entry in given:
         name = entry.get("name")
         if name not in expected:
             raise RequestError(f"unknown input {name!r}: the model's inputs are {', '.join(map(repr, expected))}")
-        if name in feeds:
+        if name in shapes:
             raise RequestError(f"input {name!r} is given twice")
-        feeds[name], offset = _decode_tensor(entry, expected[name], binary, offset)
-    if offset != len(binary):
-        raise RequestError(f"the body has {len(binary) - offset} bytes of binary data that no input claims")
-    missing = [name for name in expected if name not in feeds]
+        shapes[name] = _tensor_shape(entry, expected[name], exact=check_shapes is None)
+    missing = [name for name in expected if name not in shapes]
     if missing:
         spec = expected[missing[0]]
         raise RequestError(f"missing input {missing[0]!r} ({datatype_of(spec['dtype'])}{list(spec['shape'])})")
+    if check_shapes is not None:
+        check_shapes({name: shapes[name] for name in expected})
+    feeds: dict[str, np.ndarray] = {}
+    offset = 0
+    for entry in given:
+        name = entry["name"]
+        feeds[name], offset = _decode_tensor(entry, expected[name], shapes[name], binary, offset)
+    if offset != len(binary):
+        raise RequestError(f"the body has {len(binary) - offset} bytes of binary data that no input claims")
     requested, binary_outputs = _requested_outputs(document, outputs)
     request_id = document.get("id")
     return InferRequest(id=request_id if isinstance(request_id, str) else None, feeds=feeds,
@@ -121,16 +136,25 @@ def _split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
     return body[:length], body[length:]
 
 
-def _decode_tensor(entry: dict, spec: dict, binary: bytes, offset: int) -> tuple[np.ndarray, int]:
+def _tensor_shape(entry: dict, spec: dict, exact: bool) -> list[int]:
+    """An input's datatype checked and its shape read (checked against the spec's when `exact`)."""
     name, dtype, shape = spec["name"], spec["dtype"], list(spec["shape"])
     datatype = entry.get("datatype")
     if datatype != datatype_of(dtype):
         raise RequestError(f"input {name!r} has datatype {datatype!r}, the model expects {datatype_of(dtype)}")
     given_shape = entry.get("shape")
-    if not isinstance(given_shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in given_shape):
-        raise RequestError(f"input {name!r}: 'shape' must be a list of integers, the model expects {shape}")
-    if given_shape != shape:
+    if not isinstance(given_shape, list) or \
+            not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in given_shape):
+        raise RequestError(f"input {name!r}: 'shape' must be a list of non-negative integers, the model expects "
+                           f"{shape}")
+    if exact and given_shape != shape:
         raise RequestError(f"input {name!r} has shape {given_shape}, the model expects {shape}")
+    return given_shape
+
+
+def _decode_tensor(entry: dict, spec: dict, shape: list[int], binary: bytes, offset: int) -> tuple[np.ndarray, int]:
+    """One input's values, of its checked `shape`: its bytes from `binary` at `offset`, or its JSON data."""
+    name, dtype, datatype = spec["name"], spec["dtype"], entry["datatype"]
     count = math.prod(shape)
     parameters = entry.get("parameters") or {}
     size = parameters.get("binary_data_size") if isinstance(parameters, dict) else None

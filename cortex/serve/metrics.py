@@ -4,7 +4,10 @@ Per-request figures come from the trace each run writes (`model.last_trace`): CU
 skipped, approximated and skipped on a cache hit; the memory tiers' `memory` (bytes loaded and
 evicted, evictions) where the trace has them, zero where it does not, and what the sandbox stopped
 during each run, succeeded or failed (traps, timeouts: `CompiledModel.sandbox_events()` before
-and after it).
+and after it). A model compiled for several input shapes also counts the requests each
+specialization ran (`specialization_requests`, label `specialization`, its name: `batch=4`) and how
+many instances hold each one's CUs loaded (`specialization_instances`): they load lazily, per
+instance.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 
 
 class ServerMetrics:
-    def __init__(self, model_name: str):
+    def __init__(self, model_name: str, specializations: list[str] = ()):
         self.registry = CollectorRegistry()
         self.model_name = model_name
         labels = ["model"]
@@ -48,6 +51,16 @@ class ServerMetrics:
                              registry=self.registry)
         self.timeouts = Counter("cortex_sandbox_timeouts", "CUs stopped at their time limit.", labels,
                                 registry=self.registry)
+        if specializations:        # a model of one shape keeps the exposition it always had
+            self.specialization_requests = Counter(
+                "cortex_specialization_requests", "Inference requests run, by the shape specialization they ran "
+                "on (a padded one: the bucket it was padded to).", ["model", "specialization"], registry=self.registry)
+            self.specialization_instances = Gauge(
+                "cortex_specialization_instances", "Model instances holding the specialization's CUs loaded.",
+                ["model", "specialization"], registry=self.registry)
+        for name in specializations:
+            self.specialization_requests.labels(model_name, name)
+            self.specialization_instances.labels(model_name, name)
         for outcome in ("activated", "skipped", "approximated", "fell_back"):
             self.cus.labels(model_name, outcome)
         for metric in (self.latency, self.cache_hits, self.resident, self.bytes_loaded, self.bytes_evicted,
@@ -74,6 +87,14 @@ class ServerMetrics:
         self.evictions.labels(model).inc(_count(memory, "evictions"))
         self.sandbox(sandbox_events)
         self.resident.labels(model).set(resident_bytes)
+
+    def ran_on(self, specialization: str) -> None:
+        self.specialization_requests.labels(self.model_name, specialization).inc()
+
+    def loaded(self, instances: dict[str, int]) -> None:
+        """Per specialization, how many model instances hold its CUs loaded."""
+        for name, count in instances.items():
+            self.specialization_instances.labels(self.model_name, name).set(count)
 
     def failed(self, sandbox_events: dict[str, int]) -> None:
         """Count a run that failed on the server's side: what its sandbox stopped."""

@@ -5,11 +5,16 @@ A wasmtime store must not be entered by two threads at once, so each instance is
 event loop keeps serving other clients meanwhile) and gives it back. An instance whose run failed
 on the server's side (a CU trap) is replaced by a freshly loaded one before it serves again, so a
 fault cannot leak into the next request.
+
+A model compiled for several input shapes is a `SpecializedModel` per instance, each loading a
+specialization's CUs when a request first picks it on that instance; the pool answers which shapes
+it serves (`shape_rule`, the model's own rule) and which specializations each instance has loaded.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +23,10 @@ import anyio.to_thread
 import numpy as np
 
 from cortex.runtime import CompiledModel, load
+from cortex.runtime.specialized import SpecializedModel
+from cortex.serve.codec import RequestError
+from cortex.serve.specializations import varying_specs
+from ir.errors import CortexError
 
 LOG = logging.getLogger("cortex.serve")
 
@@ -28,6 +37,7 @@ class RunResult:
     trace: dict
     resident_bytes: int
     sandbox_events: dict[str, int]       # what the sandbox counted during this run (traps, timeouts, ...)
+    specialization: str | None = None    # the shape specialization it ran on (None: the model has one shape)
 
 
 class RunFailed(Exception):
@@ -48,14 +58,31 @@ class ModelPool:
         if memory_budget_mb is not None:        # absent: cortex.load keeps every CU resident, its default
             self._load_options["memory_budget_mb"] = memory_budget_mb
         self.instances = [self._load() for _ in range(workers)]
-        self.inputs = self.instances[0].inputs
-        self.outputs = self.instances[0].outputs
+        first = self.instances[0]
+        self.sections = first.sections if isinstance(first, SpecializedModel) else None
+        self.inputs = varying_specs(self.sections, "inputs") if self.sections else first.inputs
+        self.outputs = varying_specs(self.sections, "outputs") if self.sections else first.outputs
         self.resident = [0] * workers
+        self.loaded = [_loaded_specializations(model) for model in self.instances]
         self._idle: list[int] = list(range(workers))
         self._available: anyio.Semaphore | None = None
 
-    def _load(self) -> CompiledModel:
+    def _load(self) -> CompiledModel | SpecializedModel:
         return load(self.dag_path, **self._load_options)
+
+    def shape_rule(self, label: str) -> Callable[[dict[str, list[int]]], None] | None:
+        """For a model of several shapes, a check that a request's input shapes are ones it runs
+        (a RequestError naming the compiled shapes, `label` naming the model, when not); None for
+        a model of one shape, whose every input has its one shape."""
+        if self.sections is None:
+            return None
+
+        def check(shapes: dict[str, list[int]]) -> None:
+            try:
+                self.instances[0].specialization_for(shapes, label)
+            except CortexError as e:
+                raise RequestError(str(e)) from None
+        return check
 
     async def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None, policy: str | None) -> RunResult:
         if self._available is None:          # made on the server's event loop, where it is awaited
@@ -79,17 +106,24 @@ class ModelPool:
             raise RunFailed(str(e) or type(e).__name__, trace, events) from None
         trace = model.last_trace
         self.resident[slot] = _resident_bytes(model, trace)
-        return RunResult(results, trace, self.resident[slot], _since(counted, model.sandbox_events()))
+        self.loaded[slot] = _loaded_specializations(model)
+        return RunResult(results, trace, self.resident[slot], _since(counted, model.sandbox_events()),
+                         model.specialization if isinstance(model, SpecializedModel) else None)
 
     def _replace(self, slot: int) -> None:
         try:
             self.instances[slot] = self._load()
             self.resident[slot] = 0
+            self.loaded[slot] = _loaded_specializations(self.instances[slot])
         except Exception as e:  # noqa: BLE001  (the bundle changed on disk: keep serving with the old instance)
             LOG.warning("%s: could not reload a model instance after a failed run, keeping it: %s", self.dag_path, e)
 
     def resident_bytes(self) -> int:
         return sum(self.resident)
+
+    def instances_loaded(self) -> dict[str, int]:
+        """Per specialization, how many instances hold its CUs loaded (as of their last request)."""
+        return {s["name"]: sum(s["name"] in loaded for loaded in self.loaded) for s in self.sections or ()}
 
 
 def _since(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
@@ -97,9 +131,16 @@ def _since(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     return {name: after[name] - before.get(name, 0) for name in after}
 
 
-def _resident_bytes(model: CompiledModel, trace: dict) -> int:
-    """The instance's resident CU bytes after a run: the memory tiers' own count when the trace has
-    one, else the scheduler's (read on the thread that ran it, never from another)."""
+def _loaded_specializations(model) -> list[str]:
+    return model.loaded_specializations() if isinstance(model, SpecializedModel) else []
+
+
+def _resident_bytes(model: CompiledModel | SpecializedModel, trace: dict) -> int:
+    """The instance's resident CU bytes after a run: for several shapes, every loaded
+    specialization's; else the memory tiers' own count when the trace has one, else the
+    scheduler's (read on the thread that ran it, never from another)."""
+    if isinstance(model, SpecializedModel):
+        return model.resident_bytes()
     memory = trace.get("memory")
     if isinstance(memory, dict) and isinstance(memory.get("resident_bytes"), int):
         return memory["resident_bytes"]
