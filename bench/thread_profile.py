@@ -1,16 +1,18 @@
-"""Where a threaded run's time goes, read from its per-CU trace (start, seconds, thread) and
-dag.json's edges, and what the dag itself allows: figures that need no quiet machine.
+"""Where a threaded run's time goes, read from its per-CU trace (start, seconds, CPU seconds,
+thread) and dag.json's edges, and what the dag itself allows. The occupancy figures are wall clock,
+which other load on the machine inflates; the dag's figures come from CPU times and need no quiet
+machine.
 
 - `occupancy`: of a request's wall-clock span, how long 0, 1 and 2+ CUs were running. Time with
-  none running is the walk itself (decisions, input gathering, hand-offs to the pool); time with
-  one running while another CU was ready is a core left idle.
+  none running is the walk itself (decisions, input gathering, hand-offs to the pool) or the OS
+  running someone else.
 - `dispatch_delays`: for each CU, from the moment it could start (its last predecessor ended) to
-  its start: the price of each hop through the walk and the pool.
+  its start: for a CU the pool ran, the walk's and the hand-off's price.
 - `starved`: time a core had nothing to run while a CU could have started.
-- `ideal_speedup`: from a one-thread run's CU (CPU) times, the sum of all CU times over the makespan of a
-  list schedule on `workers` cores that respects dag.json's edges. It is what the dag's shape
-  allows with free hand-offs; a measured speedup far below it points at overhead, one near it at
-  the dag. `critical_path` (infinite cores) bounds it from above.
+- `ideal_speedup`: from a one-thread run's CU CPU times, their sum over the makespan of a list
+  schedule on `workers` cores that respects dag.json's edges. It is what the dag's shape allows
+  with free hand-offs; a measured speedup far below it points at overhead, one near it at the dag.
+  `critical_path` (infinite cores) bounds it from above.
 
     python -m bench.thread_profile [--models shufflenet,squeezenet,minilm-l6-s128] [--runs 5]
 """
@@ -153,19 +155,20 @@ class Profile:
     entries: list[dict]
     begin: float
     dag: dict
+    threads: int
 
     def summary(self, per_byte: float) -> dict:
         occ = occupancy(self.entries, self.begin, self.begin + self.wall)
+        # A CU goes to the pool only when a thread is free: its delay is the walk's and the hand-off's.
         delays = dispatch_delays(self.dag, self.entries, self.begin)
         pooled = [d for d, e in zip(delays, self.entries) if e.get("thread", 0) != 0]
         moved = sum(e["bytes_in"] for e in self.entries)
         joins = sum(e["seconds"] for e in self.entries if set(e["op_types"]) == {"Concat"})
+        busy = {t: s * 1e3 for t, s in sorted(thread_busy(self.entries).items())}
         return {"cus": self.cus, "wall_ms": self.wall * 1e3, "cu_ms": sum(e["seconds"] for e in self.entries) * 1e3,
-                **occ.to_json(), "busy_ms_by_thread": {t: s * 1e3 for t, s in sorted(thread_busy(self.entries).items())},
-                "dispatch_ms_total": sum(delays) * 1e3, "dispatch_us_mean": statistics.mean(delays) * 1e6 if delays else 0,
-                "pooled_dispatch_us_mean": statistics.mean(pooled) * 1e6 if pooled else 0, "pooled_cus": len(pooled),
-                "starved_ms": starved(self.dag, self.entries, self.begin) * 1e3,
-                "cu_cpu_ms": sum(e["cpu_seconds"] for e in self.entries) * 1e3,
+                "cu_cpu_ms": sum(e["cpu_seconds"] for e in self.entries) * 1e3, **occ.to_json(),
+                "busy_ms_by_thread": busy, "starved_ms": starved(self.dag, self.entries, self.begin, self.threads) * 1e3,
+                "pooled_cus": len(pooled), "pool_hand_off_us_mean": statistics.mean(pooled) * 1e6 if pooled else 0,
                 "bytes_in": moved, "copy_in_ms_estimate": moved * per_byte * 1e3, "concat_only_cu_ms": joins * 1e3}
 
 
@@ -178,7 +181,7 @@ def profile(name: str, model, feeds: dict, runs: int) -> Profile:
         model.run(feeds)
         seen.append((time.perf_counter() - begin, begin, list(model.trace)))
     wall, begin, entries = sorted(seen, key=lambda s: s[0])[len(seen) // 2]
-    return Profile(name, len(model.dag["cus"]), wall, entries, begin, model.dag)
+    return Profile(name, len(model.dag["cus"]), wall, entries, begin, model.dag, model.threads)
 
 
 def profile_model(name: str, runs: int, decompose: tuple[str, ...], log=print) -> dict:

@@ -130,7 +130,8 @@ class ThreadedScheduler(SequentialScheduler):
                 if not running:
                     continue
                 # With CUs ready to start, only collect what has finished; otherwise wait for one.
-                finished, _ = wait(running, timeout=0 if ready and len(running) < self.threads else None, return_when=FIRST_COMPLETED)
+                can_start = ready and len(running) < self.threads
+                finished, _ = wait(running, timeout=0 if can_start else None, return_when=FIRST_COMPLETED)
                 for future in sorted(finished, key=lambda f: self.position[running[f][0]["id"]]):
                     cu, crossed, key = running.pop(future)
                     self._record(cu, request, future.result(), crossed, key)
