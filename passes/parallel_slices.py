@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 from ir.graph import Graph, Node
 from ir.ops import CONTRACTION, kind_of, lookup, node_flops
+from passes.parallel_pairs import second_of_pair, split_pair
 from passes.split_large_ops import fusion_units, split_unit, splittable
 
 CU_OVERHEAD_FLOPS = 1_250_000     # one more CU, in flops of kernel time (50 us at 25 GFLOP/s)
@@ -51,19 +52,21 @@ class SliceCandidate:
     unit: list[Node]
     flops: int
     cost: float          # flops of overhead slicing adds
+    second: list[Node] | None = None    # the MatMul sliced with it as a pair (parallel_pairs)
 
     @property
     def gain(self) -> float:
         return self.flops - self.cost
 
 
-def slicing_cost(anchor: Node, pieces: int, cu_overhead_flops: int) -> tuple[int, float]:
-    """(flops saved on the critical path, flops of overhead added) by cutting `anchor` in `pieces`."""
-    saved = node_flops(anchor) * (pieces - 1) // pieces
+def slicing_cost(anchor: Node, pieces: int, cu_overhead_flops: int, second: Node | None = None) -> tuple[int, float]:
+    """(flops saved on the critical path, flops of overhead added) by cutting `anchor` in `pieces`
+    (with `second`: that pair, joined by a Sum of `pieces` partial results)."""
+    flops = node_flops(anchor) + (node_flops(second) if second is not None else 0)
     read = sum(v.nbytes for v in anchor.present_inputs if not v.is_const)
-    written = anchor.outputs[0].nbytes
-    copied = (pieces - 1) * read + 2 * written
-    return saved, pieces * cu_overhead_flops + copied * cu_overhead_flops / BYTES_PER_CU_OVERHEAD
+    written = anchor.outputs[0].nbytes if second is None else second.outputs[0].nbytes
+    copied = (pieces - 1) * read + (2 if second is None else pieces + 1) * written
+    return flops * (pieces - 1) // pieces, pieces * cu_overhead_flops + copied * cu_overhead_flops / BYTES_PER_CU_OVERHEAD
 
 
 def split_for_parallel(graph: Graph, pieces: int, min_flops: int, keep: set[int] = frozenset(),
@@ -77,7 +80,13 @@ def split_for_parallel(graph: Graph, pieces: int, min_flops: int, keep: set[int]
         return piece_of, 0
     replaced: dict[int, list[Node]] = {}
     for candidate in worth_slicing(graph, pieces, min_flops, keep, cu_overhead_flops):
-        unit = candidate.unit
+        unit, second = candidate.unit, candidate.second
+        pair = split_pair(graph, unit, second, pieces, piece_of) if second is not None else None
+        if pair is not None:
+            replaced[id(unit[0])], replaced[id(second[0])] = pair
+            for node in [*unit[1:], *second[1:]]:
+                replaced[id(node)] = []
+            continue
         replaced[id(unit[0])] = split_unit(graph, unit, pieces=pieces, piece_of=piece_of)
         for node in unit[1:]:
             replaced[id(node)] = []
@@ -91,11 +100,25 @@ def split_for_parallel(graph: Graph, pieces: int, min_flops: int, keep: set[int]
 def worth_slicing(graph: Graph, pieces: int, min_flops: int, keep: set[int] = frozenset(),
                   cu_overhead_flops: int = CU_OVERHEAD_FLOPS) -> list[SliceCandidate]:
     """The fusion units to slice, in graph order."""
-    candidates = []
-    for unit in fusion_units(graph):
+    units = fusion_units(graph)
+    anchors = {id(unit[0]): unit for unit in units}
+    readers: dict[int, list[Node]] = {}
+    for node in graph.nodes:
+        for v in node.present_inputs:
+            readers.setdefault(id(v), []).append(node)
+    outputs = {id(v) for v in graph.outputs}
+    candidates, taken = [], set()
+    for unit in units:
         anchor = unit[0]
-        if any(id(node) in keep for node in unit) or not _sliceable(anchor, pieces, min_flops):
+        if id(anchor) in taken or any(id(node) in keep for node in unit) or not _sliceable(anchor, pieces, min_flops):
             continue
+        second = second_of_pair(unit, readers, outputs, anchors)
+        if second is not None and not any(id(node) in keep for node in second):
+            saved, cost = slicing_cost(anchor, pieces, cu_overhead_flops, second[0])
+            if cu_overhead_flops == 0 or saved >= MARGIN * cost:
+                candidates.append(SliceCandidate(unit, saved, cost if cu_overhead_flops else 0.0, second))
+                taken.add(id(second[0]))
+                continue
         saved, cost = slicing_cost(anchor, pieces, cu_overhead_flops)
         if cu_overhead_flops == 0 or saved >= MARGIN * cost:
             candidates.append(SliceCandidate(unit, saved, cost if cu_overhead_flops else 0.0))

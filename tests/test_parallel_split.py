@@ -44,13 +44,16 @@ def save(tmp_path, nodes, inputs, outputs, inits, opset=17):
     return path, {n: RNG.standard_normal(s).astype(np.float32) for n, s in inputs}
 
 
-def mlp(tmp_path):
-    """x -> MatMul + bias + Relu -> MatMul: a chain, no branch for threads to use."""
+def mlp(tmp_path, hidden_output: bool = True):
+    """x -> MatMul + bias + Relu -> MatMul: a chain, no branch for threads to use. With
+    `hidden_output` the Relu's result is a model output too, so each MatMul slices on its own;
+    without, the two slice as a pair."""
     return save(tmp_path, [helper.make_node("MatMul", ["x", "w1"], ["a"], name="mm1"),
                            helper.make_node("Add", ["a", "b1"], ["ab"], name="bias1"),
                            helper.make_node("Relu", ["ab"], ["r"], name="relu1"),
                            helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2")],
-                [("x", [32, 64])], ["y"], [const("w1", 64, 128), const("b1", 128), const("w2", 128, 48)])
+                [("x", [32, 64])], ["y", *(["r"] if hidden_output else [])],
+                [const("w1", 64, 128), const("b1", 128), const("w2", 128, 48)])
 
 
 def build(tmp_path, path, **limits) -> tuple[dict, dict]:
@@ -213,3 +216,45 @@ def test_cli_refuses_a_negative_cu_overhead(tmp_path):
                             "--parallel-cu-overhead-flops", "-1"])
     assert_one_line_error(code, err, "--parallel-cu-overhead-flops must not be negative")
     assert not (tmp_path / "bad").exists()
+
+
+def test_two_matmuls_in_a_row_slice_as_a_pair_joined_once_by_a_sum(tmp_path):
+    # Slice k: x @ w1[:, k] + b1[k] -> Relu -> @ w2[k, :]; the partial products meet in one Sum.
+    path, feeds = save(tmp_path, [helper.make_node("MatMul", ["x", "w1"], ["a"], name="up"),
+                                  helper.make_node("Add", ["a", "b1"], ["ab"], name="bias1"),
+                                  helper.make_node("Relu", ["ab"], ["r"], name="relu1"),
+                                  helper.make_node("MatMul", ["r", "w2"], ["d"], name="down"),
+                                  helper.make_node("Add", ["d", "b2"], ["y"], name="bias2")],
+                       [("x", [32, 64])], ["y"], [const("w1", 64, 128), const("b1", 128), const("w2", 128, 64),
+                                                  const("b2", 64)])
+    manifest, dag = build(tmp_path, path, parallel=2, **EVERY_OP)
+    slices = [cu for cu in dag["cus"] if "MatMul" in cu["op_types"]]
+    assert len(slices) == 2 and all("Relu" in cu["op_types"] for cu in slices)
+    assert level_of(dag)[slices[0]["id"]] == level_of(dag)[slices[1]["id"]]
+    assert not any("Concat" in cu["op_types"] for cu in dag["cus"])
+    (join,) = [cu for cu in dag["cus"] if "Sum" in cu["op_types"]]
+    assert "Add" in join["op_types"]                  # the second bias is added once, after the Sum
+    assert_matches_onnxruntime(tmp_path, path, feeds)
+
+
+def test_a_feed_forward_block_with_gelu_slices_as_a_pair(tmp_path):
+    # The erf GELU reads its input twice (x * (1 + erf(x / sqrt 2)) / 2): it splits with the first
+    # MatMul all the same, so each slice runs up-projection, GELU and down-projection.
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"], name="up"),
+             helper.make_node("Add", ["a", "b1"], ["h"], name="bias1"),
+             helper.make_node("Div", ["h", "sqrt2"], ["hs"], name="scale"),
+             helper.make_node("Erf", ["hs"], ["e"], name="erf"),
+             helper.make_node("Add", ["e", "one"], ["e1"], name="plus1"),
+             helper.make_node("Mul", ["h", "e1"], ["g"], name="gate"),
+             helper.make_node("Mul", ["g", "half"], ["gelu"], name="halve"),
+             helper.make_node("MatMul", ["gelu", "w2"], ["d"], name="down"),
+             helper.make_node("Add", ["d", "x"], ["y"], name="residual")]
+    scalars = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in
+               (("sqrt2", np.sqrt(2.0)), ("one", 1.0), ("half", 0.5))]
+    path, feeds = save(tmp_path, nodes, [("x", [16, 32])], ["y"],
+                       [const("w1", 32, 128), const("b1", 128), const("w2", 128, 32), *scalars])
+    _, dag = build(tmp_path, path, parallel=2, **EVERY_OP)
+    slices = [cu for cu in dag["cus"] if "MatMul" in cu["op_types"]]
+    assert len(slices) == 2 and all("Erf" in cu["op_types"] for cu in slices)
+    assert not any("Concat" in cu["op_types"] for cu in dag["cus"])
+    assert_matches_onnxruntime(tmp_path, path, feeds)
