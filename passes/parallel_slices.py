@@ -26,6 +26,9 @@ on one thread costs 47-67 us more per extra CU than the default build (squeezene
 MiniLM; the copies included), and the kernels run at about 25 GFLOP/s: 50 us is 1.25 M flops. A
 host copy into a CU's memory, cold, costs about 0.1 ns a byte: one CU's overhead copies 500 KB.
 
+Two MatMuls in a row slice as one pair (`parallel_pairs.py`), priced the same way with the Sum
+that joins them: N CUs, and N partial results copied into the join instead of a Concat after each.
+
 The partitioner keeps slice k of every split op apart from slice j != k and from unsliced work
 (the slice index is part of an atom's kind), so the N slices of one op land in N different CUs,
 all reading the same producer and all read by the join: the same dag.json level. Slices k of
@@ -50,13 +53,13 @@ MARGIN = 2.0                      # how much more an op's slices must save than 
 @dataclass
 class SliceCandidate:
     unit: list[Node]
-    flops: int
+    saved: int           # flops off the critical path
     cost: float          # flops of overhead slicing adds
     second: list[Node] | None = None    # the MatMul sliced with it as a pair (parallel_pairs)
 
     @property
     def gain(self) -> float:
-        return self.flops - self.cost
+        return self.saved - self.cost
 
 
 def slicing_cost(anchor: Node, pieces: int, cu_overhead_flops: int, second: Node | None = None) -> tuple[int, float]:
