@@ -79,6 +79,11 @@ bench-js: setup $(ORTWEB)
 .PHONY: bench-threads
 bench-threads: setup
 	$(BIN)/python -m bench.threads_bench --output docs/benchmarks.md
+## Where a 2-thread run's time goes on shufflenet, squeezenet and MiniLM (default and --parallel 2 builds):
+## time with 0, 1 and 2 CUs running, a core starved beside a ready CU, pool hand-offs, the ideal speedup.
+.PHONY: profile-threads
+profile-threads: setup
+	$(BIN)/python -m bench.thread_profile
 
 ## The CU runtime: decoding with the result cache (strict vs balanced vs onnxruntime), and the
 ## reduced-precision variants' bytes, trust, agreement and latency, and memory tiers (vgg19 under a budget

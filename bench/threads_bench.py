@@ -34,6 +34,7 @@ from backends.wasm.gemm import SIMD_FMA
 from backends.wasm.kernels.standalone import instantiate
 from bench import cortex_side, gemm_bench, machine, model_bench
 from bench.page import replace_section
+from bench.thread_profile import ideal_speedup, list_schedule, starved
 from bench.timing import InProcess, interleave, repeats_for
 from ir.fs import write_bytes_atomically
 
@@ -158,7 +159,9 @@ class ThreadsResult:
     wall_ms: dict[str, float] = field(default_factory=dict)      # contestant -> median wall ms
     cpu_ms: dict[str, float] = field(default_factory=dict)       # contestant -> median process CPU ms
     cus: dict[str, int] = field(default_factory=dict)            # build -> CUs
-    estimated_speedup: float | None = None                       # see `idle_cores_estimate`
+    estimated_speedup: float | None = None                       # the default build's 1t over an idle 2-core model
+    ideal_speedup: float | None = None                           # what the sliced build's dag allows (thread_profile)
+    starved_ms: float | None = None                              # 2t: a core idle while a CU could start
     drift: Drift | None = None
     error: str | None = None
 
@@ -172,23 +175,9 @@ class ThreadsResult:
 
     def to_json(self) -> dict:
         return {"model": self.name, "wall_ms": self.wall_ms, "cpu_ms": self.cpu_ms, "cus": self.cus, "error": self.error,
-                "estimated_speedup": self.estimated_speedup,
+                "estimated_speedup": self.estimated_speedup, "ideal_speedup": self.ideal_speedup,
+                "starved_ms": self.starved_ms,
                 "drift": self.drift.to_json() if self.drift else None}
-
-
-def idle_cores_estimate(dag: dict, cu_cpu: dict[str, float], cores: int = THREADS) -> float:
-    """Seconds the CUs would take on `cores` idle cores: each takes the CPU time it was measured to
-    take, starts once its dag.json predecessors are done, in dag.json's order, on the core free
-    first (a list schedule). A model of a quiet machine built from measured times, not a measurement."""
-    preds: dict[str, set[str]] = {cu: set() for cu in dag["order"]}
-    for edge in dag["edges"]:
-        preds[edge["to"]].add(edge["from"])
-    free, finish = [0.0] * cores, {}
-    for cu in dag["order"]:
-        core = min(range(cores), key=free.__getitem__)
-        start = max([free[core], *(finish[p] for p in preds[cu])])
-        finish[cu] = free[core] = start + cu_cpu.get(cu, 0.0)
-    return max(finish.values(), default=0.0)
 
 
 def _per_cu_cpu(model, feeds: dict, runs: int = 3) -> dict[str, float]:
@@ -234,10 +223,15 @@ def bench_model(name: str, rounds: int, log=print) -> ThreadsResult:
             InProcess("ort-1t", lambda: ort1.run(None, case.feeds)),
             InProcess(f"ort-{THREADS}t", lambda: ort2.run(None, case.feeds)))]
         timings = interleave(contestants, rounds, repeats_for(once * 2, budget=0.5, most=10), warmup=1)
+        # From a one-thread run's CU times: what the dag's shape allows on 2 cores with free hand-offs.
+        result.ideal_speedup = ideal_speedup(sliced_one.dag, _per_cu_cpu(sliced_one, case.feeds), THREADS)
         cu_cpu = _per_cu_cpu(sliced.loaded, case.feeds)
         outside_cus = max(timings[f"cortex-{THREADS}t"].median - sum(cu_cpu.values()), 0.0)   # the walk itself
-        makespan = idle_cores_estimate(sliced.loaded.dag, cu_cpu) + outside_cus
+        makespan = list_schedule(sliced.loaded.dag, cu_cpu, THREADS) + outside_cus
         result.estimated_speedup = timings["cortex-1t"].median / makespan if makespan else None
+        begin = time.perf_counter()
+        sliced.loaded.run(case.feeds)
+        result.starved_ms = starved(sliced.loaded.dag, sliced.loaded.trace, begin, THREADS) * 1e3
     result.wall_ms = {k: statistics.median(t.wall_seconds) * 1e3 for k, t in timings.items()}
     result.cpu_ms = {k: t.median * 1e3 for k, t in timings.items()}
     result.drift = Drift(name, before, fma_peak())
@@ -255,7 +249,8 @@ def summary(results: list[ThreadsResult]) -> dict:
     return {"speedup_geomean": geomean(r.ratio("cortex-1t", f"cortex-{THREADS}t") for r in results),
             "vs_ort_geomean": geomean(r.ratio(f"cortex-{THREADS}t", f"ort-{THREADS}t") for r in results),
             "cpu_2t_over_1t_geomean": geomean(r.cpu_ratio(f"cortex-{THREADS}t", "cortex-1t") for r in results),
-            "estimated_speedup_geomean": geomean(r.estimated_speedup for r in results)}
+            "estimated_speedup_geomean": geomean(r.estimated_speedup for r in results),
+            "ideal_speedup_geomean": geomean(r.ideal_speedup for r in results)}
 
 
 def render(info: dict, results: list[ThreadsResult], gil: dict | None, drifts: list[Drift], date: str,
@@ -267,17 +262,18 @@ def render(info: dict, results: list[ThreadsResult], gil: dict | None, drifts: l
            "build on 2 threads (`sliced 1t`: that build on one thread, the cost of the slicing itself); onnxruntime "
            "with intra_op_num_threads 1 and 2. Regenerate with `make bench`."), ""]
     out += [("| model | CUs (default / parallel 2) | cortex 1t ms | sliced 1t ms | cortex 2t ms | 2t speedup | "
-            "CPU 2t / 1t | idle 2-core estimate | ort 1t ms | ort 2t ms | cortex 2t / ort 2t | FMA peak drift |"),
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "CPU 2t / 1t | idle 2-core estimate | ideal 2t (dag) | ort 1t ms | ort 2t ms | cortex 2t / ort 2t | FMA peak drift |"),
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if r.error:
-            out.append(f"| {r.name} | n/a ({r.error[:60]}) |  |  |  |  |  |  |  |  |  |  |")
+            out.append(f"| {r.name} | n/a ({r.error[:60]}) |  |  |  |  |  |  |  |  |  |  |  |")
             continue
         ms = r.wall_ms
         speed, vs = r.ratio("cortex-1t", f"cortex-{THREADS}t"), r.ratio(f"cortex-{THREADS}t", f"ort-{THREADS}t")
         out.append(f"| {r.name} | {r.cus.get('default')} / {r.cus.get(f'parallel {THREADS}')} | {ms['cortex-1t']:.1f} | "
                    f"{ms['cortex-sliced-1t']:.1f} | {ms[f'cortex-{THREADS}t']:.1f} | {speed:.2f}x | "
                    f"{r.cpu_ratio(f'cortex-{THREADS}t', 'cortex-1t'):.2f} | {r.estimated_speedup or 0:.2f}x | "
+                   f"{r.ideal_speedup or 0:.2f}x | "
                    f"{ms['ort-1t']:.1f} | "
                    f"{ms[f'ort-{THREADS}t']:.1f} | {vs:.2f}x | {r.drift.drift:.0%}"
                    + (" (noisy)" if r.drift.noisy else "") + " |")
@@ -291,7 +287,11 @@ def render(info: dict, results: list[ThreadsResult], gil: dict | None, drifts: l
                 "cores, not a speedup: read the wall-clock columns as an upper bound. `idle 2-core estimate`: "
                 "the one-thread run's CPU time over a list schedule, on 2 idle cores, of the CUs' measured CPU "
                 "times in the --parallel 2 build plus the walk's own CPU time run serially: a model of a quiet "
-                f"machine, not a measurement (geomean {s['estimated_speedup_geomean']:.2f}x).")]
+                f"machine, not a measurement (geomean {s['estimated_speedup_geomean']:.2f}x). `ideal 2t (dag)`: "
+                "the --parallel 2 build's CU CPU times on one thread, summed, over their list schedule on 2 "
+                "cores (bench/thread_profile.py): the speedup the dag's shape allows with free hand-offs, "
+                "which no neighbour's load changes; a measured speedup far below it is overhead, not the dag "
+                f"(geomean {s['ideal_speedup_geomean']:.2f}x).")]
     if gil:
         out += ["", (f"GIL: a Python loop on the calling thread keeps {gil['python_rate_beside_wasm']:.0%} of its "
                 "rate while another thread is inside a wasm call (wasmtime-py calls through ctypes' `cdll`, which "

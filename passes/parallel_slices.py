@@ -1,10 +1,33 @@
 """Split large contractions into slices that run at the same time (`decompose --parallel N`).
 
 A model without branches gives the threaded scheduler one ready CU at a time. Splitting each MatMul,
-Gemm and Conv whose flops reach a threshold into N slices along its output channels, with the
-mechanism `--max-cu-size` uses (`split_large_ops.split_unit`: the fused epilogue splits with it, a
-Concat joins the slices), gives it N. The slices are balanced by flops: every output channel of a
-contraction costs the same, so equal channel counts are equal work.
+Gemm and Conv worth it into N slices along its output channels, with the mechanism `--max-cu-size`
+uses (`split_large_ops.split_unit`: the fused epilogue splits with it, a Concat joins the slices),
+gives it N. The slices are balanced by flops: every output channel of a contraction costs the same,
+so equal channel counts are equal work.
+
+Which ops are worth it is a cost model in flops. Slicing an op of F flops into N saves F (N - 1) / N
+on the critical path when the other threads are free, and costs, whether they are or not:
+- about N more CUs (the slices, and the neighbours the slices no longer share a CU with), each a
+  call into its module, a hand-off to a thread and the walk's decisions: `cu_overhead_flops`;
+- copies: each slice after the first copies the op's input into its own memory, and the Concat's
+  CU copies the slices in and writes the joined tensor (about twice the output), charged at
+  `cu_overhead_flops / BYTES_PER_CU_OVERHEAD` a byte.
+An op is sliced when the saving is at least `MARGIN` times the cost (the margin covers what the
+model leaves out: the kernels slow down when both cores share the memory bus, and a hand-off's
+wake-up takes longer on a busy machine), the most profitable first, and only while the model's
+total slicing cost stays under `MAX_OVERHEAD_SHARE` of its flops (which binds only for N > 2,
+since the margin already keeps one op's cost under a quarter of its flops at N = 2). So a model of
+many small convolutions (shufflenet) keeps its CU count instead of tripling it. `cu_overhead_flops`
+0 turns the model off (every contraction of at least `min_flops` is sliced).
+
+Measured on the 2-core machine the bench runs on (wasmtime, light models): the `--parallel 2` build
+on one thread costs 47-67 us more per extra CU than the default build (squeezenet, shufflenet,
+MiniLM; the copies included), and the kernels run at about 25 GFLOP/s: 50 us is 1.25 M flops. A
+host copy into a CU's memory, cold, costs about 0.1 ns a byte: one CU's overhead copies 500 KB.
+
+Two MatMuls in a row slice as one pair (`parallel_pairs.py`), priced the same way with the Sum
+that joins them: N CUs, and N partial results copied into the join instead of a Concat after each.
 
 The partitioner keeps slice k of every split op apart from slice j != k and from unsliced work
 (the slice index is part of an atom's kind), so the N slices of one op land in N different CUs,
@@ -14,25 +37,60 @@ sibling ops (an attention block's Q, K and V projections) may share a CU.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ir.graph import Graph, Node
 from ir.ops import CONTRACTION, kind_of, lookup, node_flops
+from passes.parallel_pairs import second_of_pair, split_pair
 from passes.split_large_ops import fusion_units, split_unit, splittable
 
+CU_OVERHEAD_FLOPS = 1_250_000     # one more CU, in flops of kernel time (50 us at 25 GFLOP/s)
+BYTES_PER_CU_OVERHEAD = 500_000   # bytes copied in the time of one CU's overhead (0.1 ns a byte)
+MAX_OVERHEAD_SHARE = 0.25         # the most slicing may add to a model's work, as a share of its flops
+MARGIN = 2.0                      # how much more an op's slices must save than they cost
 
-def split_for_parallel(graph: Graph, pieces: int, min_flops: int,
-                       keep: set[int] = frozenset()) -> tuple[dict[int, int], int]:
-    """Slice every contraction of at least `min_flops` flops into `pieces` (fewer where it has fewer
-    output channels); the nodes in `keep` (ids: slices of --max-cu-size already) stay as they are.
-    Returns the slice index of every node of a slice (id(node) -> index) and how many ops were sliced."""
+
+@dataclass
+class SliceCandidate:
+    unit: list[Node]
+    saved: int           # flops off the critical path
+    cost: float          # flops of overhead slicing adds
+    second: list[Node] | None = None    # the MatMul sliced with it as a pair (parallel_pairs)
+
+    @property
+    def gain(self) -> float:
+        return self.saved - self.cost
+
+
+def slicing_cost(anchor: Node, pieces: int, cu_overhead_flops: int, second: Node | None = None) -> tuple[int, float]:
+    """(flops saved on the critical path, flops of overhead added) by cutting `anchor` in `pieces`
+    (with `second`: that pair, joined by a Sum of `pieces` partial results)."""
+    flops = node_flops(anchor) + (node_flops(second) if second is not None else 0)
+    read = sum(v.nbytes for v in anchor.present_inputs if not v.is_const)
+    written = anchor.outputs[0].nbytes if second is None else second.outputs[0].nbytes
+    copied = (pieces - 1) * read + (2 if second is None else pieces + 1) * written
+    return flops * (pieces - 1) // pieces, pieces * cu_overhead_flops + copied * cu_overhead_flops / BYTES_PER_CU_OVERHEAD
+
+
+def split_for_parallel(graph: Graph, pieces: int, min_flops: int, keep: set[int] = frozenset(),
+                       cu_overhead_flops: int = CU_OVERHEAD_FLOPS) -> tuple[dict[int, int], int]:
+    """Slice the contractions of at least `min_flops` flops that the cost model finds worth it into
+    `pieces` (fewer where an op has fewer output channels); the nodes in `keep` (ids: slices of
+    --max-cu-size already) stay as they are. Returns the slice index of every node of a slice
+    (id(node) -> index) and how many ops were sliced."""
     piece_of: dict[int, int] = {}
     if pieces < 2:
         return piece_of, 0
     replaced: dict[int, list[Node]] = {}
-    for unit in fusion_units(graph):
-        anchor = unit[0]
-        if any(id(node) in keep for node in unit) or not _worth_slicing(anchor, pieces, min_flops):
+    for candidate in worth_slicing(graph, pieces, min_flops, keep, cu_overhead_flops):
+        unit, second = candidate.unit, candidate.second
+        pair = split_pair(graph, unit, second, pieces, piece_of) if second is not None else None
+        if pair is not None:
+            replaced[id(unit[0])], replaced[id(second[0])] = pair
+            for node in [*unit[1:], *second[1:]]:
+                replaced[id(node)] = []
             continue
-        replaced[id(anchor)] = split_unit(graph, unit, pieces=pieces, piece_of=piece_of)
+        replaced[id(unit[0])] = split_unit(graph, unit, pieces=pieces, piece_of=piece_of)
         for node in unit[1:]:
             replaced[id(node)] = []
     if not replaced:
@@ -42,7 +100,42 @@ def split_for_parallel(graph: Graph, pieces: int, min_flops: int,
     return piece_of, sum(1 for nodes in replaced.values() if nodes)
 
 
-def _worth_slicing(node: Node, pieces: int, min_flops: int) -> bool:
+def worth_slicing(graph: Graph, pieces: int, min_flops: int, keep: set[int] = frozenset(),
+                  cu_overhead_flops: int = CU_OVERHEAD_FLOPS) -> list[SliceCandidate]:
+    """The fusion units to slice, in graph order."""
+    units = fusion_units(graph)
+    anchors = {id(unit[0]): unit for unit in units}
+    readers: dict[int, list[Node]] = {}
+    for node in graph.nodes:
+        for v in node.present_inputs:
+            readers.setdefault(id(v), []).append(node)
+    outputs = {id(v) for v in graph.outputs}
+    candidates, taken = [], set()
+    for unit in units:
+        anchor = unit[0]
+        if id(anchor) in taken or any(id(node) in keep for node in unit) or not _sliceable(anchor, pieces, min_flops):
+            continue
+        second = second_of_pair(unit, readers, outputs, anchors)
+        if second is not None and not any(id(node) in keep for node in second):
+            saved, cost = slicing_cost(anchor, pieces, cu_overhead_flops, second[0])
+            if cu_overhead_flops == 0 or saved >= MARGIN * cost:
+                candidates.append(SliceCandidate(unit, saved, cost if cu_overhead_flops else 0.0, second))
+                taken.add(id(second[0]))
+                continue
+        saved, cost = slicing_cost(anchor, pieces, cu_overhead_flops)
+        if cu_overhead_flops == 0 or saved >= MARGIN * cost:
+            candidates.append(SliceCandidate(unit, saved, cost if cu_overhead_flops else 0.0))
+    budget = MAX_OVERHEAD_SHARE * sum(node_flops(n) for n in graph.nodes)
+    chosen: set[int] = set()
+    for c in sorted(candidates, key=lambda c: -c.gain):
+        if cu_overhead_flops and c.cost > budget:
+            continue
+        budget -= c.cost
+        chosen.add(id(c.unit[0]))
+    return [c for c in candidates if id(c.unit[0]) in chosen]
+
+
+def _sliceable(node: Node, pieces: int, min_flops: int) -> bool:
     if kind_of(node.op_type, node.domain) != CONTRACTION or not splittable(node):
         return False
     out = node.outputs[0]

@@ -45,7 +45,7 @@ from passes.base import Pass
 from passes.branch_cus import Branches, Select, hoist_large_ifs
 from passes.cache_inputs import check_names, cut_mixed_groups, parse_names, repeating_nodes, show_names
 from passes.cu_atoms import Atoms, atom_order, build_atoms
-from passes.parallel_slices import split_for_parallel
+from passes.parallel_slices import CU_OVERHEAD_FLOPS, split_for_parallel
 from passes.split_large_ops import split_large_ops
 
 DEPTH = "merging would exceed --max-cu-depth"
@@ -109,6 +109,9 @@ class PartitionIntoCUs(Pass):
     parallel_min_flops: int = field(default=4_000_000, metadata=option(
         "With --parallel: the smallest contraction, in flops, worth slicing (smaller ones cost more in "
         "per-CU overhead than a thread saves)."))
+    parallel_cu_overhead_flops: int = field(default=CU_OVERHEAD_FLOPS, metadata=option(
+        "With --parallel: what one more CU costs, in flops of kernel time; an op is sliced only when "
+        "the slices save more than the CUs and copies they add (0: slice every op over --parallel-min-flops)."))
     # The rule saying which nodes need the fallback (codegen's `unsupported_nodes`, which this
     # layer may not import); decompose sets it with `fallback`.
     cannot_lower: Callable[[Graph], list[Node]] | None = field(default=None, repr=False, compare=False)
@@ -120,11 +123,15 @@ class PartitionIntoCUs(Pass):
             raise CortexError(f"--parallel must be at least 1 (got {self.parallel})")
         if self.parallel_min_flops < 0:
             raise CortexError(f"--parallel-min-flops must not be negative (got {self.parallel_min_flops})")
+        if self.parallel_cu_overhead_flops < 0:
+            raise CortexError("--parallel-cu-overhead-flops must not be negative "
+                              f"(got {self.parallel_cu_overhead_flops})")
 
     def limits(self) -> dict:
         """The options as manifest.json records them (`fallback` only when given)."""
         given = {"fallback": self.fallback is not None, "cache_inputs": bool(self.cache_inputs),
-                 "parallel": self.parallel > 1, "parallel_min_flops": self.parallel > 1}
+                 "parallel": self.parallel > 1, "parallel_min_flops": self.parallel > 1,
+                 "parallel_cu_overhead_flops": self.parallel > 1}
         return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
                 for f, _ in option_fields(type(self)) if given.get(f.name, True)}
 
@@ -141,7 +148,8 @@ class PartitionIntoCUs(Pass):
         split_ops = branches.split_ops + split(graph)
         # Slices of --max-cu-size are CUs of their own already; the other large contractions are sliced.
         slices, sliced = split_for_parallel(graph, self.parallel, self.parallel_min_flops,
-                                    {id(n) for n in graph.nodes if id(n) not in before})
+                                            {id(n) for n in graph.nodes if id(n) not in before},
+                                            self.parallel_cu_overhead_flops)
         fallback = set()
         if self.fallback is not None:
             if self.cannot_lower is None:

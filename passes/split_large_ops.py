@@ -102,9 +102,10 @@ def split_unit(graph: Graph, unit: list[Node], max_params: int | None = None, pi
     channel_axis = entry.output_axis(anchor) % len(out.shape) - len(out.shape)  # negative: broadcast-safe
     channels = out.shape[channel_axis]
     plans = [_Plan(anchor, _anchor_axes(anchor, entry, channels, channel_axis))]
-    # The epilogue splits with the anchor while its constants are per-channel or broadcast.
+    # The epilogue splits with the anchor while its constants are per-channel or broadcast and its
+    # other inputs are split nodes' results (a GELU reads its input twice).
     for node in unit[1:]:
-        axes = _epilogue_axes(node, plans[-1].node.outputs[0], channels, channel_axis)
+        axes = _epilogue_axes(node, {id(p.node.outputs[0]) for p in plans}, channels, channel_axis)
         if axes is None:
             break
         plans.append(_Plan(node, axes))
@@ -141,13 +142,13 @@ def split_unit(graph: Graph, unit: list[Node], max_params: int | None = None, pi
     for k, (lo, hi) in enumerate(ranges):
         first_of_slice = len(new_nodes)
         group = f"{label}/part{k}" if len(plans) > 1 else None
-        chained: Value | None = None   # the previous split node's piece, which this one reads
-        for i, plan in enumerate(plans):
-            previous = plans[i - 1].node.outputs[0] if i else None
+        chained: Value | None = None   # the last split node's piece
+        piece_of_value: dict[int, Value] = {}   # a split node's result -> its piece in this slice
+        for plan in plans:
             inputs = []
             for v, axis in zip(plan.node.inputs, plan.axes):
-                if v is not None and v is previous:
-                    inputs.append(chained)
+                if v is not None and id(v) in piece_of_value:
+                    inputs.append(piece_of_value[id(v)])
                 elif v is not None and axis is not None:
                     inputs.append(_slice_constant(graph, v, axis, lo, hi, k))
                 else:
@@ -159,6 +160,7 @@ def split_unit(graph: Graph, unit: list[Node], max_params: int | None = None, pi
             shape = list(result.shape)
             shape[channel_axis] = hi - lo
             chained = Value(graph.fresh_name(f"{result.name}_part{k}"), result.dtype, tuple(shape))
+            piece_of_value[id(result)] = chained
             new_nodes.append(Node(plan.node.op_type, inputs, [chained], attrs,
                                   graph.fresh_name(f"{plan.node.name}_part{k}"), plan.node.domain,
                                   dict(plan.node.attr_types), plan.node.doc_string, group))
@@ -256,13 +258,17 @@ def _anchor_axes(node: Node, entry, channels: int, channel_axis: int) -> list[in
     return axes
 
 
-def _epilogue_axes(node: Node, chained: Value, channels: int, channel_axis: int) -> list[int | None] | None:
+def _epilogue_axes(node: Node, split: set[int], channels: int, channel_axis: int) -> list[int | None] | None:
+    """How `node`'s inputs divide, when it can split with the nodes before it (`split`: ids of
+    their results, each of the output's shape); None when it cannot."""
     out = node.outputs[0]
     if out.shape is None or len(out.shape) < -channel_axis or out.shape[channel_axis] != channels:
         return None
+    if not any(v is not None and id(v) in split for v in node.inputs):
+        return None
     axes: list[int | None] = []
     for v in node.inputs:
-        if v is chained or v is None:
+        if v is None or id(v) in split:
             axes.append(None)
         elif not v.is_const:
             return None

@@ -21,8 +21,10 @@ request and the next request starts only after this one has waited for every thr
 errors included, so no producer can overwrite a view a consumer is still reading.
 
 Devices that do not say `concurrent_runs = True` (a GPU, whose context belongs to the thread that
-made it) run their CUs on the calling thread, still interleaved with the pool's work; so does a CU
-that is the only one able to run (a chain pays no thread switches).
+made it) run their CUs on the calling thread, still interleaved with the pool's work. So does the
+last CU that can start at a moment (the only ready one, or the one filling the last free thread):
+the calling thread would otherwise only wait, a chain pays no thread switches, and N slices of one
+op cost N - 1 hand-offs. The pool therefore has N - 1 threads.
 """
 
 from __future__ import annotations
@@ -76,7 +78,8 @@ class ThreadedScheduler(SequentialScheduler):
             self.unblocks[edge["from"]].add(edge["to"])
         self.pooled = {cu_id: bool(getattr(self.devices[where], "concurrent_runs", False))
                        for cu_id, where in self.placement.items()}
-        self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="cortex-cu")
+        # The calling thread runs one of the CUs that run at once, the pool the others.
+        self.pool = ThreadPoolExecutor(max(self.threads - 1, 1), thread_name_prefix="cortex-cu")
         self._numbers: dict[int, int] = {}
         self._numbers_lock = threading.Lock()
         self._caller = threading.get_ident()
@@ -97,10 +100,11 @@ class ThreadedScheduler(SequentialScheduler):
                     heapq.heappush(ready, (self.position[successor], successor))
 
         try:
-            # Each pass either starts or settles at least one CU, so the loop ends after at most
-            # two passes per CU.
+            # Each pass starts or settles at least one CU, or waits for one to finish, so the loop
+            # ends after at most two passes per CU.
             while ready or running:
-                while ready and len(running) < self.threads:
+                here = None             # the CU this thread runs itself in this pass
+                while ready and here is None and len(running) < self.threads:
                     _, cu_id = heapq.heappop(ready)
                     cu = self.cus[cu_id]
                     request.key, request.hit = None, None
@@ -111,16 +115,23 @@ class ThreadedScheduler(SequentialScheduler):
                         continue
                     inputs, crossed = self._gather_inputs(cu, request)
                     self.variants.prepare(cu_id, policy)     # loading stays on this thread
-                    # The only CU that can run now runs here: a hand-off would cost a thread switch and win nothing.
-                    if self.pooled[cu_id] and (ready or running):
+                    # The last CU that can start now runs here: this thread would only wait, and a
+                    # hand-off costs a thread wake-up, which on a busy machine takes longer than a small CU.
+                    last = not ready or len(running) == self.threads - 1
+                    if self.pooled[cu_id] and not last:
                         running[self.pool.submit(self._execute_pooled, cu, inputs, policy)] = (cu, crossed, request.key)
-                        continue
-                    self._record(cu, request, self._numbered(self._execute(cu, inputs, policy)), crossed, request.key)
-                    self._settle(cu_id, None, request)
-                    done_with(cu_id)
+                    else:
+                        here = cu, inputs, crossed, request.key
+                if here is not None:
+                    cu, inputs, crossed, key = here
+                    self._record(cu, request, self._numbered(self._execute(cu, inputs, policy)), crossed, key)
+                    self._settle(cu["id"], None, request)
+                    done_with(cu["id"])
                 if not running:
                     continue
-                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                # With CUs ready to start, only collect what has finished; otherwise wait for one.
+                can_start = ready and len(running) < self.threads
+                finished, _ = wait(running, timeout=0 if can_start else None, return_when=FIRST_COMPLETED)
                 for future in sorted(finished, key=lambda f: self.position[running[f][0]["id"]]):
                     cu, crossed, key = running.pop(future)
                     self._record(cu, request, future.result(), crossed, key)
