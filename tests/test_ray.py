@@ -1,6 +1,8 @@
 """The Ray executor and parallel compile on a local multi-node cluster that never leaves loopback:
 outputs equal a local run (and onnxruntime), a batch is pipelined, a node removed mid-batch
-changes nothing the caller sees, and CUs compiled as Ray tasks are byte-identical to a local build.
+changes nothing the caller sees, the actors load from their node's copy of the artifacts (the dag
+folder may be gone), conditional CUs skip and trace as locally, and CUs compiled as Ray tasks are
+byte-identical to a local build.
 
 The cluster (`ray.cluster_utils.Cluster`, a head and two workers of 1 CPU each) is started once per
 session. `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`, set before Ray is imported, keeps every node on
@@ -10,6 +12,7 @@ inherit it. A test checks that no connection of the Ray processes leaves loopbac
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -27,7 +30,8 @@ import cortex
 from backends.registry import target
 from backends.wasm.options import parse_options
 from cortex.compile import compile_cu_dir
-from cortex.runtime.ray_executor import ray_map, stage_cuts
+from cortex.runtime.ray_executor import ray_map
+from cortex.runtime.ray_plan import stage_cuts
 from cortex.runtime.trace import validate_trace
 from ir.errors import CortexError
 
@@ -254,3 +258,38 @@ def test_the_cli_compiles_and_runs_on_the_cluster(cluster, cnn, tmp_path):
                               "--address", address, "--json"], env=LOOPBACK_ENV)
     assert code == 0, err
     assert json.loads(out)["runs"] == 2
+
+
+# -- without the dag folder on the nodes --------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_actors_load_from_their_nodes_copy_when_the_folder_is_gone(cluster, cnn, tmp_path):
+    case, dag_path = cnn
+    bundle, moved, node_cache = tmp_path / "bundle", tmp_path / "moved", tmp_path / "node-cache"
+    shutil.copytree(dag_path.parent, bundle)
+    local = cortex.load(dag_path, policy="strict").run(case.inputs)
+    model = cortex.load(bundle / "dag.json", policy="strict", executor="ray",
+                        executor_options={"stages": 2, "cache_dir": str(node_cache)})
+    try:
+        bundle.rename(moved)           # from here on no process can read the driver's folder
+        placement = model.scheduler.placement()
+        for stage in placement:
+            assert Path(stage["dag_path"]).is_relative_to(node_cache), stage
+        np.testing.assert_array_equal(model.run(case.inputs)["y"], local["y"])
+        # The node's copy: each file a hard link to a blob named by its sha256, at dag.json's path.
+        dag = json.loads((moved / "dag.json").read_text())
+        copy = Path(placement[0]["dag_path"]).parent
+        for cu in dag["cus"]:
+            shipped = copy / cu["artifacts"]["wasm"]["path"]
+            assert hashlib.sha256(shipped.read_bytes()).hexdigest() == cu["artifacts"]["wasm"]["sha256"]
+            assert (node_cache / "blobs" / cu["artifacts"]["wasm"]["sha256"]).samefile(shipped)
+        assert not (copy / "cus").exists()          # a wasm stage needs no cu.onnx
+        # Actors restarted on an empty cache fetch every file again from the object store.
+        shutil.rmtree(node_cache)
+        for stage in model.scheduler.stages:
+            ray.kill(stage.actor, no_restart=False)
+        np.testing.assert_array_equal(model.run(case.inputs)["y"], local["y"])
+        assert (node_cache / "blobs").is_dir()
+    finally:
+        model.close()
