@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cli_helpers import assert_one_line_error, run_cli
-from testdata import sample_model
+from test_conditional_cus import WIDTH, build, if_model, weight
+from testdata import run_onnxruntime, sample_model
 from wasm_cases import compile_pipeline
 
 import cortex
@@ -39,6 +40,7 @@ LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 # Ray reads it once, when it is first imported: it must be set before that, for this process.
 os.environ.update(LOOPBACK_ENV)
 ray = pytest.importorskip("ray")
+from onnx import TensorProto, helper
 from ray.cluster_utils import Cluster
 
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
@@ -63,6 +65,21 @@ def cluster():
 def cnn(tmp_path_factory):
     case = sample_model("cnn")
     return case, compile_pipeline(case.path, tmp_path_factory.mktemp("cnn"), min_cu_size=64, max_cu_depth=3)
+
+
+@pytest.fixture(scope="module")
+def branching(tmp_path_factory):
+    """The If model of test_conditional_cus with a computed condition (sum(x @ w0) > 0: x's sign
+    picks the branch) and a second output z that needs no branch CU."""
+    model = if_model("computed")
+    model.graph.initializer.append(weight("wz", (WIDTH, WIDTH), 9))
+    model.graph.node.append(helper.make_node("MatMul", ["x", "wz"], ["z"]))
+    model.graph.output.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, WIDTH]))
+    folder = tmp_path_factory.mktemp("branching")
+    build(folder, model)
+    rng = np.random.default_rng(3)
+    x = np.abs(rng.standard_normal((1, WIDTH))).astype(np.float32)
+    return folder, [{"x": x}, {"x": -x}]
 
 
 def _feeds(case, n: int) -> list[dict]:
@@ -291,5 +308,59 @@ def test_actors_load_from_their_nodes_copy_when_the_folder_is_gone(cluster, cnn,
             ray.kill(stage.actor, no_restart=False)
         np.testing.assert_array_equal(model.run(case.inputs)["y"], local["y"])
         assert (node_cache / "blobs").is_dir()
+    finally:
+        model.close()
+
+
+# -- conditional CUs ----------------------------------------------------------------------------
+
+
+def _skips(trace: dict) -> list[tuple[str, str]]:
+    return [(s["cu"], s["reason"]) for s in trace["skipped_cus"]]
+
+
+@pytest.mark.slow
+def test_conditional_cus_skip_and_trace_as_in_a_local_run(cluster, branching):
+    folder, batch = branching
+    dag_path = folder / "dag.json"
+    dag = json.loads(dag_path.read_text())
+    branch_cus = {cu["id"] for cu in dag["cus"] if "activation" in cu}
+    local = cortex.load(dag_path, cache_bytes=0, threads=1)
+    model = cortex.load(dag_path, cache_bytes=0, executor="ray", executor_options={"stages": 3})
+    try:
+        executor = model.scheduler
+        stages = [set(s["cus"]) for s in executor.placement()]
+        (reader,) = [cu["id"] for cu in dag["cus"] if "picked" in cu["inputs"]]
+        # The If's select crosses stages: its cases and its reader are not all on one actor.
+        assert not any(branch_cus | {reader} <= stage for stage in stages)
+        taken = set()
+        for policy in ("balanced", "strict"):
+            for outputs in (None, ["z"], ["y"]):
+                for feeds in batch:
+                    want = local.run(feeds, outputs=outputs, policy=policy)
+                    got = model.run(feeds, outputs=outputs, policy=policy)
+                    assert got.keys() == want.keys()
+                    for name in got:
+                        np.testing.assert_array_equal(got[name], want[name])
+                    assert model.last_trace["activated_cus"] == local.last_trace["activated_cus"]
+                    assert _skips(model.last_trace) == _skips(local.last_trace)
+                    validate_trace(model.last_trace)
+                    if policy == "balanced" and outputs is None:
+                        np.testing.assert_allclose(got["y"], run_onnxruntime(folder / "m.onnx", feeds)["y"],
+                                                   rtol=1e-5, atol=1e-5)
+                        inactive = {cu for cu, reason in _skips(local.last_trace) if reason == "inactive branch"}
+                        assert inactive and inactive < branch_cus
+                        taken.add(frozenset(branch_cus - inactive))
+                    if outputs == ["z"] and policy == "balanced":
+                        assert not branch_cus & set(model.last_trace["activated_cus"])
+        assert len(taken) == 2                       # x's sign took each branch once
+        # A CU of the untaken branch leaves no tensor on any actor: the stages return only what exists.
+        model.run(batch[0], outputs=["y"])
+        plan = executor.planner.plan(executor.needed(["y"]), ["y"])
+        refs, _ = executor._submit(batch[0], model.policy, plan)
+        shipped = {name for part in ray.get(refs) for name in part}
+        made = {name for cu in dag["cus"] if cu["id"] in model.last_trace["activated_cus"] for name in cu["outputs"]}
+        unmade = {name for cu in dag["cus"] if cu["id"] in branch_cus for name in cu["outputs"]} - made
+        assert unmade and not shipped & unmade
     finally:
         model.close()
