@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cli_helpers import assert_one_line_error, run_cli
-from test_conditional_cus import WIDTH, build, if_model, weight
+from test_conditional_cus import build, if_model, with_output_z
 from testdata import run_onnxruntime, sample_model
 from wasm_cases import compile_pipeline
 
@@ -40,7 +40,6 @@ LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 # Ray reads it once, when it is first imported: it must be set before that, for this process.
 os.environ.update(LOOPBACK_ENV)
 ray = pytest.importorskip("ray")
-from onnx import TensorProto, helper
 from ray.cluster_utils import Cluster
 
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
@@ -71,14 +70,9 @@ def cnn(tmp_path_factory):
 def branching(tmp_path_factory):
     """The If model of test_conditional_cus with a computed condition (sum(x @ w0) > 0: x's sign
     picks the branch) and a second output z that needs no branch CU."""
-    model = if_model("computed")
-    model.graph.initializer.append(weight("wz", (WIDTH, WIDTH), 9))
-    model.graph.node.append(helper.make_node("MatMul", ["x", "wz"], ["z"]))
-    model.graph.output.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, WIDTH]))
     folder = tmp_path_factory.mktemp("branching")
-    build(folder, model)
-    rng = np.random.default_rng(3)
-    x = np.abs(rng.standard_normal((1, WIDTH))).astype(np.float32)
+    build(folder, with_output_z(if_model("computed")))
+    x = np.abs(np.random.default_rng(3).standard_normal((1, 64))).astype(np.float32)
     return folder, [{"x": x}, {"x": -x}]
 
 
