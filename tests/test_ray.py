@@ -358,3 +358,25 @@ def test_conditional_cus_skip_and_trace_as_in_a_local_run(cluster, branching):
         assert unmade and not shipped & unmade
     finally:
         model.close()
+
+
+@pytest.mark.slow
+def test_a_compiled_graph_runs_a_static_dag_as_the_actor_path_does(cluster, cnn, branching):
+    case, dag_path = cnn
+    with pytest.raises(CortexError, match="compiled_graph runs dags without conditional CUs"):
+        cortex.load(branching[0] / "dag.json", executor="ray", executor_options={"compiled_graph": True})
+    batch = _feeds(case, 6)
+    local = cortex.load(dag_path, cache_bytes=0, threads=1)
+    model = cortex.load(dag_path, cache_bytes=0, executor="ray",
+                        executor_options={"stages": 2, "compiled_graph": True})
+    try:
+        for feeds, got in zip(batch, model.run_many(batch), strict=True):
+            np.testing.assert_array_equal(got["y"], local.run(feeds)["y"])
+        assert model.scheduler._graph is not None and model.scheduler.resubmitted == 0
+        assert model.last_trace["activated_cus"] == local.last_trace["activated_cus"]
+        validate_trace(model.last_trace)
+        np.testing.assert_array_equal(model.run(case.inputs, policy="strict")["y"],
+                                      local.run(case.inputs, policy="strict")["y"])
+        assert model.scheduler._graph.key[0].name == "strict"     # another policy: another graph
+    finally:
+        model.close()

@@ -55,6 +55,7 @@ from cortex.runtime.ray_artifacts import (
     read_files,
     stage_files,
 )
+from cortex.runtime.ray_compiled import CompiledRequests
 from cortex.runtime.ray_plan import Planner, StageCall, stage_cuts, stage_dag
 from cortex.runtime.scheduler import (
     NOT_NEEDED,
@@ -175,6 +176,10 @@ class CUStage:
         return results, {"activated": request.activated, "skipped": request.skipped,
                          "cpu_seconds": request.cpu_seconds, "live_bytes": request.live_bytes}
 
+    def run_linked(self, policy: Policy, returns: list[str], feeds: dict, *upstream: tuple[dict, dict]) -> tuple[dict, dict]:
+        """`run` as a node of a Compiled Graph, whose edges carry earlier stages' whole results."""
+        return self.run(policy, returns, feeds, *(tensors for tensors, _ in upstream))
+
 
 @dataclass
 class Stage:
@@ -185,7 +190,7 @@ class Stage:
 
 
 # cortex.load's executor_options
-OPTIONS = ("stages", "num_cpus", "retries", "timeout_s", "max_restarts", "cache_dir")
+OPTIONS = ("stages", "num_cpus", "retries", "timeout_s", "max_restarts", "cache_dir", "compiled_graph")
 
 
 class RayExecutor:
@@ -194,13 +199,20 @@ class RayExecutor:
     def __init__(self, dag: dict, dag_path: Path, device: str, address: str | None = None,
                  stages: int | None = None, num_cpus: float = 1.0, cache_bytes: int = 0,
                  retries: int = DEFAULT_RETRIES, timeout_s: float = DEFAULT_TIMEOUT_S, max_restarts: int = 4,
-                 cache_dir: str | None = None):
+                 cache_dir: str | None = None, compiled_graph: bool = False):
         if stages is not None and (not isinstance(stages, int) or stages < 1):
             raise CortexError(f"the ray executor's stages must be a whole number, at least 1 (got {stages!r})")
         if not num_cpus > 0:
             raise CortexError(f"the ray executor's num_cpus per actor must be above 0 (got {num_cpus!r})")
         if cache_dir is not None and not isinstance(cache_dir, (str, Path)):
             raise CortexError(f"the ray executor's cache_dir must be a folder path (got {cache_dir!r})")
+        if not isinstance(compiled_graph, bool):
+            raise CortexError(f"the ray executor's compiled_graph must be True or False (got {compiled_graph!r})")
+        if compiled_graph and (dag.get("selects") or any("activation" in cu for cu in dag["cus"])):
+            raise CortexError(f"{dag_path}: compiled_graph runs dags without conditional CUs, and this one has a "
+                              "decomposed If (which stages run depends on its condition): leave compiled_graph off")
+        self.compiled_graph = compiled_graph
+        self._graph: CompiledRequests | None = None
         self.dag, self.path, self.device_name = dag, Path(dag_path).resolve(), device
         self.retries, self.timeout_s = retries, timeout_s
         self.resubmitted = 0             # requests submitted again after a lost actor or result
@@ -279,6 +291,15 @@ class RayExecutor:
         """Each request's outputs and what it did, in order; up to `window` requests in flight.
         `on_done(i)` is called as request i is collected (progress, or a test removing a node)."""
         plan = self.planner.plan(self.needed(outputs) if policy.skip_inactive else set(self.cus), outputs)
+        done: list = []
+        if self.compiled_graph and batch:
+            done = self._run_compiled(batch, policy, outputs, plan, window, on_done)
+            if len(done) == len(batch):
+                return done
+        return done + self._run_on_actors(batch[len(done):], policy, outputs, plan, window, on_done, len(done))
+
+    def _run_on_actors(self, batch: list[dict], policy: Policy, outputs: list[str], plan: list[StageCall],
+                       window: int, on_done, first: int) -> list[tuple[dict, Request]]:
         pending: dict[int, tuple[list, object]] = {}
         attempts = [0] * len(batch)
         done: list = [None] * len(batch)
@@ -287,10 +308,40 @@ class RayExecutor:
             while submitted < len(batch) and submitted - index < max(1, window):
                 pending[submitted] = self._submit(batch[submitted], policy, plan)
                 submitted += 1
-            done[index] = self._collect(index, batch[index], policy, plan, pending.pop(index), attempts, outputs)
+            done[index] = self._collect(first + index, batch[index], policy, plan, pending.pop(index), attempts,
+                                        outputs)
+            if on_done is not None:
+                on_done(first + index)
+        return done
+
+    def _run_compiled(self, batch: list[dict], policy: Policy, outputs: list[str], plan: list[StageCall],
+                      window: int, on_done) -> list[tuple[dict, Request]]:
+        """The requests through the compiled graph of (policy, outputs), up to the first one it
+        fails, whose graph is then torn down (the caller runs the rest on the actor path)."""
+        if self._graph is not None and self._graph.key != (policy, tuple(outputs)):
+            self._teardown_graph()
+        if self._graph is None:
+            self._graph = CompiledRequests([s.actor for s in self.stages], plan, policy, outputs, window)
+        ray = ray_module()
+        lost = (*_lost_errors(ray), ray.exceptions.RayChannelError)
+
+        def collect(index: int, ref) -> tuple[dict, Request] | None:
+            try:
+                parts = self._get(ref)
+            except lost:
+                self._teardown_graph()
+                return None
             if on_done is not None:
                 on_done(index)
+            return self._assemble(batch[index], policy, plan, list(parts), outputs)
+
+        done, _ = self._graph.run_many(batch, collect)
         return done
+
+    def _teardown_graph(self) -> None:
+        graph, self._graph = self._graph, None
+        if graph is not None:
+            graph.teardown()
 
     def _submit(self, feeds: dict, policy: Policy, plan: list[StageCall]) -> tuple[list, object]:
         ray = ray_module()
@@ -323,10 +374,15 @@ class RayExecutor:
                 time.sleep(min(RETRY_BACKOFF_S * 2 ** (attempts[index] - 1), MAX_BACKOFF_S))
                 self.resubmitted += 1
                 refs = self._submit(feeds, policy, plan)
-        stage_tensors, stage_traces = parts[:len(tensor_refs)], parts[len(tensor_refs):]
-        env = {name: value for part in stage_tensors for name, value in part.items()}
+        return self._assemble(feeds, policy, plan, list(zip(parts[:len(tensor_refs)], parts[len(tensor_refs):])),
+                              outputs)
+
+    def _assemble(self, feeds: dict, policy: Policy, plan: list[StageCall], parts: list[tuple[dict, dict]],
+                  outputs: list[str]) -> tuple[dict, Request]:
+        """The requested outputs and the request's trace from every called stage's (tensors, trace)."""
+        env = {name: value for tensors, _ in parts for name, value in tensors.items()}
         results = {name: np.array(env[name] if name in env else feeds[name]) for name in outputs}
-        return results, self._request(policy, plan, stage_traces, feeds)
+        return results, self._request(policy, plan, [trace for _, trace in parts], feeds)
 
     def _request(self, policy: Policy, plan: list[StageCall], stage_traces: list[dict], feeds: dict) -> Request:
         called = {call.stage for call in plan}
@@ -356,6 +412,7 @@ class RayExecutor:
 
     def close(self) -> None:
         ray = ray_module()
+        self._teardown_graph()
         for stage in self.stages:
             if stage.actor is not None:
                 ray.kill(stage.actor, no_restart=True)

@@ -1,0 +1,57 @@
+"""The Ray executor's requests as a Ray Compiled Graph (`executor_options={"compiled_graph": True}`).
+
+A Compiled Graph (`ray.dag` + `experimental_compile`) fixes the calls of a request once: each
+stage's actor runs a loop that reads its inputs from shared-memory channels and writes its result
+to the next, so a hop costs no task submission, scheduling or object-store round trip. What the
+graph fixes is the plan: which stages are called, what each returns and reads. That holds for
+every request of a static dag under one policy and one set of requested outputs, so a graph is
+compiled per (policy, outputs) on first use and replaced when a request asks for another.
+Conditional CUs are refused at load: which stages a request needs would change with the branch a
+condition takes. The actors are the executor's own, running the same `CUStage.run`.
+
+Failures. A request the graph cannot finish (a lost actor or channel) tears the graph down, and it
+and the requests after it in the batch run on the actor path, with its resubmission on node loss;
+the next batch compiles a new graph. The outputs returned still always come from one complete run.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from cortex.runtime.policy import Policy
+from cortex.runtime.ray_plan import StageCall
+
+
+class CompiledRequests:
+    """One compiled graph: the calls of `plan` over `actors`, under `policy`."""
+
+    def __init__(self, actors: list, plan: list[StageCall], policy: Policy, outputs: list[str], window: int):
+        # Ray is an optional dependency: imported once the executor is used.
+        from ray.dag import InputNode, MultiOutputNode
+        self.key = (policy, tuple(outputs))
+        nodes = {}
+        with InputNode() as feeds:
+            for call in plan:
+                nodes[call.stage] = actors[call.stage].run_linked.bind(
+                    policy, call.returns, feeds if call.feeds else {}, *(nodes[j] for j in call.reads))
+            graph = MultiOutputNode([nodes[call.stage] for call in plan])
+        self.window = max(1, window)
+        self.graph = graph.experimental_compile(_max_inflight_executions=self.window)
+
+    def run_many(self, batch: list[dict], collect) -> tuple[list, int]:
+        """`collect(index, ref)` for each request executed, in order, up to `window` in flight;
+        stops at the first request `collect` returns None for (the graph failed it). Returns what
+        was collected and how many requests that is."""
+        done, pending, submitted = [], deque(), 0
+        for index in range(len(batch)):
+            while submitted < len(batch) and submitted - index < self.window:
+                pending.append(self.graph.execute(batch[submitted]))
+                submitted += 1
+            result = collect(index, pending.popleft())
+            if result is None:
+                return done, index
+            done.append(result)
+        return done, len(batch)
+
+    def teardown(self) -> None:
+        self.graph.teardown()
