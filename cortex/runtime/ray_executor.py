@@ -18,7 +18,8 @@ of the object store; the device copies them into the CU's memory anyway.
 
 Pipelining. A request is one actor call per stage, submitted at once with refs between them; the
 actors run calls in submission order, so stage 1 works on request n+1 while stage 2 works on
-request n. `run_many` keeps up to `window` requests in flight.
+request n. `run_many` keeps up to `window` requests in flight. With `compiled_graph` the calls of a
+static dag's requests are a Ray Compiled Graph instead (`cortex/runtime/ray_compiled.py`).
 
 Failures. Actors restart after their node dies (`max_restarts`), reloading their CUs. A request
 whose actor or object was lost is resubmitted as a whole, up to `retries` times: the outputs
@@ -146,6 +147,9 @@ class CUStage:
         except OSError as e:
             self.load_error = CortexError(f"{root}: cannot keep {shipment.dag_path}'s artifacts on this node "
                                           f"({e.strerror or e})")
+            return
+        except CortexError as e:          # a file damaged on its way here
+            self.load_error = e
             return
         try:
             self.scheduler = StageScheduler(stage_dag(dag, cu_ids), self.dag_path, device, ResultCache(cache_bytes))
