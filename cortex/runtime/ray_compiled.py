@@ -21,11 +21,14 @@ from collections import deque
 from cortex.runtime.policy import Policy
 from cortex.runtime.ray_plan import StageCall
 
+IN_FLIGHT = 3       # requests a graph holds at once (see CompiledRequests)
+
 
 class CompiledRequests:
     """One compiled graph: the calls of `plan` over `actors`, under `policy`."""
 
-    def __init__(self, actors: list, plan: list[StageCall], policy: Policy, outputs: list[str], window: int):
+    def __init__(self, actors: list, plan: list[StageCall], policy: Policy, outputs: list[str], window: int,
+                 timeout_s: float):
         # Ray is an optional dependency: imported once the executor is used.
         from ray.dag import InputNode, MultiOutputNode
         self.key = (policy, tuple(outputs))
@@ -35,23 +38,33 @@ class CompiledRequests:
                 nodes[call.stage] = actors[call.stage].run_linked.bind(
                     policy, call.returns, feeds if call.feeds else {}, *(nodes[j] for j in call.reads))
             graph = MultiOutputNode([nodes[call.stage] for call in plan])
-        self.window = max(1, window)
-        self.graph = graph.experimental_compile(_max_inflight_executions=self.window)
+        # Each channel holds one value until all its readers read it, and this process reads every
+        # stage's output: past the oldest result not read yet, a stage can hold one request written
+        # and one being run, the input channel a third; a fourth and `execute` waits for a reader
+        # that never comes.
+        self.window = max(1, min(window, IN_FLIGHT))
+        self.graph = graph.experimental_compile(_max_inflight_executions=self.window, _submit_timeout=timeout_s)
 
-    def run_many(self, batch: list[dict], collect) -> tuple[list, int]:
-        """`collect(index, ref)` for each request executed, in order, up to `window` in flight;
-        stops at the first request `collect` returns None for (the graph failed it). Returns what
-        was collected and how many requests that is."""
-        done, pending, submitted = [], deque(), 0
+    def run_many(self, batch: list[dict], collect, failures: tuple[type, ...]) -> list:
+        """`collect(index, ref)` for each request executed, in order, up to `window` in flight; stops
+        at the first request the graph fails: `collect` returns None for it, or `execute` raises
+        one of `failures`. Returns what was collected."""
+        done, pending, submitted, broken = [], deque(), 0, False
         for index in range(len(batch)):
-            while submitted < len(batch) and submitted - index < self.window:
-                pending.append(self.graph.execute(batch[submitted]))
+            while not broken and submitted < len(batch) and submitted - index < self.window:
+                try:
+                    pending.append(self.graph.execute(batch[submitted]))
+                except failures:
+                    broken = True
+                    break
                 submitted += 1
+            if not pending:
+                return done
             result = collect(index, pending.popleft())
             if result is None:
-                return done, index
+                return done
             done.append(result)
-        return done, len(batch)
+        return done
 
     def teardown(self) -> None:
         self.graph.teardown()

@@ -325,7 +325,8 @@ class RayExecutor:
         if self._graph is not None and self._graph.key != (policy, tuple(outputs)):
             self._teardown_graph()
         if self._graph is None:
-            self._graph = CompiledRequests([s.actor for s in self.stages], plan, policy, outputs, window)
+            self._graph = CompiledRequests([s.actor for s in self.stages], plan, policy, outputs, window,
+                                           self.timeout_s)
         ray = ray_module()
         lost = (*_lost_errors(ray), ray.exceptions.RayChannelError)
 
@@ -339,7 +340,9 @@ class RayExecutor:
                 on_done(index)
             return self._assemble(batch[index], policy, plan, list(parts), outputs)
 
-        done, _ = self._graph.run_many(batch, collect)
+        done = self._graph.run_many(batch, collect, lost)
+        if len(done) < len(batch):
+            self._teardown_graph()
         return done
 
     def _teardown_graph(self) -> None:
