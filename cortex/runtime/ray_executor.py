@@ -324,11 +324,14 @@ class RayExecutor:
         fails, whose graph is then torn down (the caller runs the rest on the actor path)."""
         if self._graph is not None and self._graph.key != (policy, tuple(outputs)):
             self._teardown_graph()
-        if self._graph is None:
-            self._graph = CompiledRequests([s.actor for s in self.stages], plan, policy, outputs, window,
-                                           self.timeout_s)
         ray = ray_module()
         lost = (*_lost_errors(ray), ray.exceptions.RayChannelError)
+        if self._graph is None:
+            try:
+                self._graph = CompiledRequests([s.actor for s in self.stages], plan, policy, outputs, window,
+                                               self.timeout_s)
+            except lost:        # an actor restarting: this batch takes the actor path
+                return []
 
         def collect(index: int, ref) -> tuple[dict, Request] | None:
             try:
