@@ -9,9 +9,13 @@ compiled per (policy, outputs) on first use and replaced when a request asks for
 Conditional CUs are refused at load: which stages a request needs would change with the branch a
 condition takes. The actors are the executor's own, running the same `CUStage.run`.
 
-Failures. A request the graph cannot finish (a lost actor or channel) tears the graph down, and it
-and the requests after it in the batch run on the actor path, with its resubmission on node loss;
-the next batch compiles a new graph. The outputs returned still always come from one complete run.
+Failures. A request the graph cannot finish (an error of a lost actor or channel) tears the graph
+down, and it and the requests after it in the batch run on the actor path, with its resubmission
+on node loss; the next batch compiles a new graph. The outputs returned still always come from one
+complete run. Not every loss ends in an error, though: with Ray 2.60 an actor killed while its
+graph ran once crashed the head's raylet (a failed check in experimental_mutable_object_provider
+writing to the closed channel), and the driver with it. So the option is for clusters whose nodes
+stay up; the actor path is the one that survives node loss.
 """
 
 from __future__ import annotations
