@@ -62,6 +62,14 @@ def if_model(condition: str, width: int = WIDTH, passthrough: bool = False) -> o
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def with_output_z(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A second output, z = x @ wz, that needs no branch CU."""
+    model.graph.initializer.append(weight("wz", (WIDTH, WIDTH), 9))
+    model.graph.node.append(helper.make_node("MatMul", ["x", "wz"], ["z"]))
+    model.graph.output.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, WIDTH]))
+    return model
+
+
 def build(folder, model: onnx.ModelProto, *extra: str, compile_wasm: bool = True):
     folder.mkdir(parents=True, exist_ok=True)
     onnx.save(model, folder / "m.onnx")
@@ -222,3 +230,18 @@ def test_a_branch_over_max_cu_size_is_split_inside_its_branch(tmp_path):
         np.testing.assert_allclose(run_dag(tmp_path / "dag.json", feeds)["y"],
                                    run_onnxruntime(tmp_path / "m.onnx", feeds)["y"], rtol=1e-5, atol=1e-5)
     assert seen == {True, False}
+
+
+def test_requested_outputs_skip_the_branch_cus_they_do_not_need(tmp_path):
+    dag = build(tmp_path, with_output_z(if_model("computed")))
+    branches = branch_cus(dag)
+    model = load(tmp_path / "dag.json", cache_bytes=0, threads=1)
+    for sign in (1.0, -1.0):
+        feeds = feeds_for("computed", sign, None)
+        expected = run_onnxruntime(tmp_path / "m.onnx", feeds)
+        got = model.run(feeds, outputs=["z"])
+        np.testing.assert_allclose(got["z"], expected["z"], rtol=1e-5, atol=1e-5)
+        skipped = {s["cu"]: s["reason"] for s in model.trace_document()["skipped_cus"]}
+        # Not needed comes first: neither branch is read for its condition, nor resolves the select.
+        assert {skipped[cu] for cu in branches[True] | branches[False]} == {"not needed"}
+        np.testing.assert_allclose(model.run(feeds, outputs=["y"])["y"], expected["y"], rtol=1e-5, atol=1e-5)

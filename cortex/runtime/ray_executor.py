@@ -7,8 +7,9 @@ stage is one actor, asking Ray for `num_cpus` and, as its `memory` resource, the
 memory plans hold (`artifacts.<artifact>.memory.memory_bytes`), so Ray places it only where that
 fits; actors are spread over the nodes. By default there are as many stages as the cluster has
 free CPUs for them (at most one per CU). The executor only places CUs: inside each actor the normal
-scheduler runs its stage's CUs on the normal device, loaded from the dag folder, so skipping, the
-result cache and variants behave as in a local run (each actor keeps its own cache).
+scheduler runs its stage's CUs on the normal device, so skipping (conditional CUs included:
+`cortex/runtime/ray_plan.py`), the result cache and variants behave as in a local run (each actor
+keeps its own cache).
 
 Data. A request's inputs are put in the object store once; each stage receives the refs of what it
 reads (the inputs, the dicts of earlier stages) and returns one dict of the tensors later stages or
@@ -17,17 +18,18 @@ of the object store; the device copies them into the CU's memory anyway.
 
 Pipelining. A request is one actor call per stage, submitted at once with refs between them; the
 actors run calls in submission order, so stage 1 works on request n+1 while stage 2 works on
-request n. `run_many` keeps up to `window` requests in flight.
+request n. `run_many` keeps up to `window` requests in flight. With `compiled_graph` the calls of a
+static dag's requests are a Ray Compiled Graph instead (`cortex/runtime/ray_compiled.py`).
 
 Failures. Actors restart after their node dies (`max_restarts`), reloading their CUs. A request
 whose actor or object was lost is resubmitted as a whole, up to `retries` times: the outputs
 returned always come from one attempt in which every stage finished, never from a mix, and a
 request that cannot finish raises a CortexError. An error a CU raises (a trap) is raised as it is.
 
-The folder. Actors read the dag folder at the path the driver gives: on one machine, or a cluster
-that mounts the folder at the same path on every node, nothing else is needed; every node also
-needs this Python environment (cortex installed). Conditional CUs (a decomposed If) are refused
-for now.
+The folder. No node needs the dag folder: the driver reads the files each stage's CUs load and
+ships them through the object store; each node keeps them in a cache keyed by sha256 and loads
+from there (`cortex/runtime/ray_artifacts.py`). Every node needs this Python environment (cortex
+installed).
 """
 
 from __future__ import annotations
@@ -45,7 +47,23 @@ import numpy as np
 from backends.registry import device as device_spec
 from cortex.runtime.cache import ResultCache
 from cortex.runtime.policy import Policy
-from cortex.runtime.scheduler import NOT_NEEDED, Request, SequentialScheduler
+from cortex.runtime.ray_artifacts import (
+    ShippedFile,
+    bundle_key,
+    local_error,
+    materialise,
+    node_cache_dir,
+    read_files,
+    stage_files,
+)
+from cortex.runtime.ray_compiled import CompiledRequests
+from cortex.runtime.ray_plan import Planner, StageCall, stage_cuts, stage_dag
+from cortex.runtime.scheduler import (
+    NOT_NEEDED,
+    Request,
+    SequentialScheduler,
+    needed_cus,
+)
 from ir.errors import CortexError
 
 DEFAULT_RETRIES = 8
@@ -93,69 +111,55 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
         raise CortexError(f"--address {address}: no Ray head answers there ({e.strerror or e})") from None
 
 
-def stage_cuts(costs: list[float], stages: int) -> list[int]:
-    """Where to cut a list of costs into `stages` contiguous parts so that the costliest part is as
-    cheap as possible (the start index of each part after the first): the classic linear partition,
-    by binary search on the bound with a greedy fill."""
-    stages = max(1, min(stages, len(costs)))
+class StageScheduler(SequentialScheduler):
+    """The scheduler on one stage: it returns those of the tensors asked for that exist after its
+    walk (an untaken branch's never do, and are not shipped)."""
 
-    def parts(bound: float) -> list[int] | None:
-        cuts, total = [], 0.0
-        for i, c in enumerate(costs):
-            if total + c > bound and total > 0:
-                cuts.append(i)
-                total = 0.0
-            total += c
-        return cuts if len(cuts) < stages else None
-
-    lo, hi = max(costs, default=0.0), sum(costs)
-    for _ in range(60):
-        if hi - lo <= 1e-9 * max(hi, 1.0):
-            break
-        mid = (lo + hi) / 2
-        if parts(mid) is None:
-            lo = mid
-        else:
-            hi = mid
-    cuts = parts(hi) or []
-    # Use every stage asked for when the bound allows fewer: split the costliest parts further.
-    while len(cuts) < stages - 1:
-        bounds = [0, *cuts, len(costs)]
-        widest = max(range(len(bounds) - 1), key=lambda k: (bounds[k + 1] - bounds[k] > 1,
-                                                           sum(costs[bounds[k]:bounds[k + 1]])))
-        a, b = bounds[widest], bounds[widest + 1]
-        if b - a < 2:
-            break
-        cuts = sorted([*cuts, (a + b) // 2])
-    return cuts
+    def _results(self, outputs: list[str], request: Request) -> dict[str, np.ndarray]:
+        return super()._results([name for name in outputs if name in request.env], request)
 
 
-def stage_dag(dag: dict, cu_ids: list[str]) -> dict:
-    """The part of dag.json one actor runs: its CUs, every tensor, producers outside it unknown
-    (their tensors arrive as inputs)."""
-    mine = set(cu_ids)
-    return {**dag, "cus": [cu for cu in dag["cus"] if cu["id"] in mine], "order": list(cu_ids),
-            "tensors": {name: {**t, "producer": t["producer"] if t["producer"] in mine else None}
-                        for name, t in dag["tensors"].items()}}
+@dataclass(frozen=True)
+class Shipment:
+    """What an actor needs to load its stage without the driver's folder."""
+    dag_path: str                       # the driver's dag.json, as the caller named it (for errors)
+    folder: str                         # the driver's folder, resolved (for errors)
+    files: list[ShippedFile]
+    contents: dict[str, list]           # sha256 -> [object ref]: in a list, so Ray hands the ref, not the bytes
+    key: str
+    cache_dir: str | None               # None: this node's default (ray_artifacts.node_cache_dir)
 
 
 class CUStage:
-    """One Ray actor: the scheduler on one stage's CUs, on the normal device."""
+    """One Ray actor: the scheduler on one stage's CUs, on the normal device, loaded from this
+    node's copy of their files."""
 
-    def __init__(self, dag: dict, dag_path: str, device: str, cu_ids: list[str], cache_bytes: int):
+    def __init__(self, dag: dict, shipment: Shipment, device: str, cu_ids: list[str], cache_bytes: int):
         self.loaded_policies: set[Policy] = set()
         # A load error is kept and raised by the first call: Ray does not hand an error raised in
         # an actor's constructor to the caller, only its text, and the caller wants the local error.
         self.load_error: CortexError | None = None
+        self.dag_path: Path | None = None
+        root = Path(shipment.cache_dir) if shipment.cache_dir else node_cache_dir()
         try:
-            self.scheduler = SequentialScheduler(stage_dag(dag, cu_ids), Path(dag_path), device,
-                                                 ResultCache(cache_bytes))
+            self.dag_path = materialise(root, shipment.key, dag, shipment.files,
+                                        lambda sha256: ray_module().get(shipment.contents[sha256][0]))
+        except OSError as e:
+            self.load_error = CortexError(f"{root}: cannot keep {shipment.dag_path}'s artifacts on this node "
+                                          f"({e.strerror or e})")
+            return
+        except CortexError as e:          # a file damaged on its way here
+            self.load_error = e
+            return
+        try:
+            self.scheduler = StageScheduler(stage_dag(dag, cu_ids), self.dag_path, device, ResultCache(cache_bytes))
             self.scheduler.load()
         except CortexError as e:
-            self.load_error = e
+            self.load_error = local_error(e, self.dag_path, shipment.dag_path, shipment.folder)
 
-    def node_id(self) -> str:
-        return ray_module().get_runtime_context().get_node_id()
+    def where(self) -> dict:
+        """The node this actor runs on, and the dag.json it loaded from there."""
+        return {"node": ray_module().get_runtime_context().get_node_id(), "dag_path": str(self.dag_path)}
 
     def resident_bytes(self) -> int:
         if self.load_error is not None:
@@ -163,7 +167,7 @@ class CUStage:
         return self.scheduler.resident_bytes()
 
     def run(self, policy: Policy, returns: list[str], feeds: dict, *upstream: dict) -> tuple[dict, dict]:
-        """The tensors `returns` names, and what this stage did (its part of the trace)."""
+        """The tensors of `returns` that exist, and what this stage did (its part of the trace)."""
         if self.load_error is not None:
             raise self.load_error
         if policy not in self.loaded_policies:
@@ -176,6 +180,10 @@ class CUStage:
         return results, {"activated": request.activated, "skipped": request.skipped,
                          "cpu_seconds": request.cpu_seconds, "live_bytes": request.live_bytes}
 
+    def run_linked(self, policy: Policy, returns: list[str], feeds: dict, *upstream: tuple[dict, dict]) -> tuple[dict, dict]:
+        """`run` as a node of a Compiled Graph, whose edges carry earlier stages' whole results."""
+        return self.run(policy, returns, feeds, *(tensors for tensors, _ in upstream))
+
 
 @dataclass
 class Stage:
@@ -185,7 +193,8 @@ class Stage:
     actor: object = None
 
 
-OPTIONS = ("stages", "num_cpus", "retries", "timeout_s", "max_restarts")   # cortex.load's executor_options
+# cortex.load's executor_options
+OPTIONS = ("stages", "num_cpus", "retries", "timeout_s", "max_restarts", "cache_dir", "compiled_graph")
 
 
 class RayExecutor:
@@ -193,14 +202,21 @@ class RayExecutor:
 
     def __init__(self, dag: dict, dag_path: Path, device: str, address: str | None = None,
                  stages: int | None = None, num_cpus: float = 1.0, cache_bytes: int = 0,
-                 retries: int = DEFAULT_RETRIES, timeout_s: float = DEFAULT_TIMEOUT_S, max_restarts: int = 4):
-        if dag.get("selects") or any("activation" in cu for cu in dag["cus"]):
-            raise CortexError(f"{dag_path}: the ray executor does not run conditional CUs (a decomposed If) yet; "
-                              "run it with the local executor")
+                 retries: int = DEFAULT_RETRIES, timeout_s: float = DEFAULT_TIMEOUT_S, max_restarts: int = 4,
+                 cache_dir: str | None = None, compiled_graph: bool = False):
         if stages is not None and (not isinstance(stages, int) or stages < 1):
             raise CortexError(f"the ray executor's stages must be a whole number, at least 1 (got {stages!r})")
         if not num_cpus > 0:
             raise CortexError(f"the ray executor's num_cpus per actor must be above 0 (got {num_cpus!r})")
+        if cache_dir is not None and not isinstance(cache_dir, (str, Path)):
+            raise CortexError(f"the ray executor's cache_dir must be a folder path (got {cache_dir!r})")
+        if not isinstance(compiled_graph, bool):
+            raise CortexError(f"the ray executor's compiled_graph must be True or False (got {compiled_graph!r})")
+        if compiled_graph and (dag.get("selects") or any("activation" in cu for cu in dag["cus"])):
+            raise CortexError(f"{dag_path}: compiled_graph runs dags without conditional CUs, and this one has a "
+                              "decomposed If (which stages run depends on its condition): leave compiled_graph off")
+        self.compiled_graph = compiled_graph
+        self._graph: CompiledRequests | None = None
         self.dag, self.path, self.device_name = dag, Path(dag_path).resolve(), device
         self.retries, self.timeout_s = retries, timeout_s
         self.resubmitted = 0             # requests submitted again after a lost actor or result
@@ -219,15 +235,14 @@ class RayExecutor:
                               f"{num_cpus:g} CPUs need {wanted:g}: close other models (model.close()) or ask for "
                               "fewer stages")
         self.stages = self._place(stages)
-        self.stage_of = {cu_id: k for k, stage in enumerate(self.stages) for cu_id in stage.cu_ids}
-        self._reads_inputs = {self.stage_of[cu_id] for cu_id in self.stage_of
-                              for name in self.cus[cu_id]["inputs"] if self.producer.get(name) is None}
+        self.planner = Planner(dag, [stage.cu_ids for stage in self.stages])
+        shipments = self._ship(str(dag_path), None if cache_dir is None else str(cache_dir))
         actor_class = ray.remote(CUStage)
-        for stage in self.stages:
+        for stage, shipment in zip(self.stages, shipments, strict=True):
             stage.actor = actor_class.options(
                 num_cpus=num_cpus, memory=stage.memory_bytes or None, max_restarts=max_restarts,
                 max_task_retries=0, scheduling_strategy="SPREAD").remote(
-                    dag, str(self.path), device, stage.cu_ids, cache_bytes)
+                    dag, shipment, device, stage.cu_ids, cache_bytes)
         try:
             self._resident = sum(self._get([s.actor.resident_bytes.remote() for s in self.stages]))
         except CortexError:
@@ -243,24 +258,34 @@ class RayExecutor:
         bounds = [0, *stage_cuts(costs, count), len(order)]
         return [Stage(order[a:b], sum(costs[a:b]), sum(memory[a:b])) for a, b in pairwise(bounds)]
 
+    def _ship(self, dag_path: str, cache_dir: str | None) -> list[Shipment]:
+        """Every stage's files read now and put in the object store, each content once; the refs
+        live as long as the model, so a restarted actor fetches them again."""
+        ray = ray_module()
+        per_stage = [stage_files(self.dag, self.device_name, stage.cu_ids) for stage in self.stages]
+        files, contents = read_files(self.path.parent, [path for paths in per_stage for path in paths])
+        self._contents = {sha256: [ray.put(data)] for sha256, data in contents.items()}
+        by_path = {f.path: f for f in files}
+        key = bundle_key(self.dag, files)
+        shipments = []
+        for paths in per_stage:
+            mine = [by_path[path] for path in paths]
+            shipments.append(Shipment(dag_path, str(self.path.parent), mine,
+                                      {f.sha256: self._contents[f.sha256] for f in mine if f.sha256}, key, cache_dir))
+        return shipments
+
     def placement(self) -> list[dict]:
-        """Each stage's CUs, flops, memory and the node its actor runs on now."""
-        nodes = self._get([s.actor.node_id.remote() for s in self.stages])
-        return [{"cus": s.cu_ids, "flops": s.cost, "memory_bytes": s.memory_bytes, "node": node}
-                for s, node in zip(self.stages, nodes)]
+        """Each stage's CUs, flops, memory, the node its actor runs on now and the dag.json it
+        loaded there (its node's copy)."""
+        where = self._get([s.actor.where.remote() for s in self.stages])
+        return [{"cus": s.cu_ids, "flops": s.cost, "memory_bytes": s.memory_bytes, **place}
+                for s, place in zip(self.stages, where)]
 
     def resident_bytes(self) -> int:
         return self._resident
 
     def needed(self, outputs: list[str]) -> set[str]:
-        needed: set[str] = set()
-        stack = list(outputs)
-        while stack:
-            producer = self.producer.get(stack.pop())
-            if producer is not None and producer not in needed:
-                needed.add(producer)
-                stack += self.cus[producer]["inputs"]
-        return needed
+        return needed_cus(self.dag, self.producer, self.cus, outputs)
 
     def run(self, feeds: dict[str, np.ndarray], policy: Policy, outputs: list[str]) -> tuple[dict, Request]:
         return self.run_many([feeds], policy, outputs)[0]
@@ -269,7 +294,16 @@ class RayExecutor:
                  window: int = DEFAULT_WINDOW, on_done: Callable[[int], None] | None = None) -> list[tuple[dict, Request]]:
         """Each request's outputs and what it did, in order; up to `window` requests in flight.
         `on_done(i)` is called as request i is collected (progress, or a test removing a node)."""
-        plan = self._plan(policy, outputs)
+        plan = self.planner.plan(self.needed(outputs) if policy.skip_inactive else set(self.cus), outputs)
+        done: list = []
+        if self.compiled_graph and batch:
+            done = self._run_compiled(batch, policy, outputs, plan, window, on_done)
+            if len(done) == len(batch):
+                return done
+        return done + self._run_on_actors(batch[len(done):], policy, outputs, plan, window, on_done, len(done))
+
+    def _run_on_actors(self, batch: list[dict], policy: Policy, outputs: list[str], plan: list[StageCall],
+                       window: int, on_done, first: int) -> list[tuple[dict, Request]]:
         pending: dict[int, tuple[list, object]] = {}
         attempts = [0] * len(batch)
         done: list = [None] * len(batch)
@@ -278,48 +312,60 @@ class RayExecutor:
             while submitted < len(batch) and submitted - index < max(1, window):
                 pending[submitted] = self._submit(batch[submitted], policy, plan)
                 submitted += 1
-            done[index] = self._collect(index, batch[index], policy, plan, pending.pop(index), attempts, outputs)
+            done[index] = self._collect(first + index, batch[index], policy, plan, pending.pop(index), attempts,
+                                        outputs)
             if on_done is not None:
-                on_done(index)
+                on_done(first + index)
         return done
 
-    def _plan(self, policy: Policy, outputs: list[str]) -> list[tuple[int, list[str], list[int]]]:
-        """Per stage that runs: its index, the tensors it returns, the earlier stages it reads."""
-        needed = self.needed(outputs) if policy.skip_inactive else set(self.cus)
-        wanted = set(outputs)
-        plan = []
-        for k, stage in enumerate(self.stages):
-            ids = [i for i in stage.cu_ids if i in needed]
-            if not ids:
-                continue
-            reads = sorted({self.stage_of[self.producer[name]] for i in ids for name in self.cus[i]["inputs"]
-                            if self.producer.get(name) is not None and self.stage_of[self.producer[name]] != k})
-            plan.append((k, [], reads))
-            for j in reads:
-                row = next(r for r in plan if r[0] == j)
-                row[1].extend(name for i in ids for name in self.cus[i]["inputs"]
-                              if self.producer.get(name) in self.stages[j].cu_ids and name not in row[1])
-        for k, returns, _ in plan:
-            returns.extend(name for name in outputs if self.producer.get(name) in self.stages[k].cu_ids
-                           and name not in returns)
-        missing = [name for name in wanted if self.producer.get(name) is not None
-                   and self.stage_of[self.producer[name]] not in {k for k, _, _ in plan}]
-        assert not missing, missing      # a requested output's producer is always needed
-        return plan
+    def _run_compiled(self, batch: list[dict], policy: Policy, outputs: list[str], plan: list[StageCall],
+                      window: int, on_done) -> list[tuple[dict, Request]]:
+        """The requests through the compiled graph of (policy, outputs), up to the first one it
+        fails, whose graph is then torn down (the caller runs the rest on the actor path)."""
+        if self._graph is not None and self._graph.key != (policy, tuple(outputs)):
+            self._teardown_graph()
+        ray = ray_module()
+        lost = (*_lost_errors(ray), ray.exceptions.RayChannelError)
+        if self._graph is None:
+            try:
+                self._graph = CompiledRequests([s.actor for s in self.stages], plan, policy, outputs, window,
+                                               self.timeout_s)
+            except lost:        # an actor restarting: this batch takes the actor path
+                return []
 
-    def _submit(self, feeds: dict, policy: Policy, plan) -> tuple[list, object]:
+        def collect(index: int, ref) -> tuple[dict, Request] | None:
+            try:
+                parts = self._get(ref)
+            except lost:
+                self._teardown_graph()
+                return None
+            if on_done is not None:
+                on_done(index)
+            return self._assemble(batch[index], policy, plan, list(parts), outputs)
+
+        done = self._graph.run_many(batch, collect, lost)
+        if len(done) < len(batch):
+            self._teardown_graph()
+        return done
+
+    def _teardown_graph(self) -> None:
+        graph, self._graph = self._graph, None
+        if graph is not None:
+            graph.teardown()
+
+    def _submit(self, feeds: dict, policy: Policy, plan: list[StageCall]) -> tuple[list, object]:
         ray = ray_module()
         feeds_ref = ray.put(feeds)
         tensors, traces = {}, []
-        for k, returns, reads in plan:
+        for call in plan:
             # A stage that reads no model input is not sent them (another node would fetch them).
-            tensor_ref, trace_ref = self.stages[k].actor.run.options(num_returns=2).remote(
-                policy, returns, feeds_ref if k in self._reads_inputs else {}, *(tensors[j] for j in reads))
-            tensors[k] = tensor_ref
+            tensor_ref, trace_ref = self.stages[call.stage].actor.run.options(num_returns=2).remote(
+                policy, call.returns, feeds_ref if call.feeds else {}, *(tensors[j] for j in call.reads))
+            tensors[call.stage] = tensor_ref
             traces.append(trace_ref)
-        return [tensors[k] for k, _, _ in plan], traces
+        return [tensors[call.stage] for call in plan], traces
 
-    def _collect(self, index: int, feeds: dict, policy: Policy, plan, refs, attempts: list[int],
+    def _collect(self, index: int, feeds: dict, policy: Policy, plan: list[StageCall], refs, attempts: list[int],
                  outputs: list[str]) -> tuple[dict, Request]:
         ray = ray_module()
         lost = _lost_errors(ray)
@@ -338,18 +384,22 @@ class RayExecutor:
                 time.sleep(min(RETRY_BACKOFF_S * 2 ** (attempts[index] - 1), MAX_BACKOFF_S))
                 self.resubmitted += 1
                 refs = self._submit(feeds, policy, plan)
-        stage_tensors, stage_traces = parts[:len(tensor_refs)], parts[len(tensor_refs):]
-        env = {name: value for part in stage_tensors for name, value in part.items()}
-        results = {name: np.array(env[name] if self.producer.get(name) is not None else feeds[name])
-                   for name in outputs}
-        return results, self._request(policy, plan, stage_traces, feeds)
+        return self._assemble(feeds, policy, plan, list(zip(parts[:len(tensor_refs)], parts[len(tensor_refs):])),
+                              outputs)
 
-    def _request(self, policy: Policy, plan, stage_traces: list[dict], feeds: dict) -> Request:
-        ran = {k for k, _, _ in plan}
+    def _assemble(self, feeds: dict, policy: Policy, plan: list[StageCall], parts: list[tuple[dict, dict]],
+                  outputs: list[str]) -> tuple[dict, Request]:
+        """The requested outputs and the request's trace from every called stage's (tensors, trace)."""
+        env = {name: value for tensors, _ in parts for name, value in tensors.items()}
+        results = {name: np.array(env[name] if name in env else feeds[name]) for name in outputs}
+        return results, self._request(policy, plan, [trace for _, trace in parts], feeds)
+
+    def _request(self, policy: Policy, plan: list[StageCall], stage_traces: list[dict], feeds: dict) -> Request:
+        called = {call.stage for call in plan}
         request = Request(policy, None, {}, live_bytes=sum(int(np.asarray(v).nbytes) for v in feeds.values()))
         skipped = {s["cu"]: s for part in stage_traces for s in part["skipped"]}
         skipped.update({cu_id: {"cu": cu_id, "reason": NOT_NEEDED} for k, stage in enumerate(self.stages)
-                        if k not in ran for cu_id in stage.cu_ids})
+                        if k not in called for cu_id in stage.cu_ids})
         request.skipped = [skipped[cu_id] for cu_id in self.dag["order"] if cu_id in skipped]
         for part in stage_traces:
             request.activated += part["activated"]
@@ -372,10 +422,12 @@ class RayExecutor:
 
     def close(self) -> None:
         ray = ray_module()
+        self._teardown_graph()
         for stage in self.stages:
             if stage.actor is not None:
                 ray.kill(stage.actor, no_restart=True)
                 stage.actor = None
+        self._contents = {}              # the object store may free the shipped files
 
 
 def _free_cpus(ray, wanted: float, patience_s: float = 10.0) -> float:

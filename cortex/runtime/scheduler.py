@@ -144,24 +144,7 @@ class SequentialScheduler:
     def needed(self, outputs: list[str]) -> set[str]:
         """The CUs the tensors `outputs` depend on: dag.json's data flow walked backwards, through
         the cases and condition of a selected output and the condition a conditional CU reads."""
-        selects = {s["tensor"]: s for s in self.dag.get("selects", [])}
-        needed: set[str] = set()
-        stack, seen = list(outputs), set()
-        while stack:
-            name = stack.pop()
-            if name in seen:
-                continue
-            seen.add(name)
-            if name in selects:
-                stack += [selects[name]["condition"], *(case["tensor"] for case in selects[name]["cases"])]
-            producer = self.producer.get(name)
-            if producer is not None and producer not in needed:
-                needed.add(producer)
-                cu = self.cus[producer]
-                stack += cu["inputs"]
-                if "activation" in cu:
-                    stack.append(cu["activation"]["tensor"])
-        return needed
+        return needed_cus(self.dag, self.producer, self.cus, outputs)
 
     def sandbox_events(self) -> dict[str, int]:
         """What the sandboxed devices stopped over the model's life, summed (the trace's `sandbox_stats`)."""
@@ -218,7 +201,7 @@ class SequentialScheduler:
             request.env.update((name, (HOST, array)) for name, array in request.hit.outputs.items())
             request.keys.update(request.hit.output_keys)
             request.live_bytes += request.hit.nbytes
-        if reason != INACTIVE:
+        if reason in (None, CACHE_HIT):       # a skipped CU's cases do not exist
             for out, case in self.branches.selected(cu_id, lambda name: self._condition(name, request)):
                 request.env[out] = request.env[case]
                 if case in request.made_by:
@@ -237,12 +220,14 @@ class SequentialScheduler:
         """Why `cu` does not run in this request, or None when it runs. The one place that decides
         it; on a cache hit it leaves the entry in `request.hit`, and for a cacheable CU its key in
         `request.key` (stored after it runs)."""
-        # First: a CU of an untaken branch needs neither its inputs hashed nor a cache lookup.
+        # A CU no requested output needs is skipped before its condition is read: that condition's
+        # producer may not have run either.
+        if request.needed is not None and cu["id"] not in request.needed:
+            return NOT_NEEDED
+        # Then: a CU of an untaken branch needs neither its inputs hashed nor a cache lookup.
         if request.policy.skip_inactive and self.branches.skip_reason(
                 cu, lambda name: self._condition(name, request)) is not None:
             return INACTIVE
-        if request.needed is not None and cu["id"] not in request.needed:
-            return NOT_NEEDED
         # The key names the exact CU's code: a CU this policy runs as a variant is never looked up.
         if request.policy.cache and self.cache.enabled and not self.uncached[cu["id"]] \
                 and self.variants.choice(cu["id"], request.policy) is None:
@@ -347,6 +332,28 @@ def _copied_between_cus(cu: dict, request: Request, where: str, device: Device, 
         return None
     return sum(sizes[name] for name in cu["inputs"]
                if request.env[name][0] == where and not reads_in_place(cu, name, request.env[name][1]))
+
+
+def needed_cus(dag: dict, producer: dict[str, str | None], cus: dict[str, dict], outputs: list[str]) -> set[str]:
+    """`SequentialScheduler.needed`, for the Ray executor too (its stages must agree with it)."""
+    selects = {s["tensor"]: s for s in dag.get("selects", [])}
+    needed: set[str] = set()
+    stack, seen = list(outputs), set()
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in selects:
+            stack += [selects[name]["condition"], *(case["tensor"] for case in selects[name]["cases"])]
+        made_by = producer.get(name)
+        if made_by is not None and made_by not in needed:
+            needed.add(made_by)
+            cu = cus[made_by]
+            stack += cu["inputs"]
+            if "activation" in cu:
+                stack.append(cu["activation"]["tensor"])
+    return needed
 
 
 def _holds_random_ops(cu: dict) -> bool:
