@@ -10,12 +10,23 @@ import numpy as np
 
 from backends.cuda import device as cuda_device
 from backends.cuda.build import CudaOptions
+from backends.cuda.toolchain import choose_compiler
 from backends.registry import target
 from cortex.compile import compile_cu_dir
 from cortex.commands.decompose import decompose_model
 from cortex.dag import build_dag
+from ir.errors import CortexError
 from ir.fs import write_bytes_atomically
 from passes.partition import PartitionIntoCUs
+
+
+def cuda_compiler_available() -> bool:
+    """nvcc or NVRTC is there (no GPU needed: cuda-sim runs what they build)."""
+    try:
+        choose_compiler("auto")
+        return True
+    except CortexError:
+        return False
 
 
 def compile_cuda_pipeline(case, out_dir, compiler="auto", archs=("sm_80", "sm_90"), min_cu_size=4096,

@@ -11,11 +11,10 @@ import numpy as np
 import onnx
 import pytest
 from cli_helpers import assert_one_line_error, run_cli
+from cuda_cases import cuda_compiler_available
 from onnx import numpy_helper
 from testdata import SAMPLES_DIR
 
-from backends.cuda.toolchain import choose_compiler
-from ir.errors import CortexError
 from samples.light_models import LIGHT_DIR
 
 # decompose options binding each committed sample's dynamic dims (tests/testdata.py SAMPLE_DIMS)
@@ -44,14 +43,6 @@ def build(cwd: Path, model: str, out: str, *options: str, check_code: int = 0) -
     return json.loads(stdout)
 
 
-def cuda_available() -> bool:
-    try:
-        choose_compiler("auto")
-        return True
-    except CortexError:
-        return False
-
-
 def assert_build_matches_four_commands(tmp_path: Path, source: Path, options: list[str], targets: list[str]):
     shutil.copy(source, tmp_path / "model.onnx")
     four_commands("model.onnx", "four", options, targets, tmp_path)
@@ -71,7 +62,7 @@ def test_build_matches_the_four_commands_byte_for_byte(tmp_path, name):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not cuda_available(), reason="no CUDA compiler (nvcc or NVRTC)")
+@pytest.mark.skipif(not cuda_compiler_available(), reason="no CUDA compiler (nvcc or NVRTC)")
 def test_build_for_wasm_and_cuda_matches_the_five_commands(tmp_path):
     assert_build_matches_four_commands(tmp_path, SAMPLES_DIR / "mlp.onnx", SAMPLE_OPTIONS["mlp"], ["wasm", "cuda"])
 
@@ -207,7 +198,7 @@ def test_bad_build_options_are_one_line_and_leave_the_output_as_it_was(tmp_path)
 
 @pytest.mark.slow
 def test_a_later_build_keeps_other_files_and_drops_targets_no_longer_built(tmp_path):
-    if not cuda_available():
+    if not cuda_compiler_available():
         pytest.skip("no CUDA compiler (nvcc or NVRTC)")
     shutil.copy(SAMPLES_DIR / "mlp.onnx", tmp_path / "model.onnx")
     build(tmp_path, "model.onnx", "out", "--dim", "batch=1", "--targets", "wasm,cuda", "--cache-dir", "cache")

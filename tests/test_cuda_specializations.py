@@ -10,14 +10,13 @@ from pathlib import Path
 
 import jsonschema
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 from cli_helpers import assert_one_line_error, run_cli
-from onnx import TensorProto, helper, numpy_helper
+from cuda_cases import cuda_compiler_available
+from test_specializations import masked_attention_model
 
 import cortex
-from backends.cuda.toolchain import choose_compiler
 from cortex.dag import dag_schema
 from cortex.specializations import SCHEMA_FILE, section_dag
 from ir.errors import CortexError
@@ -27,47 +26,11 @@ VOCAB = 8192       # weights (an 8192 x 16 embedding, 512 KiB) outweigh the code
 ARCH = ["--arch", "sm_80"]
 
 
-def _compiler_available() -> bool:
-    try:
-        choose_compiler("auto")
-        return True
-    except CortexError:
-        return False
-
-
-pytestmark = pytest.mark.skipif(not _compiler_available(), reason="no CUDA compiler (nvcc or NVRTC)")
+pytestmark = pytest.mark.skipif(not cuda_compiler_available(), reason="no CUDA compiler (nvcc or NVRTC)")
 
 
 def attention_model(path: Path) -> Path:
-    """A transformer layer in small: token embeddings, one self-attention whose padded keys the
-    mask hides (scores + (1 - mask) * -10000), a per-token projection; `seq` is dynamic."""
-    rng = np.random.default_rng(1)
-    consts = {"emb": rng.standard_normal((VOCAB, 16)), "wq": rng.standard_normal((16, 16)) / 4,
-              "wo": rng.standard_normal((16, 16)) / 4, "one": np.array(1.0), "big": np.array(-10000.0)}
-    inits = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in consts.items()]
-    inits.append(numpy_helper.from_array(np.array([1], np.int64), "axis1"))
-    nodes = [
-        helper.make_node("Gather", ["emb", "ids"], ["e"]),
-        helper.make_node("MatMul", ["e", "wq"], ["q"]),
-        helper.make_node("Transpose", ["e"], ["et"], perm=[0, 2, 1]),
-        helper.make_node("MatMul", ["q", "et"], ["scores"]),
-        helper.make_node("Cast", ["mask"], ["maskf"], to=TensorProto.FLOAT),
-        helper.make_node("Sub", ["one", "maskf"], ["hidden"]),
-        helper.make_node("Mul", ["hidden", "big"], ["bias2"]),
-        helper.make_node("Unsqueeze", ["bias2", "axis1"], ["bias"]),
-        helper.make_node("Add", ["scores", "bias"], ["masked"]),
-        helper.make_node("Softmax", ["masked"], ["p"], axis=-1),
-        helper.make_node("MatMul", ["p", "e"], ["ctx"]),
-        helper.make_node("MatMul", ["ctx", "wo"], ["y"]),
-    ]
-    graph = helper.make_graph(nodes, "attention", [
-        helper.make_tensor_value_info("ids", TensorProto.INT64, [1, "seq"]),
-        helper.make_tensor_value_info("mask", TensorProto.INT64, [1, "seq"])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "seq", 16])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, path)
-    return path
+    return masked_attention_model(path, vocab=VOCAB)
 
 
 def build(model: Path, out: Path, *shape_options: str, cache: Path | None = None) -> tuple[Path, dict]:

@@ -47,6 +47,16 @@ def served(folder: Path):
     return server
 
 
+def site_result(site: Path) -> tuple[dict, int]:
+    """`page_result` of the bundle's index.html, served from `site` for the page's life."""
+    server = served(site)
+    try:
+        return page_result(f"http://127.0.0.1:{server.server_address[1]}/index.html")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def page_result(url: str) -> tuple[dict, int]:
     """What the page left in `window.cortexBundle`, and the bars its chart drew."""
     with playwright_api.sync_playwright() as p:
@@ -77,12 +87,7 @@ def test_the_example_page_matches_onnxruntime_in_chromium(tmp_path, name, featur
     assert code == 0, err
     specs = json.loads(dag.read_text())["inputs"]
     expected = run_onnxruntime(case.path, example_feeds(specs))
-    server = served(site)
-    try:
-        result, bars = page_result(f"http://127.0.0.1:{server.server_address[1]}/index.html")
-    finally:
-        server.shutdown()
-        server.server_close()
+    result, bars = site_result(site)
     assert result["status"] == "done", result.get("error")
     assert sorted(result["outputs"]) == sorted(expected)
     for out_name, want in expected.items():
@@ -106,12 +111,7 @@ def test_the_page_runs_the_variants_python_picks_in_chromium(tmp_path):
     feeds = example_feeds(json.loads(dag.read_text())["inputs"])
     python = cortex.load(dag, threads=1)
     expected = python.run(feeds)["y"]
-    server = served(site)
-    try:
-        result, bars = page_result(f"http://127.0.0.1:{server.server_address[1]}/index.html")
-    finally:
-        server.shutdown()
-        server.server_close()
+    result, bars = site_result(site)
     assert result["status"] == "done", result.get("error")
     trace = result["trace"]
     assert trace["approximated_cus"] == python.last_trace["approximated_cus"] and trace["approximated_cus"]

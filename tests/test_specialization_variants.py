@@ -12,11 +12,10 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from cli_helpers import assert_one_line_error, run_cli
+from cuda_cases import cuda_compiler_available
 from test_cuda_specializations import VOCAB, attention_model
 
 import cortex
-from backends.cuda.toolchain import choose_compiler
-from ir.errors import CortexError
 
 
 def build(model: Path, out: Path, target: str, *compile_options: str) -> Path:
@@ -98,16 +97,8 @@ def test_variants_are_built_calibrated_and_run_per_specialization(wasm_bundle, t
     np.testing.assert_allclose(got, reference(model, longer), rtol=1e-4, atol=1e-5)
 
 
-def _compiler_available() -> bool:
-    try:
-        choose_compiler("auto")
-        return True
-    except CortexError:
-        return False
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not _compiler_available(), reason="no CUDA compiler (nvcc or NVRTC)")
+@pytest.mark.skipif(not cuda_compiler_available(), reason="no CUDA compiler (nvcc or NVRTC)")
 def test_cuda_variants_of_specializations_run_on_cuda_sim_after_calibration(tmp_path):
     model = attention_model(tmp_path / "attention.onnx")
     dag_path = build(model, tmp_path / "out", "cuda", "--variants", "fp16", "--arch", "sm_80")

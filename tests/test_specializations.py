@@ -35,11 +35,11 @@ def conv_model(path: Path) -> Path:
     return _save(graph, path)
 
 
-def masked_attention_model(path: Path) -> Path:
+def masked_attention_model(path: Path, vocab: int = 50) -> Path:
     """MiniLM's shape in small: token embeddings, one self-attention whose padded keys the mask
-    hides (scores + (1 - mask) * -10000), a per-token projection."""
+    hides (scores + (1 - mask) * -10000), a per-token projection; `seq` is dynamic."""
     rng = np.random.default_rng(1)
-    consts = {"emb": rng.standard_normal((50, 16)), "wq": rng.standard_normal((16, 16)) / 4,
+    consts = {"emb": rng.standard_normal((vocab, 16)), "wq": rng.standard_normal((16, 16)) / 4,
               "wo": rng.standard_normal((16, 16)) / 4, "one": np.array(1.0), "big": np.array(-10000.0)}
     inits = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in consts.items()]
     inits.append(numpy_helper.from_array(np.array([1], np.int64), "axis1"))
