@@ -65,6 +65,7 @@ def check_each_cu_against_onnxruntime(dag_path: Path, inputs: dict, rtol: float,
 def run_cuda_sim(model, feeds: dict, seed: int = 0, with_source: bool = False, **render_options):
     """One ONNX model as one CU: loop nests -> CUDA C++ -> cuda-sim; returns outputs by name (and the
     CUDA source, with `with_source`). `render_options` go to `render_cuda` (tiled=, epilogues=)."""
+    import hashlib
     import tempfile
     from dataclasses import asdict
 
@@ -83,7 +84,8 @@ def run_cuda_sim(model, feeds: dict, seed: int = 0, with_source: bool = False, *
         (folder / "cu.cu").write_text(source.text)
         (folder / "cu.weights").write_bytes(source.weights)
         record = {"params": [asdict(p) for p in source.params], "launches": [asdict(l) for l in source.launches],
-                  "weights": {"file": "cu.weights", "bytes": len(source.weights)},
+                  "weights": {"file": "cu.weights", "bytes": len(source.weights),
+                              "sha256": hashlib.sha256(source.weights).hexdigest()},
                   "scratch_bytes": source.scratch_bytes, "source": {"file": "cu.cu"}}
         results = CuRunner(None, record, folder, seed=seed, host_threads=2).run(feeds)
         outputs = {name: np.array(value) for name, value in results.items()}
