@@ -24,7 +24,12 @@ from __future__ import annotations
 from backends.cuda.fuse import Unit
 from backends.cuda.tiled import TILE, TiledContraction
 from backends.cuda.wmma_common import ELEMENT, KSTEP, ROUND, stage_element
-from backends.cuda.wmma_tiled import TILINGS, choose_tiling, render_tiled_wmma, tiled_launch_geometry
+from backends.cuda.wmma_tiled import (
+    TILINGS,
+    choose_tiling,
+    render_tiled_wmma,
+    tiled_launch_geometry,
+)
 
 PRECISIONS = ("exact", "tf32", "fp16", "bf16")
 WARPS = 4                    # warps (16-row tiles) per block

@@ -145,8 +145,8 @@ def render_tiled_wmma(r, unit: Unit, plan: TiledContraction, precision: str, t: 
                   f"  __shared__ __align__(32) {element} b_round[{BK * s.ldb_round}];"]
     lines += ["  const int lane = threadIdx.x, warp = threadIdx.y, tid = warp * 32 + lane;",
               f"  const int row0 = blockIdx.y * {bm}, col0 = blockIdx.x * {bn};",
-              f"  const int warp_row = (warp / {t.warp_cols}) * {t.frag_rows * TILE}, "
-              f"warp_col = (warp % {t.warp_cols}) * {t.frag_cols * TILE};",
+              (f"  const int warp_row = (warp / {t.warp_cols}) * {t.frag_rows * TILE}, "
+               f"warp_col = (warp % {t.warp_cols}) * {t.frag_cols * TILE};"),
               "  float* const c_tile = smem;   // the accumulators' staging: the stages' memory, before and after them"]
     lines += r.decompose("blockIdx.z", plan.batch, "  ")
     index = None
@@ -184,23 +184,23 @@ def render_tiled_wmma(r, unit: Unit, plan: TiledContraction, precision: str, t: 
         a_src, b_src, lda, ldb = "a_slot", "b_slot", s.lda, s.ldb
     else:
         rnd, a_src, b_src, lda, ldb = ROUND[precision], "a_round", "b_round", s.lda_round, s.ldb_round
-        lines += [f"    for (int e = tid; e < {bm * BK}; e += {threads}) "
-                  f"a_round[(e / {BK}) * {lda} + e % {BK}] = {rnd}(a_slot[(e / {BK}) * {s.lda} + e % {BK}]);",
-                  f"    for (int e = tid; e < {BK * bn}; e += {threads}) "
-                  f"b_round[(e / {bn}) * {ldb} + e % {bn}] = {rnd}(b_slot[(e / {bn}) * {s.ldb} + e % {bn}]);",
+        lines += [(f"    for (int e = tid; e < {bm * BK}; e += {threads}) "
+                   f"a_round[(e / {BK}) * {lda} + e % {BK}] = {rnd}(a_slot[(e / {BK}) * {s.lda} + e % {BK}]);"),
+                  (f"    for (int e = tid; e < {BK * bn}; e += {threads}) "
+                   f"b_round[(e / {bn}) * {ldb} + e % {bn}] = {rnd}(b_slot[(e / {bn}) * {s.ldb} + e % {bn}]);"),
                   "    __syncthreads();"]
     lines += [f"    for (int kk = 0; kk < {BK}; kk += {ks}) {{",
               f"      wmma::fragment<wmma::matrix_a, {frag}, {element}, wmma::row_major> a_frag[{t.frag_rows}];",
               f"      wmma::fragment<wmma::matrix_b, {frag}, {element}, wmma::row_major> b_frag[{t.frag_cols}];",
-              f"      for (int i = 0; i < {t.frag_rows}; ++i) "
-              f"wmma::load_matrix_sync(a_frag[i], {a_src} + (warp_row + i * {TILE}) * {lda} + kk, {lda});",
-              f"      for (int j = 0; j < {t.frag_cols}; ++j) "
-              f"wmma::load_matrix_sync(b_frag[j], {b_src} + kk * {ldb} + warp_col + j * {TILE}, {ldb});"]
+              (f"      for (int i = 0; i < {t.frag_rows}; ++i) "
+               f"wmma::load_matrix_sync(a_frag[i], {a_src} + (warp_row + i * {TILE}) * {lda} + kk, {lda});"),
+              (f"      for (int j = 0; j < {t.frag_cols}; ++j) "
+               f"wmma::load_matrix_sync(b_frag[j], {b_src} + kk * {ldb} + warp_col + j * {TILE}, {ldb});")]
     if precision == "tf32":
-        lines += [f"      for (int i = 0; i < {t.frag_rows}; ++i) for (int x = 0; x < a_frag[i].num_elements; ++x) "
-                  "a_frag[i].x[x] = wmma::__float_to_tf32(a_frag[i].x[x]);",
-                  f"      for (int j = 0; j < {t.frag_cols}; ++j) for (int x = 0; x < b_frag[j].num_elements; ++x) "
-                  "b_frag[j].x[x] = wmma::__float_to_tf32(b_frag[j].x[x]);"]
+        lines += [(f"      for (int i = 0; i < {t.frag_rows}; ++i) for (int x = 0; x < a_frag[i].num_elements; ++x) "
+                   "a_frag[i].x[x] = wmma::__float_to_tf32(a_frag[i].x[x]);"),
+                  (f"      for (int j = 0; j < {t.frag_cols}; ++j) for (int x = 0; x < b_frag[j].num_elements; ++x) "
+                   "b_frag[j].x[x] = wmma::__float_to_tf32(b_frag[j].x[x]);")]
     lines += [f"      {each} wmma::mma_sync(acc_frag[i][j], a_frag[i], b_frag[j], acc_frag[i][j]);",
               "    }",
               "  }",
