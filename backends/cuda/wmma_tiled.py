@@ -94,9 +94,14 @@ def shared_layout(t: WarpTiling, precision: str) -> SharedLayout:
 
 def choose_tiling(plan: TiledContraction, tile: str = "auto") -> WarpTiling:
     """`tile` names one of TILINGS, or `auto`: the largest whose blocks still cover every SM once."""
+    m, n, b = (plan.extent(x) for x in (plan.rows, plan.cols, plan.batch))
+    return tiling_for(m, n, b, tile)
+
+
+def tiling_for(m: int, n: int, b: int, tile: str = "auto") -> WarpTiling:
+    """The tiling of an m x n output (b of them): the named one, or as `choose_tiling` picks."""
     if tile != "auto":
         return BY_NAME[tile]
-    m, n, b = (plan.extent(x) for x in (plan.rows, plan.cols, plan.batch))
     for t in TILINGS:
         if -(-m // t.block_m) * -(-n // t.block_n) * b >= SMS:
             return t
