@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from cli_helpers import assert_one_line_error, run_cli
 from cuda_cases import run_cuda_sim, run_cuda_source
 from onnx import TensorProto as T
 from onnx import helper
@@ -131,3 +132,10 @@ def test_every_tiling_compiles_for_sm_90_without_spills():
             built = toolchain.compile_cuda(source.text, "cu.cu", ("sm_90",), "nvcc")
             assert not built.spilling_kernels(), (t.name, precision)
             assert b"wmma.mma" in built.ptx or b"mma.sync" in built.ptx
+
+
+def test_cli_tensor_core_tile_mistake_is_one_line(tmp_path):
+    code, _, err = run_cli(["compile-cuda", "--cu-dir", tmp_path, "--output", tmp_path / "o", "--precision", "tf32",
+                            "--tensor-core-tile", "48x48"])
+    assert_one_line_error(code, err, "--tensor-core-tile")
+    assert not (tmp_path / "o").exists()
