@@ -19,6 +19,7 @@ from wasm_cases import make_model, run_onnxruntime
 
 from backends.cuda import toolchain
 from backends.cuda.render import render_cuda
+from backends.cuda.sim import SimModule
 from backends.cuda.tiled import TiledContraction
 from backends.cuda.wmma_tiled import (
     BK,
@@ -151,3 +152,50 @@ def test_cli_tensor_core_tile_mistake_is_one_line(tmp_path):
                             "--tensor-core-tile", "48x48"])
     assert_one_line_error(code, err, "--tensor-core-tile")
     assert not (tmp_path / "o").exists()
+
+
+PIPELINE = """
+extern "C" __global__ void stages(const float* __restrict__ x, float* __restrict__ seen) {
+    __shared__ float slot[4][32];
+    __shared__ float many[200][32];
+    const int t = threadIdx.x;
+    for (int s = 0; s < 4; ++s) slot[s][t] = -1.0f;
+    for (int s = 0; s < 3; ++s) {
+        __pipeline_memcpy_async(&slot[s][t], &x[s * 32 + t], sizeof(float));
+        __pipeline_commit();
+    }
+    __pipeline_memcpy_async(&slot[3][t], &x[3 * 32 + t], sizeof(float));   // not committed yet
+    for (int wait = 2, row = 0; wait >= 0; --wait, ++row) {
+        if (wait == 2) __pipeline_wait_prior(2);
+        if (wait == 1) __pipeline_wait_prior(1);
+        if (wait == 0) __pipeline_wait_prior(0);
+        for (int s = 0; s < 4; ++s) seen[(row * 4 + s) * 32 + t] = slot[s][t];
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
+    seen[(3 * 4 + 3) * 32 + t] = slot[3][t];
+    for (int i = 0; i < 200; ++i) __pipeline_memcpy_async(&many[i][t], &x[t], sizeof(float));
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
+    float all = 0.0f;
+    for (int i = 0; i < 200; ++i) all += many[i][t] == x[t] ? 1.0f : 0.0f;
+    seen[(3 * 4 + 0) * 32 + t] = all;
+}
+"""
+
+
+def test_cuda_sim_wait_prior_completes_all_but_the_newest_batches(tmp_path):
+    """wait_prior(n) leaves exactly the newest n committed batches in flight, an uncommitted copy waits
+    for its commit, and more copies than the queue holds all land."""
+
+    path = tmp_path / "stages.cu"
+    path.write_text(PIPELINE)
+    x = np.arange(4 * 32, dtype=np.float32) + 1.0
+    seen = np.zeros((4, 4, 32), np.float32)
+    SimModule(path).kernel("stages").launch(1, 32, 0, [x, seen])
+    stage = x.reshape(4, 32)
+    for row, landed in enumerate((1, 2, 3)):     # after wait_prior(2), (1), (0)
+        for s in range(4):
+            np.testing.assert_array_equal(seen[row, s], stage[s] if s < landed else -1.0, err_msg=f"{row} {s}")
+    np.testing.assert_array_equal(seen[3, 3], stage[3])
+    np.testing.assert_array_equal(seen[3, 0], 200.0)
