@@ -22,6 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import cortex
 from backends.cuda.build import CudaOptions
+from backends.cuda.wmma_tiled import tiling_for
 from backends.registry import target
 from cortex.commands.decompose import decompose_model
 from cortex.compile import compile_cu_dir
@@ -87,15 +88,16 @@ def torch_cuda_timer(case, repeats: int) -> tuple[str, float | None]:
 
 def compile_dag(model_path: Path, out: Path, options: CudaOptions, input_shapes=None, dims=None,
                 jobs: int = 16, name: str = "dag.json") -> Path:
-    """decompose -> build-dag -> compile-cuda, the compile into `cuda-bin-<precision>`, so several
-    precisions of one model share its CUs (one dag.json each)."""
+    """decompose -> build-dag -> compile-cuda, the compile into `cuda-bin-<precision>[-<tile>]`, so
+    several precisions (and tensor-core tilings) of one model share its CUs (one dag.json each)."""
     cus = out / "cus"
     if not (cus / "manifest.json").is_file():
         decompose_model(Path(model_path), cus, PartitionIntoCUs(4096, 50_000_000, 8),
                         input_shapes=input_shapes or {}, dims=dims or {})
     dag_path = out / name
     write_bytes_atomically(dag_path, json.dumps(build_dag(cus, dag_path), indent=2).encode())
-    compile_cu_dir(target("cuda"), cus, out / f"cuda-bin-{options.precision}", options, dag_path, jobs=jobs)
+    tile = "" if options.tensor_core_tile == "auto" else f"-{options.tensor_core_tile}"
+    compile_cu_dir(target("cuda"), cus, out / f"cuda-bin-{options.precision}{tile}", options, dag_path, jobs=jobs)
     return dag_path
 
 
@@ -112,11 +114,19 @@ def gemm_model(path: Path, m: int, n: int, k: int) -> Path:
     return path
 
 
+def tensor_core_kernel(size: int, tile: str) -> str:
+    """What the tensor-core kernel of a size x size output is: its block tiling, or the single tile."""
+    if tile == "single":
+        return "single 16x16 tile per warp, 1 stage"
+    return f"{tiling_for(size, size, 1, tile).name} block"
+
+
 def kernel_tflops(out: Path, device: str, options: CudaOptions, size: int, repeats: int) -> dict:
-    """One size x size x size MatMul CU at `options.precision`: median kernel time and TFLOP/s, and
-    its largest error against float64 relative to the largest |y|."""
+    """One size x size x size MatMul CU at `options.precision` (on `options.tensor_core_tile`): median
+    kernel time and TFLOP/s, and its largest error against float64 relative to the largest |y|."""
     path = gemm_model(out / "gemm.onnx", size, size, size)
-    dag_path = compile_dag(path, out, options, name=f"dag-{options.precision}.json")
+    tile = "" if options.tensor_core_tile == "auto" else f"-{options.tensor_core_tile}"
+    dag_path = compile_dag(path, out, options, name=f"dag-{options.precision}{tile}.json")
     model = cortex.load(dag_path, device=device, policy="strict")
     scheduler = model.scheduler
     cu = scheduler.dag["cus"][0]
@@ -133,7 +143,8 @@ def kernel_tflops(out: Path, device: str, options: CudaOptions, size: int, repea
     w = numpy_helper.to_array(onnx.load(path).graph.initializer[0]).astype(np.float64)
     want = x.astype(np.float64) @ w
     record = cu["artifacts"]["cuda"]
-    return {"size": size, "precision": options.precision, "ms": ms, "tflops": 2 * size ** 3 / ms / 1e9,
+    kernel = "exact" if options.precision == "exact" else tensor_core_kernel(size, options.tensor_core_tile)
+    return {"size": size, "precision": options.precision, "kernel": kernel, "ms": ms, "tflops": 2 * size ** 3 / ms / 1e9,
             "relative_error": float(np.abs(y - want).max() / np.abs(want).max()),
             "tensor_core_kernels": sorted(record.get("precision", {}).get("tensor_cores", {}))}
 

@@ -76,12 +76,6 @@ def check_each_cu_against_onnxruntime(dag_path: Path, inputs: dict, rtol: float,
 def run_cuda_sim(model, feeds: dict, seed: int = 0, with_source: bool = False, **render_options):
     """One ONNX model as one CU: loop nests -> CUDA C++ -> cuda-sim; returns outputs by name (and the
     CUDA source, with `with_source`). `render_options` go to `render_cuda` (tiled=, epilogues=)."""
-    import tempfile
-    from dataclasses import asdict
-
-    import numpy as np
-
-    from backends.cuda.runner import CuRunner
     from backends.cuda.render import render_cuda
     from codegen.lower import lower_graph
     from ir.onnx_import import import_model
@@ -89,16 +83,30 @@ def run_cuda_sim(model, feeds: dict, seed: int = 0, with_source: bool = False, *
 
     graph, _ = run_pipeline(import_model(model), optimize_pipeline(require_static=True))
     source = render_cuda(lower_graph(graph), "k", **render_options)
+    outputs = run_cuda_source(source, feeds, seed)
+    return (outputs, source.text) if with_source else outputs
+
+
+def run_cuda_source(source, feeds: dict, seed: int = 0, text: str | None = None) -> dict:
+    """A rendered CudaSource on cuda-sim (with `text` in place of its source, to run an edited one)."""
+    import hashlib
+    import tempfile
+    from dataclasses import asdict
+
+    import numpy as np
+
+    from backends.cuda.runner import CuRunner
+
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        (folder / "cu.cu").write_text(source.text)
+        (folder / "cu.cu").write_text(source.text if text is None else text)
         (folder / "cu.weights").write_bytes(source.weights)
         record = {"params": [asdict(p) for p in source.params], "launches": [asdict(l) for l in source.launches],
-                  "weights": {"file": "cu.weights", "bytes": len(source.weights)},
+                  "weights": {"file": "cu.weights", "bytes": len(source.weights),
+                              "sha256": hashlib.sha256(source.weights).hexdigest()},
                   "scratch_bytes": source.scratch_bytes, "source": {"file": "cu.cu"}}
         results = CuRunner(None, record, folder, seed=seed, host_threads=2).run(feeds)
-        outputs = {name: np.array(value) for name, value in results.items()}
-        return (outputs, source.text) if with_source else outputs
+        return {name: np.array(value) for name, value in results.items()}
 
 
 class HostMemoryGpu:

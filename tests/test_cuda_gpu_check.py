@@ -34,8 +34,10 @@ def test_without_a_gpu_it_stops_with_one_line_and_leaves_the_docs_untouched(tmp_
 DOCUMENT = {
     "gpu": "NVIDIA H200", "arch": "sm_90", "device": "cuda", "compiler": "nvcc 13.0", "commit": "abc1234",
     "date": "2026-11-29 12:00 UTC", "repeats": 20, "elapsed_s": 300,
-    "kernels": [{"size": 4096, "precision": "tf32", "ms": 2.0, "tflops": 68.72, "relative_error": 4e-4,
-                 "tensor_core_kernels": ["k"]}],
+    "kernels": [{"size": 4096, "precision": "tf32", "kernel": "128x64 block", "ms": 2.0, "tflops": 68.72,
+                 "relative_error": 4e-4, "tensor_core_kernels": ["k"]},
+                {"size": 4096, "precision": "tf32", "kernel": "single 16x16 tile per warp, 1 stage", "ms": 8.0,
+                 "tflops": 17.18, "relative_error": 4e-4, "tensor_core_kernels": ["k"]}],
     "models": [
         {"model": "cnn", "matches_onnxruntime": True, "cortex_ms": 0.5, "tflops": 0.1, "torch": "torch eager CUDA",
          "torch_ms": 0.25, "hybrid_ms": 0.4, "hybrid_placement": {"cuda": 2, "onnxruntime": 1},
@@ -55,7 +57,8 @@ def test_the_section_reports_each_model_the_geomean_and_the_conformance_figure()
     assert section.startswith(gpu_check.BEGIN) and section.rstrip().endswith(gpu_check.END)
     assert "| cnn | yes | 0.500 | 0.100 | 0.250 | 2.00 | 0.400 | 0.80 | 2 cuda, 1 onnxruntime | 4096 | 0.450 | 3.0e-04 |" in section
     assert "| minilm | **no**: output 'y': 3 of 10 values off | n/a |" in section
-    assert "| 4096 | tf32 | 2.000 | 68.72 | 1 | 4.0e-04 |" in section
+    assert "| 4096 | tf32 | 128x64 block | 2.000 | 68.72 | 4.00 | 1 | 4.0e-04 |" in section   # x the single tile
+    assert "| 4096 | tf32 | single 16x16 tile per warp, 1 stage | 8.000 | 17.18 | - | 1 | 4.0e-04 |" in section
     assert "Geomean Cortex CUDA / torch eager CUDA (lower is faster): 2.00 over 2 models." in section
     assert "1200 of 1500 node-test cases that onnxruntime passes pass (80.0%)" in section
     assert "Not run, for the time budget: light_resnet50." in section

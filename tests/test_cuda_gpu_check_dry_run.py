@@ -42,6 +42,10 @@ def test_the_dry_run_writes_its_json_and_markdown_without_wasmtime(tmp_path):
     assert {k["precision"] for k in document["kernels"]} == {"exact", "tf32", "fp16", "bf16"}
     assert all(k["tensor_core_kernels"] for k in document["kernels"] if k["precision"] != "exact")
     assert all(k["relative_error"] < 1e-2 for k in document["kernels"])
+    # Each tensor-core precision on its block tiling and on the single-tile kernel beside it.
+    kernels = {(k["precision"], k["kernel"]) for k in document["kernels"]}
+    assert {("tf32", "32x32 block"), ("tf32", "single 16x16 tile per warp, 1 stage")} <= kernels
+    assert len(kernels) == 7
     (row,) = document["models"]
     assert row["matches_onnxruntime"] and row["hybrid_max_error_vs_cuda"] < 1e-5 and "tf32_max_error" in row
     assert set(row["hybrid_placement"]) <= {"cuda-sim", "onnxruntime"}    # no wasm without wasmtime
@@ -53,7 +57,7 @@ def test_the_dry_run_writes_its_json_and_markdown_without_wasmtime(tmp_path):
     assert document["hybrid"]["models"]["mlp"]["crossover_flops"] == recorded["crossover_flops"]
     assert document["conformance"]["summary"]["passed"] == 1
     markdown = (out / "gc.md").read_text()
-    assert "| mlp | yes |" in markdown and "| 32 | tf32 |" in markdown
+    assert "| mlp | yes |" in markdown and "| 32 | tf32 | 32x32 block |" in markdown and "x single tile" in markdown
 
 
 def test_an_unknown_model_is_one_line_and_nothing_is_written(tmp_path, capsys):

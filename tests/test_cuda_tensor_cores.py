@@ -56,9 +56,9 @@ def test_matmul_on_tensor_cores_matches_onnxruntime_within_its_precision(precisi
     feeds = {"x": RNG.standard_normal((2, 37, 70)).astype(np.float32)}
     want = run_onnxruntime(model, feeds)["y"]
     got, source = run_cuda_sim(model, feeds, seed=3, with_source=True, precision=precision)
-    assert "wmma::mma_sync(acc_frag, a_frag, b_frag, acc_frag)" in source
+    assert "wmma::mma_sync(acc_frag[i][j], a_frag[i], b_frag[j], acc_frag[i][j])" in source
     assert f"wmma::fragment<wmma::matrix_a, 16, 16, {KSTEP[precision]}" in source
-    assert "__pipeline_memcpy_async" in source and "__pipeline_wait_prior(0)" in source
+    assert "__pipeline_memcpy_async" in source and "__pipeline_wait_prior(" in source
     assert "Relu" in source.split("tensor cores")[1].splitlines()[0]    # the epilogue stayed fused
     error = _close(got["y"], want, precision)
     assert error > 0, "rounded inputs give other numbers than float32 FMA"
@@ -70,7 +70,7 @@ def test_conv_as_implicit_gemm_on_tensor_cores_matches_onnxruntime():
     model = padded_conv()
     feeds = {"x": RNG.standard_normal((1, 8, 9, 9)).astype(np.float32)}
     got, source = run_cuda_sim(model, feeds, seed=5, with_source=True, precision="tf32")
-    assert "tensor cores (tf32)" in source and "wmma::__float_to_tf32" in source
+    assert "tensor cores (tf32" in source and "wmma::__float_to_tf32" in source
     _close(got["y"], run_onnxruntime(model, feeds)["y"], "tf32")
 
 

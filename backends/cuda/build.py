@@ -18,7 +18,7 @@ import numpy as np
 
 from backends.cuda.content_addressed import file_entries, module_name, weight_segment_files
 from backends.cuda.render import CudaSource, render_cuda
-from backends.cuda.tensor_cores import PRECISIONS
+from backends.cuda.tensor_cores import PRECISIONS, TILES
 from backends.cuda.toolchain import (
     COMPILERS,
     DEFAULT_ARCHS,
@@ -88,6 +88,10 @@ class CudaOptions:
         "Input precision of the tensor-core GEMM/Conv kernels: exact (float32 FMA, no tensor cores), tf32, "
         "fp16 or bf16 (rounded inputs, float32 sums; float32 contractions of at least 16x16x16 only).",
         choices=PRECISIONS))
+    tensor_core_tile: str = field(default="auto", metadata=option(
+        "Block tiling of the tensor-core kernels: auto (by problem size), one of the named block tiles, or "
+        "single (one 16x16 tile per warp, one pipeline stage: the first kernel, to compare against).",
+        choices=TILES))
     external_weights: bool = field(default=False, metadata=option(
         "Name every file by its content: modules/<sha256>.cu, .ptx and .sm_XX.cubin, and one "
         "weights/<sha256>.bin per weight tensor, so identical code and weights are stored once (always on "
@@ -130,7 +134,8 @@ def build_cu(graph: Graph, options: CudaOptions, cu_id: str) -> BuiltCU:
     precision = options.precision
     if precision == "exact" and all(_has_tensor_cores(arch) for arch in options.arch):
         precision = stored_weight_precision(graph)
-    source = render_cuda(program, prefix=cu_id.replace("-", "") + "_", precision=precision)
+    source = render_cuda(program, prefix=cu_id.replace("-", "") + "_", precision=precision,
+                         tensor_core_tile=options.tensor_core_tile)
     if not source.launches:
         record, files = _kernel_free_record(cu_id, source, options.external_weights)
         return BuiltCU(files, record)

@@ -80,20 +80,22 @@ def _align(n: int) -> int:
 
 
 def render_cuda(program: Program, prefix: str = "k", *, tiled: bool = True, epilogues: bool = True,
-                precision: str = "exact") -> CudaSource:
+                precision: str = "exact", tensor_core_tile: str = "auto") -> CudaSource:
     """`tiled=False`: contractions stay one thread per output (no shared-memory tiles, hence no
     epilogues either); `epilogues=False`: they are tiled but the maps after them keep their own
     launches. Both exist to compare a build against the plainer one (tests, and when in doubt).
     `precision` (tf32, fp16, bf16): tiled contractions large enough run on tensor cores with their
-    inputs rounded to it (`tensor_cores`)."""
-    return CudaRenderer(program, prefix, tiled=tiled, epilogues=epilogues, precision=precision).render()
+    inputs rounded to it (`tensor_cores`), on the block tiling `tensor_core_tile` names (tensor_cores.TILES)."""
+    return CudaRenderer(program, prefix, tiled=tiled, epilogues=epilogues, precision=precision,
+                        tensor_core_tile=tensor_core_tile).render()
 
 
 class CudaRenderer:
     def __init__(self, program: Program, prefix: str, *, tiled: bool = True, epilogues: bool = True,
-                 precision: str = "exact"):
+                 precision: str = "exact", tensor_core_tile: str = "auto"):
         self.program = program
         self.precision = precision
+        self.tensor_core_tile = tensor_core_tile
         self.tensor_cores: dict[str, str] = {}
         self.tiled = tiled
         self.epilogues = tiled and epilogues
@@ -187,11 +189,11 @@ class CudaRenderer:
             return self.fused_function(unit)
         precision = choose_precision(tiled, self.precision)
         if tiled is not None and precision != "exact":
-            grid, block = launch_geometry(tiled)
+            grid, block = launch_geometry(tiled, self.tensor_core_tile)
             m, n, b = (tiled.extent(x) for x in (tiled.rows, tiled.cols, tiled.batch))
             self.launches.append(Launch(name, node_kernels, op_types, grid, block, m * n * b))
             self.tensor_cores[name] = precision
-            return render_wmma_function(self, unit, tiled, precision)
+            return render_wmma_function(self, unit, tiled, precision, self.tensor_core_tile)
         if tiled is not None:
             m, n, b = (tiled.extent(x) for x in (tiled.rows, tiled.cols, tiled.batch))
             self.launches.append(Launch(name, node_kernels, op_types, [-(-n // TILE), -(-m // TILE), b],

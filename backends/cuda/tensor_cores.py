@@ -5,7 +5,9 @@ mantissa bits of a float32, fp16 10 bits with a narrower range, bf16 7 bits with
 Products are exact in float32 and the sums accumulate in float32, so only the rounding of the inputs
 changes the numbers.
 
-Each warp owns one 16x16 output tile; a block holds `WARPS` warps stacked along the rows. Per step of
+Two kernels. The default (`--tensor-core-tile auto`) is wmma_tiled's: blocks of several warps, each
+warp a grid of fragments, a multi-stage pipeline. `single` keeps the first kernel, to compare against:
+each warp owns one 16x16 output tile; a block holds `WARPS` warps stacked along the rows. Per step of
 K, the lanes stage a 16 x KSTEP slice of `a` and a KSTEP x 16 slice of `b` in shared memory: an operand
 that is a plain float32 load goes through `__pipeline_memcpy_async` (commit, then wait for it), one
 computed on the fly (a padded Conv's taps) is stored directly. The slices are rounded to the input
@@ -14,21 +16,24 @@ value. At the end the accumulator goes back through shared memory, so each lane 
 runs the fused epilogue (`fuse`) at them, as the scalar tiled kernel does.
 
 Only the WMMA C++ API is used (no inline PTX), so cuda-sim emulates the same source exactly: its
-shim makes the fragment operations warp collectives and the async copies synchronous.
+shim makes the fragment operations warp collectives and defers each async copy to the wait that needs it.
 """
 
 from __future__ import annotations
 
 from backends.cuda.fuse import Unit
 from backends.cuda.tiled import TILE, TiledContraction
-from ir.loops.expr import Load
+from backends.cuda.wmma_common import ELEMENT, KSTEP, ROUND, stage_element
+from backends.cuda.wmma_tiled import (
+    TILINGS,
+    choose_tiling,
+    render_tiled_wmma,
+    tiled_launch_geometry,
+)
 
 PRECISIONS = ("exact", "tf32", "fp16", "bf16")
 WARPS = 4                    # warps (16-row tiles) per block
-# The fragment shape per precision: tf32 is m16n16k8, the 16-bit types m16n16k16.
-KSTEP = {"tf32": 8, "fp16": 16, "bf16": 16}
-ELEMENT = {"tf32": "wmma::precision::tf32", "fp16": "half", "bf16": "__nv_bfloat16"}
-ROUND = {"fp16": "__float2half", "bf16": "__float2bfloat16"}
+TILES = ("auto", "single", *(t.name for t in TILINGS))
 # Smaller products leave the tensor cores idle and pay for the staging; they keep the exact kernel.
 MIN_WORK = 16 * 16 * 16
 
@@ -55,22 +60,22 @@ def choose_precision(plan: TiledContraction | None, precision: str) -> str:
     return precision
 
 
-def launch_geometry(plan: TiledContraction) -> tuple[list[int], list[int]]:
+def launch_geometry(plan: TiledContraction, tile: str = "auto") -> tuple[list[int], list[int]]:
+    if tile != "single":
+        return tiled_launch_geometry(plan, choose_tiling(plan, tile))
     m, n, b = (plan.extent(x) for x in (plan.rows, plan.cols, plan.batch))
     return [-(-n // TILE), -(-m // (TILE * WARPS)), b], [32, WARPS, 1]
 
 
-def _stage(r, operand, destination: str, inside: str, indent: str) -> list[str]:
-    """One staged element: an async copy of a plain float32 load, else the value computed here.
-    `r` is the CUDA renderer (render.CudaRenderer), whose names and expressions it prints."""
-    if isinstance(operand, Load) and operand.buffer.storage.dtype == "float32" and id(operand.buffer.storage) not in r._registers:
-        source = f"&{r.buffer_name(operand.buffer.storage)}[{r.expr(operand.index)}]"
-        return [f"{indent}if ({inside}) __pipeline_memcpy_async(&{destination}, {source}, sizeof(float));",
-                f"{indent}else {destination} = 0.0f;"]
-    return [f"{indent}{destination} = ({inside}) ? (float)({r.expr(operand)}) : 0.0f;"]
+def render_wmma_function(r, unit: Unit, plan: TiledContraction, precision: str, tile: str = "auto") -> str:
+    """`tile`: `single` for one 16x16 tile per warp (the first kernel, kept to compare against),
+    else a block tiling of wmma_tiled (`auto`: chosen by the problem's size)."""
+    if tile != "single":
+        return render_tiled_wmma(r, unit, plan, precision, choose_tiling(plan, tile))
+    return render_single_tile(r, unit, plan, precision)
 
 
-def render_wmma_function(r, unit: Unit, plan: TiledContraction, precision: str) -> str:
+def render_single_tile(r, unit: Unit, plan: TiledContraction, precision: str) -> str:
     r._names = {}
     ks, element = KSTEP[precision], ELEMENT[precision]
     m, n, k = plan.extent(plan.rows), plan.extent(plan.cols), plan.extent(plan.k)
@@ -108,11 +113,11 @@ def render_wmma_function(r, unit: Unit, plan: TiledContraction, precision: str) 
               f"    for (int e = lane; e < {TILE * ks}; e += 32) {{",
               f"      const int row = row0 + e / {ks}, k_at = k0 + e % {ks};",
               *r.decompose("row", plan.rows, "      "), *r.decompose("k_at", plan.k, "      "),
-              *_stage(r, plan.a, "a_stage[warp][e]", f"row < {m} && k_at < {k}", "      "), "    }",
+              *stage_element(r, plan.a, "a_stage[warp][e]", f"row < {m} && k_at < {k}", "      "), "    }",
               f"    for (int e = lane; e < {ks * TILE}; e += 32) {{",
               f"      const int k_at = k0 + e / {TILE}, col = col0 + e % {TILE};",
               *r.decompose("col", plan.cols, "      "), *r.decompose("k_at", plan.k, "      "),
-              *_stage(r, plan.b, "b_stage[warp][e]", f"col < {n} && k_at < {k}", "      "), "    }",
+              *stage_element(r, plan.b, "b_stage[warp][e]", f"col < {n} && k_at < {k}", "      "), "    }",
               "    __pipeline_commit();",
               "    __pipeline_wait_prior(0);",
               "    __syncwarp();",

@@ -187,6 +187,7 @@ struct Worker {
         f.state.grid_dim = dim3(c.grid[0], c.grid[1], c.grid[2]);
         f.state.lane = linear % 32;
         f.state.exchange_count = 0;
+        f.state.pipeline.count = f.state.pipeline.committed = 0;
         f.state.warp = &warps[linear / 32];
         f.status = FiberState::runnable;
         f.stack = mappings[linear] + page;

@@ -54,6 +54,19 @@ inline int4 make_int4(int x, int y, int z, int w) { return {x, y, z, w}; }
 
 namespace cuda_sim {
 
+// cuda_pipeline copies a thread issued and has not waited for: each belongs to a batch (the number
+// of commits before it). They are done only when a wait needs them (cuda_sim_wmma.h), the latest a GPU
+// may do them, so a kernel that reads a stage before its wait reads the stale shared memory.
+#ifndef CUDA_SIM_PIPELINE_COPIES
+#define CUDA_SIM_PIPELINE_COPIES 128
+#endif
+struct PendingCopy { void* dst; const void* src; unsigned int bytes, zfill, batch; };
+struct PipelineQueue {
+    PendingCopy copies[CUDA_SIM_PIPELINE_COPIES];
+    unsigned int count;           // pending copies, oldest first
+    unsigned int committed;       // commits so far: the batch of the copies issued now
+};
+
 // The state of one CUDA thread (one fiber). `current` points at the running fiber's.
 struct ThreadState {
     uint3 thread_idx;
@@ -63,6 +76,7 @@ struct ThreadState {
     unsigned int lane;            // index within the warp
     unsigned int exchange_count;  // warp exchanges so far: picks the exchange buffer (double-buffered)
     struct Warp* warp;
+    PipelineQueue pipeline;       // this thread's cuda_pipeline copies not yet waited for
 };
 
 struct Warp {

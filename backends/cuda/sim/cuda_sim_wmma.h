@@ -8,7 +8,7 @@
 // its own accumulator elements, summing k in order with float32 fma from the accumulator's value.
 // Products of tf32, fp16 and bf16 values are exact in float32, so that matches the hardware up to
 // the order of the float32 sums. tf32 inputs are truncated to tf32 inside mma_sync, as the tensor
-// cores read only the top 19 bits. Async copies are synchronous, so commit and wait have nothing to do.
+// cores read only the top 19 bits. Async copies are deferred to the wait that needs them.
 #pragma once
 
 // bfloat16: float32's upper half, narrowing rounded to nearest even (NaN stays a quiet NaN).
@@ -32,14 +32,32 @@ inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __nv_bfloat16(f); }
 inline float __bfloat162float(__nv_bfloat16 h) { return static_cast<float>(h); }
 using half = __half;
 
-// cuda_pipeline: the copy happens at once, so every committed batch is already complete.
+// cuda_pipeline: a copy waits in the thread's queue (ThreadState::pipeline) until a wait needs its
+// batch; wait_prior(n) completes every copy of the batches committed before the newest n, in issue
+// order. A full queue does its oldest copy early, which a GPU may do too.
+inline void pipeline_complete(cuda_sim::PendingCopy& c) {
+    std::memcpy(c.dst, c.src, c.bytes - c.zfill);
+    std::memset(static_cast<char*>(c.dst) + (c.bytes - c.zfill), 0, c.zfill);
+}
 inline void __pipeline_memcpy_async(void* dst_shared, const void* src_global, std::size_t size_and_align,
                                     std::size_t zfill = 0) {
-    std::memcpy(dst_shared, src_global, size_and_align - zfill);
-    std::memset(static_cast<char*>(dst_shared) + (size_and_align - zfill), 0, zfill);
+    cuda_sim::PipelineQueue& q = cuda_sim::current->pipeline;
+    if (q.count == CUDA_SIM_PIPELINE_COPIES) {
+        pipeline_complete(q.copies[0]);
+        std::memmove(q.copies, q.copies + 1, (q.count - 1) * sizeof(cuda_sim::PendingCopy));
+        --q.count;
+    }
+    q.copies[q.count++] = {dst_shared, src_global, static_cast<unsigned int>(size_and_align),
+                           static_cast<unsigned int>(zfill), q.committed};
 }
-inline void __pipeline_commit() {}
-inline void __pipeline_wait_prior(std::size_t) {}
+inline void __pipeline_commit() { ++cuda_sim::current->pipeline.committed; }
+inline void __pipeline_wait_prior(std::size_t prior) {
+    cuda_sim::PipelineQueue& q = cuda_sim::current->pipeline;
+    unsigned int done = 0;
+    while (done < q.count && q.copies[done].batch + prior < q.committed) pipeline_complete(q.copies[done++]);
+    std::memmove(q.copies, q.copies + done, (q.count - done) * sizeof(cuda_sim::PendingCopy));
+    q.count -= done;
+}
 
 namespace nvcuda {
 namespace wmma {
