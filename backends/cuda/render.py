@@ -213,7 +213,7 @@ class CudaRenderer:
         lines = self.header(unit.name, unit.kernel, stmts, BLOCK_THREADS)
         lines[1] = "  // fused: " + ", ".join(f"{p.kernel.op_type} ({p.kernel.name})" for p in parts)
         head = [loop for loop in unit.nest.threads if loop.extent > 1]
-        lines.append(f"  long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;")
+        lines.append("  long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;")
         lines.append(f"  if (tid >= {unit.nest.thread_count}LL) return;")
         lines += self.decompose("tid", head, "  ")
         for part in parts:
@@ -239,7 +239,7 @@ class CudaRenderer:
             lines.append("  const int lane = threadIdx.x & 31;")
             lines.append(f"  if (tid >= {nest.thread_count}LL) return;  // whole warps leave together")
         else:
-            lines.append(f"  long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;")
+            lines.append("  long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;")
             lines.append(f"  if (tid >= {nest.thread_count}LL) return;")
         if nest is not None:
             for depth, loop in enumerate(reversed(nest.threads)):
@@ -326,15 +326,15 @@ class CudaRenderer:
         index = self.expr(plan.store.index)
         lines += [f"  float acc = inside ? {y}[{index}] : 0.0f;",
                   f"  for (int k0 = 0; k0 < {k}; k0 += {TILE}) {{",
-                  "    {", f"      const int k_at = k0 + tx;", *self.decompose("k_at", plan.k, "      "),
+                  "    {", "      const int k_at = k0 + tx;", *self.decompose("k_at", plan.k, "      "),
                   f"      a_tile[ty][tx] = (row < {m} && k_at < {k}) ? (float)({self.expr(plan.a)}) : 0.0f;", "    }",
-                  "    {", f"      const int k_at = k0 + ty;", *self.decompose("k_at", plan.k, "      "),
+                  "    {", "      const int k_at = k0 + ty;", *self.decompose("k_at", plan.k, "      "),
                   f"      b_tile[ty][tx] = (col < {n} && k_at < {k}) ? (float)({self.expr(plan.b)}) : 0.0f;", "    }",
                   "    __syncthreads();",
                   f"    for (int kk = 0; kk < {TILE}; ++kk) acc = fmaf(a_tile[ty][kk], b_tile[kk][tx], acc);",
                   "    __syncthreads();",
                   "  }",
-                  f"  if (!inside) return;",
+                  "  if (!inside) return;",
                   f"  {y}[{index}] = acc;"]
         lines += self.epilogue(unit, plan.store)
         lines.append("}")
