@@ -149,14 +149,13 @@ def _reshaped_axis(shape_in, shape_out, axis: int) -> int | None:
     shape_in, shape_out = tuple(shape_in), tuple(shape_out)
     if shape_in == shape_out:
         return axis
-    if len(shape_in) == len(shape_out) + 1:          # [.., H, d, ..] -> [.., H * d, ..]
-        if (shape_in[:axis] == shape_out[:axis] and shape_in[axis + 2:] == shape_out[axis + 1:]
-                and shape_in[axis] * shape_in[axis + 1] == shape_out[axis]):
-            return axis
-    if len(shape_out) == len(shape_in) + 1:          # [.., H * d, ..] -> [.., H, d, ..]
-        if (shape_out[:axis] == shape_in[:axis] and shape_out[axis + 2:] == shape_in[axis + 1:]
-                and shape_out[axis] * shape_out[axis + 1] == shape_in[axis]):
-            return axis
+    merged, split = (shape_out, shape_in) if len(shape_in) == len(shape_out) + 1 else (shape_in, shape_out)
+    if len(split) != len(merged) + 1:
+        return None
+    # [.., H, d, ..] <-> [.., H * d, ..]: the head axis is the outer of the two
+    if (split[:axis] == merged[:axis] and split[axis + 2:] == merged[axis + 1:]
+            and split[axis] * split[axis + 1] == merged[axis]):
+        return axis
     return None
 
 

@@ -8,10 +8,17 @@ import json
 
 import numpy as np
 from onnx import helper, numpy_helper
+from test_parallel_split import (
+    EVERY_OP,
+    assert_matches_onnxruntime,
+    build,
+    const,
+    level_of,
+    save,
+)
 
 from cortex.commands.decompose import decompose_model
 from passes.partition import PartitionIntoCUs
-from test_parallel_split import EVERY_OP, assert_matches_onnxruntime, build, const, level_of, save
 
 SEQ, HEADS, HEAD_SIZE = 16, 4, 8
 HIDDEN = HEADS * HEAD_SIZE
@@ -48,7 +55,7 @@ def attention(tmp_path):
 
 def test_attention_slices_by_heads_and_meets_once_in_a_sum(tmp_path):
     path, feeds = attention(tmp_path)
-    manifest, dag = build(tmp_path, path, parallel=2, **EVERY_OP)
+    _, dag = build(tmp_path, path, parallel=2, **EVERY_OP)
     softmaxes = [cu["id"] for cu in dag["cus"] if "Softmax" in cu["op_types"]]
     assert len(softmaxes) == 2                        # two groups of two heads, each in its own CUs
     assert level_of(dag)[softmaxes[0]] == level_of(dag)[softmaxes[1]]
@@ -67,7 +74,7 @@ def test_attention_in_four_slices_of_one_head_each(tmp_path):
 
 
 def test_heads_that_do_not_divide_fall_back_to_slicing_the_projections(tmp_path):
-    path, feeds = attention(tmp_path)
+    path, _ = attention(tmp_path)
     summary = decompose_model(path, tmp_path / "cus", PartitionIntoCUs(min_cu_size=0, parallel=3, **EVERY_OP))
     assert summary["sliced_ops"] == 4                 # q, k, v and out by output channels: 4 heads / 3
     assert not any("Sum" in cu["op_types"] for cu in json.loads((tmp_path / "cus" / "manifest.json").read_text())["cus"])
