@@ -28,6 +28,9 @@ host copy into a CU's memory, cold, costs about 0.1 ns a byte: one CU's overhead
 
 Two MatMuls in a row slice as one pair (`parallel_pairs.py`), priced the same way with the Sum
 that joins them: N CUs, and N partial results copied into the join instead of a Concat after each.
+An attention block slices by heads (`parallel_heads.py`), priced like a pair over all its flops,
+with the computed tensors every slice reads whole (its input, the mask) copied once per extra slice;
+its blocks are found first, and their nodes are no candidates of their own.
 
 The partitioner keeps slice k of every split op apart from slice j != k and from unsliced work
 (the slice index is part of an atom's kind), so the N slices of one op land in N different CUs,
