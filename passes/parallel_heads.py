@@ -167,33 +167,17 @@ def split_heads(graph: Graph, block: HeadBlock, pieces: int, piece_of: dict[int,
     matmul = block.projection[0]
     x, weight = matmul.inputs
     rows = weight.shape[0] // pieces
+    # Node by node, each in every slice: the partitioner grows CUs in this order, so the slices' CUs
+    # alternate in dag.json's order and a walk in that order finds both chains ready side by side.
+    pieces_of: list[dict[int, Value]] = [{} for _ in range(pieces)]
     new_nodes: list[Node] = []
+    for node in ordered:
+        for k, piece in enumerate(pieces_of):
+            new_nodes.append(_slice_node(graph, block, node, piece, k, pieces))
+            piece_of[id(new_nodes[-1])] = k
+    out = matmul.outputs[0]
     partials = []
-    for k in range(pieces):
-        piece: dict[int, Value] = {}
-        for node in ordered:
-            inputs = []
-            for v, axis in zip(node.inputs, block.cuts[id(node)]):
-                if v is not None and id(v) in piece:
-                    inputs.append(piece[id(v)])
-                elif v is not None and v.is_const and axis is not None:
-                    inputs.append(_block_of(graph, v, axis, k, pieces))
-                else:
-                    inputs.append(v)
-            result = node.outputs[0]
-            shape = list(result.shape)
-            shape[block.axis_of[id(result)]] //= pieces
-            sliced = Value(graph.fresh_name(f"{result.name}_heads{k}"), result.dtype, tuple(shape))
-            piece[id(result)] = sliced
-            if node.op_type == "Reshape":
-                inputs[1] = Value(graph.fresh_name(f"{node.name}_heads{k}_shape"), inputs[1].dtype,
-                                  (len(shape),), np.array(shape, np.int64))
-            group = f"{node.fusion_group}/heads{k}" if node.fusion_group is not None else None
-            new = Node(node.op_type, inputs, [sliced], dict(node.attrs), graph.fresh_name(f"{node.name}_heads{k}"),
-                       node.domain, dict(node.attr_types), node.doc_string, group)
-            new_nodes.append(new)
-            piece_of[id(new)] = k
-        out = matmul.outputs[0]
+    for k, piece in enumerate(pieces_of):
         block_rows = Value(graph.fresh_name(f"{weight.name}_rows{k}"), weight.dtype, (rows, weight.shape[1]),
                            np.ascontiguousarray(weight.const[k * rows:(k + 1) * rows]))
         partial = Value(graph.fresh_name(f"{out.name}_partial{k}"), out.dtype, out.shape)
@@ -206,6 +190,29 @@ def split_heads(graph: Graph, block: HeadBlock, pieces: int, piece_of: dict[int,
         rest[0].fusion_group = None   # what stays after the join is a group only if it is a chain of two
     total = Node("Sum", partials, [matmul.outputs[0]], name=graph.fresh_name(f"{matmul.name}_join"))
     return [*new_nodes, total, *rest]
+
+
+def _slice_node(graph: Graph, block: HeadBlock, node: Node, piece: dict[int, Value], k: int, pieces: int) -> Node:
+    """Slice k of `node`, reading slice k of what it reads inside the block (`piece`, which it extends)."""
+    inputs = []
+    for v, axis in zip(node.inputs, block.cuts[id(node)]):
+        if v is not None and id(v) in piece:
+            inputs.append(piece[id(v)])
+        elif v is not None and v.is_const and axis is not None:
+            inputs.append(_block_of(graph, v, axis, k, pieces))
+        else:
+            inputs.append(v)
+    result = node.outputs[0]
+    shape = list(result.shape)
+    shape[block.axis_of[id(result)]] //= pieces
+    sliced = Value(graph.fresh_name(f"{result.name}_heads{k}"), result.dtype, tuple(shape))
+    piece[id(result)] = sliced
+    if node.op_type == "Reshape":   # the slice's own static shape (the original may hold -1 or 0)
+        inputs[1] = Value(graph.fresh_name(f"{node.name}_heads{k}_shape"), inputs[1].dtype, (len(shape),),
+                          np.array(shape, np.int64))
+    group = f"{node.fusion_group}/heads{k}" if node.fusion_group is not None else None
+    return Node(node.op_type, inputs, [sliced], dict(node.attrs), graph.fresh_name(f"{node.name}_heads{k}"),
+                node.domain, dict(node.attr_types), node.doc_string, group)
 
 
 def _block_of(graph: Graph, v: Value, axis: int, k: int, pieces: int) -> Value:
