@@ -122,7 +122,7 @@ def worth_slicing(graph: Graph, pieces: int, min_flops: int, keep: set[int] = fr
         for v in node.present_inputs:
             readers.setdefault(id(v), []).append(node)
     outputs = {id(v) for v in graph.outputs}
-    candidates, taken = head_candidates(graph, units, readers, outputs, pieces, keep, cu_overhead_flops)
+    candidates, taken = head_candidates(graph, units, readers, outputs, pieces, min_flops, keep, cu_overhead_flops)
     for unit in units:
         anchor = unit[0]
         if id(anchor) in taken or any(id(node) in keep for node in unit) or not _sliceable(anchor, pieces, min_flops):
@@ -148,9 +148,10 @@ def worth_slicing(graph: Graph, pieces: int, min_flops: int, keep: set[int] = fr
 
 
 def head_candidates(graph: Graph, units: list[list[Node]], readers: dict[int, list[Node]], outputs: set[int],
-                    pieces: int, keep: set[int], cu_overhead_flops: int) -> tuple[list[SliceCandidate], set[int]]:
-    """The attention blocks worth slicing by heads, and the ids of every node they hold (whose units
-    are then no candidates of their own)."""
+                    pieces: int, min_flops: int, keep: set[int],
+                    cu_overhead_flops: int) -> tuple[list[SliceCandidate], set[int]]:
+    """The attention blocks of at least `min_flops` worth slicing by heads, and the ids of every node
+    they hold (whose units are then no candidates of their own)."""
     producers = {id(v): node for node in graph.nodes for v in node.outputs}
     members: dict[str, list[Node]] = {}
     for node in graph.nodes:
@@ -168,7 +169,7 @@ def head_candidates(graph: Graph, units: list[list[Node]], readers: dict[int, li
         copied = (pieces - 1) * read + (pieces + 1) * unit[0].outputs[0].nbytes
         cost = pieces * cu_overhead_flops + copied * cu_overhead_flops / BYTES_PER_CU_OVERHEAD
         saved = flops * (pieces - 1) // pieces
-        if cu_overhead_flops == 0 or saved >= MARGIN * cost:
+        if flops >= min_flops and (cu_overhead_flops == 0 or saved >= MARGIN * cost):
             candidates.append(SliceCandidate(unit, saved, cost, block=block))
             taken.update(id(node) for node in [*block.nodes, *unit])
     return candidates, taken

@@ -17,6 +17,7 @@ from test_parallel_split import (
     save,
 )
 
+from bench.thread_profile import critical_path, list_schedule
 from cortex.commands.decompose import decompose_model
 from passes.partition import PartitionIntoCUs
 
@@ -63,6 +64,16 @@ def test_attention_slices_by_heads_and_meets_once_in_a_sum(tmp_path):
     (join,) = [cu for cu in dag["cus"] if "Sum" in cu["op_types"]]
     assert "Add" in join["op_types"]                  # output bias and residual, once, after the Sum
     assert_matches_onnxruntime(tmp_path, path, feeds)
+
+
+def test_a_walk_in_dag_order_runs_the_head_slices_side_by_side(tmp_path):
+    # The slices' CUs alternate in dag.json's order, so a schedule that starts them in that order on
+    # two cores is as short as the longest chain (were one slice's chain listed whole before the
+    # other's, that schedule would run the two one after the other).
+    path, _ = attention(tmp_path)
+    _, dag = build(tmp_path, path, parallel=2, **EVERY_OP)
+    unit = {cu["id"]: 1.0 for cu in dag["cus"]}
+    assert list_schedule(dag, unit, 2) == critical_path(dag, unit) < len(unit)
 
 
 def test_attention_in_four_slices_of_one_head_each(tmp_path):
