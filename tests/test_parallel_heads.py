@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from onnx import helper, numpy_helper
 from test_parallel_split import (
     EVERY_OP,
@@ -16,9 +17,16 @@ from test_parallel_split import (
     level_of,
     save,
 )
+from testdata import minilm
 
+from backends.registry import target
 from bench.thread_profile import critical_path, list_schedule
 from cortex.commands.decompose import decompose_model
+from cortex.compile import compile_cu_dir
+from cortex.dag import build_dag
+from cortex.runtime import load
+from ir.fs import write_bytes_atomically
+from ir.options import from_text
 from passes.partition import PartitionIntoCUs
 
 SEQ, HEADS, HEAD_SIZE = 16, 4, 8
@@ -97,3 +105,19 @@ def test_parallel_one_keeps_the_attention_block_whole(tmp_path):
     one = decompose_model(path, tmp_path / "b", PartitionIntoCUs(min_cu_size=0, parallel=1, **EVERY_OP))
     assert one["cus"] == whole["cus"] and one["sliced_ops"] == 0
     assert (tmp_path / "a" / "manifest.json").read_bytes() == (tmp_path / "b" / "manifest.json").read_bytes()
+
+
+@pytest.mark.slow
+def test_minilm_sliced_by_heads_matches_onnxruntime(tmp_path):
+    model = minilm(batch=1, seq=16)
+    shapes = {name: list(value.shape) for name, value in model.inputs.items()}
+    summary = decompose_model(model.path, tmp_path / "cus", PartitionIntoCUs(parallel=2), input_shapes=shapes)
+    manifest = json.loads((tmp_path / "cus" / "manifest.json").read_text())
+    softmaxes = [cu for cu in manifest["cus"] if "Softmax" in cu["op_types"]]
+    assert len(softmaxes) == 2 * 6 and summary["sliced_ops"] >= 6          # six layers, two groups of heads
+    dag = build_dag(tmp_path / "cus", tmp_path / "dag.json")
+    write_bytes_atomically(tmp_path / "dag.json", json.dumps(dag).encode())
+    compile_cu_dir(target("wasm"), tmp_path / "cus", tmp_path / "wasm-bin", from_text(target("wasm").options),
+                   tmp_path / "dag.json", jobs=1)
+    got = load(tmp_path / "dag.json", threads=2, policy="strict").run(model.inputs)
+    np.testing.assert_allclose(got["last_hidden_state"], model.outputs["last_hidden_state"], rtol=1e-4, atol=1e-4)
