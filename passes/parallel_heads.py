@@ -44,9 +44,9 @@ class HeadBlock:
 
 
 def head_block(unit: list[Node], producers: dict[int, Node], readers: dict[int, list[Node]],
-               outputs: set[int], members: dict[str, list[Node]], pieces: int) -> HeadBlock | None:
+               outputs: set[int], members: dict[str, list[Node]], pieces: int, opset: int) -> HeadBlock | None:
     """The attention block ending in `unit`'s MatMul (the output projection), or None. `members`:
-    the nodes of each fusion group."""
+    the nodes of each fusion group; `opset`: the model's (Softmax's axis means more before 13)."""
     matmul = unit[0]
     if matmul.op_type != "MatMul" or len(matmul.inputs) != 2:
         return None
@@ -70,7 +70,7 @@ def head_block(unit: list[Node], producers: dict[int, Node], readers: dict[int, 
         axis = axis_of[id(value)]
         if value.shape[axis] % pieces:
             return None
-        plan = _input_axes(node, axis)
+        plan = _input_axes(node, axis, opset)
         if plan is None:
             return None
         found[id(node)] = node
@@ -103,7 +103,7 @@ def head_block(unit: list[Node], producers: dict[int, Node], readers: dict[int, 
     return HeadBlock(nodes, axis_of, cuts, unit, list(shared.values()))
 
 
-def _input_axes(node: Node, axis: int) -> list[tuple[int | None, bool]] | None:
+def _input_axes(node: Node, axis: int, opset: int) -> list[tuple[int | None, bool]] | None:
     """For each input of `node`, whose output is split along `axis`: (the input's axis to cut, or
     SHARED; whether the walk goes on into it). None: the node cannot keep the split."""
     out = node.outputs[0]
@@ -125,7 +125,9 @@ def _input_axes(node: Node, axis: int) -> list[tuple[int | None, bool]] | None:
         into = _reshaped_axis(node.inputs[0].shape, out.shape, axis)
         return None if into is None else [(into, True), (SHARED, False)]
     if node.op_type in ("Softmax", "LogSoftmax"):
-        return None if node.attrs.get("axis", -1) % rank == axis else [(axis, True)]
+        # Before opset 13 Softmax normalizes over every axis from `axis` on (default 1), since over it alone.
+        over = node.attrs.get("axis", -1 if opset >= 13 else 1) % rank
+        return None if axis == over or (opset < 13 and axis > over) else [(axis, True)]
     if kind_of(node.op_type, node.domain) == ELEMENTWISE:
         plan = [_aligned(v, axis, rank, out.shape[axis]) if v is not None else (SHARED, False)
                 for v in node.inputs]

@@ -157,11 +157,12 @@ def head_candidates(graph: Graph, units: list[list[Node]], readers: dict[int, li
     for node in graph.nodes:
         if node.fusion_group is not None:
             members.setdefault(node.fusion_group, []).append(node)
+    opset = graph.opset_imports.get("", graph.opset_imports.get("ai.onnx", 21))
     candidates, taken = [], set()
     for unit in units:
         if unit[0].op_type != "MatMul" or any(id(node) in keep for node in unit):
             continue
-        block = head_block(unit, producers, readers, outputs, members, pieces)
+        block = head_block(unit, producers, readers, outputs, members, pieces, opset)
         if block is None or any(id(node) in keep or id(node) in taken for node in block.nodes):
             continue
         flops = sum(node_flops(n) for n in block.nodes) + node_flops(unit[0])

@@ -33,7 +33,7 @@ SEQ, HEADS, HEAD_SIZE = 16, 4, 8
 HIDDEN = HEADS * HEAD_SIZE
 
 
-def attention(tmp_path):
+def attention(tmp_path, opset: int = 17, softmax: dict | None = None):
     """A BERT self-attention block as torch exports it, the mask a model input."""
     nodes, inits = [], [const("wo", HIDDEN, HIDDEN), const("bo", HIDDEN)]
     split = numpy_helper.from_array(np.array([1, SEQ, HEADS, HEAD_SIZE], np.int64), "split_shape")
@@ -49,14 +49,14 @@ def attention(tmp_path):
     nodes += [helper.make_node("MatMul", ["q_t", "k_t"], ["scores"], name="qk"),
               helper.make_node("Mul", ["scores", "scale"], ["scaled"], name="scale_scores"),
               helper.make_node("Add", ["scaled", "mask"], ["masked"], name="add_mask"),
-              helper.make_node("Softmax", ["masked"], ["probs"], name="softmax", axis=-1),
+              helper.make_node("Softmax", ["masked"], ["probs"], name="softmax", **({"axis": -1} if softmax is None else softmax)),
               helper.make_node("MatMul", ["probs", "v_t"], ["context"], name="av"),
               helper.make_node("Transpose", ["context"], ["context_t"], name="unheads", perm=[0, 2, 1, 3]),
               helper.make_node("Reshape", ["context_t", "merge_shape"], ["merged"], name="merge"),
               helper.make_node("MatMul", ["merged", "wo"], ["o_mm"], name="out_proj"),
               helper.make_node("Add", ["bo", "o_mm"], ["o_b"], name="out_bias"),
               helper.make_node("Add", ["o_b", "x"], ["y"], name="residual")]
-    path, feeds = save(tmp_path, nodes, [("x", [1, SEQ, HIDDEN]), ("mask", [1, 1, SEQ, SEQ])], ["y"], inits)
+    path, feeds = save(tmp_path, nodes, [("x", [1, SEQ, HIDDEN]), ("mask", [1, 1, SEQ, SEQ])], ["y"], inits, opset)
     feeds["mask"] = np.where(np.arange(SEQ) < SEQ - 3, 0.0, -10000.0).astype(np.float32) * np.ones((1, 1, SEQ, 1),
                                                                                                   np.float32)
     return path, feeds
@@ -97,6 +97,22 @@ def test_heads_that_do_not_divide_fall_back_to_slicing_the_projections(tmp_path)
     summary = decompose_model(path, tmp_path / "cus", PartitionIntoCUs(min_cu_size=0, parallel=3, **EVERY_OP))
     assert summary["sliced_ops"] == 4                 # q, k, v and out by output channels: 4 heads / 3
     assert not any("Sum" in cu["op_types"] for cu in json.loads((tmp_path / "cus" / "manifest.json").read_text())["cus"])
+
+
+def test_a_softmax_over_the_heads_keeps_them_together(tmp_path):
+    # Before opset 13 Softmax's default axis 1 normalizes over heads, rows and columns at once.
+    path, feeds = attention(tmp_path, opset=11, softmax={})
+    _, dag = build(tmp_path, path, parallel=2, **EVERY_OP)
+    assert len([cu for cu in dag["cus"] if "Softmax" in cu["op_types"]]) == 1
+    assert not any("Sum" in cu["op_types"] for cu in dag["cus"])
+    assert_matches_onnxruntime(tmp_path, path, feeds)
+
+
+def test_an_opset_11_softmax_over_the_last_axis_slices_by_heads(tmp_path):
+    path, feeds = attention(tmp_path, opset=11, softmax={"axis": 3})
+    _, dag = build(tmp_path, path, parallel=2, **EVERY_OP)
+    assert len([cu for cu in dag["cus"] if "Softmax" in cu["op_types"]]) == 2
+    assert_matches_onnxruntime(tmp_path, path, feeds)
 
 
 def test_parallel_one_keeps_the_attention_block_whole(tmp_path):
