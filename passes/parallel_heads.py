@@ -34,7 +34,7 @@ SHARED = None   # an input every slice reads whole
 
 @dataclass
 class HeadBlock:
-    """An attention block to slice: `nodes` in graph order, the split axis of each value they make,
+    """An attention block to slice: its `nodes`, the split axis of each value they make (and of its input),
     how each node's inputs divide (axis to cut, or SHARED), and the output projection's unit."""
     nodes: list[Node]
     axis_of: dict[int, int]
