@@ -28,6 +28,9 @@ host copy into a CU's memory, cold, costs about 0.1 ns a byte: one CU's overhead
 
 Two MatMuls in a row slice as one pair (`parallel_pairs.py`), priced the same way with the Sum
 that joins them: N CUs, and N partial results copied into the join instead of a Concat after each.
+An attention block slices by heads (`parallel_heads.py`), priced like a pair over all its flops,
+with the computed tensors every slice reads whole (its input, the mask) copied once per extra slice;
+its blocks are found first, and their nodes are no candidates of their own.
 
 The partitioner keeps slice k of every split op apart from slice j != k and from unsliced work
 (the slice index is part of an atom's kind), so the N slices of one op land in N different CUs,
@@ -41,6 +44,7 @@ from dataclasses import dataclass
 
 from ir.graph import Graph, Node
 from ir.ops import CONTRACTION, kind_of, lookup, node_flops
+from passes.parallel_heads import HeadBlock, head_block, split_heads
 from passes.parallel_pairs import second_of_pair, split_pair
 from passes.split_large_ops import fusion_units, split_unit, splittable
 
@@ -56,6 +60,7 @@ class SliceCandidate:
     saved: int           # flops off the critical path
     cost: float          # flops of overhead slicing adds
     second: list[Node] | None = None    # the MatMul sliced with it as a pair (parallel_pairs)
+    block: HeadBlock | None = None      # the attention block `unit` ends, sliced by heads (parallel_heads)
 
     @property
     def gain(self) -> float:
@@ -82,8 +87,15 @@ def split_for_parallel(graph: Graph, pieces: int, min_flops: int, keep: set[int]
     if pieces < 2:
         return piece_of, 0
     replaced: dict[int, list[Node]] = {}
+    position = {id(n): i for i, n in enumerate(graph.nodes)}
     for candidate in worth_slicing(graph, pieces, min_flops, keep, cu_overhead_flops):
         unit, second = candidate.unit, candidate.second
+        if candidate.block is not None:
+            block_nodes = sorted([*candidate.block.nodes, *unit], key=lambda n: position[id(n)])
+            replaced[id(block_nodes[0])] = split_heads(graph, candidate.block, pieces, piece_of)
+            for node in block_nodes[1:]:
+                replaced[id(node)] = []
+            continue
         pair = split_pair(graph, unit, second, pieces, piece_of) if second is not None else None
         if pair is not None:
             replaced[id(unit[0])], replaced[id(second[0])] = pair
@@ -110,13 +122,13 @@ def worth_slicing(graph: Graph, pieces: int, min_flops: int, keep: set[int] = fr
         for v in node.present_inputs:
             readers.setdefault(id(v), []).append(node)
     outputs = {id(v) for v in graph.outputs}
-    candidates, taken = [], set()
+    candidates, taken = head_candidates(graph, units, readers, outputs, pieces, min_flops, keep, cu_overhead_flops)
     for unit in units:
         anchor = unit[0]
         if id(anchor) in taken or any(id(node) in keep for node in unit) or not _sliceable(anchor, pieces, min_flops):
             continue
         second = second_of_pair(unit, readers, outputs, anchors)
-        if second is not None and not any(id(node) in keep for node in second):
+        if second is not None and not any(id(node) in keep or id(node) in taken for node in second):
             saved, cost = slicing_cost(anchor, pieces, cu_overhead_flops, second[0])
             if cu_overhead_flops == 0 or saved >= MARGIN * cost:
                 candidates.append(SliceCandidate(unit, saved, cost if cu_overhead_flops else 0.0, second))
@@ -133,6 +145,35 @@ def worth_slicing(graph: Graph, pieces: int, min_flops: int, keep: set[int] = fr
         budget -= c.cost
         chosen.add(id(c.unit[0]))
     return [c for c in candidates if id(c.unit[0]) in chosen]
+
+
+def head_candidates(graph: Graph, units: list[list[Node]], readers: dict[int, list[Node]], outputs: set[int],
+                    pieces: int, min_flops: int, keep: set[int],
+                    cu_overhead_flops: int) -> tuple[list[SliceCandidate], set[int]]:
+    """The attention blocks of at least `min_flops` worth slicing by heads, and the ids of every node
+    they hold (whose units are then no candidates of their own)."""
+    producers = {id(v): node for node in graph.nodes for v in node.outputs}
+    members: dict[str, list[Node]] = {}
+    for node in graph.nodes:
+        if node.fusion_group is not None:
+            members.setdefault(node.fusion_group, []).append(node)
+    opset = graph.opset_imports.get("", graph.opset_imports.get("ai.onnx", 21))
+    candidates, taken = [], set()
+    for unit in units:
+        if unit[0].op_type != "MatMul" or any(id(node) in keep for node in unit):
+            continue
+        block = head_block(unit, producers, readers, outputs, members, pieces, opset)
+        if block is None or any(id(node) in keep or id(node) in taken for node in block.nodes):
+            continue
+        flops = sum(node_flops(n) for n in block.nodes) + node_flops(unit[0])
+        read = sum(v.nbytes for v in block.shared)
+        copied = (pieces - 1) * read + (pieces + 1) * unit[0].outputs[0].nbytes
+        cost = pieces * cu_overhead_flops + copied * cu_overhead_flops / BYTES_PER_CU_OVERHEAD
+        saved = flops * (pieces - 1) // pieces
+        if flops >= min_flops and (cu_overhead_flops == 0 or saved >= MARGIN * cost):
+            candidates.append(SliceCandidate(unit, saved, cost, block=block))
+            taken.update(id(node) for node in [*block.nodes, *unit])
+    return candidates, taken
 
 
 def _sliceable(node: Node, pieces: int, min_flops: int) -> bool:
