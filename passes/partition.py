@@ -104,8 +104,10 @@ class PartitionIntoCUs(Pass):
         "Model inputs whose values repeat between calls (comma-separated): work that depends only on "
         "them stays in CUs of its own, marked for the result cache.", parse=parse_names, show=show_names))
     parallel: int = field(default=1, metadata=option(
-        "Split each MatMul, Gemm and Conv of at least --parallel-min-flops into this many slices along "
-        "its output channels, each in a CU of its own, so that this many threads have work (1: off)."))
+        "Split the MatMuls, Gemms and Convs of at least --parallel-min-flops into this many slices along "
+        "their output channels (MatMul pairs and attention blocks by columns and heads, meeting once in a "
+        "Sum), each in a CU of its own, where the cost model says it pays, so that this many threads have "
+        "work (1: off)."))
     parallel_min_flops: int = field(default=4_000_000, metadata=option(
         "With --parallel: the smallest contraction, in flops, worth slicing (smaller ones cost more in "
         "per-CU overhead than a thread saves)."))
