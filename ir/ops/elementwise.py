@@ -37,9 +37,12 @@ register("RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike
 
 import math  # noqa: E402
 
+import numpy as np  # noqa: E402
+
 from ir.errors import UnsupportedError  # noqa: E402
 from ir.loops.expr import (Const, binary, cast, const, eq, ge, gt, le, logical_and, logical_or, lt,  # noqa: E402
                            maximum, minimum, ne, reinterpret, select, unary)
+from ir.ops.gelu_pattern import erf_gelu_nodes  # noqa: E402
 from ir.ops.registry import lowering  # noqa: E402
 
 
@@ -169,8 +172,45 @@ def _lower_expression(fn):
     return lambda b, node: b.elementwise(node, lambda *xs: fn(node, *xs))
 
 
+def _lower_gelu_entry(fn):
+    """Mul and Div, which may start GELU's erf diamond: the whole diamond as one loop when no
+    kernel absorbs it (dynamically quantized MiniLM's FFN, whose integer GEMM ends in a Mul and an
+    Add), else the op alone."""
+    def lower(b, node):
+        if not _erf_gelu_as_one_loop(b, node):
+            b.elementwise(node, lambda *xs: fn(node, *xs))
+    return lower
+
+
+def _erf_gelu_as_one_loop(b, node) -> bool:
+    """The five nodes of x * 0.5 * (1 + erf(x / sqrt 2)) that `node` belongs to (see
+    `erf_gelu_nodes`) as one loop over x: each node's own expression in graph order, so the result
+    is bit for bit the five loops', without four stores and reloads of the [seq, 4 * hidden]
+    activation. The loop runs where the first of them would: it reads only x and constants, and
+    the four intermediate values are read by none but the five, so no fusion group is needed (the
+    groups split the diamond when x has no anchor before it)."""
+    for x in node.present_inputs:
+        if x.is_const or x.dtype != 1:         # TensorProto.FLOAT
+            continue
+        nodes = erf_gelu_nodes(x, b.users, b.output_ids)
+        if not nodes or not any(n is node for n in nodes):
+            continue
+        source = b.buffer(x)
+        for member in nodes:
+            out = b.absorb(member)
+        with b.loop(out.numel) as i:
+            values = {id(x): source.at(i)}
+            for member in nodes:
+                args = [values[id(v)] if id(v) in values else float(np.asarray(v.const).reshape(-1)[0])
+                        for v in member.inputs]
+                values[id(member.outputs[0])] = ELEMENTWISE_EXPRESSIONS[member.op_type](member, *args)
+            b.store_flat(out, i, values[id(nodes[-1].outputs[0])])
+        return True
+    return False
+
+
 for _op, _fn in ELEMENTWISE_EXPRESSIONS.items():
-    lowering("loops", _op)(_lower_expression(_fn))
+    lowering("loops", _op)((_lower_gelu_entry if _op in ("Mul", "Div") else _lower_expression)(_fn))
 
 
 @lowering("loops", "Clip")
