@@ -2,7 +2,7 @@
 -inf and float32-min masks and odd row lengths (vector part plus scalar tail), exp and erf at large,
 tiny and special values, and DynamicQuantizeLinear bit-exact at odd sizes. Every case runs on plain
 SIMD128 (exp's integer from 1.5 * 2^23 rounding), relaxed SIMD (relaxed truncation) and the scalar
-loops."""
+loops. An erf GELU diamond that no kernel absorbs runs as one loop."""
 
 from __future__ import annotations
 
@@ -76,14 +76,39 @@ def test_erf_at_large_tiny_and_special_values_equals_onnxruntime():
     _assert_close(_unary_model("Erf", x.shape), {"x": x}, rtol=2e-6, atol=1e-7)
 
 
-def test_erf_gelu_diamond_equals_onnxruntime_on_an_odd_size():
-    shape = [3, 37]
+def _gelu_diamond_model(shape, extra_outputs=()):
     consts = [helper.make_tensor(n, T.FLOAT, [], [v]) for n, v in (("sqrt2", 2 ** 0.5), ("one", 1.0), ("half", 0.5))]
     nodes = [helper.make_node("Div", ["x", "sqrt2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
              helper.make_node("Add", ["e", "one"], ["p"]), helper.make_node("Mul", ["x", "p"], ["xp"]),
              helper.make_node("Mul", ["xp", "half"], ["y"])]
-    model = make_model(nodes, [helper.make_tensor_value_info("x", T.FLOAT, shape)],
-                       [helper.make_tensor_value_info("y", T.FLOAT, shape)], consts)
+    outputs = [helper.make_tensor_value_info(n, T.FLOAT, shape) for n in ("y", *extra_outputs)]
+    return make_model(nodes, [helper.make_tensor_value_info("x", T.FLOAT, shape)], outputs, consts)
+
+
+def _kernels(model) -> list[str]:
+    graph, _ = run_pipeline(import_model(model), optimize_pipeline(require_static=True))
+    wat = compile_graph(graph, parse_options(None, "simd,relaxed-simd", "3")).wat
+    return [line.split(";;")[1].strip() for line in wat.splitlines() if line.startswith("  (func $") and ";;" in line]
+
+
+def test_an_erf_gelu_diamond_no_kernel_absorbs_runs_as_one_loop_bit_for_bit_as_five():
+    assert _kernels(_gelu_diamond_model([4, 64])) == ["Div"]
+    x = (3 * RNG.standard_normal((4, 64))).astype(np.float32)
+    for features, level in CONFIGS:
+        one = run_wasm(_gelu_diamond_model([4, 64]), {"x": x}, features, level)["y"]
+        five = run_wasm(_gelu_diamond_model([4, 64], extra_outputs=("e",)), {"x": x}, features, level)["y"]
+        np.testing.assert_array_equal(one, five, err_msg=f"features={features!r}")
+
+
+def test_an_erf_gelu_diamond_whose_inner_value_is_an_output_keeps_its_five_loops():
+    model = _gelu_diamond_model([2, 9], extra_outputs=("e",))
+    assert _kernels(model) == ["Div", "Erf", "Add", "Mul", "Mul"]
+    _assert_close(model, {"x": (3 * RNG.standard_normal((2, 9))).astype(np.float32)}, rtol=1e-5, atol=1e-6)
+
+
+def test_erf_gelu_diamond_equals_onnxruntime_on_an_odd_size():
+    shape = [3, 37]
+    model = _gelu_diamond_model(shape)
     x = (3 * RNG.standard_normal(shape)).astype(np.float32)
     x[0, :4] = [-10.0, 10.0, 0.0, -1e-30]
     # for x < -3, 1 + erf(x / sqrt 2) cancels: erf's last-bit error near -1 (6e-8) times |x| is an
