@@ -153,3 +153,24 @@ def test_dynamic_quantize_linear_quantises_without_saturating_conversions():
     wat = compile_graph(graph, parse_options(None, "simd", "2")).wat
     assert "v128.store32_lane" in wat and "i32x4.trunc_sat_f32x4_s" not in wat
     assert "f32x4.min" not in wat.replace("f32x4.pmin", "") and "f32x4.max" not in wat.replace("f32x4.pmax", "")
+
+
+def _quantize_linear_model(shape, zero_type, axis_size=None):
+    scale_shape = [axis_size] if axis_size else []
+    return make_model([helper.make_node("QuantizeLinear", ["x", "scale", "zero"], ["y"], axis=1)],
+                      [helper.make_tensor_value_info("x", T.FLOAT, list(shape))],
+                      [helper.make_tensor_value_info("y", zero_type, list(shape))],
+                      [helper.make_tensor("scale", T.FLOAT, scale_shape, [0.02] * (axis_size or 1)),
+                       helper.make_tensor("zero", zero_type, scale_shape, [3] * (axis_size or 1))])
+
+
+@pytest.mark.parametrize("zero_type", [T.UINT8, T.INT8])
+@pytest.mark.parametrize("shape, axis_size", [((7,), None), ((3, 131), None), ((2, 5, 9), 5)])
+def test_quantize_linear_is_bit_exact_at_odd_sizes_and_its_saturation(zero_type, shape, axis_size):
+    x = (3 * RNG.standard_normal(shape)).astype(np.float32)
+    x.flat[:4] = [0.01, 0.03, -0.05, 1e9]          # ties of x / scale, and a value past the range
+    model = _quantize_linear_model(shape, zero_type, axis_size)
+    want = run_onnxruntime(model, {"x": x})["y"]
+    for features, level in CONFIGS:
+        np.testing.assert_array_equal(run_wasm(model, {"x": x}, features, level)["y"], want,
+                                      err_msg=f"features={features!r}")
