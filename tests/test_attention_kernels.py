@@ -168,7 +168,7 @@ def _quantize_linear_model(shape, zero_type, axis_size=None):
 @pytest.mark.parametrize("shape, axis_size", [((7,), None), ((3, 131), None), ((2, 5, 9), 5)])
 def test_quantize_linear_is_bit_exact_at_odd_sizes_and_its_saturation(zero_type, shape, axis_size):
     x = (3 * RNG.standard_normal(shape)).astype(np.float32)
-    x.flat[:4] = [0.01, 0.03, -0.05, 1e9]          # ties of x / scale, and a value past the range
+    x.flat[:6] = [0.01, 0.03, -0.05, 1e9, np.nan, -np.inf]   # ties of x / scale, past the range, NaN
     model = _quantize_linear_model(shape, zero_type, axis_size)
     want = run_onnxruntime(model, {"x": x})["y"]
     for features, level in CONFIGS:
