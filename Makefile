@@ -105,6 +105,11 @@ bench-specializations-cuda: setup
 bench-int8-gemm: setup
 	$(BIN)/python -m bench.int8_gemm_bench --shapes minilm
 
+## MiniLM's attention, Softmax, erf GELU and DynamicQuantizeLinear (seq 128) op by op against onnxruntime.
+.PHONY: bench-attention-ops
+bench-attention-ops: setup
+	$(BIN)/python -m bench.attention_ops_bench
+
 ## The CU sandbox's time limit (epoch interruption) on MiniLM: median CPU time with and without it.
 bench-sandbox: setup
 	$(BIN)/python -m bench.sandbox_overhead --json $(OUT)/bench-sandbox.json

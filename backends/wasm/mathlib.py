@@ -268,6 +268,20 @@ VECTOR_MATH = {"exp": "exp_f32x4", "log": "log_f32x4", "tanh": "tanh_f32x4", "er
 VECTOR_MATH_BINARY = {"pow": "pow_f32x4"}
 
 
+def _exp_exponent(relaxed: bool) -> str:
+    """$k = nearest(x log2 e) and $ki, its i32, without the saturating truncation (a long sequence on
+    x86: NaN and overflow fix-ups; ~15% of a Softmax). k is integral and within +-151, so relaxed
+    truncation (one cvttps2dq) is exact; without relaxed-simd, 1.5 * 2^23 + t rounds t to nearest
+    even (|t| < 2^22) and holds k in its low mantissa bits. A NaN lane gives some integer either way,
+    and the result stays NaN through the polynomial."""
+    if relaxed:
+        return f"""  (local.set $k (f32x4.nearest (f32x4.mul (local.get $x) {_c4(1.4426950408889634)})))
+  (local.set $ki (i32x4.relaxed_trunc_f32x4_s (local.get $k)))"""
+    return f"""  (local.set $ki (f32x4.add (f32x4.mul (local.get $x) {_c4(1.4426950408889634)}) {_c4(12582912.0)}))
+  (local.set $k (f32x4.sub (local.get $ki) {_c4(12582912.0)}))
+  (local.set $ki (i32x4.sub (local.get $ki) (v128.const i32x4 0x4b400000 0x4b400000 0x4b400000 0x4b400000)))"""
+
+
 def _vector_functions(fused: bool) -> dict[str, tuple[tuple[str, ...], str]]:
     """The f32x4 functions; with `fused` their polynomials use relaxed_madd (relaxed-simd)."""
     def horner(var, coeffs):
@@ -279,11 +293,10 @@ def _vector_functions(fused: bool) -> dict[str, tuple[tuple[str, ...], str]]:
   ;; pmin(x, c) is `c < x ? c : x` and pmax(x, c) `x < c ? c : x`, so NaN lanes stay NaN (one
   ;; minps/maxps each, where the NaN-propagating f32x4.min/max are long sequences on x86)
   (local.set $x (f32x4.pmax (f32x4.pmin (local.get $x) {_c4(89.0)}) {_c4(-104.0)}))
-  (local.set $k (f32x4.nearest (f32x4.mul (local.get $x) {_c4(1.4426950408889634)})))
+{_exp_exponent(fused)}
   ;; ln2 split in two: k * 0.693359375 is exact for |k| <= 150
   (local.set $r {_madd("(local.get $k)", _c4(2.12194440e-4),
                         _nmadd("(local.get $k)", _c4(0.693359375), "(local.get $x)", fused), fused)})
-  (local.set $ki (i32x4.trunc_sat_f32x4_s (local.get $k)))
   (local.set $k1 (i32x4.shr_s (local.get $ki) (i32.const 1)))
   ;; 2^k as two factors so that neither overflows nor goes subnormal on its own
   (f32x4.mul (f32x4.mul

@@ -10,7 +10,8 @@ last lane is copied back to the scalar after the vector part), and every value i
 or accumulates is built from operations SIMD128 has: loads that are contiguous (v128.load),
 strided (stride 2 or 3: two overlapping v128.loads and one shuffle that never reads past the last
 lane's element; larger positive strides: one load per lane) or loop-invariant (scalar load +
-splat), arithmetic, min/max, comparisons feeding a select, f32<->i32 conversions and fma (relaxed
+splat), arithmetic, min/max, comparisons feeding a select, f32<->i32 conversions and bit
+reinterpretations (no instruction: a v128 has no lane type) and fma (relaxed
 madd when `relaxed-simd` is on) and the f32 math calls with an f32x4 version in `mathlib` (exp,
 log, tanh, erf, pow; at opt-level 3 exp, log and erf are written inline). `select(a > b, a, b)`
 and `select(a < b, a, b)` on f32 become one `f32x4.pmax` / `f32x4.pmin` (one maxps/minps on x86,
@@ -136,6 +137,8 @@ def _vector_ok(e: Expr, var: Var, private: set[int]) -> bool:
             return _vector_ok(e.a, var, private) and _vector_ok(e.b, var, private)
         return e.op in table and _vector_ok(e.a, var, private) and _vector_ok(e.b, var, private)
     if isinstance(e, Unary):
+        if e.op == "reinterpret":
+            return e.a.type in ("f32", "i32") and _vector_ok(e.a, var, private)
         if e.type == "f32" and e.a.type == "f32" and e.op in VECTOR_MATH:
             return _vector_ok(e.a, var, private)
         return e.op in (_F32_UNARY if e.type == "f32" else _I32_UNARY) and _vector_ok(e.a, var, private)
@@ -283,6 +286,8 @@ class VectorRenderer:
             if e.type == "f32":
                 return f"(f32x4.{_F32_BINARY[e.op]} {a} {b})"
             return f"({_I32_BINARY[e.op]} {a} {b})"
+        if isinstance(e, Unary) and e.op == "reinterpret":
+            return self.vector(e.a)                 # a v128 has no lane type: the same bits
         if isinstance(e, Unary) and e.op in VECTOR_MATH:
             name = VECTOR_MATH[e.op]
             if name in INLINE_VECTOR_FUNCTIONS and self.scalar.options.opt_level == "3":

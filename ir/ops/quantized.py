@@ -14,6 +14,7 @@ import numpy as np
 from ir.loops.contraction import (ContractionOperands, ConvSpec, DequantizeSpec, IntegerConvSpec, IntegerGemmSpec,
                                   QuantizationOperands, RequantizeSpec)
 from ir.loops.expr import cast, eq, maximum, minimum, select, unary
+from ir.ops.elementwise import uint8_of
 from ir.ops.nn import _batched, _residual
 from ir.ops.registry import CONTRACTION, OTHER, lowering, register
 from ir.ops.windows import pad_buffer, window_geometry
@@ -200,7 +201,8 @@ def _dynamic_quantize(b, node):
     """uint8 quantisation with the scale and zero point taken from the data's range (which always
     includes 0), as the spec computes them; an empty range (all zeros) has scale 1, as onnxruntime's
     kernel gives it (qmath.h, GetQuantizationParameter), not 0 (whose 0 / 0 would be NaN). Both loops
-    vectorise: the range as pmin/pmax partials, the quantisation with 32-bit lane stores of bytes."""
+    vectorise: the range as pmin/pmax partials, the quantisation with 32-bit lane stores of bytes
+    (`uint8_of`)."""
     x, y, scale, zero = b.input(node, 0), b.output(node, 0), b.output(node, 1), b.output(node, 2)
     low = b.local("f32", 0.0, "low")
     high = b.local("f32", 0.0, "high")
@@ -212,8 +214,7 @@ def _dynamic_quantize(b, node):
     b.store_flat(scale, 0, s)
     b.store_flat(zero, 0, cast(zp, "i32"))
     with b.loop(x.numel) as i:
-        q = unary("nearest", x.at(i) / s) + zp
-        b.store_flat(y, i, cast(minimum(maximum(q, 0.0), 255.0), "i32"))
+        b.store_flat(y, i, uint8_of(unary("nearest", x.at(i) / s) + zp))
 
 
 def _integer_conv_as_kernel(b, node) -> bool:
