@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from cortex.runtime.trace import process_maxrss_mb
+from cortex.runtime.trace import process_maxrss_mb, process_rss_mb
 from samples.cache import CACHE_DIR
 from samples.vgg import ensure_vgg, vgg_input, vgg_name
 
@@ -64,19 +64,12 @@ def build(width: float, out: Path) -> tuple[Path, int]:
     return dag_path, max_cu_size
 
 
-def current_rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def measure(dag_path: Path, budget_mb: float | None, runs: int, warmup: int) -> dict:
     """One process's figures (run by `_measure_in_child` in a fresh interpreter)."""
     import cortex
 
     model = cortex.load(dag_path, policy="strict", memory_budget_mb=budget_mb)
-    baseline = current_rss_mb()
+    baseline = process_rss_mb()
     feeds = vgg_input()
     for _ in range(warmup):
         model.run(feeds)

@@ -19,24 +19,17 @@ import sys
 from pathlib import Path
 
 import cortex
-from cortex.runtime.trace import process_maxrss_mb
+from cortex.runtime.trace import process_maxrss_mb, process_rss_mb
 from samples.minilm import minilm_feed
 
 LOADINGS = ("eager", "lazy")
 
 
-def current_rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def measure(dag: Path, loading: str, seq: int) -> dict:
     """This process's memory around loading `dag` and running one MiniLM request of length `seq`."""
-    imports = current_rss_mb()
+    imports = process_rss_mb()
     model = cortex.load(dag, specializations=loading)
-    loaded = current_rss_mb()
+    loaded = process_rss_mb()
     model.run(minilm_feed(1, seq))
     return {"imports_rss_mb": round(imports, 1), "after_load_rss_mb": round(loaded, 1),
             "peak_rss_mb": round(process_maxrss_mb(), 1), "loaded": model.loaded_specializations()}

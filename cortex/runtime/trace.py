@@ -139,15 +139,28 @@ def _events(entries: list[dict]) -> list[dict]:
             for t in entries]
 
 
-def process_maxrss_mb() -> float:
-    """The process's peak resident set in MB. On Linux it is VmHWM, this program's own: getrusage's
-    ru_maxrss survives fork and exec, so a process started by a large one reports its parent's peak."""
+def _proc_status_mb(field: str) -> float | None:
+    """A size field (`VmRSS`, `VmHWM`) of /proc/self/status in MB; None off Linux."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass
+    return None
+
+
+def process_rss_mb() -> float:
+    """The process's resident set now, in MB (0 where /proc is missing)."""
+    return _proc_status_mb("VmRSS") or 0.0
+
+
+def process_maxrss_mb() -> float:
+    """The process's peak resident set in MB. On Linux it is VmHWM, this program's own: getrusage's
+    ru_maxrss survives fork and exec, so a process started by a large one reports its parent's peak."""
+    peak_mb = _proc_status_mb("VmHWM")
+    if peak_mb is not None:
+        return peak_mb
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / MB if sys.platform == "darwin" else peak / 1024   # bytes on macOS, KiB on Linux
 
