@@ -29,7 +29,10 @@ class Device(Protocol):
     """Runs the artifacts of one CU at a time. Tensors it returns may live on the device (a GPU
     buffer) or in a CU's memory (a view valid until that CU runs again); `to_host` copies them out.
     A device whose class sets `concurrent_runs = True` lets different CUs run on different threads
-    at once (the threaded scheduler); others run every CU on the thread that loaded them."""
+    at once (the threaded scheduler); others run every CU on the thread that loaded them.
+    A device may also define `reads_in_place(cu, name, tensor) -> bool` (the wasm device does):
+    whether `cu` reads its input `name` where `tensor` already lies, so the trace counts only the
+    bytes copied between CUs; a device without it is not counted."""
 
     name: str
 
