@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         section = section.replace(report.END, "\n".join(["FMA-loop peak before and after each part:", "", *notes, ""])
                                   + "\n" + report.END)
     report.write_section(args.output, section)
-    if threads or drifts:
+    if threads:   # --no-threads keeps the threads section as it was
         threads_bench.write_section(args.output, threads_bench.render(info, threads, gil, drifts, date, 3))
     print(f"wrote {args.output}")
     if args.json:

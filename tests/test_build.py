@@ -15,7 +15,7 @@ from cuda_cases import cuda_compiler_available
 from onnx import numpy_helper
 from testdata import SAMPLES_DIR
 
-from samples.light_models import LIGHT_DIR
+from samples.light_models import LIGHT_DIR, LIGHT_MODEL_NAMES
 
 # decompose options binding each committed sample's dynamic dims (tests/testdata.py SAMPLE_DIMS)
 SAMPLE_OPTIONS = {"mlp": ["--dim", "batch=2"], "cnn": ["--max-cu-size", "3000"],
@@ -68,7 +68,7 @@ def test_build_for_wasm_and_cuda_matches_the_five_commands(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["squeezenet", "shufflenet"])
+@pytest.mark.parametrize("name", LIGHT_MODEL_NAMES)
 def test_build_matches_the_four_commands_on_light_models(tmp_path, name):
     assert_build_matches_four_commands(tmp_path, LIGHT_DIR / f"light_{name}.onnx", [], ["wasm"])
 
