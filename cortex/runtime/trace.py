@@ -46,8 +46,10 @@ MB = 1 << 20
 
 
 def request_trace(*, policy: str, device: str, dag_path: Path, outputs: list[str], request, resident_bytes: int,
-                  fallback_cus: set[str], cache_stats: dict | None, sandbox_events: dict | None = None) -> dict:
-    """The trace of a request the scheduler ran (`request`: its `Request`)."""
+                  fallback_cus: set[str], cache_stats: dict | None, sandbox_events: dict | None = None,
+                  maxrss_mb: float | None = None) -> dict:
+    """The trace of a request the scheduler ran (`request`: its `Request`; `maxrss_mb`: the process's
+    peak as it was when the request ended, read now when not given)."""
     entries = request.activated
     variants = variant_trace(entries)
     memory = request.memory.document(resident_bytes) if request.memory is not None \
@@ -63,7 +65,7 @@ def request_trace(*, policy: str, device: str, dag_path: Path, outputs: list[str
         "sandbox_stats": {"cpu_time_ms": request.cpu_seconds * 1e3,
                           "peak_memory_mb": peak / MB,
                           "peak_memory_basis": "loaded CUs + live tensors",
-                          "process_maxrss_mb": process_maxrss_mb(),
+                          "process_maxrss_mb": process_maxrss_mb() if maxrss_mb is None else maxrss_mb,
                           "wasm_executions": sum(1 for t in entries if t["device"] == "wasm"),
                           "bytes_copied_between_cus": sum(t.get("bytes_copied_between_cus", 0) for t in entries),
                           **(sandbox_events or no_sandbox_events())},
