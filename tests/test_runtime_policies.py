@@ -17,7 +17,7 @@ import cortex
 from cortex.commands.decompose import decompose_model
 from cortex.dag import build_dag
 from cortex.runtime.policy import POLICIES
-from cortex.runtime.trace import trace_schema, validate_trace
+from cortex.runtime.trace import process_maxrss_mb, trace_schema, validate_trace
 from ir.errors import CortexError
 from ir.fs import write_bytes_atomically
 from passes.partition import PartitionIntoCUs
@@ -185,6 +185,26 @@ def test_the_trace_follows_its_schema_under_every_policy(policy, noisy):
     assert trace["sandbox_stats"]["peak_memory_mb"] > 0
     assert [e["name"] for e in trace["traceEvents"]] == trace["activated_cus"]
     assert trace["total_seconds"] == sum(entry["seconds"] for entry in trace["cus"])
+
+
+def test_the_trace_read_later_describes_the_request_it_follows(two_outputs):
+    model = cortex.load(two_outputs, policy="strict")
+    model.run(feeds(), outputs=["y1"])
+    model.run(feeds())
+    peak = model.last_trace["sandbox_stats"]["process_maxrss_mb"]
+    grown = np.ones(64 << 17)                # 64 MB more after the request, before its trace is read
+    trace = model.last_trace
+    assert trace["requested_outputs"] == [spec["name"] for spec in model.dag["outputs"]]
+    assert trace["sandbox_stats"]["process_maxrss_mb"] == peak
+    assert model.last_trace is trace         # assembled once
+    assert grown.sum() > 0
+
+
+def test_process_maxrss_is_the_processes_own_peak():
+    grown = np.ones(64 << 17)
+    grown[::512] = 2.0                       # touched: resident
+    status = {line.split(":")[0]: line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM")}
+    assert abs(process_maxrss_mb() - int(status["VmHWM"]) / 1024) < 2.0
 
 
 def test_without_the_source_model_build_dag_records_none_and_offline_says_so(tmp_path):

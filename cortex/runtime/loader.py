@@ -8,8 +8,9 @@ caller owns.
 
 A policy (`cortex/runtime/policy.py`) is the model's default and may be overridden per call;
 `outputs=` asks for some of the model's outputs, and only the CUs they need run (except under
-strict). After each run, `last_trace` is the request's trace (`cortex/runtime/trace.py`) and
-`trace` its per-CU entries. Under the offline policy the CUs are not loaded until a request under
+strict). After each run, `last_trace` is the request's trace (`cortex/runtime/trace.py`, built
+when first read: for a small model building it costs a fifth of the request) and `trace` its
+per-CU entries. Under the offline policy the CUs are not loaded until a request under
 another policy needs them: offline is the fallback for when they cannot be.
 
 `cu_timeout_ms` and `cu_load_timeout_s` set the sandbox's limits (backends/limits.py): each CU
@@ -25,6 +26,8 @@ hot CUs `cortex calibrate` recorded), and a prefetcher thread loads the next CUs
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +46,7 @@ from cortex.runtime.ray_executor import OPTIONS as RAY_OPTIONS
 from cortex.runtime.ray_executor import RayExecutor
 from cortex.runtime.scheduler import SequentialScheduler
 from cortex.runtime.specialized import SpecializedModel, check_loading
-from cortex.runtime.trace import empty_trace, offline_trace, request_trace
+from cortex.runtime.trace import empty_trace, offline_trace, process_maxrss_mb, request_trace
 from cortex.specializations import is_specialized
 from ir.errors import CortexError
 
@@ -96,7 +99,14 @@ class CompiledModel:
         elif not lazy:                     # lazy: the CUs load when the first request needs them
             self._loaded_scheduler()
         self.trace: list[dict] = []
-        self.last_trace: dict = empty_trace(self.device_name, self.path)
+        self._last_trace: dict | Callable[[], dict] = empty_trace(self.device_name, self.path)
+
+    @property
+    def last_trace(self) -> dict:
+        """The last request's trace document, built on first read from what the request recorded."""
+        if callable(self._last_trace):
+            self._last_trace = self._last_trace()
+        return self._last_trace
 
     @property
     def scheduler(self) -> SequentialScheduler | RayExecutor:
@@ -139,7 +149,7 @@ class CompiledModel:
         if chosen.offline:
             results, run = self._source_model().run(env, names)
             self.trace = []
-            self.last_trace = offline_trace(device=self.device_name, dag_path=self.path, outputs=names, run=run,
+            self._last_trace = offline_trace(device=self.device_name, dag_path=self.path, outputs=names, run=run,
                                             sandbox_events=self.sandbox_events())
             return results
         results, request = self._loaded_scheduler().run(env, chosen, names)
@@ -172,12 +182,13 @@ class CompiledModel:
         scheduler = self._loaded_scheduler()
         local = isinstance(scheduler, SequentialScheduler)
         self.trace = request.activated
-        self.last_trace = request_trace(
-            policy=chosen.name, device=self.device_name, dag_path=self.path, outputs=names, request=request,
-            resident_bytes=scheduler.resident_bytes(),
+        # What may change after the request is read now; the document is assembled when read.
+        self._last_trace = partial(
+            request_trace, policy=chosen.name, device=self.device_name, dag_path=self.path, outputs=names,
+            request=request, resident_bytes=scheduler.resident_bytes(),
             fallback_cus={cu["id"] for cu in self.dag["cus"] if "runs_on" in cu},
             cache_stats=self.cache.stats() if chosen.cache and local else None,
-            sandbox_events=scheduler.sandbox_events() if local else None)
+            sandbox_events=scheduler.sandbox_events() if local else None, maxrss_mb=process_maxrss_mb())
 
     def trace_document(self) -> dict:
         """The last request's trace (`last_trace`); `traceEvents` opens in chrome://tracing or Perfetto."""
