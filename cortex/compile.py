@@ -281,8 +281,9 @@ def parse_variants(variants, target: Target) -> tuple[str, ...]:
     elsewhere = [v for v in chosen if v not in known and v in others]
     if elsewhere:
         builders = sorted({others[v] for v in elsewhere})
-        raise CortexError(f"--variants {','.join(elsewhere)}: built by compile-{', compile-'.join(builders)} only; "
-                          f"compile-{target.name} builds a comma-separated subset of {','.join(known)}")
+        raise CortexError(f"--variants {','.join(elsewhere)}: only compile-{', compile-'.join(builders)} builds "
+                          f"{'them' if len(elsewhere) > 1 else 'it'}; compile-{target.name} builds a comma-separated "
+                          f"subset of {','.join(known)}")
     unknown = [v for v in chosen if v not in known]
     if unknown:
         raise CortexError(f"unknown --variants {', '.join(unknown)}: expected a comma-separated subset of "
