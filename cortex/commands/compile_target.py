@@ -17,6 +17,7 @@ from cortex.compile import compile_cu_dir
 from cortex.compile_cache import DEFAULT_MAX_MB
 from cortex.console import print_json, print_summary
 from cortex.runtime.ray_executor import cu_map
+from passes.narrow_weights import PRECISIONS
 
 
 def compile_command(target: Target) -> Callable:
@@ -53,10 +54,10 @@ def compile_command(target: Target) -> Callable:
 
 
 def _variants_help(target: Target) -> str:
-    names = ",".join(("fp16", "bf16", "int8", *target.variants))
     own = "".join(f"; {p}: {v.description}" for p, v in target.variants.items())
-    return (f"Also build variants, a comma-separated subset of {names} (fp16, bf16, int8: each CU that has "
-            f"weights, with them stored so{own}); run 'cortex calibrate' before they are used.")
+    return (f"Also build variants, a comma-separated subset of {','.join((*PRECISIONS, *target.variants))} "
+            f"({', '.join(PRECISIONS)}: each CU that has weights, with them stored so{own}); run 'cortex calibrate' "
+            "before they are used.")
 
 
 def _text(value) -> str:
