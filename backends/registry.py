@@ -87,6 +87,15 @@ class BuiltCU:
 
 
 @dataclass(frozen=True)
+class TargetVariant:
+    """A variant a target builds from the exact CU's graph with other options of its own, rather than
+    with narrowed weights (`compile-cuda --variants tf32`: float32 weights, contractions on tensor cores)."""
+    build: Callable[[Graph, object, str], BuiltCU | None]   # (graph, options, variant id); None: nothing changes
+    check: Callable[[object], None] = lambda options: None  # fail before any work (options that exclude it)
+    description: str = ""                                    # for `--variants`'s help
+
+
+@dataclass(frozen=True)
 class Target:
     name: str                                   # "wasm": `cortex compile-wasm`
     artifact: str                               # key under cus[i].artifacts in dag.json
@@ -104,6 +113,8 @@ class Target:
     # `links(options)` says so, and `link(options, graphs by CU id, manifest)` gives each CU's options.
     links: Callable[[object], bool] = lambda options: False
     link: Callable[[object, dict, dict], dict] | None = None
+    # Variant precisions only this target builds (`--variants`, beside the narrow-weight ones every target has).
+    variants: dict[str, TargetVariant] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

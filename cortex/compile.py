@@ -11,6 +11,9 @@ are skipped: their cu.onnx is their artifact, already in dag.json as the CU's pa
 With `variants` (`--variants fp16,bf16,int8`), each CU that has weights is also built with its
 weights stored in each of those precisions (`passes/narrow_weights.py`), as `cu-NNNN-<precision>`
 files beside the exact one, recorded as `cus[i].variants[<precision>].artifacts.<artifact>`. A
+target may build variants of its own from the exact graph (`Target.variants`: compile-cuda's
+`tf32`, its contractions on tensor cores); a CU that such a precision would not change gets none,
+and another target asked for it is one line of error naming the target that builds it. A
 variant's `trust` stays null (never run) until `cortex calibrate` measures it; rebuilding a variant
 whose artifact changed resets it.
 
@@ -40,6 +43,7 @@ from pathlib import Path
 from typing import Callable
 
 from backends.registry import Target
+from backends.registry import targets as registered_targets
 from cortex.compile_cache import NO_VARIANT, CompileCache, options_json
 from cortex.cus import read_manifest
 from cortex.dag import read_dag, variant_id
@@ -67,13 +71,14 @@ def compile_cu_dir(target: Target, cu_dir: Path, output: Path, options, dag_path
                    variants: tuple[str, ...] = (), map_cus: Callable[[Callable, list], list] | None = None,
                    cache: CompileCache | None = None) -> dict:
     cu_dir, output = Path(cu_dir), Path(output)
-    variants = parse_variants(variants)
+    variants = parse_variants(variants, target)
     listing = read_listing(cu_dir)
     if listing is not None:
         return compile_specializations(target, cu_dir, output, options, listing, dag_path, on_cu, jobs, variants,
                                        map_cus, cache)
     start = time.perf_counter()
     target.check(options)
+    check_variants(target, options, variants)
     manifest = read_manifest(cu_dir)
     compiled = [_Work(cu, cu_dir, cu["id"]) for cu in manifest["cus"] if "runs_on" not in cu]
     dag = read_dag_for_cus(dag_path, manifest, cu_dir) if dag_path is not None else None
@@ -117,6 +122,7 @@ def compile_specializations(target: Target, cu_dir: Path, output: Path, options,
         raise CortexError(f"{cu_dir} holds shape specializations; their CUs cannot share one memory plan yet")
     options = dataclasses.replace(options, external_weights=True)
     target.check(options)
+    check_variants(target, options, variants)
     folders = {entry["name"]: cu_dir / entry["folder"] for entry in listing}
     manifests = {name: read_manifest(folder) for name, folder in folders.items()}
     dag = read_specialized_dag(dag_path, option="--dag") if dag_path is not None else None
@@ -191,6 +197,9 @@ def build_cus(target: Target, options, work: list[_Work], variants: tuple[str, .
             for precision in wanted:
                 if precision is None:
                     built[precision] = target.build(graph, per_cu[i], cu["id"])
+                elif precision in target.variants:
+                    built[precision] = target.variants[precision].build(graph, options,
+                                                                        variant_id(cu["id"], precision))
                 else:
                     narrow = narrowed(graph, precision)
                     built[precision] = None if narrow is None else target.build(
@@ -262,15 +271,36 @@ def _summary(target: Target, options, records: dict, variant_records: dict, vari
     return summary
 
 
-def parse_variants(variants) -> tuple[str, ...]:
-    """`--variants fp16,bf16,int8` (text, or already a sequence) as a tuple of known precisions."""
+def parse_variants(variants, target: Target) -> tuple[str, ...]:
+    """`--variants fp16,bf16,int8` (text, or already a sequence) as a tuple of the precisions `target`
+    builds: the narrow-weight ones, and its own (`Target.variants`)."""
     items = variants.split(",") if isinstance(variants, str) else list(variants or ())
     chosen = tuple(dict.fromkeys(v.strip() for v in items if v.strip()))
-    unknown = [v for v in chosen if v not in PRECISIONS]
+    known = (*PRECISIONS, *target.variants)
+    others = {p: name for name, t in registered_targets().items() if name != target.name for p in t.variants}
+    elsewhere = [v for v in chosen if v not in known and v in others]
+    if elsewhere:
+        builders = sorted({others[v] for v in elsewhere})
+        raise CortexError(f"--variants {','.join(elsewhere)}: only compile-{', compile-'.join(builders)} builds "
+                          f"{'them' if len(elsewhere) > 1 else 'it'}; compile-{target.name} builds a comma-separated "
+                          f"subset of {','.join(known)}")
+    unknown = [v for v in chosen if v not in known]
     if unknown:
         raise CortexError(f"unknown --variants {', '.join(unknown)}: expected a comma-separated subset of "
-                          f"{','.join(PRECISIONS)}")
+                          f"{','.join(known)}")
     return chosen
+
+
+def check_variants(target: Target, options, variants: tuple[str, ...]) -> None:
+    """The target's own variants checked against the options before any work."""
+    for precision in variants:
+        if precision in target.variants:
+            target.variants[precision].check(options)
+
+
+def variant_order() -> tuple[str, ...]:
+    """How `cus[i].variants` lists its precisions: the narrow-weight ones, then the targets' own."""
+    return tuple(dict.fromkeys([*PRECISIONS, *(p for t in registered_targets().values() for p in t.variants)]))
 
 
 def _record_variants(cu: dict, target: Target, placed: dict[str, dict], exact_changed: bool) -> None:
@@ -289,7 +319,8 @@ def _record_variants(cu: dict, target: Target, placed: dict[str, dict], exact_ch
         entry = variants.setdefault(precision, {"artifacts": {}, "trust": None})
         entry["artifacts"][target.artifact] = record
     if variants:
-        cu["variants"] = {p: variants[p] for p in PRECISIONS if p in variants}
+        order = variant_order()
+        cu["variants"] = {p: variants[p] for p in (*order, *sorted(set(variants) - set(order))) if p in variants}
     else:
         cu.pop("variants", None)
 

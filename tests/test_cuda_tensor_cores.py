@@ -237,3 +237,139 @@ def test_tensor_core_kernels_stay_in_bounds_under_asan(precision):
     assert run.returncode == 0, run.stderr[-3000:]
     errors = [float(line.split()[1]) for line in run.stdout.splitlines() if line.startswith("error")]
     assert len(errors) == 2 and max(errors) < TOLERANCE[precision]
+
+
+def _optimized(model):
+    from ir.onnx_import import import_model
+    from passes import optimize_pipeline, run_pipeline
+
+    return run_pipeline(import_model(model), optimize_pipeline(require_static=True))[0]
+
+
+def test_a_tf32_variant_keeps_the_float32_weights_and_puts_the_contraction_on_tensor_cores():
+    from backends.cuda.build import CudaOptions, build_cu, build_tf32_variant
+
+    graph, options = _optimized(matmul_bias_relu()), CudaOptions(arch=("sm_90",), compiler="nvrtc")
+    exact, variant = build_cu(graph, options, "cu-0000"), build_tf32_variant(graph, options, "cu-0000-tf32")
+    assert "precision" not in exact.record
+    assert variant.record["precision"]["requested"] == "tf32"
+    assert list(variant.record["precision"]["tensor_cores"].values()) == ["tf32"]
+    source = variant.files[variant.record["source"]["file"]].decode()
+    assert "wmma::__float_to_tf32" in source and "wmma::" not in exact.files[exact.record["source"]["file"]].decode()
+    # The exact bytes: the same weights blob, and so the same size `chosen_variant` compares.
+    assert variant.files[variant.record["weights"]["file"]] == exact.files[exact.record["weights"]["file"]]
+    small = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [_info("x", [8, 20])], [_info("y", [8, 20])],
+                       [_weight("w", (20, 20))])
+    assert build_tf32_variant(_optimized(small), options, "cu-0000-tf32") is None   # nothing tf32 would change
+
+
+def test_tf32_variants_run_only_where_no_more_compact_one_passes():
+    from cortex.runtime.variants import chosen_variant
+
+    def cu(**variants):
+        return {"variants": {p: {"trust": trust, "artifacts": {"cuda": {"weights": {"bytes": size}}}}
+                             for p, (trust, size) in variants.items()}}
+
+    both = cu(fp16=(0.995, 100), tf32=(0.9999, 200))
+    assert chosen_variant(both, "cuda", 0.99) == "fp16"       # fewer bytes first, though tf32 is closer
+    assert chosen_variant(both, "cuda", 0.999) == "tf32"      # the narrow one does not pass, tf32 does
+    assert chosen_variant(both, "cuda", None) is None         # strict: never
+    assert chosen_variant(cu(tf32=(0.99, 200), int8=(0.99, 200)), "cuda", 0.95) == "int8"   # ties by name
+    assert chosen_variant(cu(tf32=(None, 200)), "cuda", 0.0) is None                        # never calibrated
+    assert chosen_variant(both, "wasm", 0.9) is None          # no wasm artifacts: nothing to run there
+
+
+def test_tf32_variant_mistakes_are_one_line(tmp_path):
+    """Before any work, nothing written: tf32 is a compile-cuda variant (compile-wasm and cortex build's
+    --wasm-variants refuse it by name), needs sm_80, and needs exact CUs to vary from."""
+    from cli_helpers import assert_one_line_error, run_cli
+    from testdata import sample_model
+
+    from backends.registry import targets
+    from cortex.compile import compile_cu_dir
+    from ir.errors import CortexError
+
+    out = tmp_path / "o"
+    code, _, err = run_cli(["compile-wasm", "--cu-dir", tmp_path, "--output", out, "--variants", "fp16,tf32"])
+    assert_one_line_error(code, err, "--variants tf32", "compile-cuda", "fp16,bf16,int8")
+    code, _, err = run_cli(["build", sample_model("mlp").path, "--output", out, "--targets", "wasm,cuda",
+                            "--dim", "batch=32", "--wasm-variants", "tf32", "--cuda-variants", "fp16,tf32"])
+    assert_one_line_error(code, err, "--wasm-variants tf32", "compile-cuda")
+    cuda = targets()["cuda"]
+    for changes, variants, message in (({"arch": ("sm_75", "sm_90")}, "tf32", "--variants tf32 needs tensor cores.*sm_75"),
+                                       ({"precision": "tf32"}, "tf32", "--variants tf32 .*--precision tf32"),
+                                       ({}, "tf32,fp8", "unknown --variants fp8: .*fp16,bf16,int8,tf32$")):
+        options = cuda.options(compiler="nvrtc", **changes)
+        with pytest.raises(CortexError, match=message):
+            compile_cu_dir(cuda, tmp_path, out, options, variants=variants)
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_tf32_variants_build_for_cuda_calibrate_and_run_under_aggressive_on_cuda_sim(tmp_path):
+    """One `cortex build --targets wasm,cuda` with fp16 for wasm and tf32 for cuda: only the CUs with a
+    tensor-core contraction get a tf32 variant, cuda-sim calibrates it (wasm leaves it alone), and
+    aggressive runs it within tf32's error of onnxruntime while strict runs the exact CUs."""
+    import json
+
+    import onnx
+
+    from cli_helpers import assert_one_line_error, run_cli
+    from testdata import sample_model
+
+    import cortex
+    from cortex.dag import validate_dag
+
+    case, out = sample_model("mlp"), tmp_path / "out"
+    code, _, err = run_cli(["build", case.path, "--output", out, "--targets", "cuda", "--dim", "batch=32",
+                            "--cuda-variants", "tf32", "--cuda-arch", "sm_75"])
+    assert_one_line_error(code, err, "--cuda-variants tf32", "--cuda-arch has sm_75")
+    assert not out.exists()
+    build = ["build", case.path, "--output", out, "--targets", "wasm,cuda", "--dim", "batch=32",
+             "--min-cu-size", "16", "--max-cu-depth", "1", "--wasm-variants", "fp16", "--cuda-variants", "tf32",
+             "--cuda-compiler", "nvrtc", "--cuda-arch", "sm_90", "--json"]
+    code, printed, err = run_cli(build)
+    assert code == 0, err
+    assert json.loads(printed)["compile"]["cuda"]["variant_bytes"]["tf32"] > 0
+    dag = out / "dag.json"
+    record = json.loads(dag.read_text())
+    validate_dag(record)
+    with_tf32 = {cu["id"]: cu["variants"]["tf32"] for cu in record["cus"] if "tf32" in cu.get("variants", {})}
+    assert 0 < len(with_tf32) < len(record["cus"])     # the last CU's N = 10 is under a tile: no variant
+    for cu in record["cus"]:
+        assert set(cu["variants"]) == ({"fp16", "tf32"} if cu["id"] in with_tf32 else {"fp16"})
+        assert set(cu["variants"]["fp16"]["artifacts"]) == {"wasm"}
+    for variant in with_tf32.values():
+        assert set(variant["artifacts"]) == {"cuda"} and variant["trust"] is None
+        assert set(variant["artifacts"]["cuda"]["precision"]["tensor_cores"].values()) == {"tf32"}
+    code, printed, err = run_cli(build)
+    assert code == 0, err
+    assert json.loads(printed)["compiled_cus"] == 0      # every CU and variant from the compile cache
+
+    data = RNG.standard_normal((3, 32, 64)).astype(np.float32)
+    np.savez(tmp_path / "feeds.npz", x=data)
+    code, _, err = run_cli(["calibrate", dag, "--data", tmp_path / "feeds.npz", "--device", "cuda-sim"])
+    assert code == 0, err
+    calibrated = {cu["id"]: cu["variants"] for cu in json.loads(dag.read_text())["cus"]}
+    for cu_id in with_tf32:
+        assert calibrated[cu_id]["tf32"]["trust"] > 0.99 and calibrated[cu_id]["tf32"]["device"] == "cuda-sim"
+        assert calibrated[cu_id]["fp16"]["trust"] is None      # no cuda artifact: not measured here
+    code, _, err = run_cli(["calibrate", dag, "--data", tmp_path / "feeds.npz", "--device", "wasm"])
+    assert code == 0, err
+    again = {cu["id"]: cu["variants"] for cu in json.loads(dag.read_text())["cus"]}
+    for cu_id in with_tf32:
+        assert again[cu_id]["tf32"] == calibrated[cu_id]["tf32"]     # wasm cannot run it: left as it was
+        assert again[cu_id]["fp16"]["trust"] > 0.99
+
+    x = RNG.standard_normal((32, 64)).astype(np.float32)
+    want = run_onnxruntime(onnx.load(case.path), {"x": x})
+    strict = cortex.load(dag, device="cuda-sim", policy="strict")
+    exact = strict.run({"x": x})
+    assert strict.last_trace["approximated_cus"] == []
+    model = cortex.load(dag, device="cuda-sim", policy="aggressive")
+    got = model.run({"x": x})
+    assert {(e["cu"], e["precision"]) for e in model.last_trace["approximated_cus"]} == {(c, "tf32") for c in with_tf32}
+    for name, value in want.items():
+        np.testing.assert_allclose(exact[name], value, rtol=1e-5, atol=1e-5)
+        _close(got[name], value, "tf32")
+        assert not np.array_equal(got[name], exact[name])     # really the tensor cores' rounding

@@ -113,3 +113,47 @@ def test_cuda_variants_of_specializations_run_on_cuda_sim_after_calibration(tmp_
     assert {e["precision"] for e in compiled.last_trace["approximated_cus"]} == {"fp16"}
     assert compiled.run(feed(8, 1))["y"].shape == (1, 8, 16) and compiled.last_trace["approximated_cus"] == []
     np.testing.assert_allclose(got, reference(model, inputs), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not cuda_compiler_available(), reason="no CUDA compiler (nvcc or NVRTC)")
+def test_tf32_variants_of_specializations_share_the_exact_weights_and_the_compile_cache(tmp_path):
+    """compile-cuda --variants tf32 over two batch sizes: each tf32 variant names the exact CU's
+    weight files (the same bytes, stored once), a second compile takes every CU and variant from the
+    cache, and only the specialization that was calibrated runs its tf32 variants."""
+    from testdata import sample_model
+
+    case, out, cache = sample_model("mlp"), tmp_path / "out", tmp_path / "cache"
+    for argv in (["decompose", "--model-path", case.path, "--output-dir", out / "cus", "--dim", "batch=16,32",
+                  "--min-cu-size", "16", "--max-cu-depth", "1"],
+                 ["build-dag", "--cu-dir", out / "cus", "--output", out / "dag.json"]):
+        code, _, err = run_cli(argv)
+        assert code == 0, err
+    compile_cuda = ["compile-cuda", "--cu-dir", out / "cus", "--output", out / "cuda-bin", "--dag", out / "dag.json",
+                    "--compiler", "nvrtc", "--arch", "sm_90", "--variants", "tf32", "--cache-dir", cache, "--json"]
+    summaries = []
+    for _ in range(2):
+        code, printed, err = run_cli(compile_cuda)
+        assert code == 0, err
+        summaries.append(json.loads(printed))
+    assert summaries[0]["compiled_cus"] == 6 and summaries[1]["reused_cus"] == 6
+    assert summaries[0]["variant_bytes"] == summaries[1]["variant_bytes"]
+    dag_path = out / "dag.json"
+    dag = json.loads(dag_path.read_text())
+    for section in dag["specializations"]:
+        with_tf32 = [cu for cu in section["cus"] if "tf32" in cu.get("variants", {})]
+        assert len(with_tf32) == 2
+        for cu in with_tf32:
+            assert cu["variants"]["tf32"]["artifacts"]["cuda"]["weights"] == cu["artifacts"]["cuda"]["weights"]
+    x = np.random.default_rng(3).standard_normal((2, 32, 64)).astype(np.float32)
+    np.savez(tmp_path / "feeds.npz", x=x)
+    code, _, err = run_cli(["calibrate", dag_path, "--data", tmp_path / "feeds.npz", "--device", "cuda-sim"])
+    assert code == 0, err
+    assert all(v["trust"] > 0.99 for v in variants_of(json.loads(dag_path.read_text()), "batch=32").values())
+    assert all(v["trust"] is None for v in variants_of(json.loads(dag_path.read_text()), "batch=16").values())
+    compiled = cortex.load(dag_path, device="cuda-sim", policy="aggressive")
+    got = compiled.run({"x": x[0]})["y"]
+    assert {e["precision"] for e in compiled.last_trace["approximated_cus"]} == {"tf32"}
+    np.testing.assert_allclose(got, reference(case.path, {"x": x[0]}), rtol=2e-3, atol=2e-3)
+    compiled.run({"x": x[0, :16]})
+    assert compiled.specialization == "batch=16" and compiled.last_trace["approximated_cus"] == []

@@ -11,7 +11,7 @@ and per-arch registers, shared memory and spills, and the parameter layout.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import ml_dtypes
 import numpy as np
@@ -36,6 +36,7 @@ from ir.bounds import length_name
 from ir.errors import CortexError
 from ir.fs import sha256_bytes
 from ir.graph import Graph
+from ir.loops.program import Program
 from ir.options import option
 
 RECORD_SCHEMA = "cortex.cuda/1"
@@ -128,6 +129,31 @@ def toolchain_name(options: CudaOptions) -> str:
 
 
 def build_cu(graph: Graph, options: CudaOptions, cu_id: str) -> BuiltCU:
+    return _compiled(cu_id, options, *_rendered(graph, options, cu_id))
+
+
+def check_tf32_variant(options: CudaOptions) -> None:
+    """`--variants tf32` before any work: its kernels need sm_80, and it differs from the exact CU
+    only where the exact CU keeps float32 FMA."""
+    if options.precision != "exact":
+        raise CortexError(f"--variants tf32 is a tensor-core build of the exact CUs; with --precision "
+                          f"{options.precision} the CUs are not exact (leave --precision at exact)")
+    old = [arch for arch in options.arch if not _has_tensor_cores(arch)]
+    if old:
+        raise CortexError(f"--variants tf32 needs tensor cores of sm_80 or newer; --arch has {', '.join(old)}")
+
+
+def build_tf32_variant(graph: Graph, options: CudaOptions, cu_id: str) -> BuiltCU | None:
+    """The CU with its weights as they are (float32) and every contraction that `--precision tf32`
+    would put on tensor cores there; None when it has none (the variant would be the exact CU)."""
+    options = replace(options, precision="tf32")
+    program, source, precision = _rendered(graph, options, cu_id)
+    if not source.tensor_cores:
+        return None
+    return _compiled(cu_id, options, program, source, precision)
+
+
+def _rendered(graph: Graph, options: CudaOptions, cu_id: str) -> tuple[Program, CudaSource, str]:
     program = lower_graph(graph)
     # A variant whose weights are already rounded to fp16 or bf16 also rounds the other operand on
     # tensor cores: `cortex calibrate` measures the two roundings together in the variant's trust.
@@ -136,6 +162,10 @@ def build_cu(graph: Graph, options: CudaOptions, cu_id: str) -> BuiltCU:
         precision = stored_weight_precision(graph)
     source = render_cuda(program, prefix=cu_id.replace("-", "") + "_", precision=precision,
                          tensor_core_tile=options.tensor_core_tile)
+    return program, source, precision
+
+
+def _compiled(cu_id: str, options: CudaOptions, program: Program, source: CudaSource, precision: str) -> BuiltCU:
     if not source.launches:
         record, files = _kernel_free_record(cu_id, source, options.external_weights)
         return BuiltCU(files, record)

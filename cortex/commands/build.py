@@ -54,6 +54,7 @@ from cortex.commands.cache_options import (
     open_cache,
 )
 from cortex.commands.compile_target import compile_command
+from cortex.compile import check_variants, parse_variants
 from cortex.compile_cache import DEFAULT_MAX_MB, compiler_version
 from cortex.console import print_json, print_summary
 from cortex.cus import check_output_dir
@@ -134,6 +135,7 @@ def build(
     chosen = _parse_targets(targets)
     values = {s.name: {s.parameters[k]: v for k, v in stage_values.items() if k in s.parameters} for s in STAGES}
     run = [s for s in STAGES if s.name in ("decompose", "build-dag", *chosen)]
+    _check_variants(run, values)
     wanted = _wanted_record(model, chosen, run, values)
     if check:
         _check(output, wanted, run, json)
@@ -157,6 +159,19 @@ def _parse_targets(text: str) -> list[str]:
     if unknown or not chosen:
         raise CortexError(f"--targets {text!r}: expected a comma-separated subset of {','.join(known)}")
     return chosen
+
+
+def _check_variants(run: list[Stage], values: dict) -> None:
+    """Each target's `--<target>-variants` checked before any stage runs: a precision only another
+    target builds (`--wasm-variants tf32`), or one its options exclude (`--cuda-variants tf32
+    --cuda-arch sm_75`), fails at once, not after decompose."""
+    known = registered_targets()
+    for stage in run:
+        target, given = known.get(stage.name), values[stage.name]
+        if target is not None and given.get("variants"):
+            with _in_build_terms(stage):
+                variants = parse_variants(given["variants"], target)
+                check_variants(target, from_text(target.options, **_fields(target.options, given)), variants)
 
 
 def _wanted_record(model: Path, chosen: list[str], run: list[Stage], values: dict) -> dict:

@@ -17,6 +17,7 @@ from cortex.compile import compile_cu_dir
 from cortex.compile_cache import DEFAULT_MAX_MB
 from cortex.console import print_json, print_summary
 from cortex.runtime.ray_executor import cu_map
+from passes.narrow_weights import PRECISIONS
 
 
 def compile_command(target: Target) -> Callable:
@@ -27,9 +28,7 @@ def compile_command(target: Target) -> Callable:
         dag: Annotated[Optional[Path], typer.Option("--dag", help="dag.json to record the artifacts in (rewritten); "
                                                     "--output must lie in its folder.")] = None,
         json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
-        variants: Annotated[str, typer.Option("--variants", help="Also build each CU that has weights with them "
-                                              "stored as a comma-separated subset of fp16,bf16,int8 (run "
-                                              "'cortex calibrate' before they are used).")] = "",
+        variants: str = "",
         executor: ExecutorOption = "local",
         address: AddressOption = None,
         cache_dir: CacheDir = None,
@@ -48,7 +47,17 @@ def compile_command(target: Target) -> Callable:
         print_summary(f"{target.name} artifacts written to {output}", rows)
 
     compile_target.__doc__ = target.description
+    # Set here, not in the signature: string annotations are evaluated without this closure's `target`.
+    compile_target.__annotations__["variants"] = Annotated[str, typer.Option("--variants",
+                                                                             help=_variants_help(target))]
     return with_options(target.options, into="options")(compile_target)
+
+
+def _variants_help(target: Target) -> str:
+    own = "".join(f"; {p}: {v.description}" for p, v in target.variants.items())
+    return (f"Also build variants, a comma-separated subset of {','.join((*PRECISIONS, *target.variants))} "
+            f"({', '.join(PRECISIONS)}: each CU that has weights, with them stored so{own}); run 'cortex calibrate' "
+            "before they are used.")
 
 
 def _text(value) -> str:

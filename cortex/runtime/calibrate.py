@@ -9,7 +9,9 @@ each CU's inputs and outputs are kept. Then, per CU and variant:
   the model's outputs are compared with the exact model's the same way;
 - trust = max(0, 1 - the worst relative L2 error of the variant's outputs over the calibration
   set), so 0.99 means "within 1% relative L2 of the exact CU on every calibration feed". A variant
-  of a CU that no feed activated keeps trust null: nothing was measured, so it never runs.
+  of a CU that no feed activated keeps trust null: nothing was measured, so it never runs. A
+  variant without an artifact for the device (a CUDA-only tf32 variant, calibrated on wasm) is
+  left as it was.
 Each CU also records the range (min / max over finite values) of each of its outputs and how many
 feeds activated it (`cus[i].calibration`): the runtime's guards check variants against that range.
 `cus[i].residency` records how long the CU takes to run (median) and to load from warm (its native
@@ -252,7 +254,10 @@ def calibrate_model(model: CompiledModel, feeds: list[dict], device: str) -> dic
         # Timings vary from run to run: kept apart from the calibration proper, which is deterministic.
         cu["residency"] = speed_record(exact.seconds.get(cu["id"], []), loading[cu["id"]],
                                        stats[cu["id"]].activations, len(feeds))
+        where = model.scheduler.placement.get(cu["id"])
         for precision, variant in cu.get("variants", {}).items():
+            if artifact.get(where) not in variant["artifacts"]:
+                continue    # one this device cannot run (tf32 on wasm) keeps what another device measured
             found = measured.get((cu["id"], precision))
             cu["variants"][precision] = {"artifacts": variant["artifacts"],
                                          **(found.record(device) if found else {"trust": None})}

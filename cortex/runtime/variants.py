@@ -1,9 +1,12 @@
 """Reduced-precision variants at run time: which one a CU runs under a policy, and the guards.
 
 A CU's variants (`cus[i].variants`, built by `compile-<target> --variants`) hold its weights in
-float16, bfloat16 or int8. Under a policy with a `trust_threshold`, a CU runs its most compact
-variant (fewest artifact bytes for the device's target) whose calibrated `trust` is at least the
-threshold; a variant whose trust is null was never calibrated and never runs, whatever the policy.
+float16, bfloat16 or int8, or (`tf32`, CUDA only) keep them float32 and run the CU's large
+contractions on tf32 tensor cores. Under a policy with a `trust_threshold`, a CU runs its most
+compact variant (fewest artifact bytes for the device's target, ties broken by the precision's
+name) whose calibrated `trust` is at least the threshold; a variant whose trust is null was never
+calibrated and never runs, whatever the policy. A tf32 variant holds the exact CU's bytes, so it
+runs only where no narrower variant passes.
 
 Guards (on unless the policy turns them off): every output of an approximated CU is checked
   - for NaN and Inf, unless the exact CU itself produced them during calibration, and
@@ -37,7 +40,8 @@ def variant_record(cu: dict, precision: str) -> dict:
 
 
 def chosen_variant(cu: dict, artifact: str | None, threshold: float | None) -> str | None:
-    """The most compact calibrated variant with trust >= threshold that the device can run."""
+    """The most compact calibrated variant with trust >= threshold that the device can run; of
+    equally compact ones, the first by name (so a tf32 variant comes after a narrow one)."""
     if threshold is None or artifact is None:
         return None
     candidates = []
