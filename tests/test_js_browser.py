@@ -1,7 +1,7 @@
 """The bundle's example page in headless Chromium (Debian's chromium, driven by playwright; no browser
 download), served by http.server on 127.0.0.1: its outputs on the example inputs match onnxruntime's,
 and its chart has a bar per CU that ran; under `?policy=offline` a bundle written with --with-source
-runs the source model on the onnxruntime-web it carries."""
+runs the source model on the onnxruntime-web it carries, as a bundle with fallback CUs runs them."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 from cli_helpers import run_cli
 from js_cases import compiled_case, ortweb_installed
+from test_fallback_cus import mixed_model
+from test_js_node import fallback_case
 from test_js_variants import variants_case
 from testdata import run_onnxruntime, sample_model
 
@@ -156,3 +158,26 @@ def test_the_page_runs_offline_on_the_onnxruntime_web_the_bundle_carries_in_chro
     code, _, err = run_cli(["bundle", dag, "--output", plain])
     assert code == 0, err
     assert not (plain / "onnxruntime-web").exists() and "importmap" not in (plain / "index.html").read_text()
+
+
+def test_the_page_runs_fallback_cus_on_the_onnxruntime_web_the_bundle_carries_in_chromium(tmp_path):
+    """A bundle with a fallback CU (runs_on: onnxruntime) carries onnxruntime-web too: the page
+    runs that CU on it and the model's outputs match onnxruntime's."""
+    if not ortweb_installed():
+        pytest.skip("onnxruntime-web is not installed (make ortweb)")
+    listing = fallback_case()
+    dag = listing.parent / json.loads(listing.read_text())["dag"]
+    document = json.loads(dag.read_text())
+    site = tmp_path / "site"
+    code, out, err = run_cli(["bundle", dag, "--output", site, "--json"])
+    assert code == 0, err
+    assert json.loads(out)["onnxruntime_web"] == "onnxruntime-web/"
+    expected = run_onnxruntime(mixed_model(), example_feeds(document["inputs"]))
+    result, bars = site_result(site)
+    assert result["status"] == "done", result.get("error")
+    fallback = sorted(cu["id"] for cu in document["cus"] if cu.get("runs_on") == "onnxruntime")
+    assert fallback and sorted(f["cu"] for f in result["trace"]["fell_back_cus"]) == fallback
+    assert bars == len(result["trace"]["activated_cus"])
+    for name, want in expected.items():
+        got = result["outputs"][name]
+        np.testing.assert_allclose(np.array(got["data"]).reshape(want.shape), want, rtol=1e-4, atol=1e-5, err_msg=name)
