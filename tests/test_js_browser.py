@@ -1,6 +1,7 @@
 """The bundle's example page in headless Chromium (Debian's chromium, driven by playwright; no browser
 download), served by http.server on 127.0.0.1: its outputs on the example inputs match onnxruntime's,
-and its chart has a bar per CU that ran."""
+and its chart has a bar per CU that ran; under `?policy=offline` a bundle written with --with-source
+runs the source model on the onnxruntime-web it carries, as a bundle with fallback CUs runs them."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from typing import ClassVar
 import numpy as np
 import pytest
 from cli_helpers import run_cli
-from js_cases import compiled_case
+from js_cases import compiled_case, ortweb_installed
+from test_fallback_cus import mixed_model
+from test_js_node import fallback_case
 from test_js_variants import variants_case
 from testdata import run_onnxruntime, sample_model
 
@@ -119,3 +122,62 @@ def test_the_page_runs_the_variants_python_picks_in_chromium(tmp_path):
     np.testing.assert_allclose(np.array(result["outputs"]["y"]["data"]).reshape(expected.shape), expected,
                                rtol=1e-5, atol=1e-6)
     assert bars == len(trace["activated_cus"])
+
+
+def test_the_page_runs_offline_on_the_onnxruntime_web_the_bundle_carries_in_chromium(tmp_path):
+    """`bundle --with-source` carries onnxruntime-web's browser build beside the source model, and
+    `index.html?policy=offline` runs the source model on it: onnxruntime's outputs, the offline
+    trace, no CU. The bundle without the source model carries neither."""
+    if not ortweb_installed():
+        pytest.skip("onnxruntime-web is not installed (make ortweb)")
+    listing = variants_case()
+    dag = listing.parent / json.loads(listing.read_text())["dag"]
+    document = json.loads(dag.read_text())
+    site = tmp_path / "site"
+    code, out, err = run_cli(["bundle", dag, "--output", site, "--with-source", "--json"])
+    assert code == 0, err
+    assert json.loads(out)["onnxruntime_web"] == "onnxruntime-web/"
+    assert (site / "onnxruntime-web" / "ort-wasm-simd-threaded.wasm").is_file()
+    assert '"onnxruntime-web": "./onnxruntime-web/ort.wasm.bundle.min.mjs"' in (site / "index.html").read_text()
+    feeds = example_feeds(document["inputs"])
+    expected = run_onnxruntime(dag.parent / "model.onnx", feeds)
+    server = served(site)
+    try:
+        result, bars = page_result(f"http://127.0.0.1:{server.server_address[1]}/index.html?policy=offline")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result["status"] == "done", result.get("error")
+    trace = result["trace"]
+    assert trace["policy"] == "offline" and trace["activated_cus"] == [] and bars == 0
+    assert trace["offline"]["model"] == "source/model.onnx" and trace["offline"]["runtime"] == "onnxruntime"
+    for name, want in expected.items():
+        got = result["outputs"][name]
+        np.testing.assert_allclose(np.array(got["data"]).reshape(want.shape), want, rtol=1e-5, atol=1e-6, err_msg=name)
+    plain = tmp_path / "plain"
+    code, _, err = run_cli(["bundle", dag, "--output", plain])
+    assert code == 0, err
+    assert not (plain / "onnxruntime-web").exists() and "importmap" not in (plain / "index.html").read_text()
+
+
+def test_the_page_runs_fallback_cus_on_the_onnxruntime_web_the_bundle_carries_in_chromium(tmp_path):
+    """A bundle with a fallback CU (runs_on: onnxruntime) carries onnxruntime-web too: the page
+    runs that CU on it and the model's outputs match onnxruntime's."""
+    if not ortweb_installed():
+        pytest.skip("onnxruntime-web is not installed (make ortweb)")
+    listing = fallback_case()
+    dag = listing.parent / json.loads(listing.read_text())["dag"]
+    document = json.loads(dag.read_text())
+    site = tmp_path / "site"
+    code, out, err = run_cli(["bundle", dag, "--output", site, "--json"])
+    assert code == 0, err
+    assert json.loads(out)["onnxruntime_web"] == "onnxruntime-web/"
+    expected = run_onnxruntime(mixed_model(), example_feeds(document["inputs"]))
+    result, bars = site_result(site)
+    assert result["status"] == "done", result.get("error")
+    fallback = sorted(cu["id"] for cu in document["cus"] if cu.get("runs_on") == "onnxruntime")
+    assert fallback and sorted(f["cu"] for f in result["trace"]["fell_back_cus"]) == fallback
+    assert bars == len(result["trace"]["activated_cus"])
+    for name, want in expected.items():
+        got = result["outputs"][name]
+        np.testing.assert_allclose(np.array(got["data"]).reshape(want.shape), want, rtol=1e-4, atol=1e-5, err_msg=name)

@@ -60,4 +60,6 @@ def test_bad_arguments_are_one_line(tmp_path):
     dag = _compiled_dag()
     code, _, err = run_cli(["bundle", dag, "--output", dag.parent])
     assert_one_line_error(code, err, "--output", "bundle into another folder")
+    code, _, err = run_cli(["bundle", dag, "--output", tmp_path / "site", "--onnxruntime-web", tmp_path])
+    assert_one_line_error(code, err, "--onnxruntime-web", "nothing in the bundle needs it")
     assert not (tmp_path / "site").exists()

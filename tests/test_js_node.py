@@ -1,7 +1,8 @@
 """The JavaScript runtime (js/) under Node's test runner, on models the Python side compiled, against
 onnxruntime's outputs: the samples, a decomposed If (branch CUs), a two-output model (requested
-outputs), shape specializations (exact shapes, a refused shape, padding to a bucket) and
-external weights (a tampered file refused) by default; the light models and MiniLM in the slow run."""
+outputs), shape specializations (exact shapes, a refused shape, padding to a bucket, the offline
+policy on each shape) and external weights (a tampered file refused) by default; the light models
+and MiniLM in the slow run."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from js_cases import (
     CASES_DIR,
     NODE,
     compiled_case,
+    ortweb_installed,
     run_node_tests,
     write_case,
     write_requests,
@@ -217,8 +219,12 @@ def test_node_runs_shape_specializations_and_external_weights(tmp_path):
                 for what in ("each compiled shape runs on its specialization",
                              "a shape no specialization holds is refused in one line naming the compiled ones",
                              "a tampered weight file is refused at create, naming it and its CU")]
-    expected += [f"{name}: padding to a bucket gives the Python runtime's outputs"
-                 for name in ("specialized-widths", "specialized-seq")]
+    expected += [f"{name}{what}" for name in ("specialized-widths", "specialized-seq")
+                 for what in (": padding to a bucket gives the Python runtime's outputs",
+                              " under offline: a frozen input or another source model in any section is refused in one line")]
+    if ortweb_installed():
+        expected += [f"{name} under offline: each compiled shape runs the source model and gives onnxruntime's outputs"
+                     for name in ("specialized-widths", "specialized-seq")]
     expected.append("external-weights: a tampered weight file is refused at create, naming it and its CU")
     passed = set(re.findall(r"^ok \d+ - (.+)$", report, re.MULTILINE))
     assert not set(expected) - passed, report[-3000:]

@@ -204,6 +204,8 @@ def test_with_source_refuses_a_missing_or_changed_source_model_in_one_line(tmp_p
     (copy / "model.onnx").write_bytes((dag.parent / "model.onnx").read_bytes() + b"\0")
     code, _, err = run_cli(["bundle", copy / "dag.json", "--output", site, "--with-source"])
     assert_one_line_error(code, err, "model.onnx", "sha256 differs")
+    code, _, err = run_cli(["bundle", dag, "--output", site, "--with-source", "--onnxruntime-web", tmp_path])
+    assert_one_line_error(code, err, "--onnxruntime-web", "no dist/ort.wasm.bundle.min.mjs", "node_modules/onnxruntime-web")
     (copy / "dag.json").write_text(json.dumps({k: v for k, v in document.items() if k != "source_model"}))
     code, _, err = run_cli(["bundle", copy / "dag.json", "--output", site, "--with-source"])
     assert_one_line_error(code, err, "--with-source", "records no source model")

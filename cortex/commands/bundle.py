@@ -13,6 +13,14 @@ The folder is built beside --output and renamed into place.
 A dag.json of shape specializations (cortex.dag/2) or of `compile-wasm --external-weights` names
 content-addressed modules and weight files that several CUs and specializations share: each is
 checked and copied once. The page runs the first specialization's shapes.
+
+The runtime imports onnxruntime-web by name when fallback CUs or the offline policy need it. When
+the bundle has fallback CUs or carries the source model, it also carries onnxruntime-web's browser
+build (its ES module with the wasm backend, and that backend's .wasm, in `onnxruntime-web/`) from
+`--onnxruntime-web`, or else from the copy `make ortweb` installs or one in js/node_modules when
+there is one, and the page maps the name to it with an import map; without one the page says, in
+one line, that onnxruntime-web is missing when it needs it. The page runs under `?policy=NAME`
+(`index.html?policy=offline`), the runtime's default otherwise.
 """
 
 from __future__ import annotations
@@ -38,6 +46,13 @@ from ir.fs import (
 JS_DIR = Path(__file__).resolve().parents[2] / "js"
 RUNTIME_FOLDER = "cortex-runtime"
 SOURCE_FOLDER = "source"
+ORTWEB_FOLDER = "onnxruntime-web"
+# onnxruntime-web's wasm-only ES module with its glue inside, and the one .wasm it fetches (found
+# beside the module): what a page needs for the wasm backend, 14 MB of its 140.
+ORTWEB_FILES = ("ort.wasm.bundle.min.mjs", "ort-wasm-simd-threaded.wasm")
+ORTWEB_PACKAGES = (JS_DIR / "node_modules" / "onnxruntime-web",
+                   JS_DIR.parent / "bench" / "ortweb" / "node_modules" / "onnxruntime-web")
+IMPORT_MAP_SLOT = "<!-- cortex bundle: onnxruntime-web import map -->"
 
 
 def bundle(
@@ -46,6 +61,10 @@ def bundle(
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
     with_source: Annotated[bool, typer.Option("--with-source", help="Also copy the source model dag.json records, "
                                               "so that the offline policy runs in the browser.")] = False,
+    onnxruntime_web: Annotated[Path | None, typer.Option(
+        "--onnxruntime-web", help="onnxruntime-web's package folder (node_modules/onnxruntime-web), whose browser "
+        "build is copied when fallback CUs or --with-source need it; by default the one 'make ortweb' installs, "
+        "if any.")] = None,
 ) -> None:
     """Write a static site that runs the model in a browser: dag.json, modules, JS runtime, example page."""
     specialized = is_specialized(dag)
@@ -56,6 +75,11 @@ def bundle(
     source_copy = _source_model(document, dag) if with_source else None
     if source_copy is not None:
         files[source_copy[0]["path"]] = source_copy[1]
+    fallback = any("runs_on" in cu for section in sections for cu in section["cus"])
+    ortweb = _onnxruntime_web(onnxruntime_web) if (source_copy is not None or fallback) else None
+    if onnxruntime_web is not None and ortweb is None:
+        raise CortexError(f"--onnxruntime-web {onnxruntime_web}: nothing in the bundle needs it (no fallback CUs, "
+                          "no --with-source)")
     if dag.resolve().is_relative_to(output.resolve()):      # replacing --output would delete the model
         raise CortexError(f"--output {output}: it holds {dag}; bundle into another folder")
 
@@ -71,21 +95,32 @@ def bundle(
         (folder / RUNTIME_FOLDER).mkdir()
         for source in sources:
             shutil.copyfile(source, folder / RUNTIME_FOLDER / source.name)
-        for page in ("index.html", "main.js"):
-            shutil.copyfile(JS_DIR / "page" / page, folder / page)
+        for name, data in (ortweb or {}).items():          # not the model's bytes: not in module_bytes
+            write_bytes_atomically(folder / ORTWEB_FOLDER / name, data)
+        shutil.copyfile(JS_DIR / "page" / "main.js", folder / "main.js")
+        page = (JS_DIR / "page" / "index.html").read_text()
+        if ortweb:
+            imports = {"imports": {"onnxruntime-web": f"./{ORTWEB_FOLDER}/{ORTWEB_FILES[0]}"}}
+            page = page.replace(IMPORT_MAP_SLOT, f'<script type="importmap">{jsonlib.dumps(imports)}</script>')
+        write_bytes_atomically(folder / "index.html", page.encode())
         return total
 
     module_bytes = write_directory_atomically(output, fill)
     summary = {"output": str(output), "cus": sum(len(s["cus"]) for s in sections), "files": len(files),
                "module_bytes": module_bytes, "runtime": f"{RUNTIME_FOLDER}/ ({len(sources)} files)", "page": "index.html",
                "specializations": [s["name"] for s in sections] if specialized else [],
-               "source_model": source_copy[0]["path"] if source_copy else None}
+               "source_model": source_copy[0]["path"] if source_copy else None,
+               "onnxruntime_web": f"{ORTWEB_FOLDER}/" if ortweb else None}
     if json:
         print_json(summary)
     else:
-        print_summary("cortex bundle", [("output", str(output)), ("CUs", str(summary["cus"])),
-                                        ("module bytes", f"{module_bytes:,}"), ("runtime", summary["runtime"]),
-                                        ("page", f"index.html (serve {output} and open it)")])
+        rows = [("output", str(output)), ("CUs", str(summary["cus"])), ("module bytes", f"{module_bytes:,}"),
+                ("runtime", summary["runtime"]), ("page", f"index.html (serve {output} and open it)")]
+        if source_copy is not None or fallback:
+            rows.append(("onnxruntime-web", f"{ORTWEB_FOLDER}/" if ortweb else
+                         "not found (pass --onnxruntime-web, or run 'make ortweb'): the page cannot run "
+                         + ("fallback CUs" if fallback else "offline")))
+        print_summary("cortex bundle", rows)
 
 
 def _runtime_sources() -> list[Path]:
@@ -94,6 +129,20 @@ def _runtime_sources() -> list[Path]:
         raise CortexError(f"the JavaScript runtime is missing ({JS_DIR / 'src'}): cortex bundle needs the js/ "
                           "folder of the Cortex source tree")
     return sources
+
+
+def _onnxruntime_web(given: Path | None) -> dict[str, bytes] | None:
+    """onnxruntime-web's browser files by name, from `given` (refused in one line when it lacks
+    them) or the first installed copy; None when there is none."""
+    for package in [given] if given is not None else ORTWEB_PACKAGES:
+        paths = [package / "dist" / name for name in ORTWEB_FILES]
+        if all(p.is_file() for p in paths):
+            return {p.name: p.read_bytes() for p in paths}
+        if given is not None:
+            missing = next(p for p in paths if not p.is_file())
+            raise CortexError(f"--onnxruntime-web {given}: no {missing.relative_to(given)} (expected onnxruntime-web's "
+                              "package folder, node_modules/onnxruntime-web)")
+    return None
 
 
 def _artifacts(cus: list[dict], dag: Path) -> dict[str, bytes]:

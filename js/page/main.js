@@ -1,7 +1,9 @@
 // The example page of `cortex bundle`: load dag.json and its modules, run the model once on the
 // example inputs (the first specialization's, for a dag.json of several input shapes), show the
-// outputs and a bar chart of each CU's time. `window.cortexBundle` holds what the page found, for
-// scripts that drive it (the tests read it).
+// outputs and a bar chart of each CU's time. `?policy=NAME` runs under that policy (`offline`: the
+// source model on onnxruntime-web, which the runtime imports by name: a bundle that carries it maps
+// the name in index.html). `window.cortexBundle` holds what the page found, for scripts that drive
+// it (the tests read it).
 import { InferenceSession, exampleFeeds } from "./cortex-runtime/index.js";
 
 const SHOWN_VALUES = 8;
@@ -49,16 +51,20 @@ function table(outputs) {
 }
 
 async function main() {
+  const policy = new URLSearchParams(location.search).get("policy") ?? undefined;
   const started = performance.now();
-  const session = await InferenceSession.create(new URL("dag.json", location.href).href);
+  const session = await InferenceSession.create(new URL("dag.json", location.href).href, { policy });
   const loadMs = performance.now() - started;
   $("model").textContent = session.dag.model?.name ?? "the model";
   const outputs = await session.run(exampleFeeds(session.inputMetadata));
   const trace = session.lastTrace;
   const on = session.specialization === null ? "" : ` (specialization ${session.specialization}, `
     + `one of ${session.sections.length})`;
-  $("status").textContent = `Loaded ${session.dag.cus.length} CUs${on} in ${loadMs.toFixed(1)} ms (fetch, sha256, compile); `
-    + `ran ${trace.activated_cus.length} in ${(trace.total_seconds * 1e3).toFixed(2)} ms.`;
+  const ms = (trace.total_seconds * 1e3).toFixed(2);
+  $("status").textContent = trace.offline
+    ? `Loaded the source model ${trace.offline.model}${on} on onnxruntime-web in ${loadMs.toFixed(1)} ms (offline policy); ran it in ${ms} ms.`
+    : `Loaded ${session.dag.cus.length} CUs${on} in ${loadMs.toFixed(1)} ms (fetch, sha256, compile); `
+      + `ran ${trace.activated_cus.length} in ${ms} ms.`;
   $("status").dataset.state = "done";
   table(outputs);
   chart(trace.cus);

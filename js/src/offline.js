@@ -5,6 +5,7 @@
 // `../model.onnx`), so its path may climb out of that folder as in Python; what makes it safe to
 // run is its sha256, checked against the bytes that the session is then built from. A bundle
 // carries it only when written with `cortex bundle --with-source`.
+import { SPECIALIZED_DAG_SCHEMA } from "./dag.js";
 import { CortexError, quoted } from "./errors.js";
 import { firstLine, ortSession } from "./fallback.js";
 import { readBytes } from "./loader.js";
@@ -16,14 +17,26 @@ const REBUILD = "run 'cortex build-dag' again next to the model it was decompose
   + "when written with 'cortex bundle --with-source')";
 
 /** The source model's URL, checked before anything is read (an absolute path or another origin
- * is refused, a relative one may climb out of dag.json's folder). @param {any} document dag.json
- * @param {URL} url dag.json's URL @returns {{url: URL, path: string, sha256: string}} */
+ * is refused, a relative one may climb out of dag.json's folder). A cortex.dag/2 dag.json records
+ * one source model for all its shape specializations (decompose --dim wrote them from one model,
+ * which takes every compiled shape), so whichever section a request runs on, that model runs;
+ * sections that name another one are refused, and frozen inputs are any section's.
+ * @param {any} document dag.json @param {URL} url dag.json's URL @returns {{url: URL, path: string, sha256: string}} */
 export function sourceModelRecord(document, url) {
-  const record = document.source_model;
+  const bodies = document.schema === SPECIALIZED_DAG_SCHEMA && Array.isArray(document.specializations)
+    ? document.specializations : [document];
+  const record = document.source_model ?? bodies.find((b) => b?.source_model)?.source_model;
   if (record === undefined || record === null) {
     throw new CortexError(`${url.href}: records no source model, so the offline policy cannot run; ${REBUILD}`);
   }
-  const frozen = (document.options?.frozen_inputs ?? []).map((/** @type {{name: string}} */ f) => f.name);
+  const other = bodies.find((b) => b?.source_model && (b.source_model.path !== record.path
+    || b.source_model.sha256 !== record.sha256));
+  if (other) {
+    throw new CortexError(`${url.href}: specialization ${other.name} records another source model `
+      + `(${JSON.stringify(other.source_model.path)}) than ${JSON.stringify(record.path)}; ${REBUILD}`);
+  }
+  const frozen = [...new Set(bodies.flatMap((b) => b?.options?.frozen_inputs ?? [])
+    .map((/** @type {{name: string}} */ f) => f.name))];
   if (frozen.length) {
     throw new CortexError(`${url.href}: the CUs were built with --freeze-input ${frozen.join(", ")}; the source model `
       + "still takes those inputs, whose values dag.json does not hold, so the offline policy cannot run it");

@@ -7,6 +7,9 @@
 // - `strict` skips nothing and caches nothing. Random CUs are never cached;
 // - a CU the policy runs as a reduced-precision variant (js/src/variants.js) is never looked up
 //   in the cache, whose keys name the exact CU's code.
+// What a request does per CU is resolved once, at construction (`steps`), and the hot path makes
+// no promise, closure or trace object for a CU that runs synchronously: a strict request on wasm
+// CUs awaits nothing, and its trace is built from plain numbers when it is first read.
 import { cuKey, copied, outputKey, tensorKey } from "./cache.js";
 import { clock, cpuClock } from "./trace.js";
 import { VariantRunner } from "./variants.js";
@@ -31,10 +34,9 @@ export class Scheduler {
     this.variants = new VariantRunner(this.cus, loadVariant);
     this.producer = new Map(Object.entries(dag.tensors).map(([name, t]) => [name, t.producer]));
     this.placement = new Map(dag.cus.map((cu) => [cu.id, cu.runs_on ?? "wasm"]));
+    /** Whether CUs run on more than one device (then tensors are tracked to where they were written). */
+    this.mixed = new Set(this.placement.values()).size > 1;
     const bytes = (/** @type {string[]} */ names) => names.reduce((n, name) => n + dag.tensors[name].bytes, 0);
-    this.traffic = new Map(dag.cus.map((cu) => [cu.id, [bytes(cu.inputs), bytes(cu.outputs)]]));
-    this.identity = new Map(dag.cus.map((cu) => [cu.id, JSON.stringify([cu.id, this.placement.get(cu.id), cu.sha256,
-      cu.artifacts?.wasm ?? null])]));
     /** CU -> [select tensor, condition, value, case tensor] for each case it writes. */
     this.casesOf = new Map();
     const producerOf = new Map(dag.cus.flatMap((cu) => cu.outputs.map((name) => [name, cu.id])));
@@ -45,6 +47,14 @@ export class Scheduler {
         this.casesOf.get(id).push([s.tensor, s.condition, c.equals, c.tensor]);
       }
     }
+    /** @type {Step[]} one per CU, in dag.json's order */
+    this.steps = dag.order.map((id) => {
+      const cu = /** @type {import("./dag.js").CU} */ (this.cus.get(id));
+      const where = /** @type {string} */ (this.placement.get(id));
+      return { cu, id, where, unit: /** @type {Unit} */ (units.get(id)), bytesIn: bytes(cu.inputs), bytesOut: bytes(cu.outputs),
+        inputBytes: cu.inputs.map((name) => dag.tensors[name].bytes), cases: this.casesOf.get(id) ?? null,
+        identity: JSON.stringify([id, where, cu.sha256, cu.artifacts?.wasm ?? null]) };
+    });
   }
 
   /** The CUs the tensors `outputs` depend on, through selects and activation conditions. @param {string[]} outputs */
@@ -76,36 +86,56 @@ export class Scheduler {
 
   /** @param {Record<string, import("./tensor.js").Tensor>} feeds @param {import("./policy.js").Policy} policy @param {string[]} outputs */
   async run(feeds, policy, outputs) {
+    let liveBytes = 0;
+    for (const name in feeds) liveBytes += feeds[name].data.byteLength;
+    /** @type {Request} */
     const request = {
       policy,
       needed: policy.skipInactive ? this.needed(outputs) : null,
       env: new Map(Object.entries(feeds)),
-      /** @type {Map<string, string>} tensor -> the device whose CU wrote it (absent: the host) */ home: new Map(),
-      /** @type {Map<string, string>} */ keys: new Map(),
-      /** @type {any[]} */ activated: [],
-      /** @type {{cu: string, reason: string}[]} */ skipped: [],
-      liveBytes: Object.values(feeds).reduce((n, t) => n + t.data.byteLength, 0),
+      home: new Map(),
+      keys: new Map(),
+      activated: [],
+      skipped: [],
+      liveBytes,
     };
-    for (const id of this.dag.order) {
-      const cu = /** @type {import("./dag.js").CU} */ (this.cus.get(id));
-      const [reason, key, hit] = await this.skipReason(cu, request);
+    const env = request.env;
+    const caching = policy.cache && this.cache.enabled;
+    for (const step of this.steps) {
+      const { cu, id } = step;
+      /** @type {string | null} */
+      let reason = null;
+      /** @type {string | null} */
+      let key = null;
+      let hit;
+      if (policy.skipInactive && cu.activation
+          && conditionValue(env.get(cu.activation.tensor)) !== cu.activation.equals) {
+        reason = INACTIVE;
+      } else if (request.needed !== null && !request.needed.has(id)) {
+        reason = NOT_NEEDED;
+      } else if (caching && !cu.random && this.variants.choice(id, policy) === null) {
+        key = await this.cuKey(step, request);
+        hit = this.cache.get(key);
+        if (hit !== undefined) reason = CACHE_HIT;
+      }
       if (reason === null) {
-        await this.runCu(cu, request, key);
+        const running = this.runCu(step, request, key);
+        if (running !== undefined) await running;
       } else {
         request.skipped.push({ cu: id, reason });
       }
-      if (reason === CACHE_HIT) {
-        for (const [name, tensor] of Object.entries(hit.outputs)) {
-          request.env.set(name, tensor);
+      if (hit !== undefined) {
+        for (const name in hit.outputs) {
+          env.set(name, hit.outputs[name]);
           request.home.delete(name);
         }
-        for (const [name, k] of Object.entries(hit.outputKeys)) request.keys.set(name, k);
+        for (const name in hit.outputKeys) request.keys.set(name, hit.outputKeys[name]);
         request.liveBytes += hit.nbytes;
       }
-      if (reason !== INACTIVE) {
-        for (const [out, cond, equals, caseName] of this.casesOf.get(id) ?? []) {
-          if (conditionValue(request.env.get(cond)) !== equals) continue;
-          request.env.set(out, request.env.get(caseName));
+      if (reason !== INACTIVE && step.cases !== null) {
+        for (const [out, cond, equals, caseName] of step.cases) {
+          if (conditionValue(env.get(cond)) !== equals) continue;
+          env.set(out, env.get(caseName));
           if (request.home.has(caseName)) request.home.set(out, request.home.get(caseName));
           if (request.keys.has(caseName)) request.keys.set(out, /** @type {string} */ (request.keys.get(caseName)));
         }
@@ -113,68 +143,78 @@ export class Scheduler {
     }
     /** @type {Record<string, import("./tensor.js").Tensor>} */
     const results = {};
-    for (const name of outputs) results[name] = copied(request.env.get(name));   // the caller's own
+    for (const name of outputs) results[name] = copied(env.get(name));   // the caller's own
     return { results, request };
   }
 
-  /** Why `cu` does not run in this request (null: it runs), the cache key it has, and the entry on a hit.
-   * @param {import("./dag.js").CU} cu @param {any} request @returns {Promise<[string|null, string|null, any]>} */
-  async skipReason(cu, request) {
-    if (request.policy.skipInactive && cu.activation
-        && conditionValue(request.env.get(cu.activation.tensor)) !== cu.activation.equals) {
-      return [INACTIVE, null, null];
+  /** The cache key of a step's CU in this request: its identity and its inputs' keys.
+   * @param {Step} step @param {Request} request */
+  async cuKey(step, request) {
+    const inputKeys = [];
+    for (const name of step.cu.inputs) {
+      let key = request.keys.get(name);
+      if (key === undefined) {
+        key = await tensorKey(request.env.get(name));
+        request.keys.set(name, key);
+      }
+      inputKeys.push(key);
     }
-    if (request.needed !== null && !request.needed.has(cu.id)) return [NOT_NEEDED, null, null];
-    if (request.policy.cache && this.cache.enabled && !cu.random && this.variants.choice(cu.id, request.policy) === null) {
-      const inputKeys = [];
-      for (const name of cu.inputs) inputKeys.push(await this.tensorKey(name, request));
-      const key = await cuKey(/** @type {string} */ (this.identity.get(cu.id)), inputKeys);
-      const hit = this.cache.get(key);
-      if (hit !== undefined) return [CACHE_HIT, key, hit];
-      return [null, key, null];
-    }
-    return [null, null, null];
+    return cuKey(step.identity, inputKeys);
   }
 
-  /** @param {string} name @param {any} request */
-  async tensorKey(name, request) {
-    let key = request.keys.get(name);
-    if (key === undefined) {
-      key = await tensorKey(request.env.get(name));
-      request.keys.set(name, key);
-    }
-    return key;
-  }
-
-  /** @param {import("./dag.js").CU} cu @param {any} request @param {string|null} key */
-  async runCu(cu, request, key) {
-    const unit = /** @type {Unit} */ (this.units.get(cu.id));
+  /** Runs a step's CU; a promise only when its unit or variant answers with one.
+   * @param {Step} step @param {Request} request @param {string|null} key @returns {Promise<void> | undefined} */
+  runCu(step, request, key) {
+    const { cu, unit, where } = step;
     /** @type {Record<string, any>} */
     const inputs = {};
-    const where = this.placement.get(cu.id);
     let crossed = 0;                          // bytes another device's CU wrote, as in Python's trace
-    for (const name of cu.inputs) {
+    for (let i = 0; i < cu.inputs.length; i++) {
+      const name = cu.inputs[i];
       inputs[name] = request.env.get(name);
-      const home = request.home.get(name);
-      if (home !== undefined && home !== where) crossed += this.dag.tensors[name].bytes;
+      if (this.mixed) {
+        const home = request.home.get(name);
+        if (home !== undefined && home !== where) crossed += step.inputBytes[i];
+      }
     }
     const cpuStart = cpuClock();
     const start = clock();
-    const [results, variant] = await this.variants.run(cu, unit, inputs, request.policy);
+    if (request.policy.trustThreshold === null || this.variants.choice(cu.id, request.policy) === null) {
+      const results = unit.run(inputs);
+      if (!(results instanceof Promise)) return this.ran(step, request, key, results, NO_VARIANT, start, cpuStart, crossed);
+      return results.then((r) => this.ran(step, request, key, r, NO_VARIANT, start, cpuStart, crossed));
+    }
+    return this.variants.run(cu, unit, inputs, request.policy)
+      .then(([results, variant]) => this.ran(step, request, key, results, variant, start, cpuStart, crossed));
+  }
+
+  /** Records a CU's run: its outputs in the request, the cache, and the numbers its trace entry is built from.
+   * @param {Step} step @param {Request} request @param {string|null} key @param {Record<string, any>} results
+   * @param {Record<string, any>} variant @param {number} start @param {number} cpuStart @param {number} crossed */
+  ran(step, request, key, results, variant, start, cpuStart, crossed) {
     const seconds = (clock() - start) / 1000;
     const cpuSeconds = cpuClock() - cpuStart;
-    for (const [name, tensor] of Object.entries(results)) {
-      request.env.set(name, tensor);
-      request.home.set(name, /** @type {string} */ (where));
+    for (const name in results) {
+      request.env.set(name, results[name]);
+      if (this.mixed) request.home.set(name, step.where);
     }
-    const [bytesIn, bytesOut] = /** @type {number[]} */ (this.traffic.get(cu.id));
-    request.liveBytes += bytesOut;
+    request.liveBytes += step.bytesOut;
     if (key !== null) {
-      if (this.cache.fits(bytesOut)) this.cache.put(key, results);
-      for (const name of Object.keys(results)) request.keys.set(name, outputKey(key, name));   // stored or not
+      if (this.cache.fits(step.bytesOut)) this.cache.put(key, results);
+      for (const name in results) request.keys.set(name, outputKey(key, name));   // stored or not
     }
-    request.activated.push({ cu: cu.id, device: where, op_types: cu.op_types ?? [], start, seconds,
-      cpu_seconds: cpuSeconds, bytes_in: bytesIn, bytes_out: bytesOut, bytes_from_other_devices: crossed,
-      resident_bytes: unit.residentBytes, ...variant });
+    request.activated.push({ step, start, seconds, cpuSeconds, crossed, residentBytes: step.unit.residentBytes, variant });
   }
 }
+
+/** What a trace entry adds for a CU that ran exactly. */
+const NO_VARIANT = Object.freeze({});
+
+/** @typedef {{cu: import("./dag.js").CU, id: string, where: string, unit: Unit, bytesIn: number, bytesOut: number,
+ *             inputBytes: number[], cases: any[][] | null, identity: string}} Step */
+/** @typedef {{step: Step, start: number, seconds: number, cpuSeconds: number, crossed: number, residentBytes: number,
+ *             variant: Record<string, any>}} Activation */
+/** @typedef {{policy: import("./policy.js").Policy, needed: Set<string> | null,
+ *             env: Map<string, any>, home: Map<string, string>, keys: Map<string, string>,
+ *             activated: Activation[], skipped: {cu: string, reason: string}[], liveBytes: number}} Request
+ *   `home`: tensor -> the device whose CU wrote it (absent: the host), kept only when devices are mixed. */

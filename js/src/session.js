@@ -14,7 +14,7 @@ import { policy as resolvePolicy } from "./policy.js";
 import { Scheduler } from "./scheduler.js";
 import { Buckets, compiledShapes, exactSection, feedShapes, shapesText } from "./specialized.js";
 import { Tensor } from "./tensor.js";
-import { emptyTrace, offlineTrace, requestTrace } from "./trace.js";
+import { emptyTrace, offlineTrace, requestRecord, requestTrace } from "./trace.js";
 import { WeightFiles } from "./weights.js";
 
 /**
@@ -66,8 +66,10 @@ export class InferenceSession {
     this.chosen = 0;
     /** The specialization the last request ran on (null for a single-shape dag.json). @type {string | null} */
     this.specialization = null;
-    /** The last request's trace (docs/runtime.md). */
-    this.lastTrace = emptyTrace(url.href);
+    /** The last request's trace, once built. @type {any} */
+    this.trace = emptyTrace(url.href);
+    /** What the last request's trace is built from, until it is. @type {ReturnType<typeof requestRecord> | null} */
+    this.traceRecord = null;
     /** @type {Promise<unknown>} */
     this.queue = Promise.resolve();
   }
@@ -102,6 +104,15 @@ export class InferenceSession {
       await session.instantiated(0);
     }
     return session;
+  }
+
+  /** The last request's trace (docs/runtime.md), built on first read. */
+  get lastTrace() {
+    if (this.traceRecord !== null) {
+      this.trace = requestTrace(this.traceRecord);
+      this.traceRecord = null;
+    }
+    return this.trace;
   }
 
   /** Every module and weight file of every section, fetched, checked and compiled once. */
@@ -225,14 +236,14 @@ export class InferenceSession {
       const source = await this.sourceModel();
       [this.chosen, this.specialization] = [i, name];
       const { results, run } = await source.run(checked, names);
-      this.lastTrace = offlineTrace({ dag: this.url.href, outputs: names, run });
+      [this.trace, this.traceRecord] = [offlineTrace({ dag: this.url.href, outputs: names, run }), null];
       return results;
     }
     const scheduler = await this.instantiated(i);
     const checked = checkedFeeds(feeds, dag.inputs);
     [this.chosen, this.specialization] = [i, name];
     const { results, request } = await scheduler.run(checked, chosen, names);
-    this.lastTrace = requestTrace({ policy: chosen.name, dag: this.url.href, outputs: names, request,
+    this.traceRecord = requestRecord({ policy: chosen.name, dag: this.url.href, outputs: names, request,
       residentBytes: scheduler.residentBytes(), cacheStats: chosen.cache ? this.cache.stats() : null });
     return results;
   }

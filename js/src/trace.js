@@ -41,10 +41,27 @@ export function emptyTrace(dag) {
     cache: null, memory: null, offline: null, cus_by_device: {}, total_seconds: 0, cus: [], traceEvents: [] };
 }
 
-/** @param {{policy: string, dag: string, outputs: string[], request: any, residentBytes: number, cacheStats: any}} what */
-export function requestTrace({ policy, dag, outputs, request, residentBytes, cacheStats }) {
+/** The trace's entry of a CU that ran (docs/runtime.md), from what `ran` recorded.
+ * @param {import("./scheduler.js").Activation} a */
+function activationEntry(a) {
+  const { cu, where, bytesIn, bytesOut } = a.step;
+  return { cu: cu.id, device: where, op_types: cu.op_types ?? [], start: a.start, seconds: a.seconds,
+    cpu_seconds: a.cpuSeconds, bytes_in: bytesIn, bytes_out: bytesOut, bytes_from_other_devices: a.crossed,
+    resident_bytes: a.residentBytes, ...a.variant };
+}
+
+/** What a request's trace is built from, read when it ends: `requestTrace` builds the trace from it
+ * when `lastTrace` is first read, so that a request nobody inspects makes no trace objects.
+ * @param {{policy: string, dag: string, outputs: string[], request: any, residentBytes: number, cacheStats: any}} what */
+export function requestRecord(what) {
+  const { activated, skipped, liveBytes } = what.request;      // not its tensors, which the record must not keep
+  return { ...what, request: { activated, skipped, liveBytes }, maxrssMb: processMaxrssMb() };
+}
+
+/** @param {ReturnType<typeof requestRecord>} record */
+export function requestTrace({ policy, dag, outputs, request, residentBytes, cacheStats, maxrssMb }) {
   /** @type {any[]} */
-  const entries = request.activated;
+  const entries = request.activated.map(activationEntry);
   /** @type {Record<string, number>} */
   const byDevice = {};
   for (const t of entries) byDevice[t.device] = (byDevice[t.device] ?? 0) + 1;
@@ -60,7 +77,7 @@ export function requestTrace({ policy, dag, outputs, request, residentBytes, cac
       cpu_time_ms: entries.reduce((n, t) => n + t.cpu_seconds, 0) * 1e3,
       peak_memory_mb: (residentBytes + request.liveBytes) / MB,
       peak_memory_basis: "loaded CUs + live tensors",
-      process_maxrss_mb: processMaxrssMb(),
+      process_maxrss_mb: maxrssMb,
       wasm_executions: entries.filter((t) => t.device === "wasm").length,
       ...NO_SANDBOX,
     },

@@ -117,11 +117,20 @@ export class VariantRunner {
     this.units = new Map();
     /** @type {Map<string, Unit>} the units that finished loading */
     this.loaded = new Map();
+    /** @type {Map<number, Map<string, string | null>>} trust threshold -> each CU's pick (dag.json does not change) */
+    this.choices = new Map();
   }
 
   /** @param {string} id @param {import("./policy.js").Policy} policy */
   choice(id, policy) {
-    return chosenVariant(/** @type {import("./dag.js").CU} */ (this.cus.get(id)), policy.trustThreshold);
+    const threshold = policy.trustThreshold;
+    if (threshold === null) return null;
+    let picks = this.choices.get(threshold);
+    if (picks === undefined) {
+      picks = new Map([...this.cus].map(([cuId, cu]) => [cuId, chosenVariant(cu, threshold)]));
+      this.choices.set(threshold, picks);
+    }
+    return /** @type {string | null} */ (picks.get(id) ?? null);
   }
 
   /** The variants `policy` picks, loaded. @param {import("./policy.js").Policy} policy */

@@ -1,6 +1,9 @@
 // One compiled CU: its instance, and its inputs and outputs at the offsets of its memory plan
-// (backends/wasm/memory_plan.py). Running is one copy in per input, one call, and views of the
-// outputs in the module's memory, valid until this CU runs again (the scheduler copies what it keeps).
+// (backends/wasm/memory_plan.py). Running is one copy in per input (a `set` from the producer's
+// view, straight into this CU's slot), one call, and views of the outputs in the module's memory,
+// valid until this CU runs again (the scheduler copies what it keeps). The slots and the output
+// Tensors are made once per memory buffer (a module that grows its memory gets a new one), not
+// per request.
 // A bounded tensor (a data-dependent length, ir/bounds.py) comes in at its real shape, padded with
 // zeros to its bound, and its real length is the int32 at the plan's `length_offset`.
 import { CortexError } from "./errors.js";
@@ -17,22 +20,41 @@ export class WasmUnit {
     }
     /** @type {WebAssembly.Memory} */ this.memory = exports.memory;
     /** @type {() => void} */ this.call = exports.run;
+    /** The buffer the slots and views below are on. @type {ArrayBuffer | null} */
+    this.buffer = null;
+    /** Each input's bytes in this memory (null for a bounded one, padded per request). @type {(Uint8Array | null)[]} */
+    this.slots = [];
+    /** The outputs, as `run` returns them; bounded ones are rebuilt per request. @type {Record<string, Tensor>} */
+    this.outputs = {};
   }
 
   get residentBytes() {
     return this.memory.buffer.byteLength;
   }
 
+  /** @param {ArrayBuffer} buffer */
+  bind(buffer) {
+    this.buffer = buffer;
+    this.slots = this.plan.inputs.map((entry) => (entry.bound ? null : new Uint8Array(buffer, entry.offset, entry.bytes)));
+    /** @type {Record<string, Tensor>} */
+    const outputs = {};
+    for (const entry of this.plan.outputs) outputs[entry.name] = entry.bound ? /** @type {any} */ (null) : view(buffer, entry, entry.shape);
+    this.outputs = outputs;
+  }
+
   /** @param {Record<string, {type: string, data: ArrayBufferView, dims: readonly number[]}>} inputs
    *  @returns {Record<string, Tensor>} views of this CU's memory */
   run(inputs) {
     const buffer = this.memory.buffer;
-    for (const entry of this.plan.inputs) {
-      const tensor = inputs[entry.name];
-      if (entry.bound) {
-        new Int32Array(buffer, entry.bound.length_offset, 1)[0] = padInto(buffer, entry, tensor);
+    if (buffer !== this.buffer) this.bind(buffer);
+    const entries = this.plan.inputs, slots = this.slots;
+    for (let i = 0; i < entries.length; i++) {
+      const entry = entries[i], tensor = inputs[entry.name], slot = slots[i];
+      if (slot !== null) {
+        slot.set(bytesOf(tensor));
       } else {
-        new Uint8Array(buffer, entry.offset, entry.bytes).set(bytesOf(tensor));
+        const { length_offset: at } = /** @type {{length_offset: number}} */ (entry.bound);
+        new Int32Array(buffer, at, 1)[0] = padInto(buffer, entry, tensor);
       }
     }
     try {
@@ -42,12 +64,9 @@ export class WasmUnit {
       throw new CortexError(`${this.cu.id} (${ops}) trapped: ${/** @type {any} */ (e).message ?? e}`);
     }
     const after = this.memory.buffer;     // a module that grew its memory has a new buffer
-    /** @type {Record<string, Tensor>} */
-    const outputs = {};
-    for (const entry of this.plan.outputs) {
-      outputs[entry.name] = entry.bound ? realPart(after, entry) : view(after, entry, entry.shape);
-    }
-    return outputs;
+    if (after !== this.buffer) this.bind(after);
+    for (const entry of this.plan.outputs) if (entry.bound) this.outputs[entry.name] = realPart(after, entry);
+    return this.outputs;
   }
 }
 

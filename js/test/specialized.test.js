@@ -1,7 +1,8 @@
 // Shape specializations (cortex.dag/2) and external weights: each compiled shape runs on its own
 // section, another shape is refused in one line listing the compiled ones (the Python runtime's
 // words), padding to a bucket gives the Python runtime's outputs, and a weight file whose bytes
-// changed is refused when the session is created.
+// changed is refused when the session is created. Under the offline policy every compiled shape runs
+// the one source model on onnxruntime-web and gives onnxruntime's outputs.
 import assert from "node:assert/strict";
 import { cpSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -9,9 +10,10 @@ import path from "node:path";
 import { test } from "node:test";
 import { pathToFileURL } from "node:url";
 import { CortexError, InferenceSession } from "../src/index.js";
-import { assertClose, loadCases, readTensors } from "../testing/cases.js";
+import { assertClose, loadCases, onnxruntimeWeb, readTensors } from "../testing/cases.js";
 
 const cases = loadCases();
+const ort = await onnxruntimeWeb();
 const specialized = cases.filter((c) => c.specialized);
 const external = cases.filter((c) => c.external_weights);
 // Without such cases (CORTEX_JS_CASES unset, or other cases only) these tests are not defined;
@@ -41,6 +43,59 @@ for (const c of specialized) {
         .every(([n, shape]) => JSON.stringify(shape) === JSON.stringify([...feeds[n].dims])));
       assert.equal(session.specialization, section.name);
       assert.deepEqual(session.lastTrace.activated_cus.length > 0, true);
+    }
+  });
+
+  test(`${c.name} under offline: each compiled shape runs the source model and gives onnxruntime's outputs`,
+    { skip: !ort && "the offline policy needs onnxruntime-web (CORTEX_JS_ORTWEB)" }, async () => {
+      const dag = JSON.parse(readFileSync(c.dag, "utf8"));
+      const session = await InferenceSession.create(c.dag, { policy: "offline", onnxruntime: ort });
+      const names = new Set();
+      for (const [i, request] of [...c.requests].reverse().entries()) {     // not the first section first
+        const feeds = readTensors(c, request.inputs);
+        const got = await session.run(feeds);
+        const want = readTensors(c, request.outputs);
+        for (const name of Object.keys(want)) assertClose(got[name], want[name], c.rtol, c.atol, `${c.name} offline ${name}`);
+        const section = dag.specializations.find((/** @type {any} */ s) => Object.entries(s.input_shapes)
+          .every(([n, shape]) => JSON.stringify(shape) === JSON.stringify([...feeds[n].dims])));
+        assert.equal(session.specialization, section.name);
+        names.add(section.name);
+        const trace = session.lastTrace;
+        assert.deepEqual([trace.policy, trace.activated_cus, trace.cus], ["offline", [], []]);
+        assert.deepEqual([trace.offline.model, trace.offline.sha256], [dag.source_model.path, dag.source_model.sha256]);
+        if (process.env.CORTEX_JS_TRACES) writeFileSync(path.join(process.env.CORTEX_JS_TRACES, `${c.name}-offline-${i}.json`), JSON.stringify(trace));
+      }
+      assert.equal(names.size, dag.specializations.length, "every specialization was asked for");
+      assert.deepEqual(session.schedulers.filter((s) => s !== undefined), [], "offline instantiates no CU");
+      const strict = await InferenceSession.create(c.dag, { policy: "strict", onnxruntime: ort });
+      const last = c.requests[c.requests.length - 1];
+      const got = await strict.run(readTensors(c, last.inputs), { policy: "offline" });     // per request
+      const want = readTensors(c, last.outputs);
+      for (const name of Object.keys(want)) assertClose(got[name], want[name], c.rtol, c.atol, `${c.name} offline per request ${name}`);
+      assert.equal(strict.lastTrace.policy, "offline");
+    });
+
+  test(`${c.name} under offline: a frozen input or another source model in any section is refused in one line`, async () => {
+    const folder = mkdtempSync(path.join(tmpdir(), "cortex-js-"));
+    try {
+      const dag = JSON.parse(readFileSync(c.dag, "utf8"));
+      const last = dag.specializations[dag.specializations.length - 1];
+      const write = (/** @type {any} */ document) => {
+        const file = path.join(folder, "dag.json");
+        writeFileSync(file, JSON.stringify(document));
+        return file;
+      };
+      const input = dag.specializations[0].inputs[0].name;
+      const frozen = { ...dag, specializations: dag.specializations.map((/** @type {any} */ s) => (s === last
+        ? { ...s, options: { ...s.options, frozen_inputs: [{ name: input }] } } : s)) };
+      await refuses(() => InferenceSession.create(write(frozen), { policy: "offline", onnxruntime: ort ?? {} }),
+        new RegExp(`dag.json: the CUs were built with --freeze-input ${literal(input)}; the source model still takes those inputs`));
+      const other = { ...dag, specializations: dag.specializations.map((/** @type {any} */ s) => (s === last
+        ? { ...s, source_model: { path: "other.onnx", sha256: "0".repeat(64) } } : s)) };
+      await refuses(() => InferenceSession.create(write(other), { policy: "offline", onnxruntime: ort ?? {} }),
+        new RegExp(`dag.json: specialization ${literal(last.name)} records another source model \\("other.onnx"\\)`));
+    } finally {
+      rmSync(folder, { recursive: true });
     }
   });
 

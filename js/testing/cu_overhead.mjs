@@ -2,15 +2,18 @@
 // DAG.json [RUNS]` runs the example inputs RUNS times and splits each request's wall time into the
 // modules' `run` calls, the rest of each CU's run (copying its inputs into its own memory, the
 // output views) and the scheduler and trace; prints the means over the quietest quarter of runs.
+// With `--without-modules` every module's `run` is a no-op, so that what is left of a request is
+// the runtime's own work, timed without the modules' noise on a busy machine.
 import { InferenceSession, exampleFeeds } from "../src/index.js";
 
-const [dag, runs = "40"] = process.argv.slice(2);
+const without = process.argv.includes("--without-modules");
+const [dag, runs = "40"] = process.argv.slice(2).filter((a) => a !== "--without-modules");
 const session = await InferenceSession.create(dag, { policy: "strict" });
 const feeds = exampleFeeds(session.inputMetadata);
 let inCalls = 0, inUnits = 0;
 for (const unit of /** @type {Map<string, any>} */ (session.scheduler.units).values()) {
   if (typeof unit.call !== "function") continue;          // a fallback CU: onnxruntime-web's own
-  const call = unit.call, run = unit.run.bind(unit);
+  const call = without ? () => {} : unit.call, run = unit.run.bind(unit);
   unit.call = () => {
     const t = performance.now();
     call();
