@@ -46,6 +46,7 @@ from ir.graph import Graph, Node
 from ir.ops import CONTRACTION, kind_of, lookup, node_flops
 from passes.parallel_heads import HeadBlock, head_block, split_heads
 from passes.parallel_pairs import second_of_pair, split_pair
+from passes.parallel_rows import rows_sliceable, split_rows
 from passes.split_large_ops import fusion_units, split_unit, splittable
 
 CU_OVERHEAD_FLOPS = 1_250_000     # one more CU, in flops of kernel time (50 us at 25 GFLOP/s)
@@ -61,6 +62,7 @@ class SliceCandidate:
     cost: float          # flops of overhead slicing adds
     second: list[Node] | None = None    # the MatMul sliced with it as a pair (parallel_pairs)
     block: HeadBlock | None = None      # the attention block `unit` ends, sliced by heads (parallel_heads)
+    rows: bool = False                  # a Conv sliced along its output rows (parallel_rows)
 
     @property
     def gain(self) -> float:
@@ -102,7 +104,8 @@ def split_for_parallel(graph: Graph, pieces: int, min_flops: int, keep: set[int]
             for node in [*unit[1:], *second[1:]]:
                 replaced[id(node)] = []
             continue
-        replaced[id(unit[0])] = split_unit(graph, unit, pieces=pieces, piece_of=piece_of)
+        replaced[id(unit[0])] = (split_rows(graph, unit, pieces, piece_of) if candidate.rows
+                                 else split_unit(graph, unit, pieces=pieces, piece_of=piece_of))
         for node in unit[1:]:
             replaced[id(node)] = []
     if not replaced:
@@ -136,7 +139,8 @@ def worth_slicing(graph: Graph, pieces: int, min_flops: int, keep: set[int] = fr
                 continue
         saved, cost = slicing_cost(anchor, pieces, cu_overhead_flops)
         if cu_overhead_flops == 0 or saved >= MARGIN * cost:
-            candidates.append(SliceCandidate(unit, saved, cost if cu_overhead_flops else 0.0))
+            candidates.append(SliceCandidate(unit, saved, cost if cu_overhead_flops else 0.0,
+                                             rows=rows_sliceable(anchor, pieces)))
     budget = MAX_OVERHEAD_SHARE * sum(node_flops(n) for n in graph.nodes)
     chosen: set[int] = set()
     for c in sorted(candidates, key=lambda c: -c.gain):
