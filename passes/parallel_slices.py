@@ -32,6 +32,9 @@ An attention block slices by heads (`parallel_heads.py`), priced like a pair ove
 with the computed tensors every slice reads whole (its input, the mask) copied once per extra slice;
 its blocks are found first, and their nodes are no candidates of their own.
 
+A wide Conv slices along its output rows instead of its channels (`parallel_rows.py`, priced the
+same): a channel slice would pack the im2col of the whole input again.
+
 The partitioner keeps slice k of every split op apart from slice j != k and from unsliced work
 (the slice index is part of an atom's kind), so the N slices of one op land in N different CUs,
 all reading the same producer and all read by the join: the same dag.json level. Slices k of
