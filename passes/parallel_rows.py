@@ -15,7 +15,12 @@ memory, not time per run.
     Y = Concat(slice 0, ..., slice N-1, axis=2)
 
 Taken for a 2-D Conv with explicit pads whose slices keep at least `MIN_COLUMNS` output columns
-(whole panels); otherwise the Conv slices along its channels (`split_large_ops.split_unit`).
+(whole panels) and whose kernel spans more than one row; a 1x1 Conv, whose im2col is its input,
+gains too little to pay for the Slice and the Concat along the rows (measured: resnet50's 1x1
+Convs sliced by rows cost more CPU than by channels), unless it reads a row-sliced result (a 3x3
+Conv's): its slice k then reads that result's slice k as it is, so neither Concat nor Slice comes
+between them and slice k of both may share a CU. Otherwise the Conv slices along its channels
+(`split_large_ops.split_unit`).
 The elementwise epilogue splits with it while its constants broadcast along the rows (a bias per
 channel) or have one entry per output row.
 """
@@ -35,6 +40,20 @@ MIN_COLUMNS = 64      # output columns (rows x width) per slice: four of the GEM
 
 
 def rows_sliceable(conv: Node, pieces: int) -> bool:
+    """Whether `conv` slices along its rows: it can, and its kernel spans more than one row, so the
+    im2col a channel slice would pack again is the input times the kernel's size (a 1x1 Conv's is
+    the input itself, which a row slice's Slice and a Concat along the rows cost about as much as)."""
+    return row_slices_fit(conv, pieces) and conv.inputs[1].shape[2] > 1
+
+
+def continues_rows(conv: Node, pieces: int, row_parts: dict[int, list[Value]]) -> bool:
+    """Whether `conv` reads a row-sliced result row by row, so that its row slices read that
+    result's slices with neither a Concat before nor a Slice."""
+    parts = row_parts.get(id(conv.inputs[0]))
+    return parts is not None and len(parts) == pieces and row_slices_fit(conv, pieces) and reads_rows_alike(conv)
+
+
+def row_slices_fit(conv: Node, pieces: int) -> bool:
     """Whether `conv` can be cut into `pieces` slices of its output rows, each wide enough."""
     if conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx") or len(conv.outputs) != 1:
         return False
@@ -47,12 +66,26 @@ def rows_sliceable(conv: Node, pieces: int) -> bool:
     return rows >= pieces and (rows // pieces) * width >= MIN_COLUMNS
 
 
-def split_rows(graph: Graph, unit: list[Node], pieces: int, piece_of: dict[int, int]) -> list[Node]:
+def reads_rows_alike(conv: Node) -> bool:
+    """Whether each output row of `conv` reads the same input row alone (a 1x1 Conv, stride 1, no
+    pads on the rows): its row slices can read the row slices of its producer as they are."""
+    w = conv.inputs[1]
+    pads = list(conv.attrs.get("pads", [0, 0, 0, 0]))
+    return (w.shape[2] == 1 and int(conv.attrs.get("strides", [1, 1])[0]) == 1 and pads[0] == pads[2] == 0
+            and conv.inputs[0].shape[ROW_AXIS] == conv.outputs[0].shape[ROW_AXIS])
+
+
+def split_rows(graph: Graph, unit: list[Node], pieces: int, piece_of: dict[int, int],
+               row_parts: dict[int, list[Value]]) -> list[Node]:
     """The nodes replacing `unit` (a Conv and its epilogue): `pieces` row slices, each recorded in
-    `piece_of`, their Concat, and what of the epilogue does not split."""
+    `piece_of`, their Concat, and what of the epilogue does not split. `row_parts` maps a value
+    row-sliced before (id) to its slices; the joined result's slices join it. A Conv that
+    `reads_rows_alike` reads its input's slices there, in place of Slices of the joined input, so
+    slice k of both ops can share a CU and the producer's Concat may go unread."""
     conv = unit[0]
     x, out = conv.inputs[0], conv.outputs[0]
     rows = out.shape[ROW_AXIS]
+    parts = row_parts[id(x)] if continues_rows(conv, pieces, row_parts) else None
     plans = [(conv, None)]
     for node in unit[1:]:
         if kind_of(node.op_type, node.domain) != ELEMENTWISE:
@@ -81,10 +114,13 @@ def split_rows(graph: Graph, unit: list[Node], pieces: int, piece_of: dict[int, 
         a, b = max(start, 0), min(end, x.shape[ROW_AXIS])
         shape = list(x.shape)
         shape[ROW_AXIS] = b - a
-        part_in = Value(graph.fresh_name(f"{x.name}_rows{k}"), x.dtype, tuple(shape))
-        bound_values = [Value(graph.fresh_name(f"{conv.name}_rows{k}_{key}"), dtypes.INT64, (1,), np.array([v], np.int64))
+        if parts is not None and parts[k].shape == tuple(shape):
+            part_in = parts[k]
+        else:
+            part_in = Value(graph.fresh_name(f"{x.name}_rows{k}"), x.dtype, tuple(shape))
+            bounds_k = [Value(graph.fresh_name(f"{conv.name}_rows{k}_{key}"), dtypes.INT64, (1,), np.array([v], np.int64))
                         for key, v in (("starts", a), ("ends", b), ("axes", ROW_AXIS))]
-        new_nodes.append(Node("Slice", [x, *bound_values], [part_in], name=graph.fresh_name(f"{conv.name}_input{k}")))
+            new_nodes.append(Node("Slice", [x, *bounds_k], [part_in], name=graph.fresh_name(f"{conv.name}_input{k}")))
         group = f"{label}/rows{k}" if len(plans) > 1 else None
         made: dict[int, Value] = {}
         for node, axes in plans:
@@ -108,6 +144,7 @@ def split_rows(graph: Graph, unit: list[Node], pieces: int, piece_of: dict[int, 
         piece_outputs.append(made[id(plans[-1][0].outputs[0])])
         piece_of.update((id(n), k) for n in new_nodes[first_of_slice:])
     joined = plans[-1][0].outputs[0]
+    row_parts[id(joined)] = piece_outputs
     new_nodes.append(Node("Concat", piece_outputs, [joined], {"axis": ROW_AXIS},
                           graph.fresh_name(f"{conv.name}_join"), attr_types={"axis": AttributeProto.INT}))
     if len(rest) == 1:

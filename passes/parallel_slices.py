@@ -49,7 +49,7 @@ from ir.graph import Graph, Node
 from ir.ops import CONTRACTION, kind_of, lookup, node_flops
 from passes.parallel_heads import HeadBlock, head_block, split_heads
 from passes.parallel_pairs import second_of_pair, split_pair
-from passes.parallel_rows import rows_sliceable, split_rows
+from passes.parallel_rows import continues_rows, rows_sliceable, split_rows
 from passes.split_large_ops import fusion_units, split_unit, splittable
 
 CU_OVERHEAD_FLOPS = 1_250_000     # one more CU, in flops of kernel time (50 us at 25 GFLOP/s)
@@ -92,6 +92,7 @@ def split_for_parallel(graph: Graph, pieces: int, min_flops: int, keep: set[int]
     if pieces < 2:
         return piece_of, 0
     replaced: dict[int, list[Node]] = {}
+    row_parts: dict[int, list] = {}     # a row-sliced result (id) -> its row slices
     position = {id(n): i for i, n in enumerate(graph.nodes)}
     for candidate in worth_slicing(graph, pieces, min_flops, keep, cu_overhead_flops):
         unit, second = candidate.unit, candidate.second
@@ -107,13 +108,18 @@ def split_for_parallel(graph: Graph, pieces: int, min_flops: int, keep: set[int]
             for node in [*unit[1:], *second[1:]]:
                 replaced[id(node)] = []
             continue
-        replaced[id(unit[0])] = (split_rows(graph, unit, pieces, piece_of) if candidate.rows
+        rows = candidate.rows or continues_rows(unit[0], pieces, row_parts)
+        replaced[id(unit[0])] = (split_rows(graph, unit, pieces, piece_of, row_parts) if rows
                                  else split_unit(graph, unit, pieces=pieces, piece_of=piece_of))
         for node in unit[1:]:
             replaced[id(node)] = []
     if not replaced:
         return piece_of, 0
     graph.nodes = [n for node in graph.nodes for n in replaced.get(id(node), [node])]
+    # A row-sliced result whose readers all read its slices needs no Concat.
+    read = {id(v) for node in graph.nodes for v in node.present_inputs} | {id(v) for v in graph.outputs}
+    graph.nodes = [n for n in graph.nodes if not (n.op_type == "Concat" and id(n.outputs[0]) in row_parts
+                                                  and id(n.outputs[0]) not in read)]
     graph.topologically_sort()
     return piece_of, sum(1 for nodes in replaced.values() if nodes)
 
