@@ -32,6 +32,9 @@ An attention block slices by heads (`parallel_heads.py`), priced like a pair ove
 with the computed tensors every slice reads whole (its input, the mask) copied once per extra slice;
 its blocks are found first, and their nodes are no candidates of their own.
 
+A wide Conv slices along its output rows instead of its channels (`parallel_rows.py`, priced the
+same): a channel slice would pack the im2col of the whole input again.
+
 The partitioner keeps slice k of every split op apart from slice j != k and from unsliced work
 (the slice index is part of an atom's kind), so the N slices of one op land in N different CUs,
 all reading the same producer and all read by the join: the same dag.json level. Slices k of
@@ -46,6 +49,7 @@ from ir.graph import Graph, Node
 from ir.ops import CONTRACTION, kind_of, lookup, node_flops
 from passes.parallel_heads import HeadBlock, head_block, split_heads
 from passes.parallel_pairs import second_of_pair, split_pair
+from passes.parallel_rows import continues_rows, rows_sliceable, split_rows
 from passes.split_large_ops import fusion_units, split_unit, splittable
 
 CU_OVERHEAD_FLOPS = 1_250_000     # one more CU, in flops of kernel time (50 us at 25 GFLOP/s)
@@ -61,6 +65,7 @@ class SliceCandidate:
     cost: float          # flops of overhead slicing adds
     second: list[Node] | None = None    # the MatMul sliced with it as a pair (parallel_pairs)
     block: HeadBlock | None = None      # the attention block `unit` ends, sliced by heads (parallel_heads)
+    rows: bool = False                  # a Conv sliced along its output rows (parallel_rows)
 
     @property
     def gain(self) -> float:
@@ -87,6 +92,7 @@ def split_for_parallel(graph: Graph, pieces: int, min_flops: int, keep: set[int]
     if pieces < 2:
         return piece_of, 0
     replaced: dict[int, list[Node]] = {}
+    row_parts: dict[int, list] = {}     # a row-sliced result (id) -> its row slices
     position = {id(n): i for i, n in enumerate(graph.nodes)}
     for candidate in worth_slicing(graph, pieces, min_flops, keep, cu_overhead_flops):
         unit, second = candidate.unit, candidate.second
@@ -102,12 +108,18 @@ def split_for_parallel(graph: Graph, pieces: int, min_flops: int, keep: set[int]
             for node in [*unit[1:], *second[1:]]:
                 replaced[id(node)] = []
             continue
-        replaced[id(unit[0])] = split_unit(graph, unit, pieces=pieces, piece_of=piece_of)
+        rows = candidate.rows or continues_rows(unit[0], pieces, row_parts)
+        replaced[id(unit[0])] = (split_rows(graph, unit, pieces, piece_of, row_parts) if rows
+                                 else split_unit(graph, unit, pieces=pieces, piece_of=piece_of))
         for node in unit[1:]:
             replaced[id(node)] = []
     if not replaced:
         return piece_of, 0
     graph.nodes = [n for node in graph.nodes for n in replaced.get(id(node), [node])]
+    # A row-sliced result whose readers all read its slices needs no Concat.
+    read = {id(v) for node in graph.nodes for v in node.present_inputs} | {id(v) for v in graph.outputs}
+    graph.nodes = [n for n in graph.nodes if not (n.op_type == "Concat" and id(n.outputs[0]) in row_parts
+                                                  and id(n.outputs[0]) not in read)]
     graph.topologically_sort()
     return piece_of, sum(1 for nodes in replaced.values() if nodes)
 
@@ -136,7 +148,8 @@ def worth_slicing(graph: Graph, pieces: int, min_flops: int, keep: set[int] = fr
                 continue
         saved, cost = slicing_cost(anchor, pieces, cu_overhead_flops)
         if cu_overhead_flops == 0 or saved >= MARGIN * cost:
-            candidates.append(SliceCandidate(unit, saved, cost if cu_overhead_flops else 0.0))
+            candidates.append(SliceCandidate(unit, saved, cost if cu_overhead_flops else 0.0,
+                                             rows=rows_sliceable(anchor, pieces)))
     budget = MAX_OVERHEAD_SHARE * sum(node_flops(n) for n in graph.nodes)
     chosen: set[int] = set()
     for c in sorted(candidates, key=lambda c: -c.gain):

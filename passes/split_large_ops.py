@@ -105,7 +105,7 @@ def split_unit(graph: Graph, unit: list[Node], max_params: int | None = None, pi
     # The epilogue splits with the anchor while its constants are per-channel or broadcast and its
     # other inputs are split nodes' results (a GELU reads its input twice).
     for node in unit[1:]:
-        axes = _epilogue_axes(node, {id(p.node.outputs[0]) for p in plans}, channels, channel_axis)
+        axes = epilogue_axes(node, {id(p.node.outputs[0]) for p in plans}, channels, channel_axis)
         if axes is None:
             break
         plans.append(_Plan(node, axes))
@@ -150,7 +150,7 @@ def split_unit(graph: Graph, unit: list[Node], max_params: int | None = None, pi
                 if v is not None and id(v) in piece_of_value:
                     inputs.append(piece_of_value[id(v)])
                 elif v is not None and axis is not None:
-                    inputs.append(_slice_constant(graph, v, axis, lo, hi, k))
+                    inputs.append(slice_constant(graph, v, axis, lo, hi, k))
                 else:
                     inputs.append(v)
             attrs = dict(plan.node.attrs)
@@ -258,7 +258,7 @@ def _anchor_axes(node: Node, entry, channels: int, channel_axis: int) -> list[in
     return axes
 
 
-def _epilogue_axes(node: Node, split: set[int], channels: int, channel_axis: int) -> list[int | None] | None:
+def epilogue_axes(node: Node, split: set[int], channels: int, channel_axis: int) -> list[int | None] | None:
     """How `node`'s inputs divide, when it can split with the nodes before it (`split`: ids of
     their results, each of the output's shape); None when it cannot."""
     out = node.outputs[0]
@@ -289,6 +289,6 @@ def _broadcast_axis(v: Value, channels: int, channel_axis: int):
     return axis if v.const.shape[axis] == channels else False
 
 
-def _slice_constant(graph: Graph, v: Value, axis: int, lo: int, hi: int, k: int) -> Value:
+def slice_constant(graph: Graph, v: Value, axis: int, lo: int, hi: int, k: int) -> Value:
     part = np.ascontiguousarray(np.take(v.const, np.arange(lo, hi), axis=axis))
     return Value(graph.fresh_name(f"{v.name}_part{k}"), v.dtype, tuple(part.shape), part)

@@ -116,6 +116,53 @@ def test_conv_and_gemm_slice_along_output_channels(tmp_path):
     assert_matches_onnxruntime(tmp_path, path, feeds)
 
 
+@pytest.mark.parametrize("stride, pads, kernel", [(1, [1, 1, 1, 1], 3), (2, [1, 1, 1, 1], 3), (1, [2, 2, 2, 2], 5),
+                                                  (2, [3, 3, 2, 2], 7), (1, [2, 1, 0, 1], 3)])
+def test_a_wide_conv_slices_along_its_output_rows(tmp_path, stride, pads, kernel):
+    # 16 rows of 16 columns: each half keeps 128 output columns, so the rows split (each slice packs
+    # the im2col of its own rows, not the whole input's); the bias and Relu split with it.
+    path, feeds = save(tmp_path, [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=pads,
+                                                   strides=[stride, stride]),
+                                  helper.make_node("Relu", ["c"], ["y"], name="relu")],
+                       [("x", [1, 4, 16 * stride, 16 * stride])], ["y"], [const("w", 8, 4, kernel, kernel), const("b", 8)])
+    _, dag = build(tmp_path, path, parallel=2, **EVERY_OP)
+    convs = [cu for cu in dag["cus"] if "Conv" in cu["op_types"]]
+    assert len(convs) == 2 and all({"Slice", "Relu"} <= set(cu["op_types"]) for cu in convs)
+    levels = level_of(dag)
+    assert levels[convs[0]["id"]] == levels[convs[1]["id"]]
+    rows = [dag["tensors"][cu["outputs"][0]]["shape"] for cu in convs]
+    assert sum(shape[2] for shape in rows) == (16 * stride + pads[0] + pads[2] - kernel) // stride + 1
+    assert all(shape[1] == 8 for shape in rows)               # every slice computes all channels
+    assert_matches_onnxruntime(tmp_path, path, feeds)
+
+
+def test_a_1x1_conv_after_a_row_sliced_conv_reads_its_row_slices_with_no_concat_between(tmp_path):
+    path, feeds = save(tmp_path, [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+                                  helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+                                  helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv2"),
+                                  helper.make_node("Relu", ["c2"], ["y"], name="relu2")],
+                       [("x", [1, 4, 16, 16])], ["y"], [const("w1", 8, 4, 3, 3), const("b1", 8), const("w2", 6, 8, 1, 1)])
+    _, dag = build(tmp_path, path, parallel=2, **EVERY_OP)
+    ops = [op for cu in dag["cus"] for op in cu["op_types"]]
+    assert ops.count("Concat") == 1 and ops.count("Slice") == 2      # the one join after conv2; conv1's Slices
+    convs = [cu for cu in dag["cus"] if "Conv" in cu["op_types"]]
+    levels = level_of(dag)
+    assert len({levels[cu["id"]] for cu in convs}) == len(convs) // 2   # slice k of each level side by side
+    assert_matches_onnxruntime(tmp_path, path, feeds)
+
+
+@pytest.mark.parametrize("size, kernel", [(6, 3), (16, 1)])
+def test_a_narrow_or_1x1_conv_slices_along_its_output_channels(tmp_path, size, kernel):
+    # 6x6: 3 rows x 6 columns a half, too few; a 1x1 Conv's im2col is its input, too little to repack.
+    path, feeds = save(tmp_path, [helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[kernel // 2] * 4)],
+                       [("x", [1, 4, size, size])], ["y"], [const("w", 8, 4, kernel, kernel)])
+    _, dag = build(tmp_path, path, parallel=2, **EVERY_OP)
+    convs = [cu for cu in dag["cus"] if "Conv" in cu["op_types"]]
+    assert len(convs) == 2 and not any("Slice" in cu["op_types"] for cu in convs)
+    assert [dag["tensors"][cu["outputs"][0]]["shape"][1] for cu in convs] == [4, 4]
+    assert_matches_onnxruntime(tmp_path, path, feeds)
+
+
 def test_a_grouped_conv_slices_whole_groups(tmp_path):
     path, feeds = save(tmp_path, [helper.make_node("Conv", ["x", "w"], ["y"], name="dw", group=4, pads=[1, 1, 1, 1])],
                        [("x", [1, 4, 6, 6])], ["y"], [const("w", 4, 1, 3, 3)])

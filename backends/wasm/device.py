@@ -149,7 +149,8 @@ class WasmDevice(HostTensors):
         """Whether running `cu` reads its input `name` where `tensor` already lies, copying nothing
         (a producer's output slot in the model's shared memory); with memories of their own, never."""
         instance = self.instances.get(cu["id"])
-        return instance is not None and name in instance.inputs and in_place(tensor, instance.inputs[name])
+        return (instance is not None and instance.shares_memory and name in instance.inputs
+                and in_place(tensor, instance.inputs[name]))
 
     def sandbox_events(self) -> dict[str, int]:
         return dict(self.events.counts)

@@ -26,6 +26,8 @@ class WasmInstance:
                  start_ticks: int | None = None, store: wasmtime.Store | None = None, imports: tuple = ()):
         # A given store holds the model's one memory, which the module imports (--memory shared).
         self.store = store if store is not None else wasmtime.Store(engine)
+        # Only an imported memory can hold a producer's output where this module reads its input.
+        self.shares_memory = store is not None
         if memory_limit is not None:     # one instance with one memory: all a CU module has
             self.store.set_limits(memory_size=memory_limit, instances=1, memories=1)
         self.deadline_ticks = deadline_ticks
@@ -60,7 +62,7 @@ class WasmInstance:
         for name, view in self.inputs.items():
             if name in self.lengths:     # a bounded tensor comes at its real shape (ir/bounds.py)
                 self.lengths[name][0] = pad_into(view, inputs[name], self._axes[name])
-            elif not in_place(inputs[name], view):    # in place: the producer wrote it here (--memory shared)
+            elif not (self.shares_memory and in_place(inputs[name], view)):   # --memory shared: the producer wrote it here
                 view[...] = inputs[name]
         if self.deadline_ticks is not None:
             self.store.set_epoch_deadline(self.deadline_ticks)

@@ -33,7 +33,6 @@ import heapq
 import os
 import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -156,4 +155,5 @@ class ThreadedScheduler(SequentialScheduler):
         else:
             with self._numbers_lock:
                 number = self._numbers.setdefault(ident, len(self._numbers) + 1)
-        return replace(run, where={"thread": number})
+        run.where = {"thread": number}     # the run is this thread's own, fresh from _execute
+        return run
