@@ -117,7 +117,7 @@ def _number(value: float | None) -> str:
 def render(info: dict, versions: dict, results: list[dict], errors: dict, rounds: int, date: str) -> str:
     lines = [BEGIN, "## The JavaScript runtime in Node (`make bench-js`)", "",
              (f"Cortex's `js/` runtime against onnxruntime-web {versions.get('web')} in the same Node {versions.get('node')} "
-             f"(V8 {versions.get('v8')}), one thread each, on {info['cpu']} ({info['cores']} cores), {date}. "
+             f"(V8 {versions.get('v8')}), one thread each, on {info['cpu']} ({info['cores']} cores), {date}, load average {info['load_average']} at the start (other work shared the machine when it is well above 0). "
              "Run: process CPU time per `session.run`, the contestants alternating run by run, median "
              "(min-max in brackets); Cortex under `strict` (every CU runs, no cache); the run ratio is the median "
              "of each adjacent pair's ratio. Load: a fresh session, fetched over http "

@@ -124,19 +124,23 @@ def test_the_page_runs_the_variants_python_picks_in_chromium(tmp_path):
     assert bars == len(trace["activated_cus"])
 
 
+def bundled_with_onnxruntime_web(listing: Path, tmp_path: Path, *options: str) -> tuple[Path, dict, Path]:
+    """The case's dag.json, its document, and a `cortex bundle` of it that carries onnxruntime-web."""
+    if not ortweb_installed():
+        pytest.skip("onnxruntime-web is not installed (make ortweb)")
+    dag = listing.parent / json.loads(listing.read_text())["dag"]
+    site = tmp_path / "site"
+    code, out, err = run_cli(["bundle", dag, "--output", site, *options, "--json"])
+    assert code == 0, err
+    assert json.loads(out)["onnxruntime_web"] == "onnxruntime-web/"
+    return dag, json.loads(dag.read_text()), site
+
+
 def test_the_page_runs_offline_on_the_onnxruntime_web_the_bundle_carries_in_chromium(tmp_path):
     """`bundle --with-source` carries onnxruntime-web's browser build beside the source model, and
     `index.html?policy=offline` runs the source model on it: onnxruntime's outputs, the offline
     trace, no CU. The bundle without the source model carries neither."""
-    if not ortweb_installed():
-        pytest.skip("onnxruntime-web is not installed (make ortweb)")
-    listing = variants_case()
-    dag = listing.parent / json.loads(listing.read_text())["dag"]
-    document = json.loads(dag.read_text())
-    site = tmp_path / "site"
-    code, out, err = run_cli(["bundle", dag, "--output", site, "--with-source", "--json"])
-    assert code == 0, err
-    assert json.loads(out)["onnxruntime_web"] == "onnxruntime-web/"
+    dag, document, site = bundled_with_onnxruntime_web(variants_case(), tmp_path, "--with-source")
     assert (site / "onnxruntime-web" / "ort-wasm-simd-threaded.wasm").is_file()
     assert '"onnxruntime-web": "./onnxruntime-web/ort.wasm.bundle.min.mjs"' in (site / "index.html").read_text()
     feeds = example_feeds(document["inputs"])
@@ -163,15 +167,7 @@ def test_the_page_runs_offline_on_the_onnxruntime_web_the_bundle_carries_in_chro
 def test_the_page_runs_fallback_cus_on_the_onnxruntime_web_the_bundle_carries_in_chromium(tmp_path):
     """A bundle with a fallback CU (runs_on: onnxruntime) carries onnxruntime-web too: the page
     runs that CU on it and the model's outputs match onnxruntime's."""
-    if not ortweb_installed():
-        pytest.skip("onnxruntime-web is not installed (make ortweb)")
-    listing = fallback_case()
-    dag = listing.parent / json.loads(listing.read_text())["dag"]
-    document = json.loads(dag.read_text())
-    site = tmp_path / "site"
-    code, out, err = run_cli(["bundle", dag, "--output", site, "--json"])
-    assert code == 0, err
-    assert json.loads(out)["onnxruntime_web"] == "onnxruntime-web/"
+    _, document, site = bundled_with_onnxruntime_web(fallback_case(), tmp_path)
     expected = run_onnxruntime(mixed_model(), example_feeds(document["inputs"]))
     result, bars = site_result(site)
     assert result["status"] == "done", result.get("error")
