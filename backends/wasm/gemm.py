@@ -32,8 +32,10 @@ Conv lowers to this through `backends/wasm/kernels/conv.py` (`render_conv2d`): i
 into panels, the weight as A (as `pack_a` packed it at compile time where the kernel reads A packed),
 the NCHW output as C with a per-row bias.
 
-Blocking: the loops run K blocks of 128 (`k_block_size`: all of K below 160) (outermost), then
-16-column panels, then 4-row tiles, so one K block of a panel (8 KiB) stays in L1 while every row tile streams past it; a 4-row tile runs as
+Blocking: where C is larger than L2, column chunks of about 256 KiB of C (`_chunk_panels`)
+(outermost), each over every K block before the next; the loops run K blocks of 128
+(`k_block_size`: all of K below 160), then row blocks of `M_BLOCK`, then 16-column panels, then
+4-row tiles, so one K block of a panel (8 KiB) stays in L1 while every row tile streams past it; a 4-row tile runs as
 two passes of 4 x 8 over it (kernels/microkernel.py), with relaxed SIMD each pass's k loop a call
 of a function of its own, so that the epilogue around it costs the loop no registers. With one row (GEMV, bandwidth-bound) there is
 no K blocking.
