@@ -12,7 +12,7 @@ Entry points
   `GemmSpec` (shapes, `trans_a`, batch, the epilogue) at the byte offsets `at` (`GemmOffsets`,
   kernels/operands.py), laid out as `layout` says (`GemmLayout`: row strides, batch strides, a
   per-row bias, the tile height, A packed at compile time), as a `(func $name)` with no parameters
-  or results that reads and writes memory 0, followed by the functions it calls (`$name_k_zero`,
+  or results (one i32, `$c_shift`, with `layout.c_shift`) that reads and writes memory 0, followed by the functions it calls (`$name_k_zero`,
   `$name_k_acc`: the tiles' k loop, see `_k_function_unroll`) when it uses them.
   - A is M x K row-major; with `trans_a` it is stored K x M, as Gemm's transA means.
   - C and the residual are M x N. The bias is N floats broadcast over rows (M over columns with
@@ -151,11 +151,14 @@ def render_gemm(spec: GemmSpec, at: GemmOffsets, *, features=SIMD_FMA, layout: G
     a_pack = "packed" if layout.a_packed else at.a_scratch
     inner, helpers = body(_Body(m, n, k, a_k_step, a_row_step, ldc * 4, bias, at.residual is not None, epilogue,
                                 "relaxed-simd" in features, a_pack, tile_rows), name)
+    def shifted(offset: int) -> str:
+        return f"(i32.add (i32.const {offset}) (local.get $c_shift))" if layout.c_shift else f"(i32.const {offset})"
+
     pointers = [
         f"(local.set $A (i32.const {at.a}))",
         f"(local.set $B (i32.const {at.b_packed}))",
-        f"(local.set $C (i32.const {at.c}))",
-        f"(local.set $R (i32.const {at.residual or 0}))",
+        f"(local.set $C {shifted(at.c)})",
+        f"(local.set $R {shifted(at.residual or 0)})",
         f"(local.set $BIAS (i32.const {at.bias or 0}))",
     ]
     code = pointers + _batch_loop(batch, strides, inner, bias_step=4 * m if layout.bias_per_row else 0)
@@ -169,7 +172,8 @@ def render_gemm(spec: GemmSpec, at: GemmOffsets, *, features=SIMD_FMA, layout: G
     title = (f";; C[{m}x{n}] = {epilogue or 'identity'}(A{'^T' if trans_a else ''}[{m}x{k}] @ B[{k}x{n}]"
              f"{' + bias' if at.bias is not None else ''}{' + residual' if at.residual is not None else ''})"
              f"{f' x {batch} batches' if batch > 1 else ''}; features: {','.join(sorted(features)) or 'scalar'}")
-    return _func(name, title, decls, code) + helpers
+    params = " (param $c_shift i32)" if layout.c_shift else ""
+    return _func(name, title, decls, code, params) + helpers
 
 
 @dataclass(frozen=True)
@@ -192,8 +196,8 @@ class _Body:
     rows_per_tile: int
 
 
-def _func(name: str, title: str, decls: list[str], code: list[str]) -> str:
-    return "\n".join([f"(func ${name}", "  " + title, *("  " + d for d in decls), *("  " + c for c in code), ")"]) + "\n"
+def _func(name: str, title: str, decls: list[str], code: list[str], params: str = "") -> str:
+    return "\n".join([f"(func ${name}{params}", "  " + title, *("  " + d for d in decls), *("  " + c for c in code), ")"]) + "\n"
 
 
 def _batch_loop(batch: int, strides: tuple[int, int, int], inner: list[str], bias_step: int = 0) -> list[str]:
