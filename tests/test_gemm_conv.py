@@ -135,7 +135,6 @@ CHUNKED_SPECS = {  # the spec, the rows whose C is C_CHUNK_BYTES, the rows a chu
     "3x3-stride2-rounded-up-to-whole-panels": (Conv2dSpec(1, 24, 31, 40, 20, (3, 3), strides=(2, 2), pads=(0, 1, 1, 0)),
                                                2, 4),
     "5x5-rows-fill-panels-two-images": (Conv2dSpec(2, 8, 20, 16, 12, (5, 5), pads=(2, 2, 2, 2)), 1, 1),
-    "7x7-stride2-one-k-block": (Conv2dSpec(1, 3, 40, 34, 16, (7, 7), strides=(2, 2), pads=(3, 3, 3, 3)), 3, 3),
 }
 
 

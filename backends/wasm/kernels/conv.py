@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from backends.wasm.gemm import (C_CHUNK_BYTES, SIMD_FMA, gemm_scratch_bytes, pack_a, packed_a_size, packed_b_size,
-                                packs_a, render_gemm, render_pack_b)
+from backends.wasm.gemm import (C_CHUNK_BYTES, SIMD_FMA, gemm_scratch_bytes, k_block_size, pack_a, packed_a_size,
+                                packed_b_size, packs_a, render_gemm, render_pack_b)
 from backends.wasm.kernels.conv_implicit_gemm import (implicit_gemm_scratch_bytes, pack_implicit_gemm_weight,
                                                       render_conv2d_implicit_gemm)
 from backends.wasm.kernels.depthwise import depthwise_scratch_bytes, is_depthwise, render_depthwise
@@ -101,21 +101,18 @@ def im2col_chunk_rows(spec: Conv2dSpec) -> int | None:
     (`gemm._chunk_panels`); cutting the im2col into the same chunks also keeps the packed B of a
     chunk (K x its pixels) in cache between its packing and the product, instead of writing the
     whole image's (9 x the input for a 3x3 kernel: 58 MB for vgg19's 128->128 at 112x112) to
-    memory and reading it back, and the scratch shrinks to one chunk's; that holds with one K
-    block too (the 3-channel stems, whose GEMM would not chunk). A chunk is the rows whose
+    memory and reading it back, and the scratch shrinks to one chunk's. A chunk is the rows whose
     output is about C_CHUNK_BYTES, rounded up (at most to twice that) to rows that fill whole
     16-pixel panels, so that no chunk has an edge panel but the last. Measured (Conv + bias + relu,
     A packed at compile time, wasmtime 50, relaxed SIMD, CPU time, min of 9 interleaved rounds, ms,
     whole image / the GEMM's column chunks alone / chunks of rows): vgg19's 3x3 64->128 at 112x112
     53.8 / 45.1 / 41.4, 128->128 at 112x112 108.7 / 89.1 / 81.4, 128->256 at 56x56 44.3 / 40.8 /
     39.2, 256->256 at 56x56 86.2 / 80.7 / 78.4, 256->512 at 28x28 39.7 / 40.1 / 38.6, 512->512 at
-    28x28 80.4 / 79.2 / 79.4; one K block (min of 11, whole image / chunks of rows): resnet50's
-    7x7s2 3->64 at 224 7.29 / 6.04, vgg19's 3x3 3->64 at 224 8.93 / 6.97, squeezenet's 7x7s2
-    3->96 14.13 / 13.47."""
+    28x28 80.4 / 79.2 / 79.4."""
     if spec.implicit_gemm or is_depthwise(spec) or spec.groups != 1 or spec.is_pointwise:
         return None
-    m, n = spec.out_channels, spec.pixels
-    if m * n * 4 <= 4 * C_CHUNK_BYTES:
+    m, n, k = spec.out_channels, spec.pixels, spec.gemm_k
+    if k <= k_block_size(k) or m * n * 4 <= 4 * C_CHUNK_BYTES:
         return None
     ow = spec.out_width
     target = max(1, C_CHUNK_BYTES // (m * 4 * ow))
