@@ -11,9 +11,10 @@ Entry points
 - `render_gemm(spec, at, *, features=SIMD_FMA, layout=GemmLayout(), name="gemm") -> str`: the
   `GemmSpec` (shapes, `trans_a`, batch, the epilogue) at the byte offsets `at` (`GemmOffsets`,
   kernels/operands.py), laid out as `layout` says (`GemmLayout`: row strides, batch strides, a
-  per-row bias, the tile height, A packed at compile time), as a `(func $name)` with no parameters
-  or results (one i32, `$c_shift`, with `layout.c_shift`) that reads and writes memory 0, followed by the functions it calls (`$name_k_zero`,
-  `$name_k_acc`: the tiles' k loop, see `_k_function_unroll`) when it uses them.
+  per-row bias, the tile height, A packed at compile time, a run-time shift of C), as a
+  `(func $name)` with no parameters (one i32, `$c_shift`, with `layout.c_shift`) or results that
+  reads and writes memory 0, followed by the functions it calls (`$name_k_zero`, `$name_k_acc`:
+  the tiles' k loop, see `_k_function_unroll`) when it uses them.
   - A is M x K row-major; with `trans_a` it is stored K x M, as Gemm's transA means.
   - C and the residual are M x N. The bias is N floats broadcast over rows (M over columns with
     `bias_per_row`). The activation is None, "relu" or "gelu" (erf form), applied after bias and
@@ -365,7 +366,8 @@ def _simd_body(p: _Body, name: str) -> tuple[list[str], str]:
     # Column chunks (outermost): every K block passes over one chunk of C while it stays in cache.
     code = _counted("$j0", 0, full_panels, chunk, [
         f"(local.set $jend (i32.add (local.get $j0) (i32.const {chunk})))",
-        f"(local.set $jend (select (local.get $jend) (i32.const {full_panels}) (i32.lt_u (local.get $jend) (i32.const {full_panels}))))",
+        f"(local.set $jend (select (local.get $jend) (i32.const {full_panels})"
+        f" (i32.lt_u (local.get $jend) (i32.const {full_panels}))))",
         *k_blocks("chunk")])
     return code + (k_blocks("edge") if edge else []), helpers
 
