@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from backends.wasm import gemm
 from backends.wasm.gemm import (SCALAR, SIMD, SIMD_FMA, gemm_scratch_bytes, k_block_size, pack_a, pack_b,
                                 packed_a_size, packed_b_size, packs_a, render_gemm, render_pack_b)
 from backends.wasm.kernels.microkernel import edge_pass_lanes
@@ -399,3 +400,36 @@ def test_edge_panels_of_every_width_run_their_own_k_functions(edge):
         write(store, inst, offsets["bias"], bias), write(store, inst, offsets["res"], res)
         inst.exports(store)["gemm"](store)
         assert_close(read(store, inst, offsets["c"], (m, n)), reference(a, b, bias, res, "gelu", True), k)
+
+
+@pytest.mark.parametrize("features", [SIMD, SIMD_FMA], ids=["simd", "relaxed-simd"])
+@pytest.mark.parametrize("a_packed", [True, False], ids=["a-packed", "a-packed-at-run-time"])
+@pytest.mark.parametrize("m,n,k,batch", [(250, 16 * 37 + 5, 300, 1), (20, 16 * 40, 1024, 2), (9, 16 * 33 + 1, 140, 1)])
+def test_column_chunks_give_the_same_product(monkeypatch, features, a_packed, m, n, k, batch):
+    """C larger than the chunk goes in column chunks, each over every K block: two row blocks, an edge
+    panel after the chunks, a last chunk shorter than the others, batches, a residual read before C
+    is written; one K block (k = 140) never chunks."""
+    monkeypatch.setattr(gemm, "C_CHUNK_BYTES", 1 << 13)
+    rng = np.random.default_rng(m + n + k)
+    a, b = rng.standard_normal((batch, m, k)).astype(np.float32), rng.standard_normal((batch, k, n)).astype(np.float32)
+    bias, res = rng.standard_normal(batch * m).astype(np.float32), rng.standard_normal((batch, m, n)).astype(np.float32)
+    a_blob = np.concatenate([pack_a(a[i]) for i in range(batch)]) if a_packed else a
+    a_stride = packed_a_size(m, k) if a_packed else m * k * 4
+    b_off = a_blob.nbytes + 64
+    c_off = b_off + batch * packed_b_size(k, n)
+    res_off = c_off + batch * m * n * 4
+    bias_off = res_off + res.nbytes
+    scratch_off = bias_off + bias.nbytes
+    func = gemm_wat(m, n, k, a_offset=64, b_packed_offset=b_off, c_offset=c_off, bias_offset=bias_off,
+                    residual_offset=res_off, a_scratch_offset=None if a_packed else scratch_off, bias_per_row=True,
+                    epilogue="relu", features=features, a_packed=a_packed, batch=batch,
+                    batch_strides=(a_stride, packed_b_size(k, n), m * n * 4))
+    assert ("$loop_j0" in func) == (k > 160)
+    store, inst = instantiate(func, scratch_off + gemm_scratch_bytes(m, k), features)
+    write(store, inst, 64, a_blob), write(store, inst, b_off, b"".join(pack_b(b[i]) for i in range(batch)))
+    write(store, inst, c_off, np.full((batch, m, n), np.nan, np.float32))
+    write(store, inst, res_off, res), write(store, inst, bias_off, bias)
+    inst.exports(store)["gemm"](store)
+    got = read(store, inst, c_off, (batch, m, n))
+    for i in range(batch):
+        assert_close(got[i], reference(a[i], b[i], bias[i * m:(i + 1) * m], res[i], "relu", True), k)

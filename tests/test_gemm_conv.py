@@ -9,10 +9,12 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
+from backends.wasm import gemm
 from backends.wasm.gemm import SCALAR, SIMD, SIMD_FMA
 from backends.wasm.intrinsics import conv_kernel_spec
-from backends.wasm.kernels.conv import (Conv2dSpec, conv_scratch_bytes, pack_conv_weight, render_conv2d,
-                                        weight_packs_as_a)
+from backends.wasm.kernels import conv
+from backends.wasm.kernels.conv import (Conv2dSpec, conv_scratch_bytes, im2col_chunk_rows, pack_conv_weight,
+                                        render_conv2d, weight_packs_as_a)
 from backends.wasm.kernels.conv_implicit_gemm import implicit_gemm_is_faster
 from backends.wasm.kernels.operands import ConvOffsets
 from backends.wasm.kernels.standalone import instantiate, read, write
@@ -123,6 +125,39 @@ def test_conv_with_the_weight_packed_as_a_matches_onnxruntime(name, features):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-4 * np.sqrt(spec.gemm_k))
     wat = render_conv2d(packed, ConvOffsets(0, 0, 0, 0), features=features)
     assert "$pack_k" not in wat and conv_scratch_bytes(packed) < conv_scratch_bytes(spec)
+
+
+# im2col in chunks of output rows (C_CHUNK_BYTES shrunk so that small images have several): a last
+# chunk shorter than the others, chunks that end mid-panel or fill whole panels, strides and
+# asymmetric pads, the residual, two images, A packed at compile time or at run time
+CHUNKED_SPECS = {  # the spec, the rows whose C is C_CHUNK_BYTES, the rows a chunk has
+    "3x3-pad1-last-chunk-shorter": (Conv2dSpec(1, 20, 23, 30, 24, (3, 3), pads=(1, 1, 1, 1)), 2, 2),
+    "3x3-stride2-rounded-up-to-whole-panels": (Conv2dSpec(1, 24, 31, 40, 20, (3, 3), strides=(2, 2), pads=(0, 1, 1, 0)),
+                                               2, 4),
+    "5x5-rows-fill-panels-two-images": (Conv2dSpec(2, 8, 20, 16, 12, (5, 5), pads=(2, 2, 2, 2)), 1, 1),
+}
+
+
+@pytest.mark.parametrize("a_packed", [True, False], ids=["a-packed", "a-packed-at-run-time"])
+@pytest.mark.parametrize("features", [SIMD_FMA, SIMD, SCALAR], ids=["relaxed-simd", "simd", "scalar"])
+@pytest.mark.parametrize("name", CHUNKED_SPECS)
+def test_im2col_in_chunks_of_output_rows_matches_onnxruntime(monkeypatch, name, features, a_packed):
+    if a_packed and features == SCALAR:
+        pytest.skip("the scalar kernel reads A in place")
+    spec, target, rows = CHUNKED_SPECS[name]
+    spec = Conv2dSpec(**{**spec.__dict__, "packed_a": a_packed})
+    chunk_bytes = target * spec.out_channels * 4 * spec.out_width
+    monkeypatch.setattr(conv, "C_CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(gemm, "C_CHUNK_BYTES", chunk_bytes)
+    assert im2col_chunk_rows(spec) == rows
+    x, w, bias, residual = _random_case(spec, len(name), with_residual=True)
+    want = np.maximum(onnxruntime_conv(spec, x, w, bias) + residual, 0)
+    got = run_conv(spec, x, w, bias, residual, "relu", features)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-4 * np.sqrt(spec.gemm_k))
+    assert f"in chunks of {rows} output rows" in render_conv2d(spec, ConvOffsets(0, 0, 0, 0), features=features)
+    chunked = conv_scratch_bytes(spec)
+    monkeypatch.setattr(conv, "C_CHUNK_BYTES", 1 << 40)
+    assert im2col_chunk_rows(spec) is None and conv_scratch_bytes(spec) > chunked
 
 
 def test_a_conv_with_four_channels_per_group_keeps_the_onnx_weight():

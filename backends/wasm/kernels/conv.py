@@ -9,13 +9,16 @@ input already is B, which `render_pack_b` packs. A depthwise Conv (one channel p
 a one-row product per channel: it runs the direct kernel of `kernels/depthwise.py` instead. A
 Conv whose spec says `implicit_gemm` runs the other orientation, `kernels/conv_implicit_gemm.py`
 (output pixels as rows, the weight packed at compile time as B, no im2col); which Convs take it is
-decided there, by `implicit_gemm_is_faster`.
+decided there, by `implicit_gemm_is_faster`. Where the output is larger than L2 (vgg19's 112x112
+and 56x56 layers), the im2col Conv runs in chunks of output rows, each packed and then multiplied
+over every K block (`im2col_chunk_rows`), so that neither C nor the packed B of a chunk leaves the
+caches between passes.
 
 Entry point
 - `render_conv2d(spec, at, *, epilogue=None, features=SIMD_FMA, name="conv") -> str`: WAT functions
   at the offsets `at` (`ConvOffsets`, kernels/operands.py), the one to call being `$name` (no
   parameters); `conv_scratch_bytes(spec)` is what it needs at `at.scratch` (the packed im2col of
-  one image, all groups, and the GEMM's A blocks). With `spec.implicit_gemm` or `spec.packed_a`
+  one image, all groups, or of one chunk of rows, and the GEMM's A blocks). With `spec.implicit_gemm` or `spec.packed_a`
   the weight at `at.w` is `pack_conv_weight(spec, w)`, not ONNX's layout.
 - `weight_packs_as_a(spec, features)`: whether the lowering should pack this Conv's (constant) weight
   at compile time in the GEMM's packed-A layout (then `packed_a=True`), so that the kernel reads it as
@@ -28,8 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from backends.wasm.gemm import (SIMD_FMA, gemm_scratch_bytes, pack_a, packed_a_size, packed_b_size, packs_a,
-                                render_gemm, render_pack_b)
+from backends.wasm.gemm import (C_CHUNK_BYTES, SIMD_FMA, gemm_scratch_bytes, k_block_size, pack_a, packed_a_size,
+                                packed_b_size, packs_a, render_gemm, render_pack_b)
 from backends.wasm.kernels.conv_implicit_gemm import (implicit_gemm_scratch_bytes, pack_implicit_gemm_weight,
                                                       render_conv2d_implicit_gemm)
 from backends.wasm.kernels.depthwise import depthwise_scratch_bytes, is_depthwise, render_depthwise
@@ -90,6 +93,33 @@ def conv_scratch_bytes(spec: Conv2dSpec) -> int:
     return _im2col_bytes(spec) + gemm_scratch_bytes(spec.out_channels // spec.groups, spec.gemm_k)
 
 
+def im2col_chunk_rows(spec: Conv2dSpec) -> int | None:
+    """Output rows per chunk where an im2col Conv runs in chunks of rows, each packed and then
+    multiplied over every K block, or None for the whole image at once.
+
+    Where the output (C) is larger than L2, the GEMM would cut its columns into chunks anyway
+    (`gemm._chunk_panels`); cutting the im2col into the same chunks also keeps the packed B of a
+    chunk (K x its pixels) in cache between its packing and the product, instead of writing the
+    whole image's (9 x the input for a 3x3 kernel: 58 MB for vgg19's 128->128 at 112x112) to
+    memory and reading it back, and the scratch shrinks to one chunk's. A chunk is the rows whose
+    output is about C_CHUNK_BYTES, rounded up (at most to twice that) to rows that fill whole
+    16-pixel panels, so that no chunk has an edge panel but the last. Measured (Conv + bias + relu,
+    A packed at compile time, wasmtime 50, relaxed SIMD, CPU time, min of 9 interleaved rounds, ms,
+    whole image / the GEMM's column chunks alone / chunks of rows): vgg19's 3x3 64->128 at 112x112
+    53.8 / 45.1 / 41.4, 128->128 at 112x112 108.7 / 89.1 / 81.4, 128->256 at 56x56 44.3 / 40.8 /
+    39.2, 256->256 at 56x56 86.2 / 80.7 / 78.4, 256->512 at 28x28 39.7 / 40.1 / 38.6, 512->512 at
+    28x28 80.4 / 79.2 / 79.4."""
+    if spec.implicit_gemm or is_depthwise(spec) or spec.groups != 1 or spec.is_pointwise:
+        return None
+    m, n, k = spec.out_channels, spec.pixels, spec.gemm_k
+    if k <= k_block_size(k) or m * n * 4 <= 4 * C_CHUNK_BYTES:
+        return None
+    ow = spec.out_width
+    target = max(1, C_CHUNK_BYTES // (m * 4 * ow))
+    rows = next((r for r in range(target, 2 * target + 1) if r * ow % PANEL == 0), target)
+    return rows if rows < spec.out_height else None
+
+
 def weight_packs_as_a(spec: Conv2dSpec, features) -> bool:
     """Whether an im2col Conv's GEMM reads its weight packed (more than one 4-row tile, SIMD128): then
     packing it at compile time saves the kernel's run-time packing of A. That packing costs most where
@@ -115,7 +145,8 @@ def pack_conv_weight(spec: Conv2dSpec, w: np.ndarray) -> np.ndarray:
 
 
 def _im2col_bytes(spec: Conv2dSpec) -> int:
-    return spec.groups * packed_b_size(spec.gemm_k, spec.pixels)
+    rows = im2col_chunk_rows(spec)
+    return spec.groups * packed_b_size(spec.gemm_k, spec.pixels if rows is None else rows * spec.out_width)
 
 
 def render_conv2d(spec: Conv2dSpec, at: ConvOffsets, *, epilogue: str | None = None, features=SIMD_FMA,
@@ -124,6 +155,8 @@ def render_conv2d(spec: Conv2dSpec, at: ConvOffsets, *, epilogue: str | None = N
         return render_conv2d_implicit_gemm(spec, at, epilogue=epilogue, features=features, name=name)
     if is_depthwise(spec):
         return render_depthwise(spec, at, epilogue=epilogue, features=features, name=name)
+    if im2col_chunk_rows(spec) is not None:
+        return _render_conv2d_chunked(spec, at, epilogue=epilogue, features=features, name=name)
     g = spec.groups
     m, n, k = spec.out_channels // g, spec.pixels, spec.gemm_k
     x_image = spec.in_channels * spec.height * spec.width * 4
@@ -152,7 +185,49 @@ def render_conv2d(spec: Conv2dSpec, at: ConvOffsets, *, epilogue: str | None = N
     return "".join(funcs) + "\n".join([f"(func ${name}", title, *calls, ")"]) + "\n"
 
 
-def _render_im2col(spec: Conv2dSpec, src: int, dst: int, name: str, vector: bool = False) -> str:
+def _render_conv2d_chunked(spec: Conv2dSpec, at: ConvOffsets, *, epilogue: str | None, features,
+                           name: str) -> str:
+    """One group, chunks of `im2col_chunk_rows` output rows: for each, the im2col of its rows into
+    the scratch, then the GEMM of its columns of C (NCHW rows `pixels` apart), both functions of
+    the chunk's first row / its byte offset in C; the last, shorter chunk has its own pair."""
+    rows, oh, ow = im2col_chunk_rows(spec), spec.out_height, spec.out_width
+    m, n, k = spec.out_channels, spec.pixels, spec.gemm_k
+    x_image, y_image = spec.in_channels * spec.height * spec.width * 4, m * n * 4
+    simd = frozenset(features) & {"simd"}
+    full, last = divmod(oh, rows)
+    funcs, calls = [], []
+    for image in range(spec.batch):
+        x, y = at.x + image * x_image, at.y + image * y_image
+        res = None if at.residual is None else at.residual + image * y_image
+        offsets = GemmOffsets(at.w, at.scratch, y, bias=at.bias, residual=res,
+                              a_scratch=None if spec.packed_a else at.scratch + _im2col_bytes(spec))
+        for part, count in (("", rows), ("_last", last)):
+            if not count:
+                continue
+            pack_name, gemm_name = f"{name}_pack_{image}{part}", f"{name}_gemm_{image}{part}"
+            funcs.append(_render_im2col(spec, x, at.scratch, pack_name, vector="simd" in simd, rows=count))
+            product = GemmSpec(m, count * ow, k, epilogue=EpilogueSpec(at.bias is not None, at.residual is not None,
+                                                                      epilogue))
+            layout = GemmLayout(ldc=n, bias_per_row=True, a_packed=spec.packed_a, c_shift=True)
+            funcs.append(render_gemm(product, offsets, features=features, layout=layout, name=gemm_name))
+        calls += [
+            "  (local.set $oy0 (i32.const 0))",
+            "  (loop $chunks",
+            f"    (call ${name}_pack_{image} (local.get $oy0))",
+            f"    (call ${name}_gemm_{image} (i32.mul (local.get $oy0) (i32.const {ow * 4})))",
+            f"    (local.set $oy0 (i32.add (local.get $oy0) (i32.const {rows})))",
+            f"    (br_if $chunks (i32.lt_u (local.get $oy0) (i32.const {full * rows}))))",
+        ]
+        if last:
+            calls += [f"  (call ${name}_pack_{image}_last (i32.const {full * rows}))",
+                      f"  (call ${name}_gemm_{image}_last (i32.const {full * rows * ow * 4}))"]
+    title = (f"  ;; Conv {spec.in_channels}x{spec.height}x{spec.width} -> {m}x{oh}x{ow}, kernel {spec.kernel}, "
+             f"batch {spec.batch}: im2col + GEMM in chunks of {rows} output rows")
+    return "".join(funcs) + "\n".join([f"(func ${name}", title, "  (local $oy0 i32)", *calls, ")"]) + "\n"
+
+
+def _render_im2col(spec: Conv2dSpec, src: int, dst: int, name: str, vector: bool = False,
+                   rows: int | None = None) -> str:
     """dst[group][p / 16][k][p % 16] = x[c, oy*sh - pt + ky*dh, ox*sw - pl + kx*dw] (0 in the padding
     and past the last pixel), with k = (c, ky, kx) inside the group and p = (oy, ox).
 
@@ -160,18 +235,25 @@ def _render_im2col(spec: Conv2dSpec, src: int, dst: int, name: str, vector: bool
     [$lo, $hi), computed once; each output row is then zeros, a copy, zeros, with no bounds test
     per pixel (a row whose input row is padding is all zeros). With `vector` (SIMD128) each run is
     cut at the 16-pixel panel boundaries, inside which consecutive pixels are contiguous in dst, and
-    every segment is moved 4 pixels per v128 (`_vector_run`), its last 0-3 pixels one by one."""
+    every segment is moved 4 pixels per v128 (`_vector_run`), its last 0-3 pixels one by one.
+
+    With `rows`, only output rows $oy0 .. $oy0 + rows (the function's parameter), as the pixels
+    p = (oy - $oy0, ox) of a B that many rows wide."""
     (kh, kw), (sh, sw), (dh, dw) = spec.kernel, spec.strides, spec.dilations
     pt, pl = spec.pads[0], spec.pads[1]
     h, w, oh, ow = spec.height, spec.width, spec.out_height, spec.out_width
     k_total, pixels = spec.gemm_k, spec.pixels
+    oy = "(local.get $oy)"
+    if rows is not None:
+        oh, pixels, oy = rows, rows * ow, "(i32.add (local.get $oy0) (local.get $oy))"
     channels = spec.in_channels  # all groups at once: group = c // (C/g), k = c % (C/g) * kh*kw + ...
     per_group = spec.in_channels // spec.groups
     group_bytes = packed_b_size(k_total, pixels)
     panel_stride = k_total * PANEL * 4
     lines = [
-        f"(func ${name}",
-        f"  ;; im2col of {channels}x{h}x{w} for a {kh}x{kw} kernel into 16-pixel panels ({spec.groups} groups)",
+        f"(func ${name}{' (param $oy0 i32)' if rows is not None else ''}",
+        f"  ;; im2col of {channels}x{h}x{w} for a {kh}x{kw} kernel into 16-pixel panels ({spec.groups} groups)"
+        + (f", {rows} output rows from $oy0" if rows is not None else ""),
         "  (local $c i32) (local $ky i32) (local $kx i32) (local $oy i32) (local $ox i32) (local $k i32)",
         "  (local $iy i32) (local $p i32) (local $row i32) (local $lo i32) (local $hi i32) (local $t i32)",
         "  (local $pa i32) (local $stop i32) (local $end i32) (local $q i32)",
@@ -220,7 +302,7 @@ def _render_im2col(spec: Conv2dSpec, src: int, dst: int, name: str, vector: bool
         "(local.set $hi (select (local.get $hi) (local.get $lo) (i32.gt_s (local.get $hi) (local.get $lo))))",
         "(local.set $p (i32.const 0))",
         *_loop("$oy", oh, [
-            f"(local.set $iy (i32.add (i32.sub (i32.mul (local.get $oy) (i32.const {sh})) (i32.const {pt}))"
+            f"(local.set $iy (i32.add (i32.sub (i32.mul {oy} (i32.const {sh})) (i32.const {pt}))"
             f" (i32.mul (local.get $ky) (i32.const {dh}))))",
             # unsigned compare: a negative row (top padding) wraps to a huge one
             f"(if (i32.lt_u (local.get $iy) (i32.const {h}))",
@@ -260,7 +342,7 @@ def _vector_run(until: str, address: str, stride: int, copying: bool) -> list[st
     vector, scalar, advance = "(v128.const i32x4 0 0 0 0)", "(f32.const 0)", []
     if copying:
         vector, scalar = _strided_load(stride), "(f32.load (local.get $pa))"
-        advance = [f"(local.set $pa (i32.add (local.get $pa) (i32.const {{}})))"]
+        advance = ["(local.set $pa (i32.add (local.get $pa) (i32.const {})))"]
     step = lambda pixels: [a.format(pixels * stride * 4) for a in advance]  # noqa: E731
     return [f"(local.set $stop {until})",
             "(block $run_done (loop $segments",

@@ -90,7 +90,10 @@ def implicit_gemm_is_faster(spec, features) -> bool:
       of 3 input channels (vgg19's first 1.61, the 7x7 stems 1.36-1.38), one K block per channel.
     Whole light models compiled with this rule against im2col only (opt-level 3, relaxed SIMD, CPU
     time of a run, median of 10 interleaved runs, vgg19 4): densenet121 194.0 -> 168.2 ms,
-    squeezenet 23.2 -> 22.3, inception_v1 82.8 -> 81.0, resnet50 214.9 -> 212.1, vgg19 992 -> 968."""
+    squeezenet 23.2 -> 22.3, inception_v1 82.8 -> 81.0, resnet50 214.9 -> 212.1, vgg19 992 -> 968.
+    Since im2col runs in chunks of output rows on large outputs (`conv.im2col_chunk_rows`), vgg19's
+    64->64 at 224x224 ties (min of 7 interleaved rounds: implicit 90.5 ms, im2col 90.0); 64->64 and
+    128->32 at 56x56 still favour this orientation (7.0 vs 8.3 ms, 6.2 vs 8.6 ms)."""
     if not can_run_as_implicit_gemm(spec, features) or spec.strides != (1, 1) or spec.in_channels < 16:
         return False
     oc = spec.out_channels

@@ -34,13 +34,16 @@ class GemmLayout:
     - `tile_rows`: rows per register tile, 1 to 4 (None: the kernel's default, 4).
     - `a_packed`: A already is `pack_a(A)` (a weight packed at compile time): the kernel reads it as
       it reads its scratch blocks and packs nothing; only where `packs_a(m, features, tile_rows)`.
-      A's batch stride is then `packed_a_size(m, k)`."""
+      A's batch stride is then `packed_a_size(m, k)`.
+    - `c_shift`: the function takes one i32 parameter, a byte offset added to C's and the
+      residual's offsets (a Conv's chunk of output rows: one function for every chunk)."""
     lda: int | None = None
     ldc: int | None = None
     batch_strides: tuple[int, int, int] | None = None
     bias_per_row: bool = False
     tile_rows: int | None = None
     a_packed: bool = False
+    c_shift: bool = False
 
 
 @dataclass(frozen=True)
