@@ -127,7 +127,7 @@ def render(machine: dict, models, model_summary: dict, gemms, gemm_summary: dict
                 "Each contestant runs the same file (a quantized model is quantized once, by onnxruntime's "
                 "quantizer, and all three run it). Cortex's output is checked against onnxruntime's before "
                 "timing: float models to rtol 1e-3, atol 1e-4; quantized ones to 15% of the output's largest "
-                "magnitude, since a last-bit difference in a float op before a quantization flips a rounding "
+                "magnitude or one quantum of it, whichever is larger, since a last-bit difference in a float op before a quantization flips a rounding "
                 "that later layers carry (the tests check the quantized models' error statistics more tightly).", "", *lines]
         notes = sorted({f"- {r.name}, {who}: {why}" for r in extra for who, why in r.errors.items()})
         if notes:
