@@ -30,7 +30,7 @@ from test_data_dependent import compile_wasm, detection_feeds, detection_model
 from test_fallback_cus import WIDTH, mixed_model
 from test_specializations import build as build_specialized
 from test_specializations import conv_model, masked_attention_model
-from testdata import light_model, minilm, run_onnxruntime, sample_model
+from testdata import LIGHT_MODEL_NAMES, light_model, minilm, run_onnxruntime, sample_model
 from wasm_cases import compile_pipeline
 
 import cortex
@@ -232,9 +232,7 @@ def test_node_runs_shape_specializations_and_external_weights(tmp_path):
 
 @pytest.mark.slow
 def test_node_runs_the_light_models_and_minilm(tmp_path):
-    from testdata import LARGE_LIGHT_MODELS, LIGHT_MODEL_NAMES
-    cases = [compiled_case(light_model(name), rtol=1e-3, atol=1e-4)
-             for name in LIGHT_MODEL_NAMES if name not in LARGE_LIGHT_MODELS]
+    cases = [compiled_case(light_model(name), rtol=1e-3, atol=1e-4) for name in LIGHT_MODEL_NAMES]
     cases.append(compiled_case(minilm(1, 128), rtol=1e-3, atol=1e-4))
     run_node_tests(cases, tmp_path, "models.test.js")
 
