@@ -5,15 +5,41 @@ epilogues, and leave small or non-float contractions on the exact kernel."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
+from cli_helpers import assert_one_line_error, run_cli
 from cuda_cases import run_cuda_sim
 from onnx import TensorProto as T
 from onnx import helper
 from onnx import numpy_helper as nh
+from testdata import sample_model
 from wasm_cases import make_model, run_onnxruntime
 
+import cortex
+from backends.cuda import toolchain
+from backends.cuda.build import (
+    CudaOptions,
+    build_cu,
+    build_tf32_variant,
+    stored_weight_precision,
+)
+from backends.cuda.sim import sanitizer_env
 from backends.cuda.tensor_cores import KSTEP
+from backends.registry import targets
+from cortex.compile import compile_cu_dir
+from cortex.dag import validate_dag
+from cortex.runtime.variants import chosen_variant
+from ir.errors import CortexError
+from ir.onnx_import import import_model
+from passes import optimize_pipeline, run_pipeline
+from passes.narrow_weights import narrowed
 
 RNG = np.random.default_rng(16)
 # Relative error of one input rounding (half an ulp at the precision's mantissa bits), times a
@@ -85,7 +111,6 @@ def test_small_contractions_keep_the_exact_kernel():
 
 @pytest.mark.slow
 def test_the_source_compiles_for_sm_80_and_sm_90_with_each_compiler_available():
-    from backends.cuda import toolchain
 
     _, source = run_cuda_sim(matmul_bias_relu(), {"x": np.zeros((2, 37, 70), np.float32)}, with_source=True,
                              precision="bf16")
@@ -100,8 +125,6 @@ def test_the_source_compiles_for_sm_80_and_sm_90_with_each_compiler_available():
 
 def _cli_pipeline(tmp_path, *compile_args):
 
-    from cli_helpers import run_cli
-    from testdata import sample_model
 
     case = sample_model("mlp")
     cus, dag = tmp_path / "cus", tmp_path / "dag.json"
@@ -114,12 +137,8 @@ def _cli_pipeline(tmp_path, *compile_args):
 
 @pytest.mark.slow
 def test_cli_precision_is_recorded_per_cu_and_runs_on_cuda_sim(tmp_path):
-    import json
 
-    import onnxruntime as ort
-    from cli_helpers import run_cli
 
-    from cortex.dag import validate_dag
 
     case, dag, code, err = _cli_pipeline(tmp_path, "--precision", "tf32")
     assert code == 0, err
@@ -140,7 +159,6 @@ def test_cli_precision_is_recorded_per_cu_and_runs_on_cuda_sim(tmp_path):
 
 
 def test_cli_precision_mistakes_are_one_line(tmp_path):
-    from cli_helpers import assert_one_line_error, run_cli
 
     code, _, err = run_cli(["compile-cuda", "--cu-dir", tmp_path, "--output", tmp_path / "o", "--precision", "fp8"])
     assert_one_line_error(code, err, "--precision")
@@ -150,10 +168,6 @@ def test_cli_precision_mistakes_are_one_line(tmp_path):
 
 
 def test_an_fp16_weights_variant_runs_its_contraction_on_fp16_tensor_cores():
-    from backends.cuda.build import CudaOptions, build_cu, stored_weight_precision
-    from ir.onnx_import import import_model
-    from passes import optimize_pipeline, run_pipeline
-    from passes.narrow_weights import narrowed
 
     graph, _ = run_pipeline(import_model(matmul_bias_relu()), optimize_pipeline(require_static=True))
     assert stored_weight_precision(graph) == "exact"
@@ -169,12 +183,8 @@ def test_an_fp16_weights_variant_runs_its_contraction_on_fp16_tensor_cores():
 
 @pytest.mark.slow
 def test_fp16_variants_calibrate_with_their_tensor_cores_and_run_on_cuda_sim(tmp_path):
-    import json
 
-    from cli_helpers import run_cli
-    from testdata import sample_model
 
-    import cortex
 
     case = sample_model("mlp")
     cus, dag = tmp_path / "cus", tmp_path / "dag.json"
@@ -225,11 +235,7 @@ for model, shape in ((matmul_bias_relu(), (2, 37, 70)), (padded_conv(), (1, 8, 9
 def test_tensor_core_kernels_stay_in_bounds_under_asan(precision):
     """The staging loops of edge tiles (rows, columns and K not multiples of 16) read and write
     nothing outside their buffers: AddressSanitizer and UBSan watch every access."""
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    from backends.cuda.sim import sanitizer_env
 
     root = Path(__file__).resolve().parent.parent
     run = subprocess.run([sys.executable, "-c", SANITIZED_TENSOR_CORES, precision], cwd=root, capture_output=True,
@@ -240,14 +246,11 @@ def test_tensor_core_kernels_stay_in_bounds_under_asan(precision):
 
 
 def _optimized(model):
-    from ir.onnx_import import import_model
-    from passes import optimize_pipeline, run_pipeline
 
     return run_pipeline(import_model(model), optimize_pipeline(require_static=True))[0]
 
 
 def test_a_tf32_variant_keeps_the_float32_weights_and_puts_the_contraction_on_tensor_cores():
-    from backends.cuda.build import CudaOptions, build_cu, build_tf32_variant
 
     graph, options = _optimized(matmul_bias_relu()), CudaOptions(arch=("sm_90",), compiler="nvrtc")
     exact, variant = build_cu(graph, options, "cu-0000"), build_tf32_variant(graph, options, "cu-0000-tf32")
@@ -264,7 +267,6 @@ def test_a_tf32_variant_keeps_the_float32_weights_and_puts_the_contraction_on_te
 
 
 def test_tf32_variants_run_only_where_no_more_compact_one_passes():
-    from cortex.runtime.variants import chosen_variant
 
     def cu(**variants):
         return {"variants": {p: {"trust": trust, "artifacts": {"cuda": {"weights": {"bytes": size}}}}
@@ -282,12 +284,7 @@ def test_tf32_variants_run_only_where_no_more_compact_one_passes():
 def test_tf32_variant_mistakes_are_one_line(tmp_path):
     """Before any work, nothing written: tf32 is a compile-cuda variant (compile-wasm and cortex build's
     --wasm-variants refuse it by name), needs sm_80, and needs exact CUs to vary from."""
-    from cli_helpers import assert_one_line_error, run_cli
-    from testdata import sample_model
 
-    from backends.registry import targets
-    from cortex.compile import compile_cu_dir
-    from ir.errors import CortexError
 
     out = tmp_path / "o"
     code, _, err = run_cli(["compile-wasm", "--cu-dir", tmp_path, "--output", out, "--variants", "fp16,tf32"])
@@ -310,15 +307,9 @@ def test_tf32_variants_build_for_cuda_calibrate_and_run_under_aggressive_on_cuda
     """One `cortex build --targets wasm,cuda` with fp16 for wasm and tf32 for cuda: only the CUs with a
     tensor-core contraction get a tf32 variant, cuda-sim calibrates it (wasm leaves it alone), and
     aggressive runs it within tf32's error of onnxruntime while strict runs the exact CUs."""
-    import json
 
-    import onnx
 
-    from cli_helpers import assert_one_line_error, run_cli
-    from testdata import sample_model
 
-    import cortex
-    from cortex.dag import validate_dag
 
     case, out = sample_model("mlp"), tmp_path / "out"
     code, _, err = run_cli(["build", case.path, "--output", out, "--targets", "cuda", "--dim", "batch=32",
