@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from backends.wasm import gemm
 from backends.wasm.gemm import (SCALAR, SIMD, SIMD_FMA, gemm_scratch_bytes, k_block_size, pack_a, pack_b,
-                                packed_a_size, packed_b_size, packs_a, render_gemm, render_pack_b)
+                                packed_a_size, packed_b_size, packs_a, render_gemm)
+from backends.wasm.kernels.pack_b import render_pack_b
 from backends.wasm.kernels.microkernel import edge_pass_lanes
 from backends.wasm.kernels.operands import GemmLayout, GemmOffsets
 from backends.wasm.kernels.standalone import instantiate, read, write

@@ -2,7 +2,7 @@
 
 MatMul, Gemm and Conv (after im2col) lower to this. B, when it is a weight, is packed at compile time
 into panels of 16 columns (`pack_b`) that go into a data segment; when it is an activation, the
-module packs it at run time with the function `render_pack_b` returns. Everything else (shapes,
+module packs it at run time with the function `kernels/pack_b.py`'s `render_pack_b` returns. Everything else (shapes,
 offsets, strides) is a compile-time constant baked into the code.
 
 Entry points
@@ -25,9 +25,8 @@ Entry points
 - `pack_a(a, tile_rows=4) -> np.ndarray`: A (M x K) in the order the tiles read packed A: for each
   K block of 128, groups of `tile_rows` rows (the last zero-padded) as [k][row]; `packed_a_size(m, k)`
   is its length in bytes.
-- `render_pack_b(k, n, *, src_offset, dst_offset, trans_b=False, batch=1, name="pack_b",
-  features=SIMD) -> str`: a function that packs a row-major B living in memory into
-  the panel layout at `dst_offset` (`packed_b_size(k, n)` bytes per batch).
+- `kernels/pack_b.py` `render_pack_b(k, n, *, src_offset, dst_offset, ...)`: the run-time packing of
+  a B that lives in memory into this panel layout.
 
 Conv lowers to this through `backends/wasm/kernels/conv.py` (`render_conv2d`): im2col packed straight
 into panels, the weight as A (as `pack_a` packed it at compile time where the kernel reads A packed),
@@ -48,10 +47,25 @@ from dataclasses import astuple, dataclass
 
 import numpy as np
 
-from backends.wasm.kernels.activation import check_epilogue, f32_activation, scratch_locals
-from backends.wasm.kernels.microkernel import (MAX_ROWS, PANEL, PANEL_BYTES, UNROLL, TileGeometry, Vec,
-                                               edge_pass_lanes, render_k_functions, render_tile, tile_locals)
+from backends.wasm.kernels.activation import (
+    check_epilogue,
+    f32_activation,
+    scratch_locals,
+)
+from backends.wasm.kernels.microkernel import (
+    MAX_ROWS,
+    PANEL,
+    PANEL_BYTES,
+    UNROLL,
+    TileGeometry,
+    Vec,
+    edge_pass_lanes,
+    render_k_functions,
+    render_tile,
+    tile_locals,
+)
 from backends.wasm.kernels.operands import GemmLayout, GemmOffsets
+from backends.wasm.kernels.wat_loops import counted_range, wat_function
 from backends.wasm.simd_lanes import shuffle_lanes
 from ir.loops.contraction import GemmSpec
 
@@ -174,7 +188,7 @@ def render_gemm(spec: GemmSpec, at: GemmOffsets, *, features=SIMD_FMA, layout: G
              f"{' + bias' if at.bias is not None else ''}{' + residual' if at.residual is not None else ''})"
              f"{f' x {batch} batches' if batch > 1 else ''}; features: {','.join(sorted(features)) or 'scalar'}")
     params = " (param $c_shift i32)" if layout.c_shift else ""
-    return _func(name, title, decls, code, params) + helpers
+    return wat_function(name, title, decls, code, params) + helpers
 
 
 @dataclass(frozen=True)
@@ -197,10 +211,6 @@ class _Body:
     rows_per_tile: int
 
 
-def _func(name: str, title: str, decls: list[str], code: list[str], params: str = "") -> str:
-    return "\n".join([f"(func ${name}{params}", "  " + title, *("  " + d for d in decls), *("  " + c for c in code), ")"]) + "\n"
-
-
 def _batch_loop(batch: int, strides: tuple[int, int, int], inner: list[str], bias_step: int = 0) -> list[str]:
     if batch == 1:
         return inner
@@ -218,19 +228,6 @@ def _batch_loop(batch: int, strides: tuple[int, int, int], inner: list[str], bia
         f"  (br_if $batch (i32.lt_u (local.get $n) (i32.const {batch}))))",
     ]
 
-
-def _counted(var: str, start: int, stop: int, step: int, body: list[str]) -> list[str]:
-    """for var in range(start, stop, step), with the count known to be >= 1 at compile time."""
-    if (stop - start + step - 1) // step == 1:
-        return [f"(local.set {var} (i32.const {start}))", *body]
-    label = var.replace("$", "$loop_")
-    return [
-        f"(local.set {var} (i32.const {start}))",
-        f"(loop {label}",
-        *("  " + s for s in body),
-        f"  (local.set {var} (i32.add (local.get {var}) (i32.const {step})))",
-        f"  (br_if {label} (i32.lt_u (local.get {var}) (i32.const {stop}))))",
-    ]
 
 
 def gemm_scratch_bytes(m: int, k: int, tile_rows: int = TILE_ROWS) -> int:
@@ -268,9 +265,9 @@ def _simd_body(p: _Body, name: str) -> tuple[list[str], str]:
         rows with v128 loads and stores, the rest one float at a time."""
         vector = rows_per_tile == 4 and 4 in (a_k_step, a_row_step)
         groups = rows // 4 if vector else 0
-        code = _counted("$i", 0, 4 * groups, 4, _pack_a_group4(a_pack, kc, a_k_step, a_row_step)) if groups else []
+        code = counted_range("$i", 0, 4 * groups, 4, _pack_a_group4(a_pack, kc, a_k_step, a_row_step)) if groups else []
         if 4 * groups < rows:
-            code += _counted("$i", 4 * groups, rows, 1, [
+            code += counted_range("$i", 4 * groups, rows, 1, [
                 f"(local.set $pa (i32.add (local.get $A) (i32.add (i32.mul (i32.add (local.get $ib) (local.get $i)) (i32.const {a_row_step})) (i32.mul (local.get $k0) (i32.const {a_k_step})))))",
                 f"(local.set $pb (i32.add (i32.const {a_pack}) (i32.add (i32.mul (i32.div_u (local.get $i) (i32.const {rows_per_tile})) (i32.const {kc * rows_per_tile * 4})) (i32.shl (i32.rem_u (local.get $i) (i32.const {rows_per_tile})) (i32.const 2)))))",
                 f"(local.set $pend (i32.add (local.get $pb) (i32.mul (local.get $klen) (i32.const {rows_per_tile * 4}))))",
@@ -338,7 +335,7 @@ def _simd_body(p: _Body, name: str) -> tuple[list[str], str]:
                      "  (local.set $j (i32.add (local.get $j) (i32.const 1)))",
                      "  (br_if $loop_j (i32.lt_u (local.get $j) (local.get $jend))))"]
         elif part == "all" and full_panels:
-            code += _counted("$j", 0, full_panels, 1, rows_loop(one_panel, rows))
+            code += counted_range("$j", 0, full_panels, 1, rows_loop(one_panel, rows))
         if edge and part != "chunk":
             vecs = [Vec(0, v, min(4, edge - 4 * v)) for v in range(-(-edge // 4))]
             code += [f"(local.set $j (i32.const {full_panels}))", *rows_loop(vecs, rows)]
@@ -350,7 +347,7 @@ def _simd_body(p: _Body, name: str) -> tuple[list[str], str]:
 
     def k_blocks(part: str) -> list[str]:
         full_blocks, last_rows = divmod(m, M_BLOCK)
-        code = _counted("$ib", 0, full_blocks * M_BLOCK, M_BLOCK, block(M_BLOCK, part)) if full_blocks else []
+        code = counted_range("$ib", 0, full_blocks * M_BLOCK, M_BLOCK, block(M_BLOCK, part)) if full_blocks else []
         if last_rows:
             code += [f"(local.set $ib (i32.const {full_blocks * M_BLOCK}))", *block(last_rows, part)]
         k_block = [
@@ -359,12 +356,12 @@ def _simd_body(p: _Body, name: str) -> tuple[list[str], str]:
             f"(local.set $klen (select (i32.sub (i32.const {k}) (local.get $k0)) (i32.const {kc}) (local.get $last)))",
             *code,
         ]
-        return _counted("$k0", 0, k, kc, k_block)
+        return counted_range("$k0", 0, k, kc, k_block)
 
     if chunk is None:
         return k_blocks("all"), helpers
     # Column chunks (outermost): every K block passes over one chunk of C while it stays in cache.
-    code = _counted("$j0", 0, full_panels, chunk, [
+    code = counted_range("$j0", 0, full_panels, chunk, [
         f"(local.set $jend (i32.add (local.get $j0) (i32.const {chunk})))",
         f"(local.set $jend (select (local.get $jend) (i32.const {full_panels})"
         f" (i32.lt_u (local.get $jend) (i32.const {full_panels}))))",
@@ -517,48 +514,4 @@ def _scalar_body(p: _Body, name: str) -> tuple[list[str], str]:
         *f32_activation(epilogue, "$acc"),
         f"(f32.store (i32.add (local.get $C) {c_at}) (local.get $acc))",
     ]
-    return _counted("$i", 0, m, 1, _counted("$j", 0, n, 1, col)), ""
-
-
-def render_pack_b(k: int, n: int, *, src_offset: int, dst_offset: int, trans_b: bool = False,
-                  batch: int = 1, name: str = "pack_b", features=SIMD) -> str:
-    """Pack B (K x N row-major, or N x K with trans_b) from memory into panels, at run time, for
-    products whose B is an activation (attention's Q @ K^T, scores @ V); `batch` dense matrices."""
-    features = _check_features(features)
-    src_stride, dst_stride = k * n * 4, packed_b_size(k, n)
-    panels = -(-n // PANEL)
-    # dst[p][kk][l] = B[kk, 16p + l] or 0 past N; B[kk, c] is at src + (kk*n + c)*4, or (c*k + kk)*4 transposed
-    full_rows = "simd" in features and not trans_b and n % PANEL == 0
-    if full_rows:  # a whole panel row is 64 contiguous bytes of a source row
-        step = [f"(v128.store offset={16 * v} (local.get $pb) (v128.load offset={16 * v} (local.get $pa)))" for v in range(4)]
-        inner = [
-            f"(local.set $pa (i32.add (local.get $A) (i32.mul (i32.add (i32.mul (local.get $i) (i32.const {n})) (i32.mul (local.get $j) (i32.const {PANEL}))) (i32.const 4))))",
-            f"(local.set $pb (i32.add (local.get $B) (i32.mul (i32.add (i32.mul (local.get $j) (i32.const {k})) (local.get $i)) (i32.const {PANEL_BYTES}))))",
-            *step,
-        ]
-        body = _counted("$j", 0, panels, 1, _counted("$i", 0, k, 1, inner))
-    else:
-        src_col = (f"(i32.add (i32.mul (local.get $i) (i32.const {n})) (local.get $n))" if not trans_b
-                   else f"(i32.add (i32.mul (local.get $n) (i32.const {k})) (local.get $i))")
-        lane = [
-            "(local.set $n (i32.add (i32.mul (local.get $j) (i32.const 16)) (local.get $pc)))",
-            f"(local.set $pb (i32.add (local.get $B) (i32.shl (i32.add (i32.mul (i32.add (i32.mul (local.get $j) (i32.const {k})) (local.get $i)) (i32.const {PANEL})) (local.get $pc)) (i32.const 2))))",
-            f"(f32.store (local.get $pb) (select (f32.load (i32.add (local.get $A) (i32.shl {src_col} (i32.const 2)))) "
-            f"(f32.const 0) (i32.lt_u (local.get $n) (i32.const {n}))))",
-        ]
-        # $pc counts the lane here; out-of-range lanes load a clamped (valid) address and store 0
-        lane[2] = lane[2].replace(src_col, f"(select {src_col} (i32.const 0) (i32.lt_u (local.get $n) (i32.const {n})))")
-        body = _counted("$j", 0, panels, 1, _counted("$i", 0, k, 1, _counted("$pc", 0, PANEL, 1, lane)))
-    code = [f"(local.set $A (i32.const {src_offset}))", f"(local.set $B (i32.const {dst_offset}))"]
-    if batch == 1:
-        code += body
-    else:
-        code += ["(local.set $first (i32.const 0))", "(loop $batch", *("  " + s for s in body),
-                 f"  (local.set $A (i32.add (local.get $A) (i32.const {src_stride})))",
-                 f"  (local.set $B (i32.add (local.get $B) (i32.const {dst_stride})))",
-                 "  (local.set $first (i32.add (local.get $first) (i32.const 1)))",
-                 f"  (br_if $batch (i32.lt_u (local.get $first) (i32.const {batch}))))"]
-    decls = ["(local $A i32) (local $B i32) (local $i i32) (local $j i32) (local $n i32) (local $first i32)",
-             "(local $pa i32) (local $pb i32) (local $pc i32)"]
-    title = f";; pack B[{k}x{n}]{' (given transposed)' if trans_b else ''} into 16-column panels{f' x {batch} batches' if batch > 1 else ''}"
-    return _func(name, title, decls, code)
+    return counted_range("$i", 0, m, 1, counted_range("$j", 0, n, 1, col)), ""

@@ -20,7 +20,7 @@ import dataclasses
 
 import numpy as np
 
-from backends.wasm.gemm import SCALAR, gemm_scratch_bytes, pack_b, packed_b_size, render_gemm, render_pack_b
+from backends.wasm.gemm import SCALAR, gemm_scratch_bytes, pack_b, packed_b_size, render_gemm
 from backends.wasm.kernels.conv import (Conv2dSpec, conv_scratch_bytes, pack_conv_weight, render_conv2d,
                                         weight_packs_as_a)
 from backends.wasm.kernels.conv_implicit_gemm import implicit_gemm_is_faster
@@ -31,6 +31,7 @@ from backends.wasm.kernels.int8_gemm import (IntegerGemmOffsets, b_panels_bytes,
                                              uses_relaxed_dot)
 from backends.wasm.kernels.int8_gemm import pack_b as pack_integer_b
 from backends.wasm.kernels.operands import ConvOffsets, GemmOffsets
+from backends.wasm.kernels.pack_b import render_pack_b
 from backends.wasm.options import WasmOptions
 from ir.loops.contraction import (ContractionSpec, ConvSpec, GemmSpec, IntegerConvSpec, IntegerGemmSpec, Scratch,
                                   WeightLayout)

@@ -32,12 +32,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from backends.wasm.gemm import (C_CHUNK_BYTES, SIMD_FMA, gemm_scratch_bytes, k_block_size, pack_a, packed_a_size,
-                                packed_b_size, packs_a, render_gemm, render_pack_b)
+                                packed_b_size, packs_a, render_gemm)
 from backends.wasm.kernels.conv_implicit_gemm import (implicit_gemm_scratch_bytes, pack_implicit_gemm_weight,
                                                       render_conv2d_implicit_gemm)
 from backends.wasm.kernels.depthwise import depthwise_scratch_bytes, is_depthwise, render_depthwise
 from backends.wasm.kernels.microkernel import PANEL
 from backends.wasm.kernels.operands import ConvOffsets, GemmLayout, GemmOffsets
+from backends.wasm.kernels.pack_b import render_pack_b
 from backends.wasm.simd_lanes import strided_load
 from ir.loops.contraction import ConvSpec, EpilogueSpec, GemmSpec
 
