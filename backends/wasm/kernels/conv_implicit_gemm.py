@@ -43,6 +43,7 @@ from backends.wasm.kernels.activation import check_epilogue, f32_activation, scr
 from backends.wasm.kernels.microkernel import (PANEL, PANEL_BYTES, UNROLL, TileGeometry, Vec, edge_pass_lanes,
                                                render_k_functions, render_tile, tile_locals)
 from backends.wasm.kernels.operands import ConvOffsets
+from backends.wasm.kernels.wat_loops import wat_function
 from backends.wasm.simd_lanes import shuffle_lanes
 
 K_BLOCK = 128   # input channels per K block: one panel's block of B is 8 KiB, as in the GEMM
@@ -176,8 +177,7 @@ def render_conv2d_implicit_gemm(spec, at: ConvOffsets, *, epilogue: str | None =
 
 
 def _func(name: str, title: str, decls: list[str], code: list[str]) -> str:
-    return "\n".join([f"(func ${name}", "  ;; " + title, *("  " + d for d in decls),
-                      *("  " + c for c in code), ")"]) + "\n"
+    return wat_function(name, ";; " + title, decls, code)
 
 
 def _loop(var: str, start: int, stop: int, step: int, body: list[str]) -> list[str]:

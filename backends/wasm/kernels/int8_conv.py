@@ -205,7 +205,7 @@ def _render_im2col(geo: Conv2dSpec, dst: int, name: str) -> str:
         """$n = count bytes at $q: 16 at a time with `vector_step` (if any), then one at a time."""
         label = next(labels)
         code = [f"(local.set $n {count})"]
-        moves = [f"(local.set $pa (i32.add (local.get $pa) (i32.const {{}})))"] if source_stride else []
+        moves = ["(local.set $pa (i32.add (local.get $pa) (i32.const {})))"] if source_stride else []
         if vector_step is not None:
             code += [f"(block $v_done{label} (loop $v{label}",
                      f"  (br_if $v_done{label} (i32.lt_s (local.get $n) (i32.const 16)))",

@@ -6,6 +6,8 @@ this way per group (kernels/int8_conv.py), the integer GEMM a B that is an activ
 
 from __future__ import annotations
 
+from backends.wasm.kernels.wat_loops import counted_range
+
 PANEL = 8           # columns per packed panel: two v128 of 4 int32 sums in a tile
 
 # i8x16.shuffle bytes interleaving the 16-bit lanes of two vectors: (a0 b0 a1 b1 a2 b2 a3 b3), and
@@ -29,12 +31,7 @@ def panels_bytes(n: int, k: int) -> int:
 
 def counted_loop(var: str, count: int, body: list[str]) -> list[str]:
     """body for var in 0 .. count - 1 (count >= 1, known at compile time)."""
-    if count == 1:
-        return [f"(local.set {var} (i32.const 0))", *body]
-    label = var.replace("$", "$loop_")
-    return [f"(local.set {var} (i32.const 0))", f"(loop {label}", *("  " + s for s in body),
-            f"  (local.set {var} (i32.add (local.get {var}) (i32.const 1)))",
-            f"  (br_if {label} (i32.lt_u (local.get {var}) (i32.const {count}))))"]
+    return counted_range(var, 0, count, 1, body)
 
 
 def render_pack_panels(n: int, k: int, signed: bool, dst: int, name: str) -> str:
@@ -77,7 +74,7 @@ def render_pack_panels(n: int, k: int, signed: bool, dst: int, name: str) -> str
     if full_panels:
         body += counted_loop("$pn", full_panels, [
             f"(local.set $d (i32.add (i32.const {dst}) (i32.mul (local.get $pn) (i32.const {panel_bytes}))))",
-            f"(local.set $r (i32.add (local.get $src) (i32.shl (local.get $pn) (i32.const 3))))",
+            "(local.set $r (i32.add (local.get $src) (i32.shl (local.get $pn) (i32.const 3))))",
             *panel(vector_pair)])
     if rest:
         body += [f"(local.set $d (i32.const {dst + full_panels * panel_bytes}))",
