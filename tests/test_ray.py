@@ -31,8 +31,8 @@ import cortex
 from backends.registry import target
 from backends.wasm.options import parse_options
 from cortex.compile import compile_cu_dir
-from cortex.runtime.ray_executor import ray_map
-from cortex.runtime.ray_plan import stage_cuts
+from cortex.runtime.ray_cluster import ray_map
+from cortex.runtime.ray_plan import pipeline_shape, stage_cuts
 from cortex.runtime.trace import validate_trace
 from ir.errors import CortexError
 
@@ -93,6 +93,23 @@ def test_stage_cuts_balance_the_costliest_stage():
     assert len(stage_cuts([1.0] * 6, 3)) == 2               # every stage asked for is used
 
 
+def test_the_default_shape_is_a_replica_per_free_cpu_unless_no_node_holds_the_model():
+    gib = 1 << 30
+    # (stages, replicas) from: asked stages, asked replicas, free CPUs, CPUs per actor, CUs, model
+    # bytes, largest node's bytes, compiled_graph.
+    assert pipeline_shape(None, None, 3.0, 1.0, 8, gib, 4 * gib, False) == (1, 3)
+    assert pipeline_shape(None, None, 3.0, 1.0, 8, 8 * gib, 4 * gib, False) == (3, 1)      # no node holds it
+    assert pipeline_shape(None, None, 3.0, 1.0, 2, 8 * gib, 4 * gib, False) == (2, 1)      # one stage per CU at most
+    assert pipeline_shape(None, None, 3.0, 1.0, 8, gib, 4 * gib, True) == (3, 1)           # a graph drives one pipeline
+    assert pipeline_shape(2, None, 3.0, 1.0, 8, gib, 4 * gib, False) == (2, 1)
+    assert pipeline_shape(None, 2, 3.0, 1.0, 8, gib, 4 * gib, False) == (1, 2)
+    assert pipeline_shape(None, None, 3.0, 2.0, 8, gib, 4 * gib, False) == (1, 1)
+    with pytest.raises(CortexError, match=r"3 free CPUs, 2 x 2 stages of 1 CPUs need 4"):
+        pipeline_shape(2, 2, 3.0, 1.0, 8, gib, 4 * gib, False)
+    with pytest.raises(CortexError, match="compiled_graph drives one pipeline, not 2 replicas"):
+        pipeline_shape(None, 2, 3.0, 1.0, 8, gib, 4 * gib, True)
+
+
 def test_cli_refuses_an_unknown_executor_or_an_address_without_ray(cnn):
     _, dag_path = cnn
     assert_one_line_error(*run_cli(["run", dag_path, "--example-inputs", "--executor", "mpi"])[::2],
@@ -132,6 +149,26 @@ def test_outputs_equal_a_local_run_and_onnxruntime(cluster, cnn):
             model.run(case.inputs, outputs=["z"])
     finally:
         model.close()
+
+
+@pytest.mark.slow
+def test_replicas_spread_over_the_nodes_and_take_turns(cluster, cnn):
+    case, dag_path = cnn
+    batch = _feeds(case, 9)
+    local = cortex.load(dag_path, policy="strict")
+    model = cortex.load(dag_path, policy="strict", executor="ray")      # the default: a replica per free CPU
+    try:
+        placement = model.scheduler.placement()
+        order = json.loads(dag_path.read_text())["order"]
+        assert [p["replica"] for p in placement] == [0, 1, 2] and all(p["cus"] == order for p in placement)
+        assert len({p["node"] for p in placement}) == 3          # one replica per node
+        for feeds, got in zip(batch, model.run_many(batch), strict=True):
+            np.testing.assert_array_equal(got["y"], local.run(feeds)["y"])
+        assert model.last_trace["activated_cus"] == order
+    finally:
+        model.close()
+    with pytest.raises(CortexError, match="replicas must be a whole number, at least 1"):
+        cortex.load(dag_path, executor="ray", executor_options={"replicas": 0})
 
 
 @pytest.mark.slow
@@ -205,12 +242,17 @@ def test_no_connection_of_the_cluster_leaves_loopback(cluster, cnn):
 
 
 @pytest.mark.slow
-def test_a_node_removed_mid_batch_changes_no_output(cluster, cnn):
+# Two stages: the node goes while later requests are in flight through its actor. Two replicas:
+# it goes just before the batch (a replica's small requests are done before the first is read
+# back), so that the calls sent to it fail before the cluster has noticed, and go to the other.
+@pytest.mark.parametrize(("shape", "remove_at"), [({"stages": 2}, 1), ({"replicas": 2}, None)],
+                         ids=["stages", "replicas"])
+def test_a_node_removed_mid_batch_changes_no_output(cluster, cnn, shape, remove_at):
     case, dag_path = cnn
     batch = _feeds(case, 24)
     local = cortex.load(dag_path)
     expected = [local.run(feeds)["y"] for feeds in batch]
-    model = cortex.load(dag_path, executor="ray", executor_options={"stages": 2})
+    model = cortex.load(dag_path, executor="ray", executor_options=shape)
     executor = model.scheduler
     head = cluster.head_node.node_id
     victim_id = next(p["node"] for p in executor.placement() if p["node"] != head)
@@ -218,11 +260,13 @@ def test_a_node_removed_mid_batch_changes_no_output(cluster, cnn):
     removed = []
 
     def remove_a_node(index: int) -> None:
-        if index == 1 and not removed:      # requests 2.. are in flight through the victim's actor
+        if index == remove_at and not removed:      # later requests are in flight through the victim's actor
             cluster.remove_node(victim, allow_graceful=False)
             removed.append(victim_id)
 
     try:
+        if remove_at is None:
+            remove_a_node(remove_at)
         done = executor.run_many(batch, model.policy, ["y"], window=8, on_done=remove_a_node)
         assert removed and executor.resubmitted >= 1
         for (got, _), want in zip(done, expected, strict=True):

@@ -16,7 +16,7 @@ from cortex.commands.shared_options import AddressOption, ExecutorOption
 from cortex.compile import compile_cu_dir
 from cortex.compile_cache import DEFAULT_MAX_MB
 from cortex.console import print_json, print_summary
-from cortex.runtime.ray_executor import cu_map
+from cortex.runtime.ray_cluster import cu_map
 from passes.narrow_weights import PRECISIONS
 
 

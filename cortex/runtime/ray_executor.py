@@ -5,13 +5,18 @@ Placement. dag.json's topological `order` is cut into contiguous stages whose fl
 per-CU costs) are as even as the cut allows: the slowest stage bounds a pipeline's throughput. One
 stage is one actor, asking Ray for `num_cpus` and, as its `memory` resource, the bytes its CUs'
 memory plans hold (`artifacts.<artifact>.memory.memory_bytes`), so Ray places it only where that
-fits; actors are spread over the nodes. By default there are as many stages as the cluster has
-free CPUs for them (at most one per CU). The executor only places CUs: inside each actor the normal
+fits; actors are spread over the nodes. A pipeline of stages can run in several copies
+(`replicas`), requests taking turns between them. By default (`ray_plan.pipeline_shape`) each
+free CPU runs one replica of the whole model when one node's memory holds it: no tensor crosses
+nodes within a request, no stage waits on a slower one, and each node adds a pipeline's
+throughput; a model no node holds is cut into as many stages as there are free CPUs (at most one
+per CU). The executor only places CUs: inside each actor the normal
 scheduler runs its stage's CUs on the normal device, so skipping (conditional CUs included:
 `cortex/runtime/ray_plan.py`), the result cache and variants behave as in a local run (each actor
 keeps its own cache).
 
-Data. A request's inputs are put in the object store once; each stage receives the refs of what it
+Data. A request's inputs travel with the call of the one stage that reads them (inlined when
+small), or are put in the object store once when several do; each stage receives the refs of what it
 reads (the inputs, the dicts of earlier stages) and returns one dict of the tensors later stages or
 the caller need. Ray hands numpy arrays to an actor on the same node as zero-copy read-only views
 of the object store; the device copies them into the CU's memory anyway.
@@ -22,7 +27,8 @@ request n. `run_many` keeps up to `window` requests in flight. With `compiled_gr
 static dag's requests are a Ray Compiled Graph instead (`cortex/runtime/ray_compiled.py`).
 
 Failures. Actors restart after their node dies (`max_restarts`), reloading their CUs. A request
-whose actor or object was lost is resubmitted as a whole, up to `retries` times: the outputs
+whose actor or object was lost is resubmitted as a whole, to the next replica if there are
+several, up to `retries` times: the outputs
 returned always come from one attempt in which every stage finished, never from a mix, and a
 request that cannot finish raises a CortexError. An error a CU raises (a trap) is raised as it is.
 
@@ -34,8 +40,6 @@ installed).
 
 from __future__ import annotations
 
-import logging
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,8 +60,22 @@ from cortex.runtime.ray_artifacts import (
     read_files,
     stage_files,
 )
+from cortex.runtime.ray_cluster import (
+    connect,
+    first_line,
+    free_cpus,
+    lost_errors,
+    node_memory,
+    ray_module,
+)
 from cortex.runtime.ray_compiled import CompiledRequests
-from cortex.runtime.ray_plan import Planner, StageCall, stage_cuts, stage_dag
+from cortex.runtime.ray_plan import (
+    Planner,
+    StageCall,
+    pipeline_shape,
+    stage_cuts,
+    stage_dag,
+)
 from cortex.runtime.scheduler import (
     NOT_NEEDED,
     Request,
@@ -71,44 +89,6 @@ RETRY_BACKOFF_S = 0.5       # before the first resubmission; doubled each time, 
 MAX_BACKOFF_S = 8.0
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_WINDOW = 8
-
-
-def ray_module():
-    """Ray, imported on first use: it is an optional dependency (`pip install cortex-compiler[ray]`)
-    and takes a second to import."""
-    try:
-        import ray
-    except ImportError:
-        raise CortexError("the ray executor needs Ray: pip install 'cortex-compiler[ray]'") from None
-    return ray
-
-
-def connect(address: str | None) -> None:
-    """Join the Ray cluster at `address` ("auto": the one `ray start` runs here; None: the one this
-    process already joined, else a new local one)."""
-    ray = ray_module()
-    if ray.is_initialized():
-        return
-    if address and address != "auto" and "://" not in address:
-        _check_reachable(address)
-    try:
-        ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False, include_dashboard=False,
-                 configure_logging=True)
-    except (ConnectionError, ValueError, RuntimeError) as e:
-        where = f"--address {address}" if address else "a local Ray cluster"
-        raise CortexError(f"{where}: cannot connect ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
-
-
-def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
-    """Ray retries a head that does not answer for minutes; a user who mistyped the address wants
-    to know at once."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise CortexError(f"--address {address}: expected HOST:PORT of the Ray head, or auto")
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
-    except OSError as e:
-        raise CortexError(f"--address {address}: no Ray head answers there ({e.strerror or e})") from None
 
 
 class StageScheduler(SequentialScheduler):
@@ -190,11 +170,12 @@ class Stage:
     cu_ids: list[str]
     cost: float
     memory_bytes: int
+    replica: int = 0             # which copy of the pipeline it belongs to
     actor: object = None
 
 
 # cortex.load's executor_options
-OPTIONS = ("stages", "num_cpus", "retries", "timeout_s", "max_restarts", "cache_dir", "compiled_graph")
+OPTIONS = ("stages", "replicas", "num_cpus", "retries", "timeout_s", "max_restarts", "cache_dir", "compiled_graph")
 
 
 class RayExecutor:
@@ -203,9 +184,10 @@ class RayExecutor:
     def __init__(self, dag: dict, dag_path: Path, device: str, address: str | None = None,
                  stages: int | None = None, num_cpus: float = 1.0, cache_bytes: int = 0,
                  retries: int = DEFAULT_RETRIES, timeout_s: float = DEFAULT_TIMEOUT_S, max_restarts: int = 4,
-                 cache_dir: str | None = None, compiled_graph: bool = False):
-        if stages is not None and (not isinstance(stages, int) or stages < 1):
-            raise CortexError(f"the ray executor's stages must be a whole number, at least 1 (got {stages!r})")
+                 cache_dir: str | None = None, compiled_graph: bool = False, replicas: int | None = None):
+        for name, value in (("stages", stages), ("replicas", replicas)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise CortexError(f"the ray executor's {name} must be a whole number, at least 1 (got {value!r})")
         if not num_cpus > 0:
             raise CortexError(f"the ray executor's num_cpus per actor must be above 0 (got {num_cpus!r})")
         if cache_dir is not None and not isinstance(cache_dir, (str, Path)):
@@ -215,7 +197,7 @@ class RayExecutor:
         if compiled_graph and (dag.get("selects") or any("activation" in cu for cu in dag["cus"])):
             raise CortexError(f"{dag_path}: compiled_graph runs dags without conditional CUs, and this one has a "
                               "decomposed If (which stages run depends on its condition): leave compiled_graph off")
-        self.compiled_graph = compiled_graph
+        self.compiled_graph, self.num_cpus = compiled_graph, num_cpus
         self._graph: CompiledRequests | None = None
         self.dag, self.path, self.device_name = dag, Path(dag_path).resolve(), device
         self.retries, self.timeout_s = retries, timeout_s
@@ -225,17 +207,14 @@ class RayExecutor:
         self.producer = {name: t["producer"] for name, t in dag["tensors"].items()}
         connect(address)
         ray = ray_module()
-        free = _free_cpus(ray, min(stages or 1, len(dag["order"])) * num_cpus)
-        if stages is None:
-            stages = max(1, int(free // num_cpus))
         # An actor that cannot be placed waits, silently, for ever: refuse it now instead.
-        wanted = min(stages, len(dag["order"])) * num_cpus
-        if wanted > free + 1e-9:
-            raise CortexError(f"the Ray cluster has {free:g} free CPUs, {min(stages, len(dag['order']))} stages of "
-                              f"{num_cpus:g} CPUs need {wanted:g}: close other models (model.close()) or ask for "
-                              "fewer stages")
-        self.stages = self._place(stages)
-        self.planner = Planner(dag, [stage.cu_ids for stage in self.stages])
+        free = free_cpus(ray, min(stages or 1, len(dag["order"])) * (replicas or 1) * num_cpus)
+        stages, replicas = pipeline_shape(stages, replicas, free, num_cpus, len(dag["order"]),
+                                          sum(self._memory(cu_id) for cu_id in dag["order"]),
+                                          node_memory(ray), compiled_graph)
+        self.pipelines = [self._place(stages, replica) for replica in range(replicas)]
+        self.stages = [stage for pipeline in self.pipelines for stage in pipeline]
+        self.planner = Planner(dag, [stage.cu_ids for stage in self.pipelines[0]])
         shipments = self._ship(str(dag_path), None if cache_dir is None else str(cache_dir))
         actor_class = ray.remote(CUStage)
         for stage, shipment in zip(self.stages, shipments, strict=True):
@@ -249,14 +228,17 @@ class RayExecutor:
             self.close()            # a stage could not load its CUs: the same error a local load gives
             raise
 
-    def _place(self, count: int) -> list[Stage]:
-        order = self.dag["order"]
+    def _memory(self, cu_id: str) -> int:
+        """The bytes a CU's memory plan holds on its device."""
         artifact = device_spec(self.device_name).artifact
+        return int(self.cus[cu_id].get("artifacts", {}).get(artifact, {}).get("memory", {}).get("memory_bytes", 0))
+
+    def _place(self, count: int, replica: int) -> list[Stage]:
+        order = self.dag["order"]
         costs = [float(self.cus[i].get("flops", 0)) + 1.0 for i in order]   # +1: a CU of no flops still costs a call
-        memory = [int(self.cus[i].get("artifacts", {}).get(artifact, {}).get("memory", {}).get("memory_bytes", 0))
-                  for i in order]
+        memory = [self._memory(i) for i in order]
         bounds = [0, *stage_cuts(costs, count), len(order)]
-        return [Stage(order[a:b], sum(costs[a:b]), sum(memory[a:b])) for a, b in pairwise(bounds)]
+        return [Stage(order[a:b], sum(costs[a:b]), sum(memory[a:b]), replica) for a, b in pairwise(bounds)]
 
     def _ship(self, dag_path: str, cache_dir: str | None) -> list[Shipment]:
         """Every stage's files read now and put in the object store, each content once; the refs
@@ -275,10 +257,10 @@ class RayExecutor:
         return shipments
 
     def placement(self) -> list[dict]:
-        """Each stage's CUs, flops, memory, the node its actor runs on now and the dag.json it
-        loaded there (its node's copy)."""
+        """Each stage's replica, CUs, flops, memory, the node its actor runs on now and the dag.json
+        it loaded there (its node's copy)."""
         where = self._get([s.actor.where.remote() for s in self.stages])
-        return [{"cus": s.cu_ids, "flops": s.cost, "memory_bytes": s.memory_bytes, **place}
+        return [{"replica": s.replica, "cus": s.cu_ids, "flops": s.cost, "memory_bytes": s.memory_bytes, **place}
                 for s, place in zip(self.stages, where)]
 
     def resident_bytes(self) -> int:
@@ -310,7 +292,7 @@ class RayExecutor:
         submitted = 0
         for index in range(len(batch)):
             while submitted < len(batch) and submitted - index < max(1, window):
-                pending[submitted] = self._submit(batch[submitted], policy, plan)
+                pending[submitted] = self._submit(batch[submitted], policy, plan, submitted % len(self.pipelines))
                 submitted += 1
             done[index] = self._collect(first + index, batch[index], policy, plan, pending.pop(index), attempts,
                                         outputs)
@@ -325,7 +307,7 @@ class RayExecutor:
         if self._graph is not None and self._graph.key != (policy, tuple(outputs)):
             self._teardown_graph()
         ray = ray_module()
-        lost = (*_lost_errors(ray), ray.exceptions.RayChannelError)
+        lost = (*lost_errors(ray), ray.exceptions.RayChannelError)
         if self._graph is None:
             try:
                 self._graph = CompiledRequests([s.actor for s in self.stages], plan, policy, outputs, window,
@@ -353,14 +335,17 @@ class RayExecutor:
         if graph is not None:
             graph.teardown()
 
-    def _submit(self, feeds: dict, policy: Policy, plan: list[StageCall]) -> tuple[list, object]:
+    def _submit(self, feeds: dict, policy: Policy, plan: list[StageCall], replica: int = 0) -> tuple[list, object]:
         ray = ray_module()
-        feeds_ref = ray.put(feeds)
+        pipeline = self.pipelines[replica]
+        # Feeds read by one stage travel with its call (inlined when small); read by several,
+        # they are put in the object store once.
+        feeds_arg = ray.put(feeds) if sum(call.feeds for call in plan) > 1 else feeds
         tensors, traces = {}, []
         for call in plan:
             # A stage that reads no model input is not sent them (another node would fetch them).
-            tensor_ref, trace_ref = self.stages[call.stage].actor.run.options(num_returns=2).remote(
-                policy, call.returns, feeds_ref if call.feeds else {}, *(tensors[j] for j in call.reads))
+            tensor_ref, trace_ref = pipeline[call.stage].actor.run.options(num_returns=2).remote(
+                policy, call.returns, feeds_arg if call.feeds else {}, *(tensors[j] for j in call.reads))
             tensors[call.stage] = tensor_ref
             traces.append(trace_ref)
         return [tensors[call.stage] for call in plan], traces
@@ -368,7 +353,7 @@ class RayExecutor:
     def _collect(self, index: int, feeds: dict, policy: Policy, plan: list[StageCall], refs, attempts: list[int],
                  outputs: list[str]) -> tuple[dict, Request]:
         ray = ray_module()
-        lost = _lost_errors(ray)
+        lost = lost_errors(ray)
         while True:
             tensor_refs, trace_refs = refs
             try:
@@ -378,12 +363,13 @@ class RayExecutor:
                 attempts[index] += 1
                 if attempts[index] > self.retries:
                     raise CortexError(f"request {index}: lost a Ray actor or its result {attempts[index]} times, the "
-                                      f"last: {_first_line(e)}") from None
+                                      f"last: {first_line(e)}") from None
                 # Until the cluster notices the node is gone its actors are only "unavailable":
                 # back off, so that the retries span the restart instead of spending themselves on it.
                 time.sleep(min(RETRY_BACKOFF_S * 2 ** (attempts[index] - 1), MAX_BACKOFF_S))
                 self.resubmitted += 1
-                refs = self._submit(feeds, policy, plan)
+                # Another replica, if there is one: this one's actors may still be restarting.
+                refs = self._submit(feeds, policy, plan, (index + attempts[index]) % len(self.pipelines))
         return self._assemble(feeds, policy, plan, list(zip(parts[:len(tensor_refs)], parts[len(tensor_refs):])),
                               outputs)
 
@@ -418,71 +404,17 @@ class RayExecutor:
             cause = getattr(e, "cause", None)
             if isinstance(cause, CortexError):
                 raise type(cause)(str(cause)) from None
-            raise CortexError(f"a CU failed on the Ray cluster: {_first_line(e)}") from None
+            raise CortexError(f"a CU failed on the Ray cluster: {first_line(e)}") from None
 
     def close(self) -> None:
         ray = ray_module()
         self._teardown_graph()
-        for stage in self.stages:
-            if stage.actor is not None:
-                ray.kill(stage.actor, no_restart=True)
-                stage.actor = None
-        self._contents = {}              # the object store may free the shipped files
-
-
-def _free_cpus(ray, wanted: float, patience_s: float = 10.0) -> float:
-    """The cluster's free CPUs, waiting up to `patience_s` for `wanted` of them: a closed model's
-    actors give theirs back a moment after they are killed."""
-    deadline = time.monotonic() + patience_s
-    while True:
+        held = [stage for stage in self.stages if stage.actor is not None]
         free = ray.available_resources().get("CPU", 0.0)
-        if free + 1e-9 >= wanted or time.monotonic() > deadline:
-            return free
-        time.sleep(0.1)
-
-
-def _lost_errors(ray) -> tuple[type, ...]:
-    """Errors after which a request is resubmitted: its actor, node or a result it needs is gone."""
-    ex = ray.exceptions
-    names = ("RayActorError", "ActorUnavailableError", "ObjectLostError", "OwnerDiedError",
-             "ObjectReconstructionFailedError", "WorkerCrashedError", "NodeDiedError", "ObjectFetchTimedOutError")
-    return tuple(getattr(ex, n) for n in names if hasattr(ex, n))
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
-def ray_map(function, items: list, num_cpus: float = 1.0) -> list:
-    """`map(function, items)` as one Ray task per item, results in order; an error an item raises
-    (a CortexError naming its CU) is raised as it is. For `cortex compile-<target> --executor ray`."""
-    ray = ray_module()
-    task = ray.remote(num_cpus=num_cpus, max_retries=2)(_call)
-    function_ref = ray.put(function)
-    refs = [task.remote(function_ref, item) for item in items]
-    try:
-        return ray.get(refs)
-    except ray.exceptions.RayTaskError as e:
-        cause = getattr(e, "cause", None)
-        if isinstance(cause, CortexError):
-            raise type(cause)(str(cause)) from None
-        raise CortexError(f"a Ray task failed: {_first_line(e)}") from None
-
-
-def _call(function, item):
-    return function(item)
-
-
-
-def cu_map(executor: str, address: str | None):
-    """How `compile-<target> --executor` spreads the CU builds: None for the local threads, else
-    one Ray task per CU on the cluster at `address`."""
-    if executor not in ("local", "ray"):
-        raise CortexError(f"--executor {executor}: expected local or ray")
-    if executor == "local":
-        if address is not None:
-            raise CortexError("--address names a Ray cluster: it needs --executor ray")
-        return None
-    connect(address)
-    return ray_map
+        for stage in held:
+            ray.kill(stage.actor, no_restart=True)
+            stage.actor = None
+        self._contents = {}              # the object store may free the shipped files
+        # ray.kill returns before the CPUs are given back: wait a little, so that a model loaded
+        # next sees them free and places as many replicas as the cluster holds.
+        free_cpus(ray, free + len(held) * self.num_cpus, patience_s=5.0)

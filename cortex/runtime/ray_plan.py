@@ -20,6 +20,33 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ir.errors import CortexError
+
+
+def pipeline_shape(stages: int | None, replicas: int | None, free_cpus: float, num_cpus: float, cu_count: int,
+                   model_memory: int, node_memory: int, compiled_graph: bool) -> tuple[int, int]:
+    """How many stages a pipeline has and how many copies (replicas) of it run, from what was asked
+    and what the cluster has. Asked for neither: as many replicas of the whole model as the free
+    CPUs hold, when one node's memory holds the model (no tensor then crosses a node within a
+    request, and each node adds a whole pipeline's throughput); otherwise, or under
+    compiled_graph, which drives one pipeline, one pipeline of as many stages as the CPUs hold."""
+    slots = max(1, int(free_cpus // num_cpus))
+    if stages is None and replicas is None:
+        if compiled_graph or model_memory > node_memory:
+            stages, replicas = slots, 1
+        else:
+            stages, replicas = 1, slots
+    stages, replicas = min(stages or 1, cu_count), replicas or 1
+    if compiled_graph and replicas > 1:
+        raise CortexError(f"the ray executor's compiled_graph drives one pipeline, not {replicas} replicas: "
+                          "leave replicas at 1")
+    wanted = stages * replicas * num_cpus
+    if wanted > free_cpus + 1e-9:
+        raise CortexError(f"the Ray cluster has {free_cpus:g} free CPUs, {replicas} x {stages} stages of "
+                          f"{num_cpus:g} CPUs need {wanted:g}: close other models (model.close()) or ask for "
+                          "fewer stages or replicas")
+    return stages, replicas
+
 
 def stage_cuts(costs: list[float], stages: int) -> list[int]:
     """Where to cut a list of costs into `stages` contiguous parts so that the costliest part is as
