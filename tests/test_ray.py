@@ -242,9 +242,10 @@ def test_no_connection_of_the_cluster_leaves_loopback(cluster, cnn):
 
 
 @pytest.mark.slow
-# Two stages: the node goes while later requests are in flight through its actor. Two replicas:
-# it goes just before the batch (a replica's small requests are done before the first is read
-# back), so that the calls sent to it fail before the cluster has noticed, and go to the other.
+# Two stages: the node goes while later requests are in flight through its actor, whose calls
+# fail and are resubmitted. Two replicas: it goes just before the batch (a replica's small requests
+# are done before the first is read back); the calls sent to it either fail and go to the other
+# replica, or wait in Ray for the actor's restart elsewhere, as Ray's timing decides.
 @pytest.mark.parametrize(("shape", "remove_at"), [({"stages": 2}, 1), ({"replicas": 2}, None)],
                          ids=["stages", "replicas"])
 def test_a_node_removed_mid_batch_changes_no_output(cluster, cnn, shape, remove_at):
@@ -268,7 +269,7 @@ def test_a_node_removed_mid_batch_changes_no_output(cluster, cnn, shape, remove_
         if remove_at is None:
             remove_a_node(remove_at)
         done = executor.run_many(batch, model.policy, ["y"], window=8, on_done=remove_a_node)
-        assert removed and executor.resubmitted >= 1
+        assert removed and (executor.resubmitted >= 1 or "replicas" in shape)
         for (got, _), want in zip(done, expected, strict=True):
             np.testing.assert_array_equal(got["y"], want)
         # The restarted actor serves the next requests on a node that is still there.
