@@ -3,7 +3,10 @@ skips, cache hits and fallbacks equal to the sequential walk's; --threads throug
 
 from __future__ import annotations
 
+import gc
 import json
+import threading
+import time
 
 import numpy as np
 import onnx
@@ -80,6 +83,71 @@ def test_independent_cus_run_at_the_same_time_on_two_threads(branches):
     validate_trace(model.last_trace)
     # Chrome trace events: one row per thread.
     assert {e["tid"] for e in model.last_trace["traceEvents"]} == {e["thread"] for e in model.last_trace["cus"]}
+
+
+def pool_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("cortex-cu-")]
+
+
+@pytest.mark.parametrize("failing", ["pool", "calling"])
+def test_an_error_in_a_cu_reaches_the_caller_once_every_started_cu_has_finished(branches, failing):
+    """A CU that fails on a pool thread or on the calling thread while the other thread's CU is
+    still running: the error reaches the caller only once no thread runs a CU of the request."""
+    dag_path, onnx_path, feeds = branches
+    model = load(dag_path, threads=2, policy="strict")
+    device = next(iter(model.scheduler.devices.values()))
+    real_run, caller = device.run, threading.get_ident()
+    inside, failed, lock = [0], [], threading.Lock()
+
+    def run(cu, inputs):
+        if (threading.get_ident() == caller) == (failing == "calling") and not failed:
+            failed.append(cu["id"])
+            raise CortexError(f"{cu['id']} failed on purpose")
+        with lock:
+            inside[0] += 1
+        try:
+            return real_run(cu, inputs)
+        finally:
+            with lock:
+                inside[0] -= 1
+
+    device.run = run
+    with pytest.raises(CortexError, match="failed on purpose"):
+        model.run(feeds)
+    assert len(failed) == 1 and inside[0] == 0
+    # The next request is whole: every CU runs again, on both threads, with onnxruntime's outputs.
+    got = model.run(feeds)
+    want = run_onnxruntime(onnx_path, feeds)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-4)
+    assert len(model.last_trace["cus"]) == 4 and {e["thread"] for e in model.last_trace["cus"]} == {0, 1}
+
+
+def test_close_stops_the_pools_threads_and_a_later_request_starts_them_again(branches):
+    dag_path, onnx_path, feeds = branches
+    before = set(pool_threads())
+    model = load(dag_path, threads=2, policy="strict")
+    assert set(pool_threads()) == before              # started at the first hand-off, not at load
+    first = model.run(feeds)
+    assert len(set(pool_threads()) - before) == 1     # threads=2: the calling thread and one worker
+    model.close()
+    assert set(pool_threads()) == before
+    again = model.run(feeds)
+    for name in first:
+        np.testing.assert_array_equal(again[name], first[name])
+    model.close()
+    model.close()                                     # a second close does nothing
+    assert set(pool_threads()) == before
+    # A model dropped without close tells its threads to stop once it is collected.
+    model = load(dag_path, threads=2, policy="strict")
+    model.run(feeds)
+    started = set(pool_threads()) - before
+    del model
+    gc.collect()
+    deadline = time.monotonic() + 30
+    while any(t.is_alive() for t in started) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not any(t.is_alive() for t in started)
 
 
 def test_threaded_outputs_equal_sequential_bit_for_bit_and_onnxruntime(branches):

@@ -173,10 +173,13 @@ class CompiledModel:
         return [results for results, _ in done]
 
     def close(self) -> None:
-        """Free what the model holds elsewhere (its Ray actors); a local model holds nothing."""
+        """Free what the model holds besides its CUs: its Ray actors, or its threads' pool (a
+        later request starts that pool again)."""
         if isinstance(self._scheduler, RayExecutor):
             self._scheduler.close()
             self._scheduler = None
+        elif isinstance(self._scheduler, ThreadedScheduler):
+            self._scheduler.close()
 
     def _record(self, chosen: Policy, names: list[str], request) -> None:
         scheduler = self._loaded_scheduler()
