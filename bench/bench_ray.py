@@ -156,9 +156,9 @@ def bench(folder: Path, requests: int, rounds: int) -> dict:
     rng = np.random.default_rng(1)
     (name, x), = squeezenet_case.inputs.items()
     batches = {
-        f"{LAYERS} x (MatMul [{ROWS},{WIDTH}]x[{WIDTH},{WIDTH}] + Relu)":
+        f"chain: {LAYERS} x (MatMul [{ROWS},{WIDTH}]x[{WIDTH},{WIDTH}] + Relu)":
             (chain, [{"x": rng.standard_normal((ROWS, WIDTH)).astype(np.float32)} for _ in range(requests)]),
-        "squeezenet (light model, 1x3x224x224)":
+        "squeezenet: the light model, 1x3x224x224":
             (squeezenet, [{name: rng.standard_normal(x.shape).astype(np.float32)} for _ in range(requests)]),
     }
     load_before = os.getloadavg()[0]
@@ -204,7 +204,7 @@ def render(info: dict, r: dict, date: str) -> str:
     verdict = "meets" if r["two_over_one_geomean"] >= TARGET_RATIO else "misses"
     lines += ["", (f"2 nodes over 1 node, default placement: geomean **{r['two_over_one_geomean']:.2f}x** ({verdict} "
                    f"the {TARGET_RATIO}x goal); round by round: "
-                   + "; ".join(f"{label.split(' (')[0]} " + ", ".join(f"{x:.2f}x" for x in m["two_over_one_per_round"])
+                   + "; ".join(f"{label.split(':')[0]} " + ", ".join(f"{x:.2f}x" for x in m["two_over_one_per_round"])
                                for label, m in r["models"].items())
                    + ". A pipeline of 2 stages over 1 node: "
                    + ", ".join(f"{m['two_stages_over_one']:.2f}x" for m in r["models"].values())
