@@ -23,7 +23,10 @@ of the object store; the device copies them into the CU's memory anyway.
 
 Pipelining. A request is one actor call per stage, submitted at once with refs between them; the
 actors run calls in submission order, so stage 1 works on request n+1 while stage 2 works on
-request n. `run_many` keeps up to `window` requests in flight. With `compiled_graph` the calls of a
+request n. `run_many` keeps up to `window` requests in flight, in groups of `group` consecutive
+requests that travel together (one call per stage for the group, so that Ray's cost per call,
+about a millisecond of the driver's and the actor's CPU, is paid once per group; the groups take
+turns between the replicas). With `compiled_graph` the calls of a
 static dag's requests are a Ray Compiled Graph instead (`cortex/runtime/ray_compiled.py`).
 
 Failures. Actors restart after their node dies (`max_restarts`), reloading their CUs. A request
@@ -88,7 +91,8 @@ DEFAULT_RETRIES = 8
 RETRY_BACKOFF_S = 0.5       # before the first resubmission; doubled each time, up to MAX_BACKOFF_S
 MAX_BACKOFF_S = 8.0
 DEFAULT_TIMEOUT_S = 600.0
-DEFAULT_WINDOW = 8
+DEFAULT_WINDOW = 16
+DEFAULT_GROUP = 4          # requests of a batch per actor call
 
 
 class StageScheduler(SequentialScheduler):
@@ -160,6 +164,14 @@ class CUStage:
         return results, {"activated": request.activated, "skipped": request.skipped,
                          "cpu_seconds": request.cpu_seconds, "live_bytes": request.live_bytes}
 
+    def run_group(self, policy: Policy, returns: list[str], count: int, feeds: list[dict] | None,
+                  *upstream: list[dict]) -> tuple[list[dict], list[dict]]:
+        """`run` for `count` requests in one call (feeds None: this stage reads no model input), each
+        upstream a list of one dict per request: a call's own cost is paid once for the group."""
+        parts = [self.run(policy, returns, feeds[i] if feeds is not None else {}, *(part[i] for part in upstream))
+                 for i in range(count)]
+        return [tensors for tensors, _ in parts], [trace for _, trace in parts]
+
     def run_linked(self, policy: Policy, returns: list[str], feeds: dict, *upstream: tuple[dict, dict]) -> tuple[dict, dict]:
         """`run` as a node of a Compiled Graph, whose edges carry earlier stages' whole results."""
         return self.run(policy, returns, feeds, *(tensors for tensors, _ in upstream))
@@ -175,7 +187,7 @@ class Stage:
 
 
 # cortex.load's executor_options
-OPTIONS = ("stages", "replicas", "num_cpus", "retries", "timeout_s", "max_restarts", "cache_dir", "compiled_graph")
+OPTIONS = ("stages", "replicas", "group", "num_cpus", "retries", "timeout_s", "max_restarts", "cache_dir", "compiled_graph")
 
 
 class RayExecutor:
@@ -184,8 +196,9 @@ class RayExecutor:
     def __init__(self, dag: dict, dag_path: Path, device: str, address: str | None = None,
                  stages: int | None = None, num_cpus: float = 1.0, cache_bytes: int = 0,
                  retries: int = DEFAULT_RETRIES, timeout_s: float = DEFAULT_TIMEOUT_S, max_restarts: int = 4,
-                 cache_dir: str | None = None, compiled_graph: bool = False, replicas: int | None = None):
-        for name, value in (("stages", stages), ("replicas", replicas)):
+                 cache_dir: str | None = None, compiled_graph: bool = False, replicas: int | None = None,
+                 group: int = DEFAULT_GROUP):
+        for name, value in (("stages", stages), ("replicas", replicas), ("group", group)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise CortexError(f"the ray executor's {name} must be a whole number, at least 1 (got {value!r})")
         if not num_cpus > 0:
@@ -200,7 +213,7 @@ class RayExecutor:
         self.compiled_graph, self.num_cpus = compiled_graph, num_cpus
         self._graph: CompiledRequests | None = None
         self.dag, self.path, self.device_name = dag, Path(dag_path).resolve(), device
-        self.retries, self.timeout_s = retries, timeout_s
+        self.retries, self.timeout_s, self.group = retries, timeout_s, group
         self.resubmitted = 0             # requests submitted again after a lost actor or result
         self.devices: dict = {}          # no device in this process: the actors hold them
         self.cus = {cu["id"]: cu for cu in dag["cus"]}
@@ -286,18 +299,25 @@ class RayExecutor:
 
     def _run_on_actors(self, batch: list[dict], policy: Policy, outputs: list[str], plan: list[StageCall],
                        window: int, on_done, first: int) -> list[tuple[dict, Request]]:
-        pending: dict[int, tuple[list, object]] = {}
-        attempts = [0] * len(batch)
+        # Consecutive requests go in groups of `group`, one actor call per stage for each group,
+        # the groups taking turns between the replicas.
+        groups = [range(i, min(i + self.group, len(batch))) for i in range(0, len(batch), self.group)]
+        in_flight = max(1, -(-window // self.group))
+        pending: dict[int, tuple[list, list]] = {}
+        attempts = [0] * len(groups)
         done: list = [None] * len(batch)
         submitted = 0
-        for index in range(len(batch)):
-            while submitted < len(batch) and submitted - index < max(1, window):
-                pending[submitted] = self._submit(batch[submitted], policy, plan, submitted % len(self.pipelines))
+        for g, members in enumerate(groups):
+            while submitted < len(groups) and submitted - g < in_flight:
+                pending[submitted] = self._submit([batch[i] for i in groups[submitted]], policy, plan,
+                                                  submitted % len(self.pipelines))
                 submitted += 1
-            done[index] = self._collect(first + index, batch[index], policy, plan, pending.pop(index), attempts,
-                                        outputs)
-            if on_done is not None:
-                on_done(first + index)
+            results = self._collect(g, range(first + members.start, first + members.stop),
+                                    [batch[i] for i in members], policy, plan, pending.pop(g), attempts, outputs)
+            for i, result in zip(members, results, strict=True):
+                done[i] = result
+                if on_done is not None:
+                    on_done(first + i)
         return done
 
     def _run_compiled(self, batch: list[dict], policy: Policy, outputs: list[str], plan: list[StageCall],
@@ -335,23 +355,25 @@ class RayExecutor:
         if graph is not None:
             graph.teardown()
 
-    def _submit(self, feeds: dict, policy: Policy, plan: list[StageCall], replica: int = 0) -> tuple[list, object]:
+    def _submit(self, group: list[dict], policy: Policy, plan: list[StageCall], replica: int = 0) -> tuple[list, list]:
+        """One call per stage of `plan` on `replica` for a group of requests' feeds: the refs of
+        each stage's tensors and traces (a list of one entry per request each)."""
         ray = ray_module()
         pipeline = self.pipelines[replica]
         # Feeds read by one stage travel with its call (inlined when small); read by several,
         # they are put in the object store once.
-        feeds_arg = ray.put(feeds) if sum(call.feeds for call in plan) > 1 else feeds
+        feeds_arg = ray.put(group) if sum(call.feeds for call in plan) > 1 else group
         tensors, traces = {}, []
         for call in plan:
             # A stage that reads no model input is not sent them (another node would fetch them).
-            tensor_ref, trace_ref = pipeline[call.stage].actor.run.options(num_returns=2).remote(
-                policy, call.returns, feeds_arg if call.feeds else {}, *(tensors[j] for j in call.reads))
+            tensor_ref, trace_ref = pipeline[call.stage].actor.run_group.options(num_returns=2).remote(
+                policy, call.returns, len(group), feeds_arg if call.feeds else None, *(tensors[j] for j in call.reads))
             tensors[call.stage] = tensor_ref
             traces.append(trace_ref)
         return [tensors[call.stage] for call in plan], traces
 
-    def _collect(self, index: int, feeds: dict, policy: Policy, plan: list[StageCall], refs, attempts: list[int],
-                 outputs: list[str]) -> tuple[dict, Request]:
+    def _collect(self, g: int, indices: range, group: list[dict], policy: Policy, plan: list[StageCall], refs,
+                 attempts: list[int], outputs: list[str]) -> list[tuple[dict, Request]]:
         ray = ray_module()
         lost = lost_errors(ray)
         while True:
@@ -360,18 +382,21 @@ class RayExecutor:
                 parts = self._get([*tensor_refs, *trace_refs])
                 break
             except lost as e:
-                attempts[index] += 1
-                if attempts[index] > self.retries:
-                    raise CortexError(f"request {index}: lost a Ray actor or its result {attempts[index]} times, the "
+                attempts[g] += 1
+                if attempts[g] > self.retries:
+                    what = (f"request {indices.start}" if len(indices) == 1
+                            else f"requests {indices.start}-{indices.stop - 1}")
+                    raise CortexError(f"{what}: lost a Ray actor or its result {attempts[g]} times, the "
                                       f"last: {first_line(e)}") from None
                 # Until the cluster notices the node is gone its actors are only "unavailable":
                 # back off, so that the retries span the restart instead of spending themselves on it.
-                time.sleep(min(RETRY_BACKOFF_S * 2 ** (attempts[index] - 1), MAX_BACKOFF_S))
-                self.resubmitted += 1
+                time.sleep(min(RETRY_BACKOFF_S * 2 ** (attempts[g] - 1), MAX_BACKOFF_S))
+                self.resubmitted += len(group)
                 # Another replica, if there is one: this one's actors may still be restarting.
-                refs = self._submit(feeds, policy, plan, (index + attempts[index]) % len(self.pipelines))
-        return self._assemble(feeds, policy, plan, list(zip(parts[:len(tensor_refs)], parts[len(tensor_refs):])),
-                              outputs)
+                refs = self._submit(group, policy, plan, (g + attempts[g]) % len(self.pipelines))
+        tensor_lists, trace_lists = parts[:len(tensor_refs)], parts[len(tensor_refs):]
+        return [self._assemble(feeds, policy, plan, [(t[i], tr[i]) for t, tr in zip(tensor_lists, trace_lists)],
+                               outputs) for i, feeds in enumerate(group)]
 
     def _assemble(self, feeds: dict, policy: Policy, plan: list[StageCall], parts: list[tuple[dict, dict]],
                   outputs: list[str]) -> tuple[dict, Request]:
@@ -384,7 +409,7 @@ class RayExecutor:
         called = {call.stage for call in plan}
         request = Request(policy, None, {}, live_bytes=sum(int(np.asarray(v).nbytes) for v in feeds.values()))
         skipped = {s["cu"]: s for part in stage_traces for s in part["skipped"]}
-        skipped.update({cu_id: {"cu": cu_id, "reason": NOT_NEEDED} for k, stage in enumerate(self.stages)
+        skipped.update({cu_id: {"cu": cu_id, "reason": NOT_NEEDED} for k, stage in enumerate(self.pipelines[0])
                         if k not in called for cu_id in stage.cu_ids})
         request.skipped = [skipped[cu_id] for cu_id in self.dag["order"] if cu_id in skipped]
         for part in stage_traces:
