@@ -194,8 +194,9 @@ def render(info: dict, r: dict, date: str) -> str:
         (f"{date}, {info['cpu']}, {info['cores']} cores; nodes of 1 CPU each on this one machine, which "
          f"also runs the driver and Ray's own processes. Load average {r['load_average_before']} before, "
          f"{r['load_average_after']} after."), "",
-        (f"A pipelined batch of {r['requests']} requests (`run_many`), requests per second, the best of "
-         f"{r['rounds']} interleaved rounds (`make bench-ray`):"), "",
+        (f"A pipelined batch of {r['requests']} requests (`run_many`: the default window of 16 requests in "
+         f"flight, in groups of 4 per actor call), requests per second, the best of {r['rounds']} interleaved "
+         f"rounds (`make bench-ray`):"), "",
         "| model | CUs | " + " | ".join(LABELS[n] for n in names) + " | 2 nodes / 1 node |",
         "| --- | ---: | " + " | ".join("---:" for _ in names) + " | ---: |"]
     for label, m in r["models"].items():
