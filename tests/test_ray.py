@@ -116,6 +116,12 @@ def test_cli_refuses_an_unknown_executor_or_an_address_without_ray(cnn):
                           "--executor mpi", "local or ray")
     assert_one_line_error(*run_cli(["run", dag_path, "--example-inputs", "--address", "127.0.0.1:1"])[::2],
                           "--address", "--executor ray")
+    assert_one_line_error(*run_cli(["run", dag_path, "--example-inputs", "--executor-option", "replicas=2"])[::2],
+                          "--executor-option", "--executor ray")
+    assert_one_line_error(*run_cli(["bench", dag_path, "--executor", "ray", "--executor-option", "replicas"])[::2],
+                          "--executor-option 'replicas'", "KEY=VALUE")
+    assert_one_line_error(*run_cli(["run", dag_path, "--example-inputs", "--executor", "ray",
+                                    "--executor-option", "stage=2"])[::2], "unknown executor option 'stage'")
 
 
 @pytest.mark.slow
@@ -307,7 +313,9 @@ def test_the_cli_compiles_and_runs_on_the_cluster(cluster, cnn, tmp_path):
         assert built.read_bytes() == (dag_path.parent / "wasm-bin" / built.name).read_bytes(), built.name
     np.save(tmp_path / "x.npy", case.inputs["x"])
     code, out, err = run_cli(["run", dag_path, "--input", f"x={tmp_path / 'x.npy'}", "--output", tmp_path / "y.npz",
-                              "--executor", "ray", "--address", address], env=LOOPBACK_ENV)
+                              "--executor", "ray", "--address", address, "--executor-option", "replicas=2",
+                              "--executor-option", "group=2", "--executor-option", "timeout_s=120.5"],
+                             env=LOOPBACK_ENV)
     assert code == 0, err
     local = cortex.load(dag_path).run(case.inputs)
     np.testing.assert_array_equal(np.load(tmp_path / "y.npz")["y"], local["y"])

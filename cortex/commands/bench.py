@@ -26,6 +26,7 @@ from cortex.commands.shared_options import (
     CuTimeoutOption,
     DeviceOption,
     ExecutorOption,
+    ExecutorOptionsOption,
     MemoryBudgetOption,
     PinOption,
     SpecializationsOption,
@@ -58,6 +59,7 @@ def bench(
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable report.")] = False,
     executor: ExecutorOption = "local",
     address: AddressOption = None,
+    executor_option: ExecutorOptionsOption = None,
 ) -> None:
     """Time a compiled model: median and min of N runs, and a per-CU breakdown."""
     if repeat < 1:
@@ -75,7 +77,7 @@ def bench(
     feeds = read_inputs(input or [])
     start = time.perf_counter()
     model = load(dag, device, policy=chosen, threads=threads, specializations=specializations, **memory,
-                 **executor_keywords(executor, address),
+                 **executor_keywords(executor, address, executor_option),
                  **sandbox_options(cu_timeout_ms, cu_load_timeout_s))
     load_s = time.perf_counter() - start
     feeds = {**example_feeds(model.inputs), **feeds}

@@ -19,6 +19,7 @@ from cortex.commands.shared_options import (
     CuTimeoutOption,
     DeviceOption,
     ExecutorOption,
+    ExecutorOptionsOption,
     MemoryBudgetOption,
     PadToBucketOption,
     PadValueOption,
@@ -68,6 +69,7 @@ def run(
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
     executor: ExecutorOption = "local",
     address: AddressOption = None,
+    executor_option: ExecutorOptionsOption = None,
 ) -> None:
     """Run the model's CUs in order on the device and save its outputs."""
     threads = checked_threads(threads)
@@ -84,7 +86,8 @@ def run(
     model = load(dag, device, policy=chosen, cache_bytes=cache_bytes, pad_to_bucket=pad_to_bucket,
                  pad_value=pad_value, threads=threads, specializations=specializations,
                  **memory_options(memory_budget, pin),
-                 **sandbox_options(cu_timeout_ms, cu_load_timeout_s), **executor_keywords(executor, address))
+                 **sandbox_options(cu_timeout_ms, cu_load_timeout_s),
+                 **executor_keywords(executor, address, executor_option))
     if example_inputs:
         feeds = {**example_feeds(model.inputs), **feeds}
     known = [spec["name"] for spec in model.outputs]
@@ -154,13 +157,34 @@ def memory_options(memory_budget: float | None, pin: str | None) -> dict:
     return {"memory_budget_mb": memory_budget, "pins": pins}
 
 
-def executor_keywords(executor: str, address: str | None) -> dict:
-    """`--executor`/`--address` as `cortex.load`'s keywords, checked with the options' names."""
+def executor_keywords(executor: str, address: str | None, options: list[str] | None = None) -> dict:
+    """`--executor`/`--address`/`--executor-option` as `cortex.load`'s keywords, checked with the
+    options' names (the loader checks the keys and the executor their values)."""
     if executor not in ("local", "ray"):
         raise CortexError(f"--executor {executor}: expected local or ray")
     if address is not None and executor != "ray":
         raise CortexError("--address names a Ray cluster: it needs --executor ray")
-    return {"executor": executor, "address": address}
+    if options and executor != "ray":
+        raise CortexError("--executor-option sets the ray executor: it needs --executor ray")
+    parsed = {}
+    for text in options or []:
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise CortexError(f"--executor-option {text!r}: expected KEY=VALUE, e.g. replicas=2")
+        parsed[key.strip()] = _option_value(value.strip())
+    return {"executor": executor, "address": address, **({"executor_options": parsed} if parsed else {})}
+
+
+def _option_value(text: str):
+    """A whole number, a number, true/false, or else the text itself (a folder)."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def parse_output_names(text: str | None) -> list[str] | None:

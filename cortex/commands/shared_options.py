@@ -46,3 +46,6 @@ ExecutorOption = Annotated[str, typer.Option("--executor", help="local (this pro
 AddressOption = Annotated[Optional[str], typer.Option("--address", help="The Ray cluster for --executor ray "
                                                       "(host:port of its head, or auto; default: the one in "
                                                       "RAY_ADDRESS, else a new local one).")]
+ExecutorOptionsOption = Annotated[Optional[list[str]], typer.Option(
+    "--executor-option", help="KEY=VALUE of the ray executor, repeatable: stages, replicas, group, num_cpus, "
+    "retries, timeout_s, max_restarts, cache_dir, compiled_graph (docs/runtime.md, \"Ray\").")]
