@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -250,9 +251,10 @@ def test_no_connection_of_the_cluster_leaves_loopback(cluster, cnn):
 
 @pytest.mark.slow
 # Two stages: the node goes while later requests are in flight through its actor, whose calls
-# fail and are resubmitted. Two replicas: it goes just before the batch (a replica's small requests
-# are done before the first is read back); the calls sent to it either fail and go to the other
-# replica, or wait in Ray for the actor's restart elsewhere, as Ray's timing decides.
+# fail and are resubmitted. Two replicas: a replica's small requests are all done before the first
+# is read back, and an actor's process may outlive its raylet for a moment and serve them, so the
+# node goes before the batch, which starts once the cluster has declared it dead: the calls sent
+# to its replica wait in Ray for the actor's restart elsewhere, or fail and go to the other one.
 @pytest.mark.parametrize(("shape", "remove_at"), [({"stages": 2}, 1), ({"replicas": 2}, None)],
                          ids=["stages", "replicas"])
 def test_a_node_removed_mid_batch_changes_no_output(cluster, cnn, shape, remove_at):
@@ -275,6 +277,10 @@ def test_a_node_removed_mid_batch_changes_no_output(cluster, cnn, shape, remove_
     try:
         if remove_at is None:
             remove_a_node(remove_at)
+            for _ in range(300):           # 0.5 s health checks: dead in about a second
+                if not any(n["NodeID"] == victim_id and n["Alive"] for n in ray.nodes()):
+                    break
+                time.sleep(0.1)
         done = executor.run_many(batch, model.policy, ["y"], window=8, on_done=remove_a_node)
         assert removed and (executor.resubmitted >= 1 or "replicas" in shape)
         for (got, _), want in zip(done, expected, strict=True):
