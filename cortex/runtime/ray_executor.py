@@ -43,6 +43,7 @@ installed).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -142,8 +143,9 @@ class CUStage:
             self.load_error = local_error(e, self.dag_path, shipment.dag_path, shipment.folder)
 
     def where(self) -> dict:
-        """The node this actor runs on, and the dag.json it loaded from there."""
-        return {"node": ray_module().get_runtime_context().get_node_id(), "dag_path": str(self.dag_path)}
+        """The node and process this actor runs in, and the dag.json it loaded there."""
+        return {"node": ray_module().get_runtime_context().get_node_id(), "pid": os.getpid(),
+                "dag_path": str(self.dag_path)}
 
     def resident_bytes(self) -> int:
         if self.load_error is not None:
@@ -165,12 +167,17 @@ class CUStage:
                          "cpu_seconds": request.cpu_seconds, "live_bytes": request.live_bytes}
 
     def run_group(self, policy: Policy, returns: list[str], count: int, feeds: list[dict] | None,
-                  *upstream: list[dict]) -> tuple[list[dict], list[dict]]:
-        """`run` for `count` requests in one call (feeds None: this stage reads no model input), each
-        upstream a list of one dict per request: a call's own cost is paid once for the group."""
-        parts = [self.run(policy, returns, feeds[i] if feeds is not None else {}, *(part[i] for part in upstream))
+                  *upstream: dict) -> tuple:
+        """`run` for `count` requests in one call (feeds None: this stage reads no model input;
+        `upstream`: each earlier stage's `count` dicts, one after the other), so that a call's own
+        cost is paid once for the group: each request's tensors, then the list of their traces.
+        Each request's tensors are a return of their own: Ray keeps a return of up to 100 KiB in
+        its reply, and fetching a larger one from the object store stalled for a second at a
+        time (Ray 2.60, two nodes on loopback)."""
+        parts = [self.run(policy, returns, feeds[i] if feeds is not None else {},
+                          *(upstream[j * count + i] for j in range(len(upstream) // count)))
                  for i in range(count)]
-        return [tensors for tensors, _ in parts], [trace for _, trace in parts]
+        return (*(tensors for tensors, _ in parts), [trace for _, trace in parts])
 
     def run_linked(self, policy: Policy, returns: list[str], feeds: dict, *upstream: tuple[dict, dict]) -> tuple[dict, dict]:
         """`run` as a node of a Compiled Graph, whose edges carry earlier stages' whole results."""
@@ -356,8 +363,8 @@ class RayExecutor:
             graph.teardown()
 
     def _submit(self, group: list[dict], policy: Policy, plan: list[StageCall], replica: int = 0) -> tuple[list, list]:
-        """One call per stage of `plan` on `replica` for a group of requests' feeds: the refs of
-        each stage's tensors and traces (a list of one entry per request each)."""
+        """One call per stage of `plan` on `replica` for a group of requests' feeds: per stage, the
+        refs of each request's tensors, and the ref of the list of their traces."""
         ray = ray_module()
         pipeline = self.pipelines[replica]
         # Feeds read by one stage travel with its call (inlined when small); read by several,
@@ -366,9 +373,10 @@ class RayExecutor:
         tensors, traces = {}, []
         for call in plan:
             # A stage that reads no model input is not sent them (another node would fetch them).
-            tensor_ref, trace_ref = pipeline[call.stage].actor.run_group.options(num_returns=2).remote(
-                policy, call.returns, len(group), feeds_arg if call.feeds else None, *(tensors[j] for j in call.reads))
-            tensors[call.stage] = tensor_ref
+            *tensor_refs, trace_ref = pipeline[call.stage].actor.run_group.options(num_returns=len(group) + 1).remote(
+                policy, call.returns, len(group), feeds_arg if call.feeds else None,
+                *(ref for j in call.reads for ref in tensors[j]))
+            tensors[call.stage] = tensor_refs
             traces.append(trace_ref)
         return [tensors[call.stage] for call in plan], traces
 
@@ -379,7 +387,7 @@ class RayExecutor:
         while True:
             tensor_refs, trace_refs = refs
             try:
-                parts = self._get([*tensor_refs, *trace_refs])
+                parts = self._get([*(ref for stage in tensor_refs for ref in stage), *trace_refs])
                 break
             except lost as e:
                 attempts[g] += 1
@@ -394,7 +402,9 @@ class RayExecutor:
                 self.resubmitted += len(group)
                 # Another replica, if there is one: this one's actors may still be restarting.
                 refs = self._submit(group, policy, plan, (g + attempts[g]) % len(self.pipelines))
-        tensor_lists, trace_lists = parts[:len(tensor_refs)], parts[len(tensor_refs):]
+        n = len(group)
+        tensor_lists = [parts[k * n:(k + 1) * n] for k in range(len(tensor_refs))]
+        trace_lists = parts[len(tensor_refs) * n:]
         return [self._assemble(feeds, policy, plan, [(t[i], tr[i]) for t, tr in zip(tensor_lists, trace_lists)],
                                outputs) for i, feeds in enumerate(group)]
 
