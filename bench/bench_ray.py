@@ -64,17 +64,18 @@ def _save(model: onnx.ModelProto, path: Path) -> Path:
     return path
 
 
-def chain_model(path: Path) -> Path:
-    """LAYERS of MatMul [ROWS, WIDTH] x [WIDTH, WIDTH] + Relu: ~17 MFLOP a layer."""
+def chain_model(path: Path, layers: int = LAYERS, rows: int = ROWS, width: int = WIDTH) -> Path:
+    """`layers` of MatMul [rows, width] x [width, width] + Relu (by default ~17 MFLOP a layer); the
+    output is r{layers - 1}."""
     rng = np.random.default_rng(0)
     nodes, inits, x = [], [], "x"
-    for i in range(LAYERS):
-        w = (rng.standard_normal((WIDTH, WIDTH)) / np.sqrt(WIDTH)).astype(np.float32)
+    for i in range(layers):
+        w = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
         inits.append(numpy_helper.from_array(w, f"w{i}"))
         nodes += [helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"]), helper.make_node("Relu", [f"m{i}"], [f"r{i}"])]
         x = f"r{i}"
-    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [ROWS, WIDTH])],
-                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [ROWS, WIDTH])], inits)
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, width])],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [rows, width])], inits)
     return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
 
 

@@ -22,10 +22,8 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
 from cli_helpers import assert_one_line_error, run_cli
-from onnx import TensorProto, helper, numpy_helper
 from test_conditional_cus import build, if_model, with_output_z
 from testdata import run_onnxruntime, sample_model
 from wasm_cases import compile_pipeline
@@ -44,6 +42,8 @@ LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 os.environ.update(LOOPBACK_ENV)
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster
+
+from bench.bench_ray import chain_model  # imports Ray
 
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
 
@@ -73,18 +73,9 @@ def cnn(tmp_path_factory):
 def chain(tmp_path_factory):
     """Six MatMul [32,256]x[256,256] + Relu, a CU each: requests slow enough (a millisecond or so)
     that a batch's later ones are still queued on an actor when a node goes."""
-    rng = np.random.default_rng(5)
-    nodes, inits, x = [], [], "x"
-    for i in range(6):
-        inits.append(numpy_helper.from_array((rng.standard_normal((256, 256)) / 16).astype(np.float32), f"w{i}"))
-        nodes += [helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"]), helper.make_node("Relu", [f"m{i}"], [f"r{i}"])]
-        x = f"r{i}"
-    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [32, 256])],
-                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [32, 256])], inits)
     folder = tmp_path_factory.mktemp("chain")
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), folder / "chain.onnx")
-    dag_path = compile_pipeline(folder / "chain.onnx", folder, min_cu_size=0, max_cu_depth=2)
-    return x, dag_path
+    model = chain_model(folder / "chain.onnx", layers=6, rows=32, width=256)
+    return "r5", compile_pipeline(model, folder, min_cu_size=0, max_cu_depth=2)
 
 
 @pytest.fixture(scope="module")

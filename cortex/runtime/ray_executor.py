@@ -337,7 +337,7 @@ class RayExecutor:
         lost = (*lost_errors(ray), ray.exceptions.RayChannelError)
         if self._graph is None:
             try:
-                self._graph = CompiledRequests([s.actor for s in self.stages], plan, policy, outputs, window,
+                self._graph = CompiledRequests([s.actor for s in self.pipelines[0]], plan, policy, outputs, window,
                                                self.timeout_s)
             except lost:        # an actor restarting: this batch takes the actor path
                 return []
