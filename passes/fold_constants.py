@@ -19,6 +19,7 @@ from ir.graph import Graph, Node, Value
 from ir.onnx_export import export_attribute, make_tensor
 from ir.ops import lookup
 from passes.base import Pass
+from passes.fold_qdq import reads_integer_weights
 
 FOLDABLE_DOMAINS = ("", "ai.onnx")
 
@@ -28,15 +29,18 @@ class FoldConstants(Pass):
     name = "fold-constants"
     # Results larger than this stay as ops: folding a huge Expand or Tile would bloat the model.
     max_folded_bytes: int = 1 << 30
-    # A DequantizeLinear of a constant stays, so that fold-qdq still sees the integer weight and its
-    # scale (folded, it is a float weight and the model can only run as float); the folding after
-    # fold-qdq turns the ones it left into float constants.
+    # A DequantizeLinear of a constant that a contraction or an integer-exact op reads stays, so
+    # that fold-qdq still sees the integer weight and its scale (folded, it is a float weight and the
+    # model can only run as float); the folding after fold-qdq turns the ones it left into float
+    # constants. One that only other ops read (a quantized Range step, a LayerNorm scale) folds now,
+    # so that the shapes computed from it become static.
     keep_dequantized_weights: bool = False
 
     def run(self, graph: Graph) -> Graph:
         kept = []
+        users = graph.users() if self.keep_dequantized_weights else {}
         for node in graph.nodes:
-            results = self._try_fold(node, graph)
+            results = self._try_fold(node, graph, users)
             if results is None:
                 kept.append(node)
                 continue
@@ -52,10 +56,11 @@ class FoldConstants(Pass):
                 self.run(sub)
         return graph
 
-    def _try_fold(self, node: Node, graph: Graph) -> list[np.ndarray] | None:
+    def _try_fold(self, node: Node, graph: Graph, users) -> list[np.ndarray] | None:
         if node.domain not in FOLDABLE_DOMAINS or node.subgraphs:
             return None
-        if self.keep_dequantized_weights and node.op_type == "DequantizeLinear":
+        if (self.keep_dequantized_weights and node.op_type == "DequantizeLinear"
+                and any(reads_integer_weights(r) for r in users.get(node.outputs[0], ()))):
             return None
         entry = lookup(node.op_type, node.domain)
         if entry is not None and not entry.deterministic:

@@ -100,6 +100,11 @@ class FoldQDQ(Pass):
         return graph
 
 
+def reads_integer_weights(node: Node) -> bool:
+    """Whether this pass may run `node` on a DequantizeLinear's integer input."""
+    return not node.domain and (node.op_type in REWRITES or is_quantized_exact(node.op_type))
+
+
 def _rewrite(node: Node, graph: Graph, users, outputs) -> Rewrite | None:
     if node.domain or node.op_type not in REWRITES:
         return None

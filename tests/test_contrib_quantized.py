@@ -189,6 +189,20 @@ def test_one_node_matches_onnxruntime_on_wasm(case, tmp_path):
         assert len(np.unique(want["out"])) > 2, "the case saturates: choose other scales"
 
 
+
+@pytest.mark.parametrize("byte", [np.int8, np.uint8], ids=["int8", "uint8"])
+def test_qlinear_softmax_of_an_infinite_scale_gives_onnxruntime_s_zeros(byte, tmp_path):
+    """Scores masked with -inf calibrate to X_scale = inf (onnxruntime's quantize_static on a torch
+    attention block with a padding or causal mask): every row's sum is NaN and the kernel returns
+    without writing, so onnxruntime's output is zeros, not the zero point."""
+    constants = {"xs": scale(np.inf), "xz": zero(0, byte), "ys": scale(1 / 256),
+                 "yz": zero(-128 if byte == np.int8 else 7, byte)}
+    feeds = {"x": i8(2, 3, 5) if byte == np.int8 else u8(2, 3, 5)}
+    model = node_model("QLinearSoftmax", feeds, constants, ["x", "xs", "xz", "ys", "yz"], axis=-1, opset=13)
+    want = run_onnxruntime(model, feeds)
+    assert not want["out"].any()
+    assert_quantized_close(run_on_wasm(model, feeds, tmp_path), want)
+
 # -- DynamicQuantizeLSTM --------------------------------------------------------------------------
 def lstm_case(direction: str, per_channel: bool, weight_type):
     """onnxruntime's layout: W [directions, input, 4*hidden], R [directions, hidden, 4*hidden]."""

@@ -302,6 +302,31 @@ def test_exact_ops_between_dequantize_and_quantize_run_on_the_integers():
     check_against_onnxruntime(model, feeds)
 
 
+
+def test_a_quantized_constant_that_no_integer_op_reads_folds_so_shapes_become_static():
+    """The quantizer also quantizes the step of a Range over a dynamic length (a position index in
+    an attention block): kept as a DequantizeLinear, it left the Range's length, and the shapes of
+    everything after it, unknown. A DQ of a constant stays only for the ops fold-qdq runs on the integers."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 4])
+    inits = [const("one", np.array([1], np.int64)), const("start", np.float32(0.0)),
+             const("step_q", np.int8(1)), const("step_scale", np.float32(1.0)), const("step_zero", np.int8(0)),
+             *activation_params("pos", 0.1, 0)]
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("Gather", ["shape", "one"], ["t"]),
+             helper.make_node("Cast", ["t"], ["t_float"], to=TensorProto.FLOAT),
+             helper.make_node("Squeeze", ["t_float"], ["limit"]),
+             helper.make_node("DequantizeLinear", ["step_q", "step_scale", "step_zero"], ["step"]),
+             helper.make_node("Range", ["start", "limit", "step"], ["positions"]),
+             helper.make_node("Unsqueeze", ["positions", "one"], ["column"]),
+             helper.make_node("QuantizeLinear", ["column", "pos_scale", "pos_zero"], ["column_q"]),
+             helper.make_node("DequantizeLinear", ["column_q", "pos_scale", "pos_zero"], ["column_dq"]),
+             helper.make_node("Mul", ["x", "column_dq"], ["y"])]
+    model = model_of(nodes, [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5, 4])], inits)
+    assert folded_ops(model) == ["Mul"]
+    feeds = {"x": RNG.standard_normal((2, 5, 4)).astype(np.float32)}
+    (want,) = onnxruntime_outputs(model, feeds)
+    np.testing.assert_allclose(run_wasm(model, feeds)["y"], want, rtol=1e-6)
+
 # -- the sample models, end to end ---------------------------------------------------------------
 def cu_ops(dag_path) -> collections.Counter:
     found = collections.Counter()

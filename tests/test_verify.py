@@ -37,3 +37,9 @@ def test_compare_flags_values_outside_tolerance():
     assert not compare("y", ref[:2], ref, 1e-4, 1e-5)["ok"]
     nan = np.array([np.nan], np.float32)
     assert compare("y", nan, nan.copy(), 1e-4, 1e-5)["ok"]
+    # a masked score: the same infinity on both sides is no error, a different one is
+    masked = np.array([-np.inf, 0.5, np.inf], np.float32)
+    same = compare("y", masked.copy(), masked, 1e-4, 1e-5)
+    assert same["ok"] and same["max_abs_error"] == 0.0
+    flipped = compare("y", -masked, masked, 1e-4, 1e-5)
+    assert not flipped["ok"] and flipped["max_abs_error"] == np.inf

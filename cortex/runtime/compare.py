@@ -1,5 +1,6 @@
 """How `cortex verify` compares a tensor with its reference: elementwise within `atol + rtol * |ref|`,
-NaN where the reference has NaN counting as equal. Shared by the whole-model check and the
+NaN where the reference has NaN, and an infinity where the reference has the same one, counting as
+equal. Shared by the whole-model check and the
 per-CU bisection, so both judge with the same rule."""
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ def compare(name: str, ours: np.ndarray, reference: np.ndarray, rtol: float, ato
                 "why": f"got {ours.dtype}{list(ours.shape)}, expected {reference.dtype}{list(reference.shape)}"}
     a, b = ours.astype(np.float64), reference.astype(np.float64)
     both_nan = np.isnan(a) & np.isnan(b)
-    diff = np.where(both_nan, 0.0, np.abs(a - b))
+    with np.errstate(invalid="ignore"):      # inf - inf: equal infinities are no error
+        diff = np.where(both_nan | (a == b), 0.0, np.abs(a - b))
     allowed = atol + rtol * np.abs(b)
     if not diff.size:
         return {"name": name, "shape": list(ours.shape), "ok": True, "max_abs_error": 0.0, "max_rel_error": 0.0,

@@ -240,7 +240,8 @@ def _average_pool(node):
 def _softmax(node):
     """onnxruntime's QLinearSoftmax: e = float(exp((x - max + shift) * x_scale)) from a 256-entry
     table (the shift keeps the sum of a row below FLT_MAX), y = round(e * floor(1 / y_scale) / sum)
-    + zero point, saturated only above 255 (an int8 result wraps, as the kernel's cast does)."""
+    + zero point, saturated only above 255 (an int8 result wraps, as the kernel's cast does); 0 where
+    the row's sum is 0 or NaN."""
     body = Body(node, QUANTIZE_ARGS)
     byte_type = _byte_type(body, 0, 2, 4)
     if byte_type is None:
@@ -275,7 +276,12 @@ def _softmax(node):
     if signed:
         q = body.op("Sub", body.op("Mod", body.op("Add", q, body.constant(128, "int32")), body.constant(256, "int32")),
                     body.constant(128, "int32"))
-    result = body.op("Cast", q, to=TensorProto.INT8 if signed else TensorProto.UINT8, out=None if opset < 13 else "Y")
+    q = body.op("Cast", q, to=TensorProto.INT8 if signed else TensorProto.UINT8)
+    # A row whose sum is 0 or NaN (an infinite X_scale, as the quantizer computes for scores masked
+    # with -inf) makes the kernel return before writing its output: onnxruntime gives zeros there.
+    unwritten = body.op("Or", body.op("IsNaN", total), body.op("Equal", total, body.constant(0.0)))
+    result = body.op("Where", unwritten, body.constant(0, "int8" if signed else "uint8"), q,
+                     out=None if opset < 13 else "Y")
     if opset < 13:
         body.op("Reshape", result, body.op("Shape", "X"), out="Y")
     return body.function(("Y",))
