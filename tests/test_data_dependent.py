@@ -82,6 +82,22 @@ def test_nonzero_returns_as_many_coordinates_as_the_input_has_nonzeros(tmp_path)
     assert len({s[0][1] for s in shapes}) == 4 and shapes[2] == ((2, 0),)
 
 
+def test_boolean_mask_indexing_as_torch_exports_it(tmp_path):
+    """torch's x[x > t] exports as NonZero -> Transpose -> GatherND: the gathered rows keep the
+    selection's run-time length."""
+    nodes = [helper.make_node("Greater", ["x", "t"], ["mask"]), helper.make_node("NonZero", ["mask"], ["where"]),
+             helper.make_node("Transpose", ["where"], ["index"], perm=[1, 0]),
+             helper.make_node("GatherND", ["x", "index"], ["picked"]), helper.make_node("Mul", ["picked", "t"], ["y"])]
+    model = save_model(tmp_path / "mask.onnx", nodes, [helper.make_tensor_value_info("x", T.FLOAT, [3, 5])],
+                       [helper.make_tensor_value_info("y", T.FLOAT, ["n"])], [("t", np.float32(0.25))])
+    dag = compile_wasm(model, tmp_path)
+    rng = np.random.default_rng(1)
+    feeds = [{"x": rng.standard_normal((3, 5)).astype(np.float32)} for _ in range(2)]
+    feeds.append({"x": np.zeros((3, 5), np.float32)})
+    shapes = assert_matches_onnxruntime(model, dag, feeds, tmp_path)
+    assert len(set(shapes)) == 3 and shapes[2] == ((0,),)
+
+
 @pytest.mark.parametrize("axis", [None, 0, 1])
 def test_compress_by_a_condition_given_at_run_time(axis, tmp_path):
     attrs = {} if axis is None else {"axis": axis}

@@ -10,8 +10,10 @@ register("Reshape", "Flatten", "Squeeze", "Unsqueeze", kind=LAYOUT, view=True, k
 register("Identity", kind=ELEMENTWISE, view=True)
 register("Transpose", "Concat", "Slice", kind=LAYOUT, keeps_bound=True, quantized_exact=True)
 register("DepthToSpace", "SpaceToDepth", kind=LAYOUT, quantized_exact=True)
-register("Split", "GatherElements", "Expand", "Tile", kind=LAYOUT, keeps_bound=True)
-register("GatherND", "ScatterElements", "ScatterND", "Scatter", "TensorScatter", "Pad", "ReverseSequence",
+# GatherND by selected indices (x[mask] in torch: NonZero -> Transpose -> GatherND) keeps the bound
+# of the indices' leading axes, as Gather does.
+register("Split", "GatherElements", "GatherND", "Expand", "Tile", kind=LAYOUT, keeps_bound=True)
+register("ScatterElements", "ScatterND", "Scatter", "TensorScatter", "Pad", "ReverseSequence",
          "ConstantOfShape", kind=LAYOUT)
 register("Shape", "Size", kind=SHAPE)
 
