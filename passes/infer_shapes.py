@@ -28,6 +28,11 @@ from passes.inline_constant_ifs import inline_constant_ifs
 from passes.loop_bodies import bind_body_inputs, lengths_from_readers, loop_hint
 from passes.unroll_loops import MAX_TRIPS, unroll_loops
 
+# Attribute defaults that ONNX's own shape inference reads differently from the spec, onnxruntime and
+# the reference evaluator (onnx 1.23: an STFT without `onesided` gets two-sided bins), made explicit
+# in the model it infers.
+DEFAULTS_FOR_INFERENCE = {("", "STFT"): {"onesided": 1}}
+
 # Constants above this many elements are passed to ONNX inference as typed inputs, not data: no
 # shape computation reads a tensor that large, and it keeps huge models under protobuf's 2 GiB.
 LARGEST_CONSTANT_FOR_INFERENCE = 4096
@@ -311,6 +316,9 @@ def _node_proto(node) -> onnx.NodeProto:
             proto.attribute.append(helper.make_attribute(key, [_subgraph_proto(g) for g in value]))
         else:
             proto.attribute.append(export_attribute(key, value, node.attr_types.get(key), {}, False))
+    for key, value in DEFAULTS_FOR_INFERENCE.get((node.domain, node.op_type), {}).items():
+        if key not in node.attrs:
+            proto.attribute.append(helper.make_attribute(key, value))
     return proto
 
 

@@ -1,14 +1,14 @@
 """Less common ops compiled to WebAssembly match onnxruntime: scalar parameters read at run time
 once the output's shape is static (OneHot's depth, Range's start and delta, window sizes, the mel
 filter bank), the ai.onnx.ml arithmetic ops, MaxPool's Indices output, Einsum with an ellipsis,
-Col2Im, DeformConv and TensorScatter. tests/test_cuda_ops.py runs the same cases on cuda-sim."""
+Col2Im, DeformConv, TensorScatter and STFT. tests/test_cuda_ops.py runs the same cases on cuda-sim."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from onnx import TensorProto as T
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from wasm_cases import CONFIGS, assert_matches_onnxruntime, make_model
 
@@ -141,3 +141,25 @@ def test_tensor_scatter_with_run_time_write_indices_matches_onnxruntime(mode):
              "write_indices": np.array([0, 3, 5 if mode == "circular" else 2], np.int64)}
     model = model_of("TensorScatter", feeds, [3, 2, 6, 4], {"mode": mode}, opset=24)
     assert_matches_onnxruntime(model, feeds, QUICK)
+
+
+@pytest.mark.parametrize("signal_shape, window, frame_length, onesided", [
+    ((2, 200, 1), "hann", None, None),          # torch.stft's window, the default one-sided bins
+    ((1, 150), None, 24, 1),                    # a real signal as [batch, samples], as torch exports it
+    ((1, 90, 2), "ones", 16, 0),                # complex input, every bin
+])
+def test_stft_matches_onnxruntime(signal_shape, window, frame_length, onesided):
+    """STFT as one GEMM of the windowed frames by the DFT's matrix, the window read at run time."""
+    feeds = {"signal": randn(*signal_shape)}
+    if window is not None:
+        length = frame_length or 32
+        feeds["window"] = (np.hanning(length + 1)[:-1] if window == "hann" else np.ones(length)).astype(np.float32)
+    step = numpy_helper.from_array(np.array(10, np.int64), "frame_step")
+    inits = [step] + ([numpy_helper.from_array(np.array(frame_length, np.int64), "frame_length")] if frame_length else [])
+    inputs = ["signal", "frame_step", "window" if window is not None else "", "frame_length" if frame_length else ""]
+    attrs = {} if onesided is None else {"onesided": onesided}
+    node = helper.make_node("STFT", [name for name in inputs[:max(i + 1 for i, n in enumerate(inputs) if n)]], ["y"],
+                            **attrs)
+    graph_inputs = [vi(n, list(a.shape)) for n, a in feeds.items()]
+    model = make_model([node], graph_inputs, [vi("y", None)], inits)
+    assert_matches_onnxruntime(model, feeds, QUICK, rtol=1e-4, atol=1e-4)

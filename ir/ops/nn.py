@@ -50,7 +50,7 @@ register("Conv", kind=CONTRACTION, weight_input=1,
 register("ConvTranspose", kind=CONTRACTION, flops=_conv_transpose_flops)
 register("MaxRoiPool", "RoiAlign", "AffineGrid",
          "Attention",
-         "RotaryEmbedding", "STFT", "CenterCropPad", "ImageDecoder",
+         "RotaryEmbedding", "CenterCropPad", "ImageDecoder",
          "StringNormalizer", "StringConcat", "StringSplit", "RegexFullMatch", "TfIdfVectorizer",
          kind=OTHER)
 
