@@ -289,7 +289,11 @@ def _inference_model(graph: Graph) -> onnx.ModelProto:
             initializers.append(make_tensor(v))
         else:
             inputs.append(helper.make_tensor_value_info(v.name, v.dtype, list(v.const.shape)))
-    outputs = [helper.make_value_info(v.name, onnx.TypeProto()) for v in graph.outputs]
+    # A graph output that is an input or a constant (a model may return its input, or a weight)
+    # needs no inference, and given one, ONNX's inference gave no node a shape.
+    produced = {id(v) for n in graph.nodes for v in n.outputs}
+    outputs = [helper.make_value_info(v.name, onnx.TypeProto()) for v in dict.fromkeys(graph.outputs)
+               if id(v) in produced]
     gp = helper.make_graph([_node_proto(n) for n in graph.nodes], graph.name, inputs, outputs, initializers,
                            value_info=_ruled_value_info(graph))
     model = helper.make_model(gp, opset_imports=[helper.make_opsetid(d, v) for d, v in graph.opset_imports.items()])

@@ -124,6 +124,25 @@ def test_zero_in_a_graph_input_is_an_empty_dim_as_in_onnxruntime():
 UNUSED_DOMAINS = ("com.microsoft.mlfeaturizers", "com.microsoft.experimental", "ai.onnx.training")
 
 
+@pytest.mark.parametrize("returned", ["x", "fc"], ids=["its-input", "a-weight"])
+def test_a_model_that_also_returns_its_input_or_a_weight_compiles(returned, tmp_path):
+    """Some exporters list a graph input or an initializer among the outputs (a pass-through of
+    the image, an embedding table); the other nodes' shapes must still be inferred."""
+    model = conv_model([2, 3, 6, 10], [2, 5], [2, 4, 6, 10])
+    model.graph.output.append(helper.make_tensor_value_info(returned, TensorProto.FLOAT, None))
+    path = save(model, tmp_path / "model.onnx")
+    feed = {"x": RNG.standard_normal((2, 3, 6, 10)).astype(np.float32)}
+    np.savez(tmp_path / "feed.npz", **feed)
+    cli_ok(["decompose", "--model-path", path, "--output-dir", tmp_path / "cus"])
+    cli_ok(["build-dag", "--cu-dir", tmp_path / "cus", "--output", tmp_path / "dag.json"])
+    cli_ok(["compile-wasm", "--cu-dir", tmp_path / "cus", "--output", tmp_path / "wasm", "--dag", tmp_path / "dag.json"])
+    cli_ok(["run", tmp_path / "dag.json", "--input", tmp_path / "feed.npz", "--output", tmp_path / "out.npz"])
+    got, want = np.load(tmp_path / "out.npz"), run_onnxruntime(model, feed)
+    assert sorted(got.files) == sorted(want) == sorted(["y", returned])
+    for name, expected in want.items():
+        np.testing.assert_allclose(got[name], expected, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
 def test_unused_unknown_domains_are_accepted(tmp_path):
     model = conv_model([1, 3, 6, 10], [1, 5], [1, 4, 6, 10], extra_opsets=UNUSED_DOMAINS)
     path = save(model, tmp_path / "model.onnx")
