@@ -15,12 +15,11 @@ def parse_input_shapes(items: list[str] | None) -> dict[str, tuple[int, ...]]:
     for item in items or []:
         m = _SHAPE.match(item)
         if not m:
-            raise CortexError(f"bad --input-shape {item!r}: expected NAME=D1xD2x... with positive integers, "
+            raise CortexError(f"bad --input-shape {item!r}: expected NAME=D1xD2x... with integers, "
                               "e.g. input=1x3x224x224 (or NAME=scalar)")
         name, dims = m.group(1), m.group(2)
         shape = () if dims == "scalar" else tuple(int(d) for d in re.split(r"\s*[x,]\s*", dims))
-        if any(d == 0 for d in shape):
-            raise CortexError(f"bad --input-shape {item!r}: dims must be positive")
+        # a 0 is an empty dim, as in onnxruntime: a decoder's first step has an empty past
         if name in shapes:
             raise CortexError(f"--input-shape given twice for {name!r}")
         shapes[name] = shape
@@ -31,7 +30,7 @@ def parse_dims(items: list[str] | None) -> dict[str, int]:
     dims: dict[str, int] = {}
     for item in items or []:
         m = _DIM.match(item)
-        if not m or int(m.group(2)) == 0:
-            raise CortexError(f"bad --dim {item!r}: expected NAME=N with a positive integer, e.g. batch=1")
+        if not m:
+            raise CortexError(f"bad --dim {item!r}: expected NAME=N with an integer, e.g. batch=1 (0: empty)")
         dims[m.group(1)] = int(m.group(2))
     return dims

@@ -90,12 +90,10 @@ def _shape_values(items: list[str]) -> dict[str, list[tuple[int, ...]]]:
         text = m.group(2) if m else ""
         parts = [p.strip() for p in text.split(",")] if "x" in text else [text.replace(",", "x")]
         if not m or not all(p == "scalar" or _SHAPE.match(p) for p in parts):
-            raise CortexError(f"bad --input-shape {item!r}: expected NAME=D1xD2x... with positive integers, "
+            raise CortexError(f"bad --input-shape {item!r}: expected NAME=D1xD2x... with integers, "
                               "e.g. input=1x3x224x224, or several shapes: input=1x3x48x160,1x3x48x320")
         for part in parts:
             shape = () if part == "scalar" else tuple(int(d) for d in re.split(r"\s*x\s*", part))
-            if any(d == 0 for d in shape):
-                raise CortexError(f"bad --input-shape {item!r}: dims must be positive")
             if shape in shapes.get(m.group(1), []):
                 raise CortexError(f"--input-shape given {'x'.join(map(str, shape))} twice for {m.group(1)!r}")
             shapes.setdefault(m.group(1), []).append(shape)
@@ -107,9 +105,9 @@ def _dim_values(items: list[str]) -> dict[str, list[int]]:
     for item in items:
         name, sep, text = item.partition("=")
         numbers = [p.strip() for p in text.split(",")]
-        if not sep or not name.strip() or not all(p.isdigit() and int(p) > 0 for p in numbers):
-            raise CortexError(f"bad --dim {item!r}: expected NAME=N with positive integers, e.g. batch=1 "
-                              "or seq=32,64,128")
+        if not sep or not name.strip() or not all(p.isdigit() for p in numbers):
+            raise CortexError(f"bad --dim {item!r}: expected NAME=N with integers, e.g. batch=1 "
+                              "or seq=32,64,128 (0: empty)")
         chosen = [int(p) for p in numbers]
         if len(set(chosen)) != len(chosen) or name.strip() in values:
             raise CortexError(f"bad --dim {item!r}: each dim and value once")

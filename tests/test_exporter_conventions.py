@@ -143,6 +143,42 @@ def test_a_model_that_also_returns_its_input_or_a_weight_compiles(returned, tmp_
         np.testing.assert_allclose(got[name], expected, rtol=1e-5, atol=1e-5, err_msg=name)
 
 
+def test_a_decoder_step_with_an_empty_past_matches_onnxruntime(tmp_path):
+    """The first step of a decoder exported with its key/value cache as inputs feeds a past of
+    length 0 (`--input-shape past_k=2x0x8`): the scores over an empty past are an empty GEMM, and a
+    MatMul whose K is 0 is all zeros plus its bias."""
+    vi = helper.make_tensor_value_info
+    bias = numpy_helper.from_array(RNG.standard_normal(8).astype(np.float32), "bias")
+    nodes = [helper.make_node("Concat", ["past_k", "k"], ["keys"], axis=1),
+             helper.make_node("Transpose", ["past_k"], ["past_kt"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["q", "past_kt"], ["past_scores"]),
+             helper.make_node("MatMul", ["past_scores", "past_k"], ["from_past"]),
+             helper.make_node("Add", ["from_past", "bias"], ["past_term"]),
+             helper.make_node("Transpose", ["keys"], ["keys_t"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["q", "keys_t"], ["scores"]),
+             helper.make_node("Softmax", ["scores"], ["weights"], axis=-1),
+             helper.make_node("MatMul", ["weights", "keys"], ["attended"]),
+             helper.make_node("Add", ["attended", "past_term"], ["y"])]
+    graph = helper.make_graph(nodes, "decoder_step",
+                              [vi("q", TensorProto.FLOAT, [2, 3, 8]), vi("k", TensorProto.FLOAT, [2, 3, 8]),
+                               vi("past_k", TensorProto.FLOAT, [2, "past", 8])],
+                              [vi("y", TensorProto.FLOAT, None), vi("keys", TensorProto.FLOAT, None)], [bias])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = save(model, tmp_path / "model.onnx")
+    feed = {"q": RNG.standard_normal((2, 3, 8)).astype(np.float32), "k": RNG.standard_normal((2, 3, 8)).astype(np.float32),
+            "past_k": np.zeros((2, 0, 8), np.float32)}
+    np.savez(tmp_path / "feed.npz", **feed)
+    cli_ok(["decompose", "--model-path", path, "--output-dir", tmp_path / "cus", "--input-shape", "past_k=2x0x8"])
+    cli_ok(["build-dag", "--cu-dir", tmp_path / "cus", "--output", tmp_path / "dag.json"])
+    cli_ok(["compile-wasm", "--cu-dir", tmp_path / "cus", "--output", tmp_path / "wasm", "--dag", tmp_path / "dag.json"])
+    cli_ok(["run", tmp_path / "dag.json", "--input", tmp_path / "feed.npz", "--output", tmp_path / "out.npz"])
+    got, want = np.load(tmp_path / "out.npz"), run_onnxruntime(model, feed)
+    for name, expected in want.items():
+        assert got[name].shape == expected.shape, name
+        np.testing.assert_allclose(got[name], expected, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 def test_unused_unknown_domains_are_accepted(tmp_path):
     model = conv_model([1, 3, 6, 10], [1, 5], [1, 4, 6, 10], extra_opsets=UNUSED_DOMAINS)
     path = save(model, tmp_path / "model.onnx")

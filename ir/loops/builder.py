@@ -19,7 +19,7 @@ from ir import dtypes
 from ir.bounds import length_name
 from ir.errors import UnsupportedError
 from ir.graph import Graph, Node, Value
-from ir.loops.contraction import ContractionKernels, ContractionOperands, ContractionSpec
+from ir.loops.contraction import ContractionKernels, ContractionOperands, ContractionSpec, is_empty
 from ir.loops.expr import Expr, Local, Var, cast, lift
 from ir.loops.program import (COMPUTE_TYPE, INPUT, OUTPUT, TEMP, WEIGHT, Assign, Buffer, If, Intrinsic, Kernel, Loop,
                               Program, Stmt, Storage, Store)
@@ -223,7 +223,7 @@ class LoopBuilder:
     # -- ready-made contraction kernels (ir/loops/contraction.py) -------------------------------
     def offers(self, spec: ContractionSpec) -> bool:
         """Whether the target has a kernel for `spec`."""
-        return self._kernels is not None and self._kernels.offers(spec)
+        return self._kernels is not None and not is_empty(spec) and self._kernels.offers(spec)
 
     def contraction_weight(self, spec: ContractionSpec, weight: Value, values: np.ndarray | None = None) -> Buffer:
         """The weight of `spec` as the target's kernel reads it: `weight`'s buffer, or, where the
