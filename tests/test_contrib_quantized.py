@@ -190,6 +190,19 @@ def test_one_node_matches_onnxruntime_on_wasm(case, tmp_path):
 
 
 
+@pytest.mark.parametrize("y_zero", [-128, 0, 50])
+def test_qlinear_softmax_saturates_a_certain_class_at_127(y_zero, tmp_path):
+    """A row with one unmasked score (the first row of a causal mask, scores masked with
+    finfo.min: a huge X_scale) gives probability 1, i.e. 256 quanta above the zero point:
+    onnxruntime clamps the int8 result to 127."""
+    constants = {"xs": scale(1.3e36), "xz": zero(127, np.int8), "ys": scale(1 / 256), "yz": zero(y_zero, np.int8)}
+    feeds = {"x": np.array([[127, -128, -128, -128], [127, 126, -128, -128], [5, 5, 5, 5]], np.int8)}
+    model = node_model("QLinearSoftmax", feeds, constants, ["x", "xs", "xz", "ys", "yz"], axis=-1, opset=13)
+    want = run_onnxruntime(model, feeds)
+    assert want["out"][0, 0] == 127
+    assert_quantized_close(run_on_wasm(model, feeds, tmp_path), want)
+
+
 @pytest.mark.parametrize("byte", [np.int8, np.uint8], ids=["int8", "uint8"])
 def test_qlinear_softmax_of_an_infinite_scale_gives_onnxruntime_s_zeros(byte, tmp_path):
     """Scores masked with -inf calibrate to X_scale = inf (onnxruntime's quantize_static on a torch

@@ -11,7 +11,8 @@ and the MLAS routines they call), in the same number domain:
 - QLinearGlobalAveragePool: an int32 sum of the zero-point-shifted bytes, requantised with
   x_scale / (y_scale * pixels).
 - QLinearSoftmax: onnxruntime's table of exp((x - max + shift) * x_scale), its sum, and its
-  requantisation with floor(1 / y_scale), int8 outputs wrapping where the kernel's cast wraps.
+  requantisation with floor(1 / y_scale), saturated at the type's top, and zeros for a row whose
+  sum is 0 or NaN, which the kernel leaves unwritten.
 - QLinearAdd: MLAS's float form, the inputs times the ratios of the scales plus a fixed part holding
   the zero points (the spec's dequantize-add-quantize rounds differently on many halves);
   QLinearMul: the int32 product of the centred inputs, times a_scale * b_scale / c_scale.
@@ -240,8 +241,7 @@ def _average_pool(node):
 def _softmax(node):
     """onnxruntime's QLinearSoftmax: e = float(exp((x - max + shift) * x_scale)) from a 256-entry
     table (the shift keeps the sum of a row below FLT_MAX), y = round(e * floor(1 / y_scale) / sum)
-    + zero point, saturated only above 255 (an int8 result wraps, as the kernel's cast does); 0 where
-    the row's sum is 0 or NaN."""
+    + zero point, saturated at 127 (int8) or 255 (uint8); 0 where the row's sum is 0 or NaN."""
     body = Body(node, QUANTIZE_ARGS)
     byte_type = _byte_type(body, 0, 2, 4)
     if byte_type is None:
@@ -272,10 +272,9 @@ def _softmax(node):
     q = body.op("Cast", rounded, to=TensorProto.INT32)
     if body.present(4):
         q = body.op("Add", q, body.op("Cast", "Y_zero_point", to=TensorProto.INT32))
-    q = body.op("Min", q, body.constant(255, "int32"))
-    if signed:
-        q = body.op("Sub", body.op("Mod", body.op("Add", q, body.constant(128, "int32")), body.constant(256, "int32")),
-                    body.constant(128, "int32"))
+    # e >= 0, so q >= the zero point: only the top saturates (onnxruntime 1.32 clamps an int8
+    # result to 127; the kernel's older cast wrapped it to -128)
+    q = body.op("Min", q, body.constant(127 if signed else 255, "int32"))
     q = body.op("Cast", q, to=TensorProto.INT8 if signed else TensorProto.UINT8)
     # A row whose sum is 0 or NaN (an infinite X_scale, as the quantizer computes for scores masked
     # with -inf) makes the kernel return before writing its output: onnxruntime gives zeros there.
