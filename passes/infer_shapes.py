@@ -26,6 +26,7 @@ from passes.contrib_shapes import has_contrib_nodes, infer_contrib_shapes
 from passes.fold_constants import FoldConstants
 from passes.inline_constant_ifs import inline_constant_ifs
 from passes.loop_bodies import bind_body_inputs, lengths_from_readers, loop_hint
+from passes.static_sequences import resolve_static_sequences
 from passes.unroll_loops import MAX_TRIPS, unroll_loops
 
 # Attribute defaults that ONNX's own shape inference reads differently from the spec, onnxruntime and
@@ -65,6 +66,7 @@ class InferShapes(Pass):
             fold.run(graph)
             inlined = inline_constant_ifs(graph)
             inlined += unroll_loops(graph, self.max_unrolled_trips) if self.max_unrolled_trips else 0
+            inlined += resolve_static_sequences(graph)
             if not inlined and not bodies_changed and sum(1 for _ in graph.walk()) == before:
                 break
         if self.require_static:

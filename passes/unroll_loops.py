@@ -50,7 +50,7 @@ def unroll_loops(graph: Graph, max_trips: int = MAX_TRIPS, max_nodes: int = MAX_
         extent = None if trips is None else (trips.count if trips.count is not None else trips.bound)
         body = node.attrs.get("body") if trips is not None else None
         if (extent is None or not 0 < extent <= max_trips or extent * len(body.nodes) > max_nodes
-                or not _tensors_only(node)):
+                or not _unrollable_types(node, trips.stops_early)):
             nodes.append(node)
             continue
         nodes.extend(_Unroller(graph, node, extent, trips.stops_early, opset).nodes())
@@ -59,9 +59,15 @@ def unroll_loops(graph: Graph, max_trips: int = MAX_TRIPS, max_nodes: int = MAX_
     return unrolled
 
 
-def _tensors_only(node: Node) -> bool:
+def _unrollable_types(node: Node, guarded: bool) -> bool:
+    """Scan outputs must be tensors (they are concatenated); so must carried state that a guarded
+    copy selects with Where. Unguarded, a carried sequence (a list a scripted loop appends to) just
+    passes from copy to copy, and passes/static_sequences.py then reads its elements."""
     body = node.attrs["body"]
-    return all(v is None or v.is_tensor for v in [*node.inputs, *node.outputs, *body.inputs, *body.outputs])
+    carried = len(node.inputs) - 2
+    scans = [*node.outputs[carried:], *body.outputs[1 + carried:]]
+    checked = [*node.inputs, *node.outputs, *body.inputs, *body.outputs] if guarded else scans
+    return all(v is None or v.is_tensor for v in checked)
 
 
 class _Unroller:
