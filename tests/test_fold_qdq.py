@@ -221,6 +221,40 @@ def test_conv_with_int32_bias_then_q_becomes_qlinear_conv(per_channel, relu, act
     check_against_onnxruntime(model, {"x": RNG.standard_normal((1, 3, 9, 9)).astype(np.float32)})
 
 
+def in_contrib_domain(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The same Q/DQ as com.microsoft ops, as the quantizer writes them with UseQDQContribOps."""
+    for node in model.graph.node:
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            node.domain = "com.microsoft"
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return model
+
+
+def test_contrib_domain_quantize_and_dequantize_fold_like_the_standard_ones():
+    model = in_contrib_domain(qdq_conv(per_channel=True))
+    assert folded_ops(model) == ["QuantizeLinear", "QLinearConv"]
+    check_against_onnxruntime(model, {"x": RNG.standard_normal((1, 3, 9, 9)).astype(np.float32)})
+
+
+def test_sixteen_bit_contrib_qdq_runs_as_float_round_trips():
+    """16-bit QDQ below opset 21 is written with com.microsoft Q/DQ; no integer kernel takes it, so
+    each pair runs as its quantize and dequantize, as onnxruntime's does."""
+    inits = [const("x_scale", np.float32(0.0004)), const("x_zero", np.array(30000, np.uint16)),
+             const("w_q", RNG.integers(-127, 128, (24, 10)).astype(np.int16)), const("w_scale", np.float32(0.01)),
+             const("w_zero", np.array(0, np.int16))]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zero"], ["x_q"]),
+             helper.make_node("DequantizeLinear", ["x_q", "x_scale", "x_zero"], ["x_dq"]),
+             helper.make_node("DequantizeLinear", ["w_q", "w_scale", "w_zero"], ["w_dq"]),
+             helper.make_node("MatMul", ["x_dq", "w_dq"], ["y"])]
+    graph = helper.make_graph(nodes, "qdq16", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 24])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 10])], inits)
+    model = in_contrib_domain(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    model.ir_version = 9
+    feeds = {"x": RNG.standard_normal((4, 24)).astype(np.float32)}
+    (want,) = onnxruntime_outputs(model, feeds)
+    np.testing.assert_allclose(run_wasm(model, feeds)["y"], want, rtol=1e-5, atol=1e-5)
+
+
 def test_a_relu_the_q_does_not_make_redundant_stays():
     model = qdq_conv(relu=True, y_zero=-10)     # the Q keeps values down to -10 * 0.05: the Relu matters
     ops = folded_ops(model)

@@ -93,7 +93,21 @@ def _dynamic_quantize_lstm(node):
     return body.function(("Y", "Y_h", "Y_c"))
 
 
+def _standard(op: str):
+    """com.microsoft's QuantizeLinear and DequantizeLinear (the quantizer's `UseQDQContribOps`, and
+    its 16-bit QDQ below opset 21) compute what the standard ops compute, 16-bit types included:
+    the body is the standard op, which fold-qdq then sees like any other."""
+    def expansion(node):
+        body = Body(node, ("x", "scale", "zero_point"))
+        attrs = {"axis": int(node.attrs["axis"])} if "axis" in node.attrs else {}
+        body.op(op, "x", "scale", body.input(2), out="y", **attrs)
+        return body.function(("y",))
+    return expansion
+
+
 register("DynamicQuantizeMatMul", domain=DOMAIN, kind=OTHER, expansion=_dynamic_quantize_matmul)
+register("QuantizeLinear", domain=DOMAIN, kind=OTHER, expansion=_standard("QuantizeLinear"))
+register("DequantizeLinear", domain=DOMAIN, kind=OTHER, expansion=_standard("DequantizeLinear"))
 register("MatMulIntegerToFloat", domain=DOMAIN, kind=OTHER, expansion=_matmul_integer_to_float)
 register("QGemm", domain=DOMAIN, kind=OTHER, expansion=_qgemm)
 register("DynamicQuantizeLSTM", domain=DOMAIN, kind=OTHER, expansion=_dynamic_quantize_lstm)
