@@ -20,3 +20,8 @@ class ModelError(CortexError):
 
 class UnsupportedError(CortexError):
     """The model uses something Cortex cannot handle yet (an op, a domain, a dtype)."""
+
+
+class NeedsShapes(UnsupportedError):
+    """An expansion that needs its inputs' ranks or shapes, which are not known yet: the node waits
+    for shape inference (passes/expand_ops.py), and this is the error if they never become known."""

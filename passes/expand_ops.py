@@ -5,7 +5,9 @@ SkipLayerNormalization, DynamicQuantizeMatMul, QLinearAdd...). Each is registere
 function body over standard ops (`ir/ops/contrib_*.py`); this pass inlines those bodies first,
 before shape inference, so that everything after it (constant folding, fusion, the size limits and
 weight splitting of partitioning, every backend's kernels) sees only ops it knows, and the fused
-op's weights split like any MatMul's. An expansion may produce nodes that expand again.
+op's weights split like any MatMul's. An expansion may produce nodes that expand again. One that
+needs its inputs' ranks (FusedMatMul's transposes, in a model onnxruntime saved optimised, where
+value_info is gone) raises NeedsShapes and waits: shape inference expands it once they are known.
 
 The body's nodes read the node's own input values (a weight stays one constant, shared) and write
 its output values (names, and with them the graph's interface, are kept); the values between them
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ir.errors import UnsupportedError
+from ir.errors import NeedsShapes, UnsupportedError
 from ir.function_call import inline_body
 from ir.graph import Graph, Node, Value
 from ir.ops import lookup
@@ -30,10 +32,32 @@ class ExpandOps(Pass):
     name = "expand-ops"
 
     def run(self, graph: Graph) -> Graph:
-        for _ in range(MAX_ROUNDS):
-            if not _expand_once(graph, graph):
-                break
+        expand_ops(graph)
         return graph
+
+
+def expand_ops(graph: Graph) -> int:
+    """Expand every node that can be (an expansion that needs shapes not known yet raises
+    NeedsShapes: that node waits, and infer-shapes calls this again each round); returns how many
+    nodes were expanded."""
+    expanded = 0
+    for _ in range(MAX_ROUNDS):
+        count = _expand_once(graph, graph)
+        if not count:
+            break
+        expanded += count
+    return expanded
+
+
+def waiting_expansion(graph: Graph) -> NeedsShapes | None:
+    """Why the first node still waiting for shapes cannot expand, or None when none waits."""
+    for node in graph.walk():
+        if expandable(node):
+            try:
+                lookup(node.op_type, node.domain).expansion(node)
+            except NeedsShapes as why:
+                return why
+    return None
 
 
 def expandable(node: Node) -> bool:
@@ -41,17 +65,23 @@ def expandable(node: Node) -> bool:
     return entry is not None and entry.expansion is not None
 
 
-def _expand_once(graph: Graph, model: Graph) -> bool:
-    changed = False
+def _expand_once(graph: Graph, model: Graph) -> int:
+    changed = 0
     nodes: list[Node] = []
     for node in graph.nodes:
         for sub in node.subgraphs:
-            changed |= _expand_once(sub, model)
+            changed += _expand_once(sub, model)
+        expansion = None
         if expandable(node):
-            nodes.extend(_expansion(node, model))
-            changed = True
-        else:
+            try:
+                expansion = _expansion(node, model)
+            except NeedsShapes:
+                pass
+        if expansion is None:
             nodes.append(node)
+        else:
+            nodes.extend(expansion)
+            changed += 1
     graph.nodes = nodes
     return changed
 

@@ -23,6 +23,7 @@ from ir.onnx_export import export_attribute, make_tensor, make_value_info
 from passes.base import Pass
 from passes.bound_shapes import bound_data_dependent_shapes
 from passes.contrib_shapes import has_contrib_nodes, infer_contrib_shapes
+from passes.expand_ops import expand_ops, waiting_expansion
 from passes.fold_constants import FoldConstants
 from passes.inline_constant_ifs import inline_constant_ifs
 from passes.loop_bodies import bind_body_inputs, lengths_from_readers, loop_hint
@@ -67,9 +68,13 @@ class InferShapes(Pass):
             inlined = inline_constant_ifs(graph)
             inlined += unroll_loops(graph, self.max_unrolled_trips) if self.max_unrolled_trips else 0
             inlined += resolve_static_sequences(graph)
+            inlined += expand_ops(graph)      # the expansions that waited for shapes
             if not inlined and not bodies_changed and sum(1 for _ in graph.walk()) == before:
                 break
         if self.require_static:
+            waiting = waiting_expansion(graph)
+            if waiting is not None:
+                raise waiting
             check_static(graph)
         return graph
 

@@ -94,6 +94,21 @@ CASES = {
                                     attrs={"transBatchA": 1}),
     "FusedMatMul-transBatchB-transB": Case("FusedMatMul", {"a": normal(2, 3, 4), "b": normal(5, 2, 4)}, {},
                                            ["a", "b"], attrs={"transBatchB": 1, "transB": 1}),
+    # what a model onnxruntime saved optimised (ORT_ENABLE_EXTENDED) holds
+    "FusedConv-relu": Case("FusedConv", {"x": normal(1, 3, 7, 7)}, {"w": normal(4, 3, 3, 3), "b": normal(4)},
+                           ["x", "w", "b"], attrs={"activation": "Relu", "pads": [1, 1, 1, 1]}),
+    "FusedConv-sum-leaky-relu": Case("FusedConv", {"x": normal(1, 3, 7, 7), "z": normal(1, 4, 7, 7)},
+                                     {"w": normal(4, 3, 3, 3), "b": normal(4)}, ["x", "w", "b", "z"],
+                                     attrs={"activation": "LeakyRelu", "activation_params": [0.2],
+                                            "pads": [1, 1, 1, 1]}),
+    "FusedConv-clip-strided-no-bias": Case("FusedConv", {"x": normal(1, 2, 9, 9)}, {"w": normal(6, 1, 3, 3)},
+                                           ["x", "w"], attrs={"activation": "Clip", "activation_params": [-0.5, 0.6],
+                                                              "strides": [2, 2], "group": 2}),
+    "FusedGemm-sigmoid": Case("FusedGemm", {"a": normal(3, 5)}, {"b": normal(6, 5), "c": normal(6)}, ["a", "b", "c"],
+                              attrs={"transB": 1, "alpha": 0.5, "activation": "Sigmoid"}),
+    "FusedGemm-hard-sigmoid": Case("FusedGemm", {"a": normal(3, 5)}, {"b": normal(5, 6)}, ["a", "b"],
+                                   attrs={"activation": "HardSigmoid", "activation_alpha": 0.3,
+                                          "activation_beta": 0.4}),
     "SkipLayerNormalization": Case("SkipLayerNormalization", {"x": X, "skip": normal(B, S, D)}, LN,
                                    ["x", "skip", "gamma", "beta", "bias"]),
     "SkipLayerNormalization-all-outputs": Case("SkipLayerNormalization", {"x": X, "skip": normal(B, S, D)}, LN,
@@ -147,6 +162,20 @@ CASES = {
 # The masks must matter: were one ignored, onnxruntime's result would differ from the unmasked one.
 MASKED = [name for name, case in CASES.items()
           if case.op == "Attention" and "mask" in case.feeds and not np.all(case.feeds["mask"] == 1)]
+
+
+def test_fused_matmul_of_a_value_of_unknown_rank_expands_once_shapes_are_inferred(tmp_path):
+    """A model onnxruntime saved optimised has no value_info: the rank FusedMatMul's transposes need
+    is known only after shape inference, so its expansion waits for it."""
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["heads"]),
+             helper.make_node("FusedMatMul", ["heads", "heads"], ["y0"], domain="com.microsoft", transB=1, alpha=0.5)]
+    graph = helper.make_graph(nodes, "deferred", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [B, S, D])],
+                              [onnx.ValueInfoProto(name="y0")],
+                              [numpy_helper.from_array(np.array([B, S, HEADS, D // HEADS], np.int64), "shape")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    path = save(model, tmp_path)
+    got = cortex.load(build(path, tmp_path), device="wasm").run({"x": X})
+    assert_values_close(got, run_onnxruntime(model, {"x": X}), RTOL, ATOL)
 
 
 def save(model: onnx.ModelProto, tmp: Path) -> Path:

@@ -3,7 +3,7 @@
 from ir.ops import (blocks, control, elementwise, indexing, nn, normalization, pooling, reduce,  # noqa: F401
                     quantized, grid_sample, linalg, ml, recurrent, resize, signal, spectral, tensor)
 from ir.ops import data_dependent  # noqa: F401
-from ir.ops import contrib_attention, contrib_transformer  # noqa: F401
+from ir.ops import contrib_attention, contrib_fused, contrib_transformer  # noqa: F401
 from ir.ops import contrib_qlinear, contrib_quantized  # noqa: F401
 from ir.ops import function_bodies  # noqa: F401,E402  (last: it looks at every family's entries)
 from ir.ops.function_bodies import lowering_route  # noqa: E402

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import onnx.parser
 
-from ir.errors import UnsupportedError
+from ir.errors import NeedsShapes
 from ir.ops.registry import ELEMENTWISE, NORMALIZATION, OTHER, register
 
 DOMAIN = "com.microsoft"
@@ -159,7 +159,7 @@ def _fused_matmul_perm(node, index: int, trans: bool, batch: bool) -> list[int] 
         return None
     shape = node.inputs[index].shape
     if shape is None:
-        raise UnsupportedError(f"{node.describe()}: FusedMatMul with transposed operands needs the rank of "
+        raise NeedsShapes(f"{node.describe()}: FusedMatMul with transposed operands needs the rank of "
                                f"input '{node.inputs[index].name}', which is not known")
     rank = len(shape)
     if rank < 2 or (batch and rank < 3):
