@@ -91,7 +91,7 @@ def test_node_domain_not_imported(tmp_path):
     assert_one_line_error(code, err, "'r'", "com.microsoft")
 
 
-@pytest.mark.parametrize("bad", ["x", "x=", "x=1x", "x=1xax3", "=1x2", "x=0x4", "x=-1x4"])
+@pytest.mark.parametrize("bad", ["x", "x=", "x=1x", "x=1xax3", "=1x2", "x=2.5x4", "x=-1x4"])
 def test_bad_input_shape_string(tmp_path, bad):
     path = save(tiny_model(), tmp_path / "m.onnx")
     code, _, err = run_cli(["inspect", str(path), "--input-shape", bad])
