@@ -191,7 +191,7 @@ def test_one_node_matches_onnxruntime_on_wasm(case, tmp_path):
 
 
 @pytest.mark.parametrize("y_zero", [-128, 0, 50])
-def test_qlinear_softmax_saturates_a_certain_class_at_127(y_zero, tmp_path):
+def test_qlinear_softmax_of_probability_one_saturates_at_127(y_zero, tmp_path):
     """A row with one unmasked score (the first row of a causal mask, scores masked with
     finfo.min: a huge X_scale) gives probability 1, i.e. 256 quanta above the zero point:
     onnxruntime clamps the int8 result to 127."""
