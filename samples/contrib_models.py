@@ -15,6 +15,7 @@ The float models are built here with onnx.helper; nothing binary is committed.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -134,7 +135,19 @@ def calibration_reader(feeds: list[dict[str, np.ndarray]]):
 
 
 def _source(model: onnx.ModelProto | Path, folder: Path) -> Path:
-    return model if isinstance(model, Path) else _save(model, folder, "float.onnx")
+    """The model as a file of the scratch `folder`. onnxruntime's quantizer writes
+    `<source>-inferred.onnx` beside its source and deletes it after reading: two test workers
+    quantizing one cached model at once (MiniLM) removed each other's file."""
+    if not isinstance(model, Path):
+        return _save(model, folder, "float.onnx")
+    if model.resolve().parent == folder.resolve():
+        return model
+    private = folder / "float.onnx"
+    try:
+        os.link(model, private)
+    except OSError:     # another filesystem
+        shutil.copyfile(model, private)
+    return private
 
 
 def _optimized_minilm(folder: Path, gelu_approximation: bool) -> Path:

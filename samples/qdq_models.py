@@ -20,7 +20,7 @@ import onnx.version_converter
 from onnx import numpy_helper
 
 from samples.cache import SampleModel
-from samples.contrib_models import (cached_model, _qoperator_float_model, _save, calibration_reader,
+from samples.contrib_models import (cached_model, _qoperator_float_model, _save, _source, calibration_reader,
                                     qoperator_calibration_feeds)
 from samples.light_models import light_model
 from samples.minilm import ensure_minilm, minilm_feed
@@ -103,7 +103,7 @@ def _with_random_weights(model: onnx.ModelProto) -> onnx.ModelProto:
 def _quantized(source: Path, folder: Path, feeds: list[dict], per_channel: bool, op_types=None) -> Path:
     from onnxruntime.quantization import QuantFormat, quantize_static
 
-    target = folder / "qdq.onnx"
+    target, source = folder / "qdq.onnx", _source(source, folder)
     quantize_static(source, target, calibration_reader(feeds), quant_format=QuantFormat.QDQ,
                     per_channel=per_channel, op_types_to_quantize=op_types)
     return target
