@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Sequence
 
-from ir.graph import Graph
+from ir.graph import Graph, Node
 
 
 class Pass:
@@ -35,3 +35,19 @@ def run_pipeline(graph: Graph, passes: Sequence[Pass],
         graph = p.run(graph)
         records.append(PassRecord(p.name, before, len(graph.nodes), time.perf_counter() - start))
     return graph, records
+
+
+def rewrite_nodes(graph: Graph, rewrite: Callable[[Node], list[Node] | None]) -> int:
+    """Replace each node of `graph`, in order, by the nodes `rewrite(node)` returns (None: keep
+    it); returns how many were replaced."""
+    nodes: list[Node] = []
+    replaced = 0
+    for node in graph.nodes:
+        replacement = rewrite(node)
+        if replacement is None:
+            nodes.append(node)
+        else:
+            nodes.extend(replacement)
+            replaced += 1
+    graph.nodes = nodes
+    return replaced

@@ -22,7 +22,7 @@ from ir.errors import NeedsShapes, UnsupportedError
 from ir.function_call import inline_body
 from ir.graph import Graph, Node, Value
 from ir.ops import lookup
-from passes.base import Pass
+from passes.base import Pass, rewrite_nodes
 
 MAX_ROUNDS = 8      # expansions that produce expandable ops; none nests deeper than two
 
@@ -66,24 +66,18 @@ def expandable(node: Node) -> bool:
 
 
 def _expand_once(graph: Graph, model: Graph) -> int:
-    changed = 0
-    nodes: list[Node] = []
-    for node in graph.nodes:
-        for sub in node.subgraphs:
-            changed += _expand_once(sub, model)
-        expansion = None
-        if expandable(node):
-            try:
-                expansion = _expansion(node, model)
-            except NeedsShapes:
-                pass
-        if expansion is None:
-            nodes.append(node)
-        else:
-            nodes.extend(expansion)
-            changed += 1
-    graph.nodes = nodes
-    return changed
+    inside = sum(_expand_once(sub, model) for node in graph.nodes for sub in node.subgraphs)
+    return inside + rewrite_nodes(graph, lambda node: _expanded(node, model))
+
+
+def _expanded(node: Node, model: Graph) -> list[Node] | None:
+    """The nodes of `node`'s expansion; None when it has none, or when it waits for shapes."""
+    if not expandable(node):
+        return None
+    try:
+        return _expansion(node, model)
+    except NeedsShapes:
+        return None
 
 
 def _at_model_opset(node: Node, function, opset_imports: dict[str, int]):

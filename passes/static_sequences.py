@@ -18,6 +18,7 @@ import numpy as np
 from onnx import TensorProto
 
 from ir.graph import Graph, Node, Value
+from passes.base import rewrite_nodes
 
 Elements = list[Value]
 
@@ -28,16 +29,7 @@ def resolve_static_sequences(graph: Graph) -> int:
     rewritten = sum(resolve_static_sequences(sub) for node in graph.nodes for sub in node.subgraphs)
     opset = _root(graph).opset_imports.get("", 21)
     known: dict[int, Elements] = {}
-    nodes: list[Node] = []
-    for node in graph.nodes:
-        replacement = None if node.domain else _rewrite(graph, node, known, opset)
-        if replacement is None:
-            nodes.append(node)
-        else:
-            nodes.extend(replacement)
-            rewritten += 1
-    graph.nodes = nodes
-    return rewritten
+    return rewritten + rewrite_nodes(graph, lambda node: None if node.domain else _rewrite(graph, node, known, opset))
 
 
 def _rewrite(graph: Graph, node: Node, known: dict[int, Elements], opset: int) -> list[Node] | None:
