@@ -19,6 +19,7 @@ from ir import dtypes
 from ir.errors import CortexError, ModelError
 from ir.graph import Graph, Node, Value
 from ir.ops import lookup
+from ir.ops.spectral import STFT_DEFAULTS
 from ir.onnx_export import export_attribute, make_tensor, make_value_info
 from passes.base import Pass
 from passes.bound_shapes import bound_data_dependent_shapes
@@ -33,7 +34,7 @@ from passes.unroll_loops import MAX_TRIPS, unroll_loops
 # Attribute defaults that ONNX's own shape inference reads differently from the spec, onnxruntime and
 # the reference evaluator (onnx 1.23: an STFT without `onesided` gets two-sided bins), made explicit
 # in the model it infers.
-DEFAULTS_FOR_INFERENCE = {("", "STFT"): {"onesided": 1}}
+DEFAULTS_FOR_INFERENCE = {("", "STFT"): STFT_DEFAULTS}
 
 # Constants above this many elements are passed to ONNX inference as typed inputs, not data: no
 # shape computation reads a tensor that large, and it keeps huge models under protobuf's 2 GiB.

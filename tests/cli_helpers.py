@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 # The script pip installed next to the interpreter running the tests (.venv/bin/cortex).
 CORTEX = Path(sys.executable).with_name("cortex")
 TIMEOUT_S = 900
@@ -35,3 +37,17 @@ def assert_one_line_error(code: int, err: str, *fragments: str, exit_code: int =
     assert "Traceback" not in err
     for fragment in fragments:
         assert fragment in lines[0], f"{fragment!r} not in {lines[0]!r}"
+
+
+def build_and_run(model: Path, folder: Path, feeds: dict, *decompose_flags) -> dict:
+    """`cortex decompose` (with `decompose_flags`), `build-dag`, `compile-wasm` and `run` of `model`
+    on `feeds`, each asserted to succeed: the outputs by name."""
+    np.savez(folder / "feeds.npz", **feeds)
+    for argv in (["decompose", "--model-path", model, "--output-dir", folder / "cus", *decompose_flags],
+                 ["build-dag", "--cu-dir", folder / "cus", "--output", folder / "dag.json"],
+                 ["compile-wasm", "--cu-dir", folder / "cus", "--output", folder / "wasm", "--dag", folder / "dag.json"],
+                 ["run", folder / "dag.json", "--input", folder / "feeds.npz", "--output", folder / "out.npz"]):
+        code, _, err = run_cli(argv)
+        assert code == 0, f"{argv[0]}: {err}"
+    with np.load(folder / "out.npz") as got:
+        return dict(got)

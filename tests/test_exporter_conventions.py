@@ -16,7 +16,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from cli_helpers import assert_one_line_error, run_cli
+from cli_helpers import assert_one_line_error, build_and_run, run_cli
 from ir.onnx_export import export_model
 from ir.onnx_import import import_model, load_model
 from passes import InferShapes
@@ -132,13 +132,8 @@ def test_a_model_that_also_returns_its_input_or_a_weight_compiles(returned, tmp_
     model.graph.output.append(helper.make_tensor_value_info(returned, TensorProto.FLOAT, None))
     path = save(model, tmp_path / "model.onnx")
     feed = {"x": RNG.standard_normal((2, 3, 6, 10)).astype(np.float32)}
-    np.savez(tmp_path / "feed.npz", **feed)
-    cli_ok(["decompose", "--model-path", path, "--output-dir", tmp_path / "cus"])
-    cli_ok(["build-dag", "--cu-dir", tmp_path / "cus", "--output", tmp_path / "dag.json"])
-    cli_ok(["compile-wasm", "--cu-dir", tmp_path / "cus", "--output", tmp_path / "wasm", "--dag", tmp_path / "dag.json"])
-    cli_ok(["run", tmp_path / "dag.json", "--input", tmp_path / "feed.npz", "--output", tmp_path / "out.npz"])
-    got, want = np.load(tmp_path / "out.npz"), run_onnxruntime(model, feed)
-    assert sorted(got.files) == sorted(want) == sorted(["y", returned])
+    got, want = build_and_run(path, tmp_path, feed), run_onnxruntime(model, feed)
+    assert sorted(got) == sorted(want) == sorted(["y", returned])
     for name, expected in want.items():
         np.testing.assert_allclose(got[name], expected, rtol=1e-5, atol=1e-5, err_msg=name)
 
@@ -168,12 +163,8 @@ def test_a_decoder_step_with_an_empty_past_matches_onnxruntime(tmp_path):
     path = save(model, tmp_path / "model.onnx")
     feed = {"q": RNG.standard_normal((2, 3, 8)).astype(np.float32), "k": RNG.standard_normal((2, 3, 8)).astype(np.float32),
             "past_k": np.zeros((2, 0, 8), np.float32)}
-    np.savez(tmp_path / "feed.npz", **feed)
-    cli_ok(["decompose", "--model-path", path, "--output-dir", tmp_path / "cus", "--input-shape", "past_k=2x0x8"])
-    cli_ok(["build-dag", "--cu-dir", tmp_path / "cus", "--output", tmp_path / "dag.json"])
-    cli_ok(["compile-wasm", "--cu-dir", tmp_path / "cus", "--output", tmp_path / "wasm", "--dag", tmp_path / "dag.json"])
-    cli_ok(["run", tmp_path / "dag.json", "--input", tmp_path / "feed.npz", "--output", tmp_path / "out.npz"])
-    got, want = np.load(tmp_path / "out.npz"), run_onnxruntime(model, feed)
+    got = build_and_run(path, tmp_path, feed, "--input-shape", "past_k=2x0x8")
+    want = run_onnxruntime(model, feed)
     for name, expected in want.items():
         assert got[name].shape == expected.shape, name
         np.testing.assert_allclose(got[name], expected, rtol=1e-5, atol=1e-6, err_msg=name)

@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper, numpy_helper
 
-from cli_helpers import run_cli
+from cli_helpers import build_and_run
 from ir.onnx_import import import_model
 from passes import InferShapes
 from testdata import run_onnxruntime
@@ -71,15 +71,8 @@ def test_static_sequences_compile_and_match_onnxruntime(build, opset, tmp_path):
     onnx.save(built, tmp_path / "model.onnx")
     feeds = {i.name: RNG.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
              for i in built.graph.input}
-    np.savez(tmp_path / "feeds.npz", **feeds)
-    for argv in (["decompose", "--model-path", tmp_path / "model.onnx", "--output-dir", tmp_path / "cus"],
-                 ["build-dag", "--cu-dir", tmp_path / "cus", "--output", tmp_path / "dag.json"],
-                 ["compile-wasm", "--cu-dir", tmp_path / "cus", "--output", tmp_path / "wasm", "--dag", tmp_path / "dag.json"],
-                 ["run", tmp_path / "dag.json", "--input", tmp_path / "feeds.npz", "--output", tmp_path / "out.npz"]):
-        code, _, err = run_cli(argv)
-        assert code == 0, f"{argv[0]}: {err}"
-    got, want = np.load(tmp_path / "out.npz"), run_onnxruntime(built, feeds)
-    assert sorted(got.files) == sorted(want)
+    got, want = build_and_run(tmp_path / "model.onnx", tmp_path, feeds), run_onnxruntime(built, feeds)
+    assert sorted(got) == sorted(want)
     for name, expected in want.items():
         assert got[name].shape == expected.shape and got[name].dtype == expected.dtype, name
         np.testing.assert_allclose(got[name], expected, rtol=1e-6, err_msg=name)

@@ -184,7 +184,6 @@ class WeightLayout:
     shared: bool = False
 
 
-
 def is_empty(spec: ContractionSpec) -> bool:
     """Whether `spec` has a zero extent (a decoder's first step attends to an empty past): no
     target's kernel takes one, and the loop nest computes it right (a K of 0 sums nothing)."""
@@ -193,6 +192,7 @@ def is_empty(spec: ContractionSpec) -> bool:
     if isinstance(spec, ConvSpec):
         return 0 in (spec.batch, spec.in_channels, spec.height, spec.width, spec.out_channels)
     return 0 in (spec.m, spec.n, spec.k, spec.batch)
+
 
 @dataclass(frozen=True)
 class Scratch:

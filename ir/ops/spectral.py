@@ -24,6 +24,10 @@ from ir.ops.registry import OTHER, lowering, register
 
 register("DFT", "STFT", kind=OTHER)
 
+# STFT is one-sided unless told otherwise (DFT is not): what the lowering reads, and what shape
+# inference states to ONNX, whose rule reads the absent attribute as two-sided (onnx 1.23).
+STFT_DEFAULTS = {"onesided": 1}
+
 
 def _line_matrix(attrs: dict, opset: int, length: int, components: int, dft_length) -> np.ndarray:
     """M[k, out_component, j, in_component] of the DFT (with the node attributes `attrs`) of one
@@ -95,8 +99,8 @@ def _stft(b, node):
     batch, components = x.shape[0], x.shape[2] if len(x.shape) == 3 else 1
     frames, bins = y.shape[1], y.shape[2]
     opset = int(b.graph.opset_imports.get("", 21))
-    # STFT is one-sided by default, DFT is not; [bin, 2, sample, component]
-    matrix = _line_matrix({"onesided": int(node.attrs.get("onesided", 1))}, min(opset, 19), frame, components, None)
+    onesided = int(node.attrs.get("onesided", STFT_DEFAULTS["onesided"]))
+    matrix = _line_matrix({"onesided": onesided}, min(opset, 19), frame, components, None)  # [bin, 2, j, c]
     if matrix.shape[:2] != (bins, 2):
         raise UnsupportedError(f"{node.describe()}: cannot reproduce the output shape {list(y.shape)}")
     rows, columns, depth = batch * frames, bins * 2, frame * components
