@@ -2,7 +2,9 @@
 
 Initializers and Constant nodes both become constant values (many exported models keep every
 weight in a Constant node). Graph inputs that also have an initializer are old-style (IR < 4)
-weights and are treated as constants. External data is loaded from beside the model file.
+weights and are treated as constants. External data is loaded from beside the model file, through
+symbolic links as onnxruntime follows them (a Hugging Face cache links every file to a blob), but
+never from outside the model's folder: an absolute location or one with `..` is refused.
 Domains other than the default one (ai.onnx.ml, com.microsoft, ...) are carried through as nodes.
 
 Exporter conventions onnxruntime accepts are read the way it reads them: a negative `dim_value` in
@@ -64,11 +66,39 @@ def read_model_proto(path: str | os.PathLike) -> onnx.ModelProto:
     if bad is not None:
         where, raw = bad
         raise ModelError(f"{path}: {where} is not valid UTF-8 ({raw[:40]!r}); ONNX strings must be UTF-8")
-    try:
-        onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
-    except (OSError, ValueError) as e:
-        raise ModelError(f"{path}: cannot load external data: {e}") from None
+    load_external_data(model, path)
     return model
+
+
+def load_external_data(model: onnx.ModelProto, path: Path) -> None:
+    """Read every tensor stored outside `path` into the model (onnx's own loader refuses a
+    symbolic link, which onnxruntime follows)."""
+    for tensor in onnx.external_data_helper._get_all_tensors(model):
+        if onnx.external_data_helper.uses_external_data(tensor):
+            tensor.raw_data = _external_bytes(tensor, path)
+            tensor.data_location = onnx.TensorProto.DEFAULT
+            del tensor.external_data[:]
+
+
+def _external_bytes(tensor: onnx.TensorProto, path: Path) -> bytes:
+    info = onnx.external_data_helper.ExternalDataInfo(tensor)
+    where = f"{path}: tensor {tensor.name!r}"
+    location = Path(info.location or "")
+    if not info.location or location.is_absolute() or ".." in location.parts:
+        raise ModelError(f"{where}: external data location {info.location!r} must be a file inside the model's folder")
+    file = path.parent / location
+    offset = int(info.offset or 0)
+    try:
+        with open(file, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            length = int(info.length) if info.length else size - offset
+            if offset < 0 or length < 0 or offset + length > size:
+                raise ModelError(f"{where}: external data at offset {offset}, length {length} lies past the end of "
+                                 f"{file} ({size} bytes)")
+            f.seek(offset)
+            return f.read(length)
+    except OSError as e:
+        raise ModelError(f"{where}: cannot read external data {file}: {e.strerror}") from None
 
 
 def first_invalid_utf8(message, where: str = "") -> tuple[str, bytes] | None:

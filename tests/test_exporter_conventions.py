@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -335,3 +336,56 @@ def test_a_declared_zero_is_kept_where_inference_finds_nothing(tmp_path):
     path = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "zero.onnx")
     report = inspect_json(path)
     assert report["optimized"]["outputs"][0]["shape"] == [0]
+
+
+def _external_data_model(folder: Path, location: str) -> tuple[Path, np.ndarray]:
+    """A MatMul whose weight lies in the file `location` beside the model (written there by onnx)."""
+    w = np.random.default_rng(3).standard_normal((16, 8)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
+                              [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = folder / "model.onnx"
+    onnx.save_model(model, path, save_as_external_data=True, all_tensors_to_one_file=True, location=location,
+                    size_threshold=0)
+    return path, w
+
+
+def test_external_data_behind_symbolic_links_loads_as_onnxruntime_loads_it(tmp_path):
+    # A Hugging Face hub cache holds each file as a link to a content-addressed blob; onnx's own
+    # loader refuses linked external data, onnxruntime follows the link.
+    blobs, snapshot = tmp_path / "blobs", tmp_path / "snapshot"
+    blobs.mkdir(), snapshot.mkdir()
+    _, w = _external_data_model(blobs, "weights.bin")
+    (blobs / "weights.bin").rename(blobs / "b1")
+    (blobs / "model.onnx").rename(blobs / "b0")
+    (snapshot / "model.onnx").symlink_to(blobs / "b0")
+    (snapshot / "weights.bin").symlink_to(blobs / "b1")
+    x = np.random.default_rng(4).standard_normal((2, 16)).astype(np.float32)
+    expected = ort.InferenceSession(str(snapshot / "model.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = build_and_run(snapshot / "model.onnx", tmp_path, {"x": x})
+    np.testing.assert_allclose(got["y"], expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got["y"], x @ w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("location", ["../outside.bin", "/etc/passwd"])
+def test_external_data_outside_the_model_s_folder_is_one_error(tmp_path, location):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    path, _ = _external_data_model(folder, "weights.bin")
+    model = onnx.load(str(path), load_external_data=False)
+    for entry in model.graph.initializer[0].external_data:
+        if entry.key == "location":
+            entry.value = location
+    path.write_bytes(model.SerializeToString())
+    code, _, err = run_cli(["decompose", "--model-path", path, "--output-dir", tmp_path / "cus"])
+    assert_one_line_error(code, err, "'w'", location, "inside the model's folder")
+    assert not (tmp_path / "cus").exists()
+
+
+def test_external_data_past_the_end_of_its_file_is_one_error(tmp_path):
+    path, _ = _external_data_model(tmp_path, "weights.bin")
+    (tmp_path / "weights.bin").write_bytes(b"\0" * 100)   # the weight needs 512 bytes
+    code, _, err = run_cli(["decompose", "--model-path", path, "--output-dir", tmp_path / "cus"])
+    assert_one_line_error(code, err, "'w'", "past the end", "weights.bin")
