@@ -373,3 +373,78 @@ def test_a_missing_required_attribute_is_one_line_naming_the_node(tmp_path):
     onnx.save(node_model(op, feeds, constants, order, axis=-1), path)
     code, _, err = run_cli(["decompose", "--model-path", path, "--output-dir", tmp_path / "cus"])
     assert_one_line_error(code, err, "'qlinearsoftmax'", "QLinearSoftmax", "'opset'")
+
+
+# -- MatMulNBits: weight-only block quantization ----------------------------------------------
+def nbits_case(bits: int, k: int, n: int, block: int, zero_points: str | None = None, g_idx: bool = False,
+               bias: bool = False, rows=(3,)):
+    """(feeds, constants, input order, attributes) of a MatMulNBits node with random codes;
+    `zero_points`: None, "packed" (uint8 bit fields, each row starting on a byte) or "float"."""
+    blocks = -(-k // block)
+    constants = {"b": RNG.integers(0, 256, (n, blocks, block * bits // 8), dtype=np.uint8),
+                 "s": (RNG.random(n * blocks) * 0.1 + 0.01).astype(np.float32)}
+    if zero_points == "packed":
+        constants["zp"] = RNG.integers(0, 256, n * -(-blocks * bits // 8), dtype=np.uint8)
+    elif zero_points == "float":
+        constants["zp"] = (RNG.random(n * blocks) * (2 ** bits - 1)).astype(np.float32)
+    if g_idx:
+        constants["g"] = RNG.permutation(np.arange(k) // block).astype(np.int32)
+    if bias:
+        constants["bias"] = f32(n)
+    order = ["a", "b", "s", "zp" if zero_points else "", "g" if g_idx else "", "bias" if bias else ""]
+    while not order[-1]:
+        order.pop()
+    return {"a": f32(*rows, k)}, constants, order, {"K": k, "N": n, "bits": bits, "block_size": block}
+
+
+NBITS_CASES = {
+    "4-bit-symmetric": nbits_case(4, 64, 16, 32),
+    "4-bit-packed-zero-points-k-not-a-multiple-3d-bias": nbits_case(4, 80, 8, 32, "packed", bias=True, rows=(2, 3)),
+    "8-bit-packed-zero-points": nbits_case(8, 48, 8, 16, "packed"),
+    "2-bit-packed-zero-points": nbits_case(2, 64, 8, 32, "packed"),
+    "4-bit-float-zero-points": nbits_case(4, 64, 8, 16, "float"),
+    "4-bit-g-idx-float-zero-points": nbits_case(4, 64, 8, 16, "float", g_idx=True),
+    "4-bit-g-idx-no-zero-points": nbits_case(4, 64, 8, 16, g_idx=True),
+}
+
+
+@pytest.mark.parametrize("case", NBITS_CASES, ids=str)
+def test_matmul_nbits_matches_onnxruntime_on_wasm(case, tmp_path):
+    feeds, constants, order, attrs = NBITS_CASES[case]
+    model = node_model("MatMulNBits", feeds, constants, order, **attrs)
+    want = run_onnxruntime(model, feeds)
+    got = run_on_wasm(model, feeds, tmp_path)
+    assert_quantized_close(got, want, rtol=1e-5, atol=2e-5)
+    assert np.abs(want["out"]).max() > 1.0     # codes and scales give outputs well away from 0
+
+
+def test_matmul_nbits_quantizer_outputs_match_onnxruntime_on_wasm(tmp_path):
+    """onnxruntime's int4 weight-only quantizer (symmetric and asymmetric) on a two-layer MLP."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 96])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 48])
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["y"])]
+    graph = helper.make_graph(nodes, "mlp", [x], [y], [numpy_helper.from_array(f32(96, 64) * 0.2, "w1"),
+                                                     numpy_helper.from_array(f32(64, 48) * 0.2, "w2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": f32(4, 96)}
+    for symmetric in (True, False):
+        quantizer = MatMulNBitsQuantizer(model, block_size=32, is_symmetric=symmetric)
+        quantizer.process()
+        quantized = quantizer.model.model
+        assert [n.op_type for n in quantized.graph.node].count("MatMulNBits") == 2
+        folder = tmp_path / f"symmetric-{symmetric}"
+        folder.mkdir()
+        assert_quantized_close(run_on_wasm(quantized, feeds, folder), run_onnxruntime(quantized, feeds),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_nbits_with_g_idx_and_packed_zero_points_is_one_line_naming_the_node(tmp_path):
+    feeds, constants, order, attrs = nbits_case(4, 64, 8, 16, "packed", g_idx=True)
+    path = tmp_path / "model.onnx"
+    onnx.save(node_model("MatMulNBits", feeds, constants, order, **attrs), path)
+    code, _, err = run_cli(["decompose", "--model-path", path, "--output-dir", tmp_path / "cus", "--min-cu-size", "1"])
+    assert_one_line_error(code, err, "matmulnbits", "g_idx", "float zero points")
+    assert not (tmp_path / "cus").exists()
