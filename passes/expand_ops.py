@@ -81,9 +81,14 @@ def _expanded(node: Node, model: Graph) -> list[Node] | None:
 
 
 def _at_model_opset(node: Node, function, opset_imports: dict[str, int]):
-    """The body read at the model's default opset: a model has one, and a body's ops keep their
-    meaning in later opsets (the bodies avoid the ops whose signatures changed), not in earlier ones."""
+    """The body read at the model's default opset (a body's ops keep their meaning in later opsets,
+    as the bodies avoid the ops whose signatures changed, not in earlier ones), which becomes the
+    body's own where the model imports none."""
     model = opset_imports.get("", opset_imports.get("ai.onnx"))
+    if model is None:
+        # A model of ai.onnx.ml ops alone may import no default opset: the body's own joins it.
+        model = opset_imports[""] = next((e.version for e in function.opset_import if e.domain in ("", "ai.onnx")),
+                                         None)
     for entry in function.opset_import:
         if entry.domain in ("", "ai.onnx") and model is not None and model != entry.version:
             if model < entry.version:
