@@ -1,7 +1,8 @@
 """Op families; importing this package fills the registry."""
 
 from ir.ops import (blocks, control, elementwise, indexing, nn, normalization, pooling, reduce,  # noqa: F401
-                    quantized, grid_sample, linalg, ml, recurrent, resize, signal, spectral, tensor)
+                    quantized, grid_sample, linalg, ml, ml_trees, recurrent, resize, signal, spectral,
+                    tensor)
 from ir.ops import data_dependent  # noqa: F401
 from ir.ops import contrib_attention, contrib_fused, contrib_transformer  # noqa: F401
 from ir.ops import contrib_qlinear, contrib_quantized  # noqa: F401
