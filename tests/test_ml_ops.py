@@ -114,3 +114,45 @@ def test_string_categories_are_one_line_naming_the_node(tmp_path):
     code, _, err = run_cli(["decompose", "--model-path", path, "--output-dir", tmp_path / "cus"])
     assert_one_line_error(code, err, "onehotencoder", "string categories")
     assert not (tmp_path / "cus").exists()
+
+
+SV = np.round(RNG.standard_normal((7, 4)), 2)
+SV_COEF = np.round(RNG.standard_normal((3, 7)), 2)
+KERNELS = {"LINEAR": [0.0, 0.0, 0.0], "POLY": [0.4, 0.5, 3.0], "RBF": [0.8, 0.0, 0.0], "SIGMOID": [0.2, -0.1, 0.0]}
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("classes", [2, 4])
+def test_svm_classifier_matches_onnxruntime(kernel, classes, tmp_path):
+    per_class = [4, 3] if classes == 2 else [2, 2, 2, 1]
+    pairs = classes * (classes - 1) // 2
+    attrs = dict(kernel_type=kernel, kernel_params=KERNELS[kernel], support_vectors=SV.ravel().tolist(),
+                 vectors_per_class=per_class, coefficients=SV_COEF[:classes - 1].ravel().tolist(),
+                 rho=list(np.round(0.1 * RNG.standard_normal(pairs), 2)), classlabels_ints=list(range(10, 10 + classes)))
+    model = ml_model("SVMClassifier", X, [("Y", INT64), ("Z", FLOAT)], **attrs)
+    feeds = {"X": X}
+    want, got = run_onnxruntime(model, feeds), run_on_wasm(model, feeds, tmp_path)
+    np.testing.assert_array_equal(got["Y"], want["Y"])
+    np.testing.assert_allclose(got["Z"], want["Z"], rtol=1e-4, atol=1e-5)
+    assert len(np.unique(want["Y"])) > 1, "one label for every row: a weak case"
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("one_class", [0, 1])
+def test_svm_regressor_matches_onnxruntime(kernel, one_class, tmp_path):
+    attrs = dict(kernel_type=kernel, kernel_params=KERNELS[kernel], support_vectors=SV.ravel().tolist(), n_supports=7,
+                 coefficients=SV_COEF[0].tolist(), rho=[0.2], one_class=one_class)
+    model = ml_model("SVMRegressor", X, [("Y", FLOAT)], **attrs)
+    feeds = {"X": X}
+    want, got = run_onnxruntime(model, feeds)["Y"], run_on_wasm(model, feeds, tmp_path)["Y"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert len(np.unique(want)) > 1, "one value for every row: a weak case"
+
+
+def test_svm_classifier_with_probabilities_is_one_line_naming_the_node(tmp_path):
+    path = tmp_path / "model.onnx"
+    onnx.save(ml_model("SVMClassifier", X, [("Y", INT64), ("Z", FLOAT)], kernel_type="RBF", kernel_params=[0.3, 0, 0],
+                       support_vectors=SV.ravel().tolist(), vectors_per_class=[4, 3], coefficients=SV_COEF[0].tolist(),
+                       rho=[0.1], classlabels_ints=[0, 1], prob_a=[-1.0], prob_b=[0.1]), path)
+    code, _, err = run_cli(["decompose", "--model-path", path, "--output-dir", tmp_path / "cus"])
+    assert_one_line_error(code, err, "svmclassifier", "prob_a")

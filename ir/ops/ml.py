@@ -1,7 +1,8 @@
 """ai.onnx.ml ops (the classical-ML operator set) that are plain tensor arithmetic, what skl2onnx
 writes around a model: lowered (Binarizer, ArrayFeatureExtractor), or expanded into standard ops
 with onnxruntime's conventions (Scaler, Normalizer, Imputer, OneHotEncoder, LabelEncoder on
-numbers, LinearRegressor, LinearClassifier). The tree ensembles are in `ml_trees.py`."""
+numbers, LinearRegressor, LinearClassifier, SVMRegressor, SVMClassifier). The tree ensembles are
+in `ml_trees.py`."""
 
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
@@ -211,7 +212,106 @@ def _linear_classifier(node):
     return body.function(("Y", "Z"))
 
 
+def _svm_kernel(node, body: Body, support_vectors: np.ndarray) -> str:
+    """K [rows, support vectors] of X against the support vectors, as onnxruntime's kernels compute
+    it: LINEAR x.v, POLY (gamma x.v + coef0)^degree, SIGMOID tanh(gamma x.v + coef0), RBF
+    exp(-gamma |x - v|^2) (as |x|^2 - 2 x.v + |v|^2: one product instead of a difference per pair)."""
+    kind = node.attrs.get("kernel_type", "LINEAR")
+    kind = kind.decode() if isinstance(kind, bytes) else kind
+    params = _floats(node, "kernel_params", [0.0, 0.0, 0.0])
+    gamma, coef0, degree = (float(params[i]) if i < len(params) else 0.0 for i in range(3))
+    x = _as_float(body)
+    dot = body.op("MatMul", x, body.constant(support_vectors.T))
+    if kind == "LINEAR":
+        return dot
+    if kind in ("POLY", "SIGMOID"):
+        affine = body.op("Add", body.op("Mul", dot, body.constant(gamma)), body.constant(coef0))
+        return body.op("Pow", affine, body.constant(degree)) if kind == "POLY" else body.op("Tanh", affine)
+    if kind == "RBF":
+        x_norms = body.op("ReduceSum", body.op("Mul", x, x), body.constant([-1], np.int64), keepdims=1)
+        v_norms = body.constant((support_vectors.astype(np.float64) ** 2).sum(1).astype(np.float32))
+        squared = body.op("Add", body.op("Sub", x_norms, body.op("Mul", dot, body.constant(2.0))), v_norms)
+        squared = body.op("Max", squared, body.constant(0.0))
+        return body.op("Exp", body.op("Mul", squared, body.constant(-gamma)))
+    raise UnsupportedError(f"{node.describe()}: SVM kernel_type {kind!r} is not LINEAR, POLY, RBF or SIGMOID")
+
+
+def _support_vectors(node, count: int) -> np.ndarray:
+    values = _floats(node, "support_vectors")
+    if values is None or count == 0 or values.size % count:
+        raise UnsupportedError(f"{node.describe()}: support_vectors do not hold {count} vectors")
+    return values.reshape(count, -1)
+
+
+def _svm_regressor(node):
+    """Y = sum_i coefficient_i K(x, v_i) + rho ([rows, 1]); with one_class, 1 where that is
+    positive, else -1; without support vectors, a linear model x.coefficients + rho."""
+    if _post_transform(node) != "NONE":
+        raise UnsupportedError(f"{node.describe()}: SVMRegressor post_transform {_post_transform(node)} is not "
+                               "supported")
+    body = Body(node, ("X",))
+    coefficients, rho = _floats(node, "coefficients"), float(_floats(node, "rho", [0.0])[0])
+    supports = int(node.attrs.get("n_supports", 0))
+    if supports:
+        terms = _svm_kernel(node, body, _support_vectors(node, supports))
+    else:
+        terms = _as_float(body)
+    score = body.op("Add", body.op("MatMul", terms, body.constant(coefficients.reshape(-1, 1))), body.constant(rho))
+    if int(node.attrs.get("one_class", 0)):
+        body.op("Where", body.op("Greater", score, body.constant(0.0)), body.constant(1.0), body.constant(-1.0),
+                out="Y")
+    else:
+        body.op("Identity", score, out="Y")
+    return body.function(("Y",))
+
+
+def _svm_classifier(node):
+    """libsvm's one-against-one SVC as onnxruntime runs it: the decision value of each class pair
+    (i, j), d = sum over i's support vectors of coefficients[j-1] K + sum over j's of coefficients[i]
+    K + rho; with two classes Z = [-d, d] and Y = labels[0] where d > 0, else labels[1]; with more,
+    Z the decision values and Y the label with most votes (i's where d > 0; the first on a tie)."""
+    labels = node.attrs.get("classlabels_ints")
+    if labels is None:
+        raise UnsupportedError(f"{node.describe()}: SVMClassifier with string class labels is not supported "
+                               "(Cortex has no string tensors)")
+    if node.attrs.get("prob_a") is not None or _post_transform(node) != "NONE":
+        raise UnsupportedError(f"{node.describe()}: SVMClassifier with probabilities (prob_a) or a post_transform "
+                               "is not supported")
+    per_class = node.attrs.get("vectors_per_class")
+    if per_class is None:
+        raise UnsupportedError(f"{node.describe()}: SVMClassifier without support vectors is not supported")
+    labels, per_class = np.asarray(labels, np.int64), [int(c) for c in per_class]
+    classes, vectors = len(labels), sum(per_class)
+    coefficients, rho = _floats(node, "coefficients").reshape(classes - 1, vectors), _floats(node, "rho")
+    starts = np.concatenate([[0], np.cumsum(per_class)[:-1]]).astype(int)
+    pairs = [(i, j) for i in range(classes) for j in range(i + 1, classes)]
+    weights = np.zeros((vectors, len(pairs)), np.float32)
+    for k, (i, j) in enumerate(pairs):
+        mine, theirs = slice(starts[i], starts[i] + per_class[i]), slice(starts[j], starts[j] + per_class[j])
+        weights[mine, k] = coefficients[j - 1, mine]
+        weights[theirs, k] = coefficients[i, theirs]
+    body = Body(node, ("X",))
+    kernel = _svm_kernel(node, body, _support_vectors(node, vectors))
+    decision = body.op("Add", body.op("MatMul", kernel, body.constant(weights)), body.constant(rho[:len(pairs)]))
+    if classes == 2:
+        body.op("Concat", body.op("Neg", decision), decision, axis=1, out="Z")
+        wins = body.op("Squeeze", body.op("Greater", decision, body.constant(0.0)), body.constant([1], np.int64))
+        body.op("Where", wins, body.constant(labels[:1], np.int64), body.constant(labels[1:], np.int64), out="Y")
+        return body.function(("Y", "Z"))
+    first, second = np.zeros((len(pairs), classes), np.float32), np.zeros((len(pairs), classes), np.float32)
+    for k, (i, j) in enumerate(pairs):
+        first[k, i], second[k, j] = 1.0, 1.0
+    for_first = body.op("Cast", body.op("Greater", decision, body.constant(0.0)), to=TensorProto.FLOAT)
+    for_second = body.op("Sub", body.constant(1.0), for_first)
+    votes = body.op("Add", body.op("MatMul", for_first, body.constant(first)),
+                    body.op("MatMul", for_second, body.constant(second)))
+    body.op("Gather", body.constant(labels, np.int64), body.op("ArgMax", votes, axis=1, keepdims=0), out="Y")
+    body.op("Identity", decision, out="Z")
+    return body.function(("Y", "Z"))
+
+
 for _op, _expansion in (("Scaler", _scaler), ("Normalizer", _normalizer), ("Imputer", _imputer),
                         ("OneHotEncoder", _one_hot_encoder), ("LabelEncoder", _label_encoder),
-                        ("LinearRegressor", _linear_regressor), ("LinearClassifier", _linear_classifier)):
+                        ("LinearRegressor", _linear_regressor), ("LinearClassifier", _linear_classifier),
+                        ("SVMRegressor", _svm_regressor), ("SVMClassifier", _svm_classifier)):
     register(_op, domain=ML, kind=OTHER, expansion=_expansion)
