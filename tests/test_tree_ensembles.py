@@ -259,7 +259,7 @@ def test_the_onnx_node_tests_of_tree_ensemble_pass(name):
 @pytest.mark.skipif(cuda_compile.find_nvcc() is None, reason="nvcc not installed")
 @pytest.mark.parametrize("case", ["min", "softmax-mixed-modes"])
 def test_tree_ensemble_regressor_matches_onnxruntime_on_cuda_sim(case):
-    options, aggregate, post, base, dtype, opset = REGRESSORS[case]
+    options, aggregate, post, _, dtype, opset = REGRESSORS[case]
     rng = np.random.default_rng(len(case))
     targets = options["targets"]
     model = ml_model("TreeEnsembleRegressor", TensorProto.FLOAT, 64, [("Y", TensorProto.FLOAT, [64, targets])], opset,

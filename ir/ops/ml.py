@@ -5,7 +5,7 @@ numbers, LinearRegressor, LinearClassifier, SVMRegressor, SVMClassifier). The tr
 in `ml_trees.py`."""
 
 import numpy as np
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, numpy_helper
 
 from ir.errors import NeedsShapes, UnsupportedError
 from ir.loops.expr import cast, gt, lt, select
