@@ -76,9 +76,9 @@ def test_loop_body_round_trips_through_the_pipeline():
 
 
 def test_ml_and_microsoft_domains_are_carried_through():
-    """A com.microsoft op without an expansion (Inverse) stays as it is; one with an expansion
-    (FastGelu) becomes standard ops (ir/ops/contrib_transformer.py)."""
-    nodes = [helper.make_node("Scaler", ["x"], ["s"], domain="ai.onnx.ml", offset=[1.0], scale=[2.0]),
+    """Ops without an expansion (ai.onnx.ml FeatureVectorizer, com.microsoft Inverse) stay as they
+    are; one with an expansion (FastGelu) becomes standard ops (ir/ops/contrib_transformer.py)."""
+    nodes = [helper.make_node("FeatureVectorizer", ["x"], ["s"], domain="ai.onnx.ml", inputdimensions=[3]),
              helper.make_node("Inverse", ["s"], ["i"], domain="com.microsoft"),
              helper.make_node("FastGelu", ["i"], ["y"], domain="com.microsoft")]
     graph = helper.make_graph(nodes, "g", [tensor("x", TensorProto.FLOAT, [3, 3])], [tensor("y", TensorProto.FLOAT, [3, 3])])
@@ -86,7 +86,7 @@ def test_ml_and_microsoft_domains_are_carried_through():
                                                     helper.make_opsetid("com.microsoft", 1)])
     g, _ = run_pipeline(import_model(model), optimize_pipeline())
     kept = [(n.domain, n.op_type) for n in g.nodes if n.domain]
-    assert kept == [("ai.onnx.ml", "Scaler"), ("com.microsoft", "Inverse")]
+    assert kept == [("ai.onnx.ml", "FeatureVectorizer"), ("com.microsoft", "Inverse")]
     assert "Tanh" in {n.op_type for n in g.nodes}
     exported = export_model(g)
     x = np.array([[2, 1, 0], [1, 3, 1], [0, 1, 4]], dtype=np.float32)

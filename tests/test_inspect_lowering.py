@@ -23,13 +23,12 @@ def _model() -> onnx.ModelProto:
              helper.make_node("Celu", ["r"], ["c"], name="celu"),
              helper.make_node("CenterCropPad", ["x", "crop"], ["cropped"], name="crop"),
              helper.make_node("Gelu", ["c"], ["y"], name="gelu", domain="com.microsoft"),
-             helper.make_node("LinearClassifier", ["x"], ["label", "scores"], name="classify", domain="ai.onnx.ml",
-                              coefficients=[1.0, -1.0, 0.5, 2.0, 0.0, 1.0], intercepts=[0.0, 1.0], classlabels_ints=[0, 1])]
+             helper.make_node("FeatureVectorizer", ["x"], ["features"], name="features", domain="ai.onnx.ml",
+                              inputdimensions=[3])]
     graph = helper.make_graph(nodes, "routes", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3]),
                                helper.make_tensor_value_info("cropped", TensorProto.FLOAT, [2, 2]),
-                               helper.make_tensor_value_info("label", TensorProto.INT64, [2]),
-                               helper.make_tensor_value_info("scores", TensorProto.FLOAT, [2, 2])],
+                               helper.make_tensor_value_info("features", TensorProto.FLOAT, [2, 3])],
                               [helper.make_tensor("crop", TensorProto.INT64, [2], [2, 2])])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1),
                                                    helper.make_opsetid("ai.onnx.ml", 3)])
@@ -42,7 +41,7 @@ def test_inspect_reports_how_each_target_computes_each_op(tmp_path):
     names = set(targets())
     assert {"wasm", "cuda"} <= names
     expected = {"Relu": "kernel", "Celu": "kernel", "CenterCropPad": "function body", "com.microsoft::Gelu": "expansion",
-                "ai.onnx.ml::LinearClassifier": "none"}
+                "ai.onnx.ml::FeatureVectorizer": "none"}
     for op, route in expected.items():
         assert report[op]["targets"] == {name: route for name in names}, (op, report[op])
         assert report[op]["fallback_only"] == (route == "none")
