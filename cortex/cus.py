@@ -44,8 +44,13 @@ def dtype_name(dtype: int) -> str:
 def tensor_info(v: Value) -> dict:
     if not v.is_tensor or v.dtype == dtypes.UNDEFINED or not v.is_static:
         kind = "a non-tensor value (sequence, optional or map)" if not v.is_tensor else "a tensor of unknown type or shape"
+        hint = ""
+        if v.producer is not None and v.producer.op_type == "ZipMap":
+            # skl2onnx ends a classifier with ZipMap (maps of probabilities) unless told not to.
+            hint = (f" (node {v.producer.name!r} (ZipMap) makes it: convert the model with skl2onnx's "
+                    "options={id(model): {'zipmap': False}} to get the probabilities as a tensor)")
         raise UnsupportedError(f"{v.name!r} is {kind}; CUs exchange only tensors of static shape and known "
-                               "dtype, so it cannot be a model input or output or cross a CU border")
+                               f"dtype, so it cannot be a model input or output or cross a CU border{hint}")
     info = {"dtype": dtype_name(v.dtype), "shape": list(v.shape), "bytes": v.nbytes}
     if v.is_bounded:   # shape and bytes are the upper bound; the real length comes at run time
         info["bound_axis"] = v.bound_axis

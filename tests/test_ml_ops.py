@@ -156,3 +156,20 @@ def test_svm_classifier_with_probabilities_is_one_line_naming_the_node(tmp_path)
                        rho=[0.1], classlabels_ints=[0, 1], prob_a=[-1.0], prob_b=[0.1]), path)
     code, _, err = run_cli(["decompose", "--model-path", path, "--output-dir", tmp_path / "cus"])
     assert_one_line_error(code, err, "svmclassifier", "prob_a")
+
+
+def test_a_zipmap_output_is_one_line_that_says_how_to_convert_without_it(tmp_path):
+    """skl2onnx's default classifier ends in ZipMap, a sequence of maps, which no CU can return."""
+    nodes = [helper.make_node("LinearClassifier", ["X"], ["label", "probabilities"], domain=ML, coefficients=W3,
+                              intercepts=[0.0, 0.1, 0.2], classlabels_ints=[0, 1, 2], post_transform="SOFTMAX"),
+             helper.make_node("ZipMap", ["probabilities"], ["output_probability"], name="zipmap", domain=ML,
+                              classlabels_int64s=[0, 1, 2])]
+    maps = helper.make_sequence_type_proto(helper.make_map_type_proto(INT64, helper.make_tensor_type_proto(FLOAT, [])))
+    graph = helper.make_graph(nodes, "zipmap", [helper.make_tensor_value_info("X", FLOAT, [16, 4])],
+                              [helper.make_tensor_value_info("label", INT64, [16]),
+                               helper.make_value_info("output_probability", maps)])
+    path = tmp_path / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(ML, 1)]), path)
+    code, _, err = run_cli(["decompose", "--model-path", path, "--output-dir", tmp_path / "cus"])
+    assert_one_line_error(code, err, "'output_probability'", "ZipMap", "'zipmap': False")
+    assert not (tmp_path / "cus").exists()
