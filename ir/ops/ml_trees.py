@@ -1,4 +1,13 @@
-"""ai.onnx.ml tree ensembles, expanded into standard ops (see the comment below)."""
+"""ai.onnx.ml tree ensembles: TreeEnsembleRegressor and TreeEnsembleClassifier (ml opsets 1 and 3)
+and TreeEnsemble (5), what skl2onnx, onnxmltools and hummingbird write for random forests and
+gradient-boosted trees, expanded into standard ops.
+
+Every tree of every row walks one level per step, as Gathers from constant tables of its nodes,
+for as many steps as the deepest tree has branch levels (a leaf points at itself). So the walk is
+tensor arithmetic that every target lowers, with no data-dependent loop. Scores, labels and their
+corner cases follow onnxruntime's aggregators (onnxruntime/core/providers/cpu/ml/
+tree_ensemble_aggregator.h), computed in the features' float type.
+"""
 
 from dataclasses import dataclass
 
@@ -10,14 +19,6 @@ from ir.ops.function_body import Body
 from ir.ops.ml import ML
 from ir.ops.registry import OTHER, register
 
-# -- tree ensembles ----------------------------------------------------------------------------
-# TreeEnsembleRegressor and TreeEnsembleClassifier (ai.onnx.ml 1 and 3) and TreeEnsemble (5), what
-# skl2onnx, onnxmltools and hummingbird write for random forests and gradient-boosted trees, expand
-# into standard ops: every tree of every row walks one level per step, as Gathers from constant
-# tables of its nodes, for as many steps as the deepest tree has branch levels (a leaf points at
-# itself). So the walk is tensor arithmetic that every target lowers, with no data-dependent loop.
-# Scores, labels and their corner cases follow onnxruntime's aggregators
-# (onnxruntime/core/providers/cpu/ml/tree_ensemble_aggregator.h), in the features' float type.
 MODES = ("BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ", "BRANCH_MEMBER")
 LEAF = "LEAF"
 COMPARE = {"BRANCH_LEQ": "LessOrEqual", "BRANCH_LT": "Less", "BRANCH_GTE": "GreaterOrEqual",
@@ -45,11 +46,13 @@ class Forest:
     base_values: np.ndarray   # float64, usually one per target (onnxruntime ignores other lengths)
     post_transform: str
 
-    def depth(self, node) -> int:
-        """Steps that take every root to its leaf: the number of branch nodes on the longest path."""
-        for k, m in enumerate(self.mode):
+    def __post_init__(self):
+        for k, m in enumerate(self.mode):    # steps past a tree's depth stay on its leaf
             if m == LEAF:
                 self.true_child[k] = self.false_child[k] = k
+
+    def depth(self, node) -> int:
+        """Steps that take every root to its leaf: the number of branch nodes on the longest path."""
         depth, frontier = 0, {int(r) for r in self.roots}
         while True:
             branches = {n for n in frontier if self.mode[n] != LEAF}
