@@ -15,6 +15,7 @@ from ir.loops.builder import BACKEND, LoopBuilder
 from ir.loops.contraction import ContractionKernels
 from ir.loops.program import Program
 from ir.ops import keeps_bound, lookup
+from passes.expand_ops import declined_because
 from passes.fuse_groups import fusion_groups
 
 
@@ -59,7 +60,8 @@ def describe_unsupported(nodes: list[Node]) -> str:
                              [n for n in nodes if cannot_read_bounded(n)])):
         by_op: dict[str, list[str]] = {}
         for n in chosen:
-            by_op.setdefault(n.op_type if not n.domain else f"{n.domain}::{n.op_type}", []).append(n.name or "?")
+            by_op.setdefault(n.op_type if not n.domain else f"{n.domain}::{n.op_type}", []).append(
+                (n.name or "?") + (f": {why}" if (why := declined_because(n)) else ""))
         listed = [f"{op} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})" for op, names in sorted(by_op.items())]
         if listed:
             parts.append(heading + "; ".join(listed))

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+from onnx import TensorProto
 
 from ir import dtypes
 from ir.errors import CortexError, UnsupportedError
@@ -24,6 +25,7 @@ from ir.fs import file_sha256, sha256_bytes, write_directory_atomically
 from ir.graph import Graph, Node, Value, outer_reads
 from ir.onnx_export import export_model
 from ir.ops.registry import node_flops
+from passes.expand_ops import declined_because
 from passes.partition import Partition
 
 MANIFEST_SCHEMA = "cortex.cus/1"
@@ -42,6 +44,11 @@ def dtype_name(dtype: int) -> str:
 
 
 def tensor_info(v: Value) -> dict:
+    if v.is_tensor and v.dtype == TensorProto.STRING:
+        why = declined_because(v.producer) if v.producer is not None else None
+        made = f" (node {v.producer.name!r} makes it{': ' + why if why else ''})" if v.producer is not None else ""
+        raise UnsupportedError(f"{v.name!r} is a string tensor{made}; CUs exchange only numeric tensors, so it "
+                               "cannot be a model input or output or cross a CU border")
     if not v.is_tensor or v.dtype == dtypes.UNDEFINED or not v.is_static:
         kind = "a non-tensor value (sequence, optional or map)" if not v.is_tensor else "a tensor of unknown type or shape"
         hint = ""

@@ -25,3 +25,9 @@ class UnsupportedError(CortexError):
 class NeedsShapes(UnsupportedError):
     """An expansion that needs its inputs' ranks or shapes, which are not known yet: the node waits
     for shape inference (passes/expand_ops.py), and this is the error if they never become known."""
+
+
+class NotExpanded(UnsupportedError):
+    """An expansion that does not cover this node's form (string tensors, an attribute value it does
+    not implement): the node stays as it is, so that a fallback CU may run it, and this is the
+    reason given where it is left without a lowering (codegen/lower.py)."""

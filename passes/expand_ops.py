@@ -8,6 +8,8 @@ weight splitting of partitioning, every backend's kernels) sees only ops it know
 op's weights split like any MatMul's. An expansion may produce nodes that expand again. One that
 needs its inputs' ranks (FusedMatMul's transposes, in a model onnxruntime saved optimised, where
 value_info is gone) raises NeedsShapes and waits: shape inference expands it once they are known.
+One whose node has a form it does not cover (string labels, a transform it does not implement)
+raises NotExpanded: the node stays as it is, for a fallback CU to run.
 
 The body's nodes read the node's own input values (a weight stays one constant, shared) and write
 its output values (names, and with them the graph's interface, are kept); the values between them
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ir.errors import NeedsShapes, UnsupportedError
+from ir.errors import NeedsShapes, NotExpanded, UnsupportedError
 from ir.function_call import inline_body
 from ir.graph import Graph, Node, Value
 from ir.ops import lookup
@@ -57,6 +59,22 @@ def waiting_expansion(graph: Graph) -> NeedsShapes | None:
                 lookup(node.op_type, node.domain).expansion(node)
             except NeedsShapes as why:
                 return why
+            except NotExpanded:
+                continue
+    return None
+
+
+def declined_because(node: Node) -> str | None:
+    """Why the node's expansion declined its form (NotExpanded), without the node's own name; None
+    when its op has no expansion or the expansion takes it."""
+    if not expandable(node):
+        return None
+    try:
+        lookup(node.op_type, node.domain).expansion(node)
+    except NotExpanded as why:
+        return str(why).removeprefix(node.describe() + ": ")
+    except UnsupportedError:
+        return None
     return None
 
 
@@ -76,7 +94,7 @@ def _expanded(node: Node, model: Graph) -> list[Node] | None:
         return None
     try:
         return _expansion(node, model)
-    except NeedsShapes:
+    except (NeedsShapes, NotExpanded):
         return None
 
 

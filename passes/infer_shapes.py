@@ -24,7 +24,7 @@ from ir.onnx_export import export_attribute, make_tensor, make_value_info
 from passes.base import Pass
 from passes.bound_shapes import bound_data_dependent_shapes
 from passes.contrib_shapes import has_contrib_nodes, infer_contrib_shapes
-from passes.expand_ops import expand_ops, waiting_expansion
+from passes.expand_ops import declined_because, expand_ops, waiting_expansion
 from passes.fold_constants import FoldConstants
 from passes.inline_constant_ifs import inline_constant_ifs
 from passes.loop_bodies import bind_body_inputs, lengths_from_readers, loop_hint
@@ -155,7 +155,14 @@ def check_static(graph: Graph) -> None:
         for out in node.outputs:
             if out in read and out.is_tensor and not out.is_static:
                 raise CortexError(f"{node.describe()}: cannot infer a static shape for output {out.name!r} "
-                                  f"(got {_format_shape(out.shape)}){_if_hint(graph, node)}{loop_hint(node)}{_bound_hint(node)}")
+                                  f"(got {_format_shape(out.shape)}){_if_hint(graph, node)}{loop_hint(node)}{_bound_hint(node)}"
+                                  f"{_declined_hint(node)}")
+
+
+def _declined_hint(node: Node) -> str:
+    """An op whose expansion declined this node's form has no shape rule of its own: say why."""
+    why = declined_because(node)
+    return f"; it stays unexpanded: {why}" if why else ""
 
 
 def _if_hint(graph: Graph, node: Node) -> str:

@@ -51,3 +51,15 @@ def build_and_run(model: Path, folder: Path, feeds: dict, *decompose_flags) -> d
         assert code == 0, f"{argv[0]}: {err}"
     with np.load(folder / "out.npz") as got:
         return dict(got)
+
+
+def first_failure(model: Path, folder: Path, *decompose_flags) -> tuple[str, int, str]:
+    """The first of `cortex decompose`, `build-dag` and `compile-wasm` on `model` that fails: (its
+    command, exit code, stderr); asserts that one does."""
+    for argv in (["decompose", "--model-path", model, "--output-dir", folder / "cus", *decompose_flags],
+                 ["build-dag", "--cu-dir", folder / "cus", "--output", folder / "dag.json"],
+                 ["compile-wasm", "--cu-dir", folder / "cus", "--output", folder / "wasm", "--dag", folder / "dag.json"]):
+        code, _, err = run_cli(argv)
+        if code != 0:
+            return argv[0], code, err
+    raise AssertionError(f"{model} compiled, expected a failure")

@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import cortex
 from backends.cuda import toolchain as cuda_compile
-from cli_helpers import assert_one_line_error, run_cli
+from cli_helpers import assert_one_line_error, build_and_run, first_failure, run_cli
 from cuda_cases import run_cuda_sim
 from samples import contrib_models as contrib
 from samples import quantized_models as quantized
@@ -441,10 +441,14 @@ def test_matmul_nbits_quantizer_outputs_match_onnxruntime_on_wasm(tmp_path):
                                rtol=1e-5, atol=1e-5)
 
 
-def test_matmul_nbits_with_g_idx_and_packed_zero_points_is_one_line_naming_the_node(tmp_path):
+def test_matmul_nbits_with_g_idx_and_packed_zero_points_stays_for_a_fallback_cu(tmp_path):
     feeds, constants, order, attrs = nbits_case(4, 64, 8, 16, "packed", g_idx=True)
     path = tmp_path / "model.onnx"
     onnx.save(node_model("MatMulNBits", feeds, constants, order, **attrs), path)
-    code, _, err = run_cli(["decompose", "--model-path", path, "--output-dir", tmp_path / "cus", "--min-cu-size", "1"])
-    assert_one_line_error(code, err, "matmulnbits", "g_idx", "float zero points")
-    assert not (tmp_path / "cus").exists()
+    command, code, err = first_failure(path, tmp_path, "--min-cu-size", "1")
+    assert command == "compile-wasm"
+    assert_one_line_error(code, err, "MatMulNBits (matmulnbits: ", "g_idx", "float zero points", "--fallback onnxruntime")
+    # The node stays as it is, so a fallback CU runs it on onnxruntime.
+    (tmp_path / "fallback").mkdir()
+    got = build_and_run(path, tmp_path / "fallback", feeds, "--min-cu-size", "1", "--fallback", "onnxruntime")
+    np.testing.assert_array_equal(got["out"], run_onnxruntime(path, feeds)["out"])

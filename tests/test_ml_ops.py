@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import cortex
-from cli_helpers import assert_one_line_error, run_cli
+from cli_helpers import assert_one_line_error, first_failure, run_cli
 from testdata import run_onnxruntime
 from wasm_cases import compile_pipeline
 
@@ -111,9 +111,11 @@ def test_a_pipeline_of_scaler_imputer_and_classifier_matches_onnxruntime(tmp_pat
 def test_string_categories_are_one_line_naming_the_node(tmp_path):
     path = tmp_path / "model.onnx"
     onnx.save(ml_model("OneHotEncoder", CATS, [("Y", FLOAT)], cats_strings=["a", "b"]), path)
-    code, _, err = run_cli(["decompose", "--model-path", path, "--output-dir", tmp_path / "cus"])
-    assert_one_line_error(code, err, "onehotencoder", "string categories")
-    assert not (tmp_path / "cus").exists()
+    # The node stays unexpanded (a fallback CU could run it); compile-wasm says why it has no lowering.
+    command, code, err = first_failure(path, tmp_path)
+    assert command == "compile-wasm"
+    assert_one_line_error(code, err, "OneHotEncoder (onehotencoder: ", "string categories", "--fallback onnxruntime")
+    assert not (tmp_path / "wasm").exists()
 
 
 SV = np.round(RNG.standard_normal((7, 4)), 2)
@@ -154,8 +156,10 @@ def test_svm_classifier_with_probabilities_is_one_line_naming_the_node(tmp_path)
     onnx.save(ml_model("SVMClassifier", X, [("Y", INT64), ("Z", FLOAT)], kernel_type="RBF", kernel_params=[0.3, 0, 0],
                        support_vectors=SV.ravel().tolist(), vectors_per_class=[4, 3], coefficients=SV_COEF[0].tolist(),
                        rho=[0.1], classlabels_ints=[0, 1], prob_a=[-1.0], prob_b=[0.1]), path)
-    code, _, err = run_cli(["decompose", "--model-path", path, "--output-dir", tmp_path / "cus"])
-    assert_one_line_error(code, err, "svmclassifier", "prob_a")
+    # ONNX has no shape rule for an unexpanded SVMClassifier: the shape error says why it stays so.
+    command, code, err = first_failure(path, tmp_path)
+    assert command == "decompose"
+    assert_one_line_error(code, err, "svmclassifier", "cannot infer a static shape", "stays unexpanded", "prob_a")
 
 
 def test_a_zipmap_output_is_one_line_that_says_how_to_convert_without_it(tmp_path):

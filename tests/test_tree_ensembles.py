@@ -244,7 +244,7 @@ def test_a_classifier_with_string_labels_is_one_line_naming_the_node(tmp_path):
     path = tmp_path / "model.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(ML, 1)]), path)
     code, _, err = run_cli(["decompose", "--model-path", path, "--output-dir", tmp_path / "cus"])
-    assert_one_line_error(code, err, "forest", "string class labels")
+    assert_one_line_error(code, err, "'Y' is a string tensor", "'forest'", "string class labels")
     assert not (tmp_path / "cus").exists()
 
 

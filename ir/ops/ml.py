@@ -7,7 +7,7 @@ in `ml_trees.py`."""
 import numpy as np
 from onnx import TensorProto, numpy_helper
 
-from ir.errors import NeedsShapes, UnsupportedError
+from ir.errors import NeedsShapes, NotExpanded, UnsupportedError
 from ir.loops.expr import cast, gt, lt, select
 from ir.ops.function_body import Body
 from ir.ops.registry import ELEMENTWISE, LAYOUT, OTHER, lowering, register
@@ -109,10 +109,10 @@ def _one_hot_encoder(node):
     row of zeros)."""
     cats = node.attrs.get("cats_int64s")
     if cats is None:
-        raise UnsupportedError(f"{node.describe()}: OneHotEncoder with string categories is not supported "
+        raise NotExpanded(f"{node.describe()}: OneHotEncoder with string categories is not supported "
                                "(Cortex has no string tensors)")
     if not int(node.attrs.get("zeros", 1)):
-        raise UnsupportedError(f"{node.describe()}: OneHotEncoder with zeros=0 (an error on unknown categories) "
+        raise NotExpanded(f"{node.describe()}: OneHotEncoder with zeros=0 (an error on unknown categories) "
                                "is not supported")
     body = Body(node, ("X",))
     x = body.op("Unsqueeze", _as_float(body), body.constant([-1], np.int64))
@@ -137,7 +137,7 @@ def _label_encoder(node):
     """Each element mapped through keys -> values, the default where no key matches (numbers only)."""
     keys, values = _label_encoder_table(node, "keys"), _label_encoder_table(node, "values")
     if keys is None or values is None:
-        raise UnsupportedError(f"{node.describe()}: LabelEncoder with string keys or values is not supported "
+        raise NotExpanded(f"{node.describe()}: LabelEncoder with string keys or values is not supported "
                                "(Cortex has no string tensors)")
     default = node.attrs.get("default_tensor")
     if default is not None:
@@ -173,7 +173,7 @@ def _post_transform(node) -> str:
 
 def _linear_regressor(node):
     if _post_transform(node) != "NONE":
-        raise UnsupportedError(f"{node.describe()}: LinearRegressor post_transform {_post_transform(node)} is not "
+        raise NotExpanded(f"{node.describe()}: LinearRegressor post_transform {_post_transform(node)} is not "
                                "supported")
     body = Body(node, ("X",))
     body.op("Identity", _linear_scores(node, body, int(node.attrs.get("targets", 1))), out="Y")
@@ -187,7 +187,7 @@ def _linear_classifier(node):
     and Y the label of the first highest score."""
     labels = node.attrs.get("classlabels_ints")
     if labels is None:
-        raise UnsupportedError(f"{node.describe()}: LinearClassifier with string class labels is not supported "
+        raise NotExpanded(f"{node.describe()}: LinearClassifier with string class labels is not supported "
                                "(Cortex has no string tensors)")
     labels, post = np.asarray(labels, np.int64), _post_transform(node)
     x = node.inputs[0]
@@ -195,7 +195,7 @@ def _linear_classifier(node):
         raise NeedsShapes(f"{node.describe()}: the number of features (X's last dim) is not known yet")
     rows = _floats(node, "coefficients").size // max(1, x.shape[-1])
     if post not in ("NONE", "LOGISTIC", "SOFTMAX"):
-        raise UnsupportedError(f"{node.describe()}: LinearClassifier post_transform {post} is not supported")
+        raise NotExpanded(f"{node.describe()}: LinearClassifier post_transform {post} is not supported")
     body = Body(node, ("X",))
     scores = _linear_scores(node, body, rows)
     if rows == 1 and len(labels) == 2:
@@ -233,7 +233,7 @@ def _svm_kernel(node, body: Body, support_vectors: np.ndarray) -> str:
         squared = body.op("Add", body.op("Sub", x_norms, body.op("Mul", dot, body.constant(2.0))), v_norms)
         squared = body.op("Max", squared, body.constant(0.0))
         return body.op("Exp", body.op("Mul", squared, body.constant(-gamma)))
-    raise UnsupportedError(f"{node.describe()}: SVM kernel_type {kind!r} is not LINEAR, POLY, RBF or SIGMOID")
+    raise NotExpanded(f"{node.describe()}: SVM kernel_type {kind!r} is not LINEAR, POLY, RBF or SIGMOID")
 
 
 def _support_vectors(node, count: int) -> np.ndarray:
@@ -247,7 +247,7 @@ def _svm_regressor(node):
     """Y = sum_i coefficient_i K(x, v_i) + rho ([rows, 1]); with one_class, 1 where that is
     positive, else -1; without support vectors, a linear model x.coefficients + rho."""
     if _post_transform(node) != "NONE":
-        raise UnsupportedError(f"{node.describe()}: SVMRegressor post_transform {_post_transform(node)} is not "
+        raise NotExpanded(f"{node.describe()}: SVMRegressor post_transform {_post_transform(node)} is not "
                                "supported")
     body = Body(node, ("X",))
     coefficients, rho = _floats(node, "coefficients"), float(_floats(node, "rho", [0.0])[0])
@@ -272,14 +272,14 @@ def _svm_classifier(node):
     Z the decision values and Y the label with most votes (i's where d > 0; the first on a tie)."""
     labels = node.attrs.get("classlabels_ints")
     if labels is None:
-        raise UnsupportedError(f"{node.describe()}: SVMClassifier with string class labels is not supported "
+        raise NotExpanded(f"{node.describe()}: SVMClassifier with string class labels is not supported "
                                "(Cortex has no string tensors)")
     if node.attrs.get("prob_a") is not None or _post_transform(node) != "NONE":
-        raise UnsupportedError(f"{node.describe()}: SVMClassifier with probabilities (prob_a) or a post_transform "
+        raise NotExpanded(f"{node.describe()}: SVMClassifier with probabilities (prob_a) or a post_transform "
                                "is not supported")
     per_class = node.attrs.get("vectors_per_class")
     if per_class is None:
-        raise UnsupportedError(f"{node.describe()}: SVMClassifier without support vectors is not supported")
+        raise NotExpanded(f"{node.describe()}: SVMClassifier without support vectors is not supported")
     labels, per_class = np.asarray(labels, np.int64), [int(c) for c in per_class]
     classes, vectors = len(labels), sum(per_class)
     coefficients, rho = _floats(node, "coefficients").reshape(classes - 1, vectors), _floats(node, "rho")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import TensorProto, helper
 
-from ir.errors import NeedsShapes, UnsupportedError
+from ir.errors import NeedsShapes, NotExpanded, UnsupportedError
 from ir.ops.function_body import Body
 from ir.ops.ml import ML
 from ir.ops.registry import OTHER, register
@@ -90,7 +90,7 @@ def forest_of_nodes(node, leaf: str, targets: int, aggregate: str) -> Forest:
     modes = [_text(m) for m in _attr(node, "nodes_modes")]
     unknown = sorted({m for m in modes if m != LEAF and m not in MODES[:6]})
     if unknown:
-        raise UnsupportedError(f"{node.describe()}: node mode(s) {', '.join(unknown)} are not supported")
+        raise NotExpanded(f"{node.describe()}: node mode(s) {', '.join(unknown)} are not supported")
 
     def child(name):
         try:
@@ -261,7 +261,7 @@ def _regression(node, forest: Forest, out_dtype):
     counts and onnxruntime applies no post transform."""
     targets = forest.leaf_values.shape[1]
     if forest.post_transform not in ("NONE", "SOFTMAX", "LOGISTIC") or forest.aggregate not in AGGREGATES:
-        raise UnsupportedError(f"{node.describe()}: post_transform {forest.post_transform} with aggregate_function "
+        raise NotExpanded(f"{node.describe()}: post_transform {forest.post_transform} with aggregate_function "
                                f"{forest.aggregate} is not supported")
     walk = _Walk(node, forest, ("Y",))
     body = walk.body
@@ -293,11 +293,11 @@ def _tree_ensemble_classifier(node):
     over all classes; with two, onnxruntime's binary rules (`_binary`)."""
     labels = _attr(node, "classlabels_int64s")
     if labels is None:
-        raise UnsupportedError(f"{node.describe()}: TreeEnsembleClassifier with string class labels is not supported "
+        raise NotExpanded(f"{node.describe()}: TreeEnsembleClassifier with string class labels is not supported "
                                "(Cortex has no string tensors)")
     forest = forest_of_nodes(node, "class", len(labels), "SUM")
     if forest.post_transform not in ("NONE", "SOFTMAX", "LOGISTIC"):
-        raise UnsupportedError(f"{node.describe()}: post_transform {forest.post_transform} is not supported")
+        raise NotExpanded(f"{node.describe()}: post_transform {forest.post_transform} is not supported")
     walk = _Walk(node, forest, ("Y", "Z"))
     body = walk.body
     total, added = walk.scores()
