@@ -106,11 +106,11 @@ def _matmul_nbits(node):
     constant = {i: body.const_input(i) for i in range(1, 5) if body.present(i)}
     if any(value is None for value in constant.values()):
         raise NotExpanded(f"{node.describe()}: MatMulNBits with a weight, scale or zero point computed at "
-                               "run time is not supported")
+                          "run time is not supported")
     if constant.get(4) is not None and constant.get(3) is not None and constant[3].dtype == np.uint8:
         # onnxruntime's kernel reads no packed zero point once g_idx is given (it uses the middle code).
         raise NotExpanded(f"{node.describe()}: MatMulNBits with g_idx and packed uint8 zero points is not "
-                               "supported (onnxruntime ignores those zero points); give float zero points")
+                          "supported (onnxruntime ignores those zero points); give float zero points")
     weight = nbits_weight(node, constant[1], constant[2], constant.get(3), constant.get(4))
     y = body.op("MatMul", "A", body.constant(weight.T, weight.dtype), out=None if body.present(5) else "Y")
     if body.present(5):

@@ -5,6 +5,7 @@ numbers, LinearRegressor, LinearClassifier, SVMRegressor, SVMClassifier). The tr
 in `ml_trees.py`."""
 
 import numpy as np
+import onnx
 from onnx import TensorProto, numpy_helper
 
 from ir.errors import NeedsShapes, NotExpanded, UnsupportedError
@@ -40,11 +41,25 @@ def _array_feature_extractor(b, node):
 
 
 # -- preprocessing and linear models, expanded -------------------------------------------------
-def _floats(node, name: str, default=None) -> np.ndarray | None:
-    value = node.attrs.get(name)
+def text(value) -> str:
+    """A string attribute (onnx hands some back as bytes)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def floats(node, name: str, default=None, dtype=np.float32) -> np.ndarray | None:
+    """A float-list attribute as a flat array, or its `name`_as_tensor form (ml opset 3's doubles);
+    `default` when neither is given."""
+    value = node.attrs.get(name + "_as_tensor")
+    value = node.attrs.get(name) if value is None else value
     if value is None:
-        return None if default is None else np.asarray(default, np.float32)
-    return np.asarray(value, np.float32).reshape(-1)
+        return None if default is None else np.asarray(default, dtype)
+    if isinstance(value, onnx.TensorProto):
+        value = numpy_helper.to_array(value)
+    return np.asarray(value, dtype).reshape(-1)
+
+
+def _post_transform(node) -> str:
+    return text(node.attrs.get("post_transform", "NONE"))
 
 
 def _as_float(body: Body, x: str = "X") -> str:
@@ -55,7 +70,7 @@ def _as_float(body: Body, x: str = "X") -> str:
 def _scaler(node):
     """Y = (X - offset) * scale, per feature or for all (one value)."""
     body = Body(node, ("X",))
-    offset, scale = _floats(node, "offset", [0.0]), _floats(node, "scale", [1.0])
+    offset, scale = floats(node, "offset", [0.0]), floats(node, "scale", [1.0])
     body.op("Mul", body.op("Sub", _as_float(body), body.constant(offset)), body.constant(scale), out="Y")
     return body.function(("Y",))
 
@@ -64,8 +79,7 @@ def _normalizer(node):
     """Each row divided by its MAX (the largest value, not magnitude), L1 or L2 norm; a row whose
     norm is 0 stays 0, as onnxruntime gives it."""
     body = Body(node, ("X",))
-    norm = node.attrs.get("norm", "MAX")
-    norm = norm.decode() if isinstance(norm, bytes) else norm
+    norm = text(node.attrs.get("norm", "MAX"))
     x, last = _as_float(body), body.constant([-1], np.int64)
     if norm == "MAX":
         # ReduceMax's axes moved into an input at opset 18: the largest value is TopK's first.
@@ -94,7 +108,7 @@ def _imputer(node):
         hit = body.op("Equal", "X", replaced)
         body.op("Where", hit, body.constant(imputed, np.int64), "X", out="Y")
         return body.function(("Y",))
-    imputed = _floats(node, "imputed_value_floats")
+    imputed = floats(node, "imputed_value_floats")
     if imputed is None:
         raise UnsupportedError(f"{node.describe()}: Imputer needs imputed_value_floats or imputed_value_int64s")
     replaced = float(node.attrs.get("replaced_value_float", 0.0))
@@ -110,10 +124,10 @@ def _one_hot_encoder(node):
     cats = node.attrs.get("cats_int64s")
     if cats is None:
         raise NotExpanded(f"{node.describe()}: OneHotEncoder with string categories is not supported "
-                               "(Cortex has no string tensors)")
+                          "(Cortex has no string tensors)")
     if not int(node.attrs.get("zeros", 1)):
         raise NotExpanded(f"{node.describe()}: OneHotEncoder with zeros=0 (an error on unknown categories) "
-                               "is not supported")
+                          "is not supported")
     body = Body(node, ("X",))
     x = body.op("Unsqueeze", _as_float(body), body.constant([-1], np.int64))
     body.op("Cast", body.op("Equal", x, body.constant(np.asarray(cats, np.float32))), to=TensorProto.FLOAT, out="Y")
@@ -138,7 +152,7 @@ def _label_encoder(node):
     keys, values = _label_encoder_table(node, "keys"), _label_encoder_table(node, "values")
     if keys is None or values is None:
         raise NotExpanded(f"{node.describe()}: LabelEncoder with string keys or values is not supported "
-                               "(Cortex has no string tensors)")
+                          "(Cortex has no string tensors)")
     default = node.attrs.get("default_tensor")
     if default is not None:
         default = (numpy_helper.to_array(default) if not isinstance(default, np.ndarray) else default).reshape(-1)[0]
@@ -158,23 +172,18 @@ def _label_encoder(node):
 
 def _linear_scores(node, body: Body, outputs: int) -> str:
     """X @ coefficients^T + intercepts: [rows, outputs]."""
-    coefficients = _floats(node, "coefficients")
+    coefficients = floats(node, "coefficients")
     if coefficients is None or coefficients.size % outputs:
         raise UnsupportedError(f"{node.describe()}: coefficients do not hold {outputs} rows")
     weights = coefficients.reshape(outputs, -1).T
-    intercepts = _floats(node, "intercepts", np.zeros(outputs))
+    intercepts = floats(node, "intercepts", np.zeros(outputs))
     return body.op("Add", body.op("MatMul", _as_float(body), body.constant(weights)), body.constant(intercepts))
-
-
-def _post_transform(node) -> str:
-    value = node.attrs.get("post_transform", "NONE")
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _linear_regressor(node):
     if _post_transform(node) != "NONE":
         raise NotExpanded(f"{node.describe()}: LinearRegressor post_transform {_post_transform(node)} is not "
-                               "supported")
+                          "supported")
     body = Body(node, ("X",))
     body.op("Identity", _linear_scores(node, body, int(node.attrs.get("targets", 1))), out="Y")
     return body.function(("Y",))
@@ -188,12 +197,12 @@ def _linear_classifier(node):
     labels = node.attrs.get("classlabels_ints")
     if labels is None:
         raise NotExpanded(f"{node.describe()}: LinearClassifier with string class labels is not supported "
-                               "(Cortex has no string tensors)")
+                          "(Cortex has no string tensors)")
     labels, post = np.asarray(labels, np.int64), _post_transform(node)
     x = node.inputs[0]
     if x is None or not x.shape or x.shape[-1] is None or not isinstance(x.shape[-1], int):
         raise NeedsShapes(f"{node.describe()}: the number of features (X's last dim) is not known yet")
-    rows = _floats(node, "coefficients").size // max(1, x.shape[-1])
+    rows = floats(node, "coefficients").size // max(1, x.shape[-1])
     if post not in ("NONE", "LOGISTIC", "SOFTMAX"):
         raise NotExpanded(f"{node.describe()}: LinearClassifier post_transform {post} is not supported")
     body = Body(node, ("X",))
@@ -216,9 +225,8 @@ def _svm_kernel(node, body: Body, support_vectors: np.ndarray) -> str:
     """K [rows, support vectors] of X against the support vectors, as onnxruntime's kernels compute
     it: LINEAR x.v, POLY (gamma x.v + coef0)^degree, SIGMOID tanh(gamma x.v + coef0), RBF
     exp(-gamma |x - v|^2) (as |x|^2 - 2 x.v + |v|^2: one product instead of a difference per pair)."""
-    kind = node.attrs.get("kernel_type", "LINEAR")
-    kind = kind.decode() if isinstance(kind, bytes) else kind
-    params = _floats(node, "kernel_params", [0.0, 0.0, 0.0])
+    kind = text(node.attrs.get("kernel_type", "LINEAR"))
+    params = floats(node, "kernel_params", [0.0, 0.0, 0.0])
     gamma, coef0, degree = (float(params[i]) if i < len(params) else 0.0 for i in range(3))
     x = _as_float(body)
     dot = body.op("MatMul", x, body.constant(support_vectors.T))
@@ -237,7 +245,7 @@ def _svm_kernel(node, body: Body, support_vectors: np.ndarray) -> str:
 
 
 def _support_vectors(node, count: int) -> np.ndarray:
-    values = _floats(node, "support_vectors")
+    values = floats(node, "support_vectors")
     if values is None or count == 0 or values.size % count:
         raise UnsupportedError(f"{node.describe()}: support_vectors do not hold {count} vectors")
     return values.reshape(count, -1)
@@ -248,9 +256,9 @@ def _svm_regressor(node):
     positive, else -1; without support vectors, a linear model x.coefficients + rho."""
     if _post_transform(node) != "NONE":
         raise NotExpanded(f"{node.describe()}: SVMRegressor post_transform {_post_transform(node)} is not "
-                               "supported")
+                          "supported")
     body = Body(node, ("X",))
-    coefficients, rho = _floats(node, "coefficients"), float(_floats(node, "rho", [0.0])[0])
+    coefficients, rho = floats(node, "coefficients"), float(floats(node, "rho", [0.0])[0])
     supports = int(node.attrs.get("n_supports", 0))
     if supports:
         terms = _svm_kernel(node, body, _support_vectors(node, supports))
@@ -273,16 +281,16 @@ def _svm_classifier(node):
     labels = node.attrs.get("classlabels_ints")
     if labels is None:
         raise NotExpanded(f"{node.describe()}: SVMClassifier with string class labels is not supported "
-                               "(Cortex has no string tensors)")
+                          "(Cortex has no string tensors)")
     if node.attrs.get("prob_a") is not None or _post_transform(node) != "NONE":
         raise NotExpanded(f"{node.describe()}: SVMClassifier with probabilities (prob_a) or a post_transform "
-                               "is not supported")
+                          "is not supported")
     per_class = node.attrs.get("vectors_per_class")
     if per_class is None:
         raise NotExpanded(f"{node.describe()}: SVMClassifier without support vectors is not supported")
     labels, per_class = np.asarray(labels, np.int64), [int(c) for c in per_class]
     classes, vectors = len(labels), sum(per_class)
-    coefficients, rho = _floats(node, "coefficients").reshape(classes - 1, vectors), _floats(node, "rho")
+    coefficients, rho = floats(node, "coefficients").reshape(classes - 1, vectors), floats(node, "rho")
     starts = np.concatenate([[0], np.cumsum(per_class)[:-1]]).astype(int)
     pairs = [(i, j) for i in range(classes) for j in range(i + 1, classes)]
     weights = np.zeros((vectors, len(pairs)), np.float32)

@@ -16,7 +16,7 @@ from onnx import TensorProto, helper
 
 from ir.errors import NeedsShapes, NotExpanded, UnsupportedError
 from ir.ops.function_body import Body
-from ir.ops.ml import ML
+from ir.ops.ml import ML, floats, text
 from ir.ops.registry import OTHER, register
 
 MODES = ("BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ", "BRANCH_MEMBER")
@@ -69,17 +69,6 @@ def _attr(node, name: str, default=None):
     return np.asarray(value) if isinstance(value, (list, tuple)) else value
 
 
-def _floats(node, name: str, default=None) -> np.ndarray | None:
-    """An attribute given as a list of floats or as `name`_as_tensor (a double tensor)."""
-    value = _attr(node, name + "_as_tensor")
-    value = _attr(node, name) if value is None else value
-    return np.asarray(value, np.float64).reshape(-1) if value is not None else default
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def forest_of_nodes(node, leaf: str, targets: int, aggregate: str) -> Forest:
     """TreeEnsembleRegressor's or TreeEnsembleClassifier's per-tree node ids, string modes and leaf
     weights by (tree, node) (`leaf`: the prefix of those, target or class) as a Forest."""
@@ -87,7 +76,7 @@ def forest_of_nodes(node, leaf: str, targets: int, aggregate: str) -> Forest:
     if trees is None or ids is None or _attr(node, "nodes_modes") is None:
         raise UnsupportedError(f"{node.describe()}: a tree ensemble needs nodes_treeids, nodes_nodeids and nodes_modes")
     index = {(int(t), int(i)): k for k, (t, i) in enumerate(zip(trees, ids))}
-    modes = [_text(m) for m in _attr(node, "nodes_modes")]
+    modes = [text(m) for m in _attr(node, "nodes_modes")]
     unknown = sorted({m for m in modes if m != LEAF and m not in MODES[:6]})
     if unknown:
         raise NotExpanded(f"{node.describe()}: node mode(s) {', '.join(unknown)} are not supported")
@@ -101,25 +90,26 @@ def forest_of_nodes(node, leaf: str, targets: int, aggregate: str) -> Forest:
                                    "not exist") from None
     values, contributes = np.zeros((len(index), targets)), np.zeros((len(index), targets), bool)
     for t, i, target, weight in zip(_attr(node, f"{leaf}_treeids"), _attr(node, f"{leaf}_nodeids"),
-                                    _attr(node, f"{leaf}_ids"), _floats(node, f"{leaf}_weights")):
+                                    _attr(node, f"{leaf}_ids"), floats(node, f"{leaf}_weights", dtype=np.float64)):
         values[index[(int(t), int(i))], int(target)] += weight
         contributes[index[(int(t), int(i))], int(target)] = True
     missing = _attr(node, "nodes_missing_value_tracks_true")
-    first = {}
-    for (t, i), k in index.items():
-        first.setdefault(t, (i, k))
-        first[t] = min(first[t], (i, k))
-    return Forest(np.asarray(_attr(node, "nodes_featureids"), np.int64), _floats(node, "nodes_values"), modes,
+    roots = {}    # each tree's root: its node of the lowest id
+    for (t, _), k in sorted(index.items()):
+        roots.setdefault(t, k)
+    return Forest(np.asarray(_attr(node, "nodes_featureids"), np.int64),
+                  floats(node, "nodes_values", dtype=np.float64), modes,
                   np.asarray(missing if missing is not None else np.zeros(len(index)), bool),
                   child("nodes_truenodeids"), child("nodes_falsenodeids"), {}, values, contributes,
-                  np.array([first[t][1] for t in sorted(first)], np.int64), aggregate,
-                  _floats(node, "base_values", np.zeros(0)), _text(node.attrs.get("post_transform", "NONE")))
+                  np.array([roots[t] for t in sorted(roots)], np.int64), aggregate,
+                  floats(node, "base_values", np.zeros(0), dtype=np.float64),
+                  text(node.attrs.get("post_transform", "NONE")))
 
 
 def forest_of_tree_ensemble(node) -> Forest:
     """TreeEnsemble (ai.onnx.ml 5): branch nodes, then the leaves after them in one index space."""
     modes = [MODES[int(m)] if 0 <= int(m) < len(MODES) else str(m) for m in _attr(node, "nodes_modes")]
-    branches, weights = len(modes), _floats(node, "leaf_weights")
+    branches, weights = len(modes), floats(node, "leaf_weights", dtype=np.float64)
     leaves, targets = len(weights), int(node.attrs["n_targets"])
 
     def child(ids, leaf_flags):
@@ -140,7 +130,8 @@ def forest_of_tree_ensemble(node) -> Forest:
     missing = _attr(node, "nodes_missing_value_tracks_true")
     leaf_ids = branches + np.arange(leaves)
     return Forest(np.concatenate([np.asarray(_attr(node, "nodes_featureids"), np.int64), np.zeros(leaves, np.int64)]),
-                  np.concatenate([_floats(node, "nodes_splits"), np.zeros(leaves)]), modes + [LEAF] * leaves,
+                  np.concatenate([floats(node, "nodes_splits", dtype=np.float64), np.zeros(leaves)]),
+                  modes + [LEAF] * leaves,
                   np.concatenate([np.asarray(missing if missing is not None else np.zeros(branches), bool),
                                   np.zeros(leaves, bool)]),
                   np.concatenate([child(_attr(node, "nodes_truenodeids"), _attr(node, "nodes_trueleafs")), leaf_ids]),
@@ -262,7 +253,7 @@ def _regression(node, forest: Forest, out_dtype):
     targets = forest.leaf_values.shape[1]
     if forest.post_transform not in ("NONE", "SOFTMAX", "LOGISTIC") or forest.aggregate not in AGGREGATES:
         raise NotExpanded(f"{node.describe()}: post_transform {forest.post_transform} with aggregate_function "
-                               f"{forest.aggregate} is not supported")
+                          f"{forest.aggregate} is not supported")
     walk = _Walk(node, forest, ("Y",))
     body = walk.body
     total, added = walk.scores()
@@ -278,7 +269,7 @@ def _regression(node, forest: Forest, out_dtype):
 
 def _tree_ensemble_regressor(node):
     forest = forest_of_nodes(node, "target", int(node.attrs.get("n_targets", 1)),
-                             _text(node.attrs.get("aggregate_function", "SUM")))
+                             text(node.attrs.get("aggregate_function", "SUM")))
     return _regression(node, forest, np.float32)     # Y is float whatever X is
 
 
@@ -294,7 +285,7 @@ def _tree_ensemble_classifier(node):
     labels = _attr(node, "classlabels_int64s")
     if labels is None:
         raise NotExpanded(f"{node.describe()}: TreeEnsembleClassifier with string class labels is not supported "
-                               "(Cortex has no string tensors)")
+                          "(Cortex has no string tensors)")
     forest = forest_of_nodes(node, "class", len(labels), "SUM")
     if forest.post_transform not in ("NONE", "SOFTMAX", "LOGISTIC"):
         raise NotExpanded(f"{node.describe()}: post_transform {forest.post_transform} is not supported")
@@ -326,7 +317,7 @@ def _binary(node, walk: _Walk, total: str, added: str, labels):
     or 0; otherwise onnxruntime returns 1 or 0 itself, whatever the labels."""
     body, forest, base = walk.body, walk.forest, walk.forest.base_values
     one_class = len({int(c) for c in _attr(node, "class_ids")}) == 1
-    all_positive = bool((_floats(node, "class_weights") >= 0).all())
+    all_positive = bool((floats(node, "class_weights", dtype=np.float64) >= 0).all())
     s0, s1 = (body.op("Gather", total, walk.constant(j, np.int64), axis=1) for j in (0, 1))
     has0, has1 = (body.op("Gather", added, walk.constant(j, np.int64), axis=1) for j in (0, 1))
     zero = walk.constant(0.0)
