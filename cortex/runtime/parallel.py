@@ -1,14 +1,23 @@
-"""The threaded walk: ready CUs run at the same time on a pool of threads.
+"""The threaded walk: ready CUs run at the same time on N threads, the calling thread and N - 1
+pool threads, each picking the next ready CU itself.
 
 A CU is ready once every CU it depends on in dag.json's `edges` has had its turn (ran, was
 skipped or was a cache hit); the edges include a branch CU's wait for its condition and a select
 reader's wait for every case, so the sequential walk's decisions all have what they read. Those
-decisions stay on the calling thread, in the sequential scheduler's own methods: `_skip_reason`
-(inactive branch, not needed, cache hit), `_gather_inputs` (copies between devices), `_record`
-(the outputs join the request, the cache stores them, the trace gets its entry) and `_settle`
-(skips and selects). Only `_execute`, the device's run of one CU, goes to a thread, and it touches
-nothing of the request. So policies, requested outputs, the result cache, variants and fallback
-devices keep their semantics; the trace gains each entry's thread (0: the calling thread).
+decisions are the sequential scheduler's own methods: `_skip_reason` (inactive branch, not needed,
+cache hit), `_gather_inputs` (copies between devices), `_record` (the outputs join the request,
+the cache stores them, the trace gets its entry) and `_settle` (skips and selects). They touch the
+request, so a thread makes them holding the request's lock; only `_execute`, the device's run of
+one CU, which touches nothing of the request, runs without it. So policies, requested outputs, the
+result cache, variants and fallback devices keep their semantics; the trace gains each entry's
+thread (0: the calling thread).
+
+No thread decides for the others. A thread that finishes a CU records it, settles what became
+ready and goes on with the first ready CU in dag.json's order: a chain runs on one thread without
+a hand-off, and a CU never waits for a busy thread to notice that its predecessor finished. Only
+when more CUs are ready than threads are looking for work does a thread wake another: an idle one
+waiting on the lock's condition, or else a pool thread not yet part of the request (through its
+task queue). A model whose CUs form a chain therefore never wakes the pool.
 
 Why threads help at all: wasmtime-py calls into the engine through ctypes' `cdll`, which releases
 the GIL for the whole call, and a CU's time is almost all inside that call. Each CU instance is
@@ -17,22 +26,16 @@ the engine and its modules are shared, one store per instance (backends/wasm/ins
 
 Outputs of a wasm CU are views of its memory, valid until that CU runs again. A consumer on
 another thread reads them while copying its inputs in; that is safe because a CU runs once per
-request and the next request starts only after this one has waited for every thread it started,
-errors included, so no producer can overwrite a view a consumer is still reading.
+request and a request returns only once no thread runs one of its CUs, errors included, so no
+producer can overwrite a view a consumer is still reading.
 
 Devices that do not say `concurrent_runs = True` (a GPU, whose context belongs to the thread that
-made it) run their CUs on the calling thread, still interleaved with the pool's work. So does the
-last CU that can start at a moment (the only ready one, or the one filling the last free thread):
-the calling thread would otherwise only wait, a chain pays no thread switches, and N slices of one
-op cost N - 1 hand-offs. The pool therefore has N - 1 threads.
+made it) run their CUs on the calling thread only, still interleaved with the pool's work.
 
-The pool is lean because a hand-off costs more than many small CUs: N - 1 daemon threads, started
-at the first hand-off, each blocking on its own task queue, and one completion queue the calling
-thread blocks on (one wait in C, no future per CU). A worker sends back its run or its error; the
-calling thread re-raises an error only once every CU it started has finished. `close()` (and
-`Model.close()`) stops the threads, and so does the scheduler's collection; a later request
-starts them again. Thread n (1 to N - 1) is the pool's nth worker; a hand-off goes to the lowest
-free one.
+An error in a CU, or in a thread's bookkeeping, stops every thread from starting another CU; the
+calling thread raises it once none runs. `close()` (and `Model.close()`) stops the pool's threads,
+and so does the scheduler's collection; a later request starts them again. Thread n (1 to N - 1)
+is the pool's nth worker; a wake-up through the task queues goes to the lowest not yet woken.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ import numpy as np
 from backends.limits import SandboxLimits
 from cortex.runtime.cache import ResultCache
 from cortex.runtime.policy import Policy
-from cortex.runtime.scheduler import Execution, Request, SequentialScheduler
+from cortex.runtime.scheduler import Request, SequentialScheduler
 from ir.errors import CortexError
 
 CALLING_THREAD = 0
@@ -88,10 +91,9 @@ class ThreadedScheduler(SequentialScheduler):
                 self.unblocks[pred] += (cu_id,)
         self.pooled = {cu_id: bool(getattr(self.devices[where], "concurrent_runs", False))
                        for cu_id, where in self.placement.items()}
-        # The calling thread runs one of the CUs that run at once, the pool the others.
         self.pool = WorkerPool(max(self.threads - 1, 1))
-        # The workers hold no reference to the scheduler: once it is collected they are told to stop.
-        # At exit they are left alone (daemon threads, idle between requests), so exit never waits.
+        # The workers hold no reference to the scheduler between requests: once it is collected they
+        # are told to stop. At exit they are left alone (daemon threads, idle), so exit never waits.
         weakref.finalize(self, self.pool.close, False).atexit = False
 
     def close(self) -> None:
@@ -101,93 +103,140 @@ class ThreadedScheduler(SequentialScheduler):
     def run(self, feeds: dict[str, np.ndarray], policy: Policy,
             outputs: list[str]) -> tuple[dict[str, np.ndarray], Request]:
         request = self._new_request(feeds, policy, outputs)
-        waiting = {cu_id: len(preds) for cu_id, preds in self.waits_for.items()}
-        ready = [(self.position[cu_id], cu_id) for cu_id, n in waiting.items() if n == 0]
-        heapq.heapify(ready)
-        pool, threads, position, unblocks = self.pool, self.threads, self.position, self.unblocks
-        idle = list(range(threads - 1))       # free workers, lowest first
-        running: dict[int, tuple[dict, int, bytes | None]] = {}       # worker -> what it runs
-
-        def done_with(cu_id: str) -> None:
-            for successor in unblocks[cu_id]:
-                waiting[successor] -= 1
-                if waiting[successor] == 0:
-                    heapq.heappush(ready, (position[successor], successor))
-
-        def finished(worker: int, run: Execution | None, error: BaseException | None) -> None:
-            heapq.heappush(idle, worker)
-            cu, crossed, key = running.pop(worker)
-            if error is not None:
-                raise error
-            run.where = {"thread": worker + 1}     # the run is this worker's own, fresh from _execute
-            self._record(cu, request, run, crossed, key)
-            self._settle(cu["id"], None, request)
-            done_with(cu["id"])
-
-        try:
-            # Each pass starts or settles at least one CU, or waits for one to finish, so the loop
-            # ends after at most two passes per CU.
-            while ready or running:
-                here = None             # the CU this thread runs itself in this pass
-                while ready and here is None and len(running) < threads:
-                    _, cu_id = heapq.heappop(ready)
-                    cu = self.cus[cu_id]
-                    request.key, request.hit = None, None
-                    reason = self._skip_reason(cu, request)
-                    if reason is not None:
-                        self._settle(cu_id, reason, request)
-                        done_with(cu_id)
-                        continue
-                    inputs, crossed = self._gather_inputs(cu, request)
-                    self.variants.prepare(cu_id, policy)     # loading stays on this thread
-                    # The last CU that can start now runs here: this thread would only wait, and a
-                    # hand-off costs a thread wake-up, which on a busy machine takes longer than a small CU.
-                    if self.pooled[cu_id] and ready and len(running) < threads - 1:
-                        worker = heapq.heappop(idle)
-                        pool.submit(worker, self._execute, cu, inputs, policy)
-                        running[worker] = cu, crossed, request.key
-                    else:
-                        here = cu, inputs, crossed, request.key
-                if here is not None:
-                    cu, inputs, crossed, key = here
-                    run = self._execute(cu, inputs, policy)
-                    run.where = {"thread": CALLING_THREAD}
-                    self._record(cu, request, run, crossed, key)
-                    self._settle(cu["id"], None, request)
-                    done_with(cu["id"])
-                if not running:
-                    continue
-                # With CUs ready to start, only collect what has finished; otherwise wait for one.
-                # Several finished ones are recorded in dag.json's order, as the sequential walk would.
-                done = [] if ready and len(running) < threads else [pool.done.get()]
-                while not pool.done.empty():
-                    done.append(pool.done.get())
-                if len(done) > 1:
-                    done.sort(key=lambda d: position[running[d[0]][0]["id"]])
-                for i, (worker, run, error) in enumerate(done):
-                    try:
-                        finished(worker, run, error)
-                    except BaseException:
-                        for later in done[i + 1:]:
-                            running.pop(later[0])
-                        raise
-        except BaseException:
-            # No thread may still write into a CU's memory once this request is over.
-            while running:
-                running.pop(pool.done.get()[0])
-            raise
+        walk = Walk(self, request, policy)
+        walk.work(CALLING_THREAD)
         request.activated.sort(key=lambda entry: entry["start"])
         request.skipped.sort(key=lambda entry: self.position[entry["cu"]])
         return self._results(outputs, request), request
 
 
+class Walk:
+    """One request's CUs on the scheduler's threads: what is ready, what runs, the first error.
+    Every field is read and written holding `lock`."""
+
+    def __init__(self, scheduler: ThreadedScheduler, request: Request, policy: Policy):
+        self.scheduler, self.request, self.policy = scheduler, request, policy
+        self.lock = threading.Condition(threading.Lock())
+        self.waiting = {cu_id: len(preds) for cu_id, preds in scheduler.waits_for.items()}
+        # Ready CUs by their place in dag.json's order: any thread's, and the calling thread's alone.
+        self.ready: list[tuple[int, str]] = []
+        self.ready_here: list[tuple[int, str]] = []
+        self.running = 0
+        self.idle = 0                 # threads of the request waiting for a CU, not yet woken
+        self.woken = 0                # pool threads asked to join the request
+        self.error: BaseException | None = None
+        for cu_id, n in self.waiting.items():
+            if n == 0:
+                self._push(cu_id)
+
+    def work(self, thread: int) -> None:
+        """Run ready CUs until none is left to run; on the calling thread, then wait until no
+        thread runs one and raise the request's first error."""
+        with self.lock:
+            try:
+                if thread == CALLING_THREAD:
+                    self._wake()
+                self._work(thread)
+            except BaseException as error:      # a pool thread's, too: the calling thread raises it
+                if self.error is None:
+                    self.error = error
+            self._notify_all()
+            if thread != CALLING_THREAD:
+                return
+            while self.running:
+                self.lock.wait()
+            if self.error is not None:
+                raise self.error
+
+    def _work(self, thread: int) -> None:
+        scheduler, request, policy = self.scheduler, self.request, self.policy
+        while self.error is None:
+            cu_id = self._pop(thread)
+            if cu_id is None:
+                if not (self.running or self.ready or self.ready_here):
+                    return                      # every CU has had its turn
+                self.idle += 1              # the thread that wakes it counts it off
+                self.lock.wait()
+                continue
+            cu = scheduler.cus[cu_id]
+            request.key, request.hit = None, None
+            reason = scheduler._skip_reason(cu, request)
+            if reason is not None:
+                scheduler._settle(cu_id, reason, request)
+                self._done_with(cu_id)
+                continue
+            inputs, crossed = scheduler._gather_inputs(cu, request)
+            scheduler.variants.prepare(cu_id, policy)
+            key = request.key
+            self.running += 1
+            self.lock.release()
+            try:
+                run, error = scheduler._execute(cu, inputs, policy), None
+            except BaseException as raised:
+                run, error = None, raised
+            finally:
+                self.lock.acquire()
+                self.running -= 1
+            if error is not None:
+                raise error
+            run.where = {"thread": thread}      # the run is this thread's own, fresh from _execute
+            scheduler._record(cu, request, run, crossed, key)
+            scheduler._settle(cu_id, None, request)
+            self._done_with(cu_id)
+
+    def _notify_all(self) -> None:
+        self.lock.notify_all()
+        self.idle = 0
+
+    def _push(self, cu_id: str) -> None:
+        entry = (self.scheduler.position[cu_id], cu_id)
+        heapq.heappush(self.ready if self.scheduler.pooled[cu_id] else self.ready_here, entry)
+
+    def _pop(self, thread: int) -> str | None:
+        """The first ready CU in dag.json's order that `thread` may run."""
+        ready = self.ready
+        if thread == CALLING_THREAD and self.ready_here and (not ready or self.ready_here[0] < ready[0]):
+            ready = self.ready_here
+        return heapq.heappop(ready)[1] if ready else None
+
+    def _done_with(self, cu_id: str) -> None:
+        """`cu_id` had its turn: its successors may become ready, and threads are woken for those
+        this one will not take itself."""
+        scheduler = self.scheduler
+        became_ready = 0
+        for successor in scheduler.unblocks[cu_id]:
+            self.waiting[successor] -= 1
+            if self.waiting[successor] == 0:
+                self._push(successor)
+                became_ready += 1
+        if became_ready:
+            self._wake()
+
+    def _wake(self) -> None:
+        """Wake threads for the ready CUs beyond the one this thread takes next: idle threads of the
+        request first, then pool threads not yet part of it."""
+        if self.ready_here:
+            self._notify_all()              # only the calling thread may take those
+        others = len(self.ready) - 1
+        if others <= 0:
+            return
+        if self.idle:
+            woken = min(self.idle, others)
+            self.lock.notify(woken)
+            self.idle -= woken
+            others -= woken
+        pool = self.scheduler.pool
+        while others > 0 and self.woken < pool.workers:
+            pool.submit(self.woken, self.work, self.woken + 1)
+            self.woken += 1
+            others -= 1
+
+
 class WorkerPool:
-    """Persistent daemon threads, one task queue each, and one queue of what they finished:
-    (worker, result, None) or (worker, None, error). Started at the first task."""
+    """Persistent daemon threads, each running the tasks of its own queue. Started at the first task."""
 
     def __init__(self, workers: int):
         self.workers = workers
-        self.done: queue.SimpleQueue = queue.SimpleQueue()
         self.tasks: list[queue.SimpleQueue] = []
         self.alive: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -202,8 +251,8 @@ class WorkerPool:
             if self.alive:
                 return
             self.tasks = [queue.SimpleQueue() for _ in range(self.workers)]
-            self.alive = [threading.Thread(target=_serve, args=(i, tasks, self.done), daemon=True,
-                                           name=f"cortex-cu-{i + 1}") for i, tasks in enumerate(self.tasks)]
+            self.alive = [threading.Thread(target=_serve, args=(tasks,), daemon=True, name=f"cortex-cu-{i + 1}")
+                          for i, tasks in enumerate(self.tasks)]
             for thread in self.alive:
                 thread.start()
 
@@ -219,8 +268,8 @@ class WorkerPool:
                 thread.join()
 
 
-def _serve(worker: int, tasks: queue.SimpleQueue, done: queue.SimpleQueue) -> None:
-    """A worker's life: run each task, send back its result or its error, until told to stop."""
+def _serve(tasks: queue.SimpleQueue) -> None:
+    """A worker's life: run each task (a `Walk.work`, which keeps its own errors), until told to stop."""
     while True:
         task = tasks.get()
         if task is None:
@@ -228,10 +277,5 @@ def _serve(worker: int, tasks: queue.SimpleQueue, done: queue.SimpleQueue) -> No
         fn, args = task
         # Nothing of the task may stay in this frame while it waits: it would keep the scheduler alive.
         task = None
-        try:
-            result = fn(*args), None
-        except BaseException as error:        # the calling thread re-raises it
-            result = None, error
+        fn(*args)
         fn = args = None
-        done.put((worker, *result))
-        result = None
