@@ -63,17 +63,22 @@ def quantized_qoperator_net() -> ContribModel:
                         ("QLinearAdd", "QLinearSigmoid", "QGemm"))
 
 
-def optimized_minilm(gelu_approximation: bool = False) -> ContribModel:
-    name = "minilm-optimized-fastgelu" if gelu_approximation else "minilm-optimized"
-    path = cached_model(name, lambda d: _optimized_minilm(d, gelu_approximation))
+def optimized_minilm(gelu_approximation: bool = False, multi_head_attention: bool = False) -> ContribModel:
+    """MiniLM through the transformer optimizer: Attention (or, with `multi_head_attention`, the
+    optimizer's `use_multi_head_attention` form: MultiHeadAttention after separate Q, K and V
+    projections), SkipLayerNormalization, EmbedLayerNormalization and BiasGelu (or FastGelu)."""
+    name = "minilm-optimized" + ("-fastgelu" if gelu_approximation else "") + ("-mha" if multi_head_attention else "")
+    path = cached_model(name, lambda d: _optimized_minilm(d, gelu_approximation, multi_head_attention))
     gelu = "FastGelu" if gelu_approximation else "BiasGelu"
+    attention = "MultiHeadAttention" if multi_head_attention else "Attention"
     return ContribModel(name, path, {}, {"batch": 1, "seq": 16},
-                        ("Attention", "SkipLayerNormalization", "EmbedLayerNormalization", gelu))
+                        (attention, "SkipLayerNormalization", "EmbedLayerNormalization", gelu))
 
 
 def contrib_models() -> list[ContribModel]:
     return [quantized_matmul(), quantized_shared_matmuls(), quantized_lstm(), quantized_qoperator_net(),
-            optimized_minilm(), optimized_minilm(gelu_approximation=True)]
+            optimized_minilm(), optimized_minilm(gelu_approximation=True),
+            optimized_minilm(multi_head_attention=True)]
 
 
 # -- building ------------------------------------------------------------------------------------
@@ -150,12 +155,13 @@ def _source(model: onnx.ModelProto | Path, folder: Path) -> Path:
     return private
 
 
-def _optimized_minilm(folder: Path, gelu_approximation: bool) -> Path:
+def _optimized_minilm(folder: Path, gelu_approximation: bool, multi_head_attention: bool) -> Path:
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
     options = FusionOptions("bert")
     options.enable_gelu_approximation = gelu_approximation
+    options.use_multi_head_attention = multi_head_attention
     optimized = optimize_model(str(ensure_minilm()), model_type="bert", num_heads=12, hidden_size=384,
                                opt_level=0, optimization_options=options)
     path = folder / "optimized.onnx"

@@ -159,9 +159,59 @@ CASES = {
                                    ["x", "w", "b", "mask", "past"], [True, True],
                                    attrs={"num_heads": HEADS, "unidirectional": 1}),
 }
+
+
+def rotary_caches(positions: int, half: int) -> dict[str, np.ndarray]:
+    """The cos and sin caches [positions, half] of rotary embeddings with base 10000."""
+    angles = np.arange(positions)[:, None] / 10000.0 ** (np.arange(half) / half)
+    return {"cos": np.cos(angles).astype(np.float32), "sin": np.sin(angles).astype(np.float32)}
+
+
+L, H = 6, D // HEADS          # the keys' length in a cross attention; the head size
+KV = {"k": normal(B, L, D), "v": normal(B, L, D)}
+POSITIONS = RNG.integers(0, 10, (B, S)).astype(np.int64)
+CASES |= {
+    "MultiHeadAttention": Case("MultiHeadAttention", {"q": X, **KV}, {}, ["q", "k", "v"], attrs={"num_heads": HEADS}),
+    "MultiHeadAttention-bias-scale": Case("MultiHeadAttention", {"q": X, **KV}, {"b": normal(3 * D)},
+                                          ["q", "k", "v", "b"], attrs={"num_heads": HEADS, "scale": 0.3}),
+    "MultiHeadAttention-lengths": Case("MultiHeadAttention", {"q": X, **KV, "mask": int32([3, 6])}, {"b": normal(3 * D)},
+                                       ["q", "k", "v", "b", "mask"], attrs={"num_heads": HEADS}),
+    "MultiHeadAttention-raw-mask": Case("MultiHeadAttention",
+                                        {"q": X, **KV, "mask": int32([[1, 1, 0, 1, 0, 1], [1, 0, 0, 0, 0, 0]])}, {},
+                                        ["q", "k", "v", "", "mask"], attrs={"num_heads": HEADS}),
+    "MultiHeadAttention-attention-bias-value-width": Case(
+        "MultiHeadAttention", {"q": X, "k": KV["k"], "v": normal(B, L, 6), "bias": normal(1, HEADS, S, L)},
+        {"b": normal(2 * D + 6)}, ["q", "k", "v", "b", "", "bias"], attrs={"num_heads": HEADS}),
+    "MultiHeadAttention-past-present-unidirectional": Case(
+        "MultiHeadAttention", {"q": X, "k": normal(B, S, D), "v": normal(B, S, D),
+                               "past_k": normal(B, HEADS, 3, H), "past_v": normal(B, HEADS, 3, H)},
+        {"b": normal(3 * D)}, ["q", "k", "v", "b", "", "", "past_k", "past_v"], [True, True, True],
+        attrs={"num_heads": HEADS, "unidirectional": 1}),
+    "MultiHeadAttention-keys-in-heads": Case(
+        "MultiHeadAttention", {"q": X, "k": normal(B, HEADS, L, H), "v": normal(B, HEADS, L, H),
+                               "mask": int32([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])},
+        {}, ["q", "k", "v", "", "mask"], [True, True, True], attrs={"num_heads": HEADS}),
+    "RotaryEmbedding": Case("RotaryEmbedding", {"x": X, "positions": POSITIONS}, rotary_caches(10, H // 2),
+                            ["x", "positions", "cos", "sin"]),
+    "RotaryEmbedding-interleaved-num-heads": Case("RotaryEmbedding", {"x": X, "positions": POSITIONS},
+                                                  rotary_caches(10, H // 2), ["x", "positions", "cos", "sin"],
+                                                  attrs={"interleaved": 1, "num_heads": HEADS}),
+    "RotaryEmbedding-one-offset": Case("RotaryEmbedding", {"x": X, "positions": np.array([3], np.int64)},
+                                       rotary_caches(10, H // 2), ["x", "positions", "cos", "sin"]),
+    "RotaryEmbedding-heads-first": Case("RotaryEmbedding", {"x": normal(B, HEADS, S, H), "positions": POSITIONS},
+                                        rotary_caches(10, H // 2), ["x", "positions", "cos", "sin"]),
+    "RotaryEmbedding-partial-interleaved-heads-first": Case(
+        "RotaryEmbedding", {"x": normal(B, HEADS, S, 8), "positions": np.array([2], np.int64)},
+        rotary_caches(10, 2), ["x", "positions", "cos", "sin"],
+        attrs={"num_heads": HEADS, "rotary_embedding_dim": 4, "interleaved": 1}),
+    "RotaryEmbedding-partial": Case("RotaryEmbedding", {"x": normal(B, S, 2 * 8), "positions": POSITIONS},
+                                    rotary_caches(10, 2), ["x", "positions", "cos", "sin"],
+                                    attrs={"num_heads": HEADS, "rotary_embedding_dim": 4}),
+}
 # The masks must matter: were one ignored, onnxruntime's result would differ from the unmasked one.
 MASKED = [name for name, case in CASES.items()
-          if case.op == "Attention" and "mask" in case.feeds and not np.all(case.feeds["mask"] == 1)]
+          if case.op in ("Attention", "MultiHeadAttention") and "mask" in case.feeds
+          and not np.all(case.feeds["mask"] == 1)]
 
 
 def test_fused_matmul_of_a_value_of_unknown_rank_expands_once_shapes_are_inferred(tmp_path):
@@ -244,7 +294,8 @@ def test_bias_add_and_bias_split_gelu_follow_onnxruntimes_definition(tmp_path):
 
 
 CUDA_SIM = ["SkipLayerNormalization-all-outputs", "EmbedLayerNormalization", "Attention-raw-mask",
-            "Attention-lengths-and-starts"]
+            "Attention-lengths-and-starts", "MultiHeadAttention-past-present-unidirectional",
+            "RotaryEmbedding-partial-interleaved-heads-first"]
 
 
 @pytest.mark.skipif(unavailable_reason("cuda-sim") is not None, reason="the cuda-sim device is not available here")
@@ -269,8 +320,9 @@ def test_an_expansion_in_a_model_before_opset_17_is_one_line(tmp_path):
 
 # -- the transformer optimizer's MiniLM ----------------------------------------------------------
 @pytest.mark.parametrize("make", [contrib.optimized_minilm,
-                                  functools.partial(contrib.optimized_minilm, gelu_approximation=True)],
-                         ids=["minilm-optimized", "minilm-optimized-fastgelu"])
+                                  functools.partial(contrib.optimized_minilm, gelu_approximation=True),
+                                  functools.partial(contrib.optimized_minilm, multi_head_attention=True)],
+                         ids=["minilm-optimized", "minilm-optimized-fastgelu", "minilm-optimized-mha"])
 def test_optimized_minilm_compiles_for_wasm_and_verifies(make, tmp_path):
     """With a real sentence's mask (all-zero example inputs would mask every key: onnxruntime's
     -10000 filter then leaves scores on a grid of 1e-3, and the comparison measures that rounding)."""

@@ -1,7 +1,9 @@
-"""onnxruntime's Attention (packed QKV weight) as a function body over standard ops, expanded by the
-expand-ops pass like the other contrib ops (`contrib_transformer`).
+"""onnxruntime's attention ops as function bodies over standard ops, expanded by the expand-ops pass
+like the other contrib ops (`contrib_transformer`): Attention (packed QKV weight), MultiHeadAttention
+(Q, K and V projected outside it; what the transformer optimizer writes with
+`use_multi_head_attention`, and for cross attention) and RotaryEmbedding.
 
-The body follows onnxruntime's CPU kernel (contrib_ops/cpu/bert/attention.cc and
+Attention's body follows onnxruntime's CPU kernel (contrib_ops/cpu/bert/attention.cc and
 attention_cpu_base.h): Q, K and V are the input times the weight's three column blocks plus the
 bias's, split into heads; scores are scale * Q K^T plus the attention bias and the mask; softmax;
 times V; heads joined. The weight and bias are sliced (constants, so folding gives three weights)
@@ -21,12 +23,13 @@ import math
 
 import onnx
 
-from ir.errors import UnsupportedError
+from ir.errors import NeedsShapes, NotExpanded, UnsupportedError
 from ir.ops.contrib_transformer import DOMAIN, attr, function, number, present, signature, wanted
 from ir.ops.registry import OTHER, register
 
 MASK_FILTER_VALUE = -10000.0        # onnxruntime's default for mask_filter_value
 FLOAT_LOWEST = -3.4028234663852886e38   # what the kernel adds for keys a causal mask hides
+INT64_MAX = 2 ** 63 - 1                 # a Slice end: to the end of the axis
 
 
 def _attention(node) -> onnx.FunctionProto:
@@ -55,25 +58,34 @@ def _attention(node) -> onnx.FunctionProto:
     lines += _keys_and_values(node)
     lines += ["raw = MatMul (q_bnsh, k_bnht)", f"scale = Constant <value_float = {number(scale)}> ()",
               "scores_0 = Mul (raw, scale)"]
-    terms = []
-    if present(node, 3) or attr(node, "unidirectional", 0):
+    lines += _attend(node, mask=3, attention_bias=5, batch_of="input")
+    head = signature("Attention", ["input", "weights", "bias", "mask_index", "past", "attention_bias",
+                                   "past_sequence_length"], node, ["output", "present"])
+    return function(head + " {\n" + "\n".join(lines) + "\n}")
+
+
+def _attend(node, mask: int, attention_bias: int, batch_of: str) -> list[str]:
+    """From the scaled scores `scores_0` [B, N, S, T] and `v_bnth`: the attention bias, the mask (the
+    input at position `mask`, named `mask_index` in the body) and the causal mask added, softmax,
+    times V, heads joined into `output` [B, S, N * Hv]. `batch_of` is a body value whose first axis
+    is the batch."""
+    lines, terms = [], []
+    if present(node, mask) or attr(node, "unidirectional", 0):
         lines += _sizes_lines()
-    if present(node, 5):
+    if present(node, attention_bias):
         terms.append("attention_bias")
-    if present(node, 3):
-        lines += _mask_lines(float(attr(node, "mask_filter_value", MASK_FILTER_VALUE)))
+    if present(node, mask):
+        lines += _mask_lines(float(attr(node, "mask_filter_value", MASK_FILTER_VALUE)), batch_of)
         terms.append("mask_add")
     if attr(node, "unidirectional", 0):
         lines += _causal_lines()
         terms.append("causal_add")
     for j, term in enumerate(terms):
         lines.append(f"scores_{j + 1} = Add (scores_{j}, {term})")
-    lines += [f"probs = Softmax <axis = -1> (scores_{len(terms)})", "context = MatMul (probs, v_bnth)",
-              "context_bsnh = Transpose <perm = [0, 2, 1, 3]> (context)",
-              "joined_shape = Constant <value_ints = [0, 0, -1]> ()", "output = Reshape (context_bsnh, joined_shape)"]
-    head = signature("Attention", ["input", "weights", "bias", "mask_index", "past", "attention_bias",
-                                   "past_sequence_length"], node, ["output", "present"])
-    return function(head + " {\n" + "\n".join(lines) + "\n}")
+    return lines + [f"probs = Softmax <axis = -1> (scores_{len(terms)})", "context = MatMul (probs, v_bnth)",
+                    "context_bsnh = Transpose <perm = [0, 2, 1, 3]> (context)",
+                    "joined_shape = Constant <value_ints = [0, 0, -1]> ()",
+                    "output = Reshape (context_bsnh, joined_shape)"]
 
 
 def _hidden_sizes(node) -> tuple[int, int, int]:
@@ -122,20 +134,20 @@ def _sizes_lines() -> list[str]:
             "zero_f = Constant <value_float = 0.0> ()"]
 
 
-def _mask_lines(filter_value: float) -> list[str]:
+def _mask_lines(filter_value: float, batch_of: str) -> list[str]:
     """mask_add [B, 1, 1 or S, T]: 0 where a key is attended, filter_value where it is masked."""
     return [f"filter = Constant <value_float = {number(filter_value)}> ()",
             "mask_shape = Shape (mask_index)", "mask_rank = Size (mask_shape)",
             "is_lengths = Equal (mask_rank, one_i)",
-            f"mask_add = If (is_lengths) <then_branch = {_lengths_branch()}, else_branch = {_raw_branch()}>"]
+            f"mask_add = If (is_lengths) <then_branch = {_lengths_branch(batch_of)}, else_branch = {_raw_branch()}>"]
 
 
-def _lengths_branch() -> str:
+def _lengths_branch(batch_of: str) -> str:
     """[B] end positions, or [2B] ends then starts: padding the lengths with B zeros reads both forms
     with one body (a start of 0 masks nothing)."""
-    return """lengths () => (float lengths_add) {
-        batch = Shape <start = 0, end = 1> (input)
-        no_starts = ConstantOfShape <value = int32[1] {0}> (batch)
+    return f"""lengths () => (float lengths_add) {{
+        batch = Shape <start = 0, end = 1> ({batch_of})
+        no_starts = ConstantOfShape <value = int32[1] {{0}}> (batch)
         padded = Concat <axis = 0> (mask_index, no_starts)
         twice = Add (batch, batch)
         ends = Slice (padded, axis0, batch)
@@ -151,7 +163,7 @@ def _lengths_branch() -> str:
         lengths_2d = Where (attended, zero_f, filter)
         middle = Constant <value_ints = [1, 2]> ()
         lengths_add = Unsqueeze (lengths_2d, middle)
-    }"""
+    }}"""
 
 
 def _raw_branch() -> str:
@@ -175,4 +187,149 @@ def _causal_lines() -> list[str]:
             "causal_add = Where (visible, zero_f, hidden)"]
 
 
+def _multi_head_attention(node) -> onnx.FunctionProto:
+    """MultiHeadAttention as onnxruntime's CPU kernel runs it (contrib_ops/cpu/bert/multihead_attention.cc):
+    Q [B, S, D], and either K and V [B, L, D] / [B, L, Dv] (projected, the bias's column blocks added,
+    split into heads) or K and V already in heads [B, N, L, H] (a cross attention's cached keys and
+    values, used as given); past keys and values [B, N, P, H] before them and the present outputs;
+    then scores, masks and softmax as Attention's."""
+    heads = int(node.attrs["num_heads"])
+    if not present(node, 1) or not present(node, 2):
+        raise NotExpanded(f"{node.describe()}: MultiHeadAttention with packed QKV or KV in one input is not "
+                          "supported (onnxruntime's CPU kernel does not run it either)")
+    if present(node, 8) or present(node, 9):
+        raise NotExpanded(f"{node.describe()}: MultiHeadAttention with a shared past/present buffer or a "
+                          "cache indirection (beam search) is not supported")
+    if wanted(node, 3):
+        raise NotExpanded(f"{node.describe()}: MultiHeadAttention's qk output is not supported")
+    q_rank, k_rank = _rank(node, 0), _rank(node, 1)
+    if q_rank != 3 or k_rank not in (3, 4) or _rank(node, 2) != k_rank:
+        raise NotExpanded(f"{node.describe()}: MultiHeadAttention with query of rank {q_rank} and key of rank "
+                          f"{k_rank} is not supported (query [B, S, D]; key and value [B, L, D] or [B, N, L, H])")
+    if k_rank == 4 and present(node, 6):
+        raise NotExpanded(f"{node.describe()}: MultiHeadAttention with keys in heads and a past is not supported")
+    biased = present(node, 3)
+    lines = [f"heads_shape = Constant <value_ints = [0, 0, {heads}, -1]> ()",
+             "axis0 = Constant <value_ints = [0]> ()", "axis1 = Constant <value_ints = [1]> ()",
+             "q_width = Shape <start = 2> (query)", "qk_width = Add (q_width, q_width)",
+             f"all_of_it = Constant <value_ints = [{INT64_MAX}]> ()"]
+    projected = [("q", "query", "axis0_start", "q_width")]
+    if k_rank == 3:
+        projected += [("k", "key", "q_width", "qk_width"), ("v", "value", "qk_width", "all_of_it")]
+    lines.append("axis0_start = Constant <value_ints = [0]> ()")
+    for name, source, start, end in projected:
+        if biased:
+            lines += [f"{name}_bias = Slice (bias, {start}, {end}, axis0)", f"{name}_linear = Add ({source}, {name}_bias)"]
+        else:
+            lines.append(f"{name}_linear = Identity ({source})")
+        lines += [f"{name}_heads = Reshape ({name}_linear, heads_shape)",
+                  f"{name}_new = Transpose <perm = [0, 2, 1, 3]> ({name}_heads)"]
+    if k_rank == 4:
+        lines += ["k_new = Identity (key)", "v_new = Identity (value)"]
+    if present(node, 6):
+        lines += ["k_all = Concat <axis = 2> (past_key, k_new)", "v_bnth = Concat <axis = 2> (past_value, v_new)"]
+    else:
+        lines += ["k_all = Identity (k_new)", "v_bnth = Identity (v_new)"]
+    if wanted(node, 1):
+        lines.append("present_key = Identity (k_all)")
+    if wanted(node, 2):
+        lines.append("present_value = Identity (v_bnth)")
+    lines += ["k_bnht = Transpose <perm = [0, 1, 3, 2]> (k_all)", "raw = MatMul (q_new, k_bnht)"]
+    scale = float(attr(node, "scale", 0.0))
+    if scale:
+        lines.append(f"scale = Constant <value_float = {number(scale)}> ()")
+    else:       # 1 / sqrt(head size), the head size read off Q's heads
+        lines += ["head_size = Shape <start = -1> (q_new)", "head_size_f = Cast <to = 1> (head_size)",
+                  "root = Sqrt (head_size_f)", "one_f = Constant <value_float = 1.0> ()",
+                  "scale = Div (one_f, root)"]
+    lines.append("scores_0 = Mul (raw, scale)")
+    lines += _attend(node, mask=4, attention_bias=5, batch_of="query")
+    head = signature("MultiHeadAttention", ["query", "key", "value", "bias", "mask_index", "attention_bias",
+                                            "past_key", "past_value", "past_sequence_length", "cache_indirection"],
+                     node, ["output", "present_key", "present_value", "qk"])
+    return function(head + " {\n" + "\n".join(lines) + "\n}")
+
+
+def _rank(node, index: int) -> int:
+    shape = node.inputs[index].shape
+    if shape is None:
+        raise NeedsShapes(f"{node.describe()}: {node.op_type} needs the rank of input {index}")
+    return len(shape)
+
+
+def _rotary_embedding(node) -> onnx.FunctionProto:
+    """onnxruntime's RotaryEmbedding (contrib_ops/cpu/bert/rotary_embedding.cc): each head's first
+    `rotary_embedding_dim` features (all of them by default) rotated by the angle of its position,
+    read from the cos and sin caches [max positions, rotary dim / 2]; the rest pass through.
+
+        halves (x1, x2), or pairs (x[2i], x[2i+1]) when interleaved:  x1 cos - x2 sin,  x2 cos + x1 sin
+
+    The input is [B, S, N * H] or [B, N, S, H]; positions are [B, S], or one offset p for all
+    (positions p, p + 1, ...)."""
+    if attr(node, "is_packed_batching", 0):
+        raise NotExpanded(f"{node.describe()}: RotaryEmbedding with packed batching is not supported")
+    rank, positions_rank = _rank(node, 0), _rank(node, 1)
+    cache = node.inputs[2].shape
+    if cache is None or len(cache) != 2 or not isinstance(cache[1], int):
+        raise NeedsShapes(f"{node.describe()}: RotaryEmbedding needs the shape of its cos cache")
+    heads, rotary = int(attr(node, "num_heads", 0)), int(attr(node, "rotary_embedding_dim", 0))
+    rotary = rotary or 2 * cache[1]
+    half = rotary // 2
+    if half != cache[1]:
+        raise NotExpanded(f"{node.describe()}: RotaryEmbedding with a cache of {cache[1]} columns for a "
+                          f"rotary dimension of {rotary} is not supported")
+    seq_axis, cos_axis = (1, 2) if rank == 3 else (2, 1)     # the heads axis the angles broadcast over
+    lines = ["axis0 = Constant <value_ints = [0]> ()", "last = Constant <value_ints = [-1]> ()",
+             "zero = Constant <value_ints = [0]> ()", f"half = Constant <value_ints = [{half}]> ()",
+             f"rotary = Constant <value_ints = [{rotary}]> ()", f"all_of_it = Constant <value_ints = [{INT64_MAX}]> ()"]
+    if rank == 3:       # [B, S, N * H] -> [B, S, N, H]
+        shape = f"[0, 0, {heads}, -1]" if heads else f"[0, 0, -1, {rotary}]"
+        if heads == 0 and attr(node, "rotary_embedding_dim", 0):
+            raise NotExpanded(f"{node.describe()}: RotaryEmbedding with rotary_embedding_dim needs num_heads")
+        lines += [f"heads_shape = Constant <value_ints = {shape}> ()", "x = Reshape (input, heads_shape)"]
+    elif rank == 4:
+        lines.append("x = Identity (input)")
+    else:
+        raise NotExpanded(f"{node.describe()}: RotaryEmbedding of a rank-{rank} input is not supported")
+    if positions_rank == 2:
+        lines.append("positions = Identity (position_ids)")
+    else:               # one offset: positions offset + 0 .. S - 1, for every batch
+        lines += [f"seq_1d = Shape <start = {seq_axis}, end = {seq_axis + 1}> (input)",
+                  "seq = Squeeze (seq_1d, axis0)", "zero_i = Constant <value_int = 0> ()",
+                  "one_i = Constant <value_int = 1> ()", "steps = Range (zero_i, seq, one_i)",
+                  "one_by_one = Constant <value_ints = [1, 1]> ()", "offset = Reshape (position_ids, one_by_one)",
+                  "steps_row = Unsqueeze (steps, axis0)", "positions = Add (offset, steps_row)"]
+    lines += ["cos_rows = Gather <axis = 0> (cos_cache, positions)", "sin_rows = Gather <axis = 0> (sin_cache, positions)",
+              f"angle_axis = Constant <value_ints = [{cos_axis}]> ()",
+              "cos = Unsqueeze (cos_rows, angle_axis)", "sin = Unsqueeze (sin_rows, angle_axis)",
+              "x_rot = Slice (x, zero, rotary, last)"]
+    if attr(node, "interleaved", 0):
+        lines += [f"pairs_shape = Constant <value_ints = [0, 0, 0, {half}, 2]> ()",
+                  "pairs = Reshape (x_rot, pairs_shape)", "one = Constant <value_ints = [1]> ()",
+                  "two = Constant <value_ints = [2]> ()",
+                  "x1 = Slice (pairs, zero, one, last)", "x2 = Slice (pairs, one, two, last)",
+                  "cos_p = Unsqueeze (cos, last)", "sin_p = Unsqueeze (sin, last)"]
+        cos, sin = "cos_p", "sin_p"
+    else:
+        lines += ["x1 = Slice (x_rot, zero, half, last)", "x2 = Slice (x_rot, half, rotary, last)"]
+        cos, sin = "cos", "sin"
+    lines += [f"x1_cos = Mul (x1, {cos})", f"x2_sin = Mul (x2, {sin})", "y1 = Sub (x1_cos, x2_sin)",
+              f"x2_cos = Mul (x2, {cos})", f"x1_sin = Mul (x1, {sin})", "y2 = Add (x2_cos, x1_sin)",
+              "y_rot_parts = Concat <axis = -1> (y1, y2)"]
+    if attr(node, "interleaved", 0):
+        lines += [f"rot_shape = Constant <value_ints = [0, 0, 0, {rotary}]> ()",
+                  "y_rot = Reshape (y_rot_parts, rot_shape)"]
+    else:
+        lines.append("y_rot = Identity (y_rot_parts)")
+    lines += ["x_pass = Slice (x, rotary, all_of_it, last)", "y = Concat <axis = -1> (y_rot, x_pass)"]
+    if rank == 3:
+        lines += ["joined_shape = Constant <value_ints = [0, 0, -1]> ()", "output = Reshape (y, joined_shape)"]
+    else:
+        lines.append("output = Identity (y)")
+    head = signature("RotaryEmbedding", ["input", "position_ids", "cos_cache", "sin_cache"], node, ["output"])
+    return function(head + " {\n" + "\n".join(lines) + "\n}")
+
+
 register("Attention", domain=DOMAIN, kind=OTHER, expansion=_attention)
+register("MultiHeadAttention", domain=DOMAIN, kind=OTHER, expansion=_multi_head_attention)
+register("RotaryEmbedding", domain=DOMAIN, kind=OTHER, expansion=_rotary_embedding)
