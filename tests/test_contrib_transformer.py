@@ -25,7 +25,7 @@ from onnx import helper, numpy_helper
 import cortex
 from backends.registry import target
 from bench.conformance.devices import unavailable_reason
-from cli_helpers import assert_one_line_error, run_cli
+from cli_helpers import assert_one_line_error, first_failure, run_cli
 from cortex.commands.decompose import decompose_model
 from cortex.compile import compile_cu_dir
 from cortex.dag import build_dag
@@ -208,6 +208,38 @@ CASES |= {
                                     rotary_caches(10, 2), ["x", "positions", "cos", "sin"],
                                     attrs={"num_heads": HEADS, "rotary_embedding_dim": 4}),
 }
+
+
+def gqa(feeds: dict, order: list[str], weights: dict | None = None, **attrs) -> Case:
+    """GroupQueryAttention with 4 query heads over 2 key/value heads of size 16 (onnxruntime's CPU
+    kernel needs a multiple of 16 with rotary embeddings), and every output. total_sequence_length
+    (the present cache's length) is a constant, as in an exported model, which computes it from the
+    attention mask's shape."""
+    total = feeds.pop("total")
+    return Case("GroupQueryAttention", feeds, {**(weights or {}), "total": total}, order, [True, True, True],
+                attrs={"num_heads": 4, "kv_num_heads": 2, **attrs})
+
+
+GQA_ORDER = ["q", "k", "v", "past_k", "past_v", "lengths", "total"]
+CASES |= {
+    "GroupQueryAttention-prompt": gqa(
+        {"q": normal(B, S, 64), "k": normal(B, S, 32), "v": normal(B, S, 32), "past_k": normal(B, 2, 0, 16),
+         "past_v": normal(B, 2, 0, 16), "lengths": int32([S - 1, S - 1]), "total": int32(S)}, GQA_ORDER),
+    "GroupQueryAttention-decode-rotary-ragged": gqa(
+        {"q": normal(B, 1, 64), "k": normal(B, 1, 32), "v": normal(B, 1, 32), "past_k": normal(B, 2, 4, 16),
+         "past_v": normal(B, 2, 4, 16), "lengths": int32([4, 2]), "total": int32(5)},
+        [*GQA_ORDER, "cos", "sin"], rotary_caches(16, 8), do_rotary=1),
+    # a later chunk of a prompt (onnxruntime's kernel takes one sequence then)
+    "GroupQueryAttention-chunk-interleaved-window-softcap": gqa(
+        {"q": normal(1, 2, 64), "k": normal(1, 2, 32), "v": normal(1, 2, 32), "past_k": normal(1, 2, 4, 16),
+         "past_v": normal(1, 2, 4, 16), "lengths": int32([5]), "total": int32(6)},
+        [*GQA_ORDER, "cos", "sin"], rotary_caches(16, 8), do_rotary=1, rotary_interleaved=1,
+        local_window_size=2, softcap=5.0, scale=0.4),
+    "GroupQueryAttention-packed-prompt-rotary": gqa(
+        {"q": normal(B, S, 128), "past_k": normal(B, 2, 0, 16), "past_v": normal(B, 2, 0, 16),
+         "lengths": int32([S - 1, S - 1]), "total": int32(S)},
+        ["q", "", "", "past_k", "past_v", "lengths", "total", "cos", "sin"], rotary_caches(16, 8), do_rotary=1),
+}
 # The masks must matter: were one ignored, onnxruntime's result would differ from the unmasked one.
 MASKED = [name for name, case in CASES.items()
           if case.op in ("Attention", "MultiHeadAttention") and "mask" in case.feeds
@@ -309,6 +341,20 @@ def test_attention_with_a_shared_past_buffer_is_one_line_naming_the_node(tmp_pat
                 ["x", "w", "b", "", "past", "", "length"], [True, True], attrs={"num_heads": HEADS})
     code, _, err = run_cli(["decompose", "--model-path", save(case.model(), tmp_path), "--output-dir", tmp_path / "cus"])
     assert_one_line_error(code, err, "'attention'", "past_sequence_length")
+
+
+def test_a_group_query_attention_form_not_expanded_names_why_and_runs_as_a_fallback(tmp_path):
+    """smooth_softmax is one of the forms the expansion leaves to onnxruntime: compile-wasm names the
+    node and the reason, and with --fallback onnxruntime the node runs there."""
+    base = CASES["GroupQueryAttention-prompt"]
+    case = Case(base.op, base.feeds, base.weights, base.order, base.outputs,
+                attrs={**base.attrs, "smooth_softmax": 1})
+    path = save(case.model(), tmp_path / "model")
+    command, code, err = first_failure(path, tmp_path / "plain")
+    assert command == "compile-wasm"
+    assert_one_line_error(code, err, "GroupQueryAttention (groupqueryattention", "smooth_softmax", "--fallback")
+    dag = cli_build(path, tmp_path / "fallback", extra=["--fallback", "onnxruntime"])
+    assert_values_close(cortex.load(dag).run(case.feeds), run_onnxruntime(case.model(), case.feeds), rtol=RTOL, atol=ATOL)
 
 
 def test_an_expansion_in_a_model_before_opset_17_is_one_line(tmp_path):

@@ -1,7 +1,8 @@
 """onnxruntime's attention ops as function bodies over standard ops, expanded by the expand-ops pass
 like the other contrib ops (`contrib_transformer`): Attention (packed QKV weight), MultiHeadAttention
 (Q, K and V projected outside it; what the transformer optimizer writes with
-`use_multi_head_attention`, and for cross attention) and RotaryEmbedding.
+`use_multi_head_attention`, and for cross attention), GroupQueryAttention (language models with a
+key/value cache) and RotaryEmbedding.
 
 Attention's body follows onnxruntime's CPU kernel (contrib_ops/cpu/bert/attention.cc and
 attention_cpu_base.h): Q, K and V are the input times the weight's three column blocks plus the
@@ -279,9 +280,7 @@ def _rotary_embedding(node) -> onnx.FunctionProto:
         raise NotExpanded(f"{node.describe()}: RotaryEmbedding with a cache of {cache[1]} columns for a "
                           f"rotary dimension of {rotary} is not supported")
     seq_axis, cos_axis = (1, 2) if rank == 3 else (2, 1)     # the heads axis the angles broadcast over
-    lines = ["axis0 = Constant <value_ints = [0]> ()", "last = Constant <value_ints = [-1]> ()",
-             "zero = Constant <value_ints = [0]> ()", f"half = Constant <value_ints = [{half}]> ()",
-             f"rotary = Constant <value_ints = [{rotary}]> ()", f"all_of_it = Constant <value_ints = [{INT64_MAX}]> ()"]
+    lines = ["axis0 = Constant <value_ints = [0]> ()"]
     if rank == 3:       # [B, S, N * H] -> [B, S, N, H]
         shape = f"[0, 0, {heads}, -1]" if heads else f"[0, 0, -1, {rotary}]"
         if heads == 0 and attr(node, "rotary_embedding_dim", 0):
@@ -299,29 +298,7 @@ def _rotary_embedding(node) -> onnx.FunctionProto:
                   "one_i = Constant <value_int = 1> ()", "steps = Range (zero_i, seq, one_i)",
                   "one_by_one = Constant <value_ints = [1, 1]> ()", "offset = Reshape (position_ids, one_by_one)",
                   "steps_row = Unsqueeze (steps, axis0)", "positions = Add (offset, steps_row)"]
-    lines += ["cos_rows = Gather <axis = 0> (cos_cache, positions)", "sin_rows = Gather <axis = 0> (sin_cache, positions)",
-              f"angle_axis = Constant <value_ints = [{cos_axis}]> ()",
-              "cos = Unsqueeze (cos_rows, angle_axis)", "sin = Unsqueeze (sin_rows, angle_axis)",
-              "x_rot = Slice (x, zero, rotary, last)"]
-    if attr(node, "interleaved", 0):
-        lines += [f"pairs_shape = Constant <value_ints = [0, 0, 0, {half}, 2]> ()",
-                  "pairs = Reshape (x_rot, pairs_shape)", "one = Constant <value_ints = [1]> ()",
-                  "two = Constant <value_ints = [2]> ()",
-                  "x1 = Slice (pairs, zero, one, last)", "x2 = Slice (pairs, one, two, last)",
-                  "cos_p = Unsqueeze (cos, last)", "sin_p = Unsqueeze (sin, last)"]
-        cos, sin = "cos_p", "sin_p"
-    else:
-        lines += ["x1 = Slice (x_rot, zero, half, last)", "x2 = Slice (x_rot, half, rotary, last)"]
-        cos, sin = "cos", "sin"
-    lines += [f"x1_cos = Mul (x1, {cos})", f"x2_sin = Mul (x2, {sin})", "y1 = Sub (x1_cos, x2_sin)",
-              f"x2_cos = Mul (x2, {cos})", f"x1_sin = Mul (x1, {sin})", "y2 = Add (x2_cos, x1_sin)",
-              "y_rot_parts = Concat <axis = -1> (y1, y2)"]
-    if attr(node, "interleaved", 0):
-        lines += [f"rot_shape = Constant <value_ints = [0, 0, 0, {rotary}]> ()",
-                  "y_rot = Reshape (y_rot_parts, rot_shape)"]
-    else:
-        lines.append("y_rot = Identity (y_rot_parts)")
-    lines += ["x_pass = Slice (x, rotary, all_of_it, last)", "y = Concat <axis = -1> (y_rot, x_pass)"]
+    lines += _rotation_lines("x", "y", "positions", cos_axis, rotary, bool(attr(node, "interleaved", 0)))
     if rank == 3:
         lines += ["joined_shape = Constant <value_ints = [0, 0, -1]> ()", "output = Reshape (y, joined_shape)"]
     else:
@@ -330,6 +307,171 @@ def _rotary_embedding(node) -> onnx.FunctionProto:
     return function(head + " {\n" + "\n".join(lines) + "\n}")
 
 
+def _group_query_attention(node) -> onnx.FunctionProto:
+    """onnxruntime's GroupQueryAttention (contrib_ops/cpu/bert/gqa_attention_base.h), the attention of
+    language models exported with a key/value cache: N query heads over N_kv key/value heads (query
+    head n reads head n // (N / N_kv)), causal, over the past [B, N_kv, P, H] and this step's keys.
+
+    Per batch entry b the cache holds t_b = seqlens_k[b] + 1 positions after this step, and this
+    step's S tokens start at p_b = max(t_b - S, 0) (0 in a first prompt, where t_b <= S): the
+    present cache [B, N_kv, T, H], T = max(total_sequence_length, P), is the past's first p_b rows,
+    then the S new ones, then zeros, as the kernel writes it. Query s attends keys 0 .. p_b + s (the
+    last local_window_size of them with a local window, as onnxruntime 1.32 computes it, measured:
+    earlier kernels kept one more); rotary embeddings (do_rotary) rotate Q
+    and K at positions p_b + s first, and softcap bounds the scaled scores (softcap * tanh(x / softcap))."""
+    heads, kv_heads = int(node.attrs["num_heads"]), int(node.attrs["kv_num_heads"])
+    unsupported = [what for what, used in (
+        ("a quantized cache", present(node, 12) or present(node, 13) or attr(node, "kv_cache_bit_width", 0)),
+        ("a sliding window cache", attr(node, "sliding_window_cache", 0)),
+        ("query_seqlens", present(node, 16)), ("Q/K norms", present(node, 14) or present(node, 15)),
+        ("position_ids", present(node, 9)), ("attention_bias", present(node, 10)),
+        ("head_sink", present(node, 11)), ("smooth_softmax", attr(node, "smooth_softmax", 0)),
+        ("the QK output", wanted(node, 3) or attr(node, "qk_output", 0)),
+        ("causal=0", not attr(node, "causal", 1))) if used]
+    if unsupported:
+        raise NotExpanded(f"{node.describe()}: GroupQueryAttention with {', '.join(unsupported)} is not supported")
+    if heads % kv_heads:
+        raise NotExpanded(f"{node.describe()}: GroupQueryAttention with {heads} query heads over {kv_heads} "
+                          "key/value heads is not supported")
+    group = heads // kv_heads
+    lines = ["axis0 = Constant <value_ints = [0]> ()", "axis1 = Constant <value_ints = [1]> ()",
+             "zero_i = Constant <value_int = 0> ()", "one_i = Constant <value_int = 1> ()",
+             "zero_f = Constant <value_float = 0.0> ()"]
+    if present(node, 1):
+        lines += [f"q_shape = Constant <value_ints = [0, 0, {heads}, -1]> ()",
+                  f"kv_shape = Constant <value_ints = [0, 0, {kv_heads}, -1]> ()",
+                  "q_bsnh = Reshape (query, q_shape)", "k_bsnh = Reshape (key, kv_shape)",
+                  "v_bsnh = Reshape (value, kv_shape)"]
+    else:               # packed: [B, S, (N + 2 N_kv) H]
+        lines += [f"qkv_shape = Constant <value_ints = [0, 0, {heads + 2 * kv_heads}, -1]> ()",
+                  "qkv = Reshape (query, qkv_shape)", "axis2 = Constant <value_ints = [2]> ()",
+                  f"q_end = Constant <value_ints = [{heads}]> ()", f"k_end = Constant <value_ints = [{heads + kv_heads}]> ()",
+                  f"v_end = Constant <value_ints = [{heads + 2 * kv_heads}]> ()",
+                  "q_bsnh = Slice (qkv, axis0, q_end, axis2)", "k_bsnh = Slice (qkv, q_end, k_end, axis2)",
+                  "v_bsnh = Slice (qkv, k_end, v_end, axis2)"]
+    lines += ["q_in = Transpose <perm = [0, 2, 1, 3]> (q_bsnh)", "k_in = Transpose <perm = [0, 2, 1, 3]> (k_bsnh)",
+              "v_new = Transpose <perm = [0, 2, 1, 3]> (v_bsnh)",
+              # S, t_b and p_b
+              "seq_1d = Shape <start = 2, end = 3> (q_in)", "seq = Squeeze (seq_1d, axis0)",
+              "lengths_64 = Cast <to = 7> (seqlens_k)", "one_1d = Constant <value_ints = [1]> ()",
+              "totals = Add (lengths_64, one_1d)", "starts_signed = Sub (totals, seq_1d)",
+              "zero_1d = Constant <value_ints = [0]> ()", "starts = Max (starts_signed, zero_1d)",
+              "steps = Range (zero_i, seq, one_i)", "starts_col = Unsqueeze (starts, axis1)",
+              "steps_row = Unsqueeze (steps, axis0)", "positions = Add (starts_col, steps_row)"]
+    if attr(node, "do_rotary", 0):
+        cache = node.inputs[7].shape if present(node, 7) else None
+        if cache is None or len(cache) != 2 or not isinstance(cache[1], int):
+            raise NeedsShapes(f"{node.describe()}: GroupQueryAttention needs the shape of its cos cache")
+        interleaved = bool(attr(node, "rotary_interleaved", 0))
+        lines += _rotation_lines("q_in", "q_new", "positions", 1, 2 * cache[1], interleaved, "rq")
+        lines += _rotation_lines("k_in", "k_new", "positions", 1, 2 * cache[1], interleaved, "rk")
+    else:
+        lines += ["q_new = Identity (q_in)", "k_new = Identity (k_in)"]
+    if present(node, 3):
+        lines += ["past_1d = Shape <start = 2, end = 3> (past_key)",
+                  "k_cat = Concat <axis = 2> (past_key, k_new)", "v_cat = Concat <axis = 2> (past_value, v_new)"]
+    else:
+        lines += ["past_1d = Constant <value_ints = [0]> ()", "k_cat = Identity (k_new)", "v_cat = Identity (v_new)"]
+    lines += [# the present cache: row j of batch b from the past (j < p_b), the new rows, or 0
+              "total_64 = Cast <to = 7> (total_sequence_length)", "total_1d = Reshape (total_64, one_1d)",
+              "present_1d = Max (total_1d, past_1d)", "present_len = Squeeze (present_1d, axis0)",
+              "rows = Range (zero_i, present_len, one_i)", "rows_row = Unsqueeze (rows, axis0)",
+              "from_past = Less (rows_row, starts_col)", "offset = Sub (rows_row, starts_col)",
+              "past_len = Squeeze (past_1d, axis0)", "new_row = Add (offset, past_len)",
+              "after_start = GreaterOrEqual (offset, zero_1d)", "before_end = Less (offset, seq_1d)",
+              "in_new = And (after_start, before_end)", "kept = Or (from_past, in_new)",
+              "source = Where (from_past, rows_row, new_row)", "cat_len = Add (past_1d, seq_1d)",
+              "last_row = Sub (cat_len, one_1d)", "below = Min (source, last_row)", "source_row = Max (below, zero_1d)",
+              "outer = Constant <value_ints = [1, 3]> ()", "source_4d = Unsqueeze (source_row, outer)",
+              "kept_4d = Unsqueeze (kept, outer)", "cat_shape = Shape (k_cat)",
+              "lead = Slice (cat_shape, axis0, one_1d, axis0)", "head_size_1d = Shape <start = 3> (k_cat)",
+              f"kv_heads_1d = Constant <value_ints = [{kv_heads}]> ()",
+              "present_shape = Concat <axis = 0> (lead, kv_heads_1d, present_1d, head_size_1d)",
+              "source_idx = Expand (source_4d, present_shape)",
+              "k_rows = GatherElements <axis = 2> (k_cat, source_idx)", "v_rows = GatherElements <axis = 2> (v_cat, source_idx)",
+              "present_key = Where (kept_4d, k_rows, zero_f)", "present_value = Where (kept_4d, v_rows, zero_f)",
+              # scores by key/value head: [B, N_kv, G, S, T]
+              f"groups = Constant <value_ints = [{kv_heads}, {group}]> ()",
+              "q_tail = Shape <start = 2> (q_new)", "q_groups_shape = Concat <axis = 0> (lead, groups, q_tail)",
+              "q_groups = Reshape (q_new, q_groups_shape)", "axis2_only = Constant <value_ints = [2]> ()",
+              "k_groups = Unsqueeze (present_key, axis2_only)", "v_groups = Unsqueeze (present_value, axis2_only)",
+              "k_t = Transpose <perm = [0, 1, 2, 4, 3]> (k_groups)", "raw = MatMul (q_groups, k_t)"]
+    scale = float(attr(node, "scale", 0.0))
+    if scale:
+        lines.append(f"scale = Constant <value_float = {number(scale)}> ()")
+    else:
+        lines += ["head_size = Shape <start = -1> (q_new)", "head_size_f = Cast <to = 1> (head_size)",
+                  "root = Sqrt (head_size_f)", "one_f = Constant <value_float = 1.0> ()", "scale = Div (one_f, root)"]
+    lines.append("scaled = Mul (raw, scale)")
+    softcap = float(attr(node, "softcap", 0.0))
+    if softcap > 0:
+        lines += [f"softcap = Constant <value_float = {number(softcap)}> ()", "capped_in = Div (scaled, softcap)",
+                  "capped_tanh = Tanh (capped_in)", "scores = Mul (capped_tanh, softcap)"]
+    else:
+        lines.append("scores = Identity (scaled)")
+    # query s of batch b (at position p_b + s) sees keys 0 .. p_b + s, the last `window` of them
+    lines += ["rows_3d = Unsqueeze (rows_row, axis0)", "end_axis = Constant <value_ints = [2]> ()",
+              "limits = Unsqueeze (positions, end_axis)", "visible_causal = LessOrEqual (rows_3d, limits)"]
+    window = int(attr(node, "local_window_size", -1))
+    if window > 0:
+        lines += [f"window = Constant <value_ints = [{window - 1}]> ()", "window_start = Sub (limits, window)",
+                  "in_window = GreaterOrEqual (rows_3d, window_start)", "visible = And (visible_causal, in_window)"]
+    else:
+        lines.append("visible = Identity (visible_causal)")
+    lines += ["middle = Constant <value_ints = [1, 2]> ()", "visible_5d = Unsqueeze (visible, middle)",
+              f"hidden_score = Constant <value_float = {number(FLOAT_LOWEST)}> ()",
+              "masked = Where (visible_5d, scores, hidden_score)", "probs = Softmax <axis = -1> (masked)",
+              "context = MatMul (probs, v_groups)", "heads_shape = Shape (q_new)",
+              "context_bnsh = Reshape (context, heads_shape)", "context_bsnh = Transpose <perm = [0, 2, 1, 3]> (context_bnsh)",
+              "joined_shape = Constant <value_ints = [0, 0, -1]> ()", "output = Reshape (context_bsnh, joined_shape)"]
+    head = signature("GroupQueryAttention", ["query", "key", "value", "past_key", "past_value", "seqlens_k",
+                                             "total_sequence_length", "cos_cache", "sin_cache", "position_ids",
+                                             "attention_bias", "head_sink", "k_scale", "v_scale", "q_norm_weight",
+                                             "k_norm_weight", "query_seqlens"],
+                     node, ["output", "present_key", "present_value", "output_qk"])
+    return function(head + " {\n" + "\n".join(lines) + "\n}")
+
+
+def _rotation_lines(x: str, y: str, positions: str, heads_axis: int, rotary: int, interleaved: bool,
+                    p: str = "r") -> list[str]:
+    """`y` = `x` (rank 4, heads along `heads_axis`, features last) with its first `rotary` features
+    of each head rotated by the angles of `positions` ([B or 1, S], int64) read from the body's
+    `cos_cache` and `sin_cache`, as onnxruntime's RotaryEmbedding kernel does; `p` prefixes the
+    body values it makes."""
+    half = rotary // 2
+    lines = [f"{p}_last = Constant <value_ints = [-1]> ()", f"{p}_zero = Constant <value_ints = [0]> ()",
+             f"{p}_half = Constant <value_ints = [{half}]> ()", f"{p}_rotary = Constant <value_ints = [{rotary}]> ()",
+             f"{p}_all = Constant <value_ints = [{INT64_MAX}]> ()",
+             f"{p}_cos_rows = Gather <axis = 0> (cos_cache, {positions})",
+             f"{p}_sin_rows = Gather <axis = 0> (sin_cache, {positions})",
+             f"{p}_heads_axis = Constant <value_ints = [{heads_axis}]> ()",
+             f"{p}_cos = Unsqueeze ({p}_cos_rows, {p}_heads_axis)", f"{p}_sin = Unsqueeze ({p}_sin_rows, {p}_heads_axis)",
+             f"{p}_x = Slice ({x}, {p}_zero, {p}_rotary, {p}_last)"]
+    cos, sin = f"{p}_cos", f"{p}_sin"
+    if interleaved:
+        lines += [f"{p}_pairs_shape = Constant <value_ints = [0, 0, 0, {half}, 2]> ()",
+                  f"{p}_pairs = Reshape ({p}_x, {p}_pairs_shape)", f"{p}_one = Constant <value_ints = [1]> ()",
+                  f"{p}_two = Constant <value_ints = [2]> ()",
+                  f"{p}_x1 = Slice ({p}_pairs, {p}_zero, {p}_one, {p}_last)",
+                  f"{p}_x2 = Slice ({p}_pairs, {p}_one, {p}_two, {p}_last)",
+                  f"{p}_cos_p = Unsqueeze ({cos}, {p}_last)", f"{p}_sin_p = Unsqueeze ({sin}, {p}_last)"]
+        cos, sin = f"{p}_cos_p", f"{p}_sin_p"
+    else:
+        lines += [f"{p}_x1 = Slice ({p}_x, {p}_zero, {p}_half, {p}_last)",
+                  f"{p}_x2 = Slice ({p}_x, {p}_half, {p}_rotary, {p}_last)"]
+    lines += [f"{p}_x1_cos = Mul ({p}_x1, {cos})", f"{p}_x2_sin = Mul ({p}_x2, {sin})",
+              f"{p}_y1 = Sub ({p}_x1_cos, {p}_x2_sin)", f"{p}_x2_cos = Mul ({p}_x2, {cos})",
+              f"{p}_x1_sin = Mul ({p}_x1, {sin})", f"{p}_y2 = Add ({p}_x2_cos, {p}_x1_sin)",
+              f"{p}_parts = Concat <axis = -1> ({p}_y1, {p}_y2)"]
+    if interleaved:
+        lines += [f"{p}_rot_shape = Constant <value_ints = [0, 0, 0, {rotary}]> ()",
+                  f"{p}_y = Reshape ({p}_parts, {p}_rot_shape)"]
+    else:
+        lines.append(f"{p}_y = Identity ({p}_parts)")
+    return lines + [f"{p}_pass = Slice ({x}, {p}_rotary, {p}_all, {p}_last)", f"{y} = Concat <axis = -1> ({p}_y, {p}_pass)"]
+
+
 register("Attention", domain=DOMAIN, kind=OTHER, expansion=_attention)
 register("MultiHeadAttention", domain=DOMAIN, kind=OTHER, expansion=_multi_head_attention)
 register("RotaryEmbedding", domain=DOMAIN, kind=OTHER, expansion=_rotary_embedding)
+register("GroupQueryAttention", domain=DOMAIN, kind=OTHER, expansion=_group_query_attention)
