@@ -3,13 +3,11 @@ onnxruntime, and write a one-CU folder (manifest + dag.json) the way `cortex dec
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import onnx
 import onnxruntime as ort
 import wasmtime
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
 from backends.wasm.assemble import make_engine
 from backends.wasm.compile import compile_graph
@@ -18,6 +16,8 @@ from backends.wasm.options import parse_options
 from ir.onnx_import import import_model
 from passes import optimize_pipeline, run_pipeline
 from passes.partition import PartitionIntoCUs
+
+from samples.exact_u8s8 import exact_u8s8, has_u8s8_candidates, onnxruntime_saturates_u8s8
 
 CONFIGS = [("", "0"), ("simd,bulk-memory", "3"), ("simd,bulk-memory,relaxed-simd", "3"), ("simd", "1")]
 
@@ -40,42 +40,12 @@ def run_wasm(model: onnx.ModelProto, feeds: dict, features: str = "simd,bulk-mem
 
 
 def run_onnxruntime(model: onnx.ModelProto, feeds: dict) -> dict:
+    """onnxruntime's outputs; its uint8 x int8 products exact on every machine (samples/exact_u8s8.py)."""
+    if has_u8s8_candidates(model) and onnxruntime_saturates_u8s8():
+        model, feeds = exact_u8s8(model, feeds)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(None, feeds)))
-
-
-@functools.cache
-def onnxruntime_saturates_u8s8() -> bool:
-    """Whether this machine's onnxruntime sums uint8 x int8 products in pairs with 16-bit saturation,
-    as its x86 kernels without VNNI do (pmaddubsw): 255 * 127 twice is 64770, which saturates at
-    32767. Its uint8 x uint8 products are exact there."""
-    model = make_model([helper.make_node("MatMulInteger", ["a", "b"], ["y"])],
-                       [helper.make_tensor_value_info("a", TensorProto.UINT8, [1, 2])],
-                       [helper.make_tensor_value_info("y", TensorProto.INT32, None)],
-                       [numpy_helper.from_array(np.full((2, 1), 127, np.int8), "b")], opset=13)
-    return int(run_onnxruntime(model, {"a": np.full((1, 2), 255, np.uint8)})["y"][0, 0]) != 2 * 255 * 127
-
-
-def run_onnxruntime_exact_u8s8(model: onnx.ModelProto, feeds: dict, signed: tuple[str, ...]) -> dict:
-    """onnxruntime's outputs for a model of uint8 x int8 products, exact on every machine: where
-    onnxruntime saturates them (`onnxruntime_saturates_u8s8`), the int8 operands and zero points
-    named in `signed` (initializers or feeds) are shifted to uint8 first (+128 on both, so every
-    difference, and so every product, is the same) and onnxruntime runs uint8 x uint8 products."""
-    if not onnxruntime_saturates_u8s8():
-        return run_onnxruntime(model, feeds)
-    model, feeds = onnx.ModelProto.FromString(model.SerializeToString()), dict(feeds)
-    shift = lambda v: np.asarray(np.asarray(v).astype(np.int16) + 128, dtype=np.uint8)  # noqa: E731
-    for name in signed:
-        if name in feeds and np.asarray(feeds[name]).dtype == np.int8:
-            feeds[name] = shift(feeds[name])
-            for value in model.graph.input:
-                if value.name == name:
-                    value.type.tensor_type.elem_type = TensorProto.UINT8
-    for i, tensor in enumerate(model.graph.initializer):
-        if tensor.name in signed and tensor.data_type == TensorProto.INT8:
-            model.graph.initializer[i].CopyFrom(numpy_helper.from_array(shift(numpy_helper.to_array(tensor)), tensor.name))
-    return run_onnxruntime(model, feeds)
 
 
 def assert_matches_onnxruntime(model, feeds, configs=CONFIGS, rtol=1e-4, atol=1e-5):
