@@ -236,19 +236,22 @@ def _multi_head_attention(node) -> onnx.FunctionProto:
     if wanted(node, 2):
         lines.append("present_value = Identity (v_bnth)")
     lines += ["k_bnht = Transpose <perm = [0, 1, 3, 2]> (k_all)", "raw = MatMul (q_new, k_bnht)"]
-    scale = float(attr(node, "scale", 0.0))
-    if scale:
-        lines.append(f"scale = Constant <value_float = {number(scale)}> ()")
-    else:       # 1 / sqrt(head size), the head size read off Q's heads
-        lines += ["head_size = Shape <start = -1> (q_new)", "head_size_f = Cast <to = 1> (head_size)",
-                  "root = Sqrt (head_size_f)", "one_f = Constant <value_float = 1.0> ()",
-                  "scale = Div (one_f, root)"]
+    lines += _scale_lines(node)
     lines.append("scores_0 = Mul (raw, scale)")
     lines += _attend(node, mask=4, attention_bias=5, batch_of="query")
     head = signature("MultiHeadAttention", ["query", "key", "value", "bias", "mask_index", "attention_bias",
                                             "past_key", "past_value", "past_sequence_length", "cache_indirection"],
                      node, ["output", "present_key", "present_value", "qk"])
     return function(head + " {\n" + "\n".join(lines) + "\n}")
+
+
+def _scale_lines(node) -> list[str]:
+    """`scale`: the node's scale attribute, or 1 / sqrt(head size) read off the heads of `q_new`."""
+    scale = float(attr(node, "scale", 0.0))
+    if scale:
+        return [f"scale = Constant <value_float = {number(scale)}> ()"]
+    return ["head_size = Shape <start = -1> (q_new)", "head_size_f = Cast <to = 1> (head_size)",
+            "root = Sqrt (head_size_f)", "one_f = Constant <value_float = 1.0> ()", "scale = Div (one_f, root)"]
 
 
 def _rank(node, index: int) -> int:
@@ -396,12 +399,7 @@ def _group_query_attention(node) -> onnx.FunctionProto:
               "q_groups = Reshape (q_new, q_groups_shape)", "axis2_only = Constant <value_ints = [2]> ()",
               "k_groups = Unsqueeze (present_key, axis2_only)", "v_groups = Unsqueeze (present_value, axis2_only)",
               "k_t = Transpose <perm = [0, 1, 2, 4, 3]> (k_groups)", "raw = MatMul (q_groups, k_t)"]
-    scale = float(attr(node, "scale", 0.0))
-    if scale:
-        lines.append(f"scale = Constant <value_float = {number(scale)}> ()")
-    else:
-        lines += ["head_size = Shape <start = -1> (q_new)", "head_size_f = Cast <to = 1> (head_size)",
-                  "root = Sqrt (head_size_f)", "one_f = Constant <value_float = 1.0> ()", "scale = Div (one_f, root)"]
+    lines += _scale_lines(node)
     lines.append("scaled = Mul (raw, scale)")
     softcap = float(attr(node, "softcap", 0.0))
     if softcap > 0:
