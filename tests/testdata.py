@@ -21,7 +21,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from samples.exact_u8s8 import exact_u8s8, has_u8s8_candidates, onnxruntime_saturates_u8s8
+from cortex.runtime.exact_u8s8 import exact_u8s8, has_u8s8_candidates, onnxruntime_saturates_u8s8
 from samples import light_models as _light
 from samples import minilm as _minilm
 from samples import node_tests as _node
@@ -52,7 +52,7 @@ def run_onnxruntime(model: onnx.ModelProto | Path | str, inputs: dict[str, objec
                     optimize: bool = False) -> dict[str, object]:
     """Outputs by name. Graph optimisations are off by default so results are onnxruntime's plain
     kernels, the same whichever model variant runs them; uint8 x int8 products are exact on every
-    machine (samples/exact_u8s8.py)."""
+    machine (cortex/runtime/exact_u8s8.py)."""
     if onnxruntime_saturates_u8s8():
         loaded = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
         if has_u8s8_candidates(loaded):

@@ -1,5 +1,7 @@
 """`cortex verify`: run a compiled dag.json and compare every output with onnxruntime on the source
 model, on the same inputs. Exit 0 when all outputs agree within tolerance, 1 when one does not.
+Where this CPU's onnxruntime saturates uint8 x int8 products, the reference runs the model as
+`cortex.runtime.exact_u8s8` rewrites it, whose products are exact, and the report says so.
 
 `--bisect` also judges each CU on the inputs it received in that run (`cortex.runtime.bisect`) and
 names the first CU whose own outputs diverge; `--dump DIR` writes that CU as a reproduction
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import numpy as np
+import onnxruntime as ort
 import typer
 from rich.table import Table
 
@@ -24,10 +27,12 @@ from cortex.console import out, print_json
 from cortex.runtime import load
 from cortex.runtime.bisect import Bisection, BisectReport
 from cortex.runtime.compare import compare
+from cortex.runtime.exact_u8s8 import exact_u8s8, has_u8s8_candidates, onnxruntime_saturates_u8s8
 from cortex.runtime.repro import write_reproduction
 from cortex.runtime.specialized import SpecializedModel
 from ir.errors import CortexError
 from ir.fs import file_sha256, sha256_bytes
+from ir.onnx_import import read_model_proto
 
 
 def verify(
@@ -67,7 +72,7 @@ def verify(
     feeds = {**example_feeds(compiled.inputs), **{k: v for k, v in given.items() if k not in frozen}}
     bisection = Bisection(compiled, rtol, atol) if bisect else None
     ours = compiled.run(feeds)
-    reference = _run_onnxruntime(model, {**feeds, **frozen}, list(ours))
+    reference, exact = _run_onnxruntime(model, {**feeds, **frozen}, list(ours))
     rows = [compare(name, ours[name], reference[name], rtol, atol) for name in ours]
     ok = all(r["ok"] for r in rows)
     report = bisection.report(ok) if bisection else None
@@ -77,7 +82,8 @@ def verify(
                                      rtol, atol)
     if json:
         document = {"dag": str(dag), "model": str(model), "device": device, "rtol": rtol, "atol": atol,
-                    "ok": ok, "outputs": rows, **({"specialization": chosen} if chosen else {})}
+                    "ok": ok, "outputs": rows, **({"specialization": chosen} if chosen else {}),
+                    **({"reference_note": EXACT_U8S8_NOTE} if exact else {})}
         if report is not None:
             document["bisect"] = {**report.to_json(), "dump": str(dump) if command else None, "repro": command}
         print_json(document)
@@ -90,6 +96,8 @@ def verify(
             table.add_row(r["name"], "x".join(map(str, r["shape"])) or "scalar", f"{r['max_abs_error']:.3g}",
                           f"{r['max_rel_error']:.3g}", "ok" if r["ok"] else "[red]MISMATCH[/red]")
         out.print(table)
+        if exact:
+            out.print(EXACT_U8S8_NOTE)
         if report is not None:
             _print_bisection(report, dump, command is not None)
     if not ok:
@@ -142,10 +150,24 @@ def _check_same_model(model: Path, dag: dict) -> None:
         raise CortexError(f"--model {model} is not the model this dag.json was built from (sha256 differs)")
 
 
-def _run_onnxruntime(model: Path, feeds: dict, names: list[str]) -> dict[str, np.ndarray]:
-    import onnxruntime as ort
+PROTOBUF_LIMIT = 2**31 - 1     # a rewritten model is handed over as one serialized message
+EXACT_U8S8_NOTE = ("onnxruntime on this CPU saturates uint8 x int8 products (no VNNI): the reference ran the "
+                   "model with its int8 operands and zero points shifted to uint8, which gives the exact products")
+
+
+def _run_onnxruntime(model: Path, feeds: dict, names: list[str]) -> tuple[dict[str, np.ndarray], bool]:
+    """onnxruntime's outputs of the source model, and whether they come from its exact-u8s8 rewrite
+    (`cortex.runtime.exact_u8s8`): without it, on a CPU where onnxruntime saturates uint8 x int8
+    pair sums, a model's exact products would be judged against onnxruntime's wrong ones."""
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    source: str | bytes = str(model)
+    exact = False
+    if onnxruntime_saturates_u8s8():
+        loaded = read_model_proto(model)
+        if has_u8s8_candidates(loaded) and loaded.ByteSize() < PROTOBUF_LIMIT:
+            rewritten, feeds = exact_u8s8(loaded, feeds)
+            source, exact = rewritten.SerializeToString(), True
+    session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
     wanted = {i.name for i in session.get_inputs()}
-    return dict(zip(names, session.run(names, {k: v for k, v in feeds.items() if k in wanted})))
+    return dict(zip(names, session.run(names, {k: v for k, v in feeds.items() if k in wanted}))), exact

@@ -5,8 +5,9 @@ pmaddubsw, which sums each pair of products in 16 bits with saturation: 255 * 12
 32767, not 64770. Cortex computes those products exactly, so on such a machine a bit-exact
 comparison with onnxruntime fails on onnxruntime's side. Its uint8 x uint8 products are exact
 there, and shifting an int8 operand and its zero point by +128 to uint8 keeps every difference
-(b - zero point), and so every product, the same: `exact_u8s8` rewrites a model that way for the
-reference outputs of the samples and the tests, and only on a machine where `onnxruntime_saturates_u8s8()`.
+(b - zero point), and so every product, the same: `exact_u8s8` rewrites a model that way. `cortex verify` runs its
+reference so, and so do the samples' and the tests' references, each only on a machine where
+`onnxruntime_saturates_u8s8()`.
 """
 
 from __future__ import annotations
