@@ -20,7 +20,7 @@ import onnx.version_converter
 from onnx import numpy_helper
 
 from samples.cache import SampleModel
-from cortex.runtime.exact_u8s8 import exact_u8s8, onnxruntime_saturates_u8s8
+from cortex.runtime.exact_u8s8 import reference_source
 from samples.contrib_models import (cached_model, _qoperator_float_model, _save, _source, calibration_reader,
                                     qoperator_calibration_feeds)
 from samples.light_models import light_model
@@ -113,10 +113,7 @@ def _quantized(source: Path, folder: Path, feeds: list[dict], per_channel: bool,
 def _sample(name: str, path: Path, feed: dict, input_shapes: dict, dims: dict | None = None) -> SampleModel:
     import onnxruntime as ort
 
-    source, reference_feed = str(path), feed
-    if onnxruntime_saturates_u8s8():      # its uint8 x int8 products exact on this machine too
-        source, reference_feed = exact_u8s8(onnx.load(str(path)), feed)
-        source = source.SerializeToString()
+    source, reference_feed, _ = reference_source(path, feed)   # uint8 x int8 products exact here too
     session = ort.InferenceSession(source, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     outputs = dict(zip(names, session.run(None, reference_feed)))

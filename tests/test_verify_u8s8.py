@@ -12,6 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from cli_helpers import run_cli
 from cortex.commands import verify
+from cortex.runtime import exact_u8s8
 from cortex.runtime.exact_u8s8 import onnxruntime_saturates_u8s8
 
 K, N = 64, 8
@@ -40,10 +41,10 @@ def test_the_reference_of_a_u8s8_product_is_exact_whatever_the_cpu(tmp_path, mon
     a = np.full((2, K), 255, np.uint8)
     exact = a.astype(np.int64) @ (b.astype(np.int64) + 1)
     # forced: the rewrite's reference, as a CPU without VNNI runs it
-    monkeypatch.setattr(verify, "onnxruntime_saturates_u8s8", lambda: True)
+    monkeypatch.setattr(exact_u8s8, "onnxruntime_saturates_u8s8", lambda: True)
     got, rewritten = verify._run_onnxruntime(path, {"a": a}, ["y"])
     assert rewritten and np.array_equal(got["y"], exact)
-    monkeypatch.setattr(verify, "onnxruntime_saturates_u8s8", lambda: False)
+    monkeypatch.setattr(exact_u8s8, "onnxruntime_saturates_u8s8", lambda: False)
     got, rewritten = verify._run_onnxruntime(path, {"a": a}, ["y"])
     assert not rewritten
     assert np.array_equal(got["y"], exact) != onnxruntime_saturates_u8s8()

@@ -21,7 +21,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from cortex.runtime.exact_u8s8 import exact_u8s8, has_u8s8_candidates, onnxruntime_saturates_u8s8
+from cortex.runtime.exact_u8s8 import reference_source
 from samples import light_models as _light
 from samples import minilm as _minilm
 from samples import node_tests as _node
@@ -53,15 +53,11 @@ def run_onnxruntime(model: onnx.ModelProto | Path | str, inputs: dict[str, objec
     """Outputs by name. Graph optimisations are off by default so results are onnxruntime's plain
     kernels, the same whichever model variant runs them; uint8 x int8 products are exact on every
     machine (cortex/runtime/exact_u8s8.py)."""
-    if onnxruntime_saturates_u8s8():
-        loaded = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
-        if has_u8s8_candidates(loaded):
-            model, inputs = exact_u8s8(loaded, inputs)
+    source, inputs, _ = reference_source(model, inputs)
     opts = ort.SessionOptions()
     opts.log_severity_level = 4  # failures surface as exceptions; the C++ log would only repeat them
     if not optimize:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
     session = ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(None, inputs)))

@@ -17,7 +17,7 @@ from ir.onnx_import import import_model
 from passes import optimize_pipeline, run_pipeline
 from passes.partition import PartitionIntoCUs
 
-from cortex.runtime.exact_u8s8 import exact_u8s8, has_u8s8_candidates, onnxruntime_saturates_u8s8
+from cortex.runtime.exact_u8s8 import reference_source
 
 CONFIGS = [("", "0"), ("simd,bulk-memory", "3"), ("simd,bulk-memory,relaxed-simd", "3"), ("simd", "1")]
 
@@ -41,9 +41,8 @@ def run_wasm(model: onnx.ModelProto, feeds: dict, features: str = "simd,bulk-mem
 
 def run_onnxruntime(model: onnx.ModelProto, feeds: dict) -> dict:
     """onnxruntime's outputs; its uint8 x int8 products exact on every machine (cortex/runtime/exact_u8s8.py)."""
-    if has_u8s8_candidates(model) and onnxruntime_saturates_u8s8():
-        model, feeds = exact_u8s8(model, feeds)
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    source, feeds, _ = reference_source(model, feeds)
+    session = ort.InferenceSession(source, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(None, feeds)))
 

@@ -27,7 +27,7 @@ from cortex.console import out, print_json
 from cortex.runtime import load
 from cortex.runtime.bisect import Bisection, BisectReport
 from cortex.runtime.compare import compare
-from cortex.runtime.exact_u8s8 import exact_u8s8, has_u8s8_candidates, onnxruntime_saturates_u8s8
+from cortex.runtime.exact_u8s8 import reference_source
 from cortex.runtime.repro import write_reproduction
 from cortex.runtime.specialized import SpecializedModel
 from ir.errors import CortexError
@@ -150,7 +150,6 @@ def _check_same_model(model: Path, dag: dict) -> None:
         raise CortexError(f"--model {model} is not the model this dag.json was built from (sha256 differs)")
 
 
-PROTOBUF_LIMIT = 2**31 - 1     # a rewritten model is handed over as one serialized message
 EXACT_U8S8_NOTE = ("onnxruntime on this CPU saturates uint8 x int8 products (no VNNI): the reference ran the "
                    "model with its int8 operands and zero points shifted to uint8, which gives the exact products")
 
@@ -161,13 +160,7 @@ def _run_onnxruntime(model: Path, feeds: dict, names: list[str]) -> tuple[dict[s
     pair sums, a model's exact products would be judged against onnxruntime's wrong ones."""
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    source: str | bytes = str(model)
-    exact = False
-    if onnxruntime_saturates_u8s8():
-        loaded = read_model_proto(model)
-        if has_u8s8_candidates(loaded) and loaded.ByteSize() < PROTOBUF_LIMIT:
-            rewritten, feeds = exact_u8s8(loaded, feeds)
-            source, exact = rewritten.SerializeToString(), True
+    source, feeds, exact = reference_source(model, feeds, load=read_model_proto)
     session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
     wanted = {i.name for i in session.get_inputs()}
     return dict(zip(names, session.run(names, {k: v for k, v in feeds.items() if k in wanted}))), exact

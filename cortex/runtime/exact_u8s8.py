@@ -50,6 +50,22 @@ def onnxruntime_saturates_u8s8() -> bool:
     return int(got[0, 0]) != 2 * 255 * 127
 
 
+PROTOBUF_LIMIT = 2**31 - 1     # a rewritten model is handed over as one serialized message
+
+
+def reference_source(model, feeds: dict, load=onnx.load) -> tuple[str | bytes, dict, bool]:
+    """What onnxruntime's InferenceSession runs as the exact reference of `model` (a ModelProto or
+    a path, read with `load`): the model itself, or `exact_u8s8`'s rewrite where this machine's
+    onnxruntime saturates and the model has a uint8 x int8 product; the feeds for it; and whether
+    it was rewritten. A path is read only when a rewrite may be needed."""
+    if onnxruntime_saturates_u8s8():
+        loaded = model if isinstance(model, onnx.ModelProto) else load(model)
+        if has_u8s8_candidates(loaded) and loaded.ByteSize() < PROTOBUF_LIMIT:
+            rewritten, feeds = exact_u8s8(loaded, feeds)
+            return rewritten.SerializeToString(), feeds, True
+    return (model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)), feeds, False
+
+
 def has_u8s8_candidates(model: onnx.ModelProto) -> bool:
     return any((n.domain if n.domain != "ai.onnx" else "", n.op_type) in U8S8_PRODUCTS for n in model.graph.node)
 
