@@ -19,6 +19,7 @@ import re
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,7 @@ import cortex
 from backends.registry import target
 from backends.wasm.options import parse_options
 from cortex.compile import compile_cu_dir
-from cortex.runtime.ray_cluster import ray_map
+from cortex.runtime.ray_cluster import lost_errors, ray_map
 from cortex.runtime.ray_plan import pipeline_shape, stage_cuts
 from cortex.runtime.trace import validate_trace
 from ir.errors import CortexError
@@ -363,14 +364,38 @@ def test_actors_load_from_their_nodes_copy_when_the_folder_is_gone(cluster, cnn,
             assert hashlib.sha256(shipped.read_bytes()).hexdigest() == cu["artifacts"]["wasm"]["sha256"]
             assert (node_cache / "blobs" / cu["artifacts"]["wasm"]["sha256"]).samefile(shipped)
         assert not (copy / "cus").exists()          # a wasm stage needs no cu.onnx
+        # A live actor whose node copy was deleted makes it again before it serves.
+        shutil.rmtree(node_cache)
+        np.testing.assert_array_equal(model.run(case.inputs)["y"], local["y"])
+        assert all(Path(stage["dag_path"]).is_file() for stage in placement)
+        first = dag["cus"][0]["artifacts"]["wasm"]
+        assert (node_cache / "blobs" / first["sha256"]).samefile(copy / first["path"])
         # Actors restarted on an empty cache fetch every file again from the object store.
         shutil.rmtree(node_cache)
         for stage in model.scheduler.stages:
             ray.kill(stage.actor, no_restart=False)
-        np.testing.assert_array_equal(model.run(case.inputs)["y"], local["y"])
+        restarted = _restarted(model.scheduler, [stage["pid"] for stage in placement])
         assert (node_cache / "blobs").is_dir()
+        assert all(Path(stage["dag_path"]).is_file() for stage in restarted)
+        np.testing.assert_array_equal(model.run(case.inputs)["y"], local["y"])
     finally:
         model.close()
+
+
+def _restarted(executor, pids: list[int], patience_s: float = 60.0) -> list[dict]:
+    """Each stage's placement once every actor answers from a process other than `pids`' (ray.kill
+    returns before the actor dies, and until then the old process still serves calls)."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            now = ray.get([stage.actor.where.remote() for stage in executor.stages],
+                          timeout=max(0.1, deadline - time.monotonic()))
+            if all(place["pid"] != pid for place, pid in zip(now, pids, strict=True)):
+                return now
+        except (*lost_errors(ray), ray.exceptions.GetTimeoutError):
+            pass                        # dead, not yet restarted
+        assert time.monotonic() < deadline, f"the killed actors did not restart in {patience_s:g} s"
+        time.sleep(0.1)
 
 
 # -- conditional CUs ----------------------------------------------------------------------------

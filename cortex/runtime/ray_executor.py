@@ -125,15 +125,10 @@ class CUStage:
         # an actor's constructor to the caller, only its text, and the caller wants the local error.
         self.load_error: CortexError | None = None
         self.dag_path: Path | None = None
-        root = Path(shipment.cache_dir) if shipment.cache_dir else node_cache_dir()
+        self.dag, self.shipment = dag, shipment
         try:
-            self.dag_path = materialise(root, shipment.key, dag, shipment.files,
-                                        lambda sha256: ray_module().get(shipment.contents[sha256][0]))
-        except OSError as e:
-            self.load_error = CortexError(f"{root}: cannot keep {shipment.dag_path}'s artifacts on this node "
-                                          f"({e.strerror or e})")
-            return
-        except CortexError as e:          # a file damaged on its way here
+            self.dag_path = self._materialise()
+        except CortexError as e:
             self.load_error = e
             return
         try:
@@ -141,6 +136,25 @@ class CUStage:
             self.scheduler.load()
         except CortexError as e:
             self.load_error = local_error(e, self.dag_path, shipment.dag_path, shipment.folder)
+
+    def _materialise(self) -> Path:
+        """This node's copy of the stage's files (fetched where the node lacks them): its dag.json."""
+        shipment = self.shipment
+        root = Path(shipment.cache_dir) if shipment.cache_dir else node_cache_dir()
+        try:
+            return materialise(root, shipment.key, self.dag, shipment.files,
+                               lambda sha256: ray_module().get(shipment.contents[sha256][0]))
+        except OSError as e:
+            raise CortexError(f"{root}: cannot keep {shipment.dag_path}'s artifacts on this node "
+                              f"({e.strerror or e})") from None
+
+    def _check_copy(self) -> None:
+        """The node's copy is made again if it went (a cleaned cache folder) before a call is
+        served: the scheduler still loads files from it after the first request (a policy's
+        variants, a CU evicted and loaded again), and a stage that serves must be one that could
+        load. One stat per call; materialise fetches only what is missing, at the same path."""
+        if not self.dag_path.is_file():
+            self._materialise()
 
     def where(self) -> dict:
         """The node and process this actor runs in, and the dag.json it loaded there."""
@@ -156,6 +170,7 @@ class CUStage:
         """The tensors of `returns` that exist, and what this stage did (its part of the trace)."""
         if self.load_error is not None:
             raise self.load_error
+        self._check_copy()
         if policy not in self.loaded_policies:
             self.scheduler.variants.load(policy)
             self.loaded_policies.add(policy)
