@@ -37,7 +37,8 @@ request that cannot finish raises a CortexError. An error a CU raises (a trap) i
 
 The folder. No node needs the dag folder: the driver reads the files each stage's CUs load and
 ships them through the object store; each node keeps them in a cache keyed by sha256 and loads
-from there (`cortex/runtime/ray_artifacts.py`). Every node needs this Python environment (cortex
+from there (`cortex/runtime/ray_artifacts.py`), and an actor makes its copy again before a call if
+the cache was cleaned. Every node needs this Python environment (cortex
 installed).
 """
 
