@@ -151,9 +151,9 @@ class CUStage:
 
     def _check_copy(self) -> None:
         """The node's copy is made again if it went (a cleaned cache folder) before a call is
-        served: the scheduler still loads files from it after the first request (a policy's
-        variants, a CU evicted and loaded again), and a stage that serves must be one that could
-        load. One stat per call; materialise fetches only what is missing, at the same path."""
+        served: the scheduler still loads files from it after the first request (the variants a
+        policy picks, at that policy's first request), and a stage that serves must be one that
+        could load. One stat per call; materialise fetches only what is missing, at the same path."""
         if not self.dag_path.is_file():
             self._materialise()
 
