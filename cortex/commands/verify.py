@@ -7,6 +7,14 @@ Where this CPU's onnxruntime saturates uint8 x int8 products, the reference runs
 names the first CU whose own outputs diverge; `--dump DIR` writes that CU as a reproduction
 (`cortex.runtime.repro`). The exit code stays the model's verdict.
 
+Beside the max errors, each output's cosine similarity with the reference and the agreement of
+their top-1 along the last axis are reported (`cortex.runtime.accuracy`); `--metric
+cosine:0.999,top1:0.95` makes those the verdict instead of the tolerance, for models whose outputs
+may not match elementwise (dynamic quantization). When an output is outside the tolerance, the
+report says why in a line or two (`cortex.runtime.drift`): quantization, a CU that computes
+something else, or float errors adding up; to find out, the model runs once more under the
+bisection when `--bisect` did not already observe the first run.
+
 A dag.json of shape specializations is checked on one of them, bisection included: the one
 `--specialization` names, else the one the shapes of the `--input`s select (the first when they
 select several); inputs not given get that one's example."""
@@ -25,8 +33,10 @@ from cortex.commands.run import example_feeds, read_inputs
 from cortex.commands.shared_options import DeviceOption
 from cortex.console import out, print_json
 from cortex.runtime import load
+from cortex.runtime.accuracy import metric_failures, parse_metric_gate
 from cortex.runtime.bisect import Bisection, BisectReport
 from cortex.runtime.compare import compare
+from cortex.runtime.drift import DriftCause, explain
 from cortex.runtime.exact_u8s8 import reference_source
 from cortex.runtime.repro import write_reproduction
 from cortex.runtime.specialized import SpecializedModel
@@ -43,6 +53,10 @@ def verify(
     device: DeviceOption = "wasm",
     rtol: Annotated[float, typer.Option("--rtol")] = 1e-4,
     atol: Annotated[float, typer.Option("--atol")] = 1e-5,
+    metric: Annotated[str | None, typer.Option("--metric", help="Judge by accuracy metrics instead of the "
+                                               "tolerance: NAME:MIN,... with cosine (cosine similarity) and top1 "
+                                               "(top-1 agreement along the last axis), e.g. cosine:0.999,top1:0.95."
+                                               )] = None,
     bisect: Annotated[bool, typer.Option("--bisect", help="Also run each CU's cu.onnx on onnxruntime with the inputs "
                                          "the CU received, and name the first CU whose own outputs diverge.")] = False,
     dump: Annotated[Optional[Path], typer.Option("--dump", help="With --bisect: write that CU (or, when none "
@@ -58,15 +72,10 @@ def verify(
         raise CortexError(f"--rtol {rtol:g} / --atol {atol:g}: tolerances must be zero or positive")
     if dump is not None and not bisect:
         raise CortexError(f"--dump {dump}: needs --bisect, which finds the CU to dump")
-    # The bisection names the first CU that diverges in dag.json's order: one thread keeps that order.
-    compiled = load(dag, device, threads=1 if bisect else None)
+    gate = parse_metric_gate(metric) if metric is not None else None
     given = read_inputs(input or [])
-    chosen = None
-    if isinstance(compiled, SpecializedModel):
-        i = compiled.select({name: list(np.shape(value)) for name, value in given.items()}, specialization)
-        chosen, compiled = compiled.sections[i]["name"], compiled.specialization_model(i)
-    elif specialization is not None:
-        raise CortexError(f"--specialization {specialization}: {dag} was built for one input shape")
+    # The bisection names the first CU that diverges in dag.json's order: one thread keeps that order.
+    chosen, compiled = _load(dag, device, given, specialization, bisect)
     _check_same_model(model, compiled.dag)
     frozen = _frozen_feeds(compiled.dag, given)
     feeds = {**example_feeds(compiled.inputs), **{k: v for k, v in given.items() if k not in frozen}}
@@ -74,34 +83,81 @@ def verify(
     ours = compiled.run(feeds)
     reference, exact = _run_onnxruntime(model, {**feeds, **frozen}, list(ours))
     rows = [compare(name, ours[name], reference[name], rtol, atol) for name in ours]
-    ok = all(r["ok"] for r in rows)
-    report = bisection.report(ok) if bisection else None
+    within_tolerance = all(r["ok"] for r in rows)
+    if gate is not None:
+        for r in rows:
+            r["below_metric"] = metric_failures(r, gate)
+    ok = within_tolerance if gate is None else not any(r["below_metric"] for r in rows)
+    report = bisection.report(within_tolerance) if bisection else None
+    cause = None
+    if not within_tolerance:
+        cause = explain(report or _bisect_again(dag, device, given, specialization, feeds, rtol, atol),
+                        compiled.dag)
     command = None
     if dump is not None and report.named is not None:
         command = write_reproduction(dump, compiled.dag, compiled.path, report.named, report.named_check, device,
                                      rtol, atol)
     if json:
         document = {"dag": str(dag), "model": str(model), "device": device, "rtol": rtol, "atol": atol,
-                    "ok": ok, "outputs": rows, **({"specialization": chosen} if chosen else {}),
+                    "ok": ok, "within_tolerance": within_tolerance, "metric": gate, "outputs": rows,
+                    **({"specialization": chosen} if chosen else {}),
+                    **({"explanation": cause.to_json()} if cause else {}),
                     **({"reference_note": EXACT_U8S8_NOTE} if exact else {})}
         if report is not None:
             document["bisect"] = {**report.to_json(), "dump": str(dump) if command else None, "repro": command}
         print_json(document)
     else:
         shown = f"{dag} ({chosen})" if chosen else str(dag)
-        table = Table(title=f"{shown} on {device} against onnxruntime (rtol {rtol:g}, atol {atol:g})")
-        for col in ("output", "shape", "max abs error", "max rel error", "result"):
+        judged = f"rtol {rtol:g}, atol {atol:g}" + (f"; verdict by --metric {metric}" if gate else "")
+        table = Table(title=f"{shown} on {device} against onnxruntime ({judged})")
+        for col in ("output", "shape", "max abs error", "max rel error", "cosine", "top-1", "result"):
             table.add_column(col)
         for r in rows:
             table.add_row(r["name"], "x".join(map(str, r["shape"])) or "scalar", f"{r['max_abs_error']:.3g}",
-                          f"{r['max_rel_error']:.3g}", "ok" if r["ok"] else "[red]MISMATCH[/red]")
+                          f"{r['max_rel_error']:.3g}", _metric_cell(r["cosine"]), _metric_cell(r["top1"]),
+                          _result_cell(r, gate))
         out.print(table)
         if exact:
             out.print(EXACT_U8S8_NOTE)
+        if cause is not None:
+            for line in cause.lines:
+                out.print(line)
         if report is not None:
             _print_bisection(report, dump, command is not None)
     if not ok:
         raise typer.Exit(1)
+
+
+def _metric_cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:.6f}"
+
+
+def _result_cell(row: dict, gate: dict | None) -> str:
+    if gate is None:
+        return "ok" if row["ok"] else "[red]MISMATCH[/red]"
+    if row["below_metric"]:
+        return "[red]BELOW " + "; ".join(row["below_metric"]) + "[/red]"
+    return "ok" if row["ok"] else "ok by metric (outside tolerance)"
+
+
+def _load(dag: Path, device: str, given: dict, specialization: str | None, one_thread: bool):
+    """(the specialization's name or None, the compiled model to check)."""
+    compiled = load(dag, device, threads=1 if one_thread else None)
+    if isinstance(compiled, SpecializedModel):
+        i = compiled.select({name: list(np.shape(value)) for name, value in given.items()}, specialization)
+        return compiled.sections[i]["name"], compiled.specialization_model(i)
+    if specialization is not None:
+        raise CortexError(f"--specialization {specialization}: {dag} was built for one input shape")
+    return None, compiled
+
+
+def _bisect_again(dag: Path, device: str, given: dict, specialization: str | None, feeds: dict, rtol: float,
+                  atol: float) -> BisectReport:
+    """The same model and feeds run once more under the bisection, to explain a difference."""
+    _, compiled = _load(dag, device, given, specialization, True)
+    bisection = Bisection(compiled, rtol, atol)
+    compiled.run(feeds)
+    return bisection.report(False)
 
 
 def _print_bisection(report: BisectReport, dump: Path | None, dumped: bool) -> None:

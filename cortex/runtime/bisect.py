@@ -8,6 +8,13 @@ something else than its ONNX graph says; the first such CU in run order is the c
 diverges on its own while the model does, the small errors of several CUs add up; the CU with the
 largest own error (in units of the tolerance) is named instead.
 
+Where the outputs start to drift is a second question, asked of the same run: onnxruntime also runs
+the CUs one after the other from the model's inputs, each on the outputs its predecessors had on
+onnxruntime, and each CU's outputs in the compiled run are compared with those. The first CU whose
+outputs differ there is where the drift starts (`cortex.runtime.drift` explains it): the same CU
+as the first divergent one for a miscompiled CU, but also a CU that is right on its own inputs
+yet amplifies a tiny earlier difference (a dynamic quantization's scale or code).
+
 The run is observed at the device boundary: each device the scheduler holds is wrapped so that
 `run` hands a copy of the CU's inputs and outputs to the bisection. The scheduler is not changed
 and decides what runs exactly as without `--bisect`; a CU it does not run is not judged.
@@ -36,6 +43,11 @@ class CUCheck:
     outputs: list[dict]                 # compare() rows, one per CU output
     compared: bool = True               # False: random ops, whose outputs differ by design
     fallback: bool = False              # the CU runs on onnxruntime itself (decompose --fallback)
+    drift: list[dict] = field(default_factory=list)   # compare() rows against onnxruntime run CU by CU
+
+    @property
+    def drifts(self) -> bool:
+        return self.compared and not all(row["ok"] for row in self.drift)
 
     @property
     def ok(self) -> bool:
@@ -47,7 +59,8 @@ class CUCheck:
 
     def to_json(self) -> dict:
         return {"cu": self.cu, "device": self.device, "op_types": self.op_types, "ok": self.ok,
-                "compared": self.compared, "fallback": self.fallback, "outputs": self.outputs}
+                "compared": self.compared, "fallback": self.fallback, "outputs": self.outputs,
+                "drifts": self.drifts, "drift": self.drift}
 
 
 @dataclass
@@ -65,6 +78,7 @@ class BisectReport:
     first_divergent: CUCheck | None
     largest_error: CUCheck | None
     model_ok: bool
+    first_drifting: CUCheck | None = None     # the first CU whose outputs differ from onnxruntime's chain
     named: CUCase | None = field(default=None, repr=False)   # the case of the CU the report names
 
     @property
@@ -92,6 +106,7 @@ class BisectReport:
                 "first_divergent_cu": self.first_divergent.to_json() if self.first_divergent else None,
                 "largest_error_cu": self.largest_error.to_json() if self.largest_error else None,
                 "named_cu": named.cu if named else None,
+                "drift_start_cu": self.first_drifting.cu if self.first_drifting else None,
                 "cus": [c.to_json() for c in self.checks]}
 
 
@@ -112,6 +127,8 @@ class Bisection:
         self.cases: dict[str, CUCase] = {}
         self.first_divergent: CUCheck | None = None
         self.largest_error: CUCheck | None = None
+        self.first_drifting: CUCheck | None = None
+        self.chain: dict[str, np.ndarray] = {}     # every CU output as onnxruntime computed it, CU by CU
         devices = model.scheduler.devices
         for name in list(devices):
             devices[name] = ObservedDevice(devices[name], name, self.observe)
@@ -123,9 +140,11 @@ class Bisection:
                         [compare(name, outputs[name], expected[name], self.rtol, self.atol) for name in cu["outputs"]],
                         compared=not cu.get("random", False), fallback=device == REFERENCE_DEVICE)
         self.checks.append(check)
-        if not check.compared:      # listed with its errors, never judged
+        if not check.compared:      # listed with its errors, never judged; the chain goes on from its outputs
             check.outputs = [{**row, "ok": True} for row in check.outputs]
+            self.chain.update(outputs)
             return
+        self.follow_chain(cu, check, inputs, outputs, expected)
         # A fallback CU runs on onnxruntime already: its own error is onnxruntime against itself.
         if not check.fallback and (self.largest_error is None
                                    or check.tolerance_ratio > self.largest_error.tolerance_ratio):
@@ -139,8 +158,21 @@ class Bisection:
         elif check is self.largest_error:
             self.cases = {check.cu: CUCase(cu, inputs, expected, outputs)}
 
+    def follow_chain(self, cu: dict, check: CUCheck, inputs: dict, outputs: dict, expected: dict) -> None:
+        """Compare the CU's outputs with onnxruntime's on onnxruntime's own earlier results (the model's
+        inputs where no CU made the tensor); while those are the inputs it got, that is `expected`."""
+        chained = {name: self.chain.get(name, value) for name, value in inputs.items()}
+        if any(chained[name] is not inputs[name] for name in inputs):
+            chained = {k: np.asarray(v) for k, v in self.reference.run(cu, chained).items()}
+        else:
+            chained = expected
+        check.drift = [compare(name, outputs[name], chained[name], self.rtol, self.atol) for name in cu["outputs"]]
+        self.chain.update({name: chained[name] for name in cu["outputs"]})
+        if self.first_drifting is None and check.drifts:
+            self.first_drifting = check
+
     def report(self, model_ok: bool) -> BisectReport:
-        report = BisectReport(self.checks, self.first_divergent, self.largest_error, model_ok)
+        report = BisectReport(self.checks, self.first_divergent, self.largest_error, model_ok, self.first_drifting)
         named = report.named_check
         report.named = self.cases.get(named.cu) if named else None
         return report
