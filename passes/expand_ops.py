@@ -24,6 +24,7 @@ from ir.errors import NeedsShapes, NotExpanded, UnsupportedError
 from ir.function_call import inline_body
 from ir.graph import Graph, Node, Value
 from ir.ops import lookup
+from ir.ops.body_opset import body_opset, read_at_opset
 from passes.base import Pass, rewrite_nodes
 
 MAX_ROUNDS = 8      # expansions that produce expandable ops; none nests deeper than two
@@ -99,21 +100,14 @@ def _expanded(node: Node, model: Graph) -> list[Node] | None:
 
 
 def _at_model_opset(node: Node, function, opset_imports: dict[str, int]):
-    """The body read at the model's default opset (a body's ops keep their meaning in later opsets,
-    as the bodies avoid the ops whose signatures changed, not in earlier ones), which becomes the
-    body's own where the model imports none."""
+    """The body read at the model's default opset (ir/ops/body_opset.py rewrites the nodes whose
+    ops changed their signature since an older one), which becomes the body's own where the model
+    imports none."""
     model = opset_imports.get("", opset_imports.get("ai.onnx"))
     if model is None:
         # A model of ai.onnx.ml ops alone may import no default opset: the body's own joins it.
-        model = opset_imports[""] = next((e.version for e in function.opset_import if e.domain in ("", "ai.onnx")),
-                                         None)
-    for entry in function.opset_import:
-        if entry.domain in ("", "ai.onnx") and model is not None and model != entry.version:
-            if model < entry.version:
-                raise UnsupportedError(f"{node.describe()}: its expansion needs opset {entry.version} or later "
-                                       f"of the default domain; the model imports opset {model}")
-            entry.version = model
-    return function
+        model = opset_imports[""] = body_opset(function)
+    return function if model is None else read_at_opset(function, model, node.describe())
 
 
 def _expansion(node: Node, model: Graph) -> list[Node]:

@@ -5,9 +5,10 @@ The bodies follow onnxruntime's kernels (onnxruntime/contrib_ops/cpu/bert/), not
 operator docs, so that a model matches onnxruntime where the docs are silent (defaults, the
 optional inputs' forms). Each body is built per node: attributes and which optional inputs are
 present are written into its text. Bodies need no shapes (they run before shape inference): sizes
-come from Shape ops that fold once the inputs are bound, so they use only ops whose signatures are
-the same from opset 17 on (the expand-ops pass runs them at the model's opset): reductions are
-ReduceSum with an axes input, splits are Slices. They are written in the forms the lowering makes
+come from Shape ops that fold once the inputs are bound. They are written at opset 17 with ops whose
+signatures are the same from opset 17 on; the expand-ops pass reads them at the model's opset,
+older ones too (ir/ops/body_opset.py), so axes are constants wherever they can be (an older opset
+takes ReduceSum's and Unsqueeze's axes as attributes) and splits are Slices. They are written in the forms the lowering makes
 fast: a MatMul of a constant weight followed by its bias Add and then a residual Add (one GEMM with
 its epilogue), the erf GELU diamond, the LayerNormalization op.
 
@@ -191,25 +192,20 @@ def _skip_layer_norm(node) -> onnx.FunctionProto:
     }}""")
 
 
-def rms_lines(x: str, scale: str, y: str, inv: str, axis: int, epsilon: float) -> str:
-    """y = x / sqrt(mean(x^2 over axes axis..last) + epsilon) * scale, and inv = that 1 / sqrt(..)
-    (kept dims), as onnxruntime's SimplifiedLayerNormalization computes it."""
+def rms_lines(x: str, scale: str, y: str, inv: str, axes: list[int], epsilon: float) -> str:
+    """y = x / sqrt(mean(x^2 over `axes`) + epsilon) * scale, and inv = that 1 / sqrt(..) (kept
+    dims), as onnxruntime's SimplifiedLayerNormalization computes it. `axes` are constants (see
+    `trailing_axes`), so that the body reads at opsets before 13, where ReduceSum takes them as an
+    attribute."""
     return f"""
         r_shape = Shape ({x})
-        r_rank = Size (r_shape)
-        r_first = Constant <value_int = {int(axis)}> ()
-        r_step = Constant <value_int = 1> ()
-        r_zero = Constant <value_int = 0> ()
-        r_negative = Less (r_first, r_zero)
-        r_wrapped = Add (r_first, r_rank)
-        r_start = Where (r_negative, r_wrapped, r_first)
-        r_axes = Range (r_start, r_rank, r_step)
-        r_start_1d = Unsqueeze (r_start, r_zero)
+        r_start = Constant <value_ints = [{axes[0]}]> ()
         r_big = Constant <value_ints = [9223372036854775807]> ()
-        r_dims = Slice (r_shape, r_start_1d, r_big)
+        r_dims = Slice (r_shape, r_start, r_big)
         r_count = ReduceProd <keepdims = 0> (r_dims)
         r_countf = Cast <to = 1> (r_count)
         r_square = Mul ({x}, {x})
+        r_axes = Constant <value_ints = [{', '.join(map(str, axes))}]> ()
         r_sum = ReduceSum <keepdims = 1> (r_square, r_axes)
         r_mean = Div (r_sum, r_countf)
         r_eps = Constant <value_float = {number(epsilon)}> ()
@@ -221,15 +217,28 @@ def rms_lines(x: str, scale: str, y: str, inv: str, axis: int, epsilon: float) -
         {y} = Mul (r_normed, {scale})"""
 
 
+def trailing_axes(node, axis: int) -> list[int]:
+    """The axes from `axis` to the last of the node's first input: negative, so that no rank is
+    needed, except for an axis counted from the front, which needs the input's rank."""
+    if axis < 0:
+        return list(range(axis, 0))
+    shape = node.inputs[0].shape
+    if shape is None:
+        raise NeedsShapes(f"{node.describe()}: axis {axis} counted from the front needs the rank of input "
+                          f"'{node.inputs[0].name}', which is not known")
+    return list(range(axis - len(shape), 0))
+
+
 def _simplified_layer_norm(node) -> onnx.FunctionProto:
-    body = rms_lines("X", "scale", "Y", "inv_std_var", attr(node, "axis", -1), attr(node, "epsilon", 1e-5))
+    body = rms_lines("X", "scale", "Y", "inv_std_var", trailing_axes(node, int(attr(node, "axis", -1))),
+                     attr(node, "epsilon", 1e-5))
     head = signature("SimplifiedLayerNormalization", ["X", "scale"], node, ["Y", "inv_std_var"])
     return function(f"{head} {{{body}\n}}")
 
 
 def _skip_simplified_layer_norm(node) -> onnx.FunctionProto:
     """Its `mean` output is zeros in onnxruntime's kernel (the RMS form has no mean); so it is here."""
-    body = rms_lines("S", "gamma", "output", "inv_std_var", -1, attr(node, "epsilon", 1e-12))
+    body = rms_lines("S", "gamma", "output", "inv_std_var", [-1], attr(node, "epsilon", 1e-12))
     head = signature("SkipSimplifiedLayerNormalization", ["input", "skip", "gamma", "bias"], node,
                      ["output", "mean", "inv_std_var", "input_skip_bias_sum"])
     return function(f"""{head} {{
