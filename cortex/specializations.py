@@ -8,7 +8,9 @@ each hold a whole `cortex.dag/1` body (CUs, order, tensors...) with their `name`
 and `dims`; compile-wasm builds every section into one folder with content-addressed modules and
 weight files, so whatever the specializations share is stored once (backends/wasm/weights_files.py).
 Each section passes the checks of a single-shape dag.json; the runtime picks the section whose
-input shapes match a request's exactly (cortex/runtime/specialized.py).
+input shapes match a request's exactly (cortex/runtime/specialized.py). Value specializations
+(`--specialize sr=8000,16000`, cortex/value_specializations.py) are sections too: each combines with
+every shape specialization, and records its values in `input_values`.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import jsonschema
+import numpy as np
 
 from cortex.cus import SPECIALIZATIONS_LISTING
 from cortex.dag import (
@@ -29,6 +32,7 @@ from cortex.dag import (
     check_dag,
     validate_dag,
 )
+from cortex.value_specializations import values_text
 from ir.errors import CortexError
 
 LISTING = SPECIALIZATIONS_LISTING
@@ -44,6 +48,7 @@ class Specialization:
     name: str                                   # what varies, e.g. "seq=32" or "x=1x3x48x160"
     input_shapes: dict[str, tuple[int, ...]]    # every --input-shape, this specialization's value
     dims: dict[str, int]                        # every --dim, this specialization's value
+    input_values: dict[str, np.ndarray] = field(default_factory=dict)   # every --specialize input's value
 
     @property
     def folder(self) -> str:
@@ -52,7 +57,15 @@ class Specialization:
     def to_json(self) -> dict:
         return {"name": self.name, "folder": self.folder,
                 "input_shapes": {k: list(v) for k, v in sorted(self.input_shapes.items())},
-                "dims": dict(sorted(self.dims.items()))}
+                "dims": dict(sorted(self.dims.items())),
+                **({"input_values": {k: v.item() for k, v in self.input_values.items()}} if self.input_values else {})}
+
+
+def with_values(specializations: list[Specialization], rows_for) -> list[Specialization]:
+    """Every specialization once per row of input values (`rows_for(specialization)`: its rows,
+    cortex/value_specializations.py's value_rows), named by what varies: `sr=8000`, `seq=32,sr=8000`."""
+    return [Specialization(",".join(filter(None, [spec.name, values_text(row)])), spec.input_shapes, spec.dims, row)
+            for spec in specializations for row in rows_for(spec)]
 
 
 def parse_specializations(input_shapes: list[str] | None, dims: list[str] | None) -> list[Specialization] | None:
@@ -145,8 +158,10 @@ def build_specialized_dag(cu_dir: Path, output: Path, listing: list[dict]) -> di
     for entry in listing:
         body = build_dag(Path(cu_dir) / entry["folder"], output)
         body.pop("schema")
-        shapes = {i["name"]: i["shape"] for i in body["inputs"]}
-        sections.append({"name": entry["name"], "input_shapes": shapes, "dims": entry["dims"], **body})
+        values = entry.get("input_values", {})
+        shapes = {i["name"]: i["shape"] for i in [*body["inputs"], *frozen_specs(body, values)]}
+        sections.append({"name": entry["name"], "input_shapes": shapes, "dims": entry["dims"],
+                         **({"input_values": values} if values else {}), **body})
     first = sections[0]
     return {"schema": SPECIALIZED_DAG_SCHEMA, "model": first["model"],
             **({"source_model": first["source_model"]} if "source_model" in first else {}),
@@ -182,9 +197,18 @@ def read_specialized_dag(path: Path, option: str | None = None) -> dict:
         check_dag(section_dag(section), f"{label} (specialization {section['name']})", path.parent)
         if _interface(section) != _interface(first):
             return _fail(label, f"specialization {section['name']} has other inputs or outputs than {first['name']}")
-        key = json.dumps(section["input_shapes"], sort_keys=True)
+        values = section.get("input_values", {})
+        if set(values) != set(first.get("input_values", {})):
+            return _fail(label, f"specialization {section['name']} is specialised by the values of other inputs "
+                                f"than {first['name']}")
+        specs = frozen_specs(section, values)
+        if len(specs) != len(values) or any(section["input_shapes"].get(s["name"]) != s["shape"] for s in specs):
+            return _fail(label, f"specialization {section['name']}: its input_values name inputs that its build "
+                                "did not freeze, or with other shapes than input_shapes")
+        key = json.dumps([section["input_shapes"], values], sort_keys=True)
         if key in seen:
-            return _fail(label, f"specializations {seen[key]} and {section['name']} have the same input shapes")
+            return _fail(label, f"specializations {seen[key]} and {section['name']} have the same input shapes"
+                                + (" and values" if values else ""))
         seen[key] = section["name"]
     return dag
 
@@ -199,7 +223,16 @@ def validate_specialized_dag(dag: dict) -> None:
 
 def section_dag(section: dict) -> dict:
     """One specialization as the cortex.dag/1 document the scheduler and the devices read."""
-    return {"schema": DAG_SCHEMA, **{k: v for k, v in section.items() if k not in ("name", "input_shapes", "dims")}}
+    return {"schema": DAG_SCHEMA, **{k: v for k, v in section.items()
+                                     if k not in ("name", "input_shapes", "dims", "input_values")}}
+
+
+def frozen_specs(section: dict, values: dict) -> list[dict]:
+    """The name, dtype and shape of each input a section is specialised on by value: inputs its
+    build froze (`options.frozen_inputs`), which the caller still gives."""
+    frozen = {f["name"]: f for f in section.get("options", {}).get("frozen_inputs", [])}
+    return [{"name": name, "dtype": frozen[name]["dtype"], "shape": frozen[name]["shape"]}
+            for name in values if name in frozen]
 
 
 def shapes_text(shapes: dict[str, list[int]]) -> str:

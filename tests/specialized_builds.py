@@ -8,6 +8,7 @@ build would cost most of a suite's time. The behaviour under test goes through t
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -69,3 +70,41 @@ def plant(dag_path: Path, wrong_dag_path: Path, specialization: str, cu_id: str)
     assert cu["artifacts"]["wasm"]["path"] != record["path"], "the planted module must differ"
     cu["artifacts"]["wasm"] = record
     write_bytes_atomically(dag_path, json.dumps(dag, indent=2).encode())
+
+
+# -- a model whose If is decided by an input ---------------------------------------------------
+VAD_FRAMES = {8000: 15, 16000: 7}     # output frames for a 512-sample window at each rate
+CACHE = Path(__file__).resolve().parent.parent / ".cache" / "value-specializations"
+
+
+def vad_model() -> Path:
+    """A voice-activity model in small, exported by TorchScript (torch.jit.script, dynamo=False) as
+    such models are: `if sr == 16000` picks a 128-tap filter at stride 64 over the 512-sample window
+    (7 frames), else a 64-tap one at stride 32 (15 frames); a projection both share follows. The
+    exporter writes Equal(sr, 16000) -> Cast(bool) -> If, branches of different output shapes."""
+    path = CACHE / "vad.onnx"
+    if path.is_file():
+        return path
+    import torch   # export only; importing it costs seconds, so only when the model is missing
+
+    class TinyVad(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            generator = torch.Generator().manual_seed(0)
+            self.taps8k = torch.nn.Parameter(torch.randn(4, 1, 64, generator=generator) * 0.1)
+            self.taps16k = torch.nn.Parameter(torch.randn(4, 1, 128, generator=generator) * 0.1)
+            self.project = torch.nn.Parameter(torch.randn(4, 4, generator=generator) * 0.3)
+
+        def forward(self, x: torch.Tensor, sr: torch.Tensor) -> torch.Tensor:
+            if bool(sr == 16000):
+                frames = torch.nn.functional.conv1d(x, self.taps16k, stride=64)
+            else:
+                frames = torch.nn.functional.conv1d(x, self.taps8k, stride=32)
+            return torch.sigmoid(torch.matmul(frames.transpose(1, 2), self.project))
+
+    CACHE.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(f".{os.getpid()}.partial")
+    torch.onnx.export(torch.jit.script(TinyVad()), (torch.zeros(1, 1, 512), torch.tensor(16000)), str(partial),
+                      input_names=["x", "sr"], output_names=["speech"], dynamo=False, opset_version=17)
+    os.replace(partial, path)
+    return path

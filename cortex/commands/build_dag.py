@@ -34,7 +34,7 @@ def build_dag(
     listing = read_listing(cu_dir)
     if listing is not None:
         if format != "json":
-            raise CortexError(f"--format {format}: {cu_dir} holds shape specializations; only json lists them all")
+            raise CortexError(f"--format {format}: {cu_dir} holds specializations; only json lists them all")
         _write_specialized(cu_dir, output, listing, json, start)
         return
     dag = build_dag_document(cu_dir, output)
@@ -75,7 +75,7 @@ def _write_specialized(cu_dir: Path, output: Path, listing: list[dict], json: bo
     if json:
         print_json(summary)
         return
-    print_summary(f"CU graphs of {len(dag['specializations'])} shape specializations written to {output}", [
+    print_summary(f"CU graphs of {len(dag['specializations'])} specializations written to {output}", [
         *((name, f"{one['cus']} CUs, {one['edges']} edges") for name, one in summary["specializations"].items()),
         ("time", f"{summary['seconds']:.2f} s"),
     ])

@@ -3,11 +3,11 @@ plus manifest.json."""
 
 from __future__ import annotations
 
-import copy
 import json as jsonlib
 import statistics
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -24,8 +24,10 @@ from cortex.cus import check_output_dir, model_info, write_cus
 from cortex.options import parse_dims, parse_input_shapes
 from cortex.pipeline import load_and_optimize
 from cortex.shared_cu_weights import share_cu_weights
-from cortex.specializations import LISTING, Specialization, listing_document, parse_specializations
+from cortex.specializations import LISTING, Specialization, listing_document, parse_specializations, with_values
+from cortex.value_specializations import parse_specialize, value_rows
 from ir.errors import CortexError
+from ir.onnx_import import load_model
 from ir.fs import write_directory_atomically
 from passes import run_pipeline
 from passes.freeze_inputs import frozen_summary
@@ -40,16 +42,20 @@ def decompose(
     input_shape: InputShapes = None,
     dim: Dims = None,
     freeze_input: Annotated[Optional[list[str]], typer.Option("--freeze-input", help="NAME=FILE.npy, or an .npz of arrays by name: the input becomes a constant with that value (repeatable).")] = None,
+    specialize: Annotated[Optional[list[str]], typer.Option("--specialize", help="NAME=V1,V2,...: one specialization per value of a one-element input (an If decided by it), built as if frozen to it, in one bundle; NAME alone: the values the model's If compares it with (repeatable).")] = None,
     cache_inputs_from: Annotated[Optional[Path], typer.Option("--cache-inputs-from", help="Calibration feeds (a folder of .npz files, one feed each, or one .npz whose arrays stack the feeds on a first axis): an input whose value is the same in every feed is added to --cache-inputs.")] = None,
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
 ) -> None:
     """Partition a model into computation units (CUs), each a self-contained ONNX model."""
     calibration = read_feeds(cache_inputs_from) if cache_inputs_from is not None else None
     specializations = parse_specializations(input_shape, dim)
+    frozen = read_frozen_inputs(freeze_input or [])
+    if specialize:
+        specializations = value_specializations(model_path, specialize, frozen, specializations or [
+            Specialization("", parse_input_shapes(input_shape), parse_dims(dim))])
     if specializations is not None:
         summary = decompose_specializations(model_path, output_dir, limits, specializations,
-                                            frozen_inputs=read_frozen_inputs(freeze_input or []),
-                                            calibration_feeds=calibration)
+                                            frozen_inputs=frozen, calibration_feeds=calibration)
         if json:
             print_json(summary)
         else:
@@ -57,7 +63,7 @@ def decompose(
                 out.print(f"{name}: {one['cus']} CUs, {one['params']['total']:,} params in {one['output_dir']}")
         return
     summary = decompose_model(model_path, output_dir, limits, input_shapes=parse_input_shapes(input_shape),
-                              dims=parse_dims(dim), frozen_inputs=read_frozen_inputs(freeze_input or []),
+                              dims=parse_dims(dim), frozen_inputs=frozen,
                               calibration_feeds=calibration, show_progress=not json)
     if json:
         print_json(summary)
@@ -74,7 +80,7 @@ def decompose_model(model_path: Path, output_dir: Path, limits: PartitionIntoCUs
     value is the same in every one of `calibration_feeds` join `limits.cache_inputs`."""
     limits = limits or PartitionIntoCUs()
     if limits.fallback is not None:
-        limits.cannot_lower = unsupported_nodes   # the rule compile-<target> applies to each CU
+        limits = replace(limits, cannot_lower=unsupported_nodes)   # the rule compile-<target> applies to each CU
     input_shapes, dims = input_shapes or {}, dims or {}
     check_output_dir(Path(output_dir), Path(model_path))
     start = time.perf_counter()
@@ -85,10 +91,10 @@ def decompose_model(model_path: Path, output_dir: Path, limits: PartitionIntoCUs
         if calibration_feeds is not None:
             model_inputs = {v.name for v in optimized.graph.inputs}
             found = [name for name in repeating_inputs(calibration_feeds) if name in model_inputs]
-            limits.cache_inputs = tuple(dict.fromkeys([*limits.cache_inputs, *found]))
+            limits = replace(limits, cache_inputs=tuple(dict.fromkeys([*limits.cache_inputs, *found])))
         step("fusing and partitioning")
-        graph, _ = run_pipeline(optimized.graph, [FuseGroups(), limits])
-        partition = limits.result
+        graph, _ = run_pipeline(optimized.graph, [FuseGroups()])
+        partition = limits.run(graph)
         options = {**limits.limits(),
                    "input_shapes": {k: list(v) for k, v in sorted(input_shapes.items())},
                    "dims": dict(sorted(dims.items()))}
@@ -110,8 +116,10 @@ def decompose_specializations(model_path: Path, output_dir: Path, limits: Partit
     def fill(folder: Path) -> dict:
         summaries = {}
         for spec in specializations:
-            one = decompose_model(model_path, folder / spec.folder, copy.deepcopy(limits or PartitionIntoCUs()),
-                                  input_shapes=spec.input_shapes, dims=spec.dims, **options)
+            frozen = {**(options.get("frozen_inputs") or {}), **spec.input_values}
+            one = decompose_model(model_path, folder / spec.folder, limits,
+                                  input_shapes=spec.input_shapes, dims=spec.dims,
+                                  **{**options, "frozen_inputs": frozen or None})
             summaries[spec.name] = {**one, "output_dir": str(Path(output_dir) / spec.folder)}
         share_cu_weights(folder, [spec.folder for spec in specializations])
         (folder / LISTING).write_text(jsonlib.dumps(listing_document(specializations), indent=2) + "\n")
@@ -120,6 +128,19 @@ def decompose_specializations(model_path: Path, output_dir: Path, limits: Partit
     summaries = write_directory_atomically(Path(output_dir), fill)
     return {"output_dir": str(output_dir), "specializations": summaries,
             "cus": sum(s["cus"] for s in summaries.values()), "seconds": round(time.perf_counter() - start, 3)}
+
+
+def value_specializations(model_path: Path, items: list[str], frozen: dict,
+                          specializations: list[Specialization]) -> list[Specialization]:
+    """`specializations` (the shape ones, or the one plain build) once per value --specialize
+    gives (cortex/value_specializations.py), each to be built with its input frozen to its value."""
+    parsed = parse_specialize(items)
+    both = sorted(set(parsed) & set(frozen))
+    if both:
+        raise CortexError(f"--specialize {both[0]} and --freeze-input {both[0]}: an input is either frozen to one "
+                          "value or specialised for several")
+    graph = load_model(model_path)
+    return with_values(specializations, lambda spec: value_rows(parsed, graph, spec.input_shapes))
 
 
 def read_frozen_inputs(items: list[str]) -> dict:

@@ -144,7 +144,7 @@ def _load(dag: Path, device: str, given: dict, specialization: str | None, one_t
     """(the specialization's name or None, the compiled model to check)."""
     compiled = load(dag, device, threads=1 if one_thread else None)
     if isinstance(compiled, SpecializedModel):
-        i = compiled.select({name: list(np.shape(value)) for name, value in given.items()}, specialization)
+        i = compiled.select({name: list(np.shape(value)) for name, value in given.items()}, specialization, given)
         return compiled.sections[i]["name"], compiled.specialization_model(i)
     if specialization is not None:
         raise CortexError(f"--specialization {specialization}: {dag} was built for one input shape")

@@ -1,6 +1,8 @@
-"""A model compiled for several input shapes (a cortex.dag/2 dag.json): each request runs on the
-specialization whose input shapes match its inputs exactly, whose CUs load when a request first
-picks it (`SpecializedModel`: locks, eager loading, one memory budget for all).
+"""A model compiled for several input shapes or input values (a cortex.dag/2 dag.json): each
+request runs on the specialization whose input values (`--specialize`) equal its inputs' and whose
+input shapes match them exactly, whose CUs load when a request first picks it (`SpecializedModel`:
+locks, eager loading, one memory budget for all). An input specialised by value is checked (dtype,
+shape, a compiled value) and left out of the feeds of the section, whose build froze it.
 
 With `pad_to_bucket` (a dim name given to `--dim`, or an input given several `--input-shape`s), a
 request no specialization matches exactly is padded with `pad_value` up to the nearest larger
@@ -20,7 +22,8 @@ import numpy as np
 
 from backends.limits import no_sandbox_events
 from cortex.runtime.memory import required_bytes
-from cortex.specializations import read_specialized_dag, section_dag, shapes_text
+from cortex.specializations import frozen_specs, read_specialized_dag, section_dag, shapes_text
+from cortex.value_specializations import values_text
 from ir.errors import CortexError
 
 LOADING = ("lazy", "eager")
@@ -50,6 +53,7 @@ class SpecializedModel:
         self.dag = read_specialized_dag(self.path)
         self.sections = self.dag["specializations"]
         self.models = [open_model(section_dag(s)) for s in self.sections]
+        self.value_inputs = frozen_specs(self.sections[0], self.sections[0].get("input_values", {}))
         self.buckets = Buckets(self.sections, pad_to_bucket) if pad_to_bucket is not None else None
         self.pad_value = pad_value
         self.memory_budget = self.models[0].memory_budget       # bytes, or None; the same for every one
@@ -70,7 +74,8 @@ class SpecializedModel:
 
     @property
     def inputs(self) -> list[dict]:
-        return self.chosen.inputs
+        """What a caller feeds: the chosen section's inputs and those specialised by value."""
+        return [*self.chosen.inputs, *self.value_inputs]
 
     @property
     def outputs(self) -> list[dict]:
@@ -116,39 +121,72 @@ class SpecializedModel:
     def run(self, feeds: dict, outputs: list[str] | None = None, policy=None) -> dict[str, np.ndarray]:
         if not isinstance(feeds, dict):
             raise CortexError("inputs must be a dict of name -> numpy array")
-        i, length = self._pick({name: list(np.shape(value)) for name, value in feeds.items()}, str(self.path))
+        i, length = self._pick({name: list(np.shape(value)) for name, value in feeds.items()}, str(self.path), feeds)
+        feeds = {name: value for name, value in feeds.items() if name not in self.sections[i].get("input_values", {})}
         if length is None:
             return self._run_on(i, feeds, outputs, policy)
         padded = {name: self.buckets.pad(name, np.asarray(value), i, self.pad_value) for name, value in feeds.items()}
         results = self._run_on(i, padded, outputs, policy)
         return {name: self.buckets.slice(name, value, i, length) for name, value in results.items()}
 
-    def specialization_for(self, shapes: dict[str, list[int]], label: str | None = None) -> str:
+    def specialization_for(self, shapes: dict[str, list[int]], label: str | None = None,
+                           feeds: dict | None = None) -> str:
         """The name of the specialization that inputs of these shapes run on (exactly, or padded up
         under `pad_to_bucket`), by the rule `run` applies; when none takes them, the one error `run`
         raises, listing the compiled shapes, with `label` naming the model (default: its path).
-        It reads only dag.json, so any thread may ask while another runs the model."""
-        return self.sections[self._pick(shapes, label or str(self.path))[0]]["name"]
+        Without `feeds` the inputs specialised by value are not looked at (a server asks about the
+        shapes before it reads the data), with them they are. It reads only dag.json, so any thread
+        may ask while another runs the model."""
+        return self.sections[self._pick(shapes, label or str(self.path), feeds)[0]]["name"]
 
-    def _pick(self, shapes: dict[str, list[int]], label: str) -> tuple[int, int | None]:
-        """The specialization these shapes run on, and their length along the padded dim (None:
-        an exact match, no padding)."""
-        i = self.exact(shapes)
+    def _pick(self, shapes: dict[str, list[int]], label: str, feeds: dict | None = None) -> tuple[int, int | None]:
+        """The specialization these shapes (and the values in `feeds`) run on, and their length
+        along the padded dim (None: an exact match, no padding)."""
+        among = self.with_values(feeds, label) if feeds is not None else range(len(self.sections))
+        i = self.exact(shapes, among)
         if i is not None:
             return i, None
         if self.buckets is None:
             raise CortexError(f"no shape specialization matches the inputs ({shapes_text(shapes)}); {label} "
                               f"was compiled for: {self.compiled_shapes()}")
-        return self.buckets.nearest(shapes, label, self.compiled_shapes())
+        return self.buckets.nearest(shapes, label, self.compiled_shapes(), among)
 
-    def exact(self, shapes: dict[str, list[int]]) -> int | None:
-        """The specialization compiled for exactly these input shapes, if one is."""
-        return next((i for i, s in enumerate(self.sections) if shapes == s["input_shapes"]), None)
+    def with_values(self, feeds: dict, label: str) -> list[int]:
+        """The specializations compiled for the values `feeds` give the inputs specialised by value
+        (all, for a model of shape specializations only); a missing input, one of another dtype or
+        shape, or a value not compiled is one error."""
+        if not self.value_inputs:
+            return list(range(len(self.sections)))
+        given = {}
+        for spec in self.value_inputs:
+            name = spec["name"]
+            if name not in feeds:
+                raise CortexError(f"missing input {name!r} ({spec['dtype']}{spec['shape']})")
+            value = np.asarray(feeds[name])
+            if value.dtype != np.dtype(spec["dtype"]):
+                raise CortexError(f"input {name!r} has dtype {value.dtype}, the model expects {spec['dtype']}")
+            if list(value.shape) != list(spec["shape"]):
+                raise CortexError(f"input {name!r} has shape {list(value.shape)}, the model expects {spec['shape']}")
+            given[name] = value.reshape(-1)[0].item()
+        among = [i for i, s in enumerate(self.sections) if s["input_values"] == given]
+        if not among:
+            raise CortexError(f"no value specialization matches the inputs ({values_text(given)}); {label} was "
+                              f"compiled for: {self.compiled_values()}")
+        return among
 
-    def select(self, shapes: dict[str, list[int]], name: str | None = None) -> int:
+    def compiled_values(self) -> str:
+        return "; ".join(dict.fromkeys(values_text(s["input_values"]) for s in self.sections))
+
+    def exact(self, shapes: dict[str, list[int]], among=None) -> int | None:
+        """The specialization compiled for exactly these input shapes (of those `among`), if one is."""
+        return next((i for i in (range(len(self.sections)) if among is None else among)
+                     if shapes == self.sections[i]["input_shapes"]), None)
+
+    def select(self, shapes: dict[str, list[int]], name: str | None = None, feeds: dict | None = None) -> int:
         """The specialization named `name`, or else the first one whose inputs have these shapes
         (`shapes` may name only some inputs, and other names, such as frozen inputs, are not
-        compared); a conflict is one error."""
+        compared) and, when `feeds` give every input specialised by value, those values; a
+        conflict is one error."""
         if name is not None:
             found = next((i for i, s in enumerate(self.sections) if s["name"] == name), None)
             if found is None:
@@ -160,7 +198,10 @@ class SpecializedModel:
                 raise CortexError(f"--specialization {name} takes {shapes_text({n: want[n] for n in wrong})}, "
                                   f"the inputs have {shapes_text({n: shapes[n] for n in wrong})}")
             return found
-        for i, section in enumerate(self.sections):
+        gives_values = feeds is not None and all(spec["name"] in feeds for spec in self.value_inputs)
+        among = self.with_values(feeds, str(self.path)) if gives_values else range(len(self.sections))
+        for i in among:
+            section = self.sections[i]
             if all(shape == section["input_shapes"][n] for n, shape in shapes.items() if n in section["input_shapes"]):
                 return i
         raise CortexError(f"no shape specialization matches the inputs ({shapes_text(shapes)}); {self.path} "
@@ -244,15 +285,16 @@ class Buckets:
         self.output_axes = _carrying_axes({o["name"]: [o["shape"] for o in _all(sections, "outputs", o["name"])]
                                            for o in sections[0]["outputs"]}, self.values)
 
-    def nearest(self, shapes: dict[str, list[int]], label: str, compiled: str) -> tuple[int, int]:
-        """The smallest bucket the inputs fit when padded, and their length along the dim."""
+    def nearest(self, shapes: dict[str, list[int]], label: str, compiled: str, among=None) -> tuple[int, int]:
+        """The smallest bucket (of the specializations `among`) the inputs fit when padded, and
+        their length along the dim."""
         lengths = {shape[axis] for name, shape in shapes.items() for axis in self.input_axes.get(name, ())
                    if axis < len(shape)}
         fits = []
         if len(lengths) == 1:
             length = lengths.pop()
-            for i, section in enumerate(self.sections):
-                want = section["input_shapes"]
+            for i in range(len(self.sections)) if among is None else among:
+                want = self.sections[i]["input_shapes"]
                 if set(shapes) == set(want) and length <= self.values[i] \
                         and all(_fits(shapes[n], want[n], self.input_axes.get(n, ())) for n in want):
                     fits.append((self.values[i], i, length))
