@@ -69,6 +69,11 @@ class _Reader:
         done: list[onnx.NodeProto] = []
         while pending:
             proto = pending.pop(0)
+            for attribute in proto.attribute:
+                if attribute.type == AttributeProto.GRAPH:     # an If's or Loop's body, in its scope
+                    nodes = self.rewrite(list(attribute.g.node))
+                    del attribute.g.node[:]
+                    attribute.g.node.extend(nodes)
             if proto.domain not in DEFAULT_DOMAINS or since(proto.op_type, self.opset) == since(proto.op_type, self.written):
                 self._keep(proto, done)
                 continue
@@ -124,6 +129,8 @@ class _Reader:
                 self.fail(proto, f"with input {formal!r}, which opset {self.opset} does not take")
         while inputs and not inputs[-1]:
             inputs.pop()
+        if len(inputs) < old.min_input:     # an input optional only later (Gemm's C before opset 11)
+            self.fail(proto, f"without input {old.inputs[len(inputs)].name!r}, which opset {self.opset} requires")
         for attribute in proto.attribute:
             if attribute.name in old.attributes:
                 attributes.append(attribute)
