@@ -6,6 +6,7 @@ its branches of different shapes, built once for several values of that input (`
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from cli_helpers import assert_one_line_error, run_cli
+from js_cases import NODE, run_node_tests, write_case, write_requests
 from onnx import TensorProto, helper, numpy_helper
 from specialized_builds import VAD_FRAMES, build_in_process, vad_model
 
@@ -115,6 +117,44 @@ def test_the_rates_share_the_weights_both_use_stored_once(vad_build):
     initializers = {t.name: numpy_helper.to_array(t) for t in onnx.load(vad_model()).graph.initializer}
     filters = {p.read_bytes() for p in (out / "cus" / "models" / "weights").glob("*.bin")}
     assert filters == {np.ascontiguousarray(initializers[name]).tobytes() for name in ("taps8k", "taps16k")}
+
+
+def refused_requests(model, dag_path: Path) -> list[tuple[dict, str]]:
+    """Requests every runtime refuses, each with the Python runtime's message (DAG: the model)."""
+    x = window()
+    found = []
+    for feeds in ({"x": x, "sr": np.array(44100)}, {"x": x, "sr": np.array(16000, np.int32)},
+                  {"x": x, "sr": np.array([16000])}, {"x": x}):
+        with pytest.raises(CortexError) as raised:
+            model.run(feeds)
+        found.append((feeds, str(raised.value).replace(str(dag_path), "DAG")))
+    return found
+
+
+@pytest.mark.skipif(NODE is None, reason="node is not installed")
+def test_node_runs_both_rates_from_one_build_and_refuses_others_as_python_does(vad_build, tmp_path):
+    model = cortex.load(vad_build)
+    rates = [16000, 8000, 16000]
+    requests = [{"inputs": {"x": window(i), "sr": np.array(sr)}} for i, sr in enumerate(rates)]
+    for request in requests:
+        request["outputs"] = {"speech": reference(request["inputs"])}
+    case = write_case(tmp_path, "value-specialized-vad", vad_build, requests, RTOL, ATOL)
+    refused = refused_requests(model, vad_build)
+    (tmp_path / "refused").mkdir()
+    described = write_requests(tmp_path / "refused", [{"inputs": feeds, "outputs": {}} for feeds, _ in refused])
+    document = json.loads(case.read_text())
+    document["value_specialized"] = {
+        "inputs": [["x", "float32", [1, 1, 512]], ["sr", "int64", []]],
+        "specializations": [f"sr={sr}" for sr in rates],
+        "refused": [{"inputs": {n: {**t, "file": f"refused/{t['file']}"} for n, t in d["inputs"].items()},
+                     "message": message} for d, (_, message) in zip(described, refused)]}
+    case.write_text(json.dumps(document, indent=1))
+    (tmp_path / "node").mkdir()
+    report = run_node_tests([case], tmp_path / "node", "specialized.test.js")
+    passed = set(re.findall(r"^ok \d+ - (.+)$", report, re.MULTILINE))
+    assert {"value-specialized-vad: each compiled value runs on its specialization",
+            "value-specialized-vad: a value not compiled is refused in one line naming the compiled ones"} <= passed, \
+        report[-3000:]
 
 
 # -- finding the values -------------------------------------------------------------------------

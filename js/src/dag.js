@@ -25,7 +25,8 @@ export const SPECIALIZED_DAG_SCHEMA = "cortex.dag/2";
  *             tensors: Record<string, {dtype: string, shape: number[], bytes: number, producer: string|null}>,
  *             selects?: {tensor: string, condition: string, cases: {equals: boolean, tensor: string}[]}[]}} Dag */
 
-/** @typedef {{name: string, input_shapes: Record<string, number[]>, dims: Record<string, number>, dag: Dag}} Section */
+/** @typedef {{name: string, input_shapes: Record<string, number[]>, dims: Record<string, number>,
+ *             input_values: Record<string, number | boolean>, dag: Dag}} Section */
 
 const FALLBACK_RUNTIMES = ["onnxruntime"];
 
@@ -37,7 +38,7 @@ export function checkedSections(dag, url) {
   if (typeof dag !== "object" || dag === null || Array.isArray(dag)) throw new CortexError(`${where}: not a dag.json`);
   if (dag.schema !== SPECIALIZED_DAG_SCHEMA) {
     const one = checkDag(dag, url, where);
-    return [{ name: /** @type {any} */ (null), input_shapes: shapesOf(one), dims: {}, dag: one }];
+    return [{ name: /** @type {any} */ (null), input_shapes: shapesOf(one), dims: {}, input_values: {}, dag: one }];
   }
   if (!Array.isArray(dag.specializations) || !dag.specializations.length) {
     throw new CortexError(`${where}: 'specializations' is missing or empty`);
@@ -47,7 +48,7 @@ export function checkedSections(dag, url) {
   /** @type {Map<string, string>} */
   const seen = new Map();
   for (const section of dag.specializations) {
-    const { name, input_shapes: shapes, dims, ...body } = section ?? {};
+    const { name, input_shapes: shapes, dims, input_values: values = {}, ...body } = section ?? {};
     const label = `${where} (specialization ${name})`;
     if (typeof name !== "string" || typeof shapes !== "object" || shapes === null || typeof dims !== "object") {
       throw new CortexError(`${where}: each specialization needs a name, input_shapes and dims`);
@@ -57,10 +58,15 @@ export function checkedSections(dag, url) {
     if (first && interfaceOf(one) !== interfaceOf(first.dag)) {
       throw new CortexError(`${where}: specialization ${name} has other inputs or outputs than ${first.name}`);
     }
-    const key = JSON.stringify(Object.keys(shapes).sort().map((k) => [k, shapes[k]]));
-    if (seen.has(key)) throw new CortexError(`${where}: specializations ${seen.get(key)} and ${name} have the same input shapes`);
+    // Value specializations (cortex/value_specializations.py) share their shapes and differ in input_values.
+    const key = JSON.stringify([Object.keys(shapes).sort().map((k) => [k, shapes[k]]),
+      Object.keys(values).sort().map((k) => [k, values[k]])]);
+    if (seen.has(key)) {
+      throw new CortexError(`${where}: specializations ${seen.get(key)} and ${name} have the same input shapes`
+        + (Object.keys(values).length ? " and values" : ""));
+    }
     seen.set(key, name);
-    sections.push({ name, input_shapes: shapes, dims, dag: one });
+    sections.push({ name, input_shapes: shapes, dims, input_values: values, dag: one });
   }
   return sections;
 }

@@ -12,7 +12,7 @@ import { ModuleFiles, loadWasmUnit } from "./modules.js";
 import { SourceModel } from "./offline.js";
 import { policy as resolvePolicy } from "./policy.js";
 import { Scheduler } from "./scheduler.js";
-import { Buckets, compiledShapes, exactSection, feedShapes, shapesText } from "./specialized.js";
+import { Buckets, compiledShapes, exactSection, feedShapes, sectionsForValues, shapesText, valueInputs } from "./specialized.js";
 import { Tensor } from "./tensor.js";
 import { emptyTrace, offlineTrace, requestRecord, requestTrace } from "./trace.js";
 import { WeightFiles } from "./weights.js";
@@ -179,7 +179,7 @@ export class InferenceSession {
 
   /** Names, dtypes and shapes, as dag.json records them. */
   get inputMetadata() {
-    return this.dag.inputs.map((s) => ({ ...s }));
+    return [...this.dag.inputs, ...valueInputs(this.sections[this.chosen])].map((s) => ({ ...s }));
   }
 
   get outputMetadata() {
@@ -215,14 +215,18 @@ export class InferenceSession {
       checkedFeeds(feeds, this.dag.inputs);          // refuses it with the single-shape message
     }
     const shapes = feedShapes(feeds);
-    const exact = exactSection(this.sections, shapes);
+    const among = sectionsForValues(this.sections, feeds, this.url.href);
+    // The section's build froze the inputs specialised by value: they leave its feeds here.
+    const frozen = new Set(Object.keys(this.sections[0].input_values));
+    feeds = Object.fromEntries(Object.entries(feeds).filter(([name]) => !frozen.has(name)));
+    const exact = exactSection(this.sections, shapes, among);
     if (exact >= 0) return this.runOn(exact, feeds, names, chosen);
     if (this.buckets === null) {
       throw new CortexError(`no shape specialization matches the inputs (${shapesText(shapes)}); ${this.url.href} `
         + `was compiled for: ${compiledShapes(this.sections)}`);
     }
     const buckets = this.buckets;
-    const [i, length] = buckets.nearest(shapes, this.url.href);
+    const [i, length] = buckets.nearest(shapes, this.url.href, among);
     const padded = Object.fromEntries(Object.entries(feeds).map(([name, t]) => [name, buckets.pad(name, t, i, this.padValue)]));
     const results = await this.runOn(i, padded, names, chosen);
     return Object.fromEntries(Object.entries(results).map(([name, t]) => [name, buckets.slice(name, t, length)]));

@@ -1,6 +1,8 @@
-// A model compiled for several input shapes (cortex.dag/2): each request runs on the
-// specialization whose input shapes match its feeds exactly, with the rule, the padding and the
-// messages of the Python runtime (cortex/runtime/specialized.py).
+// A model compiled for several input shapes or input values (cortex.dag/2): each request runs on
+// the specialization whose input values (`--specialize`) equal its feeds' and whose input shapes
+// match them exactly, with the rule, the padding and the messages of the Python runtime
+// (cortex/runtime/specialized.py). An input specialised by value is checked and left out of the
+// section's feeds: the section's build froze it.
 //
 // With `padToBucket` (a dim given to `--dim`, or an input given several `--input-shape`s), a
 // request no specialization matches exactly is padded with `padValue` up to the nearest larger
@@ -9,6 +11,7 @@
 // is only sound for models that ignore padded positions, so it is never done unasked.
 import { CortexError } from "./errors.js";
 import { bfloat16Bits, float16Bits } from "./examples.js";
+import { checkedFeeds } from "./feeds.js";
 import { ARRAY_TYPES, Tensor, elementCount } from "./tensor.js";
 
 /** @typedef {import("./dag.js").Section} Section */
@@ -36,9 +39,67 @@ function sameShapes(/** @type {Record<string, number[]>} */ a, /** @type {Record
     && a[n].every((d, k) => d === b[n][k]));
 }
 
-/** The index of the section whose input shapes are exactly `shapes`, or -1. @param {Section[]} sections @param {Record<string, number[]>} shapes */
-export function exactSection(sections, shapes) {
-  return sections.findIndex((s) => sameShapes(shapes, s.input_shapes));
+/** The index of the section (of those `among`, default all) whose input shapes are exactly `shapes`, or -1.
+ * @param {Section[]} sections @param {Record<string, number[]>} shapes @param {number[]} [among] */
+export function exactSection(sections, shapes, among) {
+  return (among ?? sections.map((_, i) => i)).find((i) => sameShapes(shapes, sections[i].input_shapes)) ?? -1;
+}
+
+/** The name, dtype and shape of each input the sections are specialised on by value: inputs the
+ * build froze (`options.frozen_inputs`), which the caller still gives. @param {Section} section
+ * @returns {import("./dag.js").TensorSpec[]} */
+export function valueInputs(section) {
+  const frozen = /** @type {any[]} */ (/** @type {any} */ (section.dag).options?.frozen_inputs ?? []);
+  return Object.keys(section.input_values).map((name) => frozen.find((f) => f.name === name))
+    .filter(Boolean).map((f) => ({ name: f.name, dtype: f.dtype, shape: f.shape }));
+}
+
+/** Python's values_text: `sr=8000` (a float as Python prints it, `1.0`; a bool `true`).
+ * @param {Record<string, number | bigint | boolean>} values @param {Record<string, string>} [dtypes] */
+export function valuesText(values, dtypes = {}) {
+  return Object.entries(values).map(([name, v]) => `${name}=${typeof v === "number" && Number.isInteger(v)
+    && dtypes[name]?.startsWith("float") ? v.toFixed(1) : String(v)}`).join(",");
+}
+
+/** The sections compiled for the values `feeds` give the inputs specialised by value (all, for
+ * shape specializations only); a missing input, another dtype or shape, or a value not compiled is
+ * one error, worded as in Python. @param {Section[]} sections @param {any} feeds @param {string} where
+ * @returns {number[]} */
+export function sectionsForValues(sections, feeds, where) {
+  const specs = valueInputs(sections[0]);
+  const all = sections.map((_, i) => i);
+  if (!specs.length) return all;
+  const given = Object.fromEntries(specs.filter((s) => s.name in feeds).map((s) => [s.name, feeds[s.name]]));
+  const checked = checkedFeeds(given, specs);
+  const dtypes = Object.fromEntries(specs.map((s) => [s.name, s.dtype]));
+  const values = Object.fromEntries(specs.map((s) => [s.name, scalarOf(checked[s.name])]));
+  const among = all.filter((i) => specs.every((s) => sections[i].input_values[s.name] === values[s.name]));
+  if (!among.length) {
+    const compiled = [...new Set(sections.map((s) => valuesText(s.input_values, dtypes)))].join("; ");
+    throw new CortexError(`no value specialization matches the inputs (${valuesText(values, dtypes)}); ${where} `
+      + `was compiled for: ${compiled}`);
+  }
+  return among;
+}
+
+/** A one-element tensor's value as dag.json's JSON holds it: a number (int64 as one when exact) or a bool.
+ * @param {Tensor} tensor @returns {number | bigint | boolean} */
+function scalarOf(tensor) {
+  const value = tensor.data[0];
+  if (tensor.type === "bool") return Boolean(value);
+  if (typeof value === "bigint") return Number.isSafeInteger(Number(value)) ? Number(value) : value;
+  if (tensor.type === "float16") return float16Value(/** @type {number} */ (value));
+  return /** @type {number} */ (value);
+}
+
+/** The number an IEEE half's bits stand for. @param {number} bits */
+function float16Value(bits) {
+  const sign = bits & 0x8000 ? -1 : 1;
+  const exponent = (bits >> 10) & 0x1f;
+  const fraction = bits & 0x3ff;
+  if (exponent === 0) return sign * fraction * 2 ** -24;
+  if (exponent === 31) return fraction ? NaN : sign * Infinity;
+  return sign * (1 + fraction / 1024) * 2 ** (exponent - 15);
 }
 
 export class Buckets {
@@ -66,9 +127,11 @@ export class Buckets {
     this.outputAxes = carryingAxes(sections, "outputs", this.values);
   }
 
-  /** The smallest bucket the inputs fit when padded, and their length along the dim.
-   * @param {Record<string, number[]>} shapes @param {string} where dag.json @returns {[number, number]} */
-  nearest(shapes, where) {
+  /** The smallest bucket (of the sections `among`, default all) the inputs fit when padded, and
+   * their length along the dim.
+   * @param {Record<string, number[]>} shapes @param {string} where dag.json @param {number[]} [among]
+   * @returns {[number, number]} */
+  nearest(shapes, where, among) {
     const lengths = new Set(Object.entries(shapes).flatMap(([name, shape]) => (this.inputAxes.get(name) ?? [])
       .filter((axis) => axis < shape.length).map((axis) => shape[axis])));
     /** @type {[number, number, number][]} */
@@ -76,6 +139,7 @@ export class Buckets {
     if (lengths.size === 1) {
       const [length] = lengths;
       this.sections.forEach((section, i) => {
+        if (among && !among.includes(i)) return;
         const want = section.input_shapes;
         const names = Object.keys(want);
         if (Object.keys(shapes).length === names.length && names.every((n) => n in shapes) && length <= this.values[i]

@@ -156,3 +156,30 @@ for (const c of [...external, ...specialized]) {
     }
   });
 }
+
+// Value specializations (`decompose --specialize sr=8000,16000`): one section per value of an input
+// that decides an If, picked by the value each request gives; the input stays one the caller feeds.
+for (const c of cases.filter((c) => c.value_specialized)) {
+  test(`${c.name}: each compiled value runs on its specialization`, async () => {
+    const session = await InferenceSession.create(c.dag);
+    assert.deepEqual(session.inputMetadata.map((s) => [s.name, s.dtype, s.shape]), c.value_specialized.inputs);
+    for (const [i, request] of c.requests.entries()) {
+      const got = await session.run(readTensors(c, request.inputs));
+      assert.equal(session.specialization, c.value_specialized.specializations[i]);
+      const want = readTensors(c, request.outputs);
+      for (const name of Object.keys(want)) assertClose(got[name], want[name], c.rtol, c.atol, `${c.name} ${name}`);
+      if (process.env.CORTEX_JS_TRACES) writeFileSync(path.join(process.env.CORTEX_JS_TRACES, `${c.name}-${i}.json`), JSON.stringify(session.lastTrace));
+    }
+  });
+
+  test(`${c.name}: a value not compiled is refused in one line naming the compiled ones`, async () => {
+    const session = await InferenceSession.create(c.dag);
+    const href = pathToFileURL(c.dag).href;
+    for (const refused of c.value_specialized.refused) {
+      await refuses(() => session.run(readTensors(c, refused.inputs)), new RegExp(`^${literal(refused.message
+        .replace("DAG", href))}$`));
+    }
+    const outputs = await session.run(readTensors(c, c.requests[0].inputs));     // still serving
+    assert.deepEqual(Object.keys(outputs), session.outputNames);
+  });
+}
