@@ -15,6 +15,7 @@ import onnxruntime as ort
 import pytest
 from cli_helpers import assert_one_line_error, run_cli
 from js_cases import NODE, run_node_tests, write_case, write_requests
+from serve_cases import Server, output_array, tensor
 from onnx import TensorProto, helper, numpy_helper
 from specialized_builds import VAD_FRAMES, build_in_process, vad_model
 
@@ -155,6 +156,31 @@ def test_node_runs_both_rates_from_one_build_and_refuses_others_as_python_does(v
     assert {"value-specialized-vad: each compiled value runs on its specialization",
             "value-specialized-vad: a value not compiled is refused in one line naming the compiled ones"} <= passed, \
         report[-3000:]
+
+
+def test_cortex_serve_serves_both_rates_and_answers_another_with_one_400_line(vad_build):
+    server = Server(vad_build, "--workers", "1")
+    try:
+        status, _, body = server.request("GET", f"/v2/models/{server.model}")
+        assert status == 200
+        inputs = {i["name"]: (i["datatype"], i["shape"]) for i in json.loads(body)["inputs"]}
+        assert inputs == {"x": ("FP32", [1, 1, 512]), "sr": ("INT64", [])}
+        assert json.loads(body)["parameters"]["cortex_specializations"] == "sr=8000;sr=16000"
+        for seed, sr in enumerate([8000, 16000, 44100, 8000]):
+            x = window(seed)
+            status, document = server.infer({"inputs": [tensor("x", x), tensor("sr", np.array(sr), "INT64")]})
+            if sr == 44100:
+                assert status == 400, document
+                assert document["error"] == ("no value specialization matches the inputs (sr=44100); model "
+                                             f"'{server.model}' was compiled for: sr=8000; sr=16000")
+                continue
+            assert status == 200, document
+            np.testing.assert_allclose(output_array(document, "speech"), reference({"x": x, "sr": np.array(sr)}),
+                                       rtol=RTOL, atol=ATOL)
+        status, document = server.infer({"inputs": [tensor("x", window()), tensor("sr", np.array(8000), "INT32")]})
+        assert status == 400 and document["error"] == "input 'sr' has datatype 'INT32', the model expects INT64"
+    finally:
+        server.stop()
 
 
 # -- finding the values -------------------------------------------------------------------------

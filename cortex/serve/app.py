@@ -55,6 +55,7 @@ def create_app(pool: ModelPool, settings: ServeSettings) -> Starlette:
     metrics = ServerMetrics(settings.model_name, [s["name"] for s in pool.sections or ()])
     metrics.loaded(pool.instances_loaded())
     check_shapes = pool.shape_rule(f"model {settings.model_name!r}")
+    check_values = pool.value_rule(f"model {settings.model_name!r}")
     metadata = {"name": settings.model_name, "versions": [MODEL_VERSION], "platform": "cortex_dag",
                 "inputs": [tensor_metadata(spec) for spec in pool.inputs],
                 "outputs": [tensor_metadata(spec) for spec in pool.outputs]}
@@ -106,6 +107,8 @@ def create_app(pool: ModelPool, settings: ServeSettings) -> Starlette:
             raise RequestError(f"Content-Encoding {encoding!r} is not supported: send the body uncompressed", 415)
         body = await read_body(request, settings)
         decoded = decode_request(body, request.headers.get(HEADER_LENGTH), pool.inputs, pool.outputs, check_shapes)
+        if check_values is not None:        # a value no specialization was built for: the request's fault
+            check_values(decoded.feeds)
         try:
             run = await pool.run(decoded.feeds, decoded.outputs, policy)
         except RunFailed as e:

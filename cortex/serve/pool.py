@@ -84,6 +84,19 @@ class ModelPool:
                 raise RequestError(str(e)) from None
         return check
 
+    def value_rule(self, label: str) -> Callable[[dict[str, np.ndarray]], None] | None:
+        """For a model specialised by input values, a check that a request's values are compiled
+        ones (a RequestError naming them, `label` naming the model, when not); None otherwise."""
+        if self.sections is None or not self.instances[0].value_inputs:
+            return None
+
+        def check(feeds: dict[str, np.ndarray]) -> None:
+            try:
+                self.instances[0].with_values(feeds, label)
+            except CortexError as e:
+                raise RequestError(str(e)) from None
+        return check
+
     async def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None, policy: str | None) -> RunResult:
         if self._available is None:          # made on the server's event loop, where it is awaited
             self._available = anyio.Semaphore(len(self.instances))

@@ -1,7 +1,8 @@
-"""What a server tells clients about a model compiled for several input shapes (a cortex.dag/2
-dag.json): each tensor's shape with -1 on every axis whose extent differs between the
+"""What a server tells clients about a model compiled for several input shapes or input values (a
+cortex.dag/2 dag.json): each tensor's shape with -1 on every axis whose extent differs between the
 specializations (KServe v2's spelling of a variable dim), the shapes that were compiled, and the
-names of the specializations in the same order.
+names of the specializations in the same order (`sr=8000;sr=16000` lists the compiled values of an
+input specialised by value, which stays one of the model's inputs).
 
 The protocol's parameters are scalars, so the lists are strings: a tensor's `cortex_shapes` is
 its shape in each specialization (`2x16;4x16;8x16`), the model's `cortex_specializations` their
@@ -12,6 +13,8 @@ never re-stated here.
 
 from __future__ import annotations
 
+from cortex.specializations import frozen_specs
+
 SEPARATOR = ";"         # specialization names hold commas (batch=1,seq=32)
 
 
@@ -19,8 +22,9 @@ def varying_specs(sections: list[dict], key: str) -> list[dict]:
     """The `key` ("inputs" or "outputs") specs of the first specialization, each with -1 on the
     axes that differ between specializations and its shape in each of them under `shapes`."""
     specs = []
-    for spec in sections[0][key]:
-        shapes = [list(next(t for t in s[key] if t["name"] == spec["name"])["shape"]) for s in sections]
+    tensors = [[*s[key], *(frozen_specs(s, s.get("input_values", {})) if key == "inputs" else ())] for s in sections]
+    for spec in tensors[0]:
+        shapes = [list(next(t for t in mine if t["name"] == spec["name"])["shape"]) for mine in tensors]
         specs.append({**spec, "shape": merged_shape(shapes), "shapes": shapes})
     return specs
 
