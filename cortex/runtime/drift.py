@@ -70,9 +70,9 @@ def explain(report: BisectReport, dag: dict) -> DriftCause:
     if wrong is not None:
         where = "" if start is None or start.cu == wrong.cu else f"; the outputs first drift at {_name(start)}"
         return DriftCause(False, start.cu if start else None, wrong.cu, (
-            f"not quantization: {_name(wrong)} computes something else than its cu.onnx on its own inputs "
+            f"not quantization: {_name(wrong)} differs from onnxruntime on its own inputs beyond the tolerance "
             f"(max abs error {_largest(wrong):.3g}){where}",
-            "look at it with --bisect --dump DIR; it is worth a bug report"))
+            "look at that CU with --bisect --dump DIR; far outside the tolerance, it is a bug to report"))
     if start is None:
         if any(quantizes(c) for c in report.checks):
             return DriftCause(True, None, None, (
