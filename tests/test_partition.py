@@ -65,9 +65,8 @@ def random_model(seed: int, n_nodes: int) -> onnx.ModelProto:
 
 def partitioned(model: onnx.ModelProto, **limits) -> tuple[Graph, Partition]:
     graph, _ = run_pipeline(import_model(model), optimize_pipeline(require_static=True))
-    step = PartitionIntoCUs(**limits)
-    graph, _ = run_pipeline(graph, [FuseGroups(), step])
-    return graph, step.result
+    graph, _ = run_pipeline(graph, [FuseGroups()])
+    return graph, PartitionIntoCUs(**limits).run(graph)
 
 
 def cu_graph_edges(graph: Graph, part: Partition) -> nx.DiGraph:
