@@ -3,9 +3,10 @@
 A body is built per node, so what varies between nodes of one op (which optional inputs are
 present, the attributes' values, constants derived from them) is decided while building: an absent
 input is never read, and an attribute becomes a constant or a choice of ops. A body declares opset
-`OPSET`, 13, the earliest it is valid at; the expand-ops pass reads its ops at the model's opset,
-so bodies keep to ops whose form is the same from opset 13 on (ReduceSum with axes as an input,
-no ReduceMax, Shape without start/end).
+`OPSET`, 13; the expand-ops pass reads its ops at the model's opset, so bodies keep to ops whose
+form is the same from opset 13 on (ReduceSum with axes as an input, no ReduceMax, Shape without
+start/end), and at an older opset ir/ops/body_opset.py writes the changed ones in their older form
+(which is why axes are best given as constants).
 """
 
 from __future__ import annotations
