@@ -183,6 +183,33 @@ def test_cortex_serve_serves_both_rates_and_answers_another_with_one_400_line(va
         server.stop()
 
 
+@pytest.mark.slow
+def test_the_ray_executor_runs_both_rates_through_the_same_picker(vad_build, monkeypatch):
+    """cortex.load(..., executor="ray") makes one SpecializedModel whose sections run on Ray
+    actors: the value picks the section before Ray sees the request."""
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")     # read when Ray is first imported
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster   # imports Ray's cluster helpers only when this slow test runs
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    try:
+        # Each section a request picks places its own actors: half a CPU each, both fit one node.
+        model = cortex.load(vad_build, executor="ray", address=cluster.address, executor_options={"num_cpus": 0.5, "replicas": 1})
+        try:
+            for seed, sr in enumerate(RATES):
+                feeds = {"x": window(seed), "sr": np.array(sr)}
+                np.testing.assert_allclose(model.run(feeds)["speech"], reference(feeds), rtol=RTOL, atol=ATOL)
+                assert model.specialization == f"sr={sr}"
+            with pytest.raises(CortexError, match=r"no value specialization matches the inputs \(sr=44100\)"):
+                model.run({"x": window(), "sr": np.array(44100)})
+        finally:
+            model.close()
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.shutdown()
+
+
 # -- finding the values -------------------------------------------------------------------------
 
 def rate_chain_model(path: Path) -> Path:
