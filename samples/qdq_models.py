@@ -2,7 +2,8 @@
 channel, cached at `.cache/models/qdq-*.onnx`:
 
 - the small Conv/Gemm/MatMul net of `samples/contrib_models.py` (its QOperator twin is there);
-- squeezenet from the onnx wheel's light models (`samples/light_models.py`);
+- the onnx wheel's light models (`samples/light_models.py`): squeezenet, and through `qdq_light`
+  any of the others;
 - MiniLM (`samples/minilm.py`) with only its MatMuls quantized.
 
 Each sample comes with a feed and with onnxruntime's output for it on the QDQ file (all graph
@@ -35,23 +36,28 @@ def qdq_net(per_channel: bool = False) -> SampleModel:
     return _sample(name, path, {"x": x}, {"x": (1, 3, 12, 12)})
 
 
-def qdq_squeezenet(per_channel: bool = False) -> SampleModel:
-    """The light model's weights are ConstantOfShape fills (every class scores alike): they become
-    random He-scaled initializers first, so the quantized activations carry information."""
-    float_model = light_model("squeezenet")
+def qdq_light(model: str, per_channel: bool = False) -> SampleModel:
+    """One of the onnx wheel's light models (`samples/light_models.py`). Their weights are
+    ConstantOfShape fills (every class scores alike): they become random He-scaled initializers
+    first, so the quantized activations carry information."""
+    float_model = light_model(model)
     (input_name, x), = float_model.inputs.items()
-    name = _name("squeezenet", per_channel)
+    name = _name(model, per_channel)
     rng = np.random.default_rng(3)
     feeds = [{input_name: rng.uniform(0, 1, x.shape).astype(np.float32)} for _ in range(3)]
 
     def build(folder: Path) -> Path:
         # Opset 13 first: per-axis DequantizeLinear needs it, and the quantizer would only go to 11.
-        model = onnx.version_converter.convert_version(_with_random_weights(onnx.load(float_model.path)), 13)
-        source = _save(model, folder, "float.onnx")
+        converted = onnx.version_converter.convert_version(_with_random_weights(onnx.load(float_model.path)), 13)
+        source = _save(converted, folder, "float.onnx")
         return _quantized(source, folder, feeds, per_channel)
     path = cached_model(name, build, prefix="qdq")
     feed = {input_name: np.random.default_rng(4).uniform(0, 1, x.shape).astype(np.float32)}
     return _sample(name, path, feed, float_model.input_shapes)
+
+
+def qdq_squeezenet(per_channel: bool = False) -> SampleModel:
+    return qdq_light("squeezenet", per_channel)
 
 
 def qdq_minilm(per_channel: bool = False, batch: int = 1, seq: int = 16) -> SampleModel:
