@@ -175,8 +175,9 @@ def _if_hint(graph: Graph, node: Node) -> str:
         return ""
     names = ", ".join(repr(v.name) for v in deciding)
     example = " ".join(f"--freeze-input {v.name}=VALUE.npy" for v in deciding)
+    several = " ".join(f"--specialize {v.name}=V1,V2" for v in deciding)
     return (f"; its branches differ in shape and the branch is chosen at run time by model input {names}: "
-            f"specialise the model for one value with {example}")
+            f"specialise the model for one value with {example}, or for several in one bundle with {several}")
 
 
 def _bound_hint(node: Node) -> str:

@@ -261,6 +261,12 @@ def test_specialize_without_values_on_a_single_comparison_asks_for_the_values(tm
 
 # -- refusals -----------------------------------------------------------------------------------
 
+def test_without_the_flag_the_error_names_sr_and_both_ways_to_specialise_it(tmp_path):
+    code, _, err = run_cli(["decompose", "--model-path", vad_model(), "--output-dir", tmp_path / "out"])
+    assert_one_line_error(code, err, "model input 'sr'", "--freeze-input sr=VALUE.npy",
+                          "or for several in one bundle with --specialize sr=V1,V2")
+
+
 @pytest.mark.parametrize("flag, fragments", [
     ("rate=8000,16000", ["--specialize names 'rate', which is not an input of the model (inputs: x, sr)"]),
     ("x=1,2", ["--specialize x: the input has shape [1, 1, 512]; a value specialization takes an input of one element"]),
