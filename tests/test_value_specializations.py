@@ -259,6 +259,48 @@ def test_specialize_without_values_on_a_single_comparison_asks_for_the_values(tm
     assert not (tmp_path / "out").exists()
 
 
+def doubling_model(path: Path) -> Path:
+    """x[batch, 4]: if sr == 16000, Concat(x, x) along axis 1 ([batch, 8]), else Tanh(x) ([batch, 4])."""
+    def branch(name: str, node) -> onnx.GraphProto:
+        return helper.make_graph([node], name, [], [helper.make_tensor_value_info(node.output[0], TensorProto.FLOAT, None)])
+
+    graph = helper.make_graph(
+        [helper.make_node("Equal", ["sr", "rate16k"], ["is16k"]),
+         helper.make_node("If", ["is16k"], ["y"],
+                          then_branch=branch("wide", helper.make_node("Concat", ["x", "x"], ["wide_y"], axis=1)),
+                          else_branch=branch("same", helper.make_node("Tanh", ["x"], ["same_y"])))],
+        "doubling", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4]),
+                     helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array(16000, np.int64), "rate16k")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def test_values_combine_with_shape_specializations(tmp_path):
+    model_path = doubling_model(tmp_path / "doubling.onnx")
+    dag_path = build_in_process(model_path, tmp_path / "out", "--dim", "batch=1,2", "--specialize", "sr=8000,16000")
+    names = [s["name"] for s in json.loads(dag_path.read_text())["specializations"]]
+    assert names == ["batch=1,sr=8000", "batch=1,sr=16000", "batch=2,sr=8000", "batch=2,sr=16000"]
+    model = cortex.load(dag_path)
+    session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    for batch in (2, 1):
+        for sr in RATES:
+            feeds = {"x": np.random.default_rng(batch).standard_normal((batch, 4)).astype(np.float32), "sr": np.array(sr)}
+            np.testing.assert_allclose(model.run(feeds)["y"], session.run(None, feeds)[0], rtol=RTOL, atol=ATOL)
+            assert model.specialization == f"batch={batch},sr={sr}"
+    with pytest.raises(CortexError, match=r"^no shape specialization matches the inputs \(x=3x4 sr=scalar\)"):
+        model.run({"x": np.zeros((3, 4), np.float32), "sr": np.array(8000)})
+
+
+def test_the_offline_policy_is_refused_in_one_line(vad_build):
+    with pytest.raises(CortexError, match="the CUs were built with --freeze-input sr; the source model still "
+                                          "takes those inputs"):
+        cortex.load(vad_build, policy="offline").run({"x": window(), "sr": np.array(8000)})
+
+
 # -- refusals -----------------------------------------------------------------------------------
 
 def test_without_the_flag_the_error_names_sr_and_both_ways_to_specialise_it(tmp_path):
