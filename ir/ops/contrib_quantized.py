@@ -79,9 +79,17 @@ def _qgemm(node):
 
 
 def _dynamic_quantize_lstm(node):
-    """A float LSTM over the dequantized weights, transposed to ONNX's [directions, 4*hidden, size].
-    onnxruntime also quantizes the activations (X and each step's hidden state) to uint8 for its
-    integer GEMMs; the float LSTM differs from it by that quantization error only."""
+    """An LSTM over X quantized to uint8 and back, with the weights dequantized and transposed to
+    ONNX's [directions, 4*hidden, size]: onnxruntime's kernel quantizes the whole sequence X once
+    (GetQuantizationParameter's range widened to hold 0, as DynamicQuantizeLinear) for its input
+    GEMM, so X_t W^T is the kernel's integer product times x_scale * w_scale up to float rounding.
+    Without that step a wide-ranged X (one loud frame) moves the outputs far past cosine 0.9999.
+    The kernel also quantizes each step's hidden state for the recurrent GEMM; that state is in
+    (-1, 1), and its uint8 steps leave the outputs within about 1e-5 of cosine 1, which the float
+    recurrence keeps (see tests/test_dynamic_quantize_lstm.py).
+
+    Zero points: onnxruntime reads one per direction (the first of a per-channel row; it requires
+    an int8 row to be all zero and a uint8 row to be constant), which is what `dequantized` applies."""
     body = Body(node, ("X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P", "W_scale",
                        "W_zero_point", "R_scale", "R_zero_point"))
     per_direction = body.constant([0, 1, -1], "int64")     # [D] or [D, 4*hidden] -> broadcast over W
@@ -92,7 +100,9 @@ def _dynamic_quantize_lstm(node):
         return body.op("Transpose", body.op("Mul", centred, body.op("Reshape", scale, per_direction)), perm=[0, 2, 1])
     weights = dequantized("W", "W_scale", "W_zero_point")
     recurrence = dequantized("R", "R_scale", "R_zero_point")
-    body.op("LSTM", "X", weights, recurrence, *(body.input(i) for i in range(3, 8)), out=("Y", "Y_h", "Y_c"),
+    codes, x_scale, x_zero = body.op("DynamicQuantizeLinear", "X", outputs=3)
+    x = body.op("DequantizeLinear", codes, x_scale, x_zero)
+    body.op("LSTM", x, weights, recurrence, *(body.input(i) for i in range(3, 8)), out=("Y", "Y_h", "Y_c"),
             attributes=node_proto(node).attribute)
     return body.function(("Y", "Y_h", "Y_c"))
 
