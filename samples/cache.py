@@ -45,6 +45,7 @@ def locked(name: str) -> Iterator[None]:
 
 def ensure_folder(target: Path, build: Callable[[Path], None], force: bool = False) -> Path:
     """Build `target` once with `build(tmp_folder)`, then swap it in atomically."""
+    target.parent.mkdir(parents=True, exist_ok=True)
     with locked(target.name):
         if target.is_dir() and not force:
             return target
