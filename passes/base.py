@@ -1,4 +1,6 @@
-"""What every pass is: a small object with a `name`, its options as fields, and `run(graph)`."""
+"""What every pass is: a small object with a `name`, its options as fields, and `run(graph)`, which
+returns what the pass makes: the rewritten Graph for the passes of a pipeline (`run_pipeline`),
+the Partition for PartitionIntoCUs, which runs after the pipeline."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from ir.graph import Graph, Node
 class Pass:
     name: ClassVar[str] = "pass"
 
-    def run(self, graph: Graph) -> Graph:
+    def run(self, graph: Graph):
         raise NotImplementedError
 
 
