@@ -28,10 +28,11 @@ class OptionSpec:
     show: Callable[[Any], str] | None = None     # value -> the text the CLI shows as its default
     choices: Sequence[str] | None = None
     flag: str | None = None                      # default: --field-name
+    repeat: bool = False                         # the flag may be given several times; parse gets the list
 
 
-def option(help: str, *, parse=None, show=None, choices=None, flag=None) -> dict:
-    return {_KEY: OptionSpec(help, parse, show, choices, flag)}
+def option(help: str, *, parse=None, show=None, choices=None, flag=None, repeat=False) -> dict:
+    return {_KEY: OptionSpec(help, parse, show, choices, flag, repeat)}
 
 
 def option_fields(cls) -> list[tuple[dataclasses.Field, OptionSpec]]:
@@ -62,7 +63,8 @@ def from_text(cls, **given):
             continue
         if spec.choices is not None and str(text) not in spec.choices:
             raise CortexError(f"unknown {flag_of(field, spec)} {text!r}: expected one of {', '.join(spec.choices)}")
-        values[field.name] = spec.parse(text) if spec.parse and isinstance(text, str) else text
+        as_typed = isinstance(text, list) if spec.repeat else isinstance(text, str)
+        values[field.name] = spec.parse(text) if spec.parse and as_typed else text
     if given:
         raise TypeError(f"{cls.__name__} has no options {sorted(given)}")
     return cls(**values)

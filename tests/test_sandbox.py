@@ -226,9 +226,10 @@ def test_bad_sandbox_options_are_one_line_errors(compiled, argv, fragment):
 
 
 def test_bad_sandbox_keywords_are_errors(compiled):
-    with pytest.raises(CortexError, match="cu_timeout_ms"):
+    # RuntimeOptions names an option as the CLI spells it, whoever made the options.
+    with pytest.raises(CortexError, match="--cu-timeout-ms must be a number of milliseconds.*got -5"):
         cortex.load(compiled, cu_timeout_ms=-5)
-    with pytest.raises(CortexError, match="cu_load_timeout_s"):
+    with pytest.raises(CortexError, match="--cu-load-timeout-s must be a positive number of seconds"):
         cortex.load(compiled, cu_load_timeout_s=0)
 
 

@@ -4,8 +4,9 @@ Inputs come from --input files or, by default, the deterministic example inputs 
 After --warmup untimed runs, --repeat timed runs give the median and the minimum wall time of a
 whole run; the runtime's trace gives each CU's share (median over the same runs).
 
-It takes `cortex run`'s runtime options: `--policy` (strict by default here, so every run runs
-every CU: the result cache would time lookups, not the CUs), `--memory-budget` and `--pin`. The
+It takes `cortex run`'s runtime options (`RuntimeOptions`' fields) but those of the result cache
+and of padding: `--policy` (strict by default here), `--memory-budget`, `--pin`, `--threads`,
+the sandbox's limits and the executor. The
 report holds the process's peak RSS and the memory tiers' byte counts summed over the timed runs.
 """
 
@@ -19,47 +20,28 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from cortex.commands.run import example_feeds, executor_keywords, memory_options, read_inputs, sandbox_options
-from cortex.commands.shared_options import (
-    AddressOption,
-    CuLoadTimeoutOption,
-    CuTimeoutOption,
-    DeviceOption,
-    ExecutorOption,
-    ExecutorOptionsOption,
-    MemoryBudgetOption,
-    PinOption,
-    SpecializationsOption,
-    ThreadsOption,
-    checked_threads,
-)
+from cortex.commands.generated_options import with_options
+from cortex.commands.run import example_feeds, read_inputs
+from cortex.commands.shared_options import DeviceOption
 from cortex.console import out, print_json
 from cortex.runtime import load
-from cortex.runtime.policy import POLICIES
-from cortex.runtime.policy import policy as resolve_policy
+from cortex.runtime.options import RuntimeOptions
 from cortex.runtime.trace import process_maxrss_mb
 from ir.errors import CortexError
 
 
+# Strict by default here, so every run runs every CU: the result cache would time lookups, not the CUs.
+@with_options(RuntimeOptions, into="runtime", defaults={"policy": "strict"},
+              exclude=("trust_threshold", "cache_bytes", "pad_to_bucket", "pad_value"))
 def bench(
     dag: Annotated[Path, typer.Argument(help="The dag.json, compiled for the device.")],
+    runtime: RuntimeOptions,
     repeat: Annotated[int, typer.Option("--repeat", help="Timed runs.")] = 20,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed runs first (caches, lazy set-up).")] = 3,
     input: Annotated[Optional[list[str]], typer.Option("--input", help="NAME=FILE.npy, or FILE.npz holding inputs by name (repeatable); others get example inputs.")] = None,
     device: DeviceOption = "wasm",
-    cu_timeout_ms: CuTimeoutOption = None,
-    cu_load_timeout_s: CuLoadTimeoutOption = None,
     top: Annotated[int, typer.Option("--top", help="CUs to list, slowest first (0: all).")] = 10,
-    policy: Annotated[str, typer.Option("--policy", help=f"As for 'cortex run': {', '.join(POLICIES)} (default here: "
-                                        "strict, every CU runs).")] = "strict",
-    memory_budget: MemoryBudgetOption = None,
-    pin: PinOption = None,
-    threads: ThreadsOption = None,
-    specializations: SpecializationsOption = "lazy",
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable report.")] = False,
-    executor: ExecutorOption = "local",
-    address: AddressOption = None,
-    executor_option: ExecutorOptionsOption = None,
 ) -> None:
     """Time a compiled model: median and min of N runs, and a per-CU breakdown."""
     if repeat < 1:
@@ -68,25 +50,17 @@ def bench(
         raise CortexError(f"--warmup cannot be negative, got {warmup}")
     if top < 0:
         raise CortexError(f"--top cannot be negative, got {top}")
-    try:
-        chosen = resolve_policy(policy)
-    except CortexError as e:
-        raise CortexError(f"--policy: {e}") from None
-    memory = memory_options(memory_budget, pin)
-    threads = checked_threads(threads)
     feeds = read_inputs(input or [])
     start = time.perf_counter()
-    model = load(dag, device, policy=chosen, threads=threads, specializations=specializations, **memory,
-                 **executor_keywords(executor, address, executor_option),
-                 **sandbox_options(cu_timeout_ms, cu_load_timeout_s))
+    model = load(dag, device, options=runtime)
     load_s = time.perf_counter() - start
     feeds = {**example_feeds(model.inputs), **feeds}
     for _ in range(warmup):
         model.run(feeds)
     runs, overheads, per_cu, traces = measure(model, feeds, repeat)
     report = summarize(dag, device, load_s, runs, overheads, per_cu)
-    report.update(policy=chosen.name, memory_budget_mb=memory_budget, peak_rss_mb=process_maxrss_mb(),
-                  memory=memory_totals(traces), threads=getattr(model, "threads", threads))
+    report.update(policy=runtime.policy.name, memory_budget_mb=runtime.memory_budget_mb, peak_rss_mb=process_maxrss_mb(),
+                  memory=memory_totals(traces), threads=getattr(model, "threads", runtime.threads))
     if json:
         print_json(report)
         return

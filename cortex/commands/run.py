@@ -1,9 +1,9 @@
-"""`cortex run`: run a compiled dag.json on inputs from .npy/.npz files, write the outputs as .npz."""
+"""`cortex run`: run a compiled dag.json on inputs from .npy/.npz files, write the outputs as .npz.
+Its runtime flags are the fields of `RuntimeOptions` (cortex/runtime/options.py)."""
 
 from __future__ import annotations
 
 import io
-import math
 import json as jsonlib
 from pathlib import Path
 from typing import Annotated, Optional
@@ -11,83 +11,35 @@ from typing import Annotated, Optional
 import numpy as np
 import typer
 
-from backends.limits import AUTO_DEADLINE
 from cortex.console import out, print_json
-from cortex.commands.shared_options import (
-    AddressOption,
-    CuLoadTimeoutOption,
-    CuTimeoutOption,
-    DeviceOption,
-    ExecutorOption,
-    ExecutorOptionsOption,
-    MemoryBudgetOption,
-    PadToBucketOption,
-    PadValueOption,
-    PinOption,
-    SpecializationsOption,
-    ThreadsOption,
-    checked_threads,
-)
+from cortex.commands.generated_options import with_options
+from cortex.commands.shared_options import DeviceOption
 from cortex.runtime import load
-from cortex.runtime.cache import DEFAULT_CACHE_BYTES
-from cortex.runtime.memory import parse_pins
-from cortex.runtime.policy import DEFAULT_POLICY, POLICIES
-from cortex.runtime.policy import policy as resolve_policy
+from cortex.runtime.options import RuntimeOptions
 from ir.errors import CortexError
 from ir.fs import write_bytes_atomically
 
 
+@with_options(RuntimeOptions, into="runtime")
 def run(
     dag: Annotated[Path, typer.Argument(help="The dag.json, compiled for the device.")],
+    runtime: RuntimeOptions,
     input: Annotated[Optional[list[str]], typer.Option("--input", help="NAME=FILE.npy, or FILE.npz holding inputs by name (repeatable).")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", help="The .npz file to write the outputs to.")] = None,
     device: DeviceOption = "wasm",
-    cu_timeout_ms: CuTimeoutOption = None,
-    cu_load_timeout_s: CuLoadTimeoutOption = None,
     trace: Annotated[Optional[Path], typer.Option("--trace", help="Write the run's trace (JSON, cortex.trace/1): CUs "
                                                   "activated, skipped and why, fallbacks, per-CU time and bytes, Chrome "
                                                   "trace events.")] = None,
-    policy: Annotated[str, typer.Option("--policy", help=f"What the scheduler may do: {', '.join(POLICIES)} (strict: "
-                                        "every CU, exact, no cache; offline: the source model on onnxruntime).")]
-    = DEFAULT_POLICY,
-    trust_threshold: Annotated[Optional[float], typer.Option("--trust-threshold", help="The calibrated trust a "
-                                                             "reduced-precision variant needs to run, in [0, 1] "
-                                                             "(default: the policy's).")] = None,
     output_names: Annotated[Optional[str], typer.Option("--output-names", help="Comma-separated outputs to compute "
                                                         "(default: all); only the CUs they need run.")] = None,
-    cache_bytes: Annotated[int, typer.Option("--cache-bytes", help="Byte budget of the result cache (0: off); it "
-                                             "matters to repeated runs in one process, not to one 'cortex run'.")]
-    = DEFAULT_CACHE_BYTES,
-    memory_budget: MemoryBudgetOption = None,
-    pin: PinOption = None,
     example_inputs: Annotated[bool, typer.Option("--example-inputs", help="Feed inputs not given with --input a "
                                                  "deterministic example (floats arange(n)/n, integers and bools 0).")] = False,
-    pad_to_bucket: PadToBucketOption = None,
-    pad_value: PadValueOption = 0.0,
-    threads: ThreadsOption = None,
-    specializations: SpecializationsOption = "lazy",
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
-    executor: ExecutorOption = "local",
-    address: AddressOption = None,
-    executor_option: ExecutorOptionsOption = None,
 ) -> None:
     """Run the model's CUs in order on the device and save its outputs."""
-    threads = checked_threads(threads)
-    try:
-        chosen = resolve_policy(policy)
-    except CortexError as e:
-        raise CortexError(f"--policy: {e}") from None
-    if trust_threshold is not None:
-        chosen = chosen.with_threshold(trust_threshold)
-    if cache_bytes < 0:
-        raise CortexError(f"--cache-bytes cannot be negative, got {cache_bytes}")
     requested = parse_output_names(output_names)
     feeds = read_inputs(input or [])
-    model = load(dag, device, policy=chosen, cache_bytes=cache_bytes, pad_to_bucket=pad_to_bucket,
-                 pad_value=pad_value, threads=threads, specializations=specializations,
-                 **memory_options(memory_budget, pin),
-                 **sandbox_options(cu_timeout_ms, cu_load_timeout_s),
-                 **executor_keywords(executor, address, executor_option))
+    model = load(dag, device, options=runtime)
     if example_inputs:
         feeds = {**example_feeds(model.inputs), **feeds}
     known = [spec["name"] for spec in model.outputs]
@@ -103,7 +55,7 @@ def run(
         write_bytes_atomically(output, buffer.getvalue())
     if trace is not None:
         write_bytes_atomically(trace, (jsonlib.dumps(document, indent=2) + "\n").encode())
-    summary = {"dag": str(dag), "device": device, "policy": chosen.name, "output": str(output) if output else None,
+    summary = {"dag": str(dag), "device": device, "policy": runtime.policy.name, "output": str(output) if output else None,
                "outputs": {k: {"dtype": str(v.dtype), "shape": list(v.shape)} for k, v in results.items()},
                "seconds": round(document["total_seconds"], 6),
                "memory": document["memory"],
@@ -126,65 +78,6 @@ def run(
               + (f" ({others}: fallback)" if others else "")
               + (f", skipped: {skipped}" if skipped else "")
               + (f"; outputs written to {output}" if output else ""))
-
-
-def sandbox_options(cu_timeout_ms: str | None, cu_load_timeout_s: float | None) -> dict:
-    """The sandbox keywords of `cortex.load`, checked here so that an error names the option."""
-    timeout = parse_cu_timeout(cu_timeout_ms)
-    if cu_load_timeout_s is not None and not 0 < cu_load_timeout_s < float("inf"):
-        raise CortexError(f"--cu-load-timeout-s must be a positive number of seconds, got {cu_load_timeout_s}")
-    return {"cu_timeout_ms": timeout, "cu_load_timeout_s": cu_load_timeout_s}
-
-
-def parse_cu_timeout(text: str | None) -> float | str | None:
-    if text is None or text == AUTO_DEADLINE:
-        return text
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 <= value < float("inf"):
-        raise CortexError(f"--cu-timeout-ms must be a number of milliseconds, at least 0 (0: no limit), or "
-                          f"'{AUTO_DEADLINE}', got {text!r}")
-    return value
-def memory_options(memory_budget: float | None, pin: str | None) -> dict:
-    """`--memory-budget` and `--pin` as `load`'s keywords, checked in one line naming the option."""
-    if memory_budget is not None and not (math.isfinite(memory_budget) and memory_budget > 0):
-        raise CortexError(f"--memory-budget must be a positive number of MB, got {memory_budget:g}")
-    pins = parse_pins(pin)
-    if pins is not None and memory_budget is None:
-        raise CortexError("--pin needs --memory-budget: without a budget every CU stays resident")
-    return {"memory_budget_mb": memory_budget, "pins": pins}
-
-
-def executor_keywords(executor: str, address: str | None, options: list[str] | None = None) -> dict:
-    """`--executor`/`--address`/`--executor-option` as `cortex.load`'s keywords, checked with the
-    options' names (the loader checks the keys and the executor their values)."""
-    if executor not in ("local", "ray"):
-        raise CortexError(f"--executor {executor}: expected local or ray")
-    if address is not None and executor != "ray":
-        raise CortexError("--address names a Ray cluster: it needs --executor ray")
-    if options and executor != "ray":
-        raise CortexError("--executor-option sets the ray executor: it needs --executor ray")
-    parsed = {}
-    for text in options or []:
-        key, sep, value = text.partition("=")
-        if not sep or not key.strip() or not value.strip():
-            raise CortexError(f"--executor-option {text!r}: expected KEY=VALUE, e.g. replicas=2")
-        parsed[key.strip()] = _option_value(value.strip())
-    return {"executor": executor, "address": address, **({"executor_options": parsed} if parsed else {})}
-
-
-def _option_value(text: str):
-    """A whole number, a number, true/false, or else the text itself (a folder)."""
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
 
 
 def parse_output_names(text: str | None) -> list[str] | None:

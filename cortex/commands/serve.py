@@ -10,19 +10,10 @@ from typing import Annotated
 import typer
 
 from backends.limits import AUTO_DEADLINE
-from cortex.commands.run import sandbox_options
-from cortex.commands.shared_options import (
-    CuLoadTimeoutOption,
-    CuTimeoutOption,
-    DeviceOption,
-    PadToBucketOption,
-    PadValueOption,
-    SpecializationsOption,
-    ThreadsOption,
-    checked_threads,
-)
+from cortex.commands.generated_options import with_options
+from cortex.commands.shared_options import DeviceOption
 from cortex.console import out
-from cortex.runtime.policy import DEFAULT_POLICY, POLICIES
+from cortex.runtime.options import RuntimeOptions
 from cortex.serve.app import ServeSettings, create_app
 from cortex.serve.pool import ModelPool
 from cortex.serve.server import bind
@@ -33,18 +24,18 @@ MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 MB = 1 << 20
 
 
+# A server defaults to deadlines from each CU's cost: one hostile request must not hold a worker.
+@with_options(RuntimeOptions, into="runtime", defaults={"cu_timeout_ms": AUTO_DEADLINE},
+              exclude=("trust_threshold", "cache_bytes", "pins", "executor", "address", "executor_options"))
 def serve(
     dag: Annotated[Path, typer.Argument(help="The dag.json, compiled for the device.")],
+    runtime: RuntimeOptions,
     host: Annotated[str, typer.Option("--host", help="The address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="The TCP port (0: a free one, named in the startup line).")]
     = 8000,
     model_name: Annotated[str | None, typer.Option("--model-name", help="The model's name in /v2/models/NAME "
                                                       "(default: the name of dag.json's folder).")] = None,
     device: DeviceOption = "wasm",
-    policy: Annotated[str, typer.Option("--policy", help=f"The default policy: {', '.join(POLICIES)}; a request's "
-                                        "X-Cortex-Policy header overrides it.")] = DEFAULT_POLICY,
-    memory_budget: Annotated[float | None, typer.Option("--memory-budget", help="MB the resident CUs of each "
-                                                           "model instance may hold.")] = None,
     workers: Annotated[int, typer.Option("--workers", help="Model instances, each serving one request at a time.")]
     = 1,
     max_body_mb: Annotated[float, typer.Option("--max-body-mb", help="The largest request body, in MB (413 past "
@@ -53,17 +44,10 @@ def serve(
                                                   "body (408 past it).")] = 30.0,
     drain_timeout_s: Annotated[float, typer.Option("--drain-timeout-s", help="Seconds SIGTERM waits for the requests "
                                                    "in flight.")] = 30.0,
-    # A server defaults to deadlines from each CU's cost: one hostile request must not hold a worker.
-    cu_timeout_ms: CuTimeoutOption = AUTO_DEADLINE,
-    cu_load_timeout_s: CuLoadTimeoutOption = None,
-    threads: ThreadsOption = None,
-    specializations: SpecializationsOption = "lazy",
-    pad_to_bucket: PadToBucketOption = None,
-    pad_value: PadValueOption = 0.0,
 ) -> None:
-    """Serve the model over HTTP (Open Inference Protocol v2) with Prometheus metrics at /metrics."""
-    if policy not in POLICIES:
-        raise CortexError(f"--policy {policy!r}: expected one of {', '.join(POLICIES)}")
+    """Serve the model over HTTP (Open Inference Protocol v2) with Prometheus metrics at /metrics.
+    Each instance is loaded with the runtime options (--memory-budget: each instance's); a request's
+    X-Cortex-Policy header overrides --policy."""
     if workers < 1:
         raise CortexError(f"--workers must be at least 1, got {workers}")
     if not 0 <= port <= 65535:
@@ -72,16 +56,11 @@ def serve(
                           ("--drain-timeout-s", drain_timeout_s)):
         if not value > 0:
             raise CortexError(f"{option} must be positive, got {value:g}")
-    if memory_budget is not None and not memory_budget > 0:
-        raise CortexError(f"--memory-budget must be positive, got {memory_budget:g}")
     name = model_name if model_name is not None else dag.resolve().parent.name
     if not MODEL_NAME.fullmatch(name):
         raise CortexError(f"--model-name {name!r}: use letters, digits, '_', '.' and '-' (it is part of the URL)")
-    pool = ModelPool(dag, device, policy, workers, memory_budget,
-                     {**sandbox_options(cu_timeout_ms, cu_load_timeout_s), "threads": checked_threads(threads),
-                      "specializations": specializations, "pad_to_bucket": pad_to_bucket, "pad_value": pad_value})
-    app = create_app(pool, ServeSettings(name, max_body_bytes=int(max_body_mb * MB), read_timeout_s=read_timeout_s,
-                                         pad_to_bucket=pad_to_bucket))
+    pool = ModelPool(dag, device, runtime, workers)
+    app = create_app(pool, ServeSettings(name, max_body_bytes=int(max_body_mb * MB), read_timeout_s=read_timeout_s))
     sock = bind(host, port)
     bound_host, bound_port = sock.getsockname()[:2]
     out.print(f"serving {name} ({dag}) on http://{_url_host(bound_host)}:{bound_port} with {workers} "

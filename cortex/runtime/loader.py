@@ -1,5 +1,8 @@
 """`cortex.load(dag.json, device=..., policy=...)`: a compiled model, ready to `run({name: array})`.
 
+Its settings are one `RuntimeOptions` (cortex/runtime/options.py), given as `options=` or built
+from `load`'s keywords, checked once there; everything below reads it.
+
 The dag.json is checked before anything is loaded (`cortex.dag.read_dag`: schema, data flow,
 memory plans, artifact paths confined to its folder); the device comes from the registry by name;
 the scheduler decides what runs, and where: fallback CUs on their runtime's device. Inputs are
@@ -36,22 +39,18 @@ from backends.limits import no_sandbox_events, sandbox_limits
 from backends.registry import device as device_spec
 from backends.registry import devices
 from cortex.dag import read_dag
-from cortex.runtime.cache import DEFAULT_CACHE_BYTES, ResultCache
-from cortex.runtime.memory import budget_bytes
+from cortex.runtime.cache import ResultCache
 from cortex.runtime.offline import SourceModel
-from cortex.runtime.parallel import ThreadedScheduler, check_threads, machine_threads
+from cortex.runtime.options import RuntimeOptions, runtime_options
+from cortex.runtime.parallel import ThreadedScheduler, machine_threads
 from cortex.runtime.policy import Policy
 from cortex.runtime.policy import policy as resolve_policy
-from cortex.runtime.ray_executor import OPTIONS as RAY_OPTIONS
 from cortex.runtime.ray_executor import RayExecutor
 from cortex.runtime.scheduler import SequentialScheduler
-from cortex.runtime.specialized import SpecializedModel, check_loading
+from cortex.runtime.specialized import SpecializedModel
 from cortex.runtime.trace import empty_trace, offline_trace, process_maxrss_mb, request_trace
 from cortex.specializations import is_specialized
 from ir.errors import CortexError
-
-EXECUTORS = ("local", "ray")
-
 
 def device_names() -> list[str]:
     return list(devices())
@@ -59,38 +58,16 @@ def device_names() -> list[str]:
 
 class CompiledModel:
     def __init__(self, dag_path: Path, device: str = "wasm", policy: str | Policy | None = None,
-                 cache_bytes: int = DEFAULT_CACHE_BYTES, *, memory_budget_mb: float | None = None,
-                 pins: list[str] | None = None, cu_timeout_ms: float | str | None = None,
-                 cu_load_timeout_s: float | None = None, threads: int | None = None,
-                 executor: str = "local", address: str | None = None, executor_options: dict | None = None,
-                 dag: dict | None = None, lazy: bool = False):
+                 cache_bytes: int | None = None, *, options: RuntimeOptions | None = None,
+                 dag: dict | None = None, lazy: bool = False, **settings):
         self.path = Path(dag_path)
-        self.limits = sandbox_limits(cu_timeout_ms, cu_load_timeout_s)
-        self.memory_budget = budget_bytes(memory_budget_mb)
-        if pins is not None and (isinstance(pins, str) or not all(isinstance(p, str) for p in pins)):
-            raise CortexError("pins must be a list of CU ids, such as ['cu-0003']")
-        if pins is not None and self.memory_budget is None:
-            raise CortexError("pins need a memory budget (memory_budget_mb=, --memory-budget): without one "
-                              "every CU stays resident")
-        self.pins = None if pins is None else list(pins)
-        self.threads = machine_threads() if threads is None else check_threads(threads)
-        if executor not in EXECUTORS:
-            raise CortexError(f"unknown executor {executor!r}: expected one of {', '.join(EXECUTORS)}")
-        if address is not None and executor != "ray":
-            raise CortexError("an address names a Ray cluster: it needs executor='ray'")
-        unknown = sorted(set(executor_options or {}) - set(RAY_OPTIONS if executor == "ray" else ()))
-        if unknown:
-            raise CortexError(f"unknown executor option {', '.join(map(repr, unknown))} for the {executor} executor"
-                              + (f": expected {', '.join(RAY_OPTIONS)}" if executor == "ray" else ""))
-        if executor == "ray" and self.memory_budget is not None:
-            raise CortexError("a memory budget keeps this process's CUs resident within it: it needs the local "
-                              "executor (Ray actors hold their own CUs)")
-        self.executor, self.address, self.executor_options = executor, address, dict(executor_options or {})
+        self.options = runtime_options(options, policy=policy, cache_bytes=cache_bytes, **settings)
+        self.limits = self.options.limits
+        self.memory_budget = self.options.memory_budget_bytes
+        self.threads = machine_threads() if self.options.threads is None else self.options.threads
         self.device_name = device_spec(device).name
-        self.policy = resolve_policy(policy)
-        if not isinstance(cache_bytes, int) or cache_bytes < 0:
-            raise CortexError(f"the cache budget must be a whole number of bytes, at least 0 (got {cache_bytes!r})")
-        self.cache = ResultCache(cache_bytes)
+        self.policy = self.options.policy
+        self.cache = ResultCache(self.options.cache_bytes)
         self.dag = read_dag(self.path) if dag is None else dag     # `dag`: one checked specialization
         self._scheduler: SequentialScheduler | RayExecutor | None = None
         self._source: SourceModel | None = None
@@ -198,14 +175,14 @@ class CompiledModel:
         return self.last_trace
 
     def _loaded_scheduler(self) -> SequentialScheduler | RayExecutor:
-        if self._scheduler is None and self.executor == "ray":
-            self._scheduler = RayExecutor(self.dag, self.path, self.device_name, self.address,
-                                          cache_bytes=self.cache.budget_bytes, **self.executor_options)
+        if self._scheduler is None and self.options.executor == "ray":
+            self._scheduler = RayExecutor(self.dag, self.path, self.device_name, self.options)
         if self._scheduler is None:
             # Memory tiers plan loads and evictions in dag.json's order: under a budget one CU runs at a time.
             if self.threads == 1 or self.memory_budget is not None:
+                pins = None if self.options.pins is None else list(self.options.pins)
                 scheduler = SequentialScheduler(self.dag, self.path, self.device_name, self.cache, self.limits,
-                                                self.memory_budget, self.pins)
+                                                self.memory_budget, pins)
             else:
                 scheduler = ThreadedScheduler(self.dag, self.path, self.device_name, self.cache, self.threads,
                                               self.limits)
@@ -253,32 +230,25 @@ class CompiledModel:
         return env
 
 
-def load(dag_path, device: str = "wasm", policy: str | Policy | None = None,
-         cache_bytes: int = DEFAULT_CACHE_BYTES, *, memory_budget_mb: float | None = None,
-         pins: list[str] | None = None, cu_timeout_ms: float | str | None = None,
-         cu_load_timeout_s: float | None = None, threads: int | None = None,
-         executor: str = "local", address: str | None = None, executor_options: dict | None = None,
-         pad_to_bucket: str | None = None, pad_value: float = 0.0,
-         specializations: str = "lazy") -> CompiledModel | SpecializedModel:
-    """A model ready to run; `policy` defaults to balanced, `cache_bytes` bounds the result cache
-    (0 turns it off), `memory_budget_mb` the resident CUs (None: all resident), `pins` the CUs that
-    stay resident under it; `cu_timeout_ms` and `cu_load_timeout_s` are the sandbox's limits;
-    `threads` runs that many ready CUs at once (default: the machine's cores; 1: one CU after the
-    other; under a memory budget, one at a time); `executor="ray"` runs the CUs on the Ray cluster
-    at `address` (`executor_options`: RayExecutor's stages, num_cpus, retries, timeout_s,
-    max_restarts; on Ray `cache_bytes` is each actor's). A
-    dag.json of shape specializations runs each request on the one its input shapes match (padded
-    up to the nearest along `pad_to_bucket` when asked: cortex/runtime/specialized.py), each one's
-    CUs loaded when a request first picks it (`specializations="eager"`: all of them now)."""
-    options = {"memory_budget_mb": memory_budget_mb, "pins": pins, "cu_timeout_ms": cu_timeout_ms,
-               "cu_load_timeout_s": cu_load_timeout_s, "threads": threads,
-               "executor": executor, "address": address, "executor_options": executor_options}
-    check_loading(specializations)
+def load(dag_path, device: str = "wasm", policy: str | Policy | None = None, cache_bytes: int | None = None, *,
+         options: RuntimeOptions | None = None, **settings) -> CompiledModel | SpecializedModel:
+    """A model ready to run, under `options` (a `RuntimeOptions`, cortex/runtime/options.py) or the
+    same settings as keywords (they replace those of `options`): `policy` defaults to balanced,
+    `cache_bytes` bounds the result cache (0 turns it off), `memory_budget_mb` the resident CUs
+    (None: all resident), `pins` the CUs that stay resident under it; `cu_timeout_ms` and
+    `cu_load_timeout_s` are the sandbox's limits; `threads` runs that many ready CUs at once
+    (default: the machine's cores; 1: one CU after the other; under a memory budget, one at a
+    time); `executor="ray"` runs the CUs on the Ray cluster at `address` (`executor_options`:
+    RayOptions' stages, replicas, group, num_cpus, retries, timeout_s, max_restarts, cache_dir,
+    compiled_graph; on Ray `cache_bytes` is each actor's). A dag.json of shape specializations
+    runs each request on the one its input shapes match (padded up to the nearest along
+    `pad_to_bucket` when asked: cortex/runtime/specialized.py), each one's CUs loaded when a
+    request first picks it (`specializations="eager"`: all of them now)."""
+    options = runtime_options(options, policy=policy, cache_bytes=cache_bytes, **settings)
     if is_specialized(Path(dag_path)):
-        return SpecializedModel(Path(dag_path), lambda dag: CompiledModel(Path(dag_path), device, policy, cache_bytes,
-                                                                          dag=dag, lazy=True, **options),
-                                pad_to_bucket, pad_value, specializations)
-    if pad_to_bucket is not None:
-        raise CortexError(f"--pad-to-bucket {pad_to_bucket}: {dag_path} was built for one input shape; padding "
-                          "needs shape specializations (decompose --dim NAME=A,B,...)")
-    return CompiledModel(Path(dag_path), device, policy, cache_bytes, **options)
+        return SpecializedModel(Path(dag_path), lambda dag: CompiledModel(Path(dag_path), device, options=options,
+                                                                          dag=dag, lazy=True), options)
+    if options.pad_to_bucket is not None:
+        raise CortexError(f"--pad-to-bucket {options.pad_to_bucket}: {dag_path} was built for one input shape; "
+                          "padding needs shape specializations (decompose --dim NAME=A,B,...)")
+    return CompiledModel(Path(dag_path), device, options=options)

@@ -55,6 +55,7 @@ import numpy as np
 
 from backends.registry import device as device_spec
 from cortex.runtime.cache import ResultCache
+from cortex.runtime.options import RuntimeOptions
 from cortex.runtime.policy import Policy
 from cortex.runtime.ray_artifacts import (
     ShippedFile,
@@ -89,12 +90,9 @@ from cortex.runtime.scheduler import (
 )
 from ir.errors import CortexError
 
-DEFAULT_RETRIES = 8
 RETRY_BACKOFF_S = 0.5       # before the first resubmission; doubled each time, up to MAX_BACKOFF_S
 MAX_BACKOFF_S = 8.0
-DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_WINDOW = 16
-DEFAULT_GROUP = 4          # requests of a batch per actor call
 
 
 class StageScheduler(SequentialScheduler):
@@ -209,39 +207,25 @@ class Stage:
     actor: object = None
 
 
-# cortex.load's executor_options
-OPTIONS = ("stages", "replicas", "group", "num_cpus", "retries", "timeout_s", "max_restarts", "cache_dir", "compiled_graph")
-
-
 class RayExecutor:
     """The scheduler's interface (`run`, `needed`, `resident_bytes`, `devices`) over Ray actors."""
 
-    def __init__(self, dag: dict, dag_path: Path, device: str, address: str | None = None,
-                 stages: int | None = None, num_cpus: float = 1.0, cache_bytes: int = 0,
-                 retries: int = DEFAULT_RETRIES, timeout_s: float = DEFAULT_TIMEOUT_S, max_restarts: int = 4,
-                 cache_dir: str | None = None, compiled_graph: bool = False, replicas: int | None = None,
-                 group: int = DEFAULT_GROUP):
-        for name, value in (("stages", stages), ("replicas", replicas), ("group", group)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise CortexError(f"the ray executor's {name} must be a whole number, at least 1 (got {value!r})")
-        if not num_cpus > 0:
-            raise CortexError(f"the ray executor's num_cpus per actor must be above 0 (got {num_cpus!r})")
-        if cache_dir is not None and not isinstance(cache_dir, (str, Path)):
-            raise CortexError(f"the ray executor's cache_dir must be a folder path (got {cache_dir!r})")
-        if not isinstance(compiled_graph, bool):
-            raise CortexError(f"the ray executor's compiled_graph must be True or False (got {compiled_graph!r})")
+    def __init__(self, dag: dict, dag_path: Path, device: str, options: RuntimeOptions):
+        ray_options = options.ray          # checked where the options were made (RayOptions)
+        stages, replicas, num_cpus = ray_options.stages, ray_options.replicas, ray_options.num_cpus
+        compiled_graph, cache_dir = ray_options.compiled_graph, ray_options.cache_dir
         if compiled_graph and (dag.get("selects") or any("activation" in cu for cu in dag["cus"])):
             raise CortexError(f"{dag_path}: compiled_graph runs dags without conditional CUs, and this one has a "
                               "decomposed If (which stages run depends on its condition): leave compiled_graph off")
         self.compiled_graph, self.num_cpus = compiled_graph, num_cpus
         self._graph: CompiledRequests | None = None
         self.dag, self.path, self.device_name = dag, Path(dag_path).resolve(), device
-        self.retries, self.timeout_s, self.group = retries, timeout_s, group
+        self.retries, self.timeout_s, self.group = ray_options.retries, ray_options.timeout_s, ray_options.group
         self.resubmitted = 0             # requests submitted again after a lost actor or result
         self.devices: dict = {}          # no device in this process: the actors hold them
         self.cus = {cu["id"]: cu for cu in dag["cus"]}
         self.producer = {name: t["producer"] for name, t in dag["tensors"].items()}
-        connect(address)
+        connect(options.address)
         ray = ray_module()
         # An actor that cannot be placed waits, silently, for ever: refuse it now instead.
         free = free_cpus(ray, min(stages or 1, len(dag["order"])) * (replicas or 1) * num_cpus)
@@ -255,9 +239,9 @@ class RayExecutor:
         actor_class = ray.remote(CUStage)
         for stage, shipment in zip(self.stages, shipments, strict=True):
             stage.actor = actor_class.options(
-                num_cpus=num_cpus, memory=stage.memory_bytes or None, max_restarts=max_restarts,
+                num_cpus=num_cpus, memory=stage.memory_bytes or None, max_restarts=ray_options.max_restarts,
                 max_task_retries=0, scheduling_strategy="SPREAD").remote(
-                    dag, shipment, device, stage.cu_ids, cache_bytes)
+                    dag, shipment, device, stage.cu_ids, options.cache_bytes)
         try:
             self._resident = sum(self._get([s.actor.resident_bytes.remote() for s in self.stages]))
         except CortexError:

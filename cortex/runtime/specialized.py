@@ -22,23 +22,16 @@ import numpy as np
 
 from backends.limits import no_sandbox_events
 from cortex.runtime.memory import required_bytes
+from cortex.runtime.options import RuntimeOptions
 from cortex.specializations import frozen_specs, read_specialized_dag, section_dag, shapes_text
 from cortex.value_specializations import values_text
 from ir.errors import CortexError
 
-LOADING = ("lazy", "eager")
-
-
-def check_loading(loading: str) -> None:
-    if loading not in LOADING:
-        raise CortexError(f"--specializations {loading!r}: expected one of {', '.join(LOADING)} (when each "
-                          "shape specialization's CUs load)")
-
-
 class SpecializedModel:
     """One `CompiledModel` per specialization, made at load with its dag checked but its CUs not
-    loaded: a specialization's CUs load when a request first picks it (`loading="eager"`: all at
-    load), so a process serving one shape holds one copy of the weights, not one per shape.
+    loaded: a specialization's CUs load when a request first picks it (`specializations="eager"` in
+    its `RuntimeOptions`: all at load), so a process serving one shape holds one copy of the weights,
+    not one per shape. It also reads the options' `pad_to_bucket` and `pad_value`.
 
     Requests may come from several threads. Each specialization has a lock: its CUs load once,
     under it, however many first requests wait, and one request at a time enters its stores
@@ -46,16 +39,16 @@ class SpecializedModel:
     budget the budget is the whole model's: one lock for all, and before a request its
     specialization may hold what the others do not (`_share_budget`)."""
 
-    def __init__(self, dag_path: Path, open_model: Callable[[dict], object], pad_to_bucket: str | None = None,
-                 pad_value: float = 0.0, loading: str = "lazy"):
-        check_loading(loading)
+    def __init__(self, dag_path: Path, open_model: Callable[[dict], object], options: RuntimeOptions | None = None):
+        options = RuntimeOptions() if options is None else options
+        pad_to_bucket = options.pad_to_bucket
         self.path = Path(dag_path)
         self.dag = read_specialized_dag(self.path)
         self.sections = self.dag["specializations"]
         self.models = [open_model(section_dag(s)) for s in self.sections]
         self.value_inputs = frozen_specs(self.sections[0], self.sections[0].get("input_values", {}))
         self.buckets = Buckets(self.sections, pad_to_bucket) if pad_to_bucket is not None else None
-        self.pad_value = pad_value
+        self.pad_value = options.pad_value
         self.memory_budget = self.models[0].memory_budget       # bytes, or None; the same for every one
         shared = threading.Lock()
         self._locks = [shared if self.memory_budget is not None else threading.Lock() for _ in self.sections]
@@ -63,7 +56,7 @@ class SpecializedModel:
         self._requests = 0
         self._chosen = 0
         self.specialization: str | None = None     # the name the last request ran on
-        if loading == "eager":
+        if options.specializations == "eager":
             for i in range(len(self.sections)):
                 self.specialization_model(i)
 

@@ -48,7 +48,6 @@ class ServeSettings:
     model_name: str
     max_body_bytes: int
     read_timeout_s: float
-    pad_to_bucket: str | None = None
 
 
 def create_app(pool: ModelPool, settings: ServeSettings) -> Starlette:
@@ -60,7 +59,7 @@ def create_app(pool: ModelPool, settings: ServeSettings) -> Starlette:
                 "inputs": [tensor_metadata(spec) for spec in pool.inputs],
                 "outputs": [tensor_metadata(spec) for spec in pool.outputs]}
     if pool.sections:
-        metadata["parameters"] = model_parameters(pool.sections, settings.pad_to_bucket)
+        metadata["parameters"] = model_parameters(pool.sections, pool.options.pad_to_bucket)
 
     def model_or_404(request: Request) -> None:
         name = request.path_params["name"]

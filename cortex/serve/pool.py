@@ -1,4 +1,5 @@
-"""A pool of loaded model instances, one request on each at a time.
+"""A pool of loaded model instances, one request on each at a time, each loaded with the server's
+`RuntimeOptions` (its memory budget is each instance's).
 
 A wasmtime store must not be entered by two threads at once, so each instance is a separate
 `cortex.load(...)` with its own stores; a request borrows one, runs it on a worker thread (the
@@ -23,6 +24,7 @@ import anyio.to_thread
 import numpy as np
 
 from cortex.runtime import CompiledModel, load
+from cortex.runtime.options import RuntimeOptions
 from cortex.runtime.specialized import SpecializedModel
 from cortex.serve.codec import RequestError
 from cortex.serve.specializations import varying_specs
@@ -51,12 +53,8 @@ class RunFailed(Exception):
 
 
 class ModelPool:
-    def __init__(self, dag_path: Path, device: str, policy: str, workers: int, memory_budget_mb: float | None,
-                 load_options: dict | None = None):
-        self.dag_path = Path(dag_path)
-        self._load_options = {"device": device, "policy": policy, **(load_options or {})}
-        if memory_budget_mb is not None:        # absent: cortex.load keeps every CU resident, its default
-            self._load_options["memory_budget_mb"] = memory_budget_mb
+    def __init__(self, dag_path: Path, device: str, options: RuntimeOptions, workers: int):
+        self.dag_path, self.device, self.options = Path(dag_path), device, options
         self.instances = [self._load() for _ in range(workers)]
         first = self.instances[0]
         self.sections = first.sections if isinstance(first, SpecializedModel) else None
@@ -68,7 +66,7 @@ class ModelPool:
         self._available: anyio.Semaphore | None = None
 
     def _load(self) -> CompiledModel | SpecializedModel:
-        return load(self.dag_path, **self._load_options)
+        return load(self.dag_path, self.device, options=self.options)
 
     def shape_rule(self, label: str) -> Callable[[dict[str, list[int]]], None] | None:
         """For a model of several shapes, a check that a request's input shapes are ones it runs
