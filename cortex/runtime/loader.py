@@ -35,18 +35,17 @@ from pathlib import Path
 
 import numpy as np
 
-from backends.limits import no_sandbox_events, sandbox_limits
+from backends.limits import no_sandbox_events
 from backends.registry import device as device_spec
 from backends.registry import devices
 from cortex.dag import read_dag
 from cortex.runtime.cache import ResultCache
 from cortex.runtime.offline import SourceModel
 from cortex.runtime.options import RuntimeOptions, runtime_options
-from cortex.runtime.parallel import ThreadedScheduler, machine_threads
+from cortex.runtime.parallel import machine_threads
 from cortex.runtime.policy import Policy
 from cortex.runtime.policy import policy as resolve_policy
-from cortex.runtime.ray_executor import RayExecutor
-from cortex.runtime.scheduler import SequentialScheduler
+from cortex.runtime.schedulers import Scheduler, open_scheduler
 from cortex.runtime.specialized import SpecializedModel
 from cortex.runtime.trace import empty_trace, offline_trace, process_maxrss_mb, request_trace
 from cortex.specializations import is_specialized
@@ -69,7 +68,7 @@ class CompiledModel:
         self.policy = self.options.policy
         self.cache = ResultCache(self.options.cache_bytes)
         self.dag = read_dag(self.path) if dag is None else dag     # `dag`: one checked specialization
-        self._scheduler: SequentialScheduler | RayExecutor | None = None
+        self._scheduler: Scheduler | None = None
         self._source: SourceModel | None = None
         if self.policy.offline:
             self._source_model()           # a missing or changed source model fails at load
@@ -86,7 +85,7 @@ class CompiledModel:
         return self._last_trace
 
     @property
-    def scheduler(self) -> SequentialScheduler | RayExecutor:
+    def scheduler(self) -> Scheduler:
         return self._loaded_scheduler()
 
     @property
@@ -105,9 +104,9 @@ class CompiledModel:
 
     def sandbox_events(self) -> dict[str, int]:
         """Traps, timeouts, memory limit hits and rebuilt CUs over the model's life."""
-        if isinstance(self._scheduler, SequentialScheduler):
-            return self._scheduler.sandbox_events()
-        return no_sandbox_events()          # not loaded yet, or its CUs run on Ray actors
+        if self._scheduler is None:
+            return no_sandbox_events()      # not loaded yet
+        return self._scheduler.sandbox_events()
 
     @property
     def inputs(self) -> list[dict]:
@@ -140,11 +139,11 @@ class CompiledModel:
         chosen = self.policy if policy is None else resolve_policy(policy)
         if isinstance(batch, dict) or not isinstance(batch, (list, tuple)):
             raise CortexError("run_many takes a list of input dicts")
-        if chosen.offline or not isinstance(self._loaded_scheduler(), RayExecutor):
+        if chosen.offline:
             return [self.run(feeds, outputs, chosen) for feeds in batch]
         names = self._requested(outputs)
         envs = [self._checked_inputs(feeds) for feeds in batch]
-        done = self._scheduler.run_many(envs, chosen, names)
+        done = self._loaded_scheduler().run_many(envs, chosen, names)
         if done:
             self._record(chosen, names, done[-1][1])
         return [results for results, _ in done]
@@ -152,42 +151,28 @@ class CompiledModel:
     def close(self) -> None:
         """Free what the model holds besides its CUs: its Ray actors, or its threads' pool (a
         later request starts that pool again)."""
-        if isinstance(self._scheduler, RayExecutor):
-            self._scheduler.close()
+        if self._scheduler is not None and self._scheduler.close():
             self._scheduler = None
-        elif isinstance(self._scheduler, ThreadedScheduler):
-            self._scheduler.close()
 
     def _record(self, chosen: Policy, names: list[str], request) -> None:
         scheduler = self._loaded_scheduler()
-        local = isinstance(scheduler, SequentialScheduler)
         self.trace = request.activated
         # What may change after the request is read now; the document is assembled when read.
         self._last_trace = partial(
             request_trace, policy=chosen.name, device=self.device_name, dag_path=self.path, outputs=names,
             request=request, resident_bytes=scheduler.resident_bytes(),
             fallback_cus={cu["id"] for cu in self.dag["cus"] if "runs_on" in cu},
-            cache_stats=self.cache.stats() if chosen.cache and local else None,
-            sandbox_events=scheduler.sandbox_events() if local else None, maxrss_mb=process_maxrss_mb())
+            cache_stats=scheduler.cache.stats() if chosen.cache and scheduler.cache is not None else None,
+            sandbox_events=scheduler.sandbox_events(), maxrss_mb=process_maxrss_mb())
 
     def trace_document(self) -> dict:
         """The last request's trace (`last_trace`); `traceEvents` opens in chrome://tracing or Perfetto."""
         return self.last_trace
 
-    def _loaded_scheduler(self) -> SequentialScheduler | RayExecutor:
-        if self._scheduler is None and self.options.executor == "ray":
-            self._scheduler = RayExecutor(self.dag, self.path, self.device_name, self.options)
+    def _loaded_scheduler(self) -> Scheduler:
         if self._scheduler is None:
-            # Memory tiers plan loads and evictions in dag.json's order: under a budget one CU runs at a time.
-            if self.threads == 1 or self.memory_budget is not None:
-                pins = None if self.options.pins is None else list(self.options.pins)
-                scheduler = SequentialScheduler(self.dag, self.path, self.device_name, self.cache, self.limits,
-                                                self.memory_budget, pins)
-            else:
-                scheduler = ThreadedScheduler(self.dag, self.path, self.device_name, self.cache, self.threads,
-                                              self.limits)
-            scheduler.load(self.policy)
-            self._scheduler = scheduler
+            self._scheduler = open_scheduler(self.dag, self.path, self.device_name, self.options, self.cache,
+                                             self.threads)
         return self._scheduler
 
     def _source_model(self) -> SourceModel:

@@ -53,7 +53,6 @@ from backends.limits import SandboxLimits
 from cortex.runtime.cache import ResultCache
 from cortex.runtime.policy import Policy
 from cortex.runtime.scheduler import Request, SequentialScheduler
-from ir.errors import CortexError
 
 CALLING_THREAD = 0
 
@@ -69,18 +68,11 @@ def machine_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def check_threads(threads) -> int:
-    """`threads` as a count of threads, or one error saying what is allowed."""
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise CortexError(f"threads must be a whole number of at least 1 (got {threads!r})")
-    return threads
-
-
 class ThreadedScheduler(SequentialScheduler):
     def __init__(self, dag: dict, dag_path: Path, device: str, cache: ResultCache | None = None,
                  threads: int = 2, limits: SandboxLimits | None = None):
         super().__init__(dag, dag_path, device, cache, limits)
-        self.threads = check_threads(threads)
+        self.threads = threads          # at least 1: RuntimeOptions checked it
         self.position = {cu_id: i for i, cu_id in enumerate(dag["order"])}
         self.waits_for: dict[str, set[str]] = {cu_id: set() for cu_id in dag["order"]}
         self.unblocks: dict[str, tuple[str, ...]] = {cu_id: () for cu_id in dag["order"]}
@@ -96,9 +88,10 @@ class ThreadedScheduler(SequentialScheduler):
         # are told to stop. At exit they are left alone (daemon threads, idle), so exit never waits.
         weakref.finalize(self, self.pool.close, False).atexit = False
 
-    def close(self) -> None:
-        """Stop the pool's threads (a later request starts them again)."""
+    def close(self) -> bool:
+        """Stop the pool's threads (a later request starts them again: the scheduler stays usable)."""
         self.pool.close()
+        return False
 
     def run(self, feeds: dict[str, np.ndarray], policy: Policy,
             outputs: list[str]) -> tuple[dict[str, np.ndarray], Request]:

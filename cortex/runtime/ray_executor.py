@@ -53,6 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
+from backends.limits import no_sandbox_events
 from backends.registry import device as device_spec
 from cortex.runtime.cache import ResultCache
 from cortex.runtime.options import RuntimeOptions
@@ -208,7 +209,7 @@ class Stage:
 
 
 class RayExecutor:
-    """The scheduler's interface (`run`, `needed`, `resident_bytes`, `devices`) over Ray actors."""
+    """The scheduler's interface (`schedulers.Scheduler`) over Ray actors."""
 
     def __init__(self, dag: dict, dag_path: Path, device: str, options: RuntimeOptions):
         ray_options = options.ray          # checked where the options were made (RayOptions)
@@ -223,6 +224,7 @@ class RayExecutor:
         self.retries, self.timeout_s, self.group = ray_options.retries, ray_options.timeout_s, ray_options.group
         self.resubmitted = 0             # requests submitted again after a lost actor or result
         self.devices: dict = {}          # no device in this process: the actors hold them
+        self.cache = None                # nor a result cache: each actor keeps its own
         self.cus = {cu["id"]: cu for cu in dag["cus"]}
         self.producer = {name: t["producer"] for name, t in dag["tensors"].items()}
         connect(options.address)
@@ -285,6 +287,10 @@ class RayExecutor:
 
     def resident_bytes(self) -> int:
         return self._resident
+
+    def sandbox_events(self) -> dict[str, int]:
+        """None counted here: the sandboxes are the actors'."""
+        return no_sandbox_events()
 
     def needed(self, outputs: list[str]) -> set[str]:
         return needed_cus(self.dag, self.producer, self.cus, outputs)
@@ -441,7 +447,8 @@ class RayExecutor:
                 raise type(cause)(str(cause)) from None
             raise CortexError(f"a CU failed on the Ray cluster: {first_line(e)}") from None
 
-    def close(self) -> None:
+    def close(self) -> bool:
+        """Kill the actors, with the CUs they hold: the executor cannot run again (True)."""
         ray = ray_module()
         self._teardown_graph()
         held = [stage for stage in self.stages if stage.actor is not None]
@@ -453,3 +460,4 @@ class RayExecutor:
         # ray.kill returns before the CPUs are given back: wait a little, so that a model loaded
         # next sees them free and places as many replicas as the cluster holds.
         free_cpus(ray, free + len(held) * self.num_cpus, patience_s=5.0)
+        return True

@@ -158,6 +158,15 @@ class SequentialScheduler:
     def resident_bytes(self) -> int:
         return sum(self.devices[self.placement[cu_id]].resident_bytes(cu_id) for cu_id in self.dag["order"])
 
+    def run_many(self, batch: list[dict[str, np.ndarray]], policy: Policy,
+                 outputs: list[str]) -> list[tuple[dict[str, np.ndarray], Request]]:
+        """`run` on each feed of `batch`, one request after the other."""
+        return [self.run(feeds, policy, outputs) for feeds in batch]
+
+    def close(self) -> bool:
+        """Nothing to free besides the loaded CUs; the scheduler stays usable (`schedulers.Scheduler`)."""
+        return False
+
     def run(self, feeds: dict[str, np.ndarray], policy: Policy,
             outputs: list[str]) -> tuple[dict[str, np.ndarray], Request]:
         """The requested outputs (host arrays the caller owns) and what the request did."""
