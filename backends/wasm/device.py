@@ -157,7 +157,7 @@ class WasmDevice(HostTensors):
 
     def resident_bytes(self, cu_id: str) -> int:
         instance = self.instances.get(cu_id)
-        return instance.memory_bytes() if instance else 0
+        return instance.memory_size if instance else 0     # read after its last call: only a call grows it
 
     def footprint(self, cu: dict) -> int:
         """The module's planned memory, in whole wasm pages: what `resident_bytes` reports once loaded."""

@@ -2,7 +2,10 @@
 
 An instance owns its store and memory; inputs are written and outputs read through numpy views of
 that memory at the offsets of the module's memory plan, so the host side is one copy in, one call,
-and zero-copy views out. Views are rebuilt if the memory ever grows (growing may move it).
+and zero-copy views out. Views are rebuilt if the memory ever grows (growing may move it); only a
+call of this instance can grow its memory (a shared memory cannot grow), so its size is read once,
+after each call. The call goes through wasmtime's C API directly (`direct_call.py`): the public
+API's per-call type checks cost several times a small CU's work.
 
 Under the sandbox (backends/wasm/sandbox.py) the store is created with a memory limit, and each
 call first sets the store's epoch deadline: an engine built with epoch interruption traps at once
@@ -17,6 +20,7 @@ import ml_dtypes  # noqa: F401  (registers numpy's bfloat16 dtype, which tensors
 import numpy as np
 import wasmtime
 
+from backends.wasm.direct_call import DirectCall
 from ir.bounds import pad_into, real_part
 
 
@@ -37,13 +41,15 @@ class WasmInstance:
         exports = self.instance.exports(self.store)
         self.memory: wasmtime.Memory = exports["memory"]
         self._run = exports["run"]
+        self._direct = DirectCall(self.store, self._run, self.memory) if DirectCall.supported(self.store, self._run) \
+            else None
         self.plan = plan
         self._axes = {e["name"]: e["bound"]["axis"] for e in [*plan["inputs"], *plan["outputs"]] if "bound" in e}
         self.memory_size = -1      # the memory's size in bytes when the views were last built
         self._refresh_views()
 
     def _refresh_views(self) -> None:
-        size = self.memory.data_len(self.store)
+        size = self.memory_bytes()
         if size == self.memory_size:
             return
         raw = np.frombuffer(self.memory.get_buffer_ptr(self.store), dtype=np.uint8)
@@ -54,19 +60,21 @@ class WasmInstance:
         self.memory_size = size
 
     def memory_bytes(self) -> int:
-        return self.memory.data_len(self.store)
+        return self._direct.memory_bytes() if self._direct is not None else self.memory.data_len(self.store)
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Copy `inputs` in, run, and return views of the outputs (valid until the next run)."""
-        self._refresh_views()
         for name, view in self.inputs.items():
             if name in self.lengths:     # a bounded tensor comes at its real shape (ir/bounds.py)
                 self.lengths[name][0] = pad_into(view, inputs[name], self._axes[name])
             elif not (self.shares_memory and in_place(inputs[name], view)):   # --memory shared: the producer wrote it here
                 view[...] = inputs[name]
-        if self.deadline_ticks is not None:
-            self.store.set_epoch_deadline(self.deadline_ticks)
-        self._run(self.store)
+        if self._direct is not None:
+            self._direct(self.deadline_ticks)
+        else:
+            if self.deadline_ticks is not None:
+                self.store.set_epoch_deadline(self.deadline_ticks)
+            self._run(self.store)
         self._refresh_views()
         if not self.lengths:
             return self.outputs
