@@ -17,7 +17,7 @@ so the next request runs on a fresh instance; `sandbox_events` counts all of it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +56,10 @@ class SandboxedCU:
     plan: dict
     deadline_ms: float | None
     weights: list[dict]
+    planned_bytes: int = field(init=False)     # checked after every call: computed once
+
+    def __post_init__(self):
+        self.planned_bytes = planned_bytes(self.plan)
 
 
 class WasmDevice(HostTensors):
@@ -123,7 +127,7 @@ class WasmDevice(HostTensors):
             error = e
         sandboxed = self.sandboxed[cu["id"]]
         grown = instance.memory_size if error is None else instance.memory_bytes()   # run() just read it
-        if error is None and grown <= planned_bytes(sandboxed.plan):
+        if error is None and grown <= sandboxed.planned_bytes:
             return outputs
         kind, message = failure(cu, error, grown, sandboxed.plan, sandboxed.deadline_ms)
         self.events.count(kind)

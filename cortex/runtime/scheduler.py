@@ -13,6 +13,12 @@ policy (`cortex/runtime/policy.py`): a branch CU of a decomposed If whose condit
 other branch is an `inactive branch` (`cortex/runtime/activation.py`; the If's outputs are
 selects, resolved once the picked case's CU has run); a CU no requested output depends on is `not needed`; a CU
 whose inputs are byte-identical to an earlier run's is a `cache hit` (`cortex/runtime/cache.py`).
+Hashing a CU's inputs and storing its outputs costs more than a light CU's run, so in a dag.json
+that marks what repeats (`decompose --cache-inputs`: CUs with `cache: "repeating"`) only the CUs
+where a hit is possible are keyed: the repeating ones, and those whose every input already has
+a key in the request (chained from a hit or a stored entry). Every other CU skips the hash, the
+lookup and the stored copy. A dag.json that marks nothing keys every cacheable CU, since nothing
+says which inputs repeat.
 `strict` skips nothing and caches nothing: every CU runs, both branches' included (the selects
 still pick by the condition).
 CUs holding random ops are never cached, nor CUs on a device whose tensors are not host arrays
@@ -32,6 +38,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +58,7 @@ HOST = None   # where a model input, or a cached output, lives before any device
 
 NOT_NEEDED = "not needed"
 CACHE_HIT = "cache hit"
+REPEATING = "repeating"      # a CU's `cache` mark in dag.json (passes/partition.py's REPEATING_MARK)
 
 
 @dataclass
@@ -239,12 +247,24 @@ class SequentialScheduler:
             return INACTIVE
         # The key names the exact CU's code: a CU this policy runs as a variant is never looked up.
         if request.policy.cache and self.cache.enabled and not self.uncached[cu["id"]] \
-                and self.variants.choice(cu["id"], request.policy) is None:
+                and self._hit_possible(cu, request) and self.variants.choice(cu["id"], request.policy) is None:
             request.key = cu_key(self.identity[cu["id"]], [self._tensor_key(name, request) for name in cu["inputs"]])
             request.hit = self.cache.get(request.key)
             if request.hit is not None:
                 return CACHE_HIT
         return None
+
+    @cached_property
+    def _marks_repeating(self) -> bool:
+        """Whether dag.json says which CUs repeat (decompose --cache-inputs)."""
+        return any(cu.get("cache") == REPEATING for cu in self.cus.values())
+
+    def _hit_possible(self, cu: dict, request: Request) -> bool:
+        """Whether `cu` may be a cache hit in this request, so that keying it can pay: see the
+        module's docstring. A CU whose inputs change with every request never hits, and hashing
+        them and copying its outputs into the cache would cost more than running it."""
+        return (not self._marks_repeating or cu.get("cache") == REPEATING
+                or all(name in request.keys for name in cu["inputs"]))
 
     def _known_to_run(self, cu: dict, request: Request) -> bool:
         """Whether `cu`, later in this request, will run as far as is known now: a CU no requested
