@@ -4,10 +4,18 @@
 // output views) and the scheduler and trace; prints the means over the quietest quarter of runs.
 // With `--without-modules` every module's `run` is a no-op, so that what is left of a request is
 // the runtime's own work, timed without the modules' noise on a busy machine.
-import { InferenceSession, exampleFeeds } from "../src/index.js";
+// With `--per-cu` (bench/cu_overhead.py) it times whole requests instead, `strict` and `balanced`
+// interleaved, each on fresh random inputs (every cache lookup a miss), and prints the median
+// process CPU time per request and per CU of each.
+import { InferenceSession, Tensor, exampleFeeds } from "../src/index.js";
 
-const without = process.argv.includes("--without-modules");
-const [dag, runs = "40"] = process.argv.slice(2).filter((a) => a !== "--without-modules");
+const flags = new Set(process.argv.slice(2).filter((a) => a.startsWith("--")));
+const without = flags.has("--without-modules");
+const [dag, runs = "40"] = process.argv.slice(2).filter((a) => !a.startsWith("--"));
+if (flags.has("--per-cu")) {
+  await perCU(dag, Number(runs));
+  process.exit(0);
+}
 const session = await InferenceSession.create(dag, { policy: "strict" });
 const feeds = exampleFeeds(session.inputMetadata);
 let inCalls = 0, inUnits = 0;
@@ -41,3 +49,35 @@ const quiet = rows.slice(0, Math.max(1, rows.length >> 2));
 const mean = (/** @type {"wall"|"modules"|"copies"|"scheduler"} */ k) => +(quiet.reduce((n, r) => n + r[k], 0) / quiet.length).toFixed(2);
 console.log(JSON.stringify({ cus: session.dag.cus.length, wall_ms: mean("wall"), modules_ms: mean("modules"),
   copies_ms: mean("copies"), scheduler_ms: mean("scheduler") }));
+
+/** strict and balanced, interleaved request by request, on fresh random float inputs. */
+async function perCU(/** @type {string} */ dagPath, /** @type {number} */ rounds) {
+  const sessions = { strict: await InferenceSession.create(dagPath, { policy: "strict" }),
+    balanced: await InferenceSession.create(dagPath, { policy: "balanced" }) };
+  const specs = sessions.strict.inputMetadata;
+  const fresh = () => Object.fromEntries(specs.map((/** @type {any} */ spec) => {
+    const n = spec.shape.reduce((/** @type {number} */ a, /** @type {number} */ b) => a * b, 1);
+    const data = new Float32Array(n);
+    for (let i = 0; i < n; i++) data[i] = Math.random() * 2 - 1;
+    return [spec.name, new Tensor(spec.dtype, data, spec.shape)];
+  }));
+  const cpuMs = () => {
+    const { user, system } = process.cpuUsage();
+    return (user + system) / 1e3;
+  };
+  for (const session of Object.values(sessions)) for (let i = 0; i < 20; i++) await session.run(fresh());   // tier-up
+  /** @type {Record<string, number[]>} */
+  const samples = { strict: [], balanced: [] };
+  for (let r = 0; r < rounds; r++) {
+    for (const [name, session] of Object.entries(sessions)) {
+      const feeds = fresh();
+      const start = cpuMs();
+      await session.run(feeds);
+      samples[name].push(cpuMs() - start);
+    }
+  }
+  const cus = sessions.strict.dag.cus.length;
+  const median = (/** @type {number[]} */ xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+  console.log(JSON.stringify({ cus, ...Object.fromEntries(Object.entries(samples).map(([k, v]) =>
+    [k, { request_ms: median(v), us_per_cu: median(v) * 1e3 / cus }])) }));
+}
