@@ -218,7 +218,7 @@ class SequentialScheduler:
             request.env.update((name, (HOST, array)) for name, array in request.hit.outputs.items())
             request.keys.update(request.hit.output_keys)
             request.live_bytes += request.hit.nbytes
-        if reason in (None, CACHE_HIT):       # a skipped CU's cases do not exist
+        if reason in (None, CACHE_HIT) and cu_id in self.branches.cases_of:   # a skipped CU's cases do not exist
             for out, case in self.branches.selected(cu_id, lambda name: self._condition(name, request)):
                 request.env[out] = request.env[case]
                 if case in request.made_by:
@@ -330,26 +330,34 @@ class SequentialScheduler:
 
     def _record(self, cu: dict, request: Request, run: Execution, crossed: int, key: bytes | None) -> None:
         """The run's outputs join the request, the cache stores them under `key`, the trace gets its entry."""
-        cu_id, where = cu["id"], self.placement[cu["id"]]
+        cu_id = cu["id"]
+        where = self.placement[cu_id]
         device = self.devices[where]
         request.cpu_seconds += run.cpu_seconds
-        request.env.update((name, (where, tensor)) for name, tensor in run.results.items())
-        request.made_by.update((name, cu_id) for name in run.results)
+        env, made_by = request.env, request.made_by
+        for name, tensor in run.results.items():
+            env[name] = (where, tensor)
+            made_by[name] = cu_id
         bytes_in, bytes_out = self.traffic[cu_id]
         request.live_bytes += bytes_out
         if key is not None and self.cache.fits(bytes_out):
             entry = self.cache.put(key, {name: device.to_host(t) for name, t in run.results.items()})
             if entry is not None:
                 request.keys.update(entry.output_keys)
-        request.activated.append({"cu": cu_id, "device": where, "op_types": cu.get("op_types", []),
-                                  "start": run.start, "seconds": run.seconds, "cpu_seconds": run.cpu_seconds,
-                                  "bytes_in": bytes_in, "bytes_out": bytes_out, "bytes_from_other_devices": crossed,
-                                  "resident_bytes": device.resident_bytes(cu_id), **run.variant, **run.where})
+        entry = {"cu": cu_id, "device": where, "op_types": cu.get("op_types", []),
+                 "start": run.start, "seconds": run.seconds, "cpu_seconds": run.cpu_seconds,
+                 "bytes_in": bytes_in, "bytes_out": bytes_out, "bytes_from_other_devices": crossed,
+                 "resident_bytes": device.resident_bytes(cu_id)}
+        if run.variant:
+            entry.update(run.variant)
+        if run.where:
+            entry.update(run.where)
+        request.activated.append(entry)
         copied = _copied_between_cus(cu, request, where, device, self.tensor_bytes)
         if copied is not None:
-            request.activated[-1]["bytes_copied_between_cus"] = copied
+            entry["bytes_copied_between_cus"] = copied
         if self.residency is not None:
-            request.activated[-1]["resident_total_bytes"] = self.residency.after_run(cu_id, request, request.position)
+            entry["resident_total_bytes"] = self.residency.after_run(cu_id, request, request.position)
 
 
 def _copied_between_cus(cu: dict, request: Request, where: str, device: Device, sizes: dict[str, int]) -> int | None:
@@ -359,8 +367,12 @@ def _copied_between_cus(cu: dict, request: Request, where: str, device: Device, 
     reads_in_place = getattr(device, "reads_in_place", None)
     if reads_in_place is None:
         return None
-    return sum(sizes[name] for name in cu["inputs"]
-               if request.env[name][0] == where and not reads_in_place(cu, name, request.env[name][1]))
+    copied = 0
+    for name in cu["inputs"]:
+        home, tensor = request.env[name]
+        if home == where and not reads_in_place(cu, name, tensor):
+            copied += sizes[name]
+    return copied
 
 
 def needed_cus(dag: dict, producer: dict[str, str | None], cus: dict[str, dict], outputs: list[str]) -> set[str]:
