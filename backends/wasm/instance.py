@@ -49,7 +49,7 @@ class WasmInstance:
         self._refresh_views()
 
     def _refresh_views(self) -> None:
-        size = self.memory_bytes()
+        size = self._direct.memory_bytes() if self._direct is not None else self.memory.data_len(self.store)
         if size == self.memory_size:
             return
         raw = np.frombuffer(self.memory.get_buffer_ptr(self.store), dtype=np.uint8)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import xxhash
@@ -27,12 +28,18 @@ DEFAULT_CACHE_BYTES = 256 << 20
 
 
 def hash_tensor(array: np.ndarray) -> bytes:
-    """The content key of a host array: dtype, shape and bytes."""
+    """The content key of a host array: dtype, shape and bytes (a contiguous array is read
+    through its buffer, with no view made)."""
     array = np.ascontiguousarray(array)
-    h = xxhash.xxh3_128()
-    h.update(f"{array.dtype.str}{array.shape}".encode())
-    h.update(array.reshape(-1).view(np.uint8))
+    h = xxhash.xxh3_128(_header(array.dtype.str, array.shape))
+    h.update(array)
     return h.digest()
+
+
+@lru_cache(maxsize=4096)
+def _header(dtype: str, shape: tuple[int, ...]) -> bytes:
+    """What a key hashes before a tensor's bytes: a request meets the same few dtypes and shapes."""
+    return f"{dtype}{shape}".encode()
 
 
 def cu_key(identity: bytes, input_keys: list[bytes]) -> bytes:
@@ -88,11 +95,15 @@ class ResultCache:
         """Store `outputs`, host arrays the cache takes over (a device's `to_host` copies), made
         read-only, with their keys; None when they exceed the whole budget. Least recently used
         entries go first to make room."""
-        nbytes = sum(int(np.asarray(a).nbytes) for a in outputs.values())
+        copies, keys, nbytes = {}, {}, 0
+        for name, array in outputs.items():
+            copies[name] = array = read_only(array)
+            nbytes += array.nbytes
         if not self.fits(nbytes):
             return None
-        copies = {name: read_only(a) for name, a in outputs.items()}
-        entry = CacheEntry(copies, {name: hash_tensor(a) for name, a in copies.items()}, nbytes)
+        for name, array in copies.items():
+            keys[name] = hash_tensor(array)
+        entry = CacheEntry(copies, keys, nbytes)
         old = self.entries.pop(key, None)
         if old is not None:
             self.nbytes -= old.nbytes

@@ -65,7 +65,7 @@ REPEATING = "repeating"      # a CU's `cache` mark in dag.json (passes/partition
 class Request:
     """What one `run` knows while it walks the CUs."""
     policy: Policy
-    needed: set[str] | None                       # CUs a requested output depends on; None: all
+    needed: frozenset[str] | None                 # CUs a requested output depends on; None: all
     env: dict[str, tuple[str | None, object]]     # tensor -> (its device, the tensor there)
     keys: dict[str, bytes] = field(default_factory=dict)          # tensor -> content key (cache)
     copies: dict[tuple[str, str], object] = field(default_factory=dict)   # (tensor, device) -> tensor
@@ -149,10 +149,19 @@ class SequentialScheduler:
         if policy is not None:
             self.variants.load(policy)
 
-    def needed(self, outputs: list[str]) -> set[str]:
+    def needed(self, outputs: list[str]) -> frozenset[str]:
         """The CUs the tensors `outputs` depend on: dag.json's data flow walked backwards, through
-        the cases and condition of a selected output and the condition a conditional CU reads."""
-        return needed_cus(self.dag, self.producer, self.cus, outputs)
+        the cases and condition of a selected output and the condition a conditional CU reads.
+        Walked once per set of outputs: a request should not pay for the whole graph's walk."""
+        key = tuple(outputs)
+        found = self._needed_by_outputs.get(key)
+        if found is None:
+            found = self._needed_by_outputs[key] = frozenset(needed_cus(self.dag, self.producer, self.cus, outputs))
+        return found
+
+    @cached_property
+    def _needed_by_outputs(self) -> dict[tuple[str, ...], frozenset[str]]:
+        return {}
 
     def sandbox_events(self) -> dict[str, int]:
         """What the sandboxed devices stopped over the model's life, summed (the trace's `sandbox_stats`)."""
