@@ -10,7 +10,10 @@ Shufflenet per tensor: every CU matches onnxruntime on its own inputs, one to on
 value of its second CU, and that step ends as 11 steps of one Softmax probability. So the sharp
 check is per CU (`cortex verify --bisect`: each CU run by onnxruntime on the inputs it received in
 Cortex's run), within one quantization step; end to end, the output must be within one step or
-still agree in the large (cosine), with the same top class.
+still agree in the large (cosine, the top class).
+
+vgg19 (140 M parameters) works too (per channel: every CU exact, the output within one step) but
+takes a minute and a half and 4 GB to quantize and run, so it is left out.
 """
 
 from __future__ import annotations
@@ -23,18 +26,24 @@ import pytest
 from onnx import numpy_helper
 
 from cli_helpers import build_and_run, run_cli
+from samples.light_models import LARGE_LIGHT_MODELS
 from samples.qdq_models import qdq_light
 
 # (model, per channel): one per-tensor and one per-channel case of 10-30 s run by default; the
-# rest, as long or up to a minute each, are slow.
+# rest, as long or up to a minute each (alexnet's and zfnet512's quantization alone 25 s), are slow.
 FAST = [("inception_v1", False), ("shufflenet", True)]
 SLOW = [("inception_v1", True), ("shufflenet", False), ("inception_v2", False), ("inception_v2", True),
-        ("densenet121", False), ("densenet121", True), ("resnet50", False), ("resnet50", True)]
+        ("densenet121", False), ("densenet121", True), ("resnet50", False), ("resnet50", True),
+        ("bvlc_alexnet", False), ("bvlc_alexnet", True), ("zfnet512", False), ("zfnet512", True)]
 CASES = FAST + [pytest.param(*case, marks=pytest.mark.slow) for case in SLOW]
-# Their largest layers (a 1000-class classifier, resnet50's 3x3 convs of 512 channels) hold 1-2.4 M
-# parameters, and fold-qdq's integer contractions, unlike Conv and MatMul, cannot yet be split
-# along their output channels to fit the default cap.
-MAX_CU_SIZE = ["--max-cu-size", "3000000"]
+
+
+def max_cu_size(model: str) -> list[str]:
+    """fold-qdq's integer contractions, unlike Conv and MatMul, cannot yet be split along their
+    output channels to fit the default cap: the largest layers here (a 1000-class classifier,
+    resnet50's 3x3 convs of 512 channels: 1-2.4 M parameters; the first fully connected layer of
+    alexnet: 38 M, of zfnet512: 75 M) need it raised."""
+    return ["--max-cu-size", str(80_000_000 if model in LARGE_LIGHT_MODELS else 3_000_000)]
 
 
 def quanta(model: onnx.ModelProto) -> dict[str, float]:
@@ -72,10 +81,10 @@ def test_light_qdq_model_matches_onnxruntime_cu_by_cu(model, per_channel, tmp_pa
     case = qdq_light(model, per_channel)
     (name, want), = case.outputs.items()
     # A reference that cannot tell a wrong run from a right one would prove nothing. (A Softmax
-    # over 1000 classes quantized to 8 bits holds few levels: inception_v2's three, resnet50's 7-10.)
+    # over 1000 classes quantized to 8 bits holds few levels: inception_v2's and zfnet512's three.)
     assert np.unique(want).size >= 3 and want.std() > 0, np.unique(want)
 
-    got = build_and_run(case.path, tmp_path, case.inputs, *MAX_CU_SIZE)[name]
+    got = build_and_run(case.path, tmp_path, case.inputs, *max_cu_size(model))[name]
 
     errors = cu_steps(tmp_path / "dag.json", case.path, tmp_path / "feeds.npz")
     quantized = {where: e for where, e in errors.items() if e >= 0}
@@ -88,6 +97,7 @@ def test_light_qdq_model_matches_onnxruntime_cu_by_cu(model, per_channel, tmp_pa
     cosine = got @ want / np.linalg.norm(got) / np.linalg.norm(want)
     steps = np.abs(got - want) / quanta(onnx.load(case.path))[name]
     # Within one step everywhere, or, where the random weights magnified a step, the same scores in
-    # the large; and the class Cortex ranks first is one onnxruntime ranks first (levels tie).
-    assert steps.max() <= 1.01 or cosine > 0.99, (steps.max(), cosine)
-    assert want[got.argmax()] == want.max(), (got.argmax(), want.argmax())
+    # the large: the class Cortex ranks first is one onnxruntime ranks first (levels tie). (Within
+    # one step, a near-flat Softmax of three levels may rank another class first: zfnet512's.)
+    if steps.max() > 1.01:
+        assert cosine > 0.99 and want[got.argmax()] == want.max(), (steps.max(), cosine, got.argmax(), want.argmax())
