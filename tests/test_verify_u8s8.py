@@ -1,6 +1,6 @@
 """`cortex verify` judges uint8 x int8 products against exact ones on every CPU: where onnxruntime
 saturates their pair sums at 16 bits (x86 without VNNI), its reference runs the model rewritten by
-`cortex.runtime.exact_u8s8`, and says so."""
+`cortex.runtime.exact_u8s8`, and says so; so do `--bisect`'s per-CU references."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from backends.onnxruntime.device import OnnxruntimeDevice
 from cli_helpers import run_cli
 from cortex.commands import verify
-from cortex.runtime import exact_u8s8
+from cortex.runtime import exact_u8s8, load
+from cortex.runtime.bisect import Bisection
 from cortex.runtime.exact_u8s8 import onnxruntime_saturates_u8s8
 
 K, N = 64, 8
@@ -66,3 +68,46 @@ def test_verify_passes_an_exact_u8s8_model_and_says_when_the_reference_was_rewri
     report = json.loads(out)
     assert report["ok"] and report["outputs"][0]["max_abs_error"] == 0
     assert ("reference_note" in report) == onnxruntime_saturates_u8s8()
+
+
+def _saturating_matmul_integer(a, b, b_zero):
+    """MatMulInteger as pmaddubsw computes it: each pair of raw products summed at int16 with
+    saturation, then the zero point's correction."""
+    a, b = a.astype(np.int64), b.astype(np.int64)
+    pairs = a[:, 0::2, None] * b[None, 0::2] + a[:, 1::2, None] * b[None, 1::2]
+    return np.clip(pairs, -32768, 32767).sum(axis=1) - b_zero * a.sum(axis=1, keepdims=True)
+
+
+def test_bisect_judges_each_u8s8_cu_against_exact_products_where_onnxruntime_saturates(tmp_path, monkeypatch):
+    """`verify --bisect`'s per-CU reference gets the same rewrite as verify's whole-model one: with
+    the probe forced and onnxruntime's plain session made to saturate as pmaddubsw does, the CU that
+    computes exact products is not named."""
+    path = tmp_path / "u8s8.onnx"
+    b = _u8s8_model(path)
+    a = np.full((2, K), 255, np.uint8)
+    exact = a.astype(np.int64) @ (b.astype(np.int64) + 1)
+    saturated = _saturating_matmul_integer(a, b, -1)
+    assert not np.array_equal(saturated, exact)
+    for argv in (["decompose", "--model-path", str(path), "--output-dir", str(tmp_path / "cus")],
+                 ["build-dag", "--cu-dir", str(tmp_path / "cus"), "--output", str(tmp_path / "dag.json")],
+                 ["compile-wasm", "--cu-dir", str(tmp_path / "cus"), "--dag", str(tmp_path / "dag.json"),
+                  "--output", str(tmp_path / "wasm")]):
+        code, _, err = run_cli(argv)
+        assert code == 0, err
+    monkeypatch.setattr(exact_u8s8, "onnxruntime_saturates_u8s8", lambda: True)
+    monkeypatch.setattr(OnnxruntimeDevice, "run", lambda self, cu, inputs: {"y": _saturating_matmul_integer(
+        inputs["a"], b, -1).astype(np.int32)})
+    compiled = load(tmp_path / "dag.json", "wasm", threads=1)
+    bisection = Bisection(compiled, 0.0, 0.0)
+    assert np.array_equal(compiled.run({"a": a})["y"], exact)
+    report = bisection.report(True)
+    [check] = report.checks
+    assert check.exact_u8s8 and check.ok and check.outputs[0]["max_abs_error"] == 0, check
+    assert report.first_divergent is None and report.to_json()["cus"][0]["exact_u8s8"]
+    # without the forced probe the plain (here saturating) session is the reference: the CU is named
+    monkeypatch.setattr(exact_u8s8, "onnxruntime_saturates_u8s8", lambda: False)
+    compiled = load(tmp_path / "dag.json", "wasm", threads=1)
+    bisection = Bisection(compiled, 0.0, 0.0)
+    compiled.run({"a": a})
+    report = bisection.report(False)
+    assert report.first_divergent is not None and not report.checks[0].exact_u8s8

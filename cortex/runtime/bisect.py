@@ -15,6 +15,11 @@ outputs differ there is where the drift starts (`cortex.runtime.drift` explains 
 as the first divergent one for a miscompiled CU, but also a CU that is right on its own inputs
 yet amplifies a tiny earlier difference (a dynamic quantization's scale or code).
 
+Each CU's reference is its cu.onnx on onnxruntime as `cortex verify` runs the whole model: where
+this machine's onnxruntime saturates uint8 x int8 pair sums (x86 without VNNI) and the CU holds
+such a product, `ExactReference` runs it rewritten by `cortex.runtime.exact_u8s8`, whose products
+are exact, so that a CU computing them exactly is not named for onnxruntime's saturation.
+
 The run is observed at the device boundary: each device the scheduler holds is wrapped so that
 `run` hands a copy of the CU's inputs and outputs to the bisection. The scheduler is not changed
 and decides what runs exactly as without `--bisect`; a CU it does not run is not judged.
@@ -26,10 +31,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+import onnx
+import onnxruntime as ort
+from onnx.external_data_helper import load_external_data_for_model
+
 from backends.registry import Device
 from backends.registry import device as device_spec
+from cortex.runtime import exact_u8s8
 from cortex.runtime.compare import compare
 from cortex.runtime.loader import CompiledModel
+from ir.errors import CortexError
+from ir.fs import confined_path, read_artifact
 
 REFERENCE_DEVICE = "onnxruntime"
 
@@ -43,6 +55,7 @@ class CUCheck:
     outputs: list[dict]                 # compare() rows, one per CU output
     compared: bool = True               # False: random ops, whose outputs differ by design
     fallback: bool = False              # the CU runs on onnxruntime itself (decompose --fallback)
+    exact_u8s8: bool = False            # its reference ran exact_u8s8's rewrite (onnxruntime saturates here)
     drift: list[dict] = field(default_factory=list)   # compare() rows against onnxruntime run CU by CU
 
     @property
@@ -59,7 +72,8 @@ class CUCheck:
 
     def to_json(self) -> dict:
         return {"cu": self.cu, "device": self.device, "op_types": self.op_types, "ok": self.ok,
-                "compared": self.compared, "fallback": self.fallback, "outputs": self.outputs,
+                "compared": self.compared, "fallback": self.fallback, "exact_u8s8": self.exact_u8s8,
+                "outputs": self.outputs,
                 "drifts": self.drifts, "drift": self.drift}
 
 
@@ -121,8 +135,7 @@ class Bisection:
 
     def __init__(self, model: CompiledModel, rtol: float, atol: float):
         self.rtol, self.atol = rtol, atol
-        # Every CU's own cu.onnx in a session of its own; load() checks each file's sha256.
-        self.reference = device_spec(REFERENCE_DEVICE).open(model.dag, model.path)
+        self.reference = ExactReference(model.dag, model.path)
         self.checks: list[CUCheck] = []
         self.cases: dict[str, CUCase] = {}
         self.first_divergent: CUCheck | None = None
@@ -134,11 +147,11 @@ class Bisection:
             devices[name] = ObservedDevice(devices[name], name, self.observe)
 
     def observe(self, cu: dict, device: str, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> None:
-        self.reference.load([cu])
         expected = {k: np.asarray(v) for k, v in self.reference.run(cu, inputs).items()}
         check = CUCheck(cu["id"], device, list(cu.get("op_types", [])),
                         [compare(name, outputs[name], expected[name], self.rtol, self.atol) for name in cu["outputs"]],
-                        compared=not cu.get("random", False), fallback=device == REFERENCE_DEVICE)
+                        compared=not cu.get("random", False), fallback=device == REFERENCE_DEVICE,
+                        exact_u8s8=cu["id"] in self.reference.rewritten)
         self.checks.append(check)
         if not check.compared:      # listed with its errors, never judged; the chain goes on from its outputs
             check.outputs = [{**row, "ok": True} for row in check.outputs]
@@ -176,6 +189,50 @@ class Bisection:
         named = report.named_check
         report.named = self.cases.get(named.cu) if named else None
         return report
+
+
+class ExactReference:
+    """Each CU's own cu.onnx on onnxruntime, in a session of its own (the onnxruntime device, which
+    checks each file's sha256); where this machine's onnxruntime saturates uint8 x int8 pair sums
+    and the CU holds such a product, the cu.onnx rewritten by `exact_u8s8` instead, its int8 inputs
+    shifted as that rewrite shifts them."""
+
+    def __init__(self, dag: dict, dag_path):
+        self.device = device_spec(REFERENCE_DEVICE).open(dag, dag_path)
+        self.dag_path = dag_path
+        self.rewritten: dict[str, ort.InferenceSession] = {}
+        self.plain: set[str] = set()        # CUs whose cu.onnx runs as it is
+
+    def run(self, cu: dict, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.device.load([cu])
+        if cu["id"] not in self.plain and cu["id"] not in self.rewritten:
+            self._rewrite(cu, inputs)
+        if cu["id"] in self.plain:
+            return self.device.run(cu, inputs)
+        session = self.rewritten[cu["id"]]
+        feeds = exact_u8s8.shifted_feeds(inputs, [i.name for i in session.get_inputs()])
+        try:
+            return dict(zip(cu["outputs"], session.run(cu["outputs"], feeds)))
+        except Exception as e:   # onnxruntime raises its own exception types
+            raise CortexError(f"{cu['id']} ({', '.join(cu.get('op_types', []))}) failed on onnxruntime "
+                              f"(exact u8s8 rewrite): {str(e).strip().splitlines()[0]}") from None
+
+    def _rewrite(self, cu: dict, inputs: dict) -> None:
+        if not exact_u8s8.onnxruntime_saturates_u8s8():
+            self.plain.add(cu["id"])
+            return
+        path = confined_path(self.dag_path.parent, cu["path"])     # load() above refused a path that leaves
+        model = onnx.load_from_string(read_artifact(path, cu["sha256"], f"{cu['id']} in {self.dag_path}",
+                                                    "run 'cortex decompose' and 'cortex build-dag' again"))
+        if not exact_u8s8.has_u8s8_candidates(model):
+            self.plain.add(cu["id"])
+            return
+        load_external_data_for_model(model, str(path.parent))
+        rewritten, _ = exact_u8s8.exact_u8s8(model, inputs)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads, options.log_severity_level = 1, 3
+        self.rewritten[cu["id"]] = ort.InferenceSession(rewritten.SerializeToString(), options,
+                                                        providers=["CPUExecutionProvider"])
 
 
 class ObservedDevice:

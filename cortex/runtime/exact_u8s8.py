@@ -50,6 +50,7 @@ def onnxruntime_saturates_u8s8() -> bool:
     return int(got[0, 0]) != 2 * 255 * 127
 
 
+SHIFTED = "__as_uint8"          # the suffix of an int8 value's uint8 copy
 PROTOBUF_LIMIT = 2**31 - 1     # a rewritten model is handed over as one serialized message
 
 
@@ -86,12 +87,12 @@ def exact_u8s8(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, di
     def shift(name: str) -> str:
         if name in shifted:
             return shifted[name]
-        new = f"{name}__as_uint8"
+        new = name + SHIFTED
         if name in initializers:
             value = numpy_helper.to_array(initializers[name]).astype(np.int16) + 128
             graph.initializer.append(numpy_helper.from_array(value.astype(np.uint8), new))
         elif name in feeds:
-            feeds[new] = np.asarray(np.asarray(feeds[name]).astype(np.int16) + 128, dtype=np.uint8)
+            feeds.update(shifted_feeds({name: feeds[name]}, [new]))
             shape = inputs[name].type.tensor_type.shape
             graph.input.append(helper.make_tensor_value_info(new, TensorProto.UINT8, [
                 d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in shape.dim]))
@@ -133,6 +134,15 @@ def exact_u8s8(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, di
     del graph.node[:]
     graph.node.extend(nodes)
     return model, feeds
+
+
+def shifted_feeds(feeds: dict, names) -> dict:
+    """`feeds` with the shifted copy of each int8 feed that `names` (a rewritten model's inputs) asks for."""
+    feeds = dict(feeds)
+    for name in names:
+        if name.endswith(SHIFTED) and name not in feeds and name[:-len(SHIFTED)] in feeds:
+            feeds[name] = np.asarray(np.asarray(feeds[name[:-len(SHIFTED)]]).astype(np.int16) + 128, dtype=np.uint8)
+    return feeds
 
 
 def _elem_types(model: onnx.ModelProto, feeds: dict) -> dict[str, int]:
