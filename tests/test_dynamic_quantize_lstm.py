@@ -15,6 +15,8 @@ import onnx
 import pytest
 
 from cli_helpers import run_cli
+from cortex.commands import verify
+from cortex.runtime import exact_u8s8
 from samples.quantized_lstm_models import stacked_quantized_lstm, torch_lstm_quantized
 
 MIN_COSINE = 0.9999
@@ -98,3 +100,65 @@ def test_torch_lstm_through_quantize_dynamic_matches_onnxruntime(bidirectional, 
     weights = {t.name: t for t in model.graph.initializer}
     assert weights[quantized[0].input[1]].data_type == onnx.TensorProto.INT8
     assert_matches_onnxruntime(verify_report(model, feeds, tmp_path, "wasm"), {"y", "y_h", "y_c"})
+
+
+def _uint8_codes(x: np.ndarray) -> tuple[np.ndarray, float, int]:
+    """onnxruntime's GetQuantizationParameter and MlasQuantizeLinear: range widened to hold 0."""
+    lo, hi = min(0.0, float(x.min())), max(0.0, float(x.max()))
+    scale = np.float32((hi - lo) / 255 if hi > lo else 1.0)
+    zero = int(np.clip(np.rint(-lo / scale), 0, 255))
+    return np.clip(np.rint(x / scale) + zero, 0, 255).astype(np.int64), scale, zero
+
+
+def _u8s8_product(a, a_zero, b, b_zero, saturate: bool) -> np.ndarray:
+    """sum_k (a - a_zero)(b - b_zero) as MLAS computes it: raw products, each pair summed at int16
+    with saturation where `saturate` (pmaddubsw), then the zero points' corrections."""
+    if saturate:
+        a, b = np.pad(a, ((0, 0), (0, a.shape[1] % 2))), np.pad(b, ((0, b.shape[0] % 2), (0, 0)))
+        raw = np.clip(a[:, 0::2, None] * b[None, 0::2] + a[:, 1::2, None] * b[None, 1::2], -32768, 32767).sum(axis=1)
+    else:
+        raw = a @ b
+    return raw - b_zero * a.sum(axis=1, keepdims=True) - a_zero * b.sum(axis=0, keepdims=True) \
+        + a.shape[1] * a_zero * b_zero
+
+
+def _kernel_model(model: onnx.ModelProto, feeds: dict, saturate: bool) -> np.ndarray:
+    """The stacked forward layers of `stacked_quantized_lstm` as onnxruntime's DynamicQuantizeLSTM
+    computes them: X quantized once per sequence, h once per step, integer products, gates i o f c."""
+    init = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    y, state = feeds["x"], feeds["state"][0]
+    for node in (n for n in model.graph.node if n.op_type == "DynamicQuantizeLSTM"):
+        w, r = (init[node.input[i]][0].astype(np.int64) for i in (1, 2))
+        bias = init[node.input[3]][0]
+        w_scale, w_zero, r_scale, r_zero = (init[node.input[i]][0] for i in (8, 9, 10, 11))
+        codes, x_scale, x_zero = _uint8_codes(y.reshape(-1, y.shape[-1]))
+        gates_x = (_u8s8_product(codes, x_zero, w, int(w_zero), saturate) * (x_scale * w_scale)).astype(np.float32)
+        gates_x = gates_x.reshape(*y.shape[:2], -1) + (bias[: w.shape[1]] + bias[w.shape[1]:]).astype(np.float32)
+        h, c, steps = state, state, []
+        for t in range(y.shape[0]):
+            codes, h_scale, h_zero = _uint8_codes(h)
+            gates = gates_x[t] + _u8s8_product(codes, h_zero, r, int(r_zero), saturate) * (h_scale * r_scale)
+            i, o, f, g = np.split(gates.astype(np.float32), 4, axis=1)
+            c = c / (1 + np.exp(-f)) + np.tanh(g) / (1 + np.exp(-i))
+            h = np.tanh(c) / (1 + np.exp(-o))
+            steps.append(h)
+        y = np.stack(steps)
+    return y
+
+
+def test_verify_reference_of_dynamic_quantize_lstm_is_the_exact_kernel_where_onnxruntime_saturates(tmp_path, monkeypatch):
+    """On x86 without VNNI onnxruntime's DynamicQuantizeLSTM sums u8 x s8 pairs at int16 with
+    saturation; with int8 codes over the whole range (torch's initial weights quantized
+    asymmetrically), three hidden-768 layers over 200 frames, this model of the kernel puts the last
+    step's output at cosine 0.95 (log-mel input) or 0.83 (dB input) against the exact kernel.
+    `cortex verify`'s reference then runs exact_u8s8's rewrite (uint8 weights): forced here, it
+    must be the exact kernel (which onnxruntime is on a VNNI machine), not the saturating one."""
+    model, feeds = stacked_quantized_lstm(hidden=37, input_size=20, layers=3, seq=6)
+    feeds["x"] = 3 * np.abs(feeds["x"])       # a wide, one-sided X: high uint8 codes, pairs past int16
+    onnx.save(model, tmp_path / "model.onnx")
+    exact, saturated = _kernel_model(model, feeds, False), _kernel_model(model, feeds, True)
+    assert np.abs(exact - saturated).max() > 0.01
+    monkeypatch.setattr(exact_u8s8, "onnxruntime_saturates_u8s8", lambda: True)
+    got, rewritten = verify._run_onnxruntime(tmp_path / "model.onnx", feeds, ["y"])
+    assert rewritten
+    assert np.abs(got["y"].reshape(exact.shape) - exact).max() < 1e-4
