@@ -256,7 +256,8 @@ class SequentialScheduler:
             return INACTIVE
         # The key names the exact CU's code: a CU this policy runs as a variant is never looked up.
         if request.policy.cache and self.cache.enabled and not self.uncached[cu["id"]] \
-                and self._hit_possible(cu, request) and self.variants.choice(cu["id"], request.policy) is None:
+                and self._hit_possible(cu, request) \
+                and (not cu.get("variants") or self.variants.choice(cu["id"], request.policy) is None):
             request.key = cu_key(self.identity[cu["id"]], [self._tensor_key(name, request) for name in cu["inputs"]])
             request.hit = self.cache.get(request.key)
             if request.hit is not None:
