@@ -21,7 +21,8 @@ LAYERS = [
     ("passes", ("passes",)),
     ("codegen", ("codegen",)),
     ("backends", ("backends",)),
-    ("bundle", ("cortex.cus", "cortex.dag", "cortex.dag_checks", "cortex.specializations")),
+    ("bundle", ("cortex.cus", "cortex.dag", "cortex.dag_checks", "cortex.specializations",
+                "cortex.value_specializations")),
     ("runtime", ("cortex.runtime",)),
     ("cli", ("cortex",)),
 ]
