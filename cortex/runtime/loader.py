@@ -40,6 +40,7 @@ from backends.registry import device as device_spec
 from backends.registry import devices
 from cortex.dag import read_dag
 from cortex.runtime.cache import ResultCache
+from cortex.runtime.feeds import checked_input
 from cortex.runtime.offline import SourceModel
 from cortex.runtime.options import RuntimeOptions, runtime_options
 from cortex.runtime.parallel import machine_threads
@@ -202,17 +203,7 @@ class CompiledModel:
         if unknown:
             raise CortexError(f"unknown input {', '.join(map(repr, unknown))}: the model's inputs are "
                               f"{', '.join(map(repr, expected))}")
-        env = {}
-        for name, spec in expected.items():
-            if name not in feeds:
-                raise CortexError(f"missing input {name!r} ({spec['dtype']}{spec['shape']})")
-            value = np.asarray(feeds[name])
-            if value.dtype != np.dtype(spec["dtype"]):
-                raise CortexError(f"input {name!r} has dtype {value.dtype}, the model expects {spec['dtype']}")
-            if list(value.shape) != list(spec["shape"]):
-                raise CortexError(f"input {name!r} has shape {list(value.shape)}, the model expects {spec['shape']}")
-            env[name] = value
-        return env
+        return {name: checked_input(name, spec, feeds) for name, spec in expected.items()}
 
 
 def load(dag_path, device: str = "wasm", policy: str | Policy | None = None, cache_bytes: int | None = None, *,

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from backends.limits import no_sandbox_events
+from cortex.runtime.feeds import checked_input
 from cortex.runtime.memory import required_bytes
 from cortex.runtime.options import RuntimeOptions
 from cortex.specializations import frozen_specs, read_specialized_dag, section_dag, shapes_text
@@ -152,15 +153,7 @@ class SpecializedModel:
             return list(range(len(self.sections)))
         given = {}
         for spec in self.value_inputs:
-            name = spec["name"]
-            if name not in feeds:
-                raise CortexError(f"missing input {name!r} ({spec['dtype']}{spec['shape']})")
-            value = np.asarray(feeds[name])
-            if value.dtype != np.dtype(spec["dtype"]):
-                raise CortexError(f"input {name!r} has dtype {value.dtype}, the model expects {spec['dtype']}")
-            if list(value.shape) != list(spec["shape"]):
-                raise CortexError(f"input {name!r} has shape {list(value.shape)}, the model expects {spec['shape']}")
-            given[name] = value.reshape(-1)[0].item()
+            given[spec["name"]] = checked_input(spec["name"], spec, feeds).reshape(-1)[0].item()
         among = [i for i, s in enumerate(self.sections) if s["input_values"] == given]
         if not among:
             raise CortexError(f"no value specialization matches the inputs ({values_text(given)}); {label} was "
