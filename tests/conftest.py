@@ -1,12 +1,17 @@
-"""Shared pytest setup: `import testdata` works from every test module, and the run ends with the
-node-test tally (passed / skipped because onnxruntime cannot reproduce the case / failed)."""
+"""Shared pytest setup: `import testdata` works from every test module, the run ends with the
+node-test tally (passed / skipped because onnxruntime cannot reproduce the case / failed), and
+`hash_calls` records what the result cache hashes."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+from cortex.runtime import cache as result_cache
+from cortex.runtime.cache import hash_tensor
 
 # Test modules import the shared data helpers as `testdata`, whether or not tests/ is a package.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -31,3 +36,16 @@ def minilm_case():
     """MiniLM-L6 at batch 1, seq 128, with its onnxruntime reference (exported on first use)."""
     from testdata import minilm
     return minilm(batch=1, seq=128)
+
+
+@pytest.fixture
+def hash_calls(monkeypatch):
+    """The arrays `hash_tensor` is called on, in order."""
+    calls = []
+
+    def counting(array):
+        calls.append(np.array(array))
+        return hash_tensor(array)
+
+    monkeypatch.setattr(result_cache, "hash_tensor", counting)
+    return calls

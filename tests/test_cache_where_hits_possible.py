@@ -1,6 +1,6 @@
 """The result cache keys only CUs where a hit is possible: in a dag.json built with
 `decompose --cache-inputs`, the repeating CUs (and CUs whose inputs all chain from keyed ones);
-a CU reading an input that changes with every request is neither hashed nor stored, and its
+a CU reading an input that changes with every request is neither hash_calls nor stored, and its
 outputs stay bit for bit those of `strict`."""
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ import pytest
 
 import cortex
 from cli_helpers import run_cli
-from cortex.runtime import cache as result_cache
-from cortex.runtime.cache import hash_tensor
 from test_cache_inputs import cache_model, feeds
 from testdata import run_onnxruntime
 
@@ -30,20 +28,7 @@ def marked(tmp_path_factory):
     return out / "m.onnx", out / "dag.json"
 
 
-@pytest.fixture
-def hashed(monkeypatch):
-    """The arrays `hash_tensor` is called on, in order."""
-    calls = []
-
-    def counting(array):
-        calls.append(np.array(array))
-        return hash_tensor(array)
-
-    monkeypatch.setattr(result_cache, "hash_tensor", counting)
-    return calls
-
-
-def test_only_repeating_cus_are_hashed_and_stored(marked, hashed):
+def test_only_repeating_cus_are_hash_calls_and_stored(marked, hash_calls):
     model_path, dag_path = marked
     model, strict = cortex.load(dag_path, threads=1), cortex.load(dag_path, policy="strict", threads=1)
     repeating = [cu["id"] for cu in model.dag["cus"] if cu.get("cache") == "repeating"]
@@ -58,8 +43,8 @@ def test_only_repeating_cus_are_hashed_and_stored(marked, hashed):
         hits = [s["cu"] for s in model.last_trace["skipped_cus"] if s["reason"] == "cache hit"]
         assert hits == ([] if seed == 1 else repeating)
         assert model.last_trace["activated_cus"] == (model.dag["order"] if seed == 1 else changing)
-        # x is never hashed: no CU reading it can hit.
-        assert not any(a.shape == f["x"].shape and np.array_equal(a, f["x"]) for a in hashed)
+        # x is never hash_calls: no CU reading it can hit.
+        assert not any(a.shape == f["x"].shape and np.array_equal(a, f["x"]) for a in hash_calls)
     assert len(model.cache.entries) == len(repeating)
     assert model.cache.stats()["misses"] == len(repeating)
 

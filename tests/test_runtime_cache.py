@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 import cortex
-from cortex.runtime import cache as result_cache
-from cortex.runtime.cache import ResultCache, hash_tensor
+from cortex.runtime.cache import ResultCache
 from cortex.runtime.scheduler import SequentialScheduler
 from runtime_cases import build, random_model, two_output_model
 
@@ -21,19 +20,6 @@ def feeds() -> dict[str, np.ndarray]:
 @pytest.fixture(scope="module")
 def two_outputs(tmp_path_factory):
     return build(two_output_model(), tmp_path_factory.mktemp("two_outputs"))
-
-
-@pytest.fixture
-def hash_calls(monkeypatch):
-    """The arrays `hash_tensor` is called on, in order."""
-    calls = []
-
-    def counting(array):
-        calls.append(np.array(array))
-        return hash_tensor(array)
-
-    monkeypatch.setattr(result_cache, "hash_tensor", counting)
-    return calls
 
 
 def test_a_repeated_call_is_all_cache_hits_with_chained_keys(two_outputs, hash_calls):
