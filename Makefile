@@ -88,10 +88,13 @@ profile-threads: setup
 ## The CU runtime: decoding with the result cache (strict vs balanced vs onnxruntime), and the
 ## reduced-precision variants' bytes, trust, agreement and latency, and memory tiers (vgg19 under a budget
 ## of 25% of its weights; about 2 GB under .cache/), and the per-CU overhead (chains of 32, 256 and 1024
-## tiny CUs, strict and balanced, Python and Node, against onnxruntime): writes their sections of docs/benchmarks.md.
+## tiny CUs, strict and balanced, Python and Node, against onnxruntime), and the runtime's economies (a decoder
+## step under strict, balanced and onnxruntime; balanced against strict where no lookup can hit, on every light
+## model and MiniLM): writes their sections of docs/benchmarks.md.
 bench-runtime: setup
 	$(BIN)/python -m bench.bench_runtime --json $(OUT)/bench-runtime.json
 	$(BIN)/python -m bench.cu_overhead --output docs/benchmarks.md --json $(OUT)/cu-overhead.json
+	$(BIN)/python -m bench.runtime_economies --output docs/benchmarks.md --json $(OUT)/runtime-economies.json
 
 ## MiniLM for seq 32,64,128 in one bundle against one build: bytes, warm load with embedded or external weights.
 bench-specializations: setup
