@@ -28,14 +28,17 @@ def assemble(wat: str, program: Program, options: WasmOptions) -> bytes:
     return code
 
 
-def make_engine(options: WasmOptions, epoch_interruption: bool = False) -> wasmtime.Engine:
+def make_engine(options: WasmOptions, epoch_interruption: bool = False, segments: bool = False) -> wasmtime.Engine:
     """An engine for modules built with `options`; with `epoch_interruption`, compiled code checks
-    the store's epoch deadline (the sandbox's time limit, backends/wasm/sandbox.py)."""
+    the store's epoch deadline (the sandbox's time limit, backends/wasm/sandbox.py); with
+    `segments`, it also runs the driver modules of segments (backends/wasm/segment.py), which copy
+    between memories (bulk memory, multi-memory) whatever the CUs were built with."""
     config = wasmtime.Config()
     config.epoch_interruption = epoch_interruption
     config.wasm_simd = options.simd
     config.wasm_relaxed_simd = options.relaxed_simd
-    config.wasm_bulk_memory = options.bulk_memory
+    config.wasm_bulk_memory = options.bulk_memory or segments
+    config.wasm_multi_memory = segments
     # Relaxed SIMD may fuse or not depending on the host; pin it so results are reproducible.
     if options.relaxed_simd:
         config.wasm_relaxed_simd_deterministic = True

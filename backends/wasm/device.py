@@ -40,6 +40,7 @@ from backends.wasm.sandbox import (
     planned_bytes,
     trap_reason,
 )
+from backends.wasm.segment import WasmSegment, joins_segment
 from backends.wasm.weights_files import WeightLoader
 from ir.errors import CortexError
 from ir.fs import confined_path
@@ -75,13 +76,35 @@ class WasmDevice(HostTensors):
         self.options = _common_options([cu["artifacts"]["wasm"] for cu in dag["cus"]], self.dag_path)
         self.limits = limits or SandboxLimits()
         self.timed = self.limits.timed      # no time limit: no epoch checks compiled in
-        self.engine = make_engine(self.options, epoch_interruption=self.timed)
+        self.engine = make_engine(self.options, epoch_interruption=self.timed, segments=True)
         if self.timed:
             TICKER.add(self.engine)
         self.instances: dict[str, WasmInstance] = {}
         self.sandboxed: dict[str, SandboxedCU] = {}
         self.events = SandboxEvents()
         self.weights = WeightLoader(self.dag_path.parent, self.dag_path)
+        # One store for every CU (`join_one_store`), so that a segment runs several in one call;
+        # None: each CU in a store of its own. `store_generation` counts the stores made, so that
+        # segments built on an earlier one know to build again.
+        self.store: wasmtime.Store | None = None
+        self.store_generation = 0
+        self._memory_ceiling = max((memory_limit(cu["artifacts"]["wasm"]["memory"]) for cu in dag["cus"]), default=0)
+
+    def join_one_store(self) -> None:
+        """From now on the CUs this device loads share one store, which segments need: a call can
+        cross from one instance into another only within a store. Called before `load`. Threads
+        cannot share a store, so only a sequential walk asks for it.
+        What changes: the store's memory limit is the largest CU's (each CU's own limit is checked
+        after its call, by the device or by the segment's driver, as before), and a trap or a timeout
+        rebuilds the whole store, every loaded CU instantiated again."""
+        if self.store is None:
+            self.concurrent_runs = False
+            self._new_store()
+
+    def _new_store(self) -> None:
+        self.store = wasmtime.Store(self.engine)
+        self.store.set_limits(memory_size=self._memory_ceiling)
+        self.store_generation += 1
 
     def load(self, cus: list[dict]) -> None:
         stamps, writes = Stamps(), CacheWrites()
@@ -107,7 +130,11 @@ class WasmDevice(HostTensors):
                               f"{memory_limit(record['memory'])} bytes and its load timeout: {trap_reason(e)}") from None
 
     def _instantiate(self, sandboxed: SandboxedCU, stamps: Stamps) -> WasmInstance:
-        if not self.timed:
+        if self.store is not None:
+            ticks = (deadline_ticks(sandboxed.deadline_ms), deadline_ticks(self.limits.cu_load_timeout_s * 1e3)) \
+                if self.timed else (None, None)
+            instance = WasmInstance(self.engine, sandboxed.module, sandboxed.plan, None, *ticks, store=self.store)
+        elif not self.timed:
             instance = WasmInstance(self.engine, sandboxed.module, sandboxed.plan, memory_limit(sandboxed.plan))
         else:
             # The start function is part of the load, so it gets the load's time limit.
@@ -129,18 +156,45 @@ class WasmDevice(HostTensors):
         grown = instance.memory_size if error is None else instance.memory_bytes()   # run() just read it
         if error is None and grown <= sandboxed.planned_bytes:
             return outputs
+        raise self.failed(cu, error, grown)
+
+    def failed(self, cu: dict, error: Exception | None, grown: int) -> CortexError:
+        """The error for a call of `cu` that trapped (`error`) or grew its memory to `grown` bytes,
+        counted, after the store it ran in was rebuilt: the failed store may hold any state the
+        module left, so the next call gets a fresh one."""
+        sandboxed = self.sandboxed[cu["id"]]
         kind, message = failure(cu, error, grown, sandboxed.plan, sandboxed.deadline_ms)
         self.events.count(kind)
-        # The failed store may hold any state the module left: the next call gets a fresh one.
-        del self.instances[cu["id"]]
         try:
-            self._rebuild(cu)
+            if self.store is None:
+                del self.instances[cu["id"]]
+                self._rebuild(cu)
+            else:
+                self._rebuild_store()
+                message += "; the model's store was rebuilt (every CU instantiated again, its weights written again)"
         except CortexError as e:
-            raise CortexError(f"{message}; {e}") from None
-        raise CortexError(message)
+            return CortexError(f"{message}; {e}")
+        return CortexError(message)
+
+    def _rebuild_store(self) -> None:
+        """A fresh store, every loaded CU instantiated in it from its compiled module."""
+        self.instances.clear()     # views of the old memories go with the old store
+        try:
+            self._new_store()
+            stamps = Stamps()
+            for cu_id, sandboxed in self.sandboxed.items():
+                self.instances[cu_id] = self._instantiate(sandboxed, stamps)
+        except (wasmtime.WasmtimeError, wasmtime.Trap) as e:
+            self.instances.clear()
+            raise CortexError(f"rebuilding the model's store failed ({trap_reason(e)}); "
+                              "the next request tries again") from None
+        self.events.count("rebuilt")
 
     def _rebuild(self, cu: dict) -> WasmInstance:
         """A fresh store and instance of a loaded CU, from its compiled module (no file is read)."""
+        if self.store is not None:
+            self._rebuild_store()
+            return self.instances[cu["id"]]
         try:
             instance = self.instances[cu["id"]] = self._instantiate(self.sandboxed[cu["id"]], Stamps())
         except (wasmtime.WasmtimeError, wasmtime.Trap) as e:
@@ -148,6 +202,14 @@ class WasmDevice(HostTensors):
                               "the next request tries again") from None
         self.events.count("rebuilt")
         return instance
+
+    def joins_segment(self, cu: dict) -> bool:
+        """Whether `cu` may run inside a segment (`segment`): only within one store."""
+        return self.store is not None and joins_segment(cu)
+
+    def segment(self, cus: list[dict]) -> WasmSegment:
+        """The loaded CUs `cus`, in order, run by one call (backends/wasm/segment.py)."""
+        return WasmSegment(self, cus)
 
     def reads_in_place(self, cu: dict, name: str, tensor) -> bool:
         """Whether running `cu` reads its input `name` where `tensor` already lies, copying nothing

@@ -28,10 +28,11 @@ class WasmInstance:
     def __init__(self, engine: wasmtime.Engine, module: wasmtime.Module, plan: dict,
                  memory_limit: int | None = None, deadline_ticks: int | None = None,
                  start_ticks: int | None = None, store: wasmtime.Store | None = None, imports: tuple = ()):
-        # A given store holds the model's one memory, which the module imports (--memory shared).
+        # A given store holds other CUs too: the model's one memory, which the module imports
+        # (--memory shared), or CUs with memories of their own that a segment runs in one call.
         self.store = store if store is not None else wasmtime.Store(engine)
         # Only an imported memory can hold a producer's output where this module reads its input.
-        self.shares_memory = store is not None
+        self.shares_memory = bool(imports)
         if memory_limit is not None:     # one instance with one memory: all a CU module has
             self.store.set_limits(memory_size=memory_limit, instances=1, memories=1)
         self.deadline_ticks = deadline_ticks

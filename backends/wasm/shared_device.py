@@ -30,7 +30,7 @@ from backends.limits import SandboxLimits
 from backends.wasm.device import SandboxedCU, WasmDevice
 from backends.wasm.instance import WasmInstance
 from backends.wasm.native_cache import Stamps
-from backends.wasm.sandbox import PAGE, deadline_ticks, failure, trap_reason
+from backends.wasm.sandbox import PAGE, deadline_ticks, failure
 from ir.errors import CortexError
 
 SHARED = "shared"
@@ -67,6 +67,7 @@ class SharedMemoryDevice(WasmDevice):
     def _new_store(self) -> None:
         self.store = wasmtime.Store(self.engine)
         self.store.set_limits(memory_size=self.pages * PAGE)
+        self.store_generation += 1
         # Its maximum is its size: a module cannot grow the model's memory.
         self.memory = wasmtime.Memory(self.store, wasmtime.MemoryType(wasmtime.Limits(self.pages, self.pages)))
 
@@ -83,34 +84,18 @@ class SharedMemoryDevice(WasmDevice):
         try:
             return instance.run(inputs)
         except (wasmtime.Trap, wasmtime.WasmtimeError) as e:
-            error = e
+            raise self.failed(cu, e, 0) from None    # the memory cannot grow
+
+    def failed(self, cu: dict, error: Exception | None, grown: int) -> CortexError:
         sandboxed = self.sandboxed[cu["id"]]
-        kind, message = failure(cu, error, 0, sandboxed.plan, sandboxed.deadline_ms)   # the memory cannot grow
+        kind, message = failure(cu, error, 0, sandboxed.plan, sandboxed.deadline_ms)
         self.events.count(kind)
         try:
-            self._rebuild_model()
+            self._rebuild_store()
         except CortexError as e:
-            raise CortexError(f"{message}; {e}") from None
-        raise CortexError(f"{message}; the model's shared memory was rebuilt (every CU instantiated again, its "
-                          "weights written again)")
-
-    def _rebuild(self, cu: dict) -> WasmInstance:
-        self._rebuild_model()
-        return self.instances[cu["id"]]
-
-    def _rebuild_model(self) -> None:
-        """A fresh store and memory, every loaded CU instantiated in it from its compiled module."""
-        self.instances.clear()     # views of the old memory go with the old store
-        try:
-            self._new_store()
-            stamps = Stamps()
-            for cu_id, sandboxed in self.sandboxed.items():
-                self.instances[cu_id] = self._instantiate(sandboxed, stamps)
-        except (wasmtime.WasmtimeError, wasmtime.Trap) as e:
-            self.instances.clear()
-            raise CortexError(f"rebuilding the model's shared memory failed ({trap_reason(e)}); "
-                              "the next request tries again") from None
-        self.events.count("rebuilt")
+            return CortexError(f"{message}; {e}")
+        return CortexError(f"{message}; the model's shared memory was rebuilt (every CU instantiated again, its "
+                           "weights written again)")
 
     def resident_bytes(self, cu_id: str) -> int:
         """The CU's region of the model memory, so that the CUs' figures add up to the memory once."""

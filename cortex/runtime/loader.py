@@ -75,8 +75,13 @@ class CompiledModel:
             self._source_model()           # a missing or changed source model fails at load
         elif not lazy:                     # lazy: the CUs load when the first request needs them
             self._loaded_scheduler()
-        self.trace: list[dict] = []
+        self._last_request = None     # the last request the scheduler ran (None: none, or offline)
         self._last_trace: dict | Callable[[], dict] = empty_trace(self.device_name, self.path)
+
+    @property
+    def trace(self) -> list[dict]:
+        """The last request's entry for each CU that ran ([] before the first, or offline)."""
+        return [] if self._last_request is None else self._last_request.activated
 
     @property
     def last_trace(self) -> dict:
@@ -125,7 +130,7 @@ class CompiledModel:
         env = self._checked_inputs(feeds)
         if chosen.offline:
             results, run = self._source_model().run(env, names)
-            self.trace = []
+            self._last_request = None
             self._last_trace = offline_trace(device=self.device_name, dag_path=self.path, outputs=names, run=run,
                                             sandbox_events=self.sandbox_events())
             return results
@@ -157,7 +162,7 @@ class CompiledModel:
 
     def _record(self, chosen: Policy, names: list[str], request) -> None:
         scheduler = self._loaded_scheduler()
-        self.trace = request.activated
+        self._last_request = request
         # What may change after the request is read now; the document is assembled when read.
         self._last_trace = partial(
             request_trace, policy=chosen.name, device=self.device_name, dag_path=self.path, outputs=names,

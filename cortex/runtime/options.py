@@ -132,6 +132,10 @@ class RuntimeOptions:
         "its id; the model stays usable.", parse=parse_cu_timeout))
     cu_load_timeout_s: float | None = field(default=None, metadata=option(
         "Each CU load's time limit in seconds (read, check, compile, instantiate; default: CU_LOAD_TIMEOUT, 120)."))
+    segments: bool = field(default=True, metadata=option(
+        "Run each run of CUs that needs no decision from the host as one call into the device (a segment: "
+        "cortex/runtime/plan.py); off: one call per CU, each timed on its own in the trace.",
+        flag="--segments/--no-segments"))
     specializations: str = field(default=SPECIALIZATION_LOADING[0], metadata=option(
         "With shape specializations: lazy (each one's CUs load when a request first has its shapes: one copy of "
         "the weights per shape in use) or eager (all at load)."))
@@ -160,6 +164,8 @@ class RuntimeOptions:
         _check_memory_budget(self.memory_budget_mb)
         object.__setattr__(self, "pins", _checked_pins(self.pins, self.memory_budget_mb))
         _check_timeouts(self.cu_timeout_ms, self.cu_load_timeout_s)
+        if not isinstance(self.segments, bool):
+            raise CortexError(f"--segments must be true or false (got {self.segments!r})")
         if self.specializations not in SPECIALIZATION_LOADING:
             raise CortexError(f"--specializations {self.specializations!r}: expected one of "
                               f"{', '.join(SPECIALIZATION_LOADING)} (when each shape specialization's CUs load)")

@@ -13,12 +13,12 @@ policy (`cortex/runtime/policy.py`): a branch CU of a decomposed If whose condit
 other branch is an `inactive branch` (`cortex/runtime/activation.py`; the If's outputs are
 selects, resolved once the picked case's CU has run); a CU no requested output depends on is `not needed`; a CU
 whose inputs are byte-identical to an earlier run's is a `cache hit` (`cortex/runtime/cache.py`).
-Hashing a CU's inputs and storing its outputs costs more than a light CU's run, so in a dag.json
-that marks what repeats (`decompose --cache-inputs`: CUs with `cache: "repeating"`) only the CUs
-where a hit is possible are keyed: the repeating ones, and those whose every input already has
-a key in the request (chained from a hit or a stored entry). Every other CU skips the hash, the
-lookup and the stored copy. A dag.json that marks nothing keys every cacheable CU, since nothing
-says which inputs repeat.
+Hashing a CU's inputs and storing its outputs costs more than a light CU's run, so only the CUs
+where a hit is possible are keyed: those dag.json marks as repeating (`decompose --cache-inputs`:
+CUs with `cache: "repeating"`), and those whose every input already has a key in the request
+(chained from a hit or a stored entry). Every other CU skips the hash, the lookup and the stored
+copy, and may run inside a segment. A dag.json that marks nothing caches nothing: a request whose
+inputs never repeat pays nothing for the cache.
 `strict` skips nothing and caches nothing: every CU runs, both branches' included (the selects
 still pick by the condition).
 CUs holding random ops are never cached, nor CUs on a device whose tensors are not host arrays
@@ -49,6 +49,7 @@ from backends.registry import device as device_spec
 from cortex.runtime.activation import INACTIVE, Branches
 from cortex.runtime.cache import CacheEntry, ResultCache, cu_key
 from cortex.runtime.memory import MemoryStats, ResidentSet, choose_pins
+from cortex.runtime.plan import RequestPlan, Segment, flop_shares, keyable_cus, plan_steps
 from cortex.runtime.policy import Policy
 from cortex.runtime.residency import END, Residency
 from cortex.runtime.variants import VariantRunner
@@ -69,7 +70,7 @@ class Request:
     env: dict[str, tuple[str | None, object]]     # tensor -> (its device, the tensor there)
     keys: dict[str, bytes] = field(default_factory=dict)          # tensor -> content key (cache)
     copies: dict[tuple[str, str], object] = field(default_factory=dict)   # (tensor, device) -> tensor
-    activated: list[dict] = field(default_factory=list)           # one trace entry per CU that ran
+    ran: list[dict] = field(default_factory=list)                 # trace entries so far (see `activated`)
     skipped: list[dict] = field(default_factory=list)             # {"cu", "reason"}
     cpu_seconds: float = 0.0                      # the calling thread's CPU time inside device runs
     live_bytes: int = 0                           # bytes of the tensors this request holds
@@ -79,6 +80,29 @@ class Request:
     position: int = -1                            # the current CU's place in dag.json's order
     made_by: dict[str, str] = field(default_factory=dict)     # tensor -> the CU whose memory holds it
     memory: MemoryStats | None = None             # under a memory budget: what the request loaded
+    # Segments that ran, as (place in `ran`, segment, start, seconds, cpu seconds): their CUs'
+    # entries are made when the trace is read, not on the request's path.
+    segments: list[tuple] = field(default_factory=list)
+
+    @property
+    def activated(self) -> list[dict]:
+        """One trace entry per CU that ran, in the order they ran."""
+        if self.segments:
+            merged, taken = [], 0
+            for place, segment, start, seconds, cpu_seconds in self.segments:
+                merged += self.ran[taken:place]
+                taken = place
+                at = start
+                for entry, share in zip(segment.entries, segment.shares):
+                    merged.append({**entry, "start": at, "seconds": seconds * share, "cpu_seconds": cpu_seconds * share})
+                    at += seconds * share
+            merged += self.ran[taken:]
+            self.ran, self.segments = merged, []
+        return self.ran
+
+    @activated.setter
+    def activated(self, entries: list[dict]) -> None:
+        self.ran, self.segments = entries, []
 
 
 @dataclass
@@ -95,7 +119,7 @@ class Execution:
 class SequentialScheduler:
     def __init__(self, dag: dict, dag_path: Path, device: str, cache: ResultCache | None = None,
                  limits: SandboxLimits | None = None, memory_budget: int | None = None,
-                 pins: list[str] | None = None):
+                 pins: list[str] | None = None, segments: bool = False):
         self.dag = dag
         self.cus = {cu["id"]: cu for cu in dag["cus"]}
         self.tensor_bytes = {name: t["bytes"] for name, t in dag["tensors"].items()}
@@ -123,6 +147,16 @@ class SequentialScheduler:
                                       {name: device_spec(name).artifact for name in self.devices})
         self.branches = Branches(dag)
         self.residency = None if memory_budget is None else self._residency(memory_budget, pins)
+        # Segments need a device's CUs in one store (a wasm call crosses instances only there);
+        # under a memory budget every CU is a step: the residency decides before each one runs.
+        self.segmented = segments and self.residency is None
+        if self.segmented:
+            for device in self.devices.values():
+                if hasattr(device, "join_one_store"):
+                    device.join_one_store()
+        self.position = {cu_id: i for i, cu_id in enumerate(dag["order"])}
+        self._resident_bytes: int | None = None
+        self._plans: dict[tuple[Policy, frozenset[str] | None], RequestPlan] = {}
 
     def _residency(self, budget: int, pins: list[str] | None) -> Residency:
         footprints = {cu_id: self.devices[self.placement[cu_id]].footprint(self.cus[cu_id]) for cu_id in self.dag["order"]}
@@ -141,6 +175,7 @@ class SequentialScheduler:
     def load(self, policy: Policy | None = None) -> None:
         """Every CU resident on its device (under a budget: the pinned ones), and the variants
         `policy` picks, before the first request."""
+        self._resident_bytes = None
         if self.residency is not None:
             self.residency.load_pins()
         else:
@@ -173,7 +208,14 @@ class SequentialScheduler:
         return totals
 
     def resident_bytes(self) -> int:
-        return sum(self.devices[self.placement[cu_id]].resident_bytes(cu_id) for cu_id in self.dag["order"])
+        """What the loaded CUs hold. Without a budget only `load` changes it (a rebuilt store's CUs
+        have their planned sizes again), so it is summed once per load, not per request."""
+        if self.residency is None and self._resident_bytes is not None:
+            return self._resident_bytes
+        total = sum(self.devices[self.placement[cu_id]].resident_bytes(cu_id) for cu_id in self.dag["order"])
+        if self.residency is None:
+            self._resident_bytes = total
+        return total
 
     def run_many(self, batch: list[dict[str, np.ndarray]], policy: Policy,
                  outputs: list[str]) -> list[tuple[dict[str, np.ndarray], Request]]:
@@ -199,19 +241,108 @@ class SequentialScheduler:
         return self._results(outputs, request), request
 
     def _walk(self, request: Request, residency: Residency | None) -> None:
-        """Every CU in dag.json's order: skipped with its reason, or made resident and run."""
+        """Every CU in dag.json's order: skipped with its reason, or made resident and run; the
+        runs of CUs that need no decision as segments, each in one call (cortex/runtime/plan.py)."""
         if residency is not None:
             residency.plan(-1, request, lambda cu: self._known_to_run(cu, request))
-        for position, cu_id in enumerate(self.dag["order"]):
-            cu = self.cus[cu_id]
-            request.key, request.hit, request.position = None, None, position
-            reason = self._skip_reason(cu, request)
-            if reason is None:
-                if residency is not None:
-                    residency.acquire(cu_id, request)
-                    residency.plan(position, request, lambda cu: self._known_to_run(cu, request))
-                self._run_cu(cu, request)
-            self._settle(cu_id, reason, request)
+            for cu_id in self.dag["order"]:
+                self._walk_cu(self.cus[cu_id], request, residency)
+            return
+        for step in self._plan(request).steps:
+            if type(step) is Segment:
+                self._run_segment(step, request)
+            else:
+                self._walk_cu(step, request, None)
+
+    def _walk_cu(self, cu: dict, request: Request, residency: Residency | None) -> None:
+        cu_id = cu["id"]
+        request.key, request.hit, request.position = None, None, self.position[cu_id]
+        reason = self._skip_reason(cu, request)
+        if reason is None:
+            if residency is not None:
+                residency.acquire(cu_id, request)
+                residency.plan(request.position, request, lambda cu: self._known_to_run(cu, request))
+            self._run_cu(cu, request)
+        self._settle(cu_id, reason, request)
+
+    def _plan(self, request: Request) -> RequestPlan:
+        """The request's plan: made once for each policy and set of needed CUs."""
+        key = (request.policy, request.needed)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = self._make_plan(request.policy, request.needed)
+        return plan
+
+    def _make_plan(self, policy: Policy, needed: frozenset[str] | None) -> RequestPlan:
+        order = self.dag["order"]
+        keyable = keyable_cus(order, self.cus, lambda cu: not self.uncached[cu["id"]],
+                              lambda cu: cu.get("cache") == REPEATING,
+                              self._selects_reading) \
+            if policy.cache and self.cache.enabled else set()
+
+        def joins(cu: dict) -> bool:
+            """Whether `cu` needs no decision from the host under `policy`."""
+            cu_id = cu["id"]
+            device = self.devices[self.placement[cu_id]]
+            return (self.segmented and getattr(device, "joins_segment", None) is not None and device.joins_segment(cu)
+                    and (needed is None or cu_id in needed)
+                    and not ("activation" in cu and policy.skip_inactive)
+                    and cu_id not in self.branches.cases_of and cu_id not in keyable
+                    and not (cu.get("variants") and self.variants.choice(cu_id, policy) is not None))
+
+        steps = []
+        for run in plan_steps(order, self.cus, self.placement, joins):
+            steps.append(self._segment(run) if len(run) > 1 else run[0])
+        return RequestPlan(tuple(steps))
+
+    @cached_property
+    def _selects_reading(self) -> dict[str, list[str]]:
+        """Case tensor -> the selected outputs that may take its value (and so its cache key)."""
+        found: dict[str, list[str]] = {}
+        for s in self.dag.get("selects", []):
+            for case in s["cases"]:
+                found.setdefault(case["tensor"], []).append(s["tensor"])
+        return found
+
+    def _segment(self, cus: list[dict]) -> Segment:
+        where = self.placement[cus[0]["id"]]
+        device = self.devices[where]
+        inside = {name for cu in cus for name in cu["outputs"]}
+        inputs = tuple(dict.fromkeys(name for cu in cus for name in cu["inputs"] if name not in inside))
+        entries = []
+        for cu in cus:
+            cu_id = cu["id"]
+            bytes_in, bytes_out = self.traffic[cu_id]
+            producers = [self.producer.get(name) for name in cu["inputs"]]
+            entries.append({
+                "cu": cu_id, "device": where, "op_types": cu.get("op_types", []), "segment": len(cus),
+                "bytes_in": bytes_in, "bytes_out": bytes_out,
+                "bytes_from_other_devices": sum(self.tensor_bytes[name] for name, p in zip(cu["inputs"], producers)
+                                                if p is not None and self.placement[p] != where),
+                "resident_bytes": device.resident_bytes(cu_id)})
+        runner = device.segment(cus)
+        for entry, copied in zip(entries, runner.copied_bytes()):
+            entry["bytes_copied_between_cus"] = copied
+        return Segment(tuple(cus), where, runner, inputs,
+                       tuple((name, cu["id"]) for cu in cus for name in cu["outputs"]), tuple(entries),
+                       flop_shares(cus), sum(self.traffic[cu["id"]][1] for cu in cus))
+
+    def _run_segment(self, segment: Segment, request: Request) -> None:
+        """One call for the segment's CUs; their outputs join the request, their entries the trace."""
+        where, env = segment.where, request.env
+        inputs = {name: self._on_device(name, where, request)[0] for name in segment.inputs}
+        cpu_start = time.thread_time()
+        start = time.perf_counter()
+        outputs = segment.runner.run(inputs)
+        seconds = time.perf_counter() - start
+        cpu_seconds = time.thread_time() - cpu_start
+        request.cpu_seconds += cpu_seconds
+        made_by = request.made_by
+        for name, cu_id in segment.produced:
+            env[name] = (where, outputs[name])
+            made_by[name] = cu_id
+        request.live_bytes += segment.bytes_out
+        request.segments.append((len(request.ran), segment, start, seconds, cpu_seconds))
 
     def _new_request(self, feeds: dict[str, np.ndarray], policy: Policy, outputs: list[str]) -> Request:
         return Request(policy, self.needed(outputs) if policy.skip_inactive else None,
@@ -264,17 +395,11 @@ class SequentialScheduler:
                 return CACHE_HIT
         return None
 
-    @cached_property
-    def _marks_repeating(self) -> bool:
-        """Whether dag.json says which CUs repeat (decompose --cache-inputs)."""
-        return any(cu.get("cache") == REPEATING for cu in self.cus.values())
-
     def _hit_possible(self, cu: dict, request: Request) -> bool:
         """Whether `cu` may be a cache hit in this request, so that keying it can pay: see the
         module's docstring. A CU whose inputs change with every request never hits, and hashing
         them and copying its outputs into the cache would cost more than running it."""
-        return (not self._marks_repeating or cu.get("cache") == REPEATING
-                or all(name in request.keys for name in cu["inputs"]))
+        return cu.get("cache") == REPEATING or all(name in request.keys for name in cu["inputs"])
 
     def _known_to_run(self, cu: dict, request: Request) -> bool:
         """Whether `cu`, later in this request, will run as far as is known now: a CU no requested
@@ -311,23 +436,28 @@ class SequentialScheduler:
         self._record(cu, request, self._execute(cu, inputs, request.policy), crossed, request.key)
 
     def _gather_inputs(self, cu: dict, request: Request) -> tuple[dict, int]:
-        """The CU's inputs on its device, copied there once per tensor where they live elsewhere,
-        and the bytes that came from another device."""
+        """The CU's inputs on its device, and the bytes that came from another device."""
         where = self.placement[cu["id"]]
-        device = self.devices[where]
         crossed = 0
         inputs = {}
         for name in cu["inputs"]:
-            home, tensor = request.env[name]
-            if home != where:
-                if (name, where) not in request.copies:
-                    host = tensor if home is HOST else self.devices[home].to_host(tensor)
-                    request.copies[name, where] = device.to_device(host)
-                    request.live_bytes += self.tensor_bytes[name]
-                    crossed += self.tensor_bytes[name] if home is not HOST else 0
-                tensor = request.copies[name, where]
-            inputs[name] = tensor
+            inputs[name], moved = self._on_device(name, where, request)
+            crossed += moved
         return inputs, crossed
+
+    def _on_device(self, name: str, where: str, request: Request) -> tuple[object, int]:
+        """Tensor `name` on device `where`, copied there once per request where it lives elsewhere,
+        and the bytes this call brought from another device."""
+        home, tensor = request.env[name]
+        if home == where:
+            return tensor, 0
+        crossed = 0
+        if (name, where) not in request.copies:
+            host = tensor if home is HOST else self.devices[home].to_host(tensor)
+            request.copies[name, where] = self.devices[where].to_device(host)
+            request.live_bytes += self.tensor_bytes[name]
+            crossed = self.tensor_bytes[name] if home is not HOST else 0
+        return request.copies[name, where], crossed
 
     def _execute(self, cu: dict, inputs: dict, policy: Policy) -> Execution:
         """One timed run of the CU on its device: it touches nothing of the request, so another
@@ -362,7 +492,7 @@ class SequentialScheduler:
             entry.update(run.variant)
         if run.where:
             entry.update(run.where)
-        request.activated.append(entry)
+        request.ran.append(entry)
         copied = _copied_between_cus(cu, request, where, device, self.tensor_bytes)
         if copied is not None:
             entry["bytes_copied_between_cus"] = copied

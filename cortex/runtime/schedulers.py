@@ -55,7 +55,7 @@ def open_scheduler(dag: dict, dag_path: Path, device: str, options: RuntimeOptio
     if threads == 1 or options.memory_budget_bytes is not None:
         pins = None if options.pins is None else list(options.pins)
         scheduler = SequentialScheduler(dag, dag_path, device, cache, options.limits, options.memory_budget_bytes,
-                                        pins)
+                                        pins, options.segments)
     else:
         scheduler = ThreadedScheduler(dag, dag_path, device, cache, threads, options.limits)
     scheduler.load(options.policy)
