@@ -11,6 +11,9 @@ repeat, and what it costs where none do. Figures, never test assertions.
    after each step for its cache hits.
 2. No-hit cost. Every light model and MiniLM under `balanced` with fresh random inputs on every
    request (no CU can hit: each lookup is a hash and a miss) against `strict`, interleaved.
+3. Segments. On the same models and requests, interleaved with the two above: `strict` as it runs
+   by default (runs of CUs that need no decision from the host as one call each, a segment) against
+   `strict` with `segments=False` (one call per CU), while RuntimeOptions has that field.
 
 The FMA-loop peak (bench/threads_bench.py) is measured before and after each part; a drift over
 10% marks that part's figures noisy. Timings are the CPU time of the calling thread (`threads=1`;
@@ -33,7 +36,7 @@ import subprocess
 import sys
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable
 
@@ -45,6 +48,7 @@ from bench import cortex_side, machine, model_bench
 from bench.page import replace_section
 from bench.threads_bench import Drift, measured
 from bench.timing import InProcess, interleave, repeats_for
+from cortex.runtime.options import RuntimeOptions
 from ir.fs import write_bytes_atomically
 from samples.cache import CACHE_DIR, ensure_folder
 
@@ -55,6 +59,8 @@ END = "<!-- END cortex-bench-runtime-economies -->"
 GOAL_STRICT_OVER_ORT = 1.5          # a decoder step, strict against onnxruntime
 GOAL_BALANCED_OVER_STRICT = 0.7     # a decoder step after the first, the memory's CUs cache hits
 GOAL_NO_HIT = 1.05                  # balanced without any hit against strict: the cache's overhead
+GOAL_SEGMENTS = 1.0                 # strict in segments against strict one call per CU: no worse
+PER_CU = "strict-per-cu"
 
 D_MODEL, HEADS, FFN, LAYERS = 256, 4, 1024, 3
 TGT_SHAPE, MEMORY_SHAPE = (1, 8, D_MODEL), (1, 64, D_MODEL)
@@ -132,10 +138,11 @@ def _ort_session(path: Path) -> ort.InferenceSession:
 
 
 def fresh_feeds(template: dict[str, np.ndarray], count: int, seed: int) -> list[dict[str, np.ndarray]]:
-    """`count` feeds shaped and typed as `template`, each input new in every feed, so that no CU's
-    inputs repeat between requests: floats uniform in [0, 1) (an image's range), integers uniform
-    over the template's own range (token ids; a 0/1 mask becomes random bits rather than a prefix
-    of ones, of which a seq-128 mask has only 128 kinds), booleans random."""
+    """`count` feeds shaped and typed as `template`, each input new in every feed (for inputs of
+    more than a few dozen values), so that no CU's inputs repeat between requests: floats uniform
+    in [0, 1) (an image's range), integers uniform over the template's own range (token ids; a 0/1
+    mask becomes random bits rather than a prefix of ones, of which a seq-128 mask has only 128
+    kinds), booleans random."""
     rng = np.random.default_rng(seed)
     feeds = []
     for _ in range(count):
@@ -236,28 +243,38 @@ def bench_decoder(steps: int, rounds: int) -> dict:
             "hits_per_step": hits_per_step(balanced, steps, loop=len(strict_loop.outputs))}
 
 
-def bench_no_hit(name: str, rounds: int) -> dict:
+def segments_switch() -> bool:
+    """Whether the runtime can be told to run one call per CU (`segments=False`)."""
+    return "segments" in {f.name for f in fields(RuntimeOptions)}
+
+
+def bench_model(name: str, rounds: int, per_cu: bool) -> dict:
+    """balanced where nothing hits against strict; with `per_cu`, strict one call per CU as well."""
     case = model_bench.model_case(name)
     session = _ort_session(case.path)
     reference = dict(zip([o.name for o in session.get_outputs()], session.run(None, case.feeds)))
     dag_path = ensure_model(case, reference)
-    strict = cortex.load(dag_path, policy="strict", threads=1)
-    balanced = cortex.load(dag_path, policy="balanced", threads=1)
-    probe = InProcess("probe", lambda: strict.run(case.feeds)).time(1, 2)
+    models = {"strict": cortex.load(dag_path, policy="strict", threads=1),
+              "balanced": cortex.load(dag_path, policy="balanced", threads=1)}
+    if per_cu:
+        models[PER_CU] = cortex.load(dag_path, policy="strict", threads=1, segments=False)
+    probe = InProcess("probe", lambda: models["strict"].run(case.feeds)).time(1, 2)
     repeat = repeats_for(min(cpu for _, cpu in probe), budget=0.5, most=10)
-    # Both walk the same feeds, so their outputs pair up; strict fills no cache balanced could read.
+    # All walk the same feeds, so their outputs pair up; strict fills no cache balanced could read.
     feeds = fresh_feeds(case.feeds, rounds * repeat + 1, seed=7)
-    outputs: dict[str, list[dict]] = {"strict": [], "balanced": []}
+    outputs: dict[str, list[dict]] = {key: [] for key in models}
 
-    def request(model, key):
-        return lambda: outputs[key].append(model.run(feeds[len(outputs[key])]))
-    timings = interleave([InProcess("strict", request(strict, "strict")),
-                          InProcess("balanced", request(balanced, "balanced"))], rounds, repeat)
-    identical = all(np.array_equal(b[k], s[k]) for b, s in zip(outputs["balanced"], outputs["strict"]) for k in s)
+    def request(key):
+        return lambda: outputs[key].append(models[key].run(feeds[len(outputs[key])]))
+    timings = interleave([InProcess(key, request(key)) for key in models], rounds, repeat)
+    bitwise = {key: all(np.array_equal(a[k], s[k]) for a, s in zip(outputs[key], outputs["strict"]) for k in s)
+               for key in models if key != "strict"}
     ms = {k: t.median * 1e3 for k, t in timings.items()}
-    return {"model": name, "cus": len(strict.dag["cus"]), "median_ms": ms, "balanced_over_strict":
-            ms["balanced"] / ms["strict"], "balanced_hits": balanced.cache.stats()["hits"],
-            "balanced_equals_strict_bitwise": identical, "requests_each": len(timings["strict"].seconds),
+    return {"model": name, "cus": len(models["strict"].dag["cus"]), "median_ms": ms,
+            "balanced_over_strict": ms["balanced"] / ms["strict"],
+            "strict_over_per_cu": ms["strict"] / ms[PER_CU] if per_cu else None,
+            "balanced_hits": models["balanced"].cache.stats()["hits"], "equals_strict_bitwise": bitwise,
+            "requests_each": len(timings["strict"].seconds),
             "timings": {k: t.to_json() for k, t in timings.items()}}
 
 
@@ -269,7 +286,7 @@ def _goal(value: float, goal: float) -> str:
     return f"{value:.2f} (goal <= {goal:g}: {'met' if value <= goal else 'not met'})"
 
 
-def render(info: dict, decoder: dict | None, no_hit: list[dict], drifts: list[Drift], rounds: int, date: str) -> str:
+def render(info: dict, decoder: dict | None, models: list[dict], drifts: list[Drift], rounds: int, date: str) -> str:
     out = [BEGIN, "## Runtime economies", "",
            f"Measured {date} on {info['cpu']} ({info['cores']} cores); onnxruntime {info['onnxruntime']}, wasmtime "
            f"{info['wasmtime']}; load average {info['load_average']} at the start; {rounds} interleaved rounds. "
@@ -296,19 +313,32 @@ def render(info: dict, decoder: dict | None, no_hit: list[dict], drifts: list[Dr
                 f"({decoder['steps_compared']} steps compared).",
                 "- Cache hits in balanced's trace, step by step through one loop: "
                 + ", ".join(map(str, decoder["hits_per_step"])) + "."]
-    if no_hit:
+    if models:
         out += ["", "### What the cache costs when nothing hits", "",
                 "`balanced` on fresh random inputs every request (each lookup a miss) against `strict` on the "
                 "same inputs.", "",
                 "| model | CUs | strict ms | balanced (no hit) ms | balanced / strict | hits | bitwise equal |",
                 "|---|---|---|---|---|---|---|"]
-        for r in no_hit:
+        for r in models:
             ms = r["median_ms"]
             out.append(f"| {r['model']} | {r['cus']} | {ms['strict']:.2f} | {ms['balanced']:.2f} "
                        f"| {r['balanced_over_strict']:.3f} | {r['balanced_hits']} "
-                       f"| {'yes' if r['balanced_equals_strict_bitwise'] else 'no'} |")
-        ratios = [r["balanced_over_strict"] for r in no_hit]
+                       f"| {'yes' if r['equals_strict_bitwise']['balanced'] else 'no'} |")
+        ratios = [r["balanced_over_strict"] for r in models]
         out += ["", f"- balanced / strict, geomean: {_goal(geomean(ratios), GOAL_NO_HIT)}; worst {max(ratios):.3f}."]
+    segmented = [r for r in models if r["strict_over_per_cu"] is not None]
+    if segmented:
+        out += ["", "### Segments: strict in one call per run of CUs, against one call per CU", "",
+                "The same requests, interleaved with the table above: `strict` as it runs by default against "
+                "`strict` with `segments=False` (`--no-segments`).", "",
+                "| model | strict ms | strict, one call per CU ms | ratio | bitwise equal |", "|---|---|---|---|---|"]
+        for r in segmented:
+            ms = r["median_ms"]
+            out.append(f"| {r['model']} | {ms['strict']:.2f} | {ms[PER_CU]:.2f} | {r['strict_over_per_cu']:.3f} "
+                       f"| {'yes' if r['equals_strict_bitwise'][PER_CU] else 'no'} |")
+        ratios = [r["strict_over_per_cu"] for r in segmented]
+        out += ["", f"- strict / one call per CU, geomean: {_goal(geomean(ratios), GOAL_SEGMENTS)}; "
+                f"worst {max(ratios):.3f}."]
     if drifts:
         out += ["", "FMA-loop peak before and after each part:", "", *[f"- {d.section}: {d.note()}" for d in drifts]]
     out.append(END)
@@ -331,23 +361,26 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_decoder:
         decoder = measured("decoder step", lambda: bench_decoder(args.steps, args.rounds), drifts)
         print(json.dumps(decoder), flush=True)
-    no_hit = []
+    models = []
     names = [n for n in args.models.split(",") if n]
+    per_cu = segments_switch()
+    if names and not per_cu:
+        print("RuntimeOptions has no `segments` field: strict with and without segments is not measured")
     if names:
         def all_models():
             for name in names:
-                no_hit.append(bench_no_hit(name, args.rounds))
-                print(json.dumps({k: v for k, v in no_hit[-1].items() if k != "timings"}), flush=True)
-        measured("no-hit cost", all_models, drifts)
+                models.append(bench_model(name, args.rounds, per_cu))
+                print(json.dumps({k: v for k, v in models[-1].items() if k != "timings"}), flush=True)
+        measured("no-hit cost" + (" and segments" if per_cu else ""), all_models, drifts)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    section = render(info, decoder, no_hit, drifts, args.rounds, date)
+    section = render(info, decoder, models, drifts, args.rounds, date)
     print(section)
     if args.output:
         replace_section(args.output, section, BEGIN, END)
         print(f"wrote {args.output}")
     if args.json:
         write_bytes_atomically(args.json, (json.dumps({"machine": info, "date": date, "decoder": decoder,
-                                                       "no_hit": no_hit, "peak_drift": [d.to_json() for d in drifts]},
+                                                       "models": models, "peak_drift": [d.to_json() for d in drifts]},
                                                       indent=2) + "\n").encode())
         print(f"wrote {args.json}")
     return 0
