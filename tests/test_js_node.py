@@ -25,15 +25,18 @@ from js_cases import (
     write_requests,
 )
 from onnx import TensorProto, helper, numpy_helper
+from test_cache_inputs import cache_model
+from test_cache_inputs import feeds as cache_feeds
 from test_conditional_cus import build, feeds_for, if_model
 from test_data_dependent import compile_wasm, detection_feeds, detection_model
 from test_fallback_cus import WIDTH, mixed_model
 from test_specializations import build as build_specialized
 from test_specializations import conv_model, masked_attention_model
 from testdata import LIGHT_MODEL_NAMES, light_model, minilm, run_onnxruntime, sample_model
-from wasm_cases import compile_pipeline
+from wasm_cases import compile_pipeline, make_model
 
 import cortex
+from bench.cu_overhead import ensure_chain
 from cortex.runtime.specialized import SpecializedModel
 from samples.cache import ensure_folder
 
@@ -108,6 +111,59 @@ def bounded_case():
         assert len({r["outputs"]["det_scores"].shape for r in requests}) == 3
         write_case(tmp, "bounded-lengths", dag, requests, 1e-6, 1e-7)
     return ensure_folder(CASES_DIR / "bounded-lengths", make) / "case.json"
+
+
+def repeating_case():
+    """tests/test_cache_inputs.py's model built with --cache-inputs m,mask: under balanced the CUs on
+    m and mask alone (marked repeating) are keyed and hit when they repeat; the CUs on x are not."""
+    def make(tmp):
+        model = cache_model()
+        dag = build(tmp, model, "--cache-inputs", "m,mask", "--min-cu-size", "100000", "--max-cu-depth", "8")
+        assert any(cu.get("cache") == "repeating" for cu in dag["cus"])
+        assert any(cu.get("cache") != "repeating" for cu in dag["cus"])
+        requests = [{"inputs": f, "outputs": run_onnxruntime(model, f)} for f in (cache_feeds(0), cache_feeds(1))]
+        write_case(tmp, "repeating-inputs", tmp / "dag.json", requests, 1e-4, 1e-5)
+    return ensure_folder(CASES_DIR / "repeating-inputs", make) / "case.json"
+
+
+def trap_case():
+    """Transpose, Div and Transpose on int32, one CU each (elementwise ops would fuse into one),
+    which a strict and a balanced plan run as one segment: a zero divisor traps in its middle CU,
+    and the error names that CU."""
+    def make(tmp):
+        square = [4, 4]
+        nodes = [helper.make_node("Transpose", ["a"], ["s"], perm=[1, 0]),
+                 helper.make_node("Div", ["s", "b"], ["q"], name="divide"),
+                 helper.make_node("Transpose", ["q"], ["y"], perm=[1, 0])]
+        model = make_model(nodes, [helper.make_tensor_value_info("a", TensorProto.INT32, square),
+                                   helper.make_tensor_value_info("b", TensorProto.INT32, square)],
+                           [helper.make_tensor_value_info("y", TensorProto.INT32, square)])
+        onnx.save(model, tmp / "div.onnx")
+        dag = compile_pipeline(tmp / "div.onnx", tmp / "out", max_cu_depth=1, min_cu_size=0)
+        cus = json.loads(dag.read_text())["cus"]
+        divide = [cu["id"] for cu in cus if cu.get("op_types") == ["Div"]]
+        assert len(cus) == 3 and len(divide) == 1
+        a = np.arange(16, dtype=np.int32).reshape(4, 4)
+        good = {"a": a, "b": np.full((4, 4), 2, np.int32)}
+        write_case(tmp, "trap-in-segment", dag, [{"inputs": good, "outputs": run_onnxruntime(model, good)}], 0, 0)
+        trap = _side_requests(tmp, "trap", [{"inputs": {"a": a, "b": np.zeros((4, 4), np.int32)}, "outputs": {}}])
+        _with(tmp / "case.json", trap={"inputs": trap[0]["inputs"], "cu": divide[0], "ops": "Div"})
+    return ensure_folder(CASES_DIR / "trap-in-segment", make) / "case.json"
+
+
+def chain_case(length: int):
+    """bench/cu_overhead.py's chain of `length` CUs (a 64x64 MatMul and a Relu each), built once."""
+    model_path, dag = ensure_chain(length)
+
+    def make(tmp):
+        rng = np.random.default_rng(length)
+        requests = []
+        for _ in range(2):
+            feeds = {"x": rng.standard_normal((1, 64)).astype(np.float32)}
+            requests.append({"inputs": feeds, "outputs": run_onnxruntime(onnx.load(model_path), feeds)})
+        write_case(tmp, f"chain-{length}", dag, requests, 1e-4, 1e-6)
+        _with(tmp / "case.json", segment=length)
+    return ensure_folder(CASES_DIR / f"chain-{length}", make) / "case.json"
 
 
 def _with(case_json, **extra) -> None:
@@ -210,6 +266,22 @@ def test_node_runs_the_samples_branches_requested_outputs_fallbacks_and_bounded_
                            min_cu_size=256, max_cu_depth=3)
              for name, features in SAMPLE_FEATURES.items()]
     run_node_tests([*cases, branch_case(), two_outputs_case(), fallback_case(), bounded_case()], tmp_path)
+
+
+def test_node_runs_request_plans_segments_traps_and_repeating_cus(tmp_path):
+    cases = [chain_case(32), trap_case(), repeating_case(), branch_case(), two_outputs_case()]
+    report = run_node_tests(cases, tmp_path, "models.test.js", "plan.test.js")
+    passed = set(re.findall(r"^ok \d+ - (.+)$", report, re.MULTILINE))
+    expected = {"chain-32: strict and balanced run the whole chain as one segment, with one trace entry per CU",
+                "trap-in-segment: a trap inside a segment names its CU, and the session still serves",
+                "repeating-inputs: the CUs marked repeating hit the cache when their inputs repeat; the others run"}
+    assert not expected - passed, report[-3000:]
+
+
+@pytest.mark.slow
+def test_node_runs_a_chain_of_1024_cus(tmp_path):
+    report = run_node_tests([chain_case(1024)], tmp_path, "models.test.js", "plan.test.js")
+    assert "ok" in report and "chain-1024: strict and balanced run the whole chain as one segment" in report
 
 
 def test_node_runs_shape_specializations_and_external_weights(tmp_path):

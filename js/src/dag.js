@@ -17,7 +17,7 @@ export const SPECIALIZED_DAG_SCHEMA = "cortex.dag/2";
  *             weights?: import("./weights.js").WeightEntry[]}} WasmRecord */
 /** @typedef {{id: string, path: string, sha256: string, inputs: string[], outputs: string[], op_types?: string[],
  *             artifacts?: {wasm?: WasmRecord}, runs_on?: string, activation?: {tensor: string, equals: boolean},
- *             random?: boolean, variants?: Record<string, {artifacts?: {wasm?: WasmRecord}, trust?: number|null}>,
+ *             random?: boolean, cache?: string, flops?: number, variants?: Record<string, {artifacts?: {wasm?: WasmRecord}, trust?: number|null}>,
  *             calibration?: {outputs?: Record<string, {min?: number, max?: number, nonfinite?: boolean}>}}} CU */
 /** @typedef {{name: string, dtype: string, shape: number[]}} TensorSpec */
 /** @typedef {{schema: string, source_model?: {path: string, sha256: string},

@@ -3,16 +3,23 @@
 // - a branch CU of a decomposed If whose condition picks the other branch is skipped as
 //   `inactive branch`; the If's outputs (selects) are the picked case's tensor once its CU ran;
 // - a CU no requested output depends on is `not needed`;
-// - a CU whose inputs are byte-identical to an earlier run's is a `cache hit`;
+// - a CU whose inputs are byte-identical to an earlier run's is a `cache hit`. Only CUs where a
+//   hit is possible are keyed (hashed, looked up, stored): those dag.json marks `repeating`
+//   (decompose --cache-inputs), and those whose every input already has a key in the request
+//   (chained from a hit or a stored entry). A dag.json that marks nothing keys nothing;
 // - `strict` skips nothing and caches nothing. Random CUs are never cached;
 // - a CU the policy runs as a reduced-precision variant (js/src/variants.js) is never looked up
 //   in the cache, whose keys name the exact CU's code.
-// What a request does per CU is resolved once, at construction (`steps`), and the hot path makes
-// no promise, closure or trace object for a CU that runs synchronously: a strict request on wasm
-// CUs awaits nothing, and its trace is built from plain numbers when it is first read.
+// What a request does per CU is resolved once, at construction (`steps`), and what a policy and
+// a set of outputs do once per pair (`plan`, js/src/plan.js): runs of CUs that need no decision
+// from the host are segments, each one tight loop; the other CUs are walked one by one here. The
+// hot path makes no promise, closure or trace object for a CU that runs synchronously: a strict
+// request on wasm CUs awaits nothing, and its trace is built from plain numbers when it is first read.
 import { cuKey, copied, outputKey, tensorKey } from "./cache.js";
+import { RequestPlan, Segment, hitPossible, keyableCus } from "./plan.js";
 import { clock, cpuClock } from "./trace.js";
 import { VariantRunner } from "./variants.js";
+import { WasmUnit } from "./wasm_unit.js";
 
 export const INACTIVE = "inactive branch";
 export const NOT_NEEDED = "not needed";
@@ -39,12 +46,24 @@ export class Scheduler {
     const bytes = (/** @type {string[]} */ names) => names.reduce((n, name) => n + dag.tensors[name].bytes, 0);
     /** CU -> [select tensor, condition, value, case tensor] for each case it writes. */
     this.casesOf = new Map();
+    /** case tensor -> the selects it may become */
+    this.selectsOf = new Map();
+    /** tensor -> the CUs that read it */
+    this.readers = new Map();
+    for (const cu of dag.cus) {
+      for (const name of cu.inputs) {
+        if (!this.readers.has(name)) this.readers.set(name, []);
+        this.readers.get(name).push(cu.id);
+      }
+    }
     const producerOf = new Map(dag.cus.flatMap((cu) => cu.outputs.map((name) => [name, cu.id])));
     for (const s of dag.selects ?? []) {
       for (const c of s.cases) {
         const id = producerOf.get(c.tensor);
         if (!this.casesOf.has(id)) this.casesOf.set(id, []);
         this.casesOf.get(id).push([s.tensor, s.condition, c.equals, c.tensor]);
+        if (!this.selectsOf.has(c.tensor)) this.selectsOf.set(c.tensor, []);
+        this.selectsOf.get(c.tensor).push(s.tensor);
       }
     }
     /** @type {Step[]} one per CU, in dag.json's order */
@@ -53,8 +72,40 @@ export class Scheduler {
       const where = /** @type {string} */ (this.placement.get(id));
       return { cu, id, where, unit: /** @type {Unit} */ (units.get(id)), bytesIn: bytes(cu.inputs), bytesOut: bytes(cu.outputs),
         inputBytes: cu.inputs.map((name) => dag.tensors[name].bytes), cases: this.casesOf.get(id) ?? null,
-        identity: JSON.stringify([id, where, cu.sha256, cu.artifacts?.wasm ?? null]) };
+        identity: JSON.stringify([id, where, cu.sha256, cu.artifacts?.wasm ?? null]),
+        bounded: [...(cu.artifacts?.wasm?.memory.inputs ?? []), ...(cu.artifacts?.wasm?.memory.outputs ?? [])]
+          .some((entry) => entry.bound) };
     });
+    /** @type {Map<string, RequestPlan>} (policy, requested outputs) -> its plan */
+    this.plans = new Map();
+  }
+
+  /** The plan of requests under `policy` for `outputs`, made on first use.
+   * @param {import("./policy.js").Policy} policy @param {string[]} outputs */
+  plan(policy, outputs) {
+    const caching = policy.cache && this.cache.enabled;
+    const key = JSON.stringify([policy.skipInactive, caching, policy.trustThreshold, outputs]);
+    let plan = this.plans.get(key);
+    if (plan !== undefined) return plan;
+    const needed = policy.skipInactive ? this.needed(outputs) : null;
+    const exact = (/** @type {Step} */ step) => policy.trustThreshold === null || this.variants.choice(step.id, policy) === null;
+    const keyable = caching ? keyableCus(this.steps, (step) => !step.cu.random && exact(step), this.selectsOf) : new Set();
+    const placedOnWasm = (/** @type {string} */ name) => {
+      const producer = this.producer.get(name);
+      return producer == null || this.placement.get(producer) === "wasm";
+    };
+    const joins = (/** @type {Step} */ step) => step.unit instanceof WasmUnit && !step.bounded && step.cases === null
+      && (needed === null || needed.has(step.id)) && !(policy.skipInactive && step.cu.activation)
+      && !keyable.has(step.id) && exact(step) && (!this.mixed || step.cu.inputs.every(placedOnWasm));
+    const alwaysRead = new Set(outputs);
+    for (const s of this.dag.selects ?? []) {
+      alwaysRead.add(s.condition);
+      for (const c of s.cases) alwaysRead.add(c.tensor);
+    }
+    for (const cu of this.dag.cus) if (cu.activation) alwaysRead.add(cu.activation.tensor);
+    plan = new RequestPlan(this.steps, joins, this.readers, alwaysRead, needed);
+    this.plans.set(key, plan);
+    return plan;
   }
 
   /** The CUs the tensors `outputs` depend on, through selects and activation conditions. @param {string[]} outputs */
@@ -88,10 +139,11 @@ export class Scheduler {
   async run(feeds, policy, outputs) {
     let liveBytes = 0;
     for (const name in feeds) liveBytes += feeds[name].data.byteLength;
+    const plan = this.plan(policy, outputs);
     /** @type {Request} */
     const request = {
       policy,
-      needed: policy.skipInactive ? this.needed(outputs) : null,
+      needed: plan.needed,
       env: new Map(Object.entries(feeds)),
       home: new Map(),
       keys: new Map(),
@@ -101,7 +153,11 @@ export class Scheduler {
     };
     const env = request.env;
     const caching = policy.cache && this.cache.enabled;
-    for (const step of this.steps) {
+    for (const step of plan.items) {
+      if (step instanceof Segment) {
+        step.run(request, this.mixed);
+        continue;
+      }
       const { cu, id } = step;
       /** @type {string | null} */
       let reason = null;
@@ -113,7 +169,7 @@ export class Scheduler {
         reason = INACTIVE;
       } else if (request.needed !== null && !request.needed.has(id)) {
         reason = NOT_NEEDED;
-      } else if (caching && !cu.random && this.variants.choice(id, policy) === null) {
+      } else if (caching && !cu.random && hitPossible(cu, request.keys) && this.variants.choice(id, policy) === null) {
         key = await this.cuKey(step, request);
         hit = this.cache.get(key);
         if (hit !== undefined) reason = CACHE_HIT;
@@ -211,10 +267,10 @@ export class Scheduler {
 const NO_VARIANT = Object.freeze({});
 
 /** @typedef {{cu: import("./dag.js").CU, id: string, where: string, unit: Unit, bytesIn: number, bytesOut: number,
- *             inputBytes: number[], cases: any[][] | null, identity: string}} Step */
+ *             inputBytes: number[], cases: any[][] | null, identity: string, bounded: boolean}} Step */
 /** @typedef {{step: Step, start: number, seconds: number, cpuSeconds: number, crossed: number, residentBytes: number,
  *             variant: Record<string, any>}} Activation */
 /** @typedef {{policy: import("./policy.js").Policy, needed: Set<string> | null,
  *             env: Map<string, any>, home: Map<string, string>, keys: Map<string, string>,
- *             activated: Activation[], skipped: {cu: string, reason: string}[], liveBytes: number}} Request
+ *             activated: (Activation | import("./plan.js").SegmentRun)[], skipped: {cu: string, reason: string}[], liveBytes: number}} Request
  *   `home`: tensor -> the device whose CU wrote it (absent: the host), kept only when devices are mixed. */

@@ -50,6 +50,22 @@ function activationEntry(a) {
     resident_bytes: a.residentBytes, ...a.variant };
 }
 
+/** The entries of a segment's CUs (js/src/plan.js): its time shared out by their flops, as
+ * Python's are, each saying the segment's length. @param {import("./plan.js").SegmentRun} run */
+function segmentEntries({ segment, start, seconds, cpuSeconds }) {
+  const length = segment.steps.length;
+  let at = start;
+  return segment.steps.map((step, i) => {
+    const share = segment.shares[i];
+    const { cu, where, bytesIn, bytesOut } = step;
+    const entry = { cu: cu.id, device: where, op_types: cu.op_types ?? [], start: at, seconds: seconds * share,
+      cpu_seconds: cpuSeconds * share, bytes_in: bytesIn, bytes_out: bytesOut, bytes_from_other_devices: 0,
+      resident_bytes: step.unit.residentBytes, ...(length > 1 ? { segment: length } : {}) };
+    at += seconds * share * 1e3;
+    return entry;
+  });
+}
+
 /** What a request's trace is built from, read when it ends: `requestTrace` builds the trace from it
  * when `lastTrace` is first read, so that a request nobody inspects makes no trace objects.
  * @param {{policy: string, dag: string, outputs: string[], request: any, residentBytes: number, cacheStats: any}} what */
@@ -61,7 +77,7 @@ export function requestRecord(what) {
 /** @param {ReturnType<typeof requestRecord>} record */
 export function requestTrace({ policy, dag, outputs, request, residentBytes, cacheStats, maxrssMb }) {
   /** @type {any[]} */
-  const entries = request.activated.map(activationEntry);
+  const entries = request.activated.flatMap((/** @type {any} */ a) => ("segment" in a ? segmentEntries(a) : [activationEntry(a)]));
   /** @type {Record<string, number>} */
   const byDevice = {};
   for (const t of entries) byDevice[t.device] = (byDevice[t.device] ?? 0) + 1;

@@ -10,6 +10,9 @@ import { CortexError } from "./errors.js";
 import { ARRAY_TYPES, Tensor, bytesOf, elementCount } from "./tensor.js";
 
 export class WasmUnit {
+  /** Counts `bind`s of every unit: a request plan's segment remakes its views when it moved. */
+  static generation = 0;
+
   /** @param {import("./dag.js").CU} cu @param {WebAssembly.Instance} instance */
   constructor(cu, instance) {
     this.cu = cu;
@@ -34,6 +37,7 @@ export class WasmUnit {
 
   /** @param {ArrayBuffer} buffer */
   bind(buffer) {
+    WasmUnit.generation += 1;
     this.buffer = buffer;
     this.slots = this.plan.inputs.map((entry) => (entry.bound ? null : new Uint8Array(buffer, entry.offset, entry.bytes)));
     /** @type {Record<string, Tensor>} */
@@ -60,14 +64,18 @@ export class WasmUnit {
     try {
       this.call();
     } catch (e) {
-      const ops = (this.cu.op_types ?? []).join(", ");
-      throw new CortexError(`${this.cu.id} (${ops}) trapped: ${/** @type {any} */ (e).message ?? e}`);
+      throw trapped(this.cu, e);
     }
     const after = this.memory.buffer;     // a module that grew its memory has a new buffer
     if (after !== this.buffer) this.bind(after);
     for (const entry of this.plan.outputs) if (entry.bound) this.outputs[entry.name] = realPart(after, entry);
     return this.outputs;
   }
+}
+
+/** The error a CU's trap (or any error its `run` throws) becomes. @param {import("./dag.js").CU} cu @param {any} e */
+export function trapped(cu, e) {
+  return new CortexError(`${cu.id} (${(cu.op_types ?? []).join(", ")}) trapped: ${e?.message ?? e}`);
 }
 
 /** @param {ArrayBuffer} buffer @param {import("./dag.js").PlanEntry} entry @param {number[]} shape */
