@@ -52,7 +52,8 @@ import numpy as np
 from backends.limits import SandboxLimits
 from cortex.runtime.cache import ResultCache
 from cortex.runtime.policy import Policy
-from cortex.runtime.scheduler import Request, SequentialScheduler
+from cortex.runtime.request import Request
+from cortex.runtime.scheduler import SequentialScheduler
 
 CALLING_THREAD = 0
 

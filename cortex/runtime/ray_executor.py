@@ -83,12 +83,8 @@ from cortex.runtime.ray_plan import (
     stage_cuts,
     stage_dag,
 )
-from cortex.runtime.scheduler import (
-    NOT_NEEDED,
-    Request,
-    SequentialScheduler,
-    needed_cus,
-)
+from cortex.runtime.request import Request
+from cortex.runtime.scheduler import NOT_NEEDED, SequentialScheduler, needed_cus
 from ir.errors import CortexError
 
 RETRY_BACKOFF_S = 0.5       # before the first resubmission; doubled each time, up to MAX_BACKOFF_S

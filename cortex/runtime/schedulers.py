@@ -20,7 +20,8 @@ from cortex.runtime.options import RuntimeOptions
 from cortex.runtime.parallel import ThreadedScheduler
 from cortex.runtime.policy import Policy
 from cortex.runtime.ray_executor import RayExecutor
-from cortex.runtime.scheduler import Request, SequentialScheduler
+from cortex.runtime.request import Request
+from cortex.runtime.scheduler import SequentialScheduler
 
 
 class Scheduler(Protocol):
