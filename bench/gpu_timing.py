@@ -4,7 +4,7 @@ and the GEMM kernels alone, for their achieved TFLOP/s.
 The model timings (`median_ms`) are wall-clock medians of whole runs: inputs go up and outputs come
 back every run, for Cortex and torch alike. The kernel timings launch one CU's kernels on inputs
 already on the device and wait for the GPU (`synchronize`), so they hold no copies. The hybrid
-crossover is `cortex calibrate --hybrid`'s measurement (cortex/runtime/crossover.py).
+crossover is `cortex calibrate --hybrid`'s measurement (cortex/tools/crossover.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from backends.registry import target
 from cortex.commands.decompose import decompose_model
 from cortex.compile import compile_cu_dir
 from cortex.dag import build_dag
-from cortex.runtime.crossover import crossover_threshold, record_crossover
+from cortex.tools.crossover import crossover_threshold, record_crossover
 from ir.errors import CortexError
 from ir.fs import write_bytes_atomically
 from passes.partition import PartitionIntoCUs

@@ -26,7 +26,7 @@ from backends.wasm.options import parse_options
 from cortex.commands.decompose import decompose_model
 from cortex.compile import compile_cu_dir
 from cortex.dag import build_dag
-from cortex.runtime.calibrate import calibrate, relative_l2
+from cortex.tools.calibrate import calibrate, relative_l2
 from ir.fs import write_bytes_atomically
 from passes.partition import PartitionIntoCUs
 from samples.light_models import light_model

@@ -21,7 +21,7 @@ import onnx.version_converter
 from onnx import numpy_helper
 
 from samples.cache import SampleModel
-from cortex.runtime.exact_u8s8 import reference_source
+from cortex.tools.exact_u8s8 import reference_source
 from samples.contrib_models import (cached_model, _qoperator_float_model, _save, _source, calibration_reader,
                                     qoperator_calibration_feeds)
 from samples.light_models import light_model

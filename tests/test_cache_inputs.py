@@ -20,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from cli_helpers import assert_one_line_error, run_cli
 from cortex.dag import validate_dag
-from cortex.runtime.onnx_reference import run_dag
+from cortex.tools.onnx_reference import run_dag
 from testdata import run_onnxruntime
 
 WIDTH = 32

@@ -13,7 +13,7 @@ import pytest
 from cli_helpers import assert_one_line_error, run_cli
 import cortex
 from cortex.dag import read_dag
-from cortex.runtime.calibrate import calibrate, relative_l2
+from cortex.tools.calibrate import calibrate, relative_l2
 from variant_cases import build, embedding_mlp, feeds, narrowed_reference, run_onnxruntime, weights
 
 

@@ -16,7 +16,7 @@ from testdata import sample_model
 
 from backends.hybrid import DEFAULT_GPU_MIN_FLOPS, THRESHOLD_VARIABLE, placer
 from cortex.dag import validate_dag
-from cortex.runtime.crossover import crossover_threshold
+from cortex.tools.crossover import crossover_threshold
 
 RNG = np.random.default_rng(3)
 

@@ -14,7 +14,7 @@ import pytest
 
 from cortex.commands.decompose import decompose_model
 from cortex.dag import SCHEMA_FILE, build_dag, validate_dag
-from cortex.runtime.onnx_reference import run_dag
+from cortex.tools.onnx_reference import run_dag
 from ir.errors import CortexError
 from passes.partition import PartitionIntoCUs
 from testdata import (LIGHT_MODEL_NAMES, SAMPLE_NAMES, assert_values_close, light_model, node_test_case,

@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from cli_helpers import run_cli
-from cortex.runtime.onnx_reference import run_dag
+from cortex.tools.onnx_reference import run_dag
 from testdata import SAMPLES_DIR, run_onnxruntime
 
 CNN = SAMPLES_DIR / "cnn.onnx"

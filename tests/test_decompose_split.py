@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from cortex.commands.decompose import decompose_model
 from cortex.dag import build_dag, validate_dag
-from cortex.runtime.onnx_reference import run_dag
+from cortex.tools.onnx_reference import run_dag
 from ir.errors import CortexError
 from testdata import run_onnxruntime
 from passes.partition import PartitionIntoCUs

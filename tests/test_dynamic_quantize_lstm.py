@@ -16,7 +16,7 @@ import pytest
 
 from cli_helpers import run_cli
 from cortex.commands import verify
-from cortex.runtime import exact_u8s8
+from cortex.tools import exact_u8s8
 from samples.quantized_lstm_models import stacked_quantized_lstm, torch_lstm_quantized
 
 MIN_COSINE = 0.9999

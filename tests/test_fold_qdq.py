@@ -29,7 +29,7 @@ from cuda_cases import compile_cuda_pipeline
 from ir.onnx_import import import_model
 from passes import optimize_pipeline, run_pipeline
 from samples.qdq_models import qdq_minilm, qdq_net, qdq_squeezenet
-from cortex.runtime.exact_u8s8 import reference_source
+from cortex.tools.exact_u8s8 import reference_source
 from wasm_cases import compile_pipeline, run_wasm
 
 S8, U8 = TensorProto.INT8, TensorProto.UINT8
@@ -38,7 +38,7 @@ RNG = np.random.default_rng(0)
 
 def onnxruntime_outputs(model, feeds) -> list[np.ndarray]:
     """onnxruntime's outputs with its optimisations on (it fuses the QDQ pairs into integer kernels);
-    uint8 x int8 products exact on every machine (cortex/runtime/exact_u8s8.py)."""
+    uint8 x int8 products exact on every machine (cortex/tools/exact_u8s8.py)."""
     data, feeds, _ = reference_source(model, feeds)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

@@ -1,6 +1,7 @@
 """The layers' arrows point down, and stay so:
 
-    ir -> passes -> codegen -> backends -> cortex.{cus,dag,dag_checks} -> cortex.runtime -> cortex (CLI)
+    ir -> passes -> codegen -> backends -> cortex.{cus,dag,dag_checks} -> cortex.runtime -> cortex.tools
+       -> cortex (CLI)
 
 A module imports only from its own layer or the layers below it, at the top of the file: no
 import cycles, and no function-local import of a project module that could hide one. bench/,
@@ -24,6 +25,7 @@ LAYERS = [
     ("bundle", ("cortex.cus", "cortex.dag", "cortex.dag_checks", "cortex.specializations",
                 "cortex.value_specializations")),
     ("runtime", ("cortex.runtime",)),
+    ("tools", ("cortex.tools",)),
     ("cli", ("cortex",)),
 ]
 PROJECT = {"ir", "passes", "codegen", "backends", "cortex", "bench", "samples"}
@@ -91,6 +93,20 @@ def test_imports_point_down():
                 wrong.append(f"{path.relative_to(ROOT)}:{line} ({LAYERS[own][0]}) imports {target} "
                              f"({'outside the layers' if theirs is None else LAYERS[theirs][0]})")
     assert not wrong, "imports that point up:\n" + "\n".join(wrong)
+
+
+def test_runtime_never_imports_tools():
+    """The request path (cortex.runtime) stands without the tools that calibrate, compare, bisect,
+    reproduce and find crossovers: anything the runtime reads of theirs, it reads with its own code.
+    Any import counts here, a late one included."""
+    wrong = [f"{path.relative_to(ROOT)}:{line} imports {target}"
+             for name, path in modules().items() if layer_of(name) == layer_named("runtime")
+             for target, _, line in imports_of(name, path) if layer_of(target) == layer_named("tools")]
+    assert not wrong, "the runtime imports a tool:\n" + "\n".join(wrong)
+
+
+def layer_named(name: str) -> int:
+    return [layer for layer, _ in LAYERS].index(name)
 
 
 def test_no_function_local_imports_of_project_modules():

@@ -24,9 +24,9 @@ from test_conditional_cus import feeds_for, if_model
 from testdata import run_onnxruntime
 
 import cortex
-from cortex.runtime.calibrate import speed_record
 from cortex.runtime.memory import MB, ResidentSet, choose_pins
 from cortex.runtime.trace import validate_trace
+from cortex.tools.calibrate import speed_record
 from ir.errors import CortexError
 from samples.cache import SampleModel
 

@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from cortex.commands.decompose import decompose_model
 from cortex.dag import build_dag
-from cortex.runtime.onnx_reference import run_dag
+from cortex.tools.onnx_reference import run_dag
 from ir.errors import CortexError
 from ir.graph import Graph, outer_reads
 from ir.onnx_import import import_model

@@ -12,7 +12,7 @@ import pytest
 
 import cortex
 from backends.cuda import toolchain as cuda_compile
-from cortex.runtime.onnx_reference import run_dag
+from cortex.tools.onnx_reference import run_dag
 from cortex.commands.decompose import decompose_model
 from ir.onnx_import import import_model
 from passes import optimize_pipeline, run_pipeline

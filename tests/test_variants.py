@@ -17,8 +17,8 @@ import pytest
 
 import cortex
 from backends.cuda.toolchain import find_nvcc
-from cortex.runtime.calibrate import calibrate
 from cortex.runtime.policy import POLICIES, Policy
+from cortex.tools.calibrate import calibrate
 from ir.errors import CortexError
 from variant_cases import (build, embedding_mlp, feeds, narrowed_reference, recompile, run_onnxruntime,
                            set_trust, weights)

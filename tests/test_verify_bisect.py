@@ -25,7 +25,7 @@ from backends.wasm.options import parse_options
 from cli_helpers import CORTEX, TIMEOUT_S, assert_one_line_error, run_cli
 from bench.conformance.devices import unavailable_reason
 from cortex.compile import compile_cu_dir
-from cortex.runtime.repro import artifact_files
+from cortex.tools.repro import artifact_files
 from ir.fs import write_bytes_atomically
 from test_fallback_cus import decompose_and_build, feeds as mixed_feeds, mixed_model
 from wasm_cases import compile_pipeline

@@ -17,8 +17,8 @@ import onnxruntime as ort
 import pytest
 
 from cli_helpers import assert_one_line_error, run_cli
-from cortex.runtime.accuracy import cosine_similarity, parse_metric_gate, top1_agreement
-from cortex.runtime.exact_u8s8 import reference_source
+from cortex.tools.accuracy import cosine_similarity, parse_metric_gate, top1_agreement
+from cortex.tools.exact_u8s8 import reference_source
 from samples.contrib_models import cached_model, quantized_dynamic
 from test_verify_bisect import chain_model, compile_chain, plant
 

@@ -1,6 +1,6 @@
 """`cortex verify` judges uint8 x int8 products against exact ones on every CPU: where onnxruntime
 saturates their pair sums at 16 bits (x86 without VNNI), its reference runs the model rewritten by
-`cortex.runtime.exact_u8s8`, and says so; so do `--bisect`'s per-CU references."""
+`cortex.tools.exact_u8s8`, and says so; so do `--bisect`'s per-CU references."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from onnx import TensorProto, helper, numpy_helper
 from backends.onnxruntime.device import OnnxruntimeDevice
 from cli_helpers import run_cli
 from cortex.commands import verify
-from cortex.runtime import exact_u8s8, load
-from cortex.runtime.bisect import Bisection
-from cortex.runtime.exact_u8s8 import onnxruntime_saturates_u8s8
+from cortex.runtime import load
+from cortex.tools import exact_u8s8
+from cortex.tools.bisect import Bisection
+from cortex.tools.exact_u8s8 import onnxruntime_saturates_u8s8
 
 K, N = 64, 8
 

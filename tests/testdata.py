@@ -21,7 +21,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from cortex.runtime.exact_u8s8 import reference_source
+from cortex.tools.exact_u8s8 import reference_source
 from samples import light_models as _light
 from samples import minilm as _minilm
 from samples import node_tests as _node
@@ -52,7 +52,7 @@ def run_onnxruntime(model: onnx.ModelProto | Path | str, inputs: dict[str, objec
                     optimize: bool = False) -> dict[str, object]:
     """Outputs by name. Graph optimisations are off by default so results are onnxruntime's plain
     kernels, the same whichever model variant runs them; uint8 x int8 products are exact on every
-    machine (cortex/runtime/exact_u8s8.py)."""
+    machine (cortex/tools/exact_u8s8.py)."""
     source, inputs, _ = reference_source(model, inputs)
     opts = ort.SessionOptions()
     opts.log_severity_level = 4  # failures surface as exceptions; the C++ log would only repeat them

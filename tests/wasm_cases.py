@@ -17,7 +17,7 @@ from ir.onnx_import import import_model
 from passes import optimize_pipeline, run_pipeline
 from passes.partition import PartitionIntoCUs
 
-from cortex.runtime.exact_u8s8 import reference_source
+from cortex.tools.exact_u8s8 import reference_source
 
 CONFIGS = [("", "0"), ("simd,bulk-memory", "3"), ("simd,bulk-memory,relaxed-simd", "3"), ("simd", "1")]
 
@@ -40,7 +40,7 @@ def run_wasm(model: onnx.ModelProto, feeds: dict, features: str = "simd,bulk-mem
 
 
 def run_onnxruntime(model: onnx.ModelProto, feeds: dict) -> dict:
-    """onnxruntime's outputs; its uint8 x int8 products exact on every machine (cortex/runtime/exact_u8s8.py)."""
+    """onnxruntime's outputs; its uint8 x int8 products exact on every machine (cortex/tools/exact_u8s8.py)."""
     source, feeds, _ = reference_source(model, feeds)
     session = ort.InferenceSession(source, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]

@@ -13,9 +13,9 @@ from cortex.commands.run import example_feeds
 from cortex.commands.shared_options import DeviceOption
 from cortex.console import print_json, print_summary
 from cortex.dag import read_dag
-from cortex.runtime.calibrate import calibrate as calibrate_dag
-from cortex.runtime.calibrate import read_feeds
-from cortex.runtime.crossover import record_crossover
+from cortex.tools.calibrate import calibrate as calibrate_dag
+from cortex.tools.calibrate import read_feeds
+from cortex.tools.crossover import record_crossover
 from ir.errors import CortexError
 
 

@@ -1,17 +1,17 @@
 """`cortex verify`: run a compiled dag.json and compare every output with onnxruntime on the source
 model, on the same inputs. Exit 0 when all outputs agree within tolerance, 1 when one does not.
 Where this CPU's onnxruntime saturates uint8 x int8 products, the reference runs the model as
-`cortex.runtime.exact_u8s8` rewrites it, whose products are exact, and the report says so.
+`cortex.tools.exact_u8s8` rewrites it, whose products are exact, and the report says so.
 
-`--bisect` also judges each CU on the inputs it received in that run (`cortex.runtime.bisect`) and
+`--bisect` also judges each CU on the inputs it received in that run (`cortex.tools.bisect`) and
 names the first CU whose own outputs diverge; `--dump DIR` writes that CU as a reproduction
-(`cortex.runtime.repro`). The exit code stays the model's verdict.
+(`cortex.tools.repro`). The exit code stays the model's verdict.
 
 Beside the max errors, each output's cosine similarity with the reference and the agreement of
-their top-1 along the last axis are reported (`cortex.runtime.accuracy`); `--metric
+their top-1 along the last axis are reported (`cortex.tools.accuracy`); `--metric
 cosine:0.999,top1:0.95` makes those the verdict instead of the tolerance, for models whose outputs
 may not match elementwise (dynamic quantization). When an output is outside the tolerance, the
-report says why in a line or two (`cortex.runtime.drift`): quantization, a CU that computes
+report says why in a line or two (`cortex.tools.drift`): quantization, a CU that computes
 something else, or float errors adding up; to find out, the model runs once more under the
 bisection when `--bisect` did not already observe the first run.
 
@@ -33,13 +33,13 @@ from cortex.commands.run import example_feeds, read_inputs
 from cortex.commands.shared_options import DeviceOption
 from cortex.console import out, print_json
 from cortex.runtime import load
-from cortex.runtime.accuracy import metric_failures, parse_metric_gate
-from cortex.runtime.bisect import Bisection, BisectReport
-from cortex.runtime.compare import compare
-from cortex.runtime.drift import DriftCause, explain
-from cortex.runtime.exact_u8s8 import reference_source
-from cortex.runtime.repro import write_reproduction
 from cortex.runtime.specialized import SpecializedModel
+from cortex.tools.accuracy import metric_failures, parse_metric_gate
+from cortex.tools.bisect import Bisection, BisectReport
+from cortex.tools.compare import compare
+from cortex.tools.drift import DriftCause, explain
+from cortex.tools.exact_u8s8 import reference_source
+from cortex.tools.repro import write_reproduction
 from ir.errors import CortexError
 from ir.fs import file_sha256, sha256_bytes
 from ir.onnx_import import read_model_proto
@@ -212,7 +212,7 @@ EXACT_U8S8_NOTE = ("onnxruntime on this CPU saturates uint8 x int8 products (no 
 
 def _run_onnxruntime(model: Path, feeds: dict, names: list[str]) -> tuple[dict[str, np.ndarray], bool]:
     """onnxruntime's outputs of the source model, and whether they come from its exact-u8s8 rewrite
-    (`cortex.runtime.exact_u8s8`): without it, on a CPU where onnxruntime saturates uint8 x int8
+    (`cortex.tools.exact_u8s8`): without it, on a CPU where onnxruntime saturates uint8 x int8
     pair sums, a model's exact products would be judged against onnxruntime's wrong ones."""
     options = ort.SessionOptions()
     options.log_severity_level = 3

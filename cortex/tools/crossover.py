@@ -31,8 +31,8 @@ from backends.limits import SandboxLimits
 from backends.registry import Device
 from backends.registry import device as device_spec
 from cortex.dag import validate_dag
-from cortex.runtime.calibrate import ExactRun
 from cortex.runtime.loader import CompiledModel
+from cortex.tools.calibrate import ExactRun
 from ir.errors import CortexError
 from ir.fs import write_bytes_atomically
 

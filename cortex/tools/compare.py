@@ -2,13 +2,13 @@
 NaN where the reference has NaN, and an infinity where the reference has the same one, counting as
 equal. Shared by the whole-model check and the
 per-CU bisection, so both judge with the same rule. Each row also carries the accuracy metrics
-(`cortex.runtime.accuracy`): cosine similarity, top-1 agreement and the relative L2 error."""
+(`cortex.tools.accuracy`): cosine similarity, top-1 agreement and the relative L2 error."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from cortex.runtime.accuracy import cosine_similarity, relative_l2_error, top1_agreement
+from cortex.tools.accuracy import cosine_similarity, relative_l2_error, top1_agreement
 
 
 def compare(name: str, ours: np.ndarray, reference: np.ndarray, rtol: float, atol: float) -> dict:

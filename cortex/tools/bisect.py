@@ -11,13 +11,13 @@ largest own error (in units of the tolerance) is named instead.
 Where the outputs start to drift is a second question, asked of the same run: onnxruntime also runs
 the CUs one after the other from the model's inputs, each on the outputs its predecessors had on
 onnxruntime, and each CU's outputs in the compiled run are compared with those. The first CU whose
-outputs differ there is where the drift starts (`cortex.runtime.drift` explains it): the same CU
+outputs differ there is where the drift starts (`cortex.tools.drift` explains it): the same CU
 as the first divergent one for a miscompiled CU, but also a CU that is right on its own inputs
 yet amplifies a tiny earlier difference (a dynamic quantization's scale or code).
 
 Each CU's reference is its cu.onnx on onnxruntime as `cortex verify` runs the whole model: where
 this machine's onnxruntime saturates uint8 x int8 pair sums (x86 without VNNI) and the CU holds
-such a product, `ExactReference` runs it rewritten by `cortex.runtime.exact_u8s8`, whose products
+such a product, `ExactReference` runs it rewritten by `cortex.tools.exact_u8s8`, whose products
 are exact, so that a CU computing them exactly is not named for onnxruntime's saturation.
 
 The run is observed at the device boundary: each device the scheduler holds is wrapped so that
@@ -37,9 +37,9 @@ from onnx.external_data_helper import load_external_data_for_model
 
 from backends.registry import Device
 from backends.registry import device as device_spec
-from cortex.runtime import exact_u8s8
-from cortex.runtime.compare import compare
 from cortex.runtime.loader import CompiledModel
+from cortex.tools import exact_u8s8
+from cortex.tools.compare import compare
 from ir.errors import CortexError
 from ir.fs import confined_path, read_artifact
 

@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 
 from cortex.dag import read_dag
-from cortex.runtime.bisect import CUCase, CUCheck, describe
+from cortex.tools.bisect import CUCase, CUCheck, describe
 from ir.errors import CortexError
 from ir.fs import confined_path, current_umask, read_artifact, write_bytes_atomically, write_directory_atomically
 

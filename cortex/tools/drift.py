@@ -9,7 +9,7 @@ model is right when each CU computes what its cu.onnx says on its own inputs, up
 and the outputs start to drift at a CU that quantizes, or reads what one quantized. Anything else
 is a CU that computes something else (a bug to report), or float errors adding up.
 
-The facts come from `cortex.runtime.bisect`: each CU judged on its own inputs, and the first CU
+The facts come from `cortex.tools.bisect`: each CU judged on its own inputs, and the first CU
 whose outputs leave onnxruntime's CU-by-CU run (where the drift starts).
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cortex.runtime.bisect import BisectReport, CUCheck
+from cortex.tools.bisect import BisectReport, CUCheck
 
 # The ops that quantize an activation at run time; the expansions of the contrib ops leave the first.
 DYNAMIC_QUANTIZE_OPS = frozenset({"DynamicQuantizeLinear", "DynamicQuantizeMatMul", "DynamicQuantizeLSTM"})
