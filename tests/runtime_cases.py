@@ -57,8 +57,11 @@ def random_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
 
 
-def build(model: onnx.ModelProto | Path, out: Path, fallback: str | None = None) -> Path:
-    """decompose (one op per CU where fusion allows) -> build-dag -> compile-wasm; the dag.json."""
+def build(model: onnx.ModelProto | Path, out: Path, fallback: str | None = None,
+          cache_inputs: tuple[str, ...] = ()) -> Path:
+    """decompose (one op per CU where fusion allows) -> build-dag -> compile-wasm; the dag.json.
+    `cache_inputs` (decompose --cache-inputs) marks the CUs that depend only on those inputs
+    repeating: the result cache keys nothing in a dag.json that marks nothing."""
     out = Path(out)
     if isinstance(model, onnx.ModelProto):
         path = out / f"{model.graph.name}.onnx"
@@ -66,7 +69,8 @@ def build(model: onnx.ModelProto | Path, out: Path, fallback: str | None = None)
         onnx.save(model, path)
     else:
         path = Path(model)
-    decompose_model(path, out / "cus", PartitionIntoCUs(min_cu_size=0, max_cu_depth=1, fallback=fallback))
+    decompose_model(path, out / "cus", PartitionIntoCUs(min_cu_size=0, max_cu_depth=1, fallback=fallback,
+                                                                 cache_inputs=cache_inputs))
     dag_path = out / "dag.json"
     write_bytes_atomically(dag_path, json.dumps(build_dag(out / "cus", dag_path), indent=2).encode())
     compile_cu_dir(target("wasm"), out / "cus", out / "wasm-bin", from_text(target("wasm").options), dag_path, jobs=1)

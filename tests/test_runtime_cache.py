@@ -1,6 +1,7 @@
 """The result cache: hits on byte-identical inputs with chained keys, misses on any changed byte,
 LRU eviction within its byte budget, outputs the caller cannot write into it, and never a CU
-holding a random op."""
+holding a random op. The models are built with their input marked repeating (`--cache-inputs x`),
+since a dag.json that marks nothing caches nothing."""
 
 from __future__ import annotations
 
@@ -19,7 +20,17 @@ def feeds() -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def two_outputs(tmp_path_factory):
-    return build(two_output_model(), tmp_path_factory.mktemp("two_outputs"))
+    return build(two_output_model(), tmp_path_factory.mktemp("two_outputs"), cache_inputs=("x",))
+
+
+def test_a_dag_that_marks_nothing_caches_nothing(tmp_path, hash_calls):
+    model = cortex.load(build(two_output_model(), tmp_path))
+    assert not any("cache" in cu for cu in model.dag["cus"])
+    for _ in range(2):
+        model.run(feeds())
+        assert model.last_trace["activated_cus"] == model.dag["order"]
+    stats = model.last_trace["cache"]
+    assert stats["hits"] == 0 and stats["entries"] == 0 and hash_calls == []
 
 
 def test_a_repeated_call_is_all_cache_hits_with_chained_keys(two_outputs, hash_calls):
@@ -118,7 +129,7 @@ def test_a_zero_budget_turns_the_cache_off(two_outputs, hash_calls):
 
 
 def test_cus_holding_random_ops_are_never_cached(tmp_path):
-    dag_path = build(random_model(), tmp_path, fallback="onnxruntime")
+    dag_path = build(random_model(), tmp_path, fallback="onnxruntime", cache_inputs=("x",))
     model = cortex.load(dag_path)
     random_cu = next(cu for cu in model.dag["cus"] if cu.get("random"))
     assert random_cu["op_types"] == ["RandomUniformLike"]
@@ -129,7 +140,9 @@ def test_cus_holding_random_ops_are_never_cached(tmp_path):
     assert trace["skipped_cus"] == [{"cu": matmul, "reason": "cache hit"}]
     assert random_cu["id"] in trace["activated_cus"]
     assert not np.array_equal(first, second)          # fresh noise: the random CU really ran
-    assert len(model.cache.entries) == 3              # the MatMul, and the Add once per run (new noise each time)
+    # Only the MatMul is stored: the Add reads fresh noise, so it is not repeating and never keyed.
+    assert [cu["id"] for cu in model.dag["cus"] if cu.get("cache") == "repeating"] == [matmul]
+    assert len(model.cache.entries) == 1
 
 
 def test_the_registry_marks_random_cus_even_without_the_dag_json_mark(tmp_path):
