@@ -128,7 +128,9 @@ class CUStage:
             self.load_error = e
             return
         try:
-            self.scheduler = StageScheduler(stage_dag(dag, cu_ids), self.dag_path, device, ResultCache(cache_bytes))
+            # An actor walks its stage one CU after the other: its runs of CUs run as segments.
+            self.scheduler = StageScheduler(stage_dag(dag, cu_ids), self.dag_path, device, ResultCache(cache_bytes),
+                                            segments=True)
             self.scheduler.load()
         except CortexError as e:
             self.load_error = local_error(e, self.dag_path, shipment.dag_path, shipment.folder)
