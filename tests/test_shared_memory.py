@@ -65,6 +65,9 @@ def densenet_like() -> onnx.ModelProto:
 
 MODELS = {"cnn": lambda: onnx.load(SAMPLES / "cnn.onnx"), "branching": two_output_model,
           "densenet_like": densenet_like, "if": lambda: if_model("computed")}
+# The models whose cache tests need hits are built with their input marked repeating: a dag.json
+# that marks nothing caches nothing.
+CACHE_INPUTS = {"densenet_like": ("x",), "if": ("x",)}
 
 
 def feeds_for(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
@@ -76,11 +79,14 @@ def feeds_for(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
     return feeds
 
 
-def build(model: onnx.ModelProto, out: Path, fallback: str | None = None, **options) -> Path:
-    """decompose (one op per CU where fusion allows) -> build-dag -> compile-wasm with `options`."""
+def build(model: onnx.ModelProto, out: Path, fallback: str | None = None, cache_inputs: tuple[str, ...] = (),
+          **options) -> Path:
+    """decompose (one op per CU where fusion allows; `cache_inputs` marked repeating) -> build-dag
+    -> compile-wasm with `options`."""
     out.mkdir(parents=True, exist_ok=True)
     onnx.save(model, out / "m.onnx")
-    decompose_model(out / "m.onnx", out / "cus", PartitionIntoCUs(min_cu_size=0, max_cu_depth=1, fallback=fallback))
+    decompose_model(out / "m.onnx", out / "cus", PartitionIntoCUs(min_cu_size=0, max_cu_depth=1, fallback=fallback,
+                                                                  cache_inputs=cache_inputs))
     dag_path = out / "dag.json"
     write_bytes_atomically(dag_path, json.dumps(build_dag(out / "cus", dag_path), indent=2).encode())
     compile_cu_dir(target("wasm"), out / "cus", out / "wasm-bin", WasmOptions(**options), dag_path, jobs=1)
@@ -90,7 +96,7 @@ def build(model: onnx.ModelProto, out: Path, fallback: str | None = None, **opti
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory) -> dict[tuple[str, str], Path]:
     root = tmp_path_factory.mktemp("shared")
-    return {(name, memory): build(make(), root / name / memory, memory=memory)
+    return {(name, memory): build(make(), root / name / memory, cache_inputs=CACHE_INPUTS.get(name, ()), memory=memory)
             for name, make in MODELS.items() for memory in ("per-cu", "shared")}
 
 
