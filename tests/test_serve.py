@@ -26,7 +26,8 @@ READ_TIMEOUT_S = 1.0
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    dag_path = build(two_output_model(), tmp_path_factory.mktemp("served") / "tiny")
+    # x marked repeating, so that the metrics can count cache hits (a dag.json that marks nothing caches nothing).
+    dag_path = build(two_output_model(), tmp_path_factory.mktemp("served") / "tiny", cache_inputs=("x",))
     server = Server(dag_path, "--workers", "2", "--max-body-mb", str(MAX_BODY_BYTES / (1 << 20)),
                     "--read-timeout-s", str(READ_TIMEOUT_S))
     yield server, dag_path
