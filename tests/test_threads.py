@@ -55,7 +55,9 @@ def branches(tmp_path_factory):
 @pytest.fixture(scope="module")
 def two_outputs(tmp_path_factory):
     out = tmp_path_factory.mktemp("two_outputs")
-    return build(two_output_model(), out)
+    # x marked repeating, so that both walks have cache hits to compare (a dag.json that marks
+    # nothing caches nothing).
+    return build(two_output_model(), out, cache_inputs=("x",))
 
 
 def overlaps(a: dict, b: dict) -> bool:
