@@ -141,8 +141,9 @@ def _result_cell(row: dict, gate: dict | None) -> str:
 
 
 def _load(dag: Path, device: str, given: dict, specialization: str | None, one_thread: bool):
-    """(the specialization's name or None, the compiled model to check)."""
-    compiled = load(dag, device, threads=1 if one_thread else None)
+    """(the specialization's name or None, the compiled model to check). On one thread (the
+    bisection's), every CU runs with a call of its own, so that each one's inputs are observed."""
+    compiled = load(dag, device, threads=1, segments=False) if one_thread else load(dag, device)
     if isinstance(compiled, SpecializedModel):
         i = compiled.select({name: list(np.shape(value)) for name, value in given.items()}, specialization, given)
         return compiled.sections[i]["name"], compiled.specialization_model(i)

@@ -156,7 +156,7 @@ def calibrate(dag_path: Path, data: Path, device: str = "wasm") -> dict:
     dag_path = Path(dag_path)
     if is_specialized(dag_path):
         return calibrate_specializations(dag_path, data, device)
-    model = CompiledModel(dag_path, device, policy="strict")
+    model = CompiledModel(dag_path, device, policy="strict", segments=False)
     feeds = read_feeds(data, model.dag["inputs"])
     found = calibrate_model(model, feeds, device)
     validate_dag(model.dag)
@@ -178,7 +178,7 @@ def calibrate_specializations(dag_path: Path, data: Path, device: str) -> dict:
             variants.update({f"{section['name']} {cu['id']} {p}": None for cu in section["cus"]
                              for p in cu.get("variants", {})})
             continue
-        model = CompiledModel(dag_path, device, policy="strict", dag=section_dag(section))
+        model = CompiledModel(dag_path, device, policy="strict", segments=False, dag=section_dag(section))
         found = calibrate_model(model, feeds, device)
         section["cus"] = model.dag["cus"]
         variants.update({f"{section['name']} {name}": trust for name, trust in found["variants"].items()})
