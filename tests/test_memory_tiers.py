@@ -55,7 +55,9 @@ def chain(tmp_path_factory):
 @pytest.fixture(scope="module")
 def conditional(tmp_path_factory):
     folder = tmp_path_factory.mktemp("if")
-    build_if(folder, if_model("computed"))
+    # x marked repeating, so that a repeated request is all cache hits (a dag.json that marks
+    # nothing caches nothing).
+    build_if(folder, if_model("computed"), "--cache-inputs", "x")
     return folder
 
 
