@@ -22,7 +22,8 @@ RSS_GROWTH_ALLOWED = 0.05
 
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory):
-    dag_path = build(two_output_model(), tmp_path_factory.mktemp("load") / "tiny")
+    # x marked repeating: a dag.json that marks nothing caches nothing, and the load repeats inputs.
+    dag_path = build(two_output_model(), tmp_path_factory.mktemp("load") / "tiny", cache_inputs=("x",))
     server = Server(dag_path, "--workers", "2")
     yield server, dag_path
     server.stop()
@@ -90,3 +91,4 @@ def test_concurrent_clients_get_onnxruntime_results_with_no_errors_and_stable_rs
     metrics = server.metrics()
     assert metrics[f'cortex_requests_total{{model="{server.model}",status="200"}}'] == total
     assert metrics[f'cortex_request_latency_seconds_count{{model="{server.model}"}}'] == total
+    assert metrics[f'cortex_cache_hits_total{{model="{server.model}"}}'] > 0
