@@ -30,14 +30,16 @@ def feeds() -> dict[str, np.ndarray]:
     return {"x": np.random.default_rng(1).standard_normal((4, 8)).astype(np.float32)}
 
 
+# Both models are built with x marked repeating, so that balanced has cache hits to show: a
+# dag.json that marks nothing caches nothing.
 @pytest.fixture(scope="module")
 def two_outputs(tmp_path_factory):
-    return build(two_output_model(), tmp_path_factory.mktemp("two_outputs"))
+    return build(two_output_model(), tmp_path_factory.mktemp("two_outputs"), cache_inputs=("x",))
 
 
 @pytest.fixture(scope="module")
 def noisy(tmp_path_factory):
-    return build(random_model(), tmp_path_factory.mktemp("noisy"), fallback="onnxruntime")
+    return build(random_model(), tmp_path_factory.mktemp("noisy"), fallback="onnxruntime", cache_inputs=("x",))
 
 
 @pytest.mark.parametrize("name", ["cnn", "transformer_block", "mlp"])
