@@ -2,10 +2,10 @@
 
 One wasmtime Engine, configured with the features the modules were built with, serves every CU.
 `load` checks each module's sha256 against dag.json (a tampered or stale file is refused) and
-instantiates it from its cached native code (`native_cache`). `unload` drops a CU's store, its
-instance and module with it, so its linear memory and the mapping of its native code are released:
-the CU is back to warm (its .cwasm on disk, verified by stamp), and loading it again maps that file
-instead of compiling. Running copies a CU's inputs into
+instantiates it from its cached native code (`native_cache`). `unload` drops a CU's store and
+instance, so its linear memory is released; its compiled module stays, so the CU is back to warm
+and loading it again is one instantiation (its weights mapped or read in again), no file mapped or
+hashed. Running copies a CU's inputs into
 its memory, makes one call, and hands its outputs on as zero-copy views of that memory, valid until
 the CU runs again; `to_host` copies them out.
 
@@ -17,6 +17,7 @@ so the next request runs on a fresh instance; `sandbox_events` counts all of it.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from backends.wasm.assemble import make_engine
 from backends.wasm.instance import WasmInstance, in_place
 from backends.wasm.native_cache import CacheWrites, Stamps, load_module
 from backends.wasm.options import WasmOptions, parse_options
+from backends.wasm.prefault import prefault
 from backends.wasm.sandbox import (
     TICKER,
     SandboxEvents,
@@ -77,12 +79,16 @@ class WasmDevice(HostTensors):
         self.limits = limits or SandboxLimits()
         self.timed = self.limits.timed      # no time limit: no epoch checks compiled in
         self.engine = make_engine(self.options, epoch_interruption=self.timed, segments=True)
+        self.engine_pid = os.getpid()     # a forked child compiles nothing with it (backends/wasm/segment.py)
         if self.timed:
             TICKER.add(self.engine)
         self.instances: dict[str, WasmInstance] = {}
         self.sandboxed: dict[str, SandboxedCU] = {}
         self.events = SandboxEvents()
         self.weights = WeightLoader(self.dag_path.parent, self.dag_path)
+        # Reloads trust a weight file an earlier load verified while its identity is unchanged:
+        # one Stamps for the device's life, so a reload reads no stamp file.
+        self._reload_stamps = Stamps()
         # One store for every CU (`join_one_store`), so that a segment runs several in one call;
         # None: each CU in a store of its own. `store_generation` counts the stores made, so that
         # segments built on an earlier one know to build again.
@@ -107,8 +113,14 @@ class WasmDevice(HostTensors):
         self.store_generation += 1
 
     def load(self, cus: list[dict]) -> None:
+        wanted = {cu["id"]: cu for cu in cus}
+        for cu_id in wanted:
+            if cu_id in self.sandboxed and cu_id not in self.instances:
+                self._reload(cu_id)
         stamps, writes = Stamps(), CacheWrites()
-        todo = [cu for cu in {cu["id"]: cu for cu in cus}.values() if cu["id"] not in self.sandboxed]
+        todo = [cu for cu in wanted.values() if cu["id"] not in self.sandboxed]
+        if not todo:
+            return
         loaded = load_within(todo, lambda cu: self._load_one(cu, stamps, writes), self.limits.cu_load_timeout_s,
                              writes.abandon)
         for cu_id, (sandboxed, instance) in loaded.items():
@@ -205,7 +217,7 @@ class WasmDevice(HostTensors):
 
     def joins_segment(self, cu: dict) -> bool:
         """Whether `cu` may run inside a segment (`segment`): only within one store."""
-        return self.store is not None and joins_segment(cu)
+        return self.store is not None and joins_segment(cu) and WasmSegment.compiles_here(self)
 
     def segment(self, cus: list[dict]) -> WasmSegment:
         """The loaded CUs `cus`, in order, run by one call (backends/wasm/segment.py)."""
@@ -230,11 +242,30 @@ class WasmDevice(HostTensors):
         return planned_bytes(cu["artifacts"]["wasm"]["memory"])
 
     def unload(self, cu_id: str) -> int:
-        """Back to warm: the store, the instance and the module go (the next load maps its .cwasm)."""
+        """Back to warm: the store and the instance go, its memory with them; the compiled module
+        stays (a few KB of native code, mapped), so loading it again is `_reload`."""
         freed = self.resident_bytes(cu_id)
         self.instances.pop(cu_id, None)
-        self.sandboxed.pop(cu_id, None)
         return freed
+
+    def _reload(self, cu_id: str) -> None:
+        """An unloaded CU instantiated again from its kept module: no file is read or hashed but
+        its weight files (`compile-wasm --external-weights`), each one copy into the new memory;
+        embedded weights are mapped copy-on-write again."""
+        sandboxed = self.sandboxed[cu_id]
+        try:
+            self.instances[cu_id] = self._instantiate(sandboxed, self._reload_stamps)
+        except (wasmtime.WasmtimeError, wasmtime.Trap) as e:
+            raise CortexError(f"{cu_id} cannot be instantiated again under its memory limit of "
+                              f"{memory_limit(sandboxed.plan)} bytes and its load timeout: {trap_reason(e)}") from None
+        self._reload_stamps.save()
+
+    def prefault(self, cu_id: str) -> None:
+        """The loaded CU's memory faulted in now (`prefault.py`), so its first call does not take
+        the page faults: the memory budget's loader calls it on its own thread."""
+        instance = self.instances.get(cu_id)
+        if instance is not None and not instance.shares_memory:
+            prefault(instance.store, instance.memory, self.sandboxed[cu_id].plan)
 
 
 def _common_options(records: list[dict], dag_path: Path) -> WasmOptions:

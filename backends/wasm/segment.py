@@ -17,6 +17,11 @@ the call is the sum of its CUs' deadlines. A module may import at most 100 memor
 segment is driven by several drivers, each over at most `MEMORIES_PER_DRIVER` memories, called in
 order by one more module: the host still makes one call.
 
+A process forked after the drivers were compiled (a server's worker) runs them, but compiles none:
+wasmtime compiles on a pool of threads the child did not inherit, so a compile there would wait
+forever. There a segment whose store was rebuilt runs its CUs one call each, and the device admits
+no CU into a new segment (`joins_segment`).
+
 Inputs from outside the segment (model inputs, other segments' outputs, cached tensors) are written
 by the host into their readers' input slots before the call; every CU's outputs are handed on as
 the views the CU's own call would have returned.
@@ -25,6 +30,7 @@ the views the CU's own call would have returned.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -133,10 +139,20 @@ class WasmSegment:
         self.generation = -1      # the device's store this segment's drivers run in
         self._build()
 
+    @staticmethod
+    def compiles_here(device) -> bool:
+        """Whether this process may compile drivers: the one that made the device's engine."""
+        return os.getpid() == device.engine_pid
+
     def _build(self) -> None:
         device = self.device
+        # A CU missing from the device (its store's rebuild failed) rebuilds the store, every
+        # instance with it: then they are all read again, from the new store.
+        generation = None
+        while generation != device.store_generation:
+            generation = device.store_generation
+            instances = [device.instances.get(cu["id"]) or device._rebuild(cu) for cu in self.cus]
         store = device.store
-        instances = [device.instances.get(cu["id"]) or device._rebuild(cu) for cu in self.cus]
         copies, external = segment_copies(instances)
         self._copied = [sum(c.nbytes for c in copies if c.reader == position) for position in range(len(instances))]
         own_memories = not instances[0].shares_memory
@@ -176,6 +192,8 @@ class WasmSegment:
         """Write the inputs from outside in, make the one call; every CU's outputs, as views (valid
         until these CUs run again)."""
         if self.generation != self.device.store_generation:
+            if not self.compiles_here(self.device):
+                return self._run_each(inputs)
             self._build()
         for name, view, shares in self.writes:
             value = inputs[name]
@@ -191,6 +209,16 @@ class WasmSegment:
         except (wasmtime.Trap, wasmtime.WasmtimeError) as e:
             raise self._failed(e) from None
         return self.outputs
+
+    def _run_each(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The segment's CUs with one call each: where no driver can be compiled."""
+        env = dict(inputs)
+        made = {}
+        for cu in self.cus:
+            outputs = self.device.run(cu, {name: env[name] for name in cu["inputs"]})
+            env.update(outputs)
+            made.update(outputs)
+        return made
 
     def _failed(self, error: Exception) -> CortexError:
         """The device's error for the CU the drivers were running when the call failed."""

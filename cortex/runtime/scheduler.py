@@ -129,6 +129,11 @@ class SequentialScheduler:
                 device.load([self.cus[cu_id] for cu_id in self.dag["order"] if self.placement[cu_id] == name])
         if policy is not None:
             self.variants.load(policy)
+            if self.segmented:
+                # The plan for every output, made now: its segments' drivers are compiled at load,
+                # before a server forks its workers (a forked child compiles none: backends/wasm/segment.py).
+                outputs = [spec["name"] for spec in self.dag["outputs"]]
+                self._plan(self._new_request({}, policy, outputs))
 
     def needed(self, outputs: list[str]) -> frozenset[str]:
         """The CUs the tensors `outputs` depend on: dag.json's data flow walked backwards, through

@@ -47,13 +47,31 @@ class Scheduler(Protocol):
         actors) and a later request needs a new scheduler."""
 
 
+# Below this share of its flops off the critical path, a model gains too little from threads to
+# give up segments (a tenth of its work at best).
+MIN_PARALLEL_SHARE = 0.1
+
+
+def gains_from_threads(dag: dict) -> bool:
+    """Whether CUs running at once could take a tenth of the model's work off its critical path
+    (build-dag's `critical_path`, by flops; without one, assume they could)."""
+    critical = dag.get("critical_path", {}).get("flops")
+    total = sum(int(cu.get("flops") or 0) for cu in dag["cus"])
+    if critical is None or total <= 0:
+        return True
+    return 1 - critical / total >= MIN_PARALLEL_SHARE
+
+
 def open_scheduler(dag: dict, dag_path: Path, device: str, options: RuntimeOptions, cache: ResultCache,
                    threads: int) -> Scheduler:
     """The scheduler `options` ask for, its CUs loaded (and the variants of `options.policy`)."""
     if options.executor == "ray":
         return RayExecutor(dag, dag_path, device, options)
     # Memory tiers plan loads and evictions in dag.json's order: under a budget one CU runs at a time.
-    if threads == 1 or options.memory_budget_bytes is not None:
+    # Unless asked for threads, a model whose critical path holds nearly all its work runs on one
+    # thread: threads could save little, and a sequential walk runs its CUs in segments.
+    sequential = threads == 1 or (options.threads is None and not gains_from_threads(dag))
+    if sequential or options.memory_budget_bytes is not None:
         pins = None if options.pins is None else list(options.pins)
         scheduler = SequentialScheduler(dag, dag_path, device, cache, options.limits, options.memory_budget_bytes,
                                         pins, options.segments)
