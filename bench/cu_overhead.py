@@ -33,6 +33,7 @@ from bench import machine
 from bench.node_runner import NODE
 from bench.page import replace_section
 from bench.timing import InProcess, interleave, repeats_for
+from cortex.runtime.plan import Segment
 from ir.fs import write_bytes_atomically
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,15 +110,24 @@ def measure_python(length: int, rounds: int) -> dict:
     close = bool(np.allclose(exact, reference, rtol=1e-4, atol=1e-5))
     repeat = repeats_for(min(cpu for _, cpu in InProcess("probe", lambda: strict.run({"x": probe})).time(2, 3)))
     runs = rounds * repeat + 8          # each contestant's runs, the first touch included
-    feeds = {name: FreshFeeds(runs, seed) for seed, name in enumerate(("onnxruntime", "strict", "balanced"), 10)}
-    timings = interleave([InProcess("onnxruntime", lambda: session.run(None, feeds["onnxruntime"]())),
-                          InProcess("strict", lambda: strict.run(feeds["strict"]())),
-                          InProcess("balanced", lambda: balanced.run(feeds["balanced"]()))], rounds, repeat)
+    feeds = {name: FreshFeeds(runs, seed)
+             for seed, name in enumerate(("onnxruntime", "strict", "balanced", "segment call"), 10)}
+    contestants = [InProcess("onnxruntime", lambda: session.run(None, feeds["onnxruntime"]())),
+                   InProcess("strict", lambda: strict.run(feeds["strict"]())),
+                   InProcess("balanced", lambda: balanced.run(feeds["balanced"]()))]
+    # The device's one call for strict's whole chain, alone: the CUs' own work, their copies and the
+    # call; what strict costs beyond it is the runtime's share.
+    plan = strict.scheduler.plan_for(strict.options.policy, [output])
+    whole = [step for step in plan.steps if isinstance(step, Segment) and len(step.cus) == length]
+    if whole:
+        contestants.append(InProcess("segment call", lambda: whole[0].runner.run(feeds["segment call"]())))
+    timings = interleave(contestants, rounds, repeat)
     hits = balanced.cache.stats()["hits"]      # 0: every lookup missed, as the figure claims
     return {"cus": len(strict.dag["cus"]), "nodes": 2 * length, "runs_each": len(timings["strict"].seconds),
             "us_per_cu": {"strict": timings["strict"].median / length * 1e6,
                           "balanced": timings["balanced"].median / length * 1e6},
             "onnxruntime_us_per_node": timings["onnxruntime"].median / (2 * length) * 1e6,
+            "segment_call_us_per_cu": timings["segment call"].median / length * 1e6 if whole else None,
             "balanced_hits": hits, "balanced_equals_strict_bitwise": identical, "strict_matches_onnxruntime": close,
             "timings": {name: t.to_json() for name, t in timings.items()}}
 
@@ -142,20 +152,25 @@ def render(rows: list[dict], info: dict, rounds: int, date: str) -> str:
     out = [BEGIN, "## Per-CU overhead", "",
            f"Measured {date} on {info['cpu']} ({info['cores']} cores); onnxruntime {info['onnxruntime']}, wasmtime "
            f"{info['wasmtime']}; load average {info['load_average']} at the start; {rounds} interleaved rounds. "
-           f"A chain of N CUs, each a {WIDTH}x{WIDTH} MatMul and a Relu on one row: the CUs' own work is well under "
-           "a microsecond, so the figures are what the runtime costs per CU. `balanced` runs on fresh random "
-           "inputs (every cache lookup a miss). Python: median CPU time of the calling thread (`threads=1`) per "
+           f"A chain of N CUs, each a {WIDTH}x{WIDTH} MatMul and a Relu on one row: the CUs' own work is under "
+           "a microsecond (the weights of a long chain no longer fit the caches), so the figures are nearly what "
+           "the runtime costs per CU. `balanced` runs on fresh random inputs (every cache lookup a miss). "
+           "\"Segment call\": the device's one call that runs strict's whole chain (the CUs' work, the copies "
+           "between them and the call), timed alone; strict minus it is the runtime's own share. Python: median CPU time of the calling thread (`threads=1`) per "
            "request over N; Node: median process CPU time (js/testing/cu_overhead.mjs --per-cu); onnxruntime: "
            "the source model on one thread, per node (2N nodes). Goals: <= "
            f"{GOALS_US['strict']:g} us per CU strict, <= {GOALS_US['balanced']:g} us balanced. "
            "Regenerate with `make bench-runtime`.", "",
-           "| CUs | Python strict us/CU | Python balanced (miss) us/CU | balanced / strict | Node strict us/CU "
-           "| Node balanced (miss) us/CU | onnxruntime us/node |", "|---|---|---|---|---|---|---|"]
+           "| CUs | Python strict us/CU | Python balanced (miss) us/CU | balanced / strict | segment call us/CU "
+           "| runtime's share us/CU | Node strict us/CU | Node balanced (miss) us/CU | onnxruntime us/node |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         p, n = r["us_per_cu"], r.get("node") or {}
         node = [f"{n[k]:.1f}" if k in n else "n/a" for k in ("strict", "balanced")]
-        out.append(f"| {r['cus']} | {p['strict']:.1f} | {p['balanced']:.1f} | {p['balanced'] / p['strict']:.2f} "
-                   f"| {node[0]} | {node[1]} | {r['onnxruntime_us_per_node']:.2f} |")
+        call = r.get("segment_call_us_per_cu")
+        device = [f"{call:.2f}", f"{p['strict'] - call:.2f}"] if call is not None else ["n/a", "n/a"]
+        out.append(f"| {r['cus']} | {p['strict']:.2f} | {p['balanced']:.2f} | {p['balanced'] / p['strict']:.2f} "
+                   f"| {device[0]} | {device[1]} | {node[0]} | {node[1]} | {r['onnxruntime_us_per_node']:.2f} |")
     hits = sum(r["balanced_hits"] for r in rows)
     out += ["", f"Cache hits during the `balanced` runs: {hits}"
             + (" (every lookup missed)." if hits == 0 else " (some lookups hit: the balanced figures are too low).")]

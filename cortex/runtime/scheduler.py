@@ -132,8 +132,7 @@ class SequentialScheduler:
             if self.segmented:
                 # The plan for every output, made now: its segments' drivers are compiled at load,
                 # before a server forks its workers (a forked child compiles none: backends/wasm/segment.py).
-                outputs = [spec["name"] for spec in self.dag["outputs"]]
-                self._plan(self._new_request({}, policy, outputs))
+                self.plan_for(policy, [spec["name"] for spec in self.dag["outputs"]])
 
     def needed(self, outputs: list[str]) -> frozenset[str]:
         """The CUs the tensors `outputs` depend on: dag.json's data flow walked backwards, through
@@ -215,6 +214,10 @@ class SequentialScheduler:
                 residency.plan(request.position, request, lambda cu: self._known_to_run(cu, request))
             self._run_cu(cu, request)
         self._settle(cu_id, reason, request)
+
+    def plan_for(self, policy: Policy, outputs: list[str]) -> RequestPlan:
+        """The plan a request for `outputs` under `policy` follows (a benchmark times its segments alone)."""
+        return self._plan(self._new_request({}, policy, outputs))
 
     def _plan(self, request: Request) -> RequestPlan:
         """The request's plan: made once for each policy and set of needed CUs."""
