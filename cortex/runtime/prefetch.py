@@ -4,9 +4,14 @@ Every load under a memory budget goes through it, so loads never race each other
 decides what to load and reserves its bytes first (`cortex/runtime/memory.py`), and waits for a
 CU only when its turn comes. A wasm CU runs with the GIL released (wasmtime calls through
 ctypes), so the next CU's load overlaps the current one's compute. A load that fails is
-re-raised in the thread that waits for that CU. The thread runs while there is something to load
+re-raised in the thread that waits for that CU. The thread runs while there is something to do
 and ends when the queue is empty (the next `submit` starts another), so an idle model holds no
 thread and is freed like any object.
+
+Unloads go through it too (`release`): freeing a memory of tens of MB unmaps it, which takes the
+process's address-space lock and would stall the thread that runs the CUs. Each one runs before
+any load still queued, so the memory a load was given room for is free before it starts, and a
+CU released and then asked for again is unloaded before it is loaded.
 """
 
 from __future__ import annotations
@@ -21,13 +26,16 @@ LOAD_TIMEOUT_S = 600.0      # a load that takes longer is reported, not waited f
 
 
 class Prefetcher:
-    def __init__(self, load: Callable[[str], None]):
-        self._load = load
+    def __init__(self, load: Callable[[str], None], unload: Callable[[str], object]):
+        self._load, self._unload = load, unload
         self._queue: deque[str] = deque()
+        self._unloads: deque[str] = deque()
+        self._idle = threading.Condition()
         self._ready: dict[str, threading.Event] = {}
         self._errors: dict[str, BaseException] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._unload_error: BaseException | None = None
 
     def submit(self, cu_id: str, first: bool = False) -> None:
         """Load `cu_id` after the ones already asked for (before them with `first`)."""
@@ -36,9 +44,27 @@ class Prefetcher:
                 return
             self._ready[cu_id] = threading.Event()
             (self._queue.appendleft if first else self._queue.append)(cu_id)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._work, name="cortex-prefetch", daemon=True)
-                self._thread.start()
+            self._start()
+
+    def release(self, cu_id: str) -> None:
+        """Unload `cu_id` on the thread, before any load still queued."""
+        with self._lock:
+            self._unloads.append(cu_id)
+            self._start()
+
+    def settle(self) -> None:
+        """Block until nothing is queued or in flight (the end of a request)."""
+        with self._idle:
+            if not self._idle.wait_for(lambda: self._thread is None, LOAD_TIMEOUT_S):
+                raise CortexError(f"loading and unloading CUs took longer than {LOAD_TIMEOUT_S:g} s")
+        error, self._unload_error = self._unload_error, None
+        if error is not None:
+            raise error
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="cortex-prefetch", daemon=True)
+            self._thread.start()
 
     def pending(self) -> set[str]:
         """CUs asked for whose load has not finished (they must not be evicted yet)."""
@@ -69,11 +95,21 @@ class Prefetcher:
 
     def _work(self) -> None:
         while True:
-            with self._lock:
-                if not self._queue:
+            with self._idle, self._lock:
+                if self._unloads:
+                    cu_id, unloading = self._unloads.popleft(), True
+                elif self._queue:
+                    cu_id, unloading = self._queue.popleft(), False
+                else:
                     self._thread = None
+                    self._idle.notify_all()
                     return
-                cu_id = self._queue.popleft()
+            if unloading:
+                try:
+                    self._unload(cu_id)
+                except Exception as e:  # noqa: BLE001  (re-raised by `settle`, at the end of the request)
+                    self._unload_error = e
+                continue
             try:
                 self._load(cu_id)
             except Exception as e:  # noqa: BLE001  (any load error is re-raised where the CU is waited for)

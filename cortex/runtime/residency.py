@@ -4,13 +4,16 @@ ones, evict the least recently used, all within the budget of a `ResidentSet`.
 Per request the scheduler calls `plan` once before the first CU and after each `acquire`:
 `plan` walks dag.json's order ahead of the running CU and takes, in order, the CUs known to run
 (`known_to_run`: not `not needed`, and for a conditional CU, its condition already decided for
-it; an undecided one is passed over, never loaded) while they fit in the budget next to the pins
-and the running CU; for each one not resident it evicts victims, reserves its bytes and hands it
-to the prefetcher. `acquire` waits for a prefetched CU (a hit) or loads it on the spot (a miss).
+it; an undecided one is passed over, never loaded) while they fit in the budget next to the pins,
+the running CU and the CUs holding tensors still to be read; for each one not resident it evicts
+victims, reserves its bytes and hands it to the prefetcher, which loads it on its own thread and
+takes its first call's page faults there (`WasmDevice.prefault`). `acquire` waits for a prefetched
+CU (a hit) or loads it on the spot (a miss).
 
 Evicting a CU invalidates the tensors that live in its memory (a wasm CU's outputs are views
 of it): each one a later CU, a condition, a select or the caller still reads is first copied to
-the host; the others are dropped from the request.
+the host; the others are dropped from the request. The unload itself runs on the prefetcher's
+thread, ahead of the loads it makes room for.
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ from cortex.runtime.prefetch import Prefetcher
 
 HOST = None
 END = float("inf")
-# How far ahead `plan` looks: enough CUs to keep the loader busy while one runs, and a walk whose
-# cost per CU does not grow with the model.
-PREFETCH_AHEAD = 8
+# How far ahead `plan` looks, in CUs: a walk whose cost per CU does not grow with the model. Within
+# it the budget alone bounds the prefetch: a run of CUs whose loads outlast their compute (vgg19's
+# hundred slices of its first fully connected layer, 4 MB of weights each and under a millisecond
+# of work) is loaded while the convolutions before it run, as far as the budget holds.
 LOOKAHEAD = 64
 
 
@@ -35,7 +39,7 @@ class Residency:
         self.set = resident_set
         self.devices, self.placement, self.cus, self.order = devices, placement, cus, order
         self.last_use = last_use            # tensor -> position in `order` of its last reader (END: kept)
-        self.prefetcher = Prefetcher(self._load)
+        self.prefetcher = Prefetcher(self._load, lambda cu_id: self._device(cu_id).unload(cu_id))
         self.claimed: set[str] = set()      # reserved CUs whose prefetched load nobody waited for yet
 
     def load_pins(self) -> None:
@@ -85,27 +89,46 @@ class Residency:
         window: list[str] = []
         room = self.set.budget - sum(self.set.footprints[c] for c in self.set.pins) \
             - (self.set.footprints[running] if running and running not in self.set.pins else 0)
+        # The producers of tensors still to be read stay too, where that leaves room for the next
+        # CU: evicting one copies its outputs to the host, where they stay for the rest of the
+        # request (a copy, and memory outside the budget).
+        holding = self._holding(request, position) - self.set.pins - {running}
+        held = sum(self.set.resident[c] for c in holding)
         for cu_id in self.order[position + 1:position + 1 + LOOKAHEAD]:
             if not known_to_run(self.cus[cu_id]):
                 continue
             size = 0 if cu_id in self.set.pins else self.set.footprints[cu_id]
-            if size > room or len(window) == PREFETCH_AHEAD:
+            if not window:
+                if size + held <= room:
+                    room -= held
+                else:
+                    holding = set()
+            if size > room:
                 break
             room -= size
             window.append(cu_id)
-        keep = {*window, *([running] if running else [])}
+        keep = {*window, *holding, *([running] if running else [])}
         for cu_id in window:
             if cu_id not in self.set.resident and not self._reserve(cu_id, request, keep):
                 break
             if cu_id in self.claimed:
                 self.prefetcher.submit(cu_id)
 
+    def _holding(self, request, position: int) -> set[str]:
+        """The resident CUs holding, in their memory, a tensor that the CU at `position` or a
+        later one still reads."""
+        env, resident, placement = request.env, self.set.resident, self.placement
+        return {cu_id for name, cu_id in request.made_by.items()
+                if cu_id in resident and self.last_use.get(name, END) >= position
+                and env.get(name, (HOST, None))[0] == placement[cu_id]}
+
     def finish(self, request) -> None:
-        """At the end of a request no load is left in flight: the CUs prefetched for CUs that were
+        """At the end of a request no load or unload is left in flight: the CUs prefetched for CUs that were
         then skipped (a cache hit) land and stay resident, their bytes wasted for this request
         (in `MemoryStats.loaded`, never in `ran`)."""
         for cu_id in sorted(self.claimed):
             self._land(cu_id)
+        self.prefetcher.settle()     # and every unload done: the devices hold what the set says
 
     def evict_idle(self, nbytes: int) -> int:
         """Between requests (no load in flight, no request's tensors to save): unload the least
@@ -158,7 +181,8 @@ class Residency:
             else:
                 del request.env[name]
             del request.made_by[name]
-        request.memory.bytes_evicted += device.unload(cu_id)
+        request.memory.bytes_evicted += device.resident_bytes(cu_id)
+        self.prefetcher.release(cu_id)
         request.memory.evictions += 1
         self.set.release(cu_id)
 
@@ -185,4 +209,10 @@ class Residency:
         return self.devices[self.placement[cu_id]]
 
     def _load(self, cu_id: str) -> None:
-        self._device(cu_id).load([self.cus[cu_id]])
+        """On the prefetcher's thread: the load, and the page faults of the CU's first call taken
+        here rather than on the thread that runs it (a device that can: `WasmDevice.prefault`)."""
+        device = self._device(cu_id)
+        device.load([self.cus[cu_id]])
+        prefault = getattr(device, "prefault", None)
+        if prefault is not None:
+            prefault(cu_id)
