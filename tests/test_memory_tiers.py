@@ -146,6 +146,40 @@ def test_the_chain_evicts_in_order_and_prefetches_every_cu(chain):
     assert memory["wasted_bytes"] == 0        # no conditional CU, no cache: every loaded CU ran
 
 
+def test_an_evicted_cu_is_loaded_again_from_its_kept_module(chain, monkeypatch):
+    """A reload instantiates the module compiled at the first load: no file is mapped or hashed,
+    and the outputs stay those of the unconstrained run, bit for bit."""
+    import backends.wasm.device as wasm_device
+
+    dag_path, dag = chain
+    want = cortex.load(dag_path, policy="strict").run(feed())
+    probe = cortex.load(dag_path, policy="strict", memory_budget_mb=100)
+    model = cortex.load(dag_path, policy="strict", memory_budget_mb=budget_for(probe, 2.5))
+    model.run(feed())
+    mapped = []
+    load_module = wasm_device.load_module
+    monkeypatch.setattr(wasm_device, "load_module", lambda *a, **k: mapped.append(a[4]) or load_module(*a, **k))
+    loads, unloads = logged(model)
+    got = model.run(feed())
+    assert loads == dag["order"] and unloads and not mapped
+    assert all(np.array_equal(got[k], v) for k, v in want.items())
+
+
+def test_producers_of_tensors_still_to_be_read_stay_where_the_next_cu_fits(chain):
+    """With room for the running CU, the producer of its input and the next CU, the producer is not
+    evicted for a deeper prefetch: no tensor is copied to the host but the model's output."""
+    dag_path, _ = chain
+    probe = cortex.load(dag_path, policy="strict", memory_budget_mb=100)
+    model = cortex.load(dag_path, policy="strict", memory_budget_mb=budget_for(probe, 3.5))
+    copied, to_host = [], model.device.to_host
+    model.device.to_host = lambda tensor: copied.append(tensor.shape) or to_host(tensor)
+    for _ in range(2):
+        copied.clear()
+        model.run(feed())
+        assert copied == [(1, WIDTH)]        # the output h5, copied out for the caller
+        assert model.last_trace["memory"]["prefetch_misses"] == 0
+
+
 def test_pinned_cus_are_never_evicted(chain):
     dag_path, dag = chain
     pinned = [dag["order"][1], dag["order"][4]]

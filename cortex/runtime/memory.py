@@ -3,7 +3,8 @@
 Each CU is in one of three tiers:
 - resident: loaded on its device (a wasm CU instantiated, its weights in its linear memory);
 - warm: not loaded, but its device can load it cheaply (a wasm CU's native code is cached on disk
-  beside its module and mmapped on load, `backends/wasm/native_cache.py`);
+  beside its module and mmapped on load, `backends/wasm/native_cache.py`; once loaded, its compiled
+  module stays when it is evicted, so loading it again is one instantiation);
 - cold: neither (a first load compiles it).
 
 `ResidentSet` is the scheduler's policy object, the same for every target: it holds the resident
