@@ -56,10 +56,13 @@ class Copy:
 
 
 def joins_segment(cu: dict) -> bool:
-    """Whether a CU's module can run inside a segment: a bounded tensor (ir/bounds.py) comes at
-    its real length, which the host writes beside it, so such a CU runs on its own."""
+    """Whether a CU's module can run inside a segment. Not one with a bounded tensor (ir/bounds.py),
+    which comes at its real length, written by the host beside it; nor one reading more tensors
+    than a driver may import memories (a Concat of a hundred slices): each could come from a CU
+    of its own, and one driver must reach all their memories and the reader's."""
     plan = cu["artifacts"]["wasm"]["memory"]
-    return not any("bound" in entry for entry in [*plan["inputs"], *plan["outputs"]])
+    return (len(cu["inputs"]) < MEMORIES_PER_DRIVER
+            and not any("bound" in entry for entry in [*plan["inputs"], *plan["outputs"]]))
 
 
 def segment_copies(instances: list[WasmInstance]) -> tuple[list[Copy], set[str]]:
