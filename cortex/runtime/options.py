@@ -119,7 +119,8 @@ class RuntimeOptions:
         "Byte budget of the result cache (0: off); it matters to repeated runs in one process, not to one "
         "'cortex run'."))
     threads: int | None = field(default=None, metadata=option(
-        "Ready CUs run at once on this many threads (default: the machine's cores; 1: one after the other)."))
+        "Ready CUs run at once on this many threads (default: the machine's cores, or 1 for a model whose "
+        "critical path holds over 90% of its flops; 1: one after the other, runs of CUs as segments)."))
     memory_budget_mb: float | None = field(default=None, metadata=option(
         "Keep the resident CUs within this many MB: the least recently used is evicted, a prefetcher loads the "
         "next ones while one runs (default: every CU resident).", flag="--memory-budget"))
