@@ -176,3 +176,16 @@ def test_cortex_run_takes_no_segments(chain, tmp_path):
         assert code == 0, err
         got = np.load(out)
         np.testing.assert_allclose(next(iter(got.values())), _reference(chain, x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_chain_of_1024_cus_runs_as_one_call(tmp_path):
+    dag_path = build(chain_model(1024, seed=3), tmp_path / "chain")
+    model = cortex.load(dag_path, policy="strict", threads=1)
+    x = _input(5)
+    got = model.run({"x": x})
+    (segment,) = _segments(model)
+    assert len(segment.cus) == 1025
+    np.testing.assert_allclose(next(iter(got.values())), _reference(dag_path, x), rtol=1e-4, atol=1e-6)
+    np.testing.assert_array_equal(next(iter(got.values())),
+                                  next(iter(cortex.load(dag_path, policy="strict", threads=1,
+                                                        segments=False).run({"x": x}).values())))
