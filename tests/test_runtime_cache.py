@@ -153,3 +153,28 @@ def test_the_registry_marks_random_cus_even_without_the_dag_json_mark(tmp_path):
     scheduler = SequentialScheduler(model.dag, dag_path, "wasm")
     assert [cu_id for cu_id, random in scheduler.uncached.items() if random] == \
         [cu["id"] for cu in model.dag["cus"] if cu["op_types"] == ["RandomUniformLike"]]
+
+
+def test_entries_view_the_cus_slots_until_those_cus_run_again(two_outputs):
+    """On one thread an entry is stored without a copy, as a view of its CU's output slots; before
+    that CU runs again on other inputs the entry becomes a host copy, so a later hit still returns
+    the first inputs' results."""
+    model = cortex.load(two_outputs, threads=1)
+    x = feeds()["x"]
+    first = model.run({"x": x})
+    cache = model.scheduler.cache
+    keys = list(cache.entries)
+    entries = list(cache.entries.values())
+    assert entries and all(entry.keeps is not None for entry in entries)
+    device = model.device
+    for entry in entries:
+        for array in entry.outputs.values():
+            assert not array.flags.writeable
+            assert any(np.shares_memory(array, view) for instance in device.instances.values()
+                       for view in instance.outputs.values())
+    model.run({"x": x + 1})                  # every CU runs again: their slots change
+    assert all(cache.entries[key].keeps is None for key in keys)
+    again = model.run({"x": x})
+    assert model.last_trace["activated_cus"] == []
+    for name in first:
+        np.testing.assert_array_equal(again[name], first[name])

@@ -215,6 +215,12 @@ class WasmDevice(HostTensors):
         self.events.count("rebuilt")
         return instance
 
+    def output_owner(self, cu_id: str) -> object | None:
+        """What keeps the memory of the CU's outputs (views) alive: its store; None for a variant's
+        record or a bounded CU, whose outputs are cut from their slots."""
+        instance = self.instances.get(cu_id)
+        return instance.store if instance is not None and not instance.lengths else None
+
     def joins_segment(self, cu: dict) -> bool:
         """Whether `cu` may run inside a segment (`segment`): only within one store."""
         return self.store is not None and joins_segment(cu) and WasmSegment.compiles_here(self)

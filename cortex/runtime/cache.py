@@ -8,8 +8,13 @@ when it was stored, so the outputs of a cache hit need no hashing in a later req
 reads only hits and model inputs gets its key from keys alone (hash chaining). Keys stay content
 keys either way, so a tensor hashed from its bytes and one chained from a hit agree.
 
-Entries are host copies, read-only, so neither a caller nor a device writing into its inputs can
-change what the cache holds. The cache is least-recently-used, bounded by the bytes of the
+Entries are read-only. They are host copies, or, where the scheduler can tell when they would
+change (`borrowed`), views of the CU's own output slots: the CU's memory holds its last results
+until it runs again, so storing them costs no copy; the scheduler turns such an entry into a host
+copy (`materialize`) before that CU runs again. So a stored result costs a copy only when its CU
+runs again while the entry is held, not on every miss. `keeps` holds what keeps that memory alive (a
+wasm store), so an entry never outlives the memory it views. Neither a caller nor a device writing
+into its inputs can change what the cache holds. The cache is least-recently-used, bounded by the bytes of the
 outputs it holds; an entry larger than the whole budget is never stored.
 """
 
@@ -51,9 +56,10 @@ def cu_key(identity: bytes, input_keys: list[bytes]) -> bytes:
 
 @dataclass(frozen=True)
 class CacheEntry:
-    outputs: dict[str, np.ndarray]      # read-only host copies
+    outputs: dict[str, np.ndarray]      # read-only host copies, or views of a CU's output slots
     output_keys: dict[str, bytes]
     nbytes: int
+    keeps: object | None = None         # what keeps the memory the views lie in alive; None: host copies
 
 
 def read_only(array: np.ndarray) -> np.ndarray:
@@ -91,19 +97,20 @@ class ResultCache:
         self.hits += 1
         return entry
 
-    def put(self, key: bytes, outputs: dict[str, np.ndarray]) -> CacheEntry | None:
-        """Store `outputs`, host arrays the cache takes over (a device's `to_host` copies), made
-        read-only, with their keys; None when they exceed the whole budget. Least recently used
+    def put(self, key: bytes, outputs: dict[str, np.ndarray], keeps: object | None = None) -> CacheEntry | None:
+        """Store `outputs`, host arrays the cache takes over (a device's `to_host` copies) or, with
+        `keeps`, views of a CU's output slots that the caller will `materialize` before they change;
+        made read-only, with their keys; None when they exceed the whole budget. Least recently used
         entries go first to make room."""
         copies, keys, nbytes = {}, {}, 0
         for name, array in outputs.items():
-            copies[name] = array = read_only(array)
+            copies[name] = array = read_only(array if keeps is None else array.view())
             nbytes += array.nbytes
         if not self.fits(nbytes):
             return None
         for name, array in copies.items():
             keys[name] = hash_tensor(array)
-        entry = CacheEntry(copies, keys, nbytes)
+        entry = CacheEntry(copies, keys, nbytes, keeps)
         old = self.entries.pop(key, None)
         if old is not None:
             self.nbytes -= old.nbytes
@@ -114,6 +121,13 @@ class ResultCache:
         self.entries[key] = entry
         self.nbytes += nbytes
         return entry
+
+    def materialize(self, key: bytes) -> None:
+        """The entry under `key`, if still held and a view, as host copies (its place in the LRU kept)."""
+        entry = self.entries.get(key)
+        if entry is not None and entry.keeps is not None:
+            self.entries[key] = CacheEntry({name: read_only(np.array(a)) for name, a in entry.outputs.items()},
+                                           entry.output_keys, entry.nbytes)
 
     def clear(self) -> None:
         self.entries.clear()

@@ -102,6 +102,7 @@ class SequentialScheduler:
                     device.join_one_store()
         self.position = {cu_id: i for i, cu_id in enumerate(dag["order"])}
         self._resident_bytes: int | None = None
+        self.borrowed: dict[str, list[bytes]] = {}    # CU -> keys of cache entries that view its output slots
         self._plans: dict[tuple[Policy, frozenset[str] | None], RequestPlan] = {}
 
     def _residency(self, budget: int, pins: list[str] | None) -> Residency:
@@ -185,6 +186,11 @@ class SequentialScheduler:
             request.memory = residency.stats()
         try:
             self._walk(request, residency)
+        except Exception:
+            # A failed CU may have had its store rebuilt: entries that view the old one become
+            # copies, so that it is freed.
+            self._give_back(list(self.borrowed))
+            raise
         finally:
             if residency is not None:
                 residency.finish(request)     # no load left in flight, even when a CU failed
@@ -284,6 +290,8 @@ class SequentialScheduler:
     def _run_segment(self, segment: Segment, request: Request) -> None:
         """One call for the segment's CUs; their outputs join the request, their entries the trace."""
         where, env = segment.where, request.env
+        if self.borrowed:
+            self._give_back([cu["id"] for cu in segment.cus])
         inputs = {name: self._on_device(name, where, request)[0] for name in segment.inputs}
         cpu_start = time.thread_time()
         start = time.perf_counter()
@@ -385,7 +393,24 @@ class SequentialScheduler:
             key = request.keys[name] = self.cache.tensor_key(host)
         return key
 
+    def _lender(self, device: Device, cu_id: str, run: Execution) -> object | None:
+        """What keeps the CU's output slots alive when the cache may store views of them (None:
+        store host copies). Only a sequential walk without a budget lends them: it runs one CU at a
+        time, unloads none, and gives the views back (`_give_back`) before the CU runs again."""
+        lend = getattr(device, "output_owner", None)
+        if not self.segmented or lend is None or run.variant:
+            return None
+        return lend(cu_id)
+
+    def _give_back(self, cu_ids) -> None:
+        """The cache's views of these CUs' output slots become host copies: the CUs are about to run."""
+        for cu_id in cu_ids:
+            for key in self.borrowed.pop(cu_id, ()):
+                self.cache.materialize(key)
+
     def _run_cu(self, cu: dict, request: Request) -> None:
+        if self.borrowed:
+            self._give_back((cu["id"],))
         inputs, crossed = self._gather_inputs(cu, request)
         self._record(cu, request, self._execute(cu, inputs, request.policy), crossed, request.key)
 
@@ -435,9 +460,13 @@ class SequentialScheduler:
         bytes_in, bytes_out = self.traffic[cu_id]
         request.live_bytes += bytes_out
         if key is not None and self.cache.fits(bytes_out):
-            entry = self.cache.put(key, {name: device.to_host(t) for name, t in run.results.items()})
+            keeps = self._lender(device, cu_id, run)
+            entry = self.cache.put(key, run.results if keeps is not None else
+                                   {name: device.to_host(t) for name, t in run.results.items()}, keeps)
             if entry is not None:
                 request.keys.update(entry.output_keys)
+                if keeps is not None:
+                    self.borrowed.setdefault(cu_id, []).append(key)
         entry = {"cu": cu_id, "device": where, "op_types": cu.get("op_types", []),
                  "start": run.start, "seconds": run.seconds, "cpu_seconds": run.cpu_seconds,
                  "bytes_in": bytes_in, "bytes_out": bytes_out, "bytes_from_other_devices": crossed,
