@@ -216,10 +216,13 @@ class WasmDevice(HostTensors):
         return instance
 
     def output_owner(self, cu_id: str) -> object | None:
-        """What keeps the memory of the CU's outputs (views) alive: its store; None for a variant's
-        record or a bounded CU, whose outputs are cut from their slots."""
+        """What keeps the memory of the CU's outputs (views) alive: its store. None where other CUs
+        may write those slots (the model's one memory, `--memory shared`, reuses them as soon as
+        their readers ran), and for a bounded CU, whose outputs are cut from their slots."""
         instance = self.instances.get(cu_id)
-        return instance.store if instance is not None and not instance.lengths else None
+        if instance is None or instance.lengths or instance.shares_memory:
+            return None
+        return instance.store
 
     def joins_segment(self, cu: dict) -> bool:
         """Whether `cu` may run inside a segment (`segment`): only within one store."""
