@@ -26,7 +26,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import TensorProto, helper, numpy_helper
 
 import cortex
 from bench import machine
@@ -35,6 +34,7 @@ from bench.page import replace_section
 from bench.timing import InProcess, interleave, repeats_for
 from cortex.runtime.plan import Segment
 from ir.fs import write_bytes_atomically
+from samples.chain_models import matmul_relu_chain
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache" / "cu-overhead"
@@ -45,19 +45,7 @@ GOALS_US = {"strict": 1.0, "balanced": 2.0}     # per CU, the issue's goals once
 
 
 def chain_model(length: int, seed: int = 0) -> onnx.ModelProto:
-    rng = np.random.default_rng(seed)
-    nodes, weights, previous = [], [], "x"
-    for i in range(length):
-        # He scaling: the rows shrink only slowly (a norm of about 1e-6 after 1024 CUs), so fresh inputs
-        # stay distinct to the end of the chain and no CU of a `balanced` request is a cache hit.
-        w = (rng.standard_normal((WIDTH, WIDTH)) * np.sqrt(2 / WIDTH)).astype(np.float32)
-        weights.append(numpy_helper.from_array(w, f"w{i}"))
-        nodes += [helper.make_node("MatMul", [previous, f"w{i}"], [f"m{i}"]),
-                  helper.make_node("Relu", [f"m{i}"], [f"r{i}"])]
-        previous = f"r{i}"
-    graph = helper.make_graph(nodes, f"chain{length}", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, WIDTH])],
-                              [helper.make_tensor_value_info(previous, TensorProto.FLOAT, [1, WIDTH])], weights)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return matmul_relu_chain(length, WIDTH, seed=seed)
 
 
 def _cortex(*argv) -> None:

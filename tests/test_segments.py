@@ -14,7 +14,6 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 from cli_helpers import run_cli
 from runtime_cases import build
 from test_sandbox import GROW_BOMB, INFINITE_LOOP, OOB, OUT_OF_BOUNDS, _relu_module, place_module
@@ -25,6 +24,7 @@ from backends.wasm.segment import MEMORIES_PER_DRIVER, driver_chunks, segment_co
 from cortex.runtime.plan import Segment
 from cortex.runtime.trace import validate_trace
 from ir.errors import CortexError
+from samples.chain_models import matmul_relu_chain
 
 WIDTH = 16
 LENGTH = MEMORIES_PER_DRIVER + 12      # more CUs than one driver may import memories of
@@ -32,17 +32,7 @@ LENGTH = MEMORIES_PER_DRIVER + 12      # more CUs than one driver may import mem
 
 def chain_model(length: int, seed: int = 0) -> onnx.ModelProto:
     """x -> Relu -> (MatMul, Relu) x length: the Relu a CU of its own, then one CU per MatMul + Relu."""
-    rng = np.random.default_rng(seed)
-    nodes, weights, previous = [helper.make_node("Relu", ["x"], ["x_relu"])], [], "x_relu"
-    for i in range(length):
-        w = (rng.standard_normal((WIDTH, WIDTH)) * np.sqrt(2 / WIDTH)).astype(np.float32)
-        weights.append(numpy_helper.from_array(w, f"w{i}"))
-        nodes += [helper.make_node("MatMul", [previous, f"w{i}"], [f"m{i}"]),
-                  helper.make_node("Relu", [f"m{i}"], [f"r{i}"])]
-        previous = f"r{i}"
-    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, WIDTH])],
-                              [helper.make_tensor_value_info(previous, TensorProto.FLOAT, [2, WIDTH])], weights)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return matmul_relu_chain(length, WIDTH, rows=2, lead_relu=True, seed=seed, name="chain")
 
 
 @pytest.fixture(scope="module")
