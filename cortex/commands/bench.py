@@ -80,7 +80,8 @@ def measure(model, feeds: dict, repeat: int) -> tuple[list[float], list[float], 
         runs.append(time.perf_counter() - start)
         overheads.append(max(runs[-1] - sum(event["seconds"] for event in model.trace), 0.0))
         for event in model.trace:
-            entry = per_cu.setdefault(event["cu"], {"op_types": event.get("op_types", []), "seconds": []})
+            entry = per_cu.setdefault(event["cu"], {"op_types": event.get("op_types", []), "seconds": [],
+                                                    "in_segment": "segment" in event})
             entry["seconds"].append(event["seconds"])
         traces.append(model.last_trace)
     return runs, overheads, per_cu, traces
@@ -104,7 +105,7 @@ def summarize(dag: Path, device: str, load_s: float, runs: list[float], overhead
               per_cu: dict[str, dict]) -> dict:
     median = statistics.median(runs)
     cus = [{"cu": cu, "op_types": entry["op_types"], "median_ms": statistics.median(entry["seconds"]) * 1e3,
-            "min_ms": min(entry["seconds"]) * 1e3} for cu, entry in per_cu.items()]
+            "min_ms": min(entry["seconds"]) * 1e3, "in_segment": entry["in_segment"]} for cu, entry in per_cu.items()]
     cu_total = sum(c["median_ms"] for c in cus) or 1.0
     for c in cus:
         c["share"] = c["median_ms"] / cu_total
@@ -126,7 +127,10 @@ def _print(report: dict, top: int) -> None:
                   f"{memory['wasted_bytes'] / 2**20:.1f} MB wasted; prefetch {memory['prefetch_hits']} hits, "
                   f"{memory['prefetch_misses']} misses over {report['runs']} runs")
     shown = report["cus"] if top == 0 else report["cus"][:top]
-    table = Table(title=f"CUs, slowest first ({len(shown)} of {len(report['cus'])})")
+    in_segments = sum(1 for c in report["cus"] if c.get("in_segment"))
+    caption = (f"{in_segments} CUs ran in segments: their times are their segment's, shared out by estimated "
+               "flops (--no-segments times each CU)") if in_segments else None
+    table = Table(title=f"CUs, slowest first ({len(shown)} of {len(report['cus'])})", caption=caption)
     for col in ("CU", "ops", "median ms", "min ms", "share"):
         table.add_column(col, justify="left" if col in ("CU", "ops") else "right")
     for c in shown:

@@ -20,12 +20,16 @@ outputs it holds; an entry larger than the whole budget is never stored.
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 import xxhash
+
+from backends.registry import device as device_spec
+from ir.ops import RANDOM, kind_of
 
 # Room for the repeating part of a typical request (an encoder's output, a prompt's prefix) on a
 # laptop or a browser tab; `cortex.load(..., cache_bytes=)` / `cortex run --cache-bytes` change it.
@@ -136,3 +140,17 @@ class ResultCache:
     def stats(self) -> dict:
         return {"entries": len(self.entries), "bytes": self.nbytes, "budget_bytes": self.budget_bytes,
                 "hits": self.hits, "misses": self.misses, "evictions": self.evictions}
+
+
+def holds_random_ops(cu: dict) -> bool:
+    """build-dag marks such CUs (`random: true`); the registry answers for older dag.json files."""
+    return bool(cu.get("random")) or any(kind_of(op) == RANDOM for op in cu.get("op_types", []))
+
+
+def cu_identity(cu: dict, where: str) -> bytes:
+    """What a CU's cached results depend on besides its inputs: the CU, the device that runs it
+    and the exact code it runs there (its cu.onnx and that device's artifact record, hashes
+    included). A reduced-precision variant computes other bits, so it needs an identity of its own."""
+    artifact = device_spec(where).artifact
+    record = cu.get("artifacts", {}).get(artifact) if artifact else None
+    return json.dumps([cu["id"], where, cu["sha256"], record], sort_keys=True).encode()

@@ -84,3 +84,36 @@ def flop_shares(cus: list[dict]) -> tuple[float, ...]:
     if total <= 0:
         return tuple(1 / len(cus) for _ in cus)
     return tuple(f / total for f in flops)
+
+
+def selects_reading(dag: dict) -> dict[str, list[str]]:
+    """Case tensor -> the selected outputs that may take its value (and so its cache key)."""
+    found: dict[str, list[str]] = {}
+    for s in dag.get("selects", []):
+        for case in s["cases"]:
+            found.setdefault(case["tensor"], []).append(s["tensor"])
+    return found
+
+
+def make_segment(cus: list[dict], where: str, device, placement: dict[str, str], producer: dict[str, str | None],
+                 tensor_bytes: dict[str, int], traffic: dict[str, tuple[int, int]]) -> Segment:
+    """The segment of `cus` on `device` (named `where`): its runner, its inputs from outside and
+    each CU's trace entry but its times."""
+    inside = {name for cu in cus for name in cu["outputs"]}
+    inputs = tuple(dict.fromkeys(name for cu in cus for name in cu["inputs"] if name not in inside))
+    entries = []
+    for cu in cus:
+        cu_id = cu["id"]
+        bytes_in, bytes_out = traffic[cu_id]
+        producers = [producer.get(name) for name in cu["inputs"]]
+        entries.append({
+            "cu": cu_id, "device": where, "op_types": cu.get("op_types", []), "segment": len(cus),
+            "bytes_in": bytes_in, "bytes_out": bytes_out,
+            "bytes_from_other_devices": sum(tensor_bytes[name] for name, p in zip(cu["inputs"], producers)
+                                            if p is not None and placement[p] != where),
+            "resident_bytes": device.resident_bytes(cu_id)})
+    runner = device.segment(cus)
+    for entry, copied in zip(entries, runner.copied_bytes()):
+        entry["bytes_copied_between_cus"] = copied
+    return Segment(tuple(cus), where, runner, inputs, tuple((name, cu["id"]) for cu in cus for name in cu["outputs"]),
+                   tuple(entries), flop_shares(cus), sum(traffic[cu["id"]][1] for cu in cus))

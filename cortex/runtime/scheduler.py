@@ -35,7 +35,6 @@ the residency plans loads and evictions in dag.json's order.
 
 from __future__ import annotations
 
-import json
 import time
 from functools import cached_property
 from pathlib import Path
@@ -46,14 +45,13 @@ from backends.limits import SandboxLimits, no_sandbox_events
 from backends.registry import Device, HostTensors
 from backends.registry import device as device_spec
 from cortex.runtime.activation import INACTIVE, Branches
-from cortex.runtime.cache import ResultCache, cu_key
+from cortex.runtime.cache import ResultCache, cu_identity, cu_key, holds_random_ops
 from cortex.runtime.memory import ResidentSet, choose_pins
-from cortex.runtime.plan import RequestPlan, Segment, flop_shares, keyable_cus, plan_steps
+from cortex.runtime.plan import RequestPlan, Segment, keyable_cus, make_segment, plan_steps, selects_reading
 from cortex.runtime.policy import Policy
 from cortex.runtime.request import Execution, Request
 from cortex.runtime.residency import END, Residency
 from cortex.runtime.variants import VariantRunner
-from ir.ops import RANDOM, kind_of
 
 HOST = None   # where a model input, or a cached output, lives before any device reads it
 
@@ -86,9 +84,9 @@ class SequentialScheduler:
         self.cache = cache if cache is not None else ResultCache(0)
         # Cached outputs are host copies: on a device whose tensors live elsewhere (a GPU) storing
         # them would copy every output back, so CUs there are never cached.
-        self.uncached = {cu_id: _holds_random_ops(cu) or not isinstance(self.devices[self.placement[cu_id]], HostTensors)
+        self.uncached = {cu_id: holds_random_ops(cu) or not isinstance(self.devices[self.placement[cu_id]], HostTensors)
                          for cu_id, cu in self.cus.items()}
-        self.identity = {cu_id: _identity(cu, self.placement[cu_id]) for cu_id, cu in self.cus.items()}
+        self.identity = {cu_id: cu_identity(cu, self.placement[cu_id]) for cu_id, cu in self.cus.items()}
         self.variants = VariantRunner(self.cus, self.placement, self.devices,
                                       {name: device_spec(name).artifact for name in self.devices})
         self.branches = Branches(dag)
@@ -237,7 +235,7 @@ class SequentialScheduler:
         order = self.dag["order"]
         keyable = keyable_cus(order, self.cus, lambda cu: not self.uncached[cu["id"]],
                               lambda cu: cu.get("cache") == REPEATING,
-                              self._selects_reading) \
+                              selects_reading(self.dag)) \
             if policy.cache and self.cache.enabled else set()
 
         def joins(cu: dict) -> bool:
@@ -255,37 +253,10 @@ class SequentialScheduler:
             steps.append(self._segment(run) if len(run) > 1 else run[0])
         return RequestPlan(tuple(steps))
 
-    @cached_property
-    def _selects_reading(self) -> dict[str, list[str]]:
-        """Case tensor -> the selected outputs that may take its value (and so its cache key)."""
-        found: dict[str, list[str]] = {}
-        for s in self.dag.get("selects", []):
-            for case in s["cases"]:
-                found.setdefault(case["tensor"], []).append(s["tensor"])
-        return found
-
     def _segment(self, cus: list[dict]) -> Segment:
         where = self.placement[cus[0]["id"]]
-        device = self.devices[where]
-        inside = {name for cu in cus for name in cu["outputs"]}
-        inputs = tuple(dict.fromkeys(name for cu in cus for name in cu["inputs"] if name not in inside))
-        entries = []
-        for cu in cus:
-            cu_id = cu["id"]
-            bytes_in, bytes_out = self.traffic[cu_id]
-            producers = [self.producer.get(name) for name in cu["inputs"]]
-            entries.append({
-                "cu": cu_id, "device": where, "op_types": cu.get("op_types", []), "segment": len(cus),
-                "bytes_in": bytes_in, "bytes_out": bytes_out,
-                "bytes_from_other_devices": sum(self.tensor_bytes[name] for name, p in zip(cu["inputs"], producers)
-                                                if p is not None and self.placement[p] != where),
-                "resident_bytes": device.resident_bytes(cu_id)})
-        runner = device.segment(cus)
-        for entry, copied in zip(entries, runner.copied_bytes()):
-            entry["bytes_copied_between_cus"] = copied
-        return Segment(tuple(cus), where, runner, inputs,
-                       tuple((name, cu["id"]) for cu in cus for name in cu["outputs"]), tuple(entries),
-                       flop_shares(cus), sum(self.traffic[cu["id"]][1] for cu in cus))
+        return make_segment(cus, where, self.devices[where], self.placement, self.producer, self.tensor_bytes,
+                            self.traffic)
 
     def _run_segment(self, segment: Segment, request: Request) -> None:
         """One call for the segment's CUs; their outputs join the request, their entries the trace."""
@@ -518,17 +489,3 @@ def needed_cus(dag: dict, producer: dict[str, str | None], cus: dict[str, dict],
             if "activation" in cu:
                 stack.append(cu["activation"]["tensor"])
     return needed
-
-
-def _holds_random_ops(cu: dict) -> bool:
-    """build-dag marks such CUs (`random: true`); the registry answers for older dag.json files."""
-    return bool(cu.get("random")) or any(kind_of(op) == RANDOM for op in cu.get("op_types", []))
-
-
-def _identity(cu: dict, where: str) -> bytes:
-    """What a CU's cached results depend on besides its inputs: the CU, the device that runs it
-    and the exact code it runs there (its cu.onnx and that device's artifact record, hashes
-    included). A reduced-precision variant computes other bits, so it needs an identity of its own."""
-    artifact = device_spec(where).artifact
-    record = cu.get("artifacts", {}).get(artifact) if artifact else None
-    return json.dumps([cu["id"], where, cu["sha256"], record], sort_keys=True).encode()
