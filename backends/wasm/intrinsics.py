@@ -1,5 +1,6 @@
 """The ready-made kernels the WebAssembly backend offers the lowerings: the packed-panel SIMD GEMM
-(`backends/wasm/gemm.py`; `kernels/gemv.py` for one or two rows) for a `GemmSpec` (MatMul, Gemm),
+(`backends/wasm/gemm.py`; `kernels/gemv.py` for one or two rows, which alone also reads a B stored
+bf16 or int8, `kernels/narrow_panels.py`) for a `GemmSpec` (MatMul, Gemm),
 and for a `ConvSpec` im2col + GEMM (`kernels/conv.py`) or, where `implicit_gemm_is_faster`, the implicit GEMM over output pixels with
 the weight packed at compile time (`kernels/conv_implicit_gemm.py`), and for an `IntegerGemmSpec`
 (MatMulInteger, QLinearMatMul with a constant B) the 16-bit dot-product GEMM (`kernels/int8_gemm.py`), and
@@ -30,11 +31,13 @@ from backends.wasm.kernels.int8_conv import (IntegerConvOffsets, integer_conv_sc
 from backends.wasm.kernels.int8_gemm import (IntegerGemmOffsets, b_panels_bytes, render_integer_gemm, scratch_bytes,
                                              uses_relaxed_dot)
 from backends.wasm.kernels.int8_gemm import pack_b as pack_integer_b
+from backends.wasm.kernels.narrow_panels import pack_narrow_b
 from backends.wasm.kernels.operands import ConvOffsets, GemmOffsets
 from backends.wasm.kernels.pack_b import render_pack_b
 from backends.wasm.options import WasmOptions
 from ir.loops.contraction import (ContractionSpec, ConvSpec, GemmSpec, IntegerConvSpec, IntegerGemmSpec, Scratch,
                                   WeightLayout)
+from ir.loops.narrow_weights import NarrowWeight
 from ir.loops.program import Intrinsic
 
 
@@ -47,12 +50,16 @@ class WasmKernels:
     def offers(self, spec: ContractionSpec) -> bool:
         if isinstance(spec, (IntegerGemmSpec, IntegerConvSpec)):
             return "simd" in self.features    # without SIMD128 the loop nest is as good
+        if isinstance(spec, GemmSpec) and spec.b_format != "f32":   # only the GEMV widens narrow panels yet
+            return spec.constant_b and gemv_fits(spec, self.features)
         return isinstance(spec, (GemmSpec, ConvSpec))
 
     def weight_layout(self, spec: ContractionSpec) -> WeightLayout | None:
         """A GEMM's constant B in 16-column panels (`gemm.pack_b`); a Conv's weight as its kernel
         reads it (`pack_conv_weight`), packed once per weight."""
         if isinstance(spec, GemmSpec):
+            if spec.b_format != "f32":
+                return WeightLayout(f"_{spec.b_format}_panels")
             return WeightLayout("_packed") if spec.constant_b else None
         if isinstance(spec, IntegerGemmSpec):   # B' depends on the zero point: one packing per product
             if not spec.constant_b:
@@ -67,7 +74,9 @@ class WasmKernels:
             return WeightLayout("_packed_a", shared=True)
         return None
 
-    def pack_weight(self, spec: ContractionSpec, weight: np.ndarray) -> np.ndarray:
+    def pack_weight(self, spec: ContractionSpec, weight: np.ndarray | NarrowWeight) -> np.ndarray:
+        if isinstance(spec, GemmSpec) and spec.b_format != "f32":
+            return pack_narrow_b(weight, spec.trans_b)
         if isinstance(spec, GemmSpec):
             return np.frombuffer(pack_b(weight, spec.trans_b), dtype="<f4")
         if isinstance(spec, IntegerGemmSpec):

@@ -21,6 +21,7 @@ from ir.errors import UnsupportedError
 from ir.graph import Graph, Node, Value
 from ir.loops.contraction import ContractionKernels, ContractionOperands, ContractionSpec, is_empty
 from ir.loops.expr import Expr, Local, Var, cast, lift
+from ir.loops.narrow_weights import NarrowWeight, narrow_weight_chains
 from ir.loops.program import (COMPUTE_TYPE, INPUT, OUTPUT, TEMP, WEIGHT, Assign, Buffer, If, Intrinsic, Kernel, Loop,
                               Program, Stmt, Storage, Store)
 
@@ -64,6 +65,9 @@ class LoopBuilder:
         self._positions = {id(n): i for i, n in enumerate(graph.nodes)}
         self._shared_constants: dict = {}
         self._absorbed: set[int] = set()     # nodes another node's kernel computes (epilogues)
+        # Widenings of narrow weights, held back until their reader decides (see `narrow_weight`).
+        self._narrow = narrow_weight_chains(graph, self._readers, self.output_ids)
+        self._held = {id(n): v for v, w in self._narrow.items() for n in w.nodes}
         self._lengths: dict[str, Buffer] = {}   # length key -> its companion (ir/bounds.py)
         for v in graph.inputs:
             if not v.is_const:
@@ -160,6 +164,16 @@ class LoopBuilder:
         group = self._group_of.get(id(anchor))
         return group is not None and group == self._group_of.get(id(node))
 
+    def narrow_weight(self, value: Value) -> NarrowWeight | None:
+        """The narrow constant `value` (a MatMul's or Gemm's B) is widened from, when it is one
+        (ir/loops/narrow_weights.py). A lowering that reads it calls `read_narrow`; otherwise the
+        widening runs as its own kernels just before the reader's."""
+        return self._narrow.get(id(value))
+
+    def read_narrow(self, value: Value) -> None:
+        """The current kernel reads `value`'s narrow constant: its widening is never computed."""
+        self._absorbed.update(id(n) for n in self._narrow.pop(id(value)).nodes)
+
     def absorb(self, node: Node) -> Buffer:
         """Mark `node` as computed by the current kernel (an epilogue); returns its output buffer,
         which the current kernel writes instead."""
@@ -225,9 +239,11 @@ class LoopBuilder:
         """Whether the target has a kernel for `spec`."""
         return self._kernels is not None and not is_empty(spec) and self._kernels.offers(spec)
 
-    def contraction_weight(self, spec: ContractionSpec, weight: Value, values: np.ndarray | None = None) -> Buffer:
+    def contraction_weight(self, spec: ContractionSpec, weight: Value,
+                           values: np.ndarray | NarrowWeight | None = None) -> Buffer:
         """The weight of `spec` as the target's kernel reads it: `weight`'s buffer, or, where the
-        target repacks a constant weight, the packed constant (of `values`, default the weight's own)."""
+        target repacks a constant weight, the packed constant (of `values`, default the weight's own;
+        a `NarrowWeight` for a spec that reads B narrow)."""
         layout = self._kernels.weight_layout(spec)
         if layout is None:
             return self.buffer(weight)
@@ -287,13 +303,20 @@ class LoopBuilder:
 
     # -- driving -------------------------------------------------------------------------------
     def lower(self, node: Node) -> None:
-        if id(node) in self._absorbed:
+        if id(node) in self._absorbed or id(node) in self._held:
             return
+        at = len(self.program.kernels)
+        self.program.kernels.append(self._lower_kernel(node))
+        # A widening its reader did not read narrow runs just before the reader, in order.
+        widenings = [self._narrow.pop(id(v)) for v in node.inputs if v is not None and id(v) in self._narrow]
+        self.program.kernels[at:at] = [self._lower_kernel(n) for w in widenings for n in w.nodes]
+
+    def _lower_kernel(self, node: Node) -> Kernel:
         self._kernel = Kernel(self._unique(f"{node.op_type}_{node.name or 'node'}"), node.op_type)
         self._stack = [self._kernel.body]
         self.lower_inline(node)
-        self.program.kernels.append(self._kernel)
-        self._kernel = None
+        kernel, self._kernel = self._kernel, None
+        return kernel
 
     def lower_inline(self, node: Node) -> None:
         """Lower `node` into the statements being built (a kernel, a branch of an If)."""

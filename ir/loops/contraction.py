@@ -36,7 +36,9 @@ class EpilogueSpec:
 class GemmSpec:
     """C[m, n] = epilogue(A[m, k] @ B[k, n]), `batch` times over consecutive row-major matrices.
     `trans_a`: A given as [k, m]; `trans_b`: B given as [n, k]; `constant_b`: B is a weight known at
-    compile time (the target may repack it then), else an activation."""
+    compile time (the target may repack it then), else an activation. `b_format`: how a constant B
+    is stored: "f32", or narrow ("bf16", "int8" with a scale per column, ir/loops/narrow_weights.py),
+    which the kernel widens as it reads it."""
     kind: ClassVar[str] = "gemm"
     m: int
     n: int
@@ -46,6 +48,7 @@ class GemmSpec:
     trans_b: bool = False
     constant_b: bool = True
     epilogue: EpilogueSpec = EpilogueSpec()
+    b_format: str = "f32"
 
 
 @dataclass(frozen=True)

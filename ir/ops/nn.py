@@ -197,16 +197,18 @@ def _matmul_as_gemm(b, node) -> bool:
     av, wv = node.inputs[0], node.inputs[1]
     if not _f32(*node.inputs, node.outputs[0]) or not _static(av, wv):
         return False
-    if wv.is_const and len(wv.shape) == 2:
+    narrow = b.narrow_weight(wv)
+    if (wv.is_const or narrow is not None) and len(wv.shape) == 2:
         k, n = _ints(wv.shape)
-        spec = GemmSpec(int(np.prod(av.shape[:-1], dtype=np.int64)), n, k)
-        if not b.offers(spec):
+        spec = _offered(b, GemmSpec(int(np.prod(av.shape[:-1], dtype=np.int64)), n, k), narrow)
+        if spec is not None:
+            packed = _gemm_weight(b, spec, wv, narrow)
+            y, bias, residual, activation = _fused_epilogue(b, node, bias_width=n)
+            b.call_contraction(_with_epilogue(spec, bias, residual, activation),
+                               ContractionOperands(b.buffer(av), packed, y, bias, residual), av.name, wv.name)
+            return True
+        if wv.is_const:
             return False
-        packed = b.contraction_weight(spec, wv)
-        y, bias, residual, activation = _fused_epilogue(b, node, bias_width=n)
-        b.call_contraction(_with_epilogue(spec, bias, residual, activation),
-                           ContractionOperands(b.buffer(av), packed, y, bias, residual), av.name, wv.name)
-        return True
     if len(av.shape) == len(wv.shape) >= 2 and list(av.shape[:-2]) == list(wv.shape[:-2]) and not av.is_const:
         (m, k), n = _ints(av.shape[-2:]), int(wv.shape[-1])
         spec = GemmSpec(m, n, k, batch=int(np.prod(av.shape[:-2], dtype=np.int64)), constant_b=False)
@@ -218,15 +220,34 @@ def _matmul_as_gemm(b, node) -> bool:
     return False
 
 
+def _offered(b, spec: GemmSpec, narrow) -> GemmSpec | None:
+    """`spec`, reading B narrow when B is a widened narrow weight (`narrow`), if the target has
+    that kernel; else None. A narrow B the target cannot read narrow stays the float32 output of
+    its widening (an activation)."""
+    if narrow is not None:
+        spec = replace(spec, b_format=narrow.format)
+    return spec if b.offers(spec) else None
+
+
+def _gemm_weight(b, spec: GemmSpec, wv, narrow):
+    """B packed for the kernel: the narrow constant itself where `spec` reads it narrow (its
+    widening then never runs), else the float32 constant."""
+    if spec.b_format == "f32":
+        return b.contraction_weight(spec, wv)
+    b.read_narrow(wv)
+    return b.contraction_weight(spec, wv, narrow)
+
+
 def _gemm_as_gemm(b, node) -> bool:
     av, wv, cv = node.inputs[0], node.inputs[1], node.inputs[2] if len(node.inputs) > 2 else None
-    if not _f32(*node.inputs, node.outputs[0]) or not wv.is_const or not _static(node.outputs[0], wv):
+    narrow = b.narrow_weight(wv)
+    if not _f32(*node.inputs, node.outputs[0]) or not (wv.is_const or narrow is not None) or not _static(node.outputs[0], wv):
         return False
     alpha, beta = float(node.attrs.get("alpha", 1.0)), float(node.attrs.get("beta", 1.0))
     trans_a, trans_b = bool(node.attrs.get("transA", 0)), bool(node.attrs.get("transB", 0))
     (m, n), (rows, columns) = _ints(node.outputs[0].shape), _ints(wv.shape)
-    spec = GemmSpec(m, n, columns if trans_b else rows, trans_a=trans_a, trans_b=trans_b)
-    if not b.offers(spec):
+    spec = _offered(b, GemmSpec(m, n, columns if trans_b else rows, trans_a=trans_a, trans_b=trans_b), narrow)
+    if spec is None:
         return False
     y = b.output(node)
     bias = None
@@ -235,8 +256,11 @@ def _gemm_as_gemm(b, node) -> bool:
             return False
         bias = b.constant((np.broadcast_to(np.asarray(cv.const, dtype=np.float64).reshape(-1), (n,)) * beta)
                           .astype(np.float32), cv.name + "_bias")
-    weights = np.asarray(wv.const, dtype=np.float32) * np.float32(alpha) if alpha != 1.0 else np.asarray(wv.const)
-    packed = b.contraction_weight(spec, wv, weights)
+    if spec.b_format != "f32":      # alpha is 1 (narrow_weight_chains)
+        packed = _gemm_weight(b, spec, wv, narrow)
+    else:
+        weights = np.asarray(wv.const, dtype=np.float32) * np.float32(alpha) if alpha != 1.0 else np.asarray(wv.const)
+        packed = b.contraction_weight(spec, wv, weights)
     y, _, residual, activation = _fused_epilogue(b, node)
     b.call_contraction(_with_epilogue(spec, bias, residual, activation),
                        ContractionOperands(b.input(node, 0), packed, y, bias, residual), av.name, wv.name)

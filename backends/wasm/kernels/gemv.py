@@ -17,11 +17,11 @@ B is read once per product whatever the row count, so above two rows the GEMM's 
 from __future__ import annotations
 
 from backends.wasm.kernels.activation import scratch_locals, v128_activation
+from backends.wasm.kernels.narrow_panels import narrow_panel_bytes
 from backends.wasm.kernels.operands import GemmOffsets
 from ir.loops.contraction import GemmSpec
 
 PANEL = 16
-PANEL_BYTES = PANEL * 4
 MAX_ROWS = 2
 STEPS = 4          # k steps per loop iteration
 ZERO = "(v128.const f32x4 0 0 0 0)"
@@ -37,6 +37,8 @@ def render_gemv(spec: GemmSpec, at: GemmOffsets, *, features, name: str = "gemv"
     panels at `at.b_packed`; A row-major, or [k, m] with `spec.trans_a`). The residual may be C."""
     m, n, k = spec.m, spec.n, spec.k
     fma = "relaxed-simd" in frozenset(features)
+    step_bytes = narrow_panel_bytes(spec.b_format)
+    scales_at = at.b_packed + -(-n // PANEL) * k * step_bytes     # int8: the column scales follow the panels
     a_k_step, a_row_step = (m * 4, 4) if spec.trans_a else (4, k * 4)
     sets = 2 if m == 1 else 1
     accs = [[[f"$c{r}_{s}_{v}" for v in range(4)] for s in range(sets)] for r in range(m)]
@@ -50,11 +52,11 @@ def render_gemv(spec: GemmSpec, at: GemmOffsets, *, features, name: str = "gemv"
     for step in range(STEPS):
         s = step % sets
         body += [f"(local.set $a{r} (v128.load32_splat offset={r * a_row_step} (local.get $pa)))" for r in range(m)]
-        body += [f"(local.set $b{v} (v128.load offset={16 * v} (local.get $pb)))" for v in range(4)]
+        body += _load_b(spec.b_format)
         body += [f"(local.set {accs[r][s][v]} {madd(f'(local.get $b{v})', f'(local.get $a{r})', f'(local.get {accs[r][s][v]})')})"
                  for r in range(m) for v in range(4)]
         body += [f"(local.set $pa (i32.add (local.get $pa) (i32.const {a_k_step})))",
-                 f"(local.set $pb (i32.add (local.get $pb) (i32.const {PANEL_BYTES})))"]
+                 f"(local.set $pb (i32.add (local.get $pb) (i32.const {step_bytes})))"]
         if step < STEPS - 1:
             body.append("(br_if $kdone (i32.ge_u (local.get $pb) (local.get $pend)))")
     k_loop = ["(block $kdone (loop $k", *("  " + line for line in body),
@@ -63,8 +65,8 @@ def render_gemv(spec: GemmSpec, at: GemmOffsets, *, features, name: str = "gemv"
     def panel(lanes: list[int]) -> list[str]:
         """One panel at $j (its first column 16 $j), `lanes` real columns per vector."""
         code = [f"(local.set $pa (i32.const {at.a}))",
-                f"(local.set $pb (i32.add (i32.const {at.b_packed}) (i32.mul (local.get $j) (i32.const {k * PANEL_BYTES}))))",
-                f"(local.set $pend (i32.add (local.get $pb) (i32.const {k * PANEL_BYTES})))",
+                f"(local.set $pb (i32.add (i32.const {at.b_packed}) (i32.mul (local.get $j) (i32.const {k * step_bytes}))))",
+                f"(local.set $pend (i32.add (local.get $pb) (i32.const {k * step_bytes})))",
                 *(f"(local.set {x} {ZERO})" for r in range(m) for s in range(sets) for x in accs[r][s]),
                 *k_loop]
         for r in range(m):
@@ -73,6 +75,8 @@ def render_gemv(spec: GemmSpec, at: GemmOffsets, *, features, name: str = "gemv"
                 for s in range(1, sets):
                     total = f"(f32x4.add {total} (local.get {accs[r][s][v]}))"
                 column = f"(i32.add (i32.shl (local.get $j) (i32.const 6)) (i32.const {16 * v}))"
+                if spec.b_format == "int8":     # the same products, each column's sum scaled once
+                    total = f"(f32x4.mul {total} (v128.load offset={scales_at} {column}))"
                 if at.bias is not None:
                     total = f"(f32x4.add {total} {_load(at.bias, column, width)})"
                 row_at = f"(i32.add {column} (i32.const {r * n * 4}))"
@@ -93,12 +97,36 @@ def render_gemv(spec: GemmSpec, at: GemmOffsets, *, features, name: str = "gemv"
         code += [f"(local.set $j (i32.const {full}))",
                  *panel([max(0, min(4, edge - 4 * v)) for v in range(4)])]
     decls = [" ".join(f"(local {x} v128)" for r in range(m) for s in range(sets) for x in accs[r][s]),
-             " ".join(f"(local $a{r} v128)" for r in range(m)) + " " + " ".join(f"(local $b{v} v128)" for v in range(4)),
+             " ".join(f"(local $a{r} v128)" for r in range(m)) + " " + " ".join(f"(local $b{v} v128)" for v in range(4))
+             + " (local $w0 v128) (local $w1 v128)",
              "(local $pa i32) (local $pb i32) (local $pend i32) (local $j i32)", *scratch_locals("v128")]
     title = (f";; C[{m}x{n}] = {spec.epilogue.activation or 'identity'}(A{'^T' if spec.trans_a else ''}[{m}x{k}] @ "
-             f"B[{k}x{n}]{' + bias' if at.bias is not None else ''}{' + residual' if at.residual is not None else ''})"
+             f"B[{k}x{n}]{'' if spec.b_format == 'f32' else ' (' + spec.b_format + ')'}{' + bias' if at.bias is not None else ''}{' + residual' if at.residual is not None else ''})"
              f" as a GEMV; features: {','.join(sorted(features))}")
     return "\n".join([f"(func ${name}", "  " + title, *("  " + d for d in decls), *("  " + c for c in code), ")"]) + "\n"
+
+
+# Bytes 2i, 2i+1 of a zero vector, then of the bf16 bits, per lane: each bf16 as the high half of its
+# float32, which is its exact value (one punpcklwd / punpckhwd on x86).
+BF16_LOW = "0 1 16 17 2 3 18 19 4 5 20 21 6 7 22 23"
+BF16_HIGH = "8 9 24 25 10 11 26 27 12 13 28 29 14 15 30 31"
+
+
+def _load_b(format: str) -> list[str]:
+    """$b0 .. $b3: the 16 columns of B at one k, at $pb, as float32 (int8: the codes, unscaled)."""
+    if format == "f32":
+        return [f"(local.set $b{v} (v128.load offset={16 * v} (local.get $pb)))" for v in range(4)]
+    if format == "bf16":
+        return ["(local.set $w0 (v128.load (local.get $pb)))", "(local.set $w1 (v128.load offset=16 (local.get $pb)))",
+                *(f"(local.set $b{2 * w + h} (i8x16.shuffle {lanes} {ZERO} (local.get $w{w})))"
+                  for w in range(2) for h, lanes in enumerate((BF16_LOW, BF16_HIGH)))]
+    if format == "int8":
+        return ["(local.set $w0 (v128.load (local.get $pb)))",
+                "(local.set $w1 (i16x8.extend_high_i8x16_s (local.get $w0)))",
+                "(local.set $w0 (i16x8.extend_low_i8x16_s (local.get $w0)))",
+                *(f"(local.set $b{2 * w + h} (f32x4.convert_i32x4_s (i32x4.extend_{half}_i16x8_s (local.get $w{w}))))"
+                  for w in range(2) for h, half in enumerate(("low", "high")))]
+    raise ValueError(f"unknown B format {format!r}")
 
 
 def _load(base: int, offset: str, lanes: int) -> str:

@@ -1,0 +1,100 @@
+"""bf16 and int8 variant weights read narrow by the WASM GEMV: a MatMul's or Gemm's B widened by a
+`--variants` build (Cast, and Mul by the per-channel scale for int8) is packed narrow, the widening
+disappears from the module, the module holds about half (bf16) or a quarter (int8) of the weight
+bytes, and the outputs are onnxruntime's on the variant's own graph (the Cast/Mul one). Products of
+more than two rows keep the widening and the float32 kernel."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import wasmtime
+from onnx import TensorProto as T
+from onnx import helper, numpy_helper
+
+from backends.wasm.assemble import make_engine
+from backends.wasm.compile import compile_graph
+from backends.wasm.instance import WasmInstance
+from backends.wasm.options import parse_options
+from ir.onnx_export import export_model
+from ir.onnx_import import import_model
+from passes import optimize_pipeline, run_pipeline
+from passes.narrow_weights import narrowed
+from wasm_cases import make_model
+
+FEATURES = ["simd,bulk-memory", "simd,bulk-memory,relaxed-simd"]
+
+
+def matmul_model(m: int, k: int, n: int, *, gemm: bool = False, seed: int = 0):
+    """y = x @ W (+ bias as a Gemm with transB, W then stored [n, k])."""
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((n, k) if gemm else (k, n)) / np.sqrt(k)).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w")]
+    if gemm:
+        inits.append(numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "bias"))
+        node = helper.make_node("Gemm", ["x", "w", "bias"], ["y"], transB=1)
+    else:
+        node = helper.make_node("MatMul", ["x", "w"], ["y"])
+    return make_model([node], [helper.make_tensor_value_info("x", T.FLOAT, [m, k])],
+                      [helper.make_tensor_value_info("y", T.FLOAT, [m, n])], inits)
+
+
+def variant_graph(model, precision: str):
+    graph, _ = run_pipeline(import_model(model), optimize_pipeline(require_static=True))
+    return narrowed(graph, precision)
+
+
+def compiled(graph, features: str):
+    return compile_graph(graph, parse_options(None, features, "2"))
+
+
+def run(artifact, features: str, feeds: dict) -> np.ndarray:
+    engine = make_engine(parse_options(None, features, "2"))
+    instance = WasmInstance(engine, wasmtime.Module(engine, artifact.wasm), artifact.plan)
+    return np.array(instance.run(feeds)["y"])
+
+
+def kernels(artifact) -> list[str]:
+    """The ops of the module's kernels, in the order they run."""
+    return re.findall(r"^  \(func \$(?!load_weights)([A-Za-z]+)_\S+ ;; ", artifact.wat, flags=re.M)
+
+
+def onnxruntime_on(graph, feeds: dict) -> np.ndarray:
+    session = ort.InferenceSession(export_model(graph).SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)[0]
+
+
+@pytest.mark.parametrize("features", FEATURES, ids=["simd", "relaxed-simd"])
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+@pytest.mark.parametrize("m,k,n,gemm", [(1, 37, 50, False), (2, 130, 33, False), (1, 64, 16, True),
+                                        (2, 23, 70, True), (4, 37, 50, False), (4, 19, 40, True)])
+def test_a_variant_product_computes_what_onnxruntime_computes_on_the_variant_graph(m, k, n, gemm, precision, features):
+    graph = variant_graph(matmul_model(m, k, n, gemm=gemm, seed=m + k + n), precision)
+    feeds = {"x": np.random.default_rng(k).standard_normal((m, k)).astype(np.float32)}
+    want = onnxruntime_on(graph, feeds)
+    got = run(compiled(graph, features), features, feeds)
+    # int8 scales each column's sum once instead of each product: float32 rounding apart, equal.
+    scale = np.abs(want).max()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * scale)
+
+
+@pytest.mark.parametrize("precision,ratio", [("bf16", 0.5), ("int8", 0.25)])
+def test_one_and_two_row_products_read_the_narrow_weight_with_no_widening(precision, ratio):
+    k, n = 256, 384
+    for m in (1, 2):
+        exact, _ = run_pipeline(import_model(matmul_model(m, k, n)), optimize_pipeline(require_static=True))
+        f32 = compiled(exact, "simd,bulk-memory,relaxed-simd")
+        variant = compiled(variant_graph(matmul_model(m, k, n), precision), "simd,bulk-memory,relaxed-simd")
+        weight_bytes = k * n * 4
+        # int8 also stores one float32 scale per column
+        assert len(variant.wasm) - len(f32.wasm) == pytest.approx((ratio - 1) * weight_bytes, abs=4 * n + 2048)
+        assert kernels(variant) == ["MatMul"], "the widening still runs"
+        assert f"({precision})" in variant.wat      # the GEMV's title names the format it reads
+
+
+def test_more_rows_keep_the_widening_and_the_float32_kernel():
+    variant = compiled(variant_graph(matmul_model(4, 64, 48), "bf16"), "simd,bulk-memory,relaxed-simd")
+    assert kernels(variant) == ["Cast", "MatMul"] and "(bf16)" not in variant.wat
