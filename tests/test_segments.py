@@ -179,3 +179,14 @@ def test_a_chain_of_1024_cus_runs_as_one_call(tmp_path):
     np.testing.assert_array_equal(next(iter(got.values())),
                                   next(iter(cortex.load(dag_path, policy="strict", threads=1,
                                                         segments=False).run({"x": x}).values())))
+
+
+def test_a_module_planning_more_memory_than_the_store_allowed_raises_the_ceiling(chain):
+    """A variant's module may plan more memory than any exact CU's, which set the one store's limit."""
+    from backends.wasm.device import WasmDevice
+    dag = json.loads(chain.read_text())
+    device = WasmDevice(dag, chain)
+    device.join_one_store()
+    device._memory_ceiling = 65536            # below every CU's limit
+    device.load(dag["cus"][:2])
+    assert device._memory_ceiling > 65536 and len(device.instances) == 2

@@ -143,6 +143,9 @@ class WasmDevice(HostTensors):
 
     def _instantiate(self, sandboxed: SandboxedCU, stamps: Stamps) -> WasmInstance:
         if self.store is not None:
+            if memory_limit(sandboxed.plan) > self._memory_ceiling:     # a variant's module may plan more
+                self._memory_ceiling = memory_limit(sandboxed.plan)
+                self.store.set_limits(memory_size=self._memory_ceiling)
             ticks = (deadline_ticks(sandboxed.deadline_ms), deadline_ticks(self.limits.cu_load_timeout_s * 1e3)) \
                 if self.timed else (None, None)
             instance = WasmInstance(self.engine, sandboxed.module, sandboxed.plan, None, *ticks, store=self.store)
