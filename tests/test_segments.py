@@ -19,6 +19,7 @@ from runtime_cases import build
 from test_sandbox import GROW_BOMB, INFINITE_LOOP, OOB, OUT_OF_BOUNDS, _relu_module, place_module
 
 import cortex
+from backends.wasm.device import WasmDevice
 from backends.wasm.sandbox import planned_bytes
 from backends.wasm.segment import MEMORIES_PER_DRIVER, driver_chunks, segment_copies
 from cortex.runtime.plan import Segment
@@ -183,7 +184,6 @@ def test_a_chain_of_1024_cus_runs_as_one_call(tmp_path):
 
 def test_a_module_planning_more_memory_than_the_store_allowed_raises_the_ceiling(chain):
     """A variant's module may plan more memory than any exact CU's, which set the one store's limit."""
-    from backends.wasm.device import WasmDevice
     dag = json.loads(chain.read_text())
     device = WasmDevice(dag, chain)
     device.join_one_store()
