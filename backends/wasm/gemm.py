@@ -22,6 +22,9 @@ Entry points
   - `features`: a set of "simd", "relaxed-simd". With relaxed SIMD the inner product uses
     `f32x4.relaxed_madd` (the host must enable relaxed SIMD; results may differ from mul+add in the
     last bit, as FMA does); with only "simd" it uses mul + add; with neither, scalar f32 code.
+- A constant B stored bf16 or int8 (`spec.b_format`, SIMD and one batch only) is read from
+  `kernels/narrow_panels.py`'s panels, widened in registers by the tiles (kernels/microkernel.py);
+  int8's column scales, after the panels, multiply each K block's sums once.
 - `pack_a(a, tile_rows=4) -> np.ndarray`: A (M x K) in the order the tiles read packed A: for each
   K block of 128, groups of `tile_rows` rows (the last zero-padded) as [k][row]; `packed_a_size(m, k)`
   is its length in bytes.
@@ -64,6 +67,7 @@ from backends.wasm.kernels.microkernel import (
     render_tile,
     tile_locals,
 )
+from backends.wasm.kernels.narrow_panels import narrow_panel_bytes
 from backends.wasm.kernels.operands import GemmLayout, GemmOffsets
 from backends.wasm.kernels.wat_loops import counted_range, wat_function
 from backends.wasm.simd_lanes import shuffle_lanes
@@ -157,6 +161,8 @@ def render_gemm(spec: GemmSpec, at: GemmOffsets, *, features=SIMD_FMA, layout: G
         raise ValueError(f"GEMM dims must be positive, got m={m} n={n} k={k} batch={batch}")
     if layout.a_packed and (trans_a or layout.lda or not packs_a(m, features, tile_rows)):
         raise ValueError(f"a packed A needs SIMD, more than {tile_rows} rows and no transA/lda (m={m})")
+    if spec.b_format != "f32" and ("simd" not in features or batch > 1):
+        raise ValueError(f"a {spec.b_format} B needs SIMD and one batch (batch={batch})")
     lda = layout.lda or (m if trans_a else k)
     ldc = layout.ldc or n
     strides = layout.batch_strides or (m * k * 4, packed_b_size(k, n), m * n * 4)
@@ -165,7 +171,7 @@ def render_gemm(spec: GemmSpec, at: GemmOffsets, *, features=SIMD_FMA, layout: G
     bias = None if at.bias is None else ("row" if layout.bias_per_row else "column")
     a_pack = "packed" if layout.a_packed else at.a_scratch
     inner, helpers = body(_Body(m, n, k, a_k_step, a_row_step, ldc * 4, bias, at.residual is not None, epilogue,
-                                "relaxed-simd" in features, a_pack, tile_rows), name)
+                                "relaxed-simd" in features, a_pack, tile_rows, spec.b_format), name)
     def shifted(offset: int) -> str:
         return f"(i32.add (i32.const {offset}) (local.get $c_shift))" if layout.c_shift else f"(i32.const {offset})"
 
@@ -176,15 +182,18 @@ def render_gemm(spec: GemmSpec, at: GemmOffsets, *, features=SIMD_FMA, layout: G
         f"(local.set $R {shifted(at.residual or 0)})",
         f"(local.set $BIAS (i32.const {at.bias or 0}))",
     ]
+    if spec.b_format == "int8":     # the column scales follow the panels
+        pointers.append(f"(local.set $SCALE (i32.const {at.b_packed + -(-n // PANEL) * k * narrow_panel_bytes('int8')}))")
     code = pointers + _batch_loop(batch, strides, inner, bias_step=4 * m if layout.bias_per_row else 0)
     decls = ["(local $A i32) (local $B i32) (local $C i32) (local $R i32) (local $BIAS i32) (local $n i32)",
              "(local $i i32) (local $ib i32) (local $iend i32) (local $j i32) (local $j0 i32) (local $jend i32) (local $k0 i32) (local $klen i32) (local $first i32) (local $last i32)",
-             "(local $pa i32) (local $pb i32) (local $pc i32) (local $pr i32) (local $pbias i32)",
+             "(local $pa i32) (local $pb i32) (local $pc i32) (local $pr i32) (local $pbias i32) (local $SCALE i32) (local $pscale i32)",
              "(local $pend i32) (local $pend4 i32) (local $acc f32)"]
     if "simd" in features:  # v128 locals would make the module invalid on hosts without SIMD128
         decls += tile_locals() + scratch_locals("v128")
     decls += scratch_locals("f32")
     title = (f";; C[{m}x{n}] = {epilogue or 'identity'}(A{'^T' if trans_a else ''}[{m}x{k}] @ B[{k}x{n}]"
+             f"{'' if spec.b_format == 'f32' else ' (' + spec.b_format + ')'}"
              f"{' + bias' if at.bias is not None else ''}{' + residual' if at.residual is not None else ''})"
              f"{f' x {batch} batches' if batch > 1 else ''}; features: {','.join(sorted(features)) or 'scalar'}")
     params = " (param $c_shift i32)" if layout.c_shift else ""
@@ -209,6 +218,7 @@ class _Body:
     fma: bool
     a_pack: int | str | None
     rows_per_tile: int
+    b_format: str = "f32"
 
 
 def _batch_loop(batch: int, strides: tuple[int, int, int], inner: list[str], bias_step: int = 0) -> list[str]:
@@ -238,7 +248,7 @@ def gemm_scratch_bytes(m: int, k: int, tile_rows: int = TILE_ROWS) -> int:
 
 def _simd_body(p: _Body, name: str) -> tuple[list[str], str]:
     """The function's body, and the functions it calls (the tiles' k loops, see `_k_function_unroll`)."""
-    m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, epilogue, fma, a_pack, rows_per_tile = astuple(p)
+    m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, epilogue, fma, a_pack, rows_per_tile, b_format = astuple(p)
     kc = k if m <= rows_per_tile else k_block_size(k)
     blocks = -(-k // kc)
     # Packed, a full tile's A values for one k are 16 contiguous bytes: one load for the 4 rows (see
@@ -254,7 +264,8 @@ def _simd_body(p: _Body, name: str) -> tuple[list[str], str]:
                             has_residual, epilogue, fma,
                             static_first=True if blocks == 1 else None,
                             static_last=True if blocks == 1 else None,
-                            unroll=_unroll(blocks, bias, has_residual, epilogue))
+                            unroll=_unroll(blocks, bias, has_residual, epilogue), b_format=b_format)
+    b_step = geometry.b_step
     function_unroll = _k_function_unroll(fma) if packed and rows_per_tile == MAX_ROWS else None
     k_function = f"{name}_k" if function_unroll else None
     edge_lanes = edge_pass_lanes(n % PANEL) if n % PANEL else []
@@ -293,15 +304,18 @@ def _simd_body(p: _Body, name: str) -> tuple[list[str], str]:
             a_at = f"(i32.add (i32.mul (local.get $i) (i32.const {a_row_step})) (i32.mul (local.get $k0) (i32.const {a_k_step})))"
             a_base = "(local.get $A)"
         c_at = f"(i32.add (i32.mul (local.get $i) (i32.const {c_row_step})) (i32.mul (local.get $j) (i32.const {PANEL_BYTES})))"
+        scale = ([f"(local.set $pscale (i32.add (local.get $SCALE) (i32.mul (local.get $j) (i32.const {PANEL_BYTES}))))"]
+                 if b_format == "int8" else [])
         return [
             f"(local.set $pa (i32.add {a_base} {a_at}))",
-            f"(local.set $pb (i32.add (local.get $B) (i32.mul (i32.add (i32.mul (local.get $j) (i32.const {k})) (local.get $k0)) (i32.const {PANEL_BYTES}))))",
+            f"(local.set $pb (i32.add (local.get $B) (i32.mul (i32.add (i32.mul (local.get $j) (i32.const {k})) (local.get $k0)) (i32.const {b_step}))))",
+            *scale,
             f"(local.set $pc (i32.add (local.get $C) {c_at}))",
             f"(local.set $pr (i32.add (local.get $R) {c_at}))",
             ("(local.set $pbias (i32.add (local.get $BIAS) (i32.shl (local.get $i) (i32.const 2))))" if bias == "row" else
              f"(local.set $pbias (i32.add (local.get $BIAS) (i32.mul (local.get $j) (i32.const {PANEL_BYTES}))))"),
-            f"(local.set $pend (i32.add (local.get $pb) (i32.mul (local.get $klen) (i32.const {PANEL_BYTES}))))",
-            f"(local.set $pend4 (i32.add (local.get $pb) (i32.mul (i32.and (local.get $klen) (i32.const {-UNROLL})) (i32.const {PANEL_BYTES}))))",
+            f"(local.set $pend (i32.add (local.get $pb) (i32.mul (local.get $klen) (i32.const {b_step}))))",
+            f"(local.set $pend4 (i32.add (local.get $pb) (i32.mul (i32.and (local.get $klen) (i32.const {-UNROLL})) (i32.const {b_step}))))",
             *render_tile(rows, vecs, geometry, k_function),
         ]
 

@@ -1,6 +1,6 @@
 """The ready-made kernels the WebAssembly backend offers the lowerings: the packed-panel SIMD GEMM
-(`backends/wasm/gemm.py`; `kernels/gemv.py` for one or two rows, which alone also reads a B stored
-bf16 or int8, `kernels/narrow_panels.py`) for a `GemmSpec` (MatMul, Gemm),
+(`backends/wasm/gemm.py`; `kernels/gemv.py` for one or two rows; both also read a constant B stored
+bf16 or int8, `kernels/narrow_panels.py`, with SIMD and one batch) for a `GemmSpec` (MatMul, Gemm),
 and for a `ConvSpec` im2col + GEMM (`kernels/conv.py`) or, where `implicit_gemm_is_faster`, the implicit GEMM over output pixels with
 the weight packed at compile time (`kernels/conv_implicit_gemm.py`), and for an `IntegerGemmSpec`
 (MatMulInteger, QLinearMatMul with a constant B) the 16-bit dot-product GEMM (`kernels/int8_gemm.py`), and
@@ -50,8 +50,8 @@ class WasmKernels:
     def offers(self, spec: ContractionSpec) -> bool:
         if isinstance(spec, (IntegerGemmSpec, IntegerConvSpec)):
             return "simd" in self.features    # without SIMD128 the loop nest is as good
-        if isinstance(spec, GemmSpec) and spec.b_format != "f32":   # only the GEMV widens narrow panels yet
-            return spec.constant_b and gemv_fits(spec, self.features)
+        if isinstance(spec, GemmSpec) and spec.b_format != "f32":   # the SIMD GEMV and tiles widen narrow panels
+            return spec.constant_b and spec.batch == 1 and "simd" in self.features
         return isinstance(spec, (GemmSpec, ConvSpec))
 
     def weight_layout(self, spec: ContractionSpec) -> WeightLayout | None:
