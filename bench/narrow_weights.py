@@ -3,9 +3,9 @@ bf16 or int8 (kernels/narrow_panels.py), as GB/s of weight bytes read per call, 
 copy's bandwidth measured in the same run (numpy copying a 256 MB array: bytes of the source per
 second). A GEMV of one row is bound by how fast B streams in, so the fraction of the copy's bandwidth
 is how close it comes to what the memory gives (the goal: 70% or more for bf16 and int8). Then the
-GEMM's register tiles (more than two rows, compute-bound) over the same three formats, as GFLOP/s
-and as a fraction of the float32 kernel's in the same run (the goal: 90% or more for bf16 and int8:
-the widening in registers costs little next to the multiply-adds).
+GEMM (more than two rows, compute-bound) over the same three formats, as GFLOP/s and as a fraction
+of the float32 kernel's in the same run (the goal: 90% or more for bf16 and int8: each panel's K
+block is widened once into scratch for all the row tiles that read it).
 
 `python -m bench.narrow_weights [--rounds N] [--shapes 4096x4096,4096x11008] [--gemm-shapes 512x512x512]
 [--output docs/benchmarks.md]` prints the tables; with --output it also writes them into that
@@ -74,12 +74,13 @@ def gemv_seconds(k: int, n: int, fmt: str, w: np.ndarray, rounds: int) -> tuple[
 
 
 def gemm_seconds(m: int, k: int, n: int, fmt: str, w: np.ndarray, rounds: int) -> float:
-    """The best seconds per call of the GEMM's tiles (A packed into scratch), over `rounds` x 5 calls."""
+    """The best seconds per call of the GEMM (A packed into scratch, a narrow B widened there a panel's
+    K block at a time), over `rounds` x 5 calls."""
     spec = GemmSpec(m, n, k, b_format=fmt)
     a_at = 64
     c_at = a_at + m * k * 4 + 64
     scratch_at = c_at + m * n * 4 + 64
-    b_at = scratch_at + gemm_scratch_bytes(m, k) + 64
+    b_at = scratch_at + gemm_scratch_bytes(m, k, b_format=fmt) + 64
     at = GemmOffsets(a_at, b_at, c_at, a_scratch=scratch_at)
     store, instance = instantiate(render_gemm(spec, at, features=SIMD_FMA),
                                   b_at + packed_narrow_size(fmt, k, n) + 64, SIMD_FMA)
@@ -129,8 +130,9 @@ def table(result: dict) -> str:
         lines.append(f"| {row['shape']} | {row['format']} | {row['weight_mb']:.1f} | {row['ms']:.2f} | "
                      f"{row['gb_s']:.1f} | {row['of_copy']:.0%} |")
     if result["gemm_rows"]:
-        lines += ["", "The GEMM's register tiles (more than two rows, A packed) over the same formats: the best "
-                  "GFLOP/s per call, and that as a fraction of the float32 kernel's in the same run.", "",
+        lines += ["", "The GEMM (more than two rows: A packed, a bf16 or int8 B widened to float32 one panel's K block "
+                  "at a time for all its row tiles) over the same formats: the best GFLOP/s per call, and that as "
+                  "a fraction of the float32 B's in the same run.", "",
                   "| product | B stored | GFLOP/s | of float32 |", "|---|---|---:|---:|"]
         lines += [f"| {row['shape']} | {row['format']} | {row['gflop_s']:.1f} | {row['of_f32']:.0%} |"
                   for row in result["gemm_rows"]]

@@ -22,9 +22,10 @@ Entry points
   - `features`: a set of "simd", "relaxed-simd". With relaxed SIMD the inner product uses
     `f32x4.relaxed_madd` (the host must enable relaxed SIMD; results may differ from mul+add in the
     last bit, as FMA does); with only "simd" it uses mul + add; with neither, scalar f32 code.
-- A constant B stored bf16 or int8 (`spec.b_format`, SIMD and one batch only) is read from
-  `kernels/narrow_panels.py`'s panels, widened in registers by the tiles (kernels/microkernel.py);
-  int8's column scales, after the panels, multiply each K block's sums once.
+- A constant B stored bf16 or int8 (`spec.b_format`; SIMD, one batch, `at.a_scratch` given) is
+  read from `kernels/narrow_panels.py`'s panels: before the row tiles of a panel's K block run, the
+  block is widened to float32 (int8: times its column scales, which follow the panels) into the
+  scratch after A's block, and the tiles read it there as they read float32 panels.
 - `pack_a(a, tile_rows=4) -> np.ndarray`: A (M x K) in the order the tiles read packed A: for each
   K block of 128, groups of `tile_rows` rows (the last zero-padded) as [k][row]; `packed_a_size(m, k)`
   is its length in bytes.
@@ -67,7 +68,7 @@ from backends.wasm.kernels.microkernel import (
     render_tile,
     tile_locals,
 )
-from backends.wasm.kernels.narrow_panels import narrow_panel_bytes
+from backends.wasm.kernels.narrow_panels import WIDENING_LOCALS, narrow_panel_bytes, render_widened_block
 from backends.wasm.kernels.operands import GemmLayout, GemmOffsets
 from backends.wasm.kernels.wat_loops import counted_range, wat_function
 from backends.wasm.simd_lanes import shuffle_lanes
@@ -161,8 +162,8 @@ def render_gemm(spec: GemmSpec, at: GemmOffsets, *, features=SIMD_FMA, layout: G
         raise ValueError(f"GEMM dims must be positive, got m={m} n={n} k={k} batch={batch}")
     if layout.a_packed and (trans_a or layout.lda or not packs_a(m, features, tile_rows)):
         raise ValueError(f"a packed A needs SIMD, more than {tile_rows} rows and no transA/lda (m={m})")
-    if spec.b_format != "f32" and ("simd" not in features or batch > 1):
-        raise ValueError(f"a {spec.b_format} B needs SIMD and one batch (batch={batch})")
+    if spec.b_format != "f32" and ("simd" not in features or batch > 1 or at.a_scratch is None or layout.a_packed):
+        raise ValueError(f"a {spec.b_format} B needs SIMD, one batch and the kernel's scratch (batch={batch})")
     lda = layout.lda or (m if trans_a else k)
     ldc = layout.ldc or n
     strides = layout.batch_strides or (m * k * 4, packed_b_size(k, n), m * n * 4)
@@ -187,8 +188,10 @@ def render_gemm(spec: GemmSpec, at: GemmOffsets, *, features=SIMD_FMA, layout: G
     code = pointers + _batch_loop(batch, strides, inner, bias_step=4 * m if layout.bias_per_row else 0)
     decls = ["(local $A i32) (local $B i32) (local $C i32) (local $R i32) (local $BIAS i32) (local $n i32)",
              "(local $i i32) (local $ib i32) (local $iend i32) (local $j i32) (local $j0 i32) (local $jend i32) (local $k0 i32) (local $klen i32) (local $first i32) (local $last i32)",
-             "(local $pa i32) (local $pb i32) (local $pc i32) (local $pr i32) (local $pbias i32) (local $SCALE i32) (local $pscale i32)",
+             "(local $pa i32) (local $pb i32) (local $pc i32) (local $pr i32) (local $pbias i32)",
              "(local $pend i32) (local $pend4 i32) (local $acc f32)"]
+    if spec.b_format != "f32":
+        decls += ["(local $SCALE i32)", WIDENING_LOCALS]
     if "simd" in features:  # v128 locals would make the module invalid on hosts without SIMD128
         decls += tile_locals() + scratch_locals("v128")
     decls += scratch_locals("f32")
@@ -205,7 +208,7 @@ class _Body:
     """What the body renderers need: the product's shape, A's and C's steps in bytes, the bias
     ("row", "column" or None), the residual and the activation, FMA, how A is read (`a_pack`: the
     scratch offset its blocks are packed into, "packed" when A already is `pack_a(A)`, None to read
-    it in place) and the tile height."""
+    it in place), the tile height and how B is stored."""
     m: int
     n: int
     k: int
@@ -240,16 +243,23 @@ def _batch_loop(batch: int, strides: tuple[int, int, int], inner: list[str], bia
 
 
 
-def gemm_scratch_bytes(m: int, k: int, tile_rows: int = TILE_ROWS) -> int:
-    """What `a_scratch_offset` must hold: one packed block of A (row groups of the tile height)."""
+def gemm_scratch_bytes(m: int, k: int, tile_rows: int = TILE_ROWS, b_format: str = "f32") -> int:
+    """What `a_scratch_offset` must hold: one packed block of A (row groups of the tile height), then
+    for a narrow B one panel's K block widened to float32."""
     rows = -(-min(m, M_BLOCK) // tile_rows) * tile_rows
-    return rows * k_block_size(k) * 4
+    a_block = rows * k_block_size(k) * 4
+    return a_block + (_k_columns(m, k, tile_rows) * PANEL_BYTES if b_format != "f32" else 0)
+
+
+def _k_columns(m: int, k: int, tile_rows: int) -> int:
+    """K columns per block: all of K for one row tile, else `k_block_size`."""
+    return k if m <= tile_rows else k_block_size(k)
 
 
 def _simd_body(p: _Body, name: str) -> tuple[list[str], str]:
     """The function's body, and the functions it calls (the tiles' k loops, see `_k_function_unroll`)."""
     m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, epilogue, fma, a_pack, rows_per_tile, b_format = astuple(p)
-    kc = k if m <= rows_per_tile else k_block_size(k)
+    kc = _k_columns(m, k, rows_per_tile)
     blocks = -(-k // kc)
     # Packed, a full tile's A values for one k are 16 contiguous bytes: one load for the 4 rows (see
     # kernels/microkernel.py). Measured (relaxed SIMD, wasmtime, CPU time): 256^3 36 -> 38 GFLOP/s,
@@ -264,12 +274,23 @@ def _simd_body(p: _Body, name: str) -> tuple[list[str], str]:
                             has_residual, epilogue, fma,
                             static_first=True if blocks == 1 else None,
                             static_last=True if blocks == 1 else None,
-                            unroll=_unroll(blocks, bias, has_residual, epilogue), b_format=b_format)
-    b_step = geometry.b_step
+                            unroll=_unroll(blocks, bias, has_residual, epilogue))
     function_unroll = _k_function_unroll(fma) if packed and rows_per_tile == MAX_ROWS else None
     k_function = f"{name}_k" if function_unroll else None
     edge_lanes = edge_pass_lanes(n % PANEL) if n % PANEL else []
     helpers = render_k_functions(k_function, geometry, function_unroll, edge_lanes) if k_function else ""
+    # A narrow B: each panel's K block widened into the scratch after A's block before its row tiles.
+    widened_at = a_pack + gemm_scratch_bytes(m, k, rows_per_tile) if b_format != "f32" else None
+
+    def panel_block(step_bytes: int) -> str:
+        """Where panel $j's K block $k0 starts in B, at `step_bytes` a k step."""
+        return (f"(i32.add (local.get $B) (i32.mul (i32.add (i32.mul (local.get $j) (i32.const {k})) (local.get $k0))"
+                f" (i32.const {step_bytes})))")
+
+    widen = [] if widened_at is None else render_widened_block(
+        b_format, panel_block(narrow_panel_bytes(b_format)), widened_at, "(local.get $klen)",
+        f"(i32.add (local.get $SCALE) (i32.mul (local.get $j) (i32.const {PANEL_BYTES})))")
+
 
     def pack_a_block(rows: int) -> list[str]:
         """Rows $ib .. $ib + rows, columns $k0 .. $k0 + $klen of A into the scratch groups: groups of 4
@@ -304,18 +325,15 @@ def _simd_body(p: _Body, name: str) -> tuple[list[str], str]:
             a_at = f"(i32.add (i32.mul (local.get $i) (i32.const {a_row_step})) (i32.mul (local.get $k0) (i32.const {a_k_step})))"
             a_base = "(local.get $A)"
         c_at = f"(i32.add (i32.mul (local.get $i) (i32.const {c_row_step})) (i32.mul (local.get $j) (i32.const {PANEL_BYTES})))"
-        scale = ([f"(local.set $pscale (i32.add (local.get $SCALE) (i32.mul (local.get $j) (i32.const {PANEL_BYTES}))))"]
-                 if b_format == "int8" else [])
         return [
             f"(local.set $pa (i32.add {a_base} {a_at}))",
-            f"(local.set $pb (i32.add (local.get $B) (i32.mul (i32.add (i32.mul (local.get $j) (i32.const {k})) (local.get $k0)) (i32.const {b_step}))))",
-            *scale,
+            f"(local.set $pb {panel_block(PANEL_BYTES) if widened_at is None else f'(i32.const {widened_at})'})",
             f"(local.set $pc (i32.add (local.get $C) {c_at}))",
             f"(local.set $pr (i32.add (local.get $R) {c_at}))",
             ("(local.set $pbias (i32.add (local.get $BIAS) (i32.shl (local.get $i) (i32.const 2))))" if bias == "row" else
              f"(local.set $pbias (i32.add (local.get $BIAS) (i32.mul (local.get $j) (i32.const {PANEL_BYTES}))))"),
-            f"(local.set $pend (i32.add (local.get $pb) (i32.mul (local.get $klen) (i32.const {b_step}))))",
-            f"(local.set $pend4 (i32.add (local.get $pb) (i32.mul (i32.and (local.get $klen) (i32.const {-UNROLL})) (i32.const {b_step}))))",
+            f"(local.set $pend (i32.add (local.get $pb) (i32.mul (local.get $klen) (i32.const {PANEL_BYTES}))))",
+            f"(local.set $pend4 (i32.add (local.get $pb) (i32.mul (i32.and (local.get $klen) (i32.const {-UNROLL})) (i32.const {PANEL_BYTES}))))",
             *render_tile(rows, vecs, geometry, k_function),
         ]
 
@@ -345,14 +363,14 @@ def _simd_body(p: _Body, name: str) -> tuple[list[str], str]:
         code = []
         if part == "chunk":
             code += ["(local.set $j (local.get $j0))", "(loop $loop_j",
-                     *("  " + s for s in rows_loop(one_panel, rows)),
+                     *("  " + s for s in widen + rows_loop(one_panel, rows)),
                      "  (local.set $j (i32.add (local.get $j) (i32.const 1)))",
                      "  (br_if $loop_j (i32.lt_u (local.get $j) (local.get $jend))))"]
         elif part == "all" and full_panels:
-            code += counted_range("$j", 0, full_panels, 1, rows_loop(one_panel, rows))
+            code += counted_range("$j", 0, full_panels, 1, widen + rows_loop(one_panel, rows))
         if edge and part != "chunk":
             vecs = [Vec(0, v, min(4, edge - 4 * v)) for v in range(-(-edge // 4))]
-            code += [f"(local.set $j (i32.const {full_panels}))", *rows_loop(vecs, rows)]
+            code += [f"(local.set $j (i32.const {full_panels}))", *widen, *rows_loop(vecs, rows)]
         return code
 
     # Row blocks of M_BLOCK keep the A block (M_BLOCK x 128 floats) in L2 while the panels sweep it.

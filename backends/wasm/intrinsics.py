@@ -1,6 +1,6 @@
 """The ready-made kernels the WebAssembly backend offers the lowerings: the packed-panel SIMD GEMM
-(`backends/wasm/gemm.py`; `kernels/gemv.py` for one or two rows; both also read a constant B stored
-bf16 or int8, `kernels/narrow_panels.py`, with SIMD and one batch) for a `GemmSpec` (MatMul, Gemm),
+(`backends/wasm/gemm.py`; `kernels/gemv.py` for one or two rows; with SIMD and one batch both also
+read a constant B stored bf16 or int8, `kernels/narrow_panels.py`) for a `GemmSpec` (MatMul, Gemm),
 and for a `ConvSpec` im2col + GEMM (`kernels/conv.py`) or, where `implicit_gemm_is_faster`, the implicit GEMM over output pixels with
 the weight packed at compile time (`kernels/conv_implicit_gemm.py`), and for an `IntegerGemmSpec`
 (MatMulInteger, QLinearMatMul with a constant B) the 16-bit dot-product GEMM (`kernels/int8_gemm.py`), and
@@ -50,7 +50,7 @@ class WasmKernels:
     def offers(self, spec: ContractionSpec) -> bool:
         if isinstance(spec, (IntegerGemmSpec, IntegerConvSpec)):
             return "simd" in self.features    # without SIMD128 the loop nest is as good
-        if isinstance(spec, GemmSpec) and spec.b_format != "f32":   # the SIMD GEMV and tiles widen narrow panels
+        if isinstance(spec, GemmSpec) and spec.b_format != "f32":   # the SIMD GEMV and GEMM widen narrow panels
             return spec.constant_b and spec.batch == 1 and "simd" in self.features
         return isinstance(spec, (GemmSpec, ConvSpec))
 
@@ -87,7 +87,7 @@ class WasmKernels:
 
     def scratch(self, spec: ContractionSpec) -> tuple[Scratch, ...]:
         if isinstance(spec, GemmSpec):
-            return tuple(s for s in _gemm_scratch(spec) if s is not None)
+            return tuple(s for s in _gemm_scratch(spec, self.features) if s is not None)
         if isinstance(spec, IntegerGemmSpec):
             packed_a, tile, scales = scratch_bytes(spec, uses_relaxed_dot(spec, self.features))
             panels = b_panels_bytes(spec)
@@ -101,11 +101,13 @@ class WasmKernels:
         return (Scratch("a", "_im2col", conv_scratch_bytes(conv_kernel_spec(spec, self.features)) // 4),)
 
 
-def _gemm_scratch(spec: GemmSpec) -> tuple[Scratch | None, Scratch | None]:
+def _gemm_scratch(spec: GemmSpec, features: frozenset[str]) -> tuple[Scratch | None, Scratch | None]:
     """(B's panels, packed at run time when B is an activation; one packed block of A, which the
-    kernel's fast path reads a tile's 4 rows of in one load), None for one not needed."""
+    kernel's fast path reads a tile's 4 rows of in one load, and after it the GEMM's float32 copy of
+    a narrow B's panel block), None for one not needed."""
     panels = None if spec.constant_b else Scratch("b", "_panels", packed_b_size(spec.k, spec.n) // 4 * spec.batch)
-    blocks = gemm_scratch_bytes(spec.m, spec.k) // 4
+    b_format = "f32" if gemv_fits(spec, features) else spec.b_format    # the GEMV widens in registers
+    blocks = gemm_scratch_bytes(spec.m, spec.k, b_format=b_format) // 4
     return panels, Scratch("a", "_apack", blocks) if blocks else None
 
 
@@ -181,7 +183,7 @@ def _render_integer_conv_call(spec: IntegerConvSpec, ops, name: str) -> str:
 
 
 def _render_gemm_call(spec: GemmSpec, ops, features: frozenset[str], name: str) -> str:
-    panels, blocks = _gemm_scratch(spec)
+    panels, blocks = _gemm_scratch(spec, features)
     scratch = iter(ops.scratch)
     b_scratch = next(scratch) if panels is not None else None
     a_scratch = next(scratch) if blocks is not None else None

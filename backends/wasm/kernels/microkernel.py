@@ -12,13 +12,6 @@ Two loops, by how A is laid out:
   `$pend4`, then a one-step tail.
 The multiply-add is `f32x4.relaxed_madd` (one FMA on x86) with relaxed SIMD, `f32x4.mul` +
 `f32x4.add` otherwise.
-A B stored narrow (`TileGeometry.b_format`, kernels/narrow_panels.py: 32 bytes a k step for bf16,
-16 for int8) is loaded 16 bytes at a time and widened in registers right after the load, as the
-GEMV does. int8 sums the unscaled codes: each pass starts from zero, and after its k loop adds
-its sums times the columns' scales (at `$pscale`) to the bias and residual (first K block) or to
-the earlier blocks' result in C, so the activation sees what Cast + Mul + MatMul would give up to
-float32 rounding. Scaling once per K block rather than at the very end keeps what a block leaves
-in C the product so far, whatever the epilogue.
 With `render_tile(..., k_function=NAME)` the 4-row passes of packed A call the loop rendered as its
 own functions by `render_k_functions` (unrolled 8 times, accumulating in C; an edge panel's passes
 call functions rendered for their widths, `edge_pass_lanes`) and keep only the bias,
@@ -69,8 +62,7 @@ The caller (backends/wasm/gemm.py) sets these i32 locals before the tile: `$pa` 
 or the row group in packed A), `$pb` (packed B at panel j, k0), `$pc` (C at row i, column 16 j),
 `$pr` (residual, same place), `$pbias` (bias at column 16 j, or at row i with per-row bias), `$pend`
 (where `$pb` stops), `$pend4` (where `$pb` stops for the loop unrolled UNROLL times) and `$first` /
-`$last` (whether this is the first / last K block), and for int8 `$pscale` (the scales of columns
-16 j on). The tile moves `$pa` and `$pb`.
+`$last` (whether this is the first / last K block). The tile moves `$pa` and `$pb`.
 """
 
 from __future__ import annotations
@@ -78,7 +70,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from backends.wasm.kernels.activation import v128_activation
-from backends.wasm.kernels.narrow_panels import ELEMENT_BYTES, b_word_offset, narrow_panel_bytes, widened_b
 from backends.wasm.simd_lanes import shuffle_lanes
 
 PANEL = 16          # columns per packed B panel
@@ -117,12 +108,6 @@ class TileGeometry:
     static_first: bool | None  # True/False when every tile is the first/last block, None: runtime
     static_last: bool | None
     unroll: int = 1         # k steps per loop iteration, one of UNROLLS (see the module docstring)
-    b_format: str = "f32"   # how B's panels store it (kernels/narrow_panels.py); int8 needs $pscale
-
-    @property
-    def b_step(self) -> int:
-        """Bytes of one k step of one B panel."""
-        return narrow_panel_bytes(self.b_format)
 
 
 def acc(r: int, v: int) -> str:
@@ -133,8 +118,7 @@ def tile_locals() -> list[str]:
     regs = " ".join(f"(local {acc(r, v)} v128)" for r in range(MAX_ROWS) for v in range(8))
     splats = " ".join(f"(local $a{r} v128)" for r in range(MAX_ROWS))
     b_vectors = " ".join(f"(local $b{v} v128)" for v in range(PANEL // 4))
-    words = " ".join(f"(local $w{w} v128)" for w in range(NARROW_WORDS)) + " (local $zero v128)"
-    return [regs, f"{splats} {b_vectors} {words} (local $av v128) (local $bv v128) (local $tile_pa i32) (local $tile_pb i32)"]
+    return [regs, f"{splats} {b_vectors} (local $av v128) (local $bv v128) (local $tile_pa i32) (local $tile_pb i32)"]
 
 
 def render_tile(rows: int, vecs: list[Vec], g: TileGeometry, k_function: str | None = None) -> list[str]:
@@ -179,18 +163,8 @@ def _pass(rows: int, vecs: list[Vec], g: TileGeometry) -> list[str]:
     init = _init(rows, vecs, g)
     reload = [f"(local.set {acc(r, v)} {_load('$pc', r * g.c_row_step + vec.c_offset, vec.lanes)})"
               for r in range(rows) for v, vec in enumerate(vecs)]
-    loop = _k_loop(rows, vecs, g) if rows == 1 or _one_load_a(rows, g) else _k_loop_row_by_row(rows, vecs, g)
-    if g.b_format != "int8":
-        code += _branch(g.static_first, "$first", init, reload) + loop
-    else:   # the block's sums of codes, scaled once, then onto the bias and residual or the earlier blocks
-        code += [f"(local.set {acc(r, v)} {ZERO})" for r in range(rows) for v in range(len(vecs))] + loop
-        scaled = {(r, v): f"(f32x4.mul (local.get {acc(r, v)}) (v128.load offset={vec.c_offset} (local.get $pscale)))"
-                  for r in range(rows) for v, vec in enumerate(vecs)}
-        onto_init = [f"(local.set {acc(r, v)} {scaled[r, v] if value == ZERO else f'(f32x4.add {value} {scaled[r, v]})'})"
-                     for r in range(rows) for v, vec in enumerate(vecs) for value in [_init_value(r, vec, g)]]
-        onto_c = [f"(local.set {acc(r, v)} (f32x4.add {_load('$pc', r * g.c_row_step + vec.c_offset, vec.lanes)} {scaled[r, v]}))"
-                  for r in range(rows) for v, vec in enumerate(vecs)]
-        code += _branch(g.static_first, "$first", onto_init, onto_c)
+    code += _branch(g.static_first, "$first", init, reload)
+    code += _k_loop(rows, vecs, g) if rows == 1 or _one_load_a(rows, g) else _k_loop_row_by_row(rows, vecs, g)
     act = [line for r in range(rows) for v in range(len(vecs)) for line in v128_activation(g.epilogue, acc(r, v))]
     code += _branch(g.static_last, "$last", act, [])
     for r in range(rows):
@@ -245,15 +219,8 @@ def _fits_k_function(rows: int, vecs: list[Vec], g: TileGeometry) -> bool:
             and all(v.panel == vecs[0].panel and v.index == vecs[0].index + n for n, v in enumerate(vecs)))
 
 
-def _k_function_name(k_function: str, lanes: tuple[int, ...], b_first: int = 0) -> str:
-    name = k_function if lanes == (4,) * K_FUNCTION_VECTORS else f"{k_function}_{''.join(map(str, lanes))}"
-    return f"{name}_from{b_first}" if b_first else name
-
-
-def _b_first(g: TileGeometry, index: int) -> int:
-    """The index, among the vectors of the 16 bytes of B it lies in, of a pass's first vector
-    `index`: the pass's k function reads B from those bytes on (int8: all 4 vectors share them)."""
-    return index % (4 // ELEMENT_BYTES[g.b_format])
+def _k_function_name(k_function: str, lanes: tuple[int, ...]) -> str:
+    return k_function if lanes == (4,) * K_FUNCTION_VECTORS else f"{k_function}_{''.join(map(str, lanes))}"
 
 
 def edge_pass_lanes(columns: int) -> list[tuple[int, ...]]:
@@ -268,65 +235,48 @@ def render_k_functions(name: str, g: TileGeometry, unroll: int, edge_lanes: list
     """`(func $NAME_zero)` and `(func $NAME_acc)`, both (param $pa $pb $pc $pend): one pass of a 4-row
     tile over K from $pb to $pend, `unroll` steps per iteration, adding A @ B to zero / to the 4 x 8
     tile at $pc, and storing the sums at $pc. For each tuple of vector widths in `edge_lanes` (see
-    `edge_pass_lanes`), the same for a tile of those vectors, `$NAME_{widths}_zero` / `_acc`.
-    An int8 B adds (param $ps), the pass's column scales, which multiply the sums before they are
-    added; its passes over vectors 2 and 3 read the k step's high 8 bytes, `..._from2_zero` / `_acc`."""
+    `edge_pass_lanes`), the same for a tile of those vectors, `$NAME_{widths}_zero` / `_acc`."""
     assert unroll in UNROLLS and unroll % 2 == 0 and _one_load_a(MAX_ROWS, g)
-    # int8: a pass over vectors 2 and 3 reads the high 8 bytes of the k step, a function of its own
-    firsts = (0, K_FUNCTION_VECTORS) if g.b_format == "int8" else (0,)
-    return "".join(_k_function(_k_function_name(name, lanes, b_first), g, unroll,
-                               [Vec(0, v, n) for v, n in enumerate(lanes)], b_first)
-                   for lanes in [(4,) * K_FUNCTION_VECTORS, *edge_lanes] for b_first in firsts)
+    return "".join(_k_function(_k_function_name(name, lanes), g, unroll, [Vec(0, v, n) for v, n in enumerate(lanes)])
+                   for lanes in [(4,) * K_FUNCTION_VECTORS, *edge_lanes])
 
 
-def _k_function(name: str, g: TileGeometry, unroll: int, vecs: list[Vec], b_first: int = 0) -> str:
+def _k_function(name: str, g: TileGeometry, unroll: int, vecs: list[Vec]) -> str:
     rows = MAX_ROWS
     loop_g = TileGeometry(g.k, g.a_k_step, g.a_row_step, g.c_row_step, False, False, False, None, g.fma,
-                          None, None, unroll, g.b_format)
+                          None, None, unroll)
     # One vector has 4 accumulators, too few to cover the multiply-add's latency: even and odd k
     # steps go to two sets (acc(r, 0), acc(r, 1)), added at the end.
     split = len(vecs) == 1
     sets = 2 if split else len(vecs)
     locals_ = (" ".join(f"(local {acc(r, v)} v128)" for r in range(rows) for v in range(sets))
                + " " + " ".join(f"(local $a{r} v128)" for r in range(rows))
-               + " " + " ".join(f"(local $b{v} v128)" for v in range(len(vecs))) + " (local $av v128) (local $bv v128)"
-               + " " + " ".join(f"(local $w{w} v128)" for w in range(NARROW_WORDS)) + " (local $zero v128)")
-    loop = _k_loop_split(rows, vecs[0], loop_g, b_first) if split else _k_loop(rows, vecs, loop_g, b_first)
-    scaled = g.b_format == "int8"   # C = (C or 0) + scale * the block's sums of codes
+               + " " + " ".join(f"(local $b{v} v128)" for v in range(len(vecs))) + " (local $av v128) (local $bv v128)")
+    loop = _k_loop_split(rows, vecs[0], loop_g) if split else _k_loop(rows, vecs, loop_g)
     funcs = []
     for suffix, start_from_c in (("zero", False), ("acc", True)):
-        init = [f"(local.set {acc(r, v)} {_load('$pc', r * g.c_row_step + vec.c_offset, vec.lanes) if start_from_c and not scaled else ZERO})"
+        init = [f"(local.set {acc(r, v)} {_load('$pc', r * g.c_row_step + vec.c_offset, vec.lanes) if start_from_c else ZERO})"
                 for r in range(rows) for v, vec in enumerate(vecs)]
         if split:
             init += [f"(local.set {acc(r, 1)} {ZERO})" for r in range(rows)]
             init_sum = [f"(local.set {acc(r, 0)} (f32x4.add (local.get {acc(r, 0)}) (local.get {acc(r, 1)})))" for r in range(rows)]
         else:
             init_sum = []
-        if scaled:
-            for r in range(rows):
-                for v, vec in enumerate(vecs):
-                    value = f"(f32x4.mul (local.get {acc(r, v)}) (v128.load offset={vec.c_offset} (local.get $ps)))"
-                    if start_from_c:
-                        value = f"(f32x4.add {_load('$pc', r * g.c_row_step + vec.c_offset, vec.lanes)} {value})"
-                    init_sum.append(f"(local.set {acc(r, v)} {value})")
         stores = [line for r in range(rows) for v, vec in enumerate(vecs)
                   for line in _store("$pc", r * g.c_row_step + vec.c_offset, vec.lanes, acc(r, v))]
         body = init + loop + init_sum + stores
-        scale_param = " (param $ps i32)" if scaled else ""
-        funcs.append("\n".join([f"(func ${name}_{suffix} (param $pa i32) (param $pb i32) (param $pc i32) (param $pend i32){scale_param}",
+        funcs.append("\n".join([f"(func ${name}_{suffix} (param $pa i32) (param $pb i32) (param $pc i32) (param $pend i32)",
                                  f"  {locals_}", *("  " + line for line in body), ")"]) + "\n")
     return "".join(funcs)
 
 
-def _k_loop_split(rows: int, vec: Vec, g: TileGeometry, b_first: int = 0) -> list[str]:
+def _k_loop_split(rows: int, vec: Vec, g: TileGeometry) -> list[str]:
     """`_k_loop` for one vector, even steps into acc(r, 0), odd ones into acc(r, 1)."""
     steps = []
-    b_vec = Vec(vec.panel, vec.index + b_first, vec.lanes)
     for u in range(g.unroll):
         step = ["(local.set $av (v128.load (local.get $pa)))",
                 *(f"(local.set $a{r} (i8x16.shuffle {_lane_splat(r)} (local.get $av) (local.get $av)))" for r in range(rows)),
-                *_b_words([b_vec], g, 0),
-                f"(local.set $b0 {_b_value(b_vec, g, 0)})"]
+                f"(local.set $b0 (v128.load offset={vec.index * 16} (local.get $pb)))"]
         for r in range(rows):
             x, y, c = f"(local.get $a{r})", "(local.get $b0)", f"(local.get {acc(r, u % 2)})"
             madd = f"(f32x4.relaxed_madd {x} {y} {c})" if g.fma else f"(f32x4.add (f32x4.mul {x} {y}) {c})"
@@ -340,15 +290,13 @@ def _called_pass(vecs: list[Vec], g: TileGeometry, k_function: str) -> list[str]
     bias and residual go into C first (or the loop starts from zero), after the last the activation
     runs over the tile in C."""
     rows, first = MAX_ROWS, vecs[0]
-    b_shift, c_shift = first.panel * g.k * g.b_step + b_word_offset(g.b_format, first.index), first.c_offset
-    function = _k_function_name(k_function, tuple(v.lanes for v in vecs), _b_first(g, first.index))
+    b_shift, c_shift = first.panel * g.k * PANEL_BYTES + first.index * 16, first.c_offset
+    function = _k_function_name(k_function, tuple(v.lanes for v in vecs))
 
     def shifted(ptr: str, by: int) -> str:
         return f"(i32.add (local.get {ptr}) (i32.const {by}))" if by else f"(local.get {ptr})"
 
     args = f"(local.get $pa) {shifted('$pb', b_shift)} {shifted('$pc', c_shift)} {shifted('$pend', b_shift)}"
-    if g.b_format == "int8":
-        args += f" {shifted('$pscale', c_shift)}"
     call_acc = [f"(call ${function}_acc {args})"]
     if g.has_bias or g.has_residual:
         first_block = []
@@ -371,12 +319,12 @@ def _called_pass(vecs: list[Vec], g: TileGeometry, k_function: str) -> list[str]
     return code + _branch(g.static_last, "$last", act, [])
 
 
-def _k_loop(rows: int, vecs: list[Vec], g: TileGeometry, b_first: int = 0) -> list[str]:
+def _k_loop(rows: int, vecs: list[Vec], g: TileGeometry) -> list[str]:
     """g.unroll k steps per iteration, each followed by a test of $pb against $pend: the test is the
     tail (no second loop), and it is what keeps each step's loads next to its multiply-adds (Cranelift
     places pure instructions at their first use, so without a branch between steps every load of the
     iteration would come first and stay live)."""
-    return _stepped_k_loop([_k_step(rows, vecs, g, b_first=b_first) for _ in range(g.unroll)], g)
+    return _stepped_k_loop([_k_step(rows, vecs, g) for _ in range(g.unroll)], g)
 
 
 def _stepped_k_loop(steps: list[list[str]], g: TileGeometry) -> list[str]:
@@ -386,7 +334,7 @@ def _stepped_k_loop(steps: list[list[str]], g: TileGeometry) -> list[str]:
     for u, step in enumerate(steps):
         body += step
         body += [f"(local.set $pa (i32.add (local.get $pa) (i32.const {g.a_k_step})))",
-                 f"(local.set $pb (i32.add (local.get $pb) (i32.const {g.b_step})))"]
+                 f"(local.set $pb (i32.add (local.get $pb) (i32.const {PANEL_BYTES})))"]
         if u < len(steps) - 1:
             body.append("(br_if $tile_kdone (i32.ge_u (local.get $pb) (local.get $pend)))")
     body.append("(br_if $tile_k (i32.lt_u (local.get $pb) (local.get $pend)))")
@@ -408,21 +356,20 @@ def _k_loop_row_by_row(rows: int, vecs: list[Vec], g: TileGeometry) -> list[str]
         "  (then (loop $tile_kn",
         *("    " + s for s in unrolled),
         f"    (local.set $pa (i32.add (local.get $pa) (i32.const {UNROLL * g.a_k_step})))",
-        f"    (local.set $pb (i32.add (local.get $pb) (i32.const {UNROLL * g.b_step})))",
+        f"    (local.set $pb (i32.add (local.get $pb) (i32.const {UNROLL * PANEL_BYTES})))",
         "    (br_if $tile_kn (i32.lt_u (local.get $pb) (local.get $pend4))))))",
         "(if (i32.lt_u (local.get $pb) (local.get $pend))",
         "  (then (loop $tile_k1",
         *("    " + s for s in _k_step(rows, vecs, g, 0)),
         f"    (local.set $pa (i32.add (local.get $pa) (i32.const {g.a_k_step})))",
-        f"    (local.set $pb (i32.add (local.get $pb) (i32.const {g.b_step})))",
+        f"    (local.set $pb (i32.add (local.get $pb) (i32.const {PANEL_BYTES})))",
         "    (br_if $tile_k1 (i32.lt_u (local.get $pb) (local.get $pend))))))",
     ]
 
 
-def _k_step(rows: int, vecs: list[Vec], g: TileGeometry, u: int = 0, b_first: int = 0) -> list[str]:
-    """One k step at $pa / $pb plus u steps (offsets); B's vectors are `vecs` shifted by `b_first`
-    (see `_b_first`)."""
-    a_at, b_at = u * g.a_k_step, u * g.b_step
+def _k_step(rows: int, vecs: list[Vec], g: TileGeometry, u: int = 0) -> list[str]:
+    """One k step at $pa / $pb plus u steps (offsets)."""
+    a_at, b_at = u * g.a_k_step, u * PANEL_BYTES
     if _one_load_a(rows, g):  # one load, then a shuffle per row
         code = [f"(local.set $av (v128.load offset={a_at} (local.get $pa)))"]
         code += [f"(local.set $a{r} (i8x16.shuffle {_lane_splat(r)} (local.get $av) (local.get $av)))" for r in range(rows)]
@@ -430,12 +377,12 @@ def _k_step(rows: int, vecs: list[Vec], g: TileGeometry, u: int = 0, b_first: in
         code = [f"(local.set $a{r} (f32x4.splat (f32.load offset={a_at + r * g.a_row_step} (local.get $pa))))"
                 for r in range(rows)]
     # Cranelift's FMA overwrites its first multiplicand: put first the operand with fewer uses
-    b_leads = rows < len(vecs)
-    b_vecs = [Vec(vec.panel, vec.index + b_first, vec.lanes) for vec in vecs]
+    b_first = rows < len(vecs)
+    b_at_v = [vec.panel * g.k * PANEL_BYTES + vec.index * 16 + b_at for vec in vecs]
 
     def madd(r: int, v: int, b: str) -> str:
         a, c = f"(local.get $a{r})", f"(local.get {acc(r, v)})"
-        x, y = (b, a) if b_leads else (a, b)
+        x, y = (b, a) if b_first else (a, b)
         if g.fma:
             return f"(local.set {acc(r, v)} (f32x4.relaxed_madd {x} {y} {c}))"
         return f"(local.set {acc(r, v)} (f32x4.add (f32x4.mul {x} {y}) {c}))"
@@ -445,41 +392,12 @@ def _k_step(rows: int, vecs: list[Vec], g: TileGeometry, u: int = 0, b_first: in
         # order the accumulators are first used. Vector by vector, all 4 splats were live and a 1x1
         # Conv 64->16 at 56x56 (implicit GEMM, bias, relu) spilled an accumulator on every step:
         # 17.8 GFLOP/s, row by row 30.8 (wasmtime, relaxed SIMD; the kernel before the passes: 25.4).
-        code += _b_words(b_vecs, g, b_at)
-        code += [f"(local.set $b{v} {_b_value(vec, g, b_at)})" for v, vec in enumerate(b_vecs)]
+        code += [f"(local.set $b{v} (v128.load offset={off} (local.get $pb)))" for v, off in enumerate(b_at_v)]
         return code + [madd(r, v, f"(local.get $b{v})") for r in range(rows) for v in range(len(vecs))]
-    code += _b_words(b_vecs, g, b_at)
-    for v, vec in enumerate(b_vecs):
-        code.append(f"(local.set $bv {_b_value(vec, g, b_at)})")
+    for v, off in enumerate(b_at_v):
+        code.append(f"(local.set $bv (v128.load offset={off} (local.get $pb)))")
         code += [madd(r, v, "(local.get $bv)") for r in range(rows)]
     return code
-
-
-# A narrow B's vectors come from 16-byte words of the k step, loaded once each into $w0 .. $w3 (two
-# panels of two bf16 words) and widened in registers (kernels/narrow_panels.py). bf16's zero halves
-# come from $zero, a local never set (WebAssembly zeroes locals): 2 bytes of code where each
-# `v128.const` takes 18, and the tiles repeat the widening in every unrolled step and pass.
-NARROW_WORDS = 4
-ZERO_LOCAL = "(local.get $zero)"
-
-
-def _b_word(vec: Vec, g: TileGeometry) -> str:
-    return f"$w{2 * vec.panel + b_word_offset(g.b_format, vec.index) // 16}"
-
-
-def _b_words(vecs: list[Vec], g: TileGeometry, at: int) -> list[str]:
-    """A narrow B: the loads of the words `vecs` lie in, at the k step $pb + `at` (none for float32)."""
-    if g.b_format == "f32":
-        return []
-    words = {_b_word(vec, g): vec.panel * g.k * g.b_step + b_word_offset(g.b_format, vec.index) + at for vec in vecs}
-    return [f"(local.set {word} (v128.load offset={offset} (local.get $pb)))" for word, offset in words.items()]
-
-
-def _b_value(vec: Vec, g: TileGeometry, at: int) -> str:
-    """`vec`'s 4 columns of B at the k step $pb + `at`, as float32 (a narrow B: from its word)."""
-    if g.b_format == "f32":
-        return f"(v128.load offset={vec.panel * g.k * PANEL_BYTES + vec.index * 16 + at} (local.get $pb))"
-    return widened_b(g.b_format, f"(local.get {_b_word(vec, g)})", vec.index, ZERO_LOCAL)
 
 
 def _lane_splat(lane: int) -> str:

@@ -1,5 +1,6 @@
 """A narrow constant B (ir/loops/narrow_weights.py) in the GEMM's 16-column panels, for the kernels
-that widen it as they read it (kernels/gemv.py, kernels/microkernel.py).
+that widen it as they read it (kernels/gemv.py in registers; backends/wasm/gemm.py one panel's K
+block at a time into float32 scratch, `render_widened_block`).
 
 - bf16: panels `[ceil(N/16)][K][16]` of the bfloat16 bits (32 bytes a k step), the last panel
   zero-padded: half the bytes of `gemm.pack_b`'s float32 panels.
@@ -7,28 +8,26 @@ that widen it as they read it (kernels/gemv.py, kernels/microkernel.py).
   scales as float32, `16 ceil(N/16)` of them (the padding's 1): a quarter of the bytes, plus N floats.
 
 `narrow_panel_bytes(format)` is the bytes of one k step of one panel; `packed_narrow_size(format, k, n)`
-the whole packed constant's. `widened_b(format, word, index)` is the WAT of one v128 of float32
-columns (4 `index` .. 4 `index` + 3 of the panel) from the 16 bytes `word` of the k step that
-holds them, `b_word_offset(format, index)` where that word starts in the step. int8 widens with one
-single-input byte shuffle (one `pshufb`), an arithmetic shift and a conversion per vector: the GEMM's
-tiles (512^3, wasmtime, relaxed SIMD, GFLOP/s, float32 B in the same run 46-48) ran 34 with the
-i8 -> i16 -> i32 extends, 36 with `i8x16.swizzle` into zeroed lanes, 31 with a two-input shuffle
-against zero, 35-37 with a shuffle and a mask (the 2^24 folded into the scale), 38-39 with this.
+the whole packed constant's.
+
+Why the GEMM widens a block into scratch rather than each B vector in its tiles' registers: the
+tiles reuse each panel's K block for every row tile, so a block widened once serves them all, and
+the tiles keep their float32 loop (kernels/microkernel.py). Measured (wasmtime 50, relaxed SIMD,
+CPU time, best of 10 calls, 2 interleaved rounds, GFLOP/s; float32 B in the same run 45-48), bf16
+in registers (the GEMV's shuffle) -> in scratch: 512^3 43.0-43.8 -> 46.7-48.3, 128x384x1536
+43.9-44.4 -> 47.1-48.9, 128x1536x384 44.6-45.4 -> 47.3-48.4, 32x384x1536 44.1-45.0 -> 47.8,
+16x384x384 42.6-42.7 -> 42.2-42.3. int8 in registers ran 34 at 512^3 (i8 -> i16 -> i32 extends;
+31-38 with other shuffles and swizzles), in scratch 46-48; at 16x384x384 40 (85-88% of float32).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from backends.wasm.kernels.microkernel import PANEL, PANEL_BYTES
 from ir.loops.narrow_weights import NarrowWeight
 
-PANEL = 16          # columns per panel, as the float32 panels (gemm.pack_b)
 ELEMENT_BYTES = {"f32": 4, "bf16": 2, "int8": 1}
-ZERO = "(v128.const i32x4 0 0 0 0)"
-# Bytes 2i, 2i+1 of a zero vector, then of the bf16 bits, per lane: each bf16 as the high half of its
-# float32, which is its exact value (one punpcklwd / punpckhwd on x86).
-BF16_LOW = "0 1 16 17 2 3 18 19 4 5 20 21 6 7 22 23"
-BF16_HIGH = "8 9 24 25 10 11 26 27 12 13 28 29 14 15 30 31"
 
 
 def narrow_panel_bytes(format: str) -> int:
@@ -58,19 +57,42 @@ def pack_narrow_b(weight: NarrowWeight, trans_b: bool = False) -> np.ndarray:
     return np.frombuffer(packed, dtype=np.uint8)
 
 
-def b_word_offset(format: str, index: int) -> int:
-    """Where in one k step of a panel the 16 bytes holding vector `index` (0..3) start."""
-    return 16 * (index * ELEMENT_BYTES[format] // 4)
+# Bytes 2i, 2i+1 of a zero vector, then of the bf16 bits, per lane: each bf16 as the high half of its
+# float32, which is its exact value (one punpcklwd / punpckhwd on x86).
+BF16_LOW = "0 1 16 17 2 3 18 19 4 5 20 21 6 7 22 23"
+BF16_HIGH = "8 9 24 25 10 11 26 27 12 13 28 29 14 15 30 31"
+ZERO = "(v128.const i32x4 0 0 0 0)"
+WIDENING_LOCALS = ("(local $wsrc i32) (local $wdst i32) (local $wend i32) (local $w0 v128) (local $w1 v128) "
+                   "(local $ws0 v128) (local $ws1 v128) (local $ws2 v128) (local $ws3 v128)")
 
 
-def widened_b(format: str, word: str, index: int, zero: str = ZERO) -> str:
-    """Vector `index` of a panel's k step as float32 (int8: the codes, unscaled), from `word`, the
-    16 bytes at `b_word_offset(format, index)`; `zero`: a zero vector (bf16's low halves)."""
-    if format == "f32":
-        return word
+def render_widened_block(format: str, src: str, dst: int, steps: str, scales: str | None = None) -> list[str]:
+    """WAT lines: `steps` (an i32 expression, at least 1) k steps of one panel stored `format`, from
+    `src` (an i32 expression), as float32 panel rows [steps][16] at `dst`; int8 codes times their
+    columns' scales (16 float32s at `scales`, an i32 expression), the values Cast + Mul give B.
+    The function must declare WIDENING_LOCALS."""
     if format == "bf16":
-        return f"(i8x16.shuffle {BF16_HIGH if index % 2 else BF16_LOW} {zero} {word})"
-    if format == "int8":    # each lane's code copied into its top byte, then shifted down with its sign
-        lanes = " ".join(str(4 * index + lane) for lane in range(4) for _ in range(4))
-        return f"(f32x4.convert_i32x4_s (i32x4.shr_s (i8x16.shuffle {lanes} {word} {word}) (i32.const 24)))"
-    raise ValueError(f"unknown B format {format!r}")
+        words = ["(local.set $w0 (v128.load (local.get $wsrc)))", "(local.set $w1 (v128.load offset=16 (local.get $wsrc)))"]
+        vectors = [f"(i8x16.shuffle {BF16_HIGH if v % 2 else BF16_LOW} {ZERO} (local.get $w{v // 2}))" for v in range(4)]
+        setup = []
+    elif format == "int8":
+        # each lane's code copied into its top byte (one pshufb), then shifted down with its sign
+        words = ["(local.set $w0 (v128.load (local.get $wsrc)))"]
+        vectors = []
+        for v in range(4):
+            lanes = " ".join(str(4 * v + lane) for lane in range(4) for _ in range(4))
+            codes = f"(i32x4.shr_s (i8x16.shuffle {lanes} (local.get $w0) (local.get $w0)) (i32.const 24))"
+            vectors.append(f"(f32x4.mul (f32x4.convert_i32x4_s {codes}) (local.get $ws{v}))")
+        setup = [f"(local.set $ws{v} (v128.load offset={16 * v} {scales}))" for v in range(4)]
+    else:
+        raise ValueError(f"no widening of a {format!r} B")
+    return [*setup,
+            f"(local.set $wsrc {src})",
+            f"(local.set $wdst (i32.const {dst}))",
+            f"(local.set $wend (i32.add (i32.const {dst}) (i32.mul {steps} (i32.const {PANEL_BYTES}))))",
+            "(loop $widen",
+            *("  " + w for w in words),
+            *(f"  (v128.store offset={16 * v} (local.get $wdst) {vector})" for v, vector in enumerate(vectors)),
+            f"  (local.set $wsrc (i32.add (local.get $wsrc) (i32.const {narrow_panel_bytes(format)})))",
+            f"  (local.set $wdst (i32.add (local.get $wdst) (i32.const {PANEL_BYTES})))",
+            "  (br_if $widen (i32.lt_u (local.get $wdst) (local.get $wend))))"]
