@@ -191,7 +191,7 @@ def render_gemm(spec: GemmSpec, at: GemmOffsets, *, features=SIMD_FMA, layout: G
              "(local $pa i32) (local $pb i32) (local $pc i32) (local $pr i32) (local $pbias i32)",
              "(local $pend i32) (local $pend4 i32) (local $acc f32)"]
     if spec.b_format != "f32":
-        decls += ["(local $SCALE i32)", WIDENING_LOCALS]
+        decls += [WIDENING_LOCALS + (" (local $SCALE i32)" if spec.b_format == "int8" else "")]
     if "simd" in features:  # v128 locals would make the module invalid on hosts without SIMD128
         decls += tile_locals() + scratch_locals("v128")
     decls += scratch_locals("f32")
@@ -289,8 +289,7 @@ def _simd_body(p: _Body, name: str) -> tuple[list[str], str]:
 
     widen = [] if widened_at is None else render_widened_block(
         b_format, panel_block(narrow_panel_bytes(b_format)), widened_at, "(local.get $klen)",
-        f"(i32.add (local.get $SCALE) (i32.mul (local.get $j) (i32.const {PANEL_BYTES})))")
-
+        f"(i32.add (local.get $SCALE) (i32.mul (local.get $j) (i32.const {PANEL_BYTES})))" if b_format == "int8" else None)
 
     def pack_a_block(rows: int) -> list[str]:
         """Rows $ib .. $ib + rows, columns $k0 .. $k0 + $klen of A into the scratch groups: groups of 4
