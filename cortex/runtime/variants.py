@@ -39,9 +39,18 @@ def variant_record(cu: dict, precision: str) -> dict:
     return {**cu, "id": variant_id(cu["id"], precision), "artifacts": cu["variants"][precision]["artifacts"]}
 
 
+# Artifacts within this share of the most compact one's bytes count as equally compact: bf16 and fp16
+# store the same weight bytes, and their modules differ only by code.
+EQUALLY_COMPACT = 0.05
+# Of equally compact variants, the one whose weights widen to float32 most cheaply: a bf16 value is the
+# top half of a float32 (a shift), an fp16 one needs a conversion (SIMD128 has none: a Cast per call).
+WIDENING_ORDER = ("int8", "bf16", "fp16")
+
+
 def chosen_variant(cu: dict, artifact: str | None, threshold: float | None) -> str | None:
     """The most compact calibrated variant with trust >= threshold that the device can run; of
-    equally compact ones, the first by name (so a tf32 variant comes after a narrow one)."""
+    equally compact ones (`EQUALLY_COMPACT`), the cheapest to widen (`WIDENING_ORDER`), then the
+    first by name (so a tf32 variant comes after a narrow one)."""
     if threshold is None or artifact is None:
         return None
     candidates = []
@@ -49,7 +58,12 @@ def chosen_variant(cu: dict, artifact: str | None, threshold: float | None) -> s
         trust, record = variant.get("trust"), variant.get("artifacts", {}).get(artifact)
         if trust is not None and trust >= threshold and record is not None:
             candidates.append((_stored_bytes(record), precision))
-    return min(candidates)[1] if candidates else None
+    if not candidates:
+        return None
+    smallest = min(size for size, _ in candidates)
+    compact = [p for size, p in candidates if size <= smallest * (1 + EQUALLY_COMPACT)]
+    rank = {p: i for i, p in enumerate(WIDENING_ORDER)}
+    return min(compact, key=lambda p: (rank.get(p, len(rank)), p))
 
 
 def _stored_bytes(record: dict) -> int:

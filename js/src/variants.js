@@ -1,6 +1,7 @@
 // Reduced-precision variants at run time, with the Python runtime's rule and guards
 // (cortex/runtime/variants.py): under a policy with a trust threshold, a CU runs its most compact
-// variant (fewest artifact bytes, ties broken by the precision's name) whose calibrated `trust`
+// variant (fewest artifact bytes; within 5% of the fewest, the cheapest to widen: int8, bf16, fp16;
+// then by the precision's name) whose calibrated `trust`
 // is at least the threshold; an uncalibrated variant (trust null) never runs. With the policy's
 // guards on, an approximated CU's outputs are checked for NaN / Inf (unless the exact CU produced
 // them during calibration) and against the calibrated range widened by a quarter of its span plus
@@ -8,6 +9,8 @@
 import { ARRAY_TYPES } from "./tensor.js";
 
 export const GUARD_SPAN_MARGIN = 0.25;
+export const EQUALLY_COMPACT = 0.05;
+export const WIDENING_ORDER = ["int8", "bf16", "fp16"];
 export const GUARD_MAGNITUDE_MARGIN = 0.01;
 
 /** The name a variant is loaded under, as cortex/dag.py's `variant_id`. @param {string} id @param {string} precision */
@@ -29,15 +32,19 @@ export function variantWasmRecords(cu) {
  * @param {number|null} threshold @returns {string|null} */
 export function chosenVariant(cu, threshold) {
   if (threshold === null || cu.runs_on !== undefined) return null;
-  /** @type {[number, string] | null} */
-  let best = null;
+  /** @type {[number, string][]} */
+  const candidates = [];
   for (const [precision, variant] of Object.entries(cu.variants ?? {})) {
     const trust = variant?.trust, record = variant?.artifacts?.wasm;
     if (trust === null || trust === undefined || !(trust >= threshold) || record === undefined) continue;
-    const bytes = Number(record.bytes ?? record.weights?.bytes ?? 0);
-    if (best === null || bytes < best[0] || (bytes === best[0] && precision < best[1])) best = [bytes, precision];
+    candidates.push([Number(record.bytes ?? record.weights?.bytes ?? 0), precision]);
   }
-  return best === null ? null : best[1];
+  if (candidates.length === 0) return null;
+  const smallest = Math.min(...candidates.map(([bytes]) => bytes));
+  const rank = (/** @type {string} */ p) => (WIDENING_ORDER.includes(p) ? WIDENING_ORDER.indexOf(p) : WIDENING_ORDER.length);
+  const compact = candidates.filter(([bytes]) => bytes <= smallest * (1 + EQUALLY_COMPACT)).map(([, p]) => p);
+  compact.sort((a, b) => rank(a) - rank(b) || (a < b ? -1 : a > b ? 1 : 0));
+  return compact[0];
 }
 
 const FLOATS = new Set(["float32", "float64", "float16", "bfloat16"]);
