@@ -40,7 +40,8 @@ export function copied(tensor) {
   return new Tensor(tensor.type, tensor.data.slice(), tensor.dims);
 }
 
-/** @typedef {{outputs: Record<string, Tensor>, outputKeys: Record<string, string>, nbytes: number}} CacheEntry */
+/** @typedef {{outputs: Record<string, Tensor>, outputKeys: Record<string, string>, nbytes: number,
+ *             byReference: boolean}} CacheEntry */
 
 export class ResultCache {
   /** @param {number} budgetBytes */
@@ -76,12 +77,15 @@ export class ResultCache {
     return entry;
   }
 
-  /** Stores copies of `outputs` with their keys; undefined when they exceed the whole budget.
-   * @param {string} key @param {Record<string, Tensor>} outputs */
-  put(key, outputs) {
+  /** Stores copies of `outputs` with their keys, or with `byReference` the views themselves (of a
+   * CU's output slots: the scheduler calls `materialize` before that CU runs again); undefined when
+   * they exceed the whole budget. @param {string} key @param {Record<string, Tensor>} outputs
+   * @param {boolean} [byReference] */
+  put(key, outputs, byReference = false) {
     const nbytes = Object.values(outputs).reduce((n, t) => n + t.data.byteLength, 0);
     if (!this.fits(nbytes)) return undefined;
-    const copies = Object.fromEntries(Object.entries(outputs).map(([name, t]) => [name, copied(t)]));
+    const copies = byReference ? { ...outputs }
+      : Object.fromEntries(Object.entries(outputs).map(([name, t]) => [name, copied(t)]));
     const outputKeys = Object.fromEntries(Object.keys(copies).map((name) => [name, outputKey(key, name)]));
     const old = this.entries.get(key);
     if (old !== undefined) {
@@ -94,10 +98,18 @@ export class ResultCache {
       this.nbytes -= entry.nbytes;
       this.evictions += 1;
     }
-    const entry = { outputs: copies, outputKeys, nbytes };
+    const entry = { outputs: copies, outputKeys, nbytes, byReference };
     this.entries.set(key, entry);
     this.nbytes += nbytes;
     return entry;
+  }
+
+  /** The entry under `key`, if still held and made of views, as host copies. @param {string} key */
+  materialize(key) {
+    const entry = this.entries.get(key);
+    if (entry === undefined || !entry.byReference) return;
+    entry.outputs = Object.fromEntries(Object.entries(entry.outputs).map(([name, t]) => [name, copied(t)]));
+    entry.byReference = false;
   }
 
   clear() {

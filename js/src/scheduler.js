@@ -78,6 +78,9 @@ export class Scheduler {
     });
     /** @type {Map<string, RequestPlan>} (policy, requested outputs) -> its plan */
     this.plans = new Map();
+    /** CU id -> keys of cache entries that are views of its output slots (given back before it runs again).
+     * @type {Map<string, string[]>} */
+    this.borrowed = new Map();
   }
 
   /** The plan of requests under `policy` for `outputs`, made on first use.
@@ -155,6 +158,7 @@ export class Scheduler {
     const caching = policy.cache && this.cache.enabled;
     for (const step of plan.items) {
       if (step instanceof Segment) {
+        if (this.borrowed.size > 0) for (const s of step.steps) this.giveBack(s.id);
         step.run(request, this.mixed);
         continue;
       }
@@ -175,6 +179,7 @@ export class Scheduler {
         if (hit !== undefined) reason = CACHE_HIT;
       }
       if (reason === null) {
+        if (this.borrowed.size > 0) this.giveBack(id);
         const running = this.runCu(step, request, key);
         if (running !== undefined) await running;
       } else {
@@ -201,6 +206,14 @@ export class Scheduler {
     const results = {};
     for (const name of outputs) results[name] = copied(env.get(name));   // the caller's own
     return { results, request };
+  }
+
+  /** The cache's views of a CU's output slots become host copies: the CU is about to run. @param {string} id */
+  giveBack(id) {
+    const keys = this.borrowed.get(id);
+    if (keys === undefined) return;
+    this.borrowed.delete(id);
+    for (const key of keys) this.cache.materialize(key);
   }
 
   /** The cache key of a step's CU in this request: its identity and its inputs' keys.
@@ -256,7 +269,12 @@ export class Scheduler {
     }
     request.liveBytes += step.bytesOut;
     if (key !== null) {
-      if (this.cache.fits(step.bytesOut)) this.cache.put(key, results);
+      // A wasm CU's outputs are views of its memory, unchanged until it runs again: stored as they are.
+      const byReference = step.unit instanceof WasmUnit && !step.bounded && variant === NO_VARIANT;
+      if (this.cache.fits(step.bytesOut) && this.cache.put(key, results, byReference) !== undefined && byReference) {
+        const keys = this.borrowed.get(step.id);
+        if (keys === undefined) this.borrowed.set(step.id, [key]); else keys.push(key);
+      }
       for (const name in results) request.keys.set(name, outputKey(key, name));   // stored or not
     }
     request.activated.push({ step, start, seconds, cpuSeconds, crossed, residentBytes: step.unit.residentBytes, variant });
