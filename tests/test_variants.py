@@ -18,6 +18,7 @@ import pytest
 import cortex
 from backends.cuda.toolchain import find_nvcc
 from cortex.runtime.policy import POLICIES, Policy
+from cortex.runtime.variants import EQUALLY_COMPACT
 from cortex.tools.calibrate import calibrate
 from ir.errors import CortexError
 from variant_cases import (build, embedding_mlp, feeds, narrowed_reference, recompile, run_onnxruntime,
@@ -88,14 +89,14 @@ def test_the_most_compact_variant_meeting_the_threshold_runs(bundle, tmp_path):
     set_trust(dag_path, {"fp16": 0.999, "bf16": 0.992, "int8": 0.97})
     dag = json.loads(dag_path.read_text())
     with_variants = [cu["id"] for cu in dag["cus"] if cu.get("variants")]
-    # bf16 and fp16 store the same bytes of weights: where their modules are within 5% of each other
-    # (they differ only by code), bf16 wins, since it widens by a shift; else the smaller module.
+    # bf16 and fp16 store the same bytes of weights: where their modules are within EQUALLY_COMPACT of
+    # each other (they differ by code), bf16 wins, since it widens by a shift; else the smaller module.
     def wasm_bytes(cu, precision):
         return cu["variants"][precision]["artifacts"]["wasm"]["bytes"]
 
     def compact_16(cu):
         bf16, fp16 = wasm_bytes(cu, "bf16"), wasm_bytes(cu, "fp16")
-        return "bf16" if bf16 <= fp16 * 1.05 else "fp16"
+        return "bf16" if bf16 <= fp16 * (1 + EQUALLY_COMPACT) else "fp16"
     smaller_16 = {cu["id"]: compact_16(cu) for cu in dag["cus"] if cu.get("variants")}
     feed = feeds(1, seed=4)[0]
     expected = {"strict": None, "balanced": smaller_16, "aggressive": "int8",

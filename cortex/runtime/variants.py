@@ -40,8 +40,9 @@ def variant_record(cu: dict, precision: str) -> dict:
 
 
 # Artifacts within this share of the most compact one's bytes count as equally compact: bf16 and fp16
-# store the same weight bytes, and their modules differ only by code.
-EQUALLY_COMPACT = 0.05
+# store the same weight bytes and their modules differ only by code (a bf16 product may run a larger,
+# faster kernel), while int8's weights take half as many bytes.
+EQUALLY_COMPACT = 0.25
 # Of equally compact variants, the one whose weights widen to float32 most cheaply: a bf16 value is the
 # top half of a float32 (a shift), an fp16 one needs a conversion (SIMD128 has none: a Cast per call).
 WIDENING_ORDER = ("int8", "bf16", "fp16")

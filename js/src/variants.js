@@ -1,6 +1,6 @@
 // Reduced-precision variants at run time, with the Python runtime's rule and guards
 // (cortex/runtime/variants.py): under a policy with a trust threshold, a CU runs its most compact
-// variant (fewest artifact bytes; within 5% of the fewest, the cheapest to widen: int8, bf16, fp16;
+// variant (fewest artifact bytes; within 25% of the fewest, the cheapest to widen: int8, bf16, fp16;
 // then by the precision's name) whose calibrated `trust`
 // is at least the threshold; an uncalibrated variant (trust null) never runs. With the policy's
 // guards on, an approximated CU's outputs are checked for NaN / Inf (unless the exact CU produced
@@ -9,7 +9,7 @@
 import { ARRAY_TYPES } from "./tensor.js";
 
 export const GUARD_SPAN_MARGIN = 0.25;
-export const EQUALLY_COMPACT = 0.05;
+export const EQUALLY_COMPACT = 0.25;
 export const WIDENING_ORDER = ["int8", "bf16", "fp16"];
 export const GUARD_MAGNITUDE_MARGIN = 0.01;
 
