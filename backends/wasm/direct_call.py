@@ -83,3 +83,20 @@ class DirectCall:
 
     def memory_bytes(self) -> int:
         return self._size(self._context, self._memory)
+
+
+class RunCall:
+    """`run` of one instance after setting the store's epoch deadline (when given): one C call where
+    the bindings allow it (`DirectCall`), else through the public API."""
+
+    def __init__(self, store: wasmtime.Store, func: wasmtime.Func, memory: wasmtime.Memory):
+        self.direct = DirectCall(store, func, memory) if DirectCall.supported(store, func) else None
+        self._store, self._func = store, func
+
+    def __call__(self, deadline_ticks: int | None) -> None:
+        if self.direct is not None:
+            self.direct(deadline_ticks)
+            return
+        if deadline_ticks is not None:
+            self._store.set_epoch_deadline(deadline_ticks)
+        self._func(self._store)

@@ -20,7 +20,7 @@ import ml_dtypes  # noqa: F401  (registers numpy's bfloat16 dtype, which tensors
 import numpy as np
 import wasmtime
 
-from backends.wasm.direct_call import DirectCall
+from backends.wasm.direct_call import RunCall
 from ir.bounds import pad_into, real_part
 
 
@@ -42,8 +42,8 @@ class WasmInstance:
         exports = self.instance.exports(self.store)
         self.memory: wasmtime.Memory = exports["memory"]
         self._run = exports["run"]
-        self._direct = DirectCall(self.store, self._run, self.memory) if DirectCall.supported(self.store, self._run) \
-            else None
+        self._call = RunCall(self.store, self._run, self.memory)
+        self._direct = self._call.direct
         self.plan = plan
         self._axes = {e["name"]: e["bound"]["axis"] for e in [*plan["inputs"], *plan["outputs"]] if "bound" in e}
         self.memory_size = -1      # the memory's size in bytes when the views were last built
@@ -70,12 +70,7 @@ class WasmInstance:
                 self.lengths[name][0] = pad_into(view, inputs[name], self._axes[name])
             elif not (self.shares_memory and in_place(inputs[name], view)):   # --memory shared: the producer wrote it here
                 view[...] = inputs[name]
-        if self._direct is not None:
-            self._direct(self.deadline_ticks)
-        else:
-            if self.deadline_ticks is not None:
-                self.store.set_epoch_deadline(self.deadline_ticks)
-            self._run(self.store)
+        self._call(self.deadline_ticks)
         self._refresh_views()
         if not self.lengths:
             return self.outputs

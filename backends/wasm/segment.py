@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import wasmtime
 
-from backends.wasm.direct_call import DirectCall
+from backends.wasm.direct_call import RunCall
 from backends.wasm.instance import WasmInstance, in_place
 from backends.wasm.sandbox import PAGE, deadline_ticks, planned_bytes
 from ir.errors import CortexError
@@ -173,8 +173,7 @@ class WasmSegment:
             run = wasmtime.Instance(store, wasmtime.Module(device.engine, top),
                                     [d.exports(store)["run"] for d in drivers]).exports(store)["run"]
         self._owners = drivers
-        self._run = run
-        self._direct = DirectCall(store, run, instances[0].memory) if DirectCall.supported(store, run) else None
+        self._call = RunCall(store, run, instances[0].memory)
         self._store = store
         ms = [device.sandboxed[cu["id"]].deadline_ms for cu in self.cus]
         self._deadline = deadline_ticks(sum(ms)) if device.timed else None
@@ -203,12 +202,7 @@ class WasmSegment:
             if not (shares and in_place(value, view)):
                 view[...] = value
         try:
-            if self._direct is not None:
-                self._direct(self._deadline)
-            else:
-                if self._deadline is not None:
-                    self._store.set_epoch_deadline(self._deadline)
-                self._run(self._store)
+            self._call(self._deadline)
         except (wasmtime.Trap, wasmtime.WasmtimeError) as e:
             raise self._failed(e) from None
         return self.outputs
