@@ -20,7 +20,7 @@ import ml_dtypes  # noqa: F401  (registers numpy's bfloat16 dtype, which tensors
 import numpy as np
 import wasmtime
 
-from backends.wasm.direct_call import RunCall
+from backends.wasm.direct_call import DirectCall, RunCall
 from ir.bounds import pad_into, real_part
 
 
@@ -43,7 +43,7 @@ class WasmInstance:
         self.memory: wasmtime.Memory = exports["memory"]
         self._run = exports["run"]
         self._call = RunCall(self.store, self._run, self.memory)
-        self._direct = self._call.direct
+        self._direct: DirectCall | None = self._call.direct     # also reads the memory's size in one C call
         self.plan = plan
         self._axes = {e["name"]: e["bound"]["axis"] for e in [*plan["inputs"], *plan["outputs"]] if "bound" in e}
         self.memory_size = -1      # the memory's size in bytes when the views were last built
