@@ -21,7 +21,9 @@ from passes.fuse_groups import fusion_groups
 
 def lowering_of(node: Node):
     entry = lookup(node.op_type, node.domain)
-    return entry.lowerings.get(BACKEND) if entry else None
+    if entry is None or (entry.lowered_when is not None and not entry.lowered_when(node)):
+        return None
+    return entry.lowerings.get(BACKEND)
 
 
 def lower_graph(graph: Graph, kernels: ContractionKernels | None = None) -> Program:

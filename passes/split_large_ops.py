@@ -78,6 +78,9 @@ def unit_params(nodes: list[Node]) -> int:
     return sum(int(v.const.size) for v in consts.values())
 
 
+SLICED_BY_OP = -1     # an anchor input the op's own `slice_channels` divides
+
+
 @dataclass
 class _Plan:
     """How each split node's inputs divide: `axes[i]` is the input axis to slice, or None to share."""
@@ -145,15 +148,21 @@ def split_unit(graph: Graph, unit: list[Node], max_params: int | None = None, pi
         chained: Value | None = None   # the last split node's piece
         piece_of_value: dict[int, Value] = {}   # a split node's result -> its piece in this slice
         for plan in plans:
+            entry_of_node = lookup(plan.node.op_type, plan.node.domain)
+            sliced_by_op = entry_of_node.slice_channels(plan.node, lo, hi) \
+                if plan.node is anchor and entry_of_node.slice_channels is not None else ({}, {})
             inputs = []
             for v, axis in zip(plan.node.inputs, plan.axes):
                 if v is not None and id(v) in piece_of_value:
                     inputs.append(piece_of_value[id(v)])
+                elif v is not None and axis == SLICED_BY_OP:
+                    part = sliced_by_op[0][len(inputs)]
+                    inputs.append(Value(graph.fresh_name(f"{v.name}_part{k}"), v.dtype, tuple(part.shape), part))
                 elif v is not None and axis is not None:
                     inputs.append(slice_constant(graph, v, axis, lo, hi, k))
                 else:
                     inputs.append(v)
-            attrs = dict(plan.node.attrs)
+            attrs = {**plan.node.attrs, **sliced_by_op[1]}
             if plan.node is anchor and conv_groups > 1:
                 inputs[0], attrs["group"] = _input_channels_for(graph, anchor, conv_groups, lo, hi, k, new_nodes)
             result = plan.node.outputs[0]
@@ -243,8 +252,11 @@ def _weight_axis(node: Node) -> int | None:
 
 def _anchor_axes(node: Node, entry, channels: int, channel_axis: int) -> list[int | None]:
     axes: list[int | None] = []
+    by_op = entry.slice_channels(node, 0, channels)[0] if entry.slice_channels is not None else {}
     for i, v in enumerate(node.inputs):
-        if i == entry.weight_input:
+        if i in by_op:
+            axes.append(SLICED_BY_OP)
+        elif i == entry.weight_input:
             axes.append(entry.weight_axis(node) % v.const.ndim)
         elif v is None or not v.is_const:
             axes.append(None)

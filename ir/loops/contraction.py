@@ -137,7 +137,48 @@ class IntegerConvSpec:
     requantize: RequantizeSpec | None = None
 
 
-ContractionSpec = GemmSpec | ConvSpec | IntegerGemmSpec | IntegerConvSpec
+@dataclass(frozen=True)
+class BlockQuantGemmSpec:
+    """C[m, n] = epilogue(A[m, k] @ B[k, n]) with a constant B stored as onnxruntime's MatMulNBits
+    stores it (`BlockQuantWeight`): `bits`-bit unsigned codes in blocks of `block` consecutive k per
+    column, each (column, block) with a float32 scale and, with `zero_points`, a zero point code
+    (else the middle code 2^(bits-1)); B[k, n] = (code - zero) * scale. Two arithmetics, as the
+    node's `accuracy_level` asks:
+    - `int8_a` False: A is float32, B widened to exactly the float32 values above.
+    - `int8_a` True (accuracy level 4): each row of A is quantized per block of K to int8 as
+      onnxruntime's MLAS does (scale = max|a| / 127, code = round_half_even(a * (127 / max|a|)), a
+      zero block all zeros), each block's products summed as integers, sum_k qa (code - zero), and
+      added to C scaled by scale_a * scale_b, block after block."""
+    kind: ClassVar[str] = "block_quant_gemm"
+    m: int
+    n: int
+    k: int
+    bits: int
+    block: int
+    zero_points: bool = False
+    int8_a: bool = False
+    epilogue: EpilogueSpec = EpilogueSpec()
+
+
+@dataclass(eq=False)
+class BlockQuantWeight:
+    """A `BlockQuantGemmSpec`'s B as numbers: `codes` [N, K] (uint8, one code each), `scales` [N,
+    blocks] float32, `zeros` [N, blocks] uint8 codes (None: the middle code), `bits` per code."""
+    codes: np.ndarray
+    scales: np.ndarray
+    zeros: np.ndarray | None
+    bits: int
+
+    def dequantized(self, block: int) -> np.ndarray:
+        """B as float32 [K, N]: (code - zero) * scale, each rounded to float32 once."""
+        n, k = self.codes.shape
+        group = np.arange(k) // block
+        zeros = self.zeros if self.zeros is not None else np.full(self.scales.shape, 2 ** (self.bits - 1))
+        centred = self.codes.astype(np.float32) - zeros[:, group].astype(np.float32)
+        return np.ascontiguousarray((centred * self.scales[:, group].astype(np.float32)).T)
+
+
+ContractionSpec = GemmSpec | ConvSpec | IntegerGemmSpec | IntegerConvSpec | BlockQuantGemmSpec
 
 
 @dataclass(frozen=True)
@@ -194,7 +235,7 @@ def is_empty(spec: ContractionSpec) -> bool:
         return is_empty(spec.conv)
     if isinstance(spec, ConvSpec):
         return 0 in (spec.batch, spec.in_channels, spec.height, spec.width, spec.out_channels)
-    return 0 in (spec.m, spec.n, spec.k, spec.batch)
+    return 0 in (spec.m, spec.n, spec.k, getattr(spec, "batch", 1))
 
 
 @dataclass(frozen=True)

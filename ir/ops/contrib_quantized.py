@@ -1,9 +1,8 @@
 """onnxruntime's quantized matrix products (domain com.microsoft), each registered with a function
 body over standard ops that the expand-ops pass inlines (see passes/expand_ops.py):
 DynamicQuantizeMatMul and MatMulIntegerToFloat (what `quantize_dynamic` and onnxruntime's graph
-fusions write), DynamicQuantizeLSTM, QGemm (the QOperator format), and MatMulNBits (the weight-only
-2- to 8-bit block quantization of `onnxruntime.quantization.matmul_nbits_quantizer`, which int4
-language models ship in).
+fusions write), DynamicQuantizeLSTM and QGemm (the QOperator format); MatMulNBits, which stays a
+narrow contraction, is ir/ops/matmul_nbits.py.
 
 The bodies follow onnxruntime's CPU kernels (onnxruntime/contrib_ops/cpu/quantization/): where a
 kernel multiplies 8-bit integers into int32 sums, the body does too (MatMulInteger,
@@ -107,57 +106,6 @@ def _dynamic_quantize_lstm(node):
     return body.function(("Y", "Y_h", "Y_c"))
 
 
-def _matmul_nbits(node):
-    """Y = A @ dequantized(B)^T + bias, B dequantized at compile time to A's float type: onnxruntime's
-    CPU kernel at its default accuracy level also multiplies float A by dequantized blocks, so the
-    results agree up to float rounding. The weight then takes 32 (or 16) bits per element in the CU
-    instead of `bits`."""
-    body = Body(node, ("A", "B", "scales", "zero_points", "g_idx", "bias"))
-    constant = {i: body.const_input(i) for i in range(1, 5) if body.present(i)}
-    if any(value is None for value in constant.values()):
-        raise NotExpanded(f"{node.describe()}: MatMulNBits with a weight, scale or zero point computed at "
-                          "run time is not supported")
-    if constant.get(4) is not None and constant.get(3) is not None and constant[3].dtype == np.uint8:
-        # onnxruntime's kernel reads no packed zero point once g_idx is given (it uses the middle code).
-        raise NotExpanded(f"{node.describe()}: MatMulNBits with g_idx and packed uint8 zero points is not "
-                          "supported (onnxruntime ignores those zero points); give float zero points")
-    weight = nbits_weight(node, constant[1], constant[2], constant.get(3), constant.get(4))
-    y = body.op("MatMul", "A", body.constant(weight.T, weight.dtype), out=None if body.present(5) else "Y")
-    if body.present(5):
-        body.op("Add", y, "bias", out="Y")
-    return body.function(("Y",))
-
-
-def nbits_weight(node, packed: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None,
-                 g_idx: np.ndarray | None) -> np.ndarray:
-    """MatMulNBits' B as [N, K] floats: (code - zero point) * scale, per block of `block_size` along
-    K (or per `g_idx[k]`). Codes and packed zero points are little-endian bit fields (low bits
-    first); each row's zero points start on a byte; without zero points the middle code is zero."""
-    k, n = int(node.attrs["K"]), int(node.attrs["N"])
-    bits, block = int(node.attrs.get("bits", 4)), int(node.attrs["block_size"])
-    blocks = -(-k // block)
-    if not 2 <= bits <= 8 or packed.dtype != np.uint8 or packed.size != n * blocks * block * bits // 8:
-        raise UnsupportedError(f"{node.describe()}: MatMulNBits B of shape {list(packed.shape)} ({packed.dtype}) "
-                               f"does not hold N={n} x {blocks} blocks of {block} {bits}-bit codes")
-    codes = _bit_fields(packed.reshape(n, -1), bits)[:, :k].astype(np.float32)
-    scales = scales.reshape(n, blocks).astype(np.float32)
-    if zero_points is None:
-        zeros = np.full((n, blocks), 2 ** (bits - 1), np.float32)
-    elif zero_points.dtype == np.uint8:
-        zeros = _bit_fields(zero_points.reshape(n, -1), bits)[:, :blocks].astype(np.float32)
-    else:
-        zeros = zero_points.reshape(n, blocks).astype(np.float32)
-    group = g_idx.astype(np.int64).reshape(k) if g_idx is not None else np.arange(k) // block
-    return ((codes - zeros[:, group]) * scales[:, group]).astype(node.inputs[2].const.dtype)
-
-
-def _bit_fields(rows: np.ndarray, bits: int) -> np.ndarray:
-    """The `bits`-wide unsigned fields of each row of bytes, low bits first."""
-    flat = np.unpackbits(rows, axis=1, bitorder="little")
-    fields = flat[:, :flat.shape[1] // bits * bits].reshape(rows.shape[0], -1, bits).astype(np.int32)
-    return (fields << np.arange(bits, dtype=np.int32)).sum(axis=2)
-
-
 def _standard(op: str):
     """com.microsoft's QuantizeLinear and DequantizeLinear (the quantizer's `UseQDQContribOps`, and
     its 16-bit QDQ below opset 21) compute what the standard ops compute, 16-bit types included:
@@ -176,4 +124,3 @@ register("DequantizeLinear", domain=DOMAIN, kind=OTHER, expansion=_standard("Deq
 register("MatMulIntegerToFloat", domain=DOMAIN, kind=OTHER, expansion=_matmul_integer_to_float)
 register("QGemm", domain=DOMAIN, kind=OTHER, expansion=_qgemm)
 register("DynamicQuantizeLSTM", domain=DOMAIN, kind=OTHER, expansion=_dynamic_quantize_lstm)
-register("MatMulNBits", domain=DOMAIN, kind=OTHER, expansion=_matmul_nbits)

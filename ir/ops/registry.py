@@ -79,6 +79,13 @@ class OpDef:
     # Reads a padded bounded input correctly (ir/bounds.py): the real slots of its outputs depend
     # only on real slots of its inputs. Elementwise ops always do.
     keeps_bound: bool = False
+    # node, lo, hi -> ({input index: constant}, {attribute: value}) of the op computing output
+    # channels [lo, hi) only, for an op whose weights do not hold their channels on one axis
+    # (MatMulNBits' flat scales); None: each weight input is sliced on its channel axis.
+    slice_channels: Callable | None = None
+    # node -> whether the lowerings cover this node's form; None: every form. A node they do not
+    # cover is one no target lowers (a fallback CU's, under --fallback onnxruntime).
+    lowered_when: Callable | None = None
     lowerings: dict[str, Callable] = field(default_factory=dict)
 
     @property
