@@ -21,6 +21,9 @@ import dataclasses
 
 import numpy as np
 
+from backends.wasm.kernels.block_quant import (BlockQuantOffsets, block_quant_fits, pack_block_quant_b,
+                                               render_block_quant_gemm)
+from backends.wasm.kernels.block_quant import scratch_bytes as block_quant_scratch_bytes
 from backends.wasm.gemm import SCALAR, gemm_scratch_bytes, pack_b, packed_b_size, render_gemm
 from backends.wasm.kernels.conv import (Conv2dSpec, conv_scratch_bytes, pack_conv_weight, render_conv2d,
                                         weight_packs_as_a)
@@ -35,7 +38,7 @@ from backends.wasm.kernels.narrow_panels import pack_narrow_b
 from backends.wasm.kernels.operands import ConvOffsets, GemmOffsets
 from backends.wasm.kernels.pack_b import render_pack_b
 from backends.wasm.options import WasmOptions
-from ir.loops.contraction import (ContractionSpec, ConvSpec, GemmSpec, IntegerConvSpec, IntegerGemmSpec, Scratch,
+from ir.loops.contraction import (BlockQuantGemmSpec, BlockQuantWeight, ContractionSpec, ConvSpec, GemmSpec, IntegerConvSpec, IntegerGemmSpec, Scratch,
                                   WeightLayout)
 from ir.loops.narrow_weights import NarrowWeight
 from ir.loops.program import Intrinsic
@@ -48,6 +51,8 @@ class WasmKernels:
         self.features = features
 
     def offers(self, spec: ContractionSpec) -> bool:
+        if isinstance(spec, BlockQuantGemmSpec):
+            return block_quant_fits(spec, self.features)
         if isinstance(spec, (IntegerGemmSpec, IntegerConvSpec)):
             return "simd" in self.features    # without SIMD128 the loop nest is as good
         if isinstance(spec, GemmSpec) and spec.b_format != "f32":   # the SIMD GEMV and GEMM widen narrow panels
@@ -57,6 +62,8 @@ class WasmKernels:
     def weight_layout(self, spec: ContractionSpec) -> WeightLayout | None:
         """A GEMM's constant B in 16-column panels (`gemm.pack_b`); a Conv's weight as its kernel
         reads it (`pack_conv_weight`), packed once per weight."""
+        if isinstance(spec, BlockQuantGemmSpec):
+            return WeightLayout(f"_q{spec.bits}_blocks")
         if isinstance(spec, GemmSpec):
             if spec.b_format != "f32":
                 return WeightLayout(f"_{spec.b_format}_panels")
@@ -74,7 +81,9 @@ class WasmKernels:
             return WeightLayout("_packed_a", shared=True)
         return None
 
-    def pack_weight(self, spec: ContractionSpec, weight: np.ndarray | NarrowWeight) -> np.ndarray:
+    def pack_weight(self, spec: ContractionSpec, weight: np.ndarray | NarrowWeight | BlockQuantWeight) -> np.ndarray:
+        if isinstance(spec, BlockQuantGemmSpec):
+            return pack_block_quant_b(spec, weight)
         if isinstance(spec, GemmSpec) and spec.b_format != "f32":
             return pack_narrow_b(weight, spec.trans_b)
         if isinstance(spec, GemmSpec):
@@ -86,6 +95,8 @@ class WasmKernels:
         return pack_conv_weight(conv_kernel_spec(spec, self.features), weight)
 
     def scratch(self, spec: ContractionSpec) -> tuple[Scratch, ...]:
+        if isinstance(spec, BlockQuantGemmSpec):   # A's int8 codes, block scales and sums
+            return (Scratch("a", "_q8", -(-block_quant_scratch_bytes(spec) // 4)),)
         if isinstance(spec, GemmSpec):
             return tuple(s for s in _gemm_scratch(spec, self.features) if s is not None)
         if isinstance(spec, IntegerGemmSpec):
@@ -151,6 +162,10 @@ def render_intrinsic(stmt: Intrinsic, name: str, options: WasmOptions) -> str:
         return _render_integer_gemm_call(spec, ops, features, name)
     if isinstance(spec, IntegerConvSpec):
         return _render_integer_conv_call(spec, ops, name)
+    if isinstance(spec, BlockQuantGemmSpec):
+        (scratch,) = ops.scratch
+        at = BlockQuantOffsets(_at(ops.a), _at(ops.b), _at(ops.out), _at(scratch), bias=_at_or_none(ops.bias))
+        return render_block_quant_gemm(spec, at, features=features, name=name)
     raise ValueError(f"the WebAssembly backend has no kernel for {spec!r}")
 
 
