@@ -75,3 +75,31 @@ def test_kernel_matches_the_integer_arithmetic(features, bits, m, k, n, block, z
     got = run_kernel(spec, a, weight, b, FEATURES[features])
     want = reference(a, weight, block) + (b if b is not None else 0)
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * np.abs(want).max())
+
+
+def float_reference(a: np.ndarray, weight: BlockQuantWeight, block: int) -> np.ndarray:
+    k = a.shape[1]
+    zeros = weight.zeros if weight.zeros is not None else np.full(weight.scales.shape, 2 ** (weight.bits - 1))
+    group = np.arange(k) // block
+    dequantized = (weight.codes.astype(np.float64) - zeros[:, group]) * weight.scales[:, group]
+    return (a.astype(np.float64) @ dequantized.T).astype(np.float32)
+
+
+@pytest.mark.parametrize("features", FEATURES)
+@pytest.mark.parametrize("bits,m,k,n,block,zero_points,bias", [
+    (4, 1, 64, 16, 32, False, False), (4, 2, 80, 40, 32, True, True), (4, 3, 300, 17, 128, True, False),
+    (4, 1, 512, 33, 256, True, False), (8, 1, 64, 16, 16, True, False), (8, 3, 100, 21, 32, False, True),
+])
+def test_weight_only_kernel_is_the_dequantized_product_to_float32_rounding(features, bits, m, k, n, block,
+                                                                          zero_points, bias):
+    blocks = -(-k // block)
+    weight = BlockQuantWeight(RNG.integers(0, 2 ** bits, (n, k), dtype=np.uint8),
+                              (RNG.random((n, blocks)) * 0.1 + 0.01).astype(np.float32),
+                              RNG.integers(0, 2 ** bits, (n, blocks), dtype=np.uint8) if zero_points else None, bits)
+    a = RNG.standard_normal((m, k)).astype(np.float32)
+    b = RNG.standard_normal(n).astype(np.float32) if bias else None
+    got = run_kernel(BlockQuantGemmSpec(m, n, k, bits, block, zero_points, False), a, weight, b, FEATURES[features])
+    want = float_reference(a, weight, block) + (b if b is not None else 0)
+    # float32 rounding of sums of k products, each of size |a| * 2^bits * scale
+    bound = 4 * np.finfo(np.float32).eps * np.sqrt(k) * 2 ** bits * 0.11 * np.abs(a).max() * 4
+    np.testing.assert_allclose(got, want, rtol=0, atol=bound)

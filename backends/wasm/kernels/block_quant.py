@@ -1,8 +1,8 @@
-"""The SIMD128 kernel for a `BlockQuantGemmSpec` with int8 A (MatMulNBits at accuracy level 4):
-4- and 8-bit codes read as stored, integer dot products per block, as onnxruntime's MLAS computes
-them (CompInt8).
+"""The SIMD128 kernel for a `BlockQuantGemmSpec` (MatMulNBits): 4- and 8-bit codes read as stored,
+in both arithmetics the node's accuracy level asks for.
 
-Two phases in one call:
+With int8 A (accuracy level 4), integer dot products per block, as onnxruntime's MLAS computes them
+(CompInt8), in two phases in one call:
 1. Each row of A is quantized per block of K into the scratch: scale max|a| / 127, codes
    round_half_even(a * (127 / max|a|)) (0 for an all-zero block, and for the padding past K), and
    the block's sum of codes.
@@ -19,6 +19,15 @@ codes (with zero points). A vector of 4 columns x 4 k is what a dot product of 4
   the result is the same on every engine), 16 products an instruction;
 - `i32x4.dot_i16x8_s` otherwise (and for 8-bit codes, which are not 7-bit): the bytes widened to
   16 bits, each lane two products of one column, the pairs added at the block's end.
+
+With float32 A (weight-only, levels 0 to 3), the first phase copies each row of A into the scratch
+padded to whole blocks, with each block's sum; the second widens the codes of 4 columns at one k
+into float32 lanes (one byte shuffle: the codes are small integers, converted exactly) and
+multiplies-adds them with A[k] splat, then adds each block's sum_k a * code - zero * sum_k a, times
+the scale, to the column's total. That is B's dequantized product up to float32 rounding (the
+scale and zero point are applied per block, not per weight; the difference is of the order of
+float32's epsilon times sum_k |a * w|), which is as close to onnxruntime's float32 kernels as their
+own summation order lets any kernel be.
 
 A 4-bit block of 32 then holds 16 x 16 bytes of codes, 64 of scales and 16 of zero points per panel:
 5.25 bits a weight, 0.16 of float32's.
@@ -49,7 +58,7 @@ class BlockQuantOffsets:
 
 
 def block_quant_fits(spec: BlockQuantGemmSpec, features) -> bool:
-    return "simd" in frozenset(features) and spec.int8_a and spec.bits in KERNEL_BITS and spec.block % 8 == 0
+    return "simd" in frozenset(features) and spec.bits in KERNEL_BITS and spec.block % 8 == 0
 
 
 def _k_per_chunk(bits: int) -> int:
@@ -66,8 +75,11 @@ def packed_size(spec: BlockQuantGemmSpec) -> int:
 
 
 def scratch_bytes(spec: BlockQuantGemmSpec) -> int:
-    """A's codes (blocks x block bytes a row), then each row's block scales and block sums."""
+    """A's codes (blocks x block bytes a row), then each row's block scales and block sums; with
+    float32 A, A padded (blocks x block floats a row), then each row's block sums."""
     blocks = -(-spec.k // spec.block)
+    if not spec.int8_a:
+        return spec.m * blocks * spec.block * 4 + spec.m * blocks * 4
     return spec.m * blocks * spec.block + 2 * spec.m * blocks * 4
 
 
@@ -102,8 +114,10 @@ ODD_LANES = "4 5 6 7 12 13 14 15 20 21 22 23 28 29 30 31"
 
 
 def render_block_quant_gemm(spec: BlockQuantGemmSpec, at: BlockQuantOffsets, *, features, name: str) -> str:
-    """`(func $name)`: C = A @ B (+ bias) as `BlockQuantGemmSpec` with `int8_a` defines it."""
+    """`(func $name)`: C = A @ B (+ bias) as `BlockQuantGemmSpec` defines it."""
     features = frozenset(features)
+    if not spec.int8_a:
+        return _render_float_a(spec, at, features, name)
     m, n, k, bits, block = spec.m, spec.n, spec.k, spec.bits, spec.block
     blocks = -(-k // block)
     padded_k = blocks * block
@@ -271,3 +285,121 @@ def _store(base: int, offset: str, lanes: int, reg: str) -> list[str]:
         return [f"(v128.store offset={base} {offset} (local.get {reg}))"]
     return [f"(f32.store offset={base + 4 * lane} {offset} (f32x4.extract_lane {lane} (local.get {reg})))"
             for lane in range(lanes)]
+
+
+def _render_float_a(spec: BlockQuantGemmSpec, at: BlockQuantOffsets, features: frozenset[str], name: str) -> str:
+    """The weight-only arithmetic (see the module docstring)."""
+    m, n, k, bits, block = spec.m, spec.n, spec.k, spec.bits, spec.block
+    blocks = -(-k // block)
+    padded_k = blocks * block
+    sums_at = at.scratch + m * padded_k * 4
+    fma = "relaxed-simd" in features
+    per_chunk = _k_per_chunk(bits)
+    code_bytes = PANEL * block * bits // 8
+
+    def madd(x: str, y: str, acc: str) -> str:
+        return f"(f32x4.relaxed_madd {x} {y} {acc})" if fma else f"(f32x4.add (f32x4.mul {x} {y}) {acc})"
+
+    copy = [
+        "(local.set $r (i32.const 0))",
+        "(loop $rows",
+        "  (local.set $blk (i32.const 0))",
+        f"  (local.set $arow (i32.add (i32.const {at.a}) (i32.mul (local.get $r) (i32.const {k * 4}))))",
+        "  (loop $blocks",
+        f"    (local.set $k0 (i32.mul (local.get $blk) (i32.const {block})))",
+        "    (local.set $sum (f32.const 0))",
+        "    (local.set $kk (local.get $k0))",
+        "    (loop $copy",
+        f"      (local.set $x (select (f32.load (i32.add (local.get $arow) (i32.shl (select (local.get $kk) (i32.const 0) "
+        f"(i32.lt_u (local.get $kk) (i32.const {k}))) (i32.const 2)))) (f32.const 0) (i32.lt_u (local.get $kk) (i32.const {k}))))",
+        f"      (f32.store offset={at.scratch} (i32.shl (i32.add (i32.mul (local.get $r) (i32.const {padded_k})) "
+        "(local.get $kk)) (i32.const 2)) (local.get $x))",
+        "      (local.set $sum (f32.add (local.get $sum) (local.get $x)))",
+        "      (local.set $kk (i32.add (local.get $kk) (i32.const 1)))",
+        f"      (br_if $copy (i32.lt_u (local.get $kk) (i32.add (local.get $k0) (i32.const {block})))))",
+        f"    (f32.store offset={sums_at} (i32.shl (i32.add (i32.mul (local.get $r) (i32.const {blocks})) "
+        "(local.get $blk)) (i32.const 2)) (local.get $sum))",
+        "    (local.set $blk (i32.add (local.get $blk) (i32.const 1)))",
+        f"    (br_if $blocks (i32.lt_u (local.get $blk) (i32.const {blocks}))))",
+        "  (local.set $r (i32.add (local.get $r) (i32.const 1)))",
+        f"  (br_if $rows (i32.lt_u (local.get $r) (i32.const {m}))))",
+    ]
+
+    def lanes_of(j: int) -> str:     # byte j, 4+j, 8+j, 12+j of the codes as i32 lanes (16: a zero byte)
+        return " ".join(f"{4 * i + j} 16 16 16" for i in range(4))
+
+    chunk = [f"(local.set $a{j} (v128.load32_splat offset={4 * j} (local.get $pa)))" for j in range(per_chunk)]
+    for g in range(GROUPS):
+        chunk.append(f"(local.set $v (v128.load offset={16 * g} (local.get $pb)))")
+        halves = [("(v128.and (local.get $v) (v128.const i8x16 " + " ".join(["15"] * 16) + "))", 0),
+                  ("(i8x16.shr_u (local.get $v) (i32.const 4))", 4)] if bits == 4 else [("(local.get $v)", 0)]
+        for codes, first in halves:
+            chunk.append(f"(local.set $w {codes})")
+            for j in range(4):
+                widened = f"(f32x4.convert_i32x4_s (i8x16.shuffle {lanes_of(j)} (local.get $w) (v128.const i32x4 0 0 0 0)))"
+                chunk.append(f"(local.set $s{g} {madd(widened, f'(local.get $a{first + j})', f'(local.get $s{g})')})")
+    chunk += [f"(local.set $pa (i32.add (local.get $pa) (i32.const {4 * per_chunk})))",
+              f"(local.set $pb (i32.add (local.get $pb) (i32.const {GROUPS * 16})))"]
+
+    block_end = [f"(local.set $sums (f32x4.splat (f32.load offset={sums_at} (i32.shl (i32.add (i32.mul (local.get $r) "
+                 f"(i32.const {blocks})) (local.get $blk)) (i32.const 2)))))"]
+    if spec.zero_points:
+        block_end += ["(local.set $v (v128.load offset=64 (local.get $pb)))",
+                      "(local.set $zlo (i16x8.extend_low_i8x16_u (local.get $v)))",
+                      "(local.set $zhi (i16x8.extend_high_i8x16_u (local.get $v)))"]
+    for g in range(GROUPS):
+        if spec.zero_points:
+            zero = (f"(f32x4.convert_i32x4_s (i32x4.extend_{'low' if g % 2 == 0 else 'high'}_i16x8_u "
+                    f"(local.get {'$zlo' if g < 2 else '$zhi'})))")
+        else:
+            zero = f"(v128.const f32x4 {' '.join([str(2 ** (bits - 1))] * 4)})"
+        centred = f"(f32x4.sub (local.get $s{g}) (f32x4.mul {zero} (local.get $sums)))"
+        block_end.append(f"(local.set $t{g} {madd(centred, f'(v128.load offset={16 * g} (local.get $pb))', f'(local.get $t{g})')})")
+    block_end.append(f"(local.set $pb (i32.add (local.get $pb) (i32.const {block_bytes(spec) - code_bytes})))")
+
+    def store_panel(columns: int) -> list[str]:
+        lines = []
+        for g in range(GROUPS):
+            lanes = max(0, min(4, columns - 4 * g))
+            if lanes == 0:
+                continue
+            column = f"(i32.add (i32.shl (local.get $p) (i32.const 6)) (i32.const {16 * g}))"
+            if at.bias is not None:
+                lines.append(f"(local.set $t{g} (f32x4.add (local.get $t{g}) {_load(at.bias, column, lanes)}))")
+            lines += _store(at.c, f"(i32.add {column} (i32.mul (local.get $r) (i32.const {n * 4})))", lanes, f"$t{g}")
+        return lines
+
+    panels, edge = divmod(n, PANEL)
+    panel_body = [
+        *(f"(local.set $t{g} (v128.const f32x4 0 0 0 0))" for g in range(GROUPS)),
+        f"(local.set $pa (i32.add (i32.const {at.scratch}) (i32.mul (local.get $r) (i32.const {padded_k * 4}))))",
+        "(local.set $blk (i32.const 0))",
+        "(loop $block",
+        *(f"  (local.set $s{g} (v128.const f32x4 0 0 0 0))" for g in range(GROUPS)),
+        f"  (local.set $pend (i32.add (local.get $pb) (i32.const {code_bytes})))",
+        "  (loop $chunk",
+        *("    " + line for line in chunk),
+        "    (br_if $chunk (i32.lt_u (local.get $pb) (local.get $pend))))",
+        *("  " + line for line in block_end),
+        "  (local.set $blk (i32.add (local.get $blk) (i32.const 1)))",
+        f"  (br_if $block (i32.lt_u (local.get $blk) (i32.const {blocks}))))",
+    ]
+    product = ["(local.set $r (i32.const 0))", "(loop $prow",
+               f"  (local.set $pb (i32.const {at.b}))", "  (local.set $p (i32.const 0))"]
+    if panels:
+        product += ["  (loop $panel", *("    " + line for line in panel_body + store_panel(PANEL)),
+                    "    (local.set $p (i32.add (local.get $p) (i32.const 1)))",
+                    f"    (br_if $panel (i32.lt_u (local.get $p) (i32.const {panels}))))"]
+    if edge:
+        product += [*("  " + line for line in panel_body + store_panel(edge))]
+    product += ["  (local.set $r (i32.add (local.get $r) (i32.const 1)))",
+                f"  (br_if $prow (i32.lt_u (local.get $r) (i32.const {m}))))"]
+    decls = ["(local $r i32) (local $blk i32) (local $k0 i32) (local $kk i32) (local $arow i32) (local $p i32) "
+             "(local $pa i32) (local $pb i32) (local $pend i32) (local $x f32) (local $sum f32)",
+             "(local $v v128) (local $w v128) (local $sums v128) (local $zlo v128) (local $zhi v128) "
+             + " ".join(f"(local $t{g} v128) (local $s{g} v128)" for g in range(GROUPS)),
+             " ".join(f"(local $a{j} v128)" for j in range(per_chunk))]
+    title = (f";; C[{m}x{n}] = A[{m}x{k}] @ B ({bits}-bit blocks of {block}{', zero points' if spec.zero_points else ''})"
+             f"{' + bias' if at.bias is not None else ''}, float32 A, codes widened in registers")
+    return "\n".join([f"(func ${name}", "  " + title, *("  " + d for d in decls),
+                      *("  " + line for line in copy + product), ")"]) + "\n"
