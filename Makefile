@@ -66,12 +66,19 @@ bench: setup $(ORTWEB) bench-decompose bench-js
 	$(BIN)/python -m bench.bench_models --json $(OUT)/bench.json
 	$(MAKE) bench-ray
 	$(MAKE) bench-narrow-weights
+	$(MAKE) bench-nbits-models
 
 ## Narrow weights read inside the wasm kernels: the one-row GEMV over B stored f32, bf16 or int8 (GB/s of weight
 ## bytes against a memory copy's bandwidth) and the 512^3 GEMM (GFLOP/s against float32): its section of docs/benchmarks.md.
 .PHONY: bench-narrow-weights
 bench-narrow-weights: setup
 	$(BIN)/python -m bench.narrow_weights --output docs/benchmarks.md
+
+## 4-bit models: MiniLM and a small Llama-style decoder through onnxruntime's MatMulNBitsQuantizer, Cortex's CU weight
+## bytes against the float32 build, latency against onnxruntime and onnxruntime-web, agreement: its section of docs/benchmarks.md.
+.PHONY: bench-nbits-models
+bench-nbits-models: setup $(ORTWEB)
+	$(BIN)/python -m bench.nbits_models --output docs/benchmarks.md --json $(OUT)/nbits-models.json
 
 ## The Ray executor on a local loopback cluster: 2 nodes against 1 on a pipelined batch of 64, and the per-hop overhead.
 bench-ray: setup
