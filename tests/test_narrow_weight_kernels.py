@@ -1,7 +1,7 @@
-"""bf16 and int8 variant weights read narrow by the WASM GEMV and GEMM: a MatMul's or Gemm's B
+"""bf16, fp16 and int8 variant weights read narrow by the WASM GEMV and GEMM: a MatMul's or Gemm's B
 widened by a `--variants` build (Cast, and Mul by the per-channel scale for int8) is packed narrow,
-the widening disappears from the module, the module holds about half (bf16) or a quarter (int8) of
-the weight bytes, and the outputs are onnxruntime's on the variant's own graph (the Cast/Mul one),
+the widening disappears from the module, the module holds about half (bf16, fp16) or a quarter (int8)
+of the weight bytes, and the outputs are onnxruntime's on the variant's own graph (the Cast/Mul one),
 with a fused bias, residual and Relu too. Without SIMD the widening and the float32 loops stay."""
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def onnxruntime_on(graph, feeds: dict) -> np.ndarray:
 
 
 @pytest.mark.parametrize("features", FEATURES, ids=["simd", "relaxed-simd"])
-@pytest.mark.parametrize("precision", ["bf16", "int8"])
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "int8"])
 @pytest.mark.parametrize("m,k,n,gemm,trans_a", [
     (1, 37, 50, False, False), (2, 130, 33, False, False), (1, 64, 16, True, False), (2, 23, 70, True, False),
     # the GEMM's tiles: one short tile (A read in place), A^T, packed A over one and several K blocks,
@@ -103,7 +103,7 @@ def test_a_variant_product_computes_what_onnxruntime_computes_on_the_variant_gra
 
 
 @pytest.mark.parametrize("features", FEATURES, ids=["simd", "relaxed-simd"])
-@pytest.mark.parametrize("precision", ["bf16", "int8"])
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "int8"])
 @pytest.mark.parametrize("m,k,n", [(3, 37, 50), (8, 200, 40), (64, 301, 45)])
 def test_bias_residual_and_relu_see_the_scaled_product(m, k, n, precision, features):
     graph = variant_graph(block_model(m, k, n, seed=m + k), precision)
@@ -116,7 +116,7 @@ def test_bias_residual_and_relu_see_the_scaled_product(m, k, n, precision, featu
     assert kernels(artifact) == ["MatMul"], "the epilogue or the widening runs apart"
 
 
-@pytest.mark.parametrize("precision,ratio", [("bf16", 0.5), ("int8", 0.25)])
+@pytest.mark.parametrize("precision,ratio", [("bf16", 0.5), ("fp16", 0.5), ("int8", 0.25)])
 def test_products_read_the_narrow_weight_with_no_widening(precision, ratio):
     k, n = 256, 384
     for m in (1, 2, 16):

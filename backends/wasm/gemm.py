@@ -22,7 +22,7 @@ Entry points
   - `features`: a set of "simd", "relaxed-simd". With relaxed SIMD the inner product uses
     `f32x4.relaxed_madd` (the host must enable relaxed SIMD; results may differ from mul+add in the
     last bit, as FMA does); with only "simd" it uses mul + add; with neither, scalar f32 code.
-- A constant B stored bf16 or int8 (`spec.b_format`; SIMD, one batch, `at.a_scratch` given) is
+- A constant B stored bf16, fp16 or int8 (`spec.b_format`; SIMD, one batch, `at.a_scratch` given) is
   read from `kernels/narrow_panels.py`'s panels: before the row tiles of a panel's K block run, the
   block is widened to float32 (int8: times its column scales, which follow the panels) into the
   scratch after A's block, and the tiles read it there as they read float32 panels.

@@ -1,9 +1,13 @@
 """Weights a GEMM kernel may read narrow: the widening a `--variants` build puts in front of a
 MatMul's or Gemm's B (`passes/narrow_weights.py`), recognised so that a target whose kernel reads
-bf16 or int8 panels packs the narrow constant instead of computing the widening on every call.
+bf16, fp16 or int8 panels packs the narrow constant instead of computing the widening on every call.
 
 - bf16: B = Cast(bf16 constant, to=float32). Widening a bfloat16 is exact (its bits are the high
   half of the float32's), so a kernel reading the bf16 bits computes the same products.
+- fp16: B = Cast(float16 constant, to=float32), all of its values finite. Every finite float16
+  (subnormals included) is a float32, so the widening is exact too; a kernel widens with integer
+  ops and one exact multiply (kernels/narrow_panels.py), which would turn Inf and NaN into finite
+  values, so a constant holding one (a float32 weight beyond 65504 rounds to Inf) keeps its Cast.
 - int8: B = Mul(Cast(int8 constant, to=float32), scale) with one float32 scale per output column
   of the product (per channel along the reader's N). The kernel sums a * q over k and multiplies
   the sum by s[n] once, the same products scaled once instead of each one (float32 rounding aside).
@@ -22,12 +26,12 @@ from onnx import TensorProto
 
 from ir.graph import Graph, Node, Value
 
-FORMATS = ("bf16", "int8")
+FORMATS = ("bf16", "fp16", "int8")
 
 
 @dataclass(eq=False)
 class NarrowWeight:
-    """B as the narrow constant it is widened from: `codes` (bfloat16 or int8, B's shape as the
+    """B as the narrow constant it is widened from: `codes` (bfloat16, float16 or int8, B's shape as the
     graph holds it), `column_scale` (int8: N float32s, one per column of the product, else None),
     and `nodes`, the widening (Cast, Mul), which a kernel reading `codes` makes dead."""
     format: str
@@ -64,7 +68,11 @@ def narrow_weight_chains(graph: Graph, readers: dict[int, list[Node]], outputs: 
 def _recognise(producer: Node, trans_b: bool, sole_reader) -> NarrowWeight | None:
     codes = _widened_constant(producer)
     if codes is not None:
-        return NarrowWeight("bf16", codes, None, (producer,)) if codes.dtype.name == "bfloat16" else None
+        if codes.dtype.name == "bfloat16":
+            return NarrowWeight("bf16", codes, None, (producer,))
+        if codes.dtype == np.float16 and np.isfinite(codes).all():
+            return NarrowWeight("fp16", codes, None, (producer,))
+        return None
     if producer.op_type != "Mul" or len(producer.inputs) != 2:
         return None
     for widened, scale in (producer.inputs, producer.inputs[::-1]):

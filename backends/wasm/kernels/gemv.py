@@ -12,12 +12,22 @@ Measured (wasmtime 50, relaxed SIMD, CPU time, median of 5 interleaved rounds, G
 this kernel): 1x384x128 35.1 -> 55.7, 1x1536x512 30.7 -> 44.6, 2x1536x512 30.7 -> 51.7,
 2x768x768 30.0 -> 51.6, 2x512x128 33.2 -> 53.3; with mul + add (SIMD without relaxed) 41-50.
 B is read once per product whatever the row count, so above two rows the GEMM's tiles stay.
+
+A narrow B (kernels/narrow_panels.py) is widened in registers as each k step is loaded: bf16 by one
+byte shuffle a vector, fp16 by that shuffle, three integer ops and a multiply, int8 by extends and a
+conversion (each column's sum scaled once). Measured (1x4096x4096, wasmtime, relaxed SIMD, best of
+10-15 calls, 2 shared cores under other load): an fp16 variant's MatMul ran Cast + float32 GEMV in
+61.5 ms, reading fp16 7.6 ms; the fp16 GEMV alone 4.5-7.2 ms (bf16 1.4-3.5, float32 3.2-5.1). On
+that Intel CPU a multiply whose input lanes hold a float32 subnormal (what an fp16 subnormal weight
+becomes before the x 2^112; 0.3% of N(0, 1/K) weights) takes a microcode assist: with B in cache,
+2.4 ms without such weights, 4.4 with them. An exact widening that never forms a subnormal (the
+smaller of two candidates by integer rebias, `f32x4.pmin`) measured 14 ms, so the multiply stays.
 """
 
 from __future__ import annotations
 
 from backends.wasm.kernels.activation import scratch_locals, v128_activation
-from backends.wasm.kernels.narrow_panels import narrow_panel_bytes
+from backends.wasm.kernels.narrow_panels import narrow_panel_bytes, widened_16_bits
 from backends.wasm.kernels.operands import GemmOffsets
 from ir.loops.contraction import GemmSpec
 
@@ -106,20 +116,15 @@ def render_gemv(spec: GemmSpec, at: GemmOffsets, *, features, name: str = "gemv"
     return "\n".join([f"(func ${name}", "  " + title, *("  " + d for d in decls), *("  " + c for c in code), ")"]) + "\n"
 
 
-# Bytes 2i, 2i+1 of a zero vector, then of the bf16 bits, per lane: each bf16 as the high half of its
-# float32, which is its exact value (one punpcklwd / punpckhwd on x86).
-BF16_LOW = "0 1 16 17 2 3 18 19 4 5 20 21 6 7 22 23"
-BF16_HIGH = "8 9 24 25 10 11 26 27 12 13 28 29 14 15 30 31"
-
 
 def _load_b(format: str) -> list[str]:
     """$b0 .. $b3: the 16 columns of B at one k, at $pb, as float32 (int8: the codes, unscaled)."""
     if format == "f32":
         return [f"(local.set $b{v} (v128.load offset={16 * v} (local.get $pb)))" for v in range(4)]
-    if format == "bf16":
+    if format in ("bf16", "fp16"):
         return ["(local.set $w0 (v128.load (local.get $pb)))", "(local.set $w1 (v128.load offset=16 (local.get $pb)))",
-                *(f"(local.set $b{2 * w + h} (i8x16.shuffle {lanes} {ZERO} (local.get $w{w})))"
-                  for w in range(2) for h, lanes in enumerate((BF16_LOW, BF16_HIGH)))]
+                *(f"(local.set $b{v} {vector})"
+                  for v, vector in enumerate(widened_16_bits(format, "(local.get $w0)", "(local.get $w1)")))]
     if format == "int8":
         return ["(local.set $w0 (v128.load (local.get $pb)))",
                 "(local.set $w1 (i16x8.extend_high_i8x16_s (local.get $w0)))",
