@@ -1,6 +1,8 @@
-"""4-bit models: what onnxruntime's weight-only quantizer (MatMulNBitsQuantizer, block size 32,
-symmetric and asymmetric, accuracy level unset and 4; samples/nbits_models.py) makes of a float32
-model, compiled by Cortex, against the float32 build and against onnxruntime on the same file.
+"""4-bit models by onnxruntime's MatMulNBitsQuantizer, built by Cortex: weight bytes, latency, agreement.
+
+What the weight-only quantizer (block size 32, symmetric and asymmetric, accuracy level unset and
+4; samples/nbits_models.py) makes of a float32 model, compiled by Cortex, against Cortex's float32
+build and against onnxruntime on the same file.
 
 Per model (MiniLM-L6 at sequence 128, and a tiny Llama-style decoder from samples/tiny_llama.py):
 
