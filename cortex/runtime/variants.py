@@ -44,7 +44,8 @@ def variant_record(cu: dict, precision: str) -> dict:
 # faster kernel), while int8's weights take half as many bytes.
 EQUALLY_COMPACT = 0.25
 # Of equally compact variants, the one whose weights widen to float32 most cheaply: a bf16 value is the
-# top half of a float32 (a shift), an fp16 one needs a conversion (SIMD128 has none: a Cast per call).
+# top half of a float32 (one shuffle in the kernel), an fp16 one three integer ops and a multiply more
+# (SIMD128 has no conversion), and subnormal halves cost the CPU an assist.
 WIDENING_ORDER = ("int8", "bf16", "fp16")
 
 
