@@ -7,10 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from backends.wasm.kernels.block_quant import (BlockQuantOffsets, pack_block_quant_b, packed_size,
-                                               render_block_quant_gemm, scratch_bytes)
+from backends.wasm.gemm import gemm_scratch_bytes, pack_b, render_gemm
+from backends.wasm.kernels.block_quant import (BlockQuantOffsets, pack_block_quant_b, pack_block_quant_panels,
+                                               packed_size, render_block_quant_gemm, scratch_bytes, uses_gemm_tiles)
+from backends.wasm.kernels.operands import GemmLayout, GemmOffsets
 from backends.wasm.kernels.standalone import instantiate, read, write
-from ir.loops.contraction import BlockQuantGemmSpec, BlockQuantWeight
+from ir.loops.contraction import BlockQuantGemmSpec, BlockQuantWeight, EpilogueSpec, GemmSpec
 
 RNG = np.random.default_rng(5)
 FEATURES = {"simd": frozenset({"simd"}), "relaxed": frozenset({"simd", "relaxed-simd"})}
@@ -103,3 +105,65 @@ def test_weight_only_kernel_is_the_dequantized_product_to_float32_rounding(featu
     # float32 rounding of sums of k products, each of size |a| * 2^bits * scale
     bound = 4 * np.finfo(np.float32).eps * np.sqrt(k) * 2 ** bits * 0.11 * np.abs(a).max() * 4
     np.testing.assert_allclose(got, want, rtol=0, atol=bound)
+
+
+@pytest.mark.parametrize("features", FEATURES)
+@pytest.mark.parametrize("bits,m,k,n,block,zero_points,bias", [
+    (4, 3, 64, 16, 32, False, False), (4, 9, 80, 40, 32, True, True), (4, 17, 300, 17, 128, True, False),
+    (4, 8, 512, 33, 256, False, False), (8, 5, 100, 21, 16, True, True), (4, 250, 192, 48, 64, True, False),
+])
+def test_more_than_two_rows_run_the_gemm_tiles_over_exactly_dequantized_blocks(features, bits, m, k, n, block,
+                                                                               zero_points, bias):
+    blocks = -(-k // block)
+    weight = BlockQuantWeight(RNG.integers(0, 2 ** bits, (n, k), dtype=np.uint8),
+                              (RNG.random((n, blocks)) * 0.1 + 0.01).astype(np.float32),
+                              RNG.integers(0, 2 ** bits, (n, blocks), dtype=np.uint8) if zero_points else None, bits)
+    spec = BlockQuantGemmSpec(m, n, k, bits, block, zero_points, False, EpilogueSpec(bias=bias))
+    assert uses_gemm_tiles(spec)
+    a = RNG.standard_normal((m, k)).astype(np.float32)
+    b = RNG.standard_normal(n).astype(np.float32) if bias else None
+    packed = pack_block_quant_panels(spec, weight)
+    c_at = a.nbytes + packed.size + 16
+    bias_at = c_at + m * n * 4
+    scratch_at = bias_at + n * 4 + 16
+    at = GemmOffsets(0, a.nbytes, c_at, bias=bias_at if bias else None, a_scratch=scratch_at)
+    wat = render_gemm(GemmSpec(m, n, k, epilogue=spec.epilogue, b_format=f"q{bits}"), at,
+                      features=FEATURES[features], layout=GemmLayout(b_block=block), name="kernel")
+    store, instance = instantiate(wat, scratch_at + gemm_scratch_bytes(m, k, b_format=f"q{bits}") + 64, FEATURES[features])
+    write(store, instance, 0, a)
+    write(store, instance, a.nbytes, packed.tobytes())
+    if bias:
+        write(store, instance, bias_at, b)
+    instance.exports(store)["kernel"](store)
+    got = read(store, instance, c_at, (m, n))
+    # the float32 GEMM on the dequantized weight, which the tiles read exactly
+    dequantized = weight_dequantized(weight, block)
+    want = run_float_gemm(a, dequantized, b, features)
+    np.testing.assert_array_equal(got, want)
+
+
+def weight_dequantized(weight: BlockQuantWeight, block: int) -> np.ndarray:
+    """B [K, N] as float32: (code - zero) * scale, each rounded once."""
+    zeros = weight.zeros if weight.zeros is not None else np.full(weight.scales.shape, 2 ** (weight.bits - 1))
+    group = np.arange(weight.codes.shape[1]) // block
+    centred = weight.codes.astype(np.float32) - zeros[:, group].astype(np.float32)
+    return np.ascontiguousarray((centred * weight.scales[:, group]).T)
+
+
+def run_float_gemm(a: np.ndarray, b: np.ndarray, bias, features: str) -> np.ndarray:
+    """The float32 GEMM kernel on the same operands."""
+    (m, k), n = a.shape, b.shape[1]
+    packed = pack_b(b)
+    c_at = a.nbytes + len(packed) + 16
+    bias_at = c_at + m * n * 4
+    scratch_at = bias_at + n * 4 + 16
+    at = GemmOffsets(0, a.nbytes, c_at, bias=bias_at if bias is not None else None, a_scratch=scratch_at)
+    wat = render_gemm(GemmSpec(m, n, k, epilogue=EpilogueSpec(bias=bias is not None)), at, features=FEATURES[features],
+                      name="kernel")
+    store, instance = instantiate(wat, scratch_at + gemm_scratch_bytes(m, k) + 64, FEATURES[features])
+    write(store, instance, 0, a)
+    write(store, instance, a.nbytes, packed)
+    if bias is not None:
+        write(store, instance, bias_at, bias)
+    instance.exports(store)["kernel"](store)
+    return read(store, instance, c_at, (m, n))

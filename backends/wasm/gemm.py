@@ -70,6 +70,7 @@ from backends.wasm.kernels.microkernel import (
 # The packings are part of this module's API: kernels/gemm_packing.py holds them.
 from backends.wasm.kernels.gemm_packing import (K_BLOCK, TILE_ROWS, k_block_size, pack_a, pack_b,  # noqa: F401
                                                 packed_a_size, packed_b_size, packs_a)
+from backends.wasm.kernels.block_quant import BLOCK_WIDENING_LOCALS, render_block_quant_widening
 from backends.wasm.kernels.narrow_panels import WIDENING_LOCALS, narrow_panel_bytes, render_widened_block
 from backends.wasm.kernels.operands import GemmLayout, GemmOffsets
 from backends.wasm.kernels.wat_loops import counted_range, wat_function
@@ -80,7 +81,10 @@ SCALAR: frozenset[str] = frozenset()
 SIMD: frozenset[str] = frozenset({"simd"})
 SIMD_FMA: frozenset[str] = frozenset({"simd", "relaxed-simd"})
 KNOWN_FEATURES = SIMD_FMA
-M_BLOCK = 240  # a multiple of the 4-row tile: only the last row block has a short tile
+M_BLOCK = 240
+# B in MatMulNBits' blocks (kernels/block_quant.py `pack_block_quant_panels`, `GemmLayout.b_block`):
+# format -> bits of a code
+BLOCK_FORMATS = {"q4": 4, "q8": 8}  # a multiple of the 4-row tile: only the last row block has a short tile
 
 
 def _check_features(features) -> frozenset[str]:
@@ -117,7 +121,7 @@ def render_gemm(spec: GemmSpec, at: GemmOffsets, *, features=SIMD_FMA, layout: G
     bias = None if at.bias is None else ("row" if layout.bias_per_row else "column")
     a_pack = "packed" if layout.a_packed else at.a_scratch
     inner, helpers = body(_Body(m, n, k, a_k_step, a_row_step, ldc * 4, bias, at.residual is not None, epilogue,
-                                "relaxed-simd" in features, a_pack, tile_rows, spec.b_format), name)
+                                "relaxed-simd" in features, a_pack, tile_rows, spec.b_format, layout.b_block), name)
     def shifted(offset: int) -> str:
         return f"(i32.add (i32.const {offset}) (local.get $c_shift))" if layout.c_shift else f"(i32.const {offset})"
 
@@ -136,7 +140,8 @@ def render_gemm(spec: GemmSpec, at: GemmOffsets, *, features=SIMD_FMA, layout: G
              "(local $pa i32) (local $pb i32) (local $pc i32) (local $pr i32) (local $pbias i32)",
              "(local $pend i32) (local $pend4 i32) (local $acc f32)"]
     if spec.b_format != "f32":
-        decls += [WIDENING_LOCALS + (" (local $SCALE i32)" if spec.b_format == "int8" else "")]
+        decls += [WIDENING_LOCALS + (" (local $SCALE i32)" if spec.b_format == "int8" else "")
+                  + (" " + BLOCK_WIDENING_LOCALS if spec.b_format in BLOCK_FORMATS else "")]
     if "simd" in features:  # v128 locals would make the module invalid on hosts without SIMD128
         decls += tile_locals() + scratch_locals("v128")
     decls += scratch_locals("f32")
@@ -167,6 +172,7 @@ class _Body:
     a_pack: int | str | None
     rows_per_tile: int
     b_format: str = "f32"
+    b_block: int = 0
 
 
 def _batch_loop(batch: int, strides: tuple[int, int, int], inner: list[str], bias_step: int = 0) -> list[str]:
@@ -203,7 +209,7 @@ def _k_columns(m: int, k: int, tile_rows: int) -> int:
 
 def _simd_body(p: _Body, name: str) -> tuple[list[str], str]:
     """The function's body, and the functions it calls (the tiles' k loops, see `_k_function_unroll`)."""
-    m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, epilogue, fma, a_pack, rows_per_tile, b_format = astuple(p)
+    m, n, k, a_k_step, a_row_step, c_row_step, bias, has_residual, epilogue, fma, a_pack, rows_per_tile, b_format, b_block = astuple(p)
     kc = _k_columns(m, k, rows_per_tile)
     blocks = -(-k // kc)
     # Packed, a full tile's A values for one k are 16 contiguous bytes: one load for the 4 rows (see
@@ -232,9 +238,13 @@ def _simd_body(p: _Body, name: str) -> tuple[list[str], str]:
         return (f"(i32.add (local.get $B) (i32.mul (i32.add (i32.mul (local.get $j) (i32.const {k})) (local.get $k0))"
                 f" (i32.const {step_bytes})))")
 
-    widen = [] if widened_at is None else render_widened_block(
-        b_format, panel_block(narrow_panel_bytes(b_format)), widened_at, "(local.get $klen)",
-        f"(i32.add (local.get $SCALE) (i32.mul (local.get $j) (i32.const {PANEL_BYTES})))" if b_format == "int8" else None)
+    if b_format in BLOCK_FORMATS:
+        widen = render_block_quant_widening(BLOCK_FORMATS[b_format], b_block, k, n, "(local.get $B)", widened_at,
+                                            "(local.get $k0)", "(local.get $klen)")
+    else:
+        widen = [] if widened_at is None else render_widened_block(
+            b_format, panel_block(narrow_panel_bytes(b_format)), widened_at, "(local.get $klen)",
+            f"(i32.add (local.get $SCALE) (i32.mul (local.get $j) (i32.const {PANEL_BYTES})))" if b_format == "int8" else None)
 
     def pack_a_block(rows: int) -> list[str]:
         """Rows $ib .. $ib + rows, columns $k0 .. $k0 + $klen of A into the scratch groups: groups of 4

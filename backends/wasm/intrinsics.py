@@ -22,7 +22,7 @@ import dataclasses
 import numpy as np
 
 from backends.wasm.kernels.block_quant import (BlockQuantOffsets, block_quant_fits, pack_block_quant_b,
-                                               render_block_quant_gemm)
+                                               pack_block_quant_panels, render_block_quant_gemm, uses_gemm_tiles)
 from backends.wasm.kernels.block_quant import scratch_bytes as block_quant_scratch_bytes
 from backends.wasm.gemm import SCALAR, gemm_scratch_bytes, pack_b, packed_b_size, render_gemm
 from backends.wasm.kernels.conv import (Conv2dSpec, conv_scratch_bytes, pack_conv_weight, render_conv2d,
@@ -35,7 +35,7 @@ from backends.wasm.kernels.int8_gemm import (IntegerGemmOffsets, b_panels_bytes,
                                              uses_relaxed_dot)
 from backends.wasm.kernels.int8_gemm import pack_b as pack_integer_b
 from backends.wasm.kernels.narrow_panels import pack_narrow_b
-from backends.wasm.kernels.operands import ConvOffsets, GemmOffsets
+from backends.wasm.kernels.operands import ConvOffsets, GemmLayout, GemmOffsets
 from backends.wasm.kernels.pack_b import render_pack_b
 from backends.wasm.options import WasmOptions
 from ir.loops.contraction import (BlockQuantGemmSpec, BlockQuantWeight, ContractionSpec, ConvSpec, GemmSpec, IntegerConvSpec, IntegerGemmSpec, Scratch,
@@ -63,7 +63,7 @@ class WasmKernels:
         """A GEMM's constant B in 16-column panels (`gemm.pack_b`); a Conv's weight as its kernel
         reads it (`pack_conv_weight`), packed once per weight."""
         if isinstance(spec, BlockQuantGemmSpec):
-            return WeightLayout(f"_q{spec.bits}_blocks")
+            return WeightLayout(f"_q{spec.bits}_{'panels' if uses_gemm_tiles(spec) else 'blocks'}")
         if isinstance(spec, GemmSpec):
             if spec.b_format != "f32":
                 return WeightLayout(f"_{spec.b_format}_panels")
@@ -83,7 +83,7 @@ class WasmKernels:
 
     def pack_weight(self, spec: ContractionSpec, weight: np.ndarray | NarrowWeight | BlockQuantWeight) -> np.ndarray:
         if isinstance(spec, BlockQuantGemmSpec):
-            return pack_block_quant_b(spec, weight)
+            return pack_block_quant_panels(spec, weight) if uses_gemm_tiles(spec) else pack_block_quant_b(spec, weight)
         if isinstance(spec, GemmSpec) and spec.b_format != "f32":
             return pack_narrow_b(weight, spec.trans_b)
         if isinstance(spec, GemmSpec):
@@ -95,8 +95,10 @@ class WasmKernels:
         return pack_conv_weight(conv_kernel_spec(spec, self.features), weight)
 
     def scratch(self, spec: ContractionSpec) -> tuple[Scratch, ...]:
-        if isinstance(spec, BlockQuantGemmSpec):   # A's int8 codes, block scales and sums
-            return (Scratch("a", "_q8", -(-block_quant_scratch_bytes(spec) // 4)),)
+        if isinstance(spec, BlockQuantGemmSpec):
+            if uses_gemm_tiles(spec):   # A's packed block, then a panel's K block widened to float32
+                return (Scratch("a", "_apack", gemm_scratch_bytes(spec.m, spec.k, b_format=f"q{spec.bits}") // 4),)
+            return (Scratch("a", "_q8", -(-block_quant_scratch_bytes(spec) // 4)),)    # A's codes, scales, sums
         if isinstance(spec, GemmSpec):
             return tuple(s for s in _gemm_scratch(spec, self.features) if s is not None)
         if isinstance(spec, IntegerGemmSpec):
@@ -162,6 +164,11 @@ def render_intrinsic(stmt: Intrinsic, name: str, options: WasmOptions) -> str:
         return _render_integer_gemm_call(spec, ops, features, name)
     if isinstance(spec, IntegerConvSpec):
         return _render_integer_conv_call(spec, ops, name)
+    if isinstance(spec, BlockQuantGemmSpec) and uses_gemm_tiles(spec):
+        (scratch,) = ops.scratch
+        at = GemmOffsets(_at(ops.a), _at(ops.b), _at(ops.out), bias=_at_or_none(ops.bias), a_scratch=_at(scratch))
+        return render_gemm(GemmSpec(spec.m, spec.n, spec.k, epilogue=spec.epilogue, b_format=f"q{spec.bits}"), at,
+                           features=features, layout=GemmLayout(b_block=spec.block), name=name)
     if isinstance(spec, BlockQuantGemmSpec):
         (scratch,) = ops.scratch
         at = BlockQuantOffsets(_at(ops.a), _at(ops.b), _at(ops.out), _at(scratch), bias=_at_or_none(ops.bias))

@@ -44,6 +44,8 @@ class GemmLayout:
     tile_rows: int | None = None
     a_packed: bool = False
     c_shift: bool = False
+    # B's quantization block along K where it is stored in MatMulNBits' blocks (b_format "q4"/"q8")
+    b_block: int = 0
 
 
 @dataclass(frozen=True)
