@@ -22,7 +22,8 @@ import dataclasses
 import numpy as np
 
 from backends.wasm.kernels.block_quant import (BlockQuantOffsets, block_quant_fits, pack_block_quant_b,
-                                               pack_block_quant_panels, render_block_quant_gemm, uses_gemm_tiles)
+                                               pack_block_quant_panels, render_block_quant_gemm, render_requantized_rows,
+                                               requantized_rows_bytes, uses_gemm_tiles)
 from backends.wasm.kernels.block_quant import scratch_bytes as block_quant_scratch_bytes
 from backends.wasm.gemm import SCALAR, gemm_scratch_bytes, pack_b, packed_b_size, render_gemm
 from backends.wasm.kernels.conv import (Conv2dSpec, conv_scratch_bytes, pack_conv_weight, render_conv2d,
@@ -96,8 +97,9 @@ class WasmKernels:
 
     def scratch(self, spec: ContractionSpec) -> tuple[Scratch, ...]:
         if isinstance(spec, BlockQuantGemmSpec):
-            if uses_gemm_tiles(spec):   # A's packed block, then a panel's K block widened to float32
-                return (Scratch("a", "_apack", gemm_scratch_bytes(spec.m, spec.k, b_format=f"q{spec.bits}") // 4),)
+            if uses_gemm_tiles(spec):   # A's packed block, a panel's K block widened to float32, A as int8 reads it
+                tiles = gemm_scratch_bytes(spec.m, spec.k, b_format=f"q{spec.bits}")
+                return (Scratch("a", "_apack", (tiles + requantized_rows_bytes(spec)) // 4),)
             return (Scratch("a", "_q8", -(-block_quant_scratch_bytes(spec) // 4)),)    # A's codes, scales, sums
         if isinstance(spec, GemmSpec):
             return tuple(s for s in _gemm_scratch(spec, self.features) if s is not None)
@@ -166,9 +168,16 @@ def render_intrinsic(stmt: Intrinsic, name: str, options: WasmOptions) -> str:
         return _render_integer_conv_call(spec, ops, name)
     if isinstance(spec, BlockQuantGemmSpec) and uses_gemm_tiles(spec):
         (scratch,) = ops.scratch
-        at = GemmOffsets(_at(ops.a), _at(ops.b), _at(ops.out), bias=_at_or_none(ops.bias), a_scratch=_at(scratch))
-        return render_gemm(GemmSpec(spec.m, spec.n, spec.k, epilogue=spec.epilogue, b_format=f"q{spec.bits}"), at,
-                           features=features, layout=GemmLayout(b_block=spec.block), name=name)
+        gemm = GemmSpec(spec.m, spec.n, spec.k, epilogue=spec.epilogue, b_format=f"q{spec.bits}")
+        tiles = gemm_scratch_bytes(spec.m, spec.k, b_format=gemm.b_format)
+        if not spec.int8_a:
+            at = GemmOffsets(_at(ops.a), _at(ops.b), _at(ops.out), bias=_at_or_none(ops.bias), a_scratch=_at(scratch))
+            return render_gemm(gemm, at, features=features, layout=GemmLayout(b_block=spec.block), name=name)
+        requantized = _at(scratch) + tiles
+        at = GemmOffsets(requantized, _at(ops.b), _at(ops.out), bias=_at_or_none(ops.bias), a_scratch=_at(scratch))
+        return (render_requantized_rows(spec.m, spec.k, spec.block, _at(ops.a), requantized, f"{name}_a")
+                + render_gemm(gemm, at, features=features, layout=GemmLayout(b_block=spec.block), name=f"{name}_gemm")
+                + f"(func ${name}\n  (call ${name}_a)\n  (call ${name}_gemm)\n)\n")
     if isinstance(spec, BlockQuantGemmSpec):
         (scratch,) = ops.scratch
         at = BlockQuantOffsets(_at(ops.a), _at(ops.b), _at(ops.out), _at(scratch), bias=_at_or_none(ops.bias))

@@ -405,15 +405,26 @@ def _render_float_a(spec: BlockQuantGemmSpec, at: BlockQuantOffsets, features: f
                       *("  " + line for line in copy + product), ")"]) + "\n"
 
 
-# -- weight-only products of more than two rows: the GEMM's tiles over widened blocks ----------
+# -- products of more than two rows: the GEMM's tiles over widened blocks ----------------------
 # Above two rows B is read once per row tile, not once per row, so widening each panel's K block
 # once into float32 scratch (backends/wasm/gemm.py, b_format "q4" / "q8") costs little and the
 # tiles run at the float32 kernel's speed; the widened values are exactly (code - zero) * scale.
+# With int8 A (accuracy level 4) the tiles read A as its codes times its block scales
+# (`render_requantized_rows`): sum_k (qa sa)(qb sb) is onnxruntime's sa sb sum_k qa qb up to float32
+# rounding of the products and sums. The integer kernel above is no faster here: SIMD128's
+# `relaxed_dot` lowers to three instructions on x86 (16 products), the tiles' FMA to one (4
+# products), and unpacking codes per row costs more than widening a block once for all rows
+# (512^3 4-bit: integer kernel 27.7 GFLOP/s, float32 kernel 45).
 GEMV_ROWS = 2
 
 
 def uses_gemm_tiles(spec: BlockQuantGemmSpec) -> bool:
-    return not spec.int8_a and spec.m > GEMV_ROWS
+    return spec.m > GEMV_ROWS
+
+
+def requantized_rows_bytes(spec: BlockQuantGemmSpec) -> int:
+    """The scratch `render_requantized_rows` writes: A's values after int8 quantization."""
+    return spec.m * spec.k * 4 if spec.int8_a else 0
 
 
 def panel_step_bytes(bits: int) -> int:
@@ -506,3 +517,45 @@ def render_block_quant_widening(bits: int, block: int, k: int, n: int, base: str
         "    (br_if $widen (i32.lt_u (local.get $wdst) (local.get $qstop))))",
         "  (br_if $widen_block (i32.lt_u (local.get $wdst) (local.get $wend))))",
     ]
+
+
+def render_requantized_rows(m: int, k: int, block: int, a: int, dst: int, name: str) -> str:
+    """`(func $name)`: A [m, k] float32 at `a` to [m, k] at `dst` as onnxruntime's level 4 reads it:
+    per row and block of K, code * scale with scale = max|a| / 127 and code =
+    round_half_even(a * (127 / max|a|)) (0 for an all-zero block)."""
+    blocks = -(-k // block)
+    code = [
+        "(local.set $r (i32.const 0))",
+        "(loop $rows",
+        f"  (local.set $arow (i32.mul (local.get $r) (i32.const {k * 4})))",
+        "  (local.set $blk (i32.const 0))",
+        "  (loop $blocks",
+        f"    (local.set $k0 (i32.mul (local.get $blk) (i32.const {block})))",
+        f"    (local.set $kend (select (i32.add (local.get $k0) (i32.const {block})) (i32.const {k}) "
+        f"(i32.lt_u (i32.add (local.get $k0) (i32.const {block})) (i32.const {k}))))",
+        "    (local.set $amax (f32.const 0))",
+        "    (local.set $kk (local.get $k0))",
+        "    (loop $max",
+        f"      (local.set $amax (f32.max (local.get $amax) (f32.abs (f32.load offset={a} (i32.add (local.get $arow) "
+        "(i32.shl (local.get $kk) (i32.const 2)))))))",
+        "      (local.set $kk (i32.add (local.get $kk) (i32.const 1)))",
+        "      (br_if $max (i32.lt_u (local.get $kk) (local.get $kend))))",
+        "    (local.set $scale (f32.div (local.get $amax) (f32.const 127)))",
+        "    (local.set $inverse (select (f32.const 0) (f32.div (f32.const 127) (local.get $amax)) "
+        "(f32.eq (local.get $amax) (f32.const 0))))",
+        "    (local.set $kk (local.get $k0))",
+        "    (loop $codes",
+        "      (local.set $at (i32.add (local.get $arow) (i32.shl (local.get $kk) (i32.const 2))))",
+        f"      (f32.store offset={dst} (local.get $at) (f32.mul (f32.convert_i32_s (i32.trunc_sat_f32_s (f32.nearest "
+        f"(f32.mul (f32.load offset={a} (local.get $at)) (local.get $inverse))))) (local.get $scale)))",
+        "      (local.set $kk (i32.add (local.get $kk) (i32.const 1)))",
+        "      (br_if $codes (i32.lt_u (local.get $kk) (local.get $kend))))",
+        "    (local.set $blk (i32.add (local.get $blk) (i32.const 1)))",
+        f"    (br_if $blocks (i32.lt_u (local.get $blk) (i32.const {blocks}))))",
+        "  (local.set $r (i32.add (local.get $r) (i32.const 1)))",
+        f"  (br_if $rows (i32.lt_u (local.get $r) (i32.const {m}))))",
+    ]
+    decls = ("(local $r i32) (local $arow i32) (local $blk i32) (local $k0 i32) (local $kend i32) (local $kk i32) "
+             "(local $at i32) (local $amax f32) (local $scale f32) (local $inverse f32)")
+    return "\n".join([f"(func ${name}", f"  ;; A[{m}x{k}] quantized to int8 per block of {block}, as float32",
+                      "  " + decls, *("  " + line for line in code), ")"]) + "\n"
