@@ -1,8 +1,9 @@
 """MatMulNBits models built by code, for the runtimes' tests (tests/test_js_nbits.py,
-tests/test_nbits_memory.py): a model of two independent nodes (4-bit codes with zero points in
-blocks of 32 and 8-bit codes in blocks of 16, K not a multiple of either) at a given accuracy level,
-and one 4-bit product large enough that its CU's bytes are mostly weights, with its float32 twin
-(the same weights dequantized, as a MatMul).
+tests/test_nbits_memory.py): a model of three independent nodes (4-bit codes with zero points in
+blocks of 32 and 8-bit codes in blocks of 16, K not a multiple of either; more than two rows of A,
+which the wasm target runs on the GEMM's tiles, and one or two, which it runs on the block kernel)
+at a given accuracy level, and one 4-bit product large enough that its CU's bytes are mostly
+weights, with its float32 twin (the same weights dequantized, as a MatMul).
 
 The codes are packed as onnxruntime stores them: [N, blocks, block * bits / 8] bytes of bit fields,
 low bits first, zero points the same way with each column starting on a byte."""
@@ -15,7 +16,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 DOMAIN = "com.microsoft"
 # (input, output, bits, K, N, block, zero points, rows of A)
-PAIR_NODES = (("x4", "y4", 4, 80, 40, 32, True, (2, 3)), ("x8", "y8", 8, 40, 24, 16, False, (3,)))
+NODES = (("x4", "y4", 4, 80, 40, 32, True, (2, 3)), ("r4", "z4", 4, 80, 24, 32, True, (2,)),
+         ("x8", "y8", 8, 40, 24, 16, False, (1,)))
 # One product of 1 MiB of float32 weights: its 4-bit codes, scales and zero points are 0.16 of that.
 LARGE_K, LARGE_N, LARGE_BLOCK = 1024, 256, 32
 
@@ -59,18 +61,18 @@ def _nbits_node(x: str, y: str, bits: int, k: int, n: int, block: int, weight: d
     return node, [numpy_helper.from_array(array, f"{y}_{key}") for key, array in weight.items()]
 
 
-def nbits_pair(level: int, seed: int = 0) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """PAIR_NODES at `accuracy_level` `level`, with one feed (the same codes and feed for every level)."""
+def nbits_nodes(level: int, seed: int = 0) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """NODES at `accuracy_level` `level`, with one feed (the same codes and feed for every level)."""
     rng = np.random.default_rng(seed)
     nodes, initializers, inputs, outputs, feeds = [], [], [], [], {}
-    for x, y, bits, k, n, block, zero_points, rows in PAIR_NODES:
+    for x, y, bits, k, n, block, zero_points, rows in NODES:
         node, weights = _nbits_node(x, y, bits, k, n, block, packed_weight(rng, bits, k, n, block, zero_points), level)
         nodes.append(node)
         initializers += weights
         feeds[x] = rng.standard_normal((*rows, k)).astype(np.float32)
         inputs.append(helper.make_tensor_value_info(x, TensorProto.FLOAT, [*rows, k]))
         outputs.append(helper.make_tensor_value_info(y, TensorProto.FLOAT, [*rows, n]))
-    return _model(nodes, inputs, outputs, initializers, f"nbits_pair_level_{level}"), feeds
+    return _model(nodes, inputs, outputs, initializers, f"nbits_nodes_level_{level}"), feeds
 
 
 def large_product(level: int = 4, seed: int = 1) -> tuple[onnx.ModelProto, onnx.ModelProto, dict[str, np.ndarray]]:
