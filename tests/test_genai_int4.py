@@ -47,13 +47,19 @@ def test_the_builders_int4_model_verifies_against_onnxruntime(name, tmp_path):
 
 
 def _weight_bytes(folder) -> int:
-    return sum(f.stat().st_size for f in (folder / "wasm").rglob("*") if f.is_file())
+    """The weight bytes of every CU's module, as compile-wasm records them in dag.json."""
+    dag = json.loads((folder / "dag.json").read_text())
+    return sum(cu["artifacts"]["wasm"]["memory"]["weights_bytes"] for cu in dag["cus"])
 
 
-def test_the_int4_build_holds_a_fraction_of_the_float32_builds_bytes(tmp_path):
-    """The tiny model's float32 token embedding (16 KB of its 100 KB) stays float32 in both builds,
-    as the builder leaves it; the projections are 4-bit."""
+def test_the_int4_builds_projections_hold_a_fifth_of_their_float32_bytes(tmp_path):
+    """The builder leaves the token embedding and the rotary caches float32 in both builds; the
+    projections it writes as MatMulNBits take at most 0.2x their float32 bytes in the int4 CUs."""
     for precision in ("int4", "fp32"):
         _build(genai_model("llama", precision), tmp_path / precision)
-    ratio = _weight_bytes(tmp_path / "int4") / _weight_bytes(tmp_path / "fp32")
-    assert ratio < 0.5, ratio
+    model = onnx.load(str(genai_model("llama", "int4") / "model.onnx"), load_external_data=False)
+    projections = sum(4 * next(a.i for a in n.attribute if a.name == "K") * next(a.i for a in n.attribute if a.name == "N")
+                      for n in model.graph.node if n.op_type == "MatMulNBits")
+    others = _weight_bytes(tmp_path / "fp32") - projections
+    narrow = _weight_bytes(tmp_path / "int4") - others
+    assert 0 < narrow <= 0.2 * projections, (narrow, projections)
