@@ -17,6 +17,7 @@ import ml_dtypes
 import numpy as np
 
 from backends.cuda.content_addressed import file_entries, module_name, weight_segment_files
+from backends.cuda.kernels import CudaContractionKernels
 from backends.cuda.render import CudaSource, render_cuda
 from backends.cuda.tensor_cores import PRECISIONS, TILES
 from backends.cuda.toolchain import (
@@ -154,7 +155,7 @@ def build_tf32_variant(graph: Graph, options: CudaOptions, cu_id: str) -> BuiltC
 
 
 def _rendered(graph: Graph, options: CudaOptions, cu_id: str) -> tuple[Program, CudaSource, str]:
-    program = lower_graph(graph)
+    program = lower_graph(graph, CudaContractionKernels(options.arch))
     # A variant whose weights are already rounded to fp16 or bf16 also rounds the other operand on
     # tensor cores: `cortex calibrate` measures the two roundings together in the variant's trust.
     precision = options.precision

@@ -21,6 +21,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from backends.cuda.block_quant import launches as block_quant_launches
+from backends.cuda.block_quant import render_block_quant
 from backends.cuda.fuse import Unit, fuse_elementwise
 from backends.cuda.parallelize import ParallelNest, plan_parallel
 from backends.cuda.spelling import C_COMPUTE, C_STORAGE, PRELUDE, binary, cast, combine, identity, number, unary
@@ -31,8 +33,8 @@ from codegen.memory_plan import place_temporaries
 from ir.bounds import length_name
 from ir.errors import UnsupportedError
 from ir.loops.expr import (FLOAT_TYPES, Binary, Cast, Const, Expr, Fma, Load, Local, Select, Unary, Var, walk)
-from ir.loops.program import (INPUT, OUTPUT, TEMP, WEIGHT, Assign, If, Kernel, Loop, Program, Stmt, Store,
-                              buffers_accessed, walk_stmts)
+from ir.loops.program import (INPUT, OUTPUT, TEMP, WEIGHT, Assign, If, Intrinsic, Kernel, Loop, Program, Stmt,
+                              Store, buffers_accessed, walk_stmts)
 
 BLOCK_THREADS = 256
 # cudaMalloc's alignment, for weights and each temporary in the scratch space alike: a tensor starts
@@ -164,7 +166,9 @@ class CudaRenderer:
         # A local that lives across top-level statements would need to survive between launches:
         # such a kernel runs as one serial launch.
         groups: list[tuple[ParallelNest | None, list[Stmt]]] = []
-        if _locals_cross_statements(statements):
+        if any(isinstance(s, Intrinsic) for s in statements):   # a ready-made kernel (kernels.py) is its node's whole body
+            groups = [(None, statements)]
+        elif _locals_cross_statements(statements):
             groups = [(None, statements)] if statements else []
         else:
             for s in statements:
@@ -181,6 +185,10 @@ class CudaRenderer:
         # A launch names every node kernel it runs (one, unless maps were fused into it).
         node_kernels = "+".join(p.kernel.name for p in unit.parts)
         op_types = "+".join(p.kernel.op_type for p in unit.parts)
+        if isinstance(unit.stmts[0], Intrinsic):
+            for launch in block_quant_launches(name, unit.stmts[0].spec):
+                self.launches.append(Launch(launch[0], node_kernels, op_types, *launch[1:]))
+            return render_block_quant(self, unit, unit.stmts[0])
         tiled = plan_tiled(nest) if self.tiled else None
         if unit.fused and tiled is None:
             threads = nest.thread_count

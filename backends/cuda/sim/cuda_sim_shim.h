@@ -47,6 +47,8 @@ struct __attribute__((aligned(8))) float2 { float x, y; };
 struct __attribute__((aligned(16))) float4 { float x, y, z, w; };
 struct __attribute__((aligned(8))) int2 { int x, y; };
 struct __attribute__((aligned(16))) int4 { int x, y, z, w; };
+struct __attribute__((aligned(8))) uint2 { unsigned int x, y; };
+struct __attribute__((aligned(16))) uint4 { unsigned int x, y, z, w; };
 inline float2 make_float2(float x, float y) { return {x, y}; }
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 inline int2 make_int2(int x, int y) { return {x, y}; }
@@ -210,6 +212,15 @@ inline unsigned int __brev(unsigned int x) {
     return r;
 }
 inline int __mul24(int a, int b) { return a * b; }
+// Four byte products added to c: signed bytes, or unsigned bytes (sm_61 and newer).
+inline int __dp4a(int a, int b, int c) {
+    for (int i = 0; i < 32; i += 8) c += static_cast<int>(static_cast<signed char>(a >> i)) * static_cast<signed char>(b >> i);
+    return c;
+}
+inline unsigned int __dp4a(unsigned int a, unsigned int b, unsigned int c) {
+    for (int i = 0; i < 32; i += 8) c += ((a >> i) & 0xffu) * ((b >> i) & 0xffu);
+    return c;
+}
 inline unsigned int __umulhi(unsigned int a, unsigned int b) { return static_cast<unsigned int>((static_cast<unsigned long long>(a) * b) >> 32); }
 inline float __int_as_float(int x) { float f; std::memcpy(&f, &x, 4); return f; }
 inline int __float_as_int(float f) { int x; std::memcpy(&x, &f, 4); return x; }
