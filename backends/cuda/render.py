@@ -25,7 +25,8 @@ from backends.cuda.block_quant import launches as block_quant_launches
 from backends.cuda.block_quant import render_block_quant
 from backends.cuda.fuse import Unit, fuse_elementwise
 from backends.cuda.parallelize import ParallelNest, plan_parallel
-from backends.cuda.spelling import C_COMPUTE, C_STORAGE, PRELUDE, binary, cast, combine, identity, number, unary
+from backends.cuda.spelling import (C_COMPUTE, C_STORAGE, NARROW, PRELUDE, WIDEN, binary, cast, combine, identity, number,
+                                     unary)
 from backends.cuda.tensor_cores import HEADERS, choose_precision, launch_geometry, render_wmma_function
 from backends.cuda.tiled import TILE, TiledContraction, plan_tiled
 from backends.cuda.warp_rows import StridedLoop, plan_warp_rows
@@ -421,8 +422,8 @@ class CudaRenderer:
             value = self.expr(s.value)
             if st.dtype == "bool":
                 value = f"({value}) != 0"
-            if st.dtype == "float16":
-                return [f"{indent}{self.buffer_name(st)}[{self.expr(s.index)}] = cx_f2h((float)({value}));"]
+            if st.dtype in NARROW:
+                return [f"{indent}{self.buffer_name(st)}[{self.expr(s.index)}] = {NARROW[st.dtype]}((float)({value}));"]
             return [f"{indent}{self.buffer_name(st)}[{self.expr(s.index)}] = ({C_STORAGE[st.dtype]})({value});"]
         if isinstance(s, Assign):
             return [f"{indent}{self.local_name(s.local)} = {self.expr(s.value)};"]
@@ -452,7 +453,7 @@ class CudaRenderer:
             if id(st) in self._registers:
                 return f"(({C_COMPUTE[e.type]}){self._registers[id(st)]})"   # this thread's own cell (see epilogue)
             element = f"{self.buffer_name(st)}[{self.expr(e.index)}]"
-            return f"(({C_COMPUTE[e.type]}){'cx_h2f(' + element + ')' if st.dtype == 'float16' else element})"
+            return f"(({C_COMPUTE[e.type]}){WIDEN[st.dtype] + '(' + element + ')' if st.dtype in WIDEN else element})"
         if isinstance(e, Binary):
             return binary(e.op, e.a.type, self.expr(e.a), self.expr(e.b))
         if isinstance(e, Unary):

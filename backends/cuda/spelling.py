@@ -8,10 +8,14 @@ import numpy as np
 from ir.errors import UnsupportedError
 from ir.loops.expr import FLOAT_TYPES
 
-C_STORAGE = {"float32": "float", "float64": "double", "float16": "unsigned short", "int8": "signed char", "uint8": "unsigned char",
+C_STORAGE = {"float32": "float", "float64": "double", "float16": "unsigned short", "bfloat16": "unsigned short",
+             "int8": "signed char", "uint8": "unsigned char",
              "bool": "unsigned char", "int16": "short", "uint16": "unsigned short", "int32": "int",
              "uint32": "unsigned int", "int64": "long long", "uint64": "unsigned long long"}
 C_COMPUTE = {"f32": "float", "f64": "double", "i32": "int", "i64": "long long"}
+# Storage types computed in float32: the helper that widens a stored element, and the one that narrows it.
+WIDEN = {"float16": "cx_h2f", "bfloat16": "cx_b2f"}
+NARROW = {"float16": "cx_f2h", "bfloat16": "cx_f2b"}
 
 INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
          "eq": "==", "ne": "!=", "and": "&", "or": "|", "xor": "^", "shl": "<<"}
@@ -50,6 +54,13 @@ CX_DEVICE unsigned short cx_f2h(float f) {
   unsigned int h = (((a >> 23) - 112u) << 10) | ((a & 0x7fffffu) >> 13), rest = a & 0x1fffu;
   if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h += 1u;
   return (unsigned short)(sign | h);
+}
+// bfloat16 storage: float32's top half, narrowed to nearest even (a NaN stays a quiet NaN).
+CX_DEVICE float cx_b2f(unsigned short b) { return __int_as_float((int)((unsigned int)b << 16)); }
+CX_DEVICE unsigned short cx_f2b(float f) {
+  unsigned int x = (unsigned int)__float_as_int(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((x >> 16) | 0x40u);
+  return (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
 }
 CX_DEVICE int cx_f2i(double x) { return x != x ? 0 : x >= 2147483647.0 ? 2147483647 : x <= -2147483648.0 ? (-2147483647 - 1) : (int)x; }
 CX_DEVICE long long cx_f2l(double x) { return x != x ? 0 : x >= 9223372036854775807.0 ? 9223372036854775807LL : x <= -9223372036854775808.0 ? (-9223372036854775807LL - 1) : (long long)x; }
