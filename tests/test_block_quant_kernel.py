@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from backends.wasm.gemm import gemm_scratch_bytes, pack_b, render_gemm
-from backends.wasm.kernels.block_quant import (BlockQuantOffsets, pack_block_quant_b, pack_block_quant_panels,
-                                               packed_size, render_block_quant_gemm, scratch_bytes, uses_gemm_tiles)
+from backends.wasm.kernels.block_quant import (BlockQuantOffsets, pack_block_quant_b, packed_size,
+                                               render_block_quant_gemm, scratch_bytes)
+from backends.wasm.kernels.block_quant_panels import pack_block_quant_panels, uses_gemm_tiles
 from backends.wasm.kernels.operands import GemmLayout, GemmOffsets
 from backends.wasm.kernels.standalone import instantiate, read, write
 from ir.loops.contraction import BlockQuantGemmSpec, BlockQuantWeight, EpilogueSpec, GemmSpec

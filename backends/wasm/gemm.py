@@ -70,7 +70,7 @@ from backends.wasm.kernels.microkernel import (
 # The packings are part of this module's API: kernels/gemm_packing.py holds them.
 from backends.wasm.kernels.gemm_packing import (K_BLOCK, TILE_ROWS, k_block_size, pack_a, pack_b,  # noqa: F401
                                                 packed_a_size, packed_b_size, packs_a)
-from backends.wasm.kernels.block_quant import BLOCK_WIDENING_LOCALS, render_block_quant_widening
+from backends.wasm.kernels.block_quant_panels import BLOCK_WIDENING_LOCALS, render_block_quant_widening
 from backends.wasm.kernels.narrow_panels import WIDENING_LOCALS, narrow_panel_bytes, render_widened_block
 from backends.wasm.kernels.operands import GemmLayout, GemmOffsets
 from backends.wasm.kernels.wat_loops import counted_range, wat_function

@@ -22,8 +22,9 @@ import dataclasses
 import numpy as np
 
 from backends.wasm.kernels.block_quant import (BlockQuantOffsets, block_quant_fits, pack_block_quant_b,
-                                               pack_block_quant_panels, render_block_quant_gemm, render_requantized_rows,
-                                               requantized_rows_bytes, uses_gemm_tiles)
+                                               render_block_quant_gemm)
+from backends.wasm.kernels.block_quant_panels import (pack_block_quant_panels, render_requantized_rows,
+                                                      requantized_rows_bytes, uses_gemm_tiles)
 from backends.wasm.kernels.block_quant import scratch_bytes as block_quant_scratch_bytes
 from backends.wasm.gemm import SCALAR, gemm_scratch_bytes, pack_b, packed_b_size, render_gemm
 from backends.wasm.kernels.conv import (Conv2dSpec, conv_scratch_bytes, pack_conv_weight, render_conv2d,
