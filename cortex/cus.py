@@ -24,7 +24,7 @@ from ir.errors import CortexError, UnsupportedError
 from ir.fs import file_sha256, sha256_bytes, write_directory_atomically
 from ir.graph import Graph, Node, Value, outer_reads
 from ir.onnx_export import export_model
-from ir.ops.registry import node_flops
+from ir.ops.registry import node_flops, quantizes_activations
 from passes.expand_ops import declined_because
 from passes.partition import Partition
 
@@ -119,6 +119,7 @@ def write_cus(graph: Graph, partition: Partition, out_dir: Path, source: dict, o
                 "id": name, "path": f"{name}/cu.onnx", "sha256": sha256_bytes(data),
                 "nodes": [n.name for n in cu.nodes],
                 "op_types": sorted({n.op_type for n in cu.nodes}),
+                **({"quantizes": True} if any(quantizes_activations(n) for n in cu.nodes) else {}),
                 "fusion_groups": [g for g in groups.values() if len(g) > 1],
                 "params": cu.params, "depth": cu.depth,
                 "flops": sum(node_flops(n) for n in cu.nodes),

@@ -86,7 +86,7 @@ def build_dag(cu_dir: Path, output: Path) -> dict:
         "cus": [{"id": cu["id"], "path": Path(os.path.normpath(base / cu["path"])).as_posix(), "sha256": cu["sha256"],
                  "params": cu["params"], "depth": cu["depth"], "flops": flops[cu["id"]],
                  "op_types": cu["op_types"], "inputs": cu["inputs"], "outputs": cu["outputs"],
-                 **{key: cu[key] for key in ("runs_on", "activation", "cache") if key in cu},
+                 **{key: cu[key] for key in ("runs_on", "activation", "cache", "quantizes") if key in cu},
                  **({"random": True} if any(kind_of(op) == RANDOM for op in cu["op_types"]) else {}),
                  "artifacts": {}} for cu in cus],
         **({"selects": selects} if selects else {}),

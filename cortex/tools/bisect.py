@@ -56,6 +56,7 @@ class CUCheck:
     compared: bool = True               # False: random ops, whose outputs differ by design
     fallback: bool = False              # the CU runs on onnxruntime itself (decompose --fallback)
     exact_u8s8: bool = False            # its reference ran exact_u8s8's rewrite (onnxruntime saturates here)
+    quantizes: bool = False             # it quantizes activations at run time (dag.json's "quantizes")
     drift: list[dict] = field(default_factory=list)   # compare() rows against onnxruntime run CU by CU
 
     @property
@@ -151,7 +152,7 @@ class Bisection:
         check = CUCheck(cu["id"], device, list(cu.get("op_types", [])),
                         [compare(name, outputs[name], expected[name], self.rtol, self.atol) for name in cu["outputs"]],
                         compared=not cu.get("random", False), fallback=device == REFERENCE_DEVICE,
-                        exact_u8s8=cu["id"] in self.reference.rewritten)
+                        exact_u8s8=cu["id"] in self.reference.rewritten, quantizes=bool(cu.get("quantizes")))
         self.checks.append(check)
         if not check.compared:      # listed with its errors, never judged; the chain goes on from its outputs
             check.outputs = [{**row, "ok": True} for row in check.outputs]

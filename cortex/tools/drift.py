@@ -2,7 +2,8 @@
 (`cortex verify` says so when the outputs are outside the tolerance).
 
 A dynamically quantized model computes each activation's scale and codes at run time
-(DynamicQuantizeLinear, also inside DynamicQuantizeMatMul and DynamicQuantizeLSTM once expanded):
+(DynamicQuantizeLinear, also inside DynamicQuantizeMatMul and DynamicQuantizeLSTM once expanded,
+and MatMulNBits at accuracy level 4: the op registry's `quantizes_activations`):
 a last-bit difference in a float op before it (an Erf, a Softmax, a LayerNorm summed in another
 order) moves a scale or flips a code by one step, and every later layer carries that step. Such a
 model is right when each CU computes what its cu.onnx says on its own inputs, up to that one step,
@@ -19,8 +20,6 @@ from dataclasses import dataclass
 
 from cortex.tools.bisect import BisectReport, CUCheck
 
-# The ops that quantize an activation at run time; the expansions of the contrib ops leave the first.
-DYNAMIC_QUANTIZE_OPS = frozenset({"DynamicQuantizeLinear", "DynamicQuantizeMatMul", "DynamicQuantizeLSTM"})
 # A code flipped by one step moves one element of a tensor by one of 255 steps of its range: an
 # output of a quantizing CU whose relative L2 error stays below that is off by such steps only.
 ONE_STEP_RELATIVE_L2 = 1.0 / 255
@@ -39,7 +38,9 @@ class DriftCause:
 
 
 def quantizes(check: CUCheck) -> bool:
-    return bool(DYNAMIC_QUANTIZE_OPS & set(check.op_types))
+    """The CU quantizes activations at run time (the op registry's `quantizes_activations`, recorded
+    in dag.json)."""
+    return check.quantizes
 
 
 def within_one_step(check: CUCheck) -> bool:
@@ -77,7 +78,7 @@ def explain(report: BisectReport, dag: dict) -> DriftCause:
         if any(quantizes(c) for c in report.checks):
             return DriftCause(True, None, None, (
                 "quantization explains the difference: every CU agrees with onnxruntime run CU by CU, and "
-                "onnxruntime's run of the source model quantizes its activations (DynamicQuantizeLinear) from "
+                "onnxruntime's run of the source model quantizes its activations at run time from "
                 "float results computed in another order",
                 "a verdict by --metric (cosine, top-1) fits such a model better than an elementwise tolerance"))
         return DriftCause(False, None, None, (
@@ -89,7 +90,7 @@ def explain(report: BisectReport, dag: dict) -> DriftCause:
     after = next((by_id[producers[t]] for t in read if t in producers and producers[t] in by_id
                   and quantizes(by_id[producers[t]])), None)
     if quantizes(start) or after is not None:
-        where = "holds a DynamicQuantizeLinear" if quantizes(start) else f"reads what {after.cu} quantized"
+        where = "quantizes activations at run time" if quantizes(start) else f"reads what {after.cu} quantized"
         return DriftCause(True, start.cu, None, (
             f"quantization explains the difference: every CU agrees with onnxruntime on its own inputs (within "
             f"one quantization step), and the outputs start to drift at {_name(start)}, which {where}: a "

@@ -10,10 +10,10 @@ from ir.ops import function_bodies  # noqa: F401,E402  (last: it looks at every 
 from ir.ops.function_bodies import lowering_route  # noqa: E402
 from ir.ops.registry import (CONTRACTION, CONTROL, ELEMENTWISE, LAYOUT, NORMALIZATION, OTHER, RANDOM,
                              REDUCTION, REGISTRY, SHAPE, Epilogue, OpDef, bounds_of, epilogue_activations,
-                             epilogue_of, is_quantized_exact, is_view, keeps_bound, kind_of, lookup, lowering,
+                             epilogue_of, is_quantized_exact, is_view, keeps_bound, kind_of, lookup, lowering, quantizes_activations,
                              node_flops, register, view_ops)
 
 __all__ = ["REGISTRY", "Epilogue", "OpDef", "bounds_of", "keeps_bound", "epilogue_activations", "epilogue_of",
            "is_quantized_exact", "is_view", "kind_of", "lookup",
-           "lowering", "lowering_route", "node_flops", "register", "view_ops", "CONTRACTION", "CONTROL", "ELEMENTWISE", "LAYOUT",
+           "lowering", "lowering_route", "node_flops", "quantizes_activations", "register", "view_ops", "CONTRACTION", "CONTROL", "ELEMENTWISE", "LAYOUT",
            "NORMALIZATION", "OTHER", "RANDOM", "REDUCTION", "SHAPE"]

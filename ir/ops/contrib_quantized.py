@@ -118,9 +118,11 @@ def _standard(op: str):
     return expansion
 
 
-register("DynamicQuantizeMatMul", domain=DOMAIN, kind=OTHER, expansion=_dynamic_quantize_matmul)
+register("DynamicQuantizeMatMul", domain=DOMAIN, kind=OTHER, expansion=_dynamic_quantize_matmul,
+         quantizes_activations=lambda node: True)
 register("QuantizeLinear", domain=DOMAIN, kind=OTHER, expansion=_standard("QuantizeLinear"))
 register("DequantizeLinear", domain=DOMAIN, kind=OTHER, expansion=_standard("DequantizeLinear"))
 register("MatMulIntegerToFloat", domain=DOMAIN, kind=OTHER, expansion=_matmul_integer_to_float)
 register("QGemm", domain=DOMAIN, kind=OTHER, expansion=_qgemm)
-register("DynamicQuantizeLSTM", domain=DOMAIN, kind=OTHER, expansion=_dynamic_quantize_lstm)
+register("DynamicQuantizeLSTM", domain=DOMAIN, kind=OTHER, expansion=_dynamic_quantize_lstm,
+         quantizes_activations=lambda node: True)

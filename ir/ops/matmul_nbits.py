@@ -148,7 +148,8 @@ def _slice_channels(node: Node, lo: int, hi: int) -> tuple[dict[int, np.ndarray]
 
 register("MatMulNBits", domain=DOMAIN, kind=CONTRACTION, weight_input=1, weight_axis=lambda node: 0,
          output_axis=lambda node: -1, shape_rule=_shapes, flops=_flops, expansion=_expansion,
-         slice_channels=_slice_channels, lowered_when=_kept_narrow)
+         slice_channels=_slice_channels, lowered_when=_kept_narrow,
+         quantizes_activations=lambda node: nbits_attributes(node)[4] == INT8_ACCURACY)
 
 
 # -- lowering to loop nests --------------------------------------------------------------------

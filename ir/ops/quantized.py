@@ -21,7 +21,7 @@ from ir.ops.windows import pad_buffer, window_geometry
 
 register("ConvInteger", "QLinearConv", "QLinearMatMul", kind=CONTRACTION)
 register("MatMulInteger", kind=CONTRACTION, fusion_anchor=True)
-register("DynamicQuantizeLinear", kind=OTHER)
+register("DynamicQuantizeLinear", kind=OTHER, quantizes_activations=lambda node: True)
 
 _FLOAT, _UINT8, _INT8, _INT32 = 1, 2, 3, 6     # TensorProto element types
 

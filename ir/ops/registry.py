@@ -83,6 +83,10 @@ class OpDef:
     # channels [lo, hi) only, for an op whose weights do not hold their channels on one axis
     # (MatMulNBits' flat scales); None: each weight input is sliced on its channel axis.
     slice_channels: Callable | None = None
+    # node -> whether the op quantizes an activation at run time (its scale and codes computed from
+    # the data, DynamicQuantizeLinear's way): a last-bit difference in its float input may move its
+    # results by a quantization step. None: never.
+    quantizes_activations: Callable | None = None
     # node -> whether the lowerings cover this node's form; None: every form. A node they do not
     # cover is one no target lowers (a fallback CU's, under --fallback onnxruntime).
     lowered_when: Callable | None = None
@@ -122,6 +126,11 @@ def lowering(backend: str, *op_types: str, domain: str = ""):
 def view_ops() -> frozenset[str]:
     """The op types of the default domain whose output is a view of their first input."""
     return frozenset(op_type for (domain, op_type), entry in REGISTRY.items() if entry.view and not domain)
+
+
+def quantizes_activations(node: Node) -> bool:
+    entry = lookup(node.op_type, node.domain)
+    return entry is not None and entry.quantizes_activations is not None and bool(entry.quantizes_activations(node))
 
 
 def is_quantized_exact(op_type: str, domain: str = "") -> bool:
