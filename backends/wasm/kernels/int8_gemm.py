@@ -28,9 +28,14 @@ scale_j) + out_zero); the per-column scales are computed once per run into a scr
 dequantised to float32 (MatMulIntegerToFloat: float(acc) * scale_j + bias_j + residual, `_dequantized`).
 Products of a batch run one after another, each packing its own A (and B when it is an activation).
 
-Relaxed SIMD (`i32x4.relaxed_dot_i8x16_i7x16_add_s`) is deterministic only when its second
-operand's lanes are 7-bit; `uses_relaxed_dot` and `pack_b(..., relaxed=True)` say when and how B'
-is encoded that way.
+Relaxed SIMD's dot product of int8 A and B' is deterministic only when its second operand's lanes
+are 7-bit; `uses_relaxed_dot` and `pack_b(..., relaxed=True)` say when and how B' is encoded that
+way. The k step is `i16x8.relaxed_dot_i8x16_i7x16_s`, `i32x4.extadd_pairwise_i16x8_s`, `i32x4.add`
+(a pair's sum, at most 2 x 128 x 127 = 32512 in magnitude, fits 16 bits), not the accumulating
+`i32x4.relaxed_dot_i8x16_i7x16_add_s`: Node 20's V8 (11.3, x64) computes that one wrong in this
+kernel (twice the products, the accumulator dropped; tests/test_js_int8_relaxed.py). Under wasmtime
+the two forms run at the same speed (bench/int8_gemm_bench.py, 7-bit weights, int32 out: 87-91 GOPS
+either way).
 """
 
 from __future__ import annotations
@@ -74,7 +79,7 @@ class IntegerGemmOffsets:
 
 
 def uses_relaxed_dot(spec: IntegerGemmSpec, features) -> bool:
-    """Whether the kernel for `spec` runs on `i32x4.relaxed_dot_i8x16_i7x16_add_s`: with relaxed SIMD,
+    """Whether the kernel for `spec` runs on `i16x8.relaxed_dot_i8x16_i7x16_s`: with relaxed SIMD,
     when every column of B' spans at most 127 (then B' minus its column minimum is 7-bit, the
     operand lanes that give the same result on every host)."""
     return "relaxed-simd" in frozenset(features) and spec.constant_b and spec.b_column_span <= 127
@@ -363,9 +368,9 @@ def render_k_function(name: str, rows: int, tile: int, relaxed: bool, broadcast_
                      f"(i8x16.shuffle {shuffle_lanes(r, r, r, r)} (local.get $av) (local.get $av))" if shuffled
                      else f"(v128.load32_splat offset={4 * r} (local.get $pa))")
             code.append(f"(local.set $a {splat})")
-            if relaxed:   # A's 4 int8 against B's 4 7-bit values, added to the sums
-                code += [f"(local.set $c{r}_{v} (i32x4.relaxed_dot_i8x16_i7x16_add_s (local.get $a) (local.get $b{v}) "
-                         f"(local.get $c{r}_{v})))" for v in range(2)]
+            if relaxed:   # A's 4 int8 against B's 4 7-bit values, added to the sums (module docstring)
+                code += [f"(local.set $c{r}_{v} (i32x4.add (local.get $c{r}_{v}) (i32x4.extadd_pairwise_i16x8_s "
+                         f"(i16x8.relaxed_dot_i8x16_i7x16_s (local.get $a) (local.get $b{v})))))" for v in range(2)]
             else:
                 code += [f"(local.set $c{r}_{v} (i32x4.add (local.get $c{r}_{v}) (i32x4.dot_i16x8_s (local.get $a) "
                          f"(local.get $b{v}))))" for v in range(2)]
