@@ -267,7 +267,7 @@ def test_seven_bit_weights_run_on_the_relaxed_dot_product_and_equal_onnxruntime(
         assert got.dtype == want.dtype and got.shape == want.shape
         np.testing.assert_array_equal(got, want)
     wat = _wat(model, "simd,relaxed-simd")
-    assert "i32x4.relaxed_dot_i8x16_i7x16_add_s" in wat and "i32x4.dot_i16x8_s" not in wat
+    assert "i16x8.relaxed_dot_i8x16_i7x16_s" in wat and "i32x4.dot_i16x8_s" not in wat
 
 
 def test_full_range_weights_keep_the_16_bit_kernel_under_relaxed_simd():
