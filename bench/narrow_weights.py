@@ -7,6 +7,12 @@ GEMM (more than two rows, compute-bound) over the same three formats, as GFLOP/s
 of the float32 kernel's in the same run (the goal: 90% or more for bf16 and int8: each panel's K
 block is widened once into scratch for all the row tiles that read it).
 
+The same for MatMulNBits' blocks (4- and 8-bit codes in blocks of 32 with a scale each,
+kernels/block_quant.py and block_quant_panels.py) at accuracy levels 0 (float32 A) and 4 (A quantized
+to int8 per block), each GEMV timed against onnxruntime's MatMulNBits on one thread on the same node,
+interleaved. The FMA loop's peak and the copy's bandwidth are measured before and after, and their
+drift reported.
+
 `python -m bench.narrow_weights [--rounds N] [--shapes 4096x4096,4096x11008] [--gemm-shapes 512x512x512]
 [--output docs/benchmarks.md]` prints the tables; with --output it also writes them into that
 page's "Narrow weights" section.
@@ -22,14 +28,22 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
+import onnxruntime as ort
+from onnx import helper, numpy_helper
+
 from backends.wasm.gemm import SIMD_FMA, gemm_scratch_bytes, pack_b, render_gemm
+from backends.wasm.kernels.block_quant import (BlockQuantOffsets, pack_block_quant_b, packed_size,
+                                               render_block_quant_gemm, scratch_bytes)
+from backends.wasm.kernels.block_quant_panels import (pack_block_quant_panels, render_requantized_rows,
+                                                      requantized_rows_bytes)
+from backends.wasm.kernels.operands import GemmLayout
 from backends.wasm.kernels.gemv import render_gemv
 from backends.wasm.kernels.narrow_panels import pack_narrow_b, packed_narrow_size
 from backends.wasm.kernels.operands import GemmOffsets
 from backends.wasm.kernels.standalone import instantiate, write
-from bench import machine
+from bench import gemm_bench, machine
 from bench.page import replace_section
-from ir.loops.contraction import GemmSpec
+from ir.loops.contraction import BlockQuantGemmSpec, BlockQuantWeight, GemmSpec
 from ir.loops.narrow_weights import NarrowWeight
 from passes.narrow_weights import quantize_per_channel
 
@@ -39,6 +53,9 @@ SHAPES = ((4096, 4096), (4096, 11008))     # k, n: a 7B model's attention and ML
 GEMM_SHAPES = ((512, 512, 512),)           # m, k, n
 FORMATS = ("f32", "bf16", "fp16", "int8")
 COPY_BYTES = 256 << 20
+BLOCK = 32
+# MatMulNBits' forms: (label, bits, accuracy level)
+BLOCK_FORMS = (("int4 b32", 4, 0), ("int4 b32, int8 A", 4, 4), ("int8 b32", 8, 0), ("int8 b32, int8 A", 8, 4))
 
 
 def copy_bandwidth(rounds: int) -> float:
@@ -92,6 +109,88 @@ def gemm_seconds(m: int, k: int, n: int, fmt: str, w: np.ndarray, rounds: int) -
     return min(_seconds(lambda: call(store)) for _ in range(5 * rounds))
 
 
+def block_weight(k: int, n: int, bits: int) -> BlockQuantWeight:
+    rng = np.random.default_rng(2)
+    blocks = -(-k // BLOCK)
+    return BlockQuantWeight(rng.integers(0, 2 ** bits, (n, k), dtype=np.uint8),
+                            (rng.random((n, blocks)) * 0.02 + 0.001).astype(np.float32),
+                            rng.integers(0, 2 ** bits, (n, blocks), dtype=np.uint8), bits)
+
+
+def block_call(m: int, k: int, n: int, bits: int, level: int):
+    """A call of the kernel Cortex runs for MatMulNBits (zero points, blocks of 32) on [m, k] A, and
+    the weight bytes it reads."""
+    spec = BlockQuantGemmSpec(m, n, k, bits, BLOCK, True, level == 4)
+    weight = block_weight(k, n, bits)
+    a_at, c_at = 64, 64 + m * k * 4 + 64
+    scratch_at = c_at + m * n * 4 + 64
+    if m <= 2:
+        packed = pack_block_quant_b(spec, weight)
+        b_at = scratch_at + scratch_bytes(spec) + 64
+        wat = render_block_quant_gemm(spec, BlockQuantOffsets(a_at, b_at, c_at, scratch_at), features=SIMD_FMA,
+                                      name="call")
+    else:
+        packed = pack_block_quant_panels(spec, weight)
+        tiles = gemm_scratch_bytes(m, k, b_format=f"q{bits}")
+        b_at = scratch_at + tiles + requantized_rows_bytes(spec) + 64
+        gemm = GemmSpec(m, n, k, b_format=f"q{bits}")
+        reads = scratch_at + tiles if level == 4 else a_at
+        wat = render_gemm(gemm, GemmOffsets(reads, b_at, c_at, a_scratch=scratch_at), features=SIMD_FMA,
+                          layout=GemmLayout(b_block=BLOCK), name="tiles")
+        if level == 4:
+            wat += render_requantized_rows(m, k, BLOCK, a_at, reads, "requantize")
+        wat += "(func $call\n" + ("  (call $requantize)\n" if level == 4 else "") + "  (call $tiles))\n"
+    store, instance = instantiate(wat, b_at + packed.size + 64, SIMD_FMA)
+    write(store, instance, a_at, np.random.default_rng(1).standard_normal((m, k)).astype(np.float32))
+    write(store, instance, b_at, packed.tobytes())
+    call = instance.exports(store)["call"]
+    call(store)
+    return (lambda: call(store)), packed_size(spec) if m <= 2 else packed.size
+
+
+def onnxruntime_call(m: int, k: int, n: int, bits: int, level: int | None):
+    """onnxruntime (one thread) on the same product: MatMulNBits at `level`, or a float32 MatMul
+    (None)."""
+    rng = np.random.default_rng(3)
+    blocks = -(-k // BLOCK)
+    if level is None:
+        node = helper.make_node("MatMul", ["a", "b"], ["y"])
+        initializers = [numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32), "b")]
+    else:
+        node = helper.make_node("MatMulNBits", ["a", "b", "s", "z"], ["y"], domain="com.microsoft", K=k, N=n,
+                                bits=bits, block_size=BLOCK, accuracy_level=level)
+        initializers = [numpy_helper.from_array(rng.integers(0, 256, (n, blocks, BLOCK * bits // 8), dtype=np.uint8), "b"),
+                        numpy_helper.from_array((rng.random(n * blocks) * 0.02).astype(np.float32), "s"),
+                        numpy_helper.from_array(rng.integers(0, 256, n * -(-blocks * bits // 8), dtype=np.uint8), "z")]
+    graph = helper.make_graph([node], "product", [helper.make_tensor_value_info("a", 1, [m, k])],
+                              [helper.make_tensor_value_info("y", 1, [m, n])], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    feeds = {"a": rng.standard_normal((m, k)).astype(np.float32)}
+    session.run(None, feeds)
+    return lambda: session.run(None, feeds)
+
+
+def best_interleaved(calls: dict, rounds: int) -> dict:
+    """The best seconds of each call, the calls alternated 5 times a round."""
+    best = {name: float("inf") for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            best[name] = min(best[name], min(_seconds(call) for _ in range(5)))
+    return best
+
+
+def fma_peak() -> float:
+    """GFLOP/s of the FMA loop (bench/gemm_bench.py), the best of 5 calls."""
+    store, instance = instantiate(gemm_bench.peak_wat(True), 64, SIMD_FMA)
+    peak = instance.exports(store)["peak"]
+    peak(store, gemm_bench.PEAK_ITERATIONS)
+    best = min(_seconds(lambda: peak(store, gemm_bench.PEAK_ITERATIONS)) for _ in range(5))
+    return gemm_bench.peak_flops_per_call() / best / 1e9
+
+
 def _seconds(run) -> float:
     start = time.perf_counter()
     run()
@@ -99,7 +198,7 @@ def _seconds(run) -> float:
 
 
 def measure(shapes, gemm_shapes, rounds: int) -> dict:
-    copy = copy_bandwidth(rounds)
+    copy, peak = copy_bandwidth(rounds), fma_peak()
     rows = []
     for k, n in shapes:
         w = (np.random.default_rng(0).standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
@@ -107,13 +206,26 @@ def measure(shapes, gemm_shapes, rounds: int) -> dict:
             seconds, b_bytes = gemv_seconds(k, n, fmt, w, rounds)
             rows.append({"shape": f"1x{k}x{n}", "format": fmt, "ms": seconds * 1e3, "weight_mb": b_bytes / 1e6,
                          "gb_s": b_bytes / seconds / 1e9, "of_copy": b_bytes / seconds / 1e9 / copy})
+    block_rows = []
+    for k, n in shapes:
+        for label, bits, level in BLOCK_FORMS:
+            cortex_call, b_bytes = block_call(1, k, n, bits, level)
+            best = best_interleaved({"cortex": cortex_call, "ort": onnxruntime_call(1, k, n, bits, level)}, rounds)
+            block_rows.append({"shape": f"1x{k}x{n}", "format": label, "ms": best["cortex"] * 1e3,
+                               "weight_mb": b_bytes / 1e6, "gb_s": b_bytes / best["cortex"] / 1e9,
+                               "of_copy": b_bytes / best["cortex"] / 1e9 / copy, "ort_ms": best["ort"] * 1e3})
     gemm_rows = []
     for m, k, n in gemm_shapes:
         w = (np.random.default_rng(0).standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
         gflops = {fmt: 2 * m * k * n / gemm_seconds(m, k, n, fmt, w, rounds) / 1e9 for fmt in FORMATS}
-        gemm_rows += [{"shape": f"{m}x{k}x{n}", "format": fmt, "gflop_s": gflops[fmt], "of_f32": gflops[fmt] / gflops["f32"]}
-                      for fmt in FORMATS]
-    return {"copy_gb_s": copy, "rows": rows, "gemm_rows": gemm_rows, "rounds": rounds}
+        for label, bits, level in BLOCK_FORMS:
+            call, _ = block_call(m, k, n, bits, level)
+            gflops[label] = 2 * m * k * n / best_interleaved({"cortex": call}, rounds)["cortex"] / 1e9
+        gemm_rows += [{"shape": f"{m}x{k}x{n}", "format": fmt, "gflop_s": value, "of_f32": value / gflops["f32"]}
+                      for fmt, value in gflops.items()]
+    return {"copy_gb_s": copy, "copy_after_gb_s": copy_bandwidth(rounds), "fma_peak": peak,
+            "fma_peak_after": fma_peak(), "rows": rows, "block_rows": block_rows, "gemm_rows": gemm_rows,
+            "rounds": rounds}
 
 
 def table(result: dict) -> str:
@@ -121,7 +233,7 @@ def table(result: dict) -> str:
     lines = [BEGIN, "## Narrow weights", "",
              (f"Measured {result['date']} on {info['cpu']} ({info['cores']} cores), load average "
               f"{info['load_average']} at the start (`python -m bench.narrow_weights --rounds {result['rounds']}`). "
-              "The WASM GEMV of one row (wasmtime, relaxed SIMD, one thread) over B stored float32, bf16 "
+              "The WASM GEMV of one row (wasmtime, relaxed SIMD, one thread) over B stored float32, bf16 or fp16 "
               "(widened in registers) or int8 (per-column scale applied to each sum): the best time per call, "
               "the weight bytes read per second, and that as a fraction of a numpy copy's bandwidth in the "
               f"same run ({result['copy_gb_s']:.1f} GB/s of source bytes)."),
@@ -130,13 +242,24 @@ def table(result: dict) -> str:
     for row in result["rows"]:
         lines.append(f"| {row['shape']} | {row['format']} | {row['weight_mb']:.1f} | {row['ms']:.2f} | "
                      f"{row['gb_s']:.1f} | {row['of_copy']:.0%} |")
+    lines += ["", "MatMulNBits' blocks (4- or 8-bit codes, blocks of 32 along K with a scale and a zero point each), "
+              "the GEMV Cortex runs at accuracy level 0 (float32 A, codes widened in registers) and 4 (A quantized "
+              "to int8 per block, integer dot products), against onnxruntime's MatMulNBits (one thread, the same "
+              "level) on the same shape, interleaved:", "",
+              "| product | B stored | weight MB | ms per call | GB/s of weight | of copy bandwidth | onnxruntime ms | Cortex / onnxruntime |",
+              "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {row['shape']} | {row['format']} | {row['weight_mb']:.1f} | {row['ms']:.2f} | {row['gb_s']:.1f} | "
+              f"{row['of_copy']:.0%} | {row['ort_ms']:.2f} | {row['ms'] / row['ort_ms']:.2f} |" for row in result["block_rows"]]
     if result["gemm_rows"]:
-        lines += ["", "The GEMM (more than two rows: A packed, a bf16 or int8 B widened to float32 one panel's K block "
+        lines += ["", "The GEMM (more than two rows: A packed, a bf16, fp16 or int8 B widened to float32 one panel's K block "
                   "at a time for all its row tiles) over the same formats: the best GFLOP/s per call, and that as "
-                  "a fraction of the float32 B's in the same run.", "",
+                  "a fraction of the float32 B's in the same run; MatMulNBits' blocks widened the same way, with A "
+                  "read as its int8 codes times their scales at level 4.", "",
                   "| product | B stored | GFLOP/s | of float32 |", "|---|---|---:|---:|"]
         lines += [f"| {row['shape']} | {row['format']} | {row['gflop_s']:.1f} | {row['of_f32']:.0%} |"
                   for row in result["gemm_rows"]]
+    lines += ["", (f"Drift: the FMA loop's peak {result['fma_peak']:.1f} -> {result['fma_peak_after']:.1f} GFLOP/s, "
+                   f"the copy {result['copy_gb_s']:.1f} -> {result['copy_after_gb_s']:.1f} GB/s (before and after).")]
     return "\n".join([*lines, END]) + "\n"
 
 
