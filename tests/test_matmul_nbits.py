@@ -26,6 +26,8 @@ LEVEL_4_CASES = {
     "4-bit-block-128-k-not-a-multiple": (4, 300, 17, 128, None, (2,)),
     "8-bit-block-16-zero-points": (8, 48, 8, 16, "packed", (3,)),
     "8-bit-block-32": (8, 96, 33, 32, None, (1,)),
+    "4-bit-block-16-k-odd-rows-5": (4, 101, 19, 16, "packed", (5,)),
+    "8-bit-block-64-k-odd-rows-3": (8, 131, 16, 64, None, (3,)),
 }
 
 

@@ -126,8 +126,27 @@ def render_block_quant_widening(bits: int, block: int, k: int, n: int, base: str
 def render_requantized_rows(m: int, k: int, block: int, a: int, dst: int, name: str) -> str:
     """`(func $name)`: A [m, k] float32 at `a` to [m, k] at `dst` as onnxruntime's level 4 reads it:
     per row and block of K, code * scale with scale = max|a| / 127 and code =
-    round_half_even(a * (127 / max|a|)) (0 for an all-zero block)."""
+    round_half_even(a * (127 / max|a|)) (0 for an all-zero block). Four values a vector, the
+    block's last k % 4 one at a time."""
     blocks = -(-k // block)
+
+    def at(offset: int) -> str:
+        return f"offset={offset} (i32.add (local.get $arow) (i32.shl (local.get $kk) (i32.const 2)))"
+
+    def four_then_one(vector: list[str], scalar: list[str]) -> list[str]:
+        """`vector` over k in [$k0, $vend) by 4, then `scalar` over [$vend, $kend)."""
+        return ["(local.set $kk (local.get $k0))",
+                "(block $vectors_done (loop $vectors",
+                "  (br_if $vectors_done (i32.ge_u (local.get $kk) (local.get $vend)))",
+                *("  " + line for line in vector),
+                "  (local.set $kk (i32.add (local.get $kk) (i32.const 4)))",
+                "  (br $vectors)))",
+                "(block $scalars_done (loop $scalars",
+                "  (br_if $scalars_done (i32.ge_u (local.get $kk) (local.get $kend)))",
+                *("  " + line for line in scalar),
+                "  (local.set $kk (i32.add (local.get $kk) (i32.const 1)))",
+                "  (br $scalars)))"]
+
     code = [
         "(local.set $r (i32.const 0))",
         "(loop $rows",
@@ -137,29 +156,31 @@ def render_requantized_rows(m: int, k: int, block: int, a: int, dst: int, name: 
         f"    (local.set $k0 (i32.mul (local.get $blk) (i32.const {block})))",
         f"    (local.set $kend (select (i32.add (local.get $k0) (i32.const {block})) (i32.const {k}) "
         f"(i32.lt_u (i32.add (local.get $k0) (i32.const {block})) (i32.const {k}))))",
+        "    (local.set $vend (i32.sub (local.get $kend) (i32.and (i32.sub (local.get $kend) (local.get $k0)) (i32.const 3))))",
+        "    (local.set $vmax (v128.const f32x4 0 0 0 0))",
         "    (local.set $amax (f32.const 0))",
-        "    (local.set $kk (local.get $k0))",
-        "    (loop $max",
-        f"      (local.set $amax (f32.max (local.get $amax) (f32.abs (f32.load offset={a} (i32.add (local.get $arow) "
-        "(i32.shl (local.get $kk) (i32.const 2)))))))",
-        "      (local.set $kk (i32.add (local.get $kk) (i32.const 1)))",
-        "      (br_if $max (i32.lt_u (local.get $kk) (local.get $kend))))",
+        *("    " + line for line in four_then_one(
+            [f"(local.set $vmax (f32x4.max (local.get $vmax) (f32x4.abs (v128.load {at(a)}))))"],
+            [f"(local.set $amax (f32.max (local.get $amax) (f32.abs (f32.load {at(a)}))))"])),
+        *(f"    (local.set $amax (f32.max (local.get $amax) (f32x4.extract_lane {lane} (local.get $vmax))))"
+          for lane in range(4)),
         "    (local.set $scale (f32.div (local.get $amax) (f32.const 127)))",
         "    (local.set $inverse (select (f32.const 0) (f32.div (f32.const 127) (local.get $amax)) "
         "(f32.eq (local.get $amax) (f32.const 0))))",
-        "    (local.set $kk (local.get $k0))",
-        "    (loop $codes",
-        "      (local.set $at (i32.add (local.get $arow) (i32.shl (local.get $kk) (i32.const 2))))",
-        f"      (f32.store offset={dst} (local.get $at) (f32.mul (f32.convert_i32_s (i32.trunc_sat_f32_s (f32.nearest "
-        f"(f32.mul (f32.load offset={a} (local.get $at)) (local.get $inverse))))) (local.get $scale)))",
-        "      (local.set $kk (i32.add (local.get $kk) (i32.const 1)))",
-        "      (br_if $codes (i32.lt_u (local.get $kk) (local.get $kend))))",
+        "    (local.set $vscale (f32x4.splat (local.get $scale)))",
+        "    (local.set $vinverse (f32x4.splat (local.get $inverse)))",
+        *("    " + line for line in four_then_one(
+            [f"(v128.store {at(dst)} (f32x4.mul (f32x4.convert_i32x4_s (i32x4.trunc_sat_f32x4_s (f32x4.nearest "
+             f"(f32x4.mul (v128.load {at(a)}) (local.get $vinverse))))) (local.get $vscale)))"],
+            [f"(f32.store {at(dst)} (f32.mul (f32.convert_i32_s (i32.trunc_sat_f32_s (f32.nearest "
+             f"(f32.mul (f32.load {at(a)}) (local.get $inverse))))) (local.get $scale)))"])),
         "    (local.set $blk (i32.add (local.get $blk) (i32.const 1)))",
         f"    (br_if $blocks (i32.lt_u (local.get $blk) (i32.const {blocks}))))",
         "  (local.set $r (i32.add (local.get $r) (i32.const 1)))",
         f"  (br_if $rows (i32.lt_u (local.get $r) (i32.const {m}))))",
     ]
-    decls = ("(local $r i32) (local $arow i32) (local $blk i32) (local $k0 i32) (local $kend i32) (local $kk i32) "
-             "(local $at i32) (local $amax f32) (local $scale f32) (local $inverse f32)")
+    decls = ("(local $r i32) (local $arow i32) (local $blk i32) (local $k0 i32) (local $kend i32) (local $vend i32) "
+             "(local $kk i32) (local $amax f32) (local $scale f32) (local $inverse f32) (local $vmax v128) "
+             "(local $vscale v128) (local $vinverse v128)")
     return "\n".join([f"(func ${name}", f"  ;; A[{m}x{k}] quantized to int8 per block of {block}, as float32",
                       "  " + decls, *("  " + line for line in code), ")"]) + "\n"
