@@ -11,6 +11,9 @@ on dequantized copies. This pass does what onnxruntime's QDQ transformers do
 - DQ(x), DQ(w)[, DQ(bias)] -> Conv -> Q  =>  QLinearConv (the bias requantised to x_scale * w_scale)
 - DQ(a), DQ(w)[, DQ(c)] -> Gemm          =>  QLinearMatMul when there is no bias and a Q follows,
   else MatMulInteger [-> Add(int32 bias)] -> Cast -> Mul, the Q (if any) left reading it
+- float A, DQ(4- or 8-bit weight in blocks along K, per column or per tensor) -> MatMul  =>
+  MatMulNBits, the weight kept narrow (passes/dq_matmul_nbits.py, onnxruntime's
+  DQMatMulToMatMulNBits), where the rules above take no integer A
 
 and, as onnxruntime's selectors require: every scale and zero point constant, per tensor for
 activations (the weight may be per axis on its output-channel axis), 8-bit types, an int8
@@ -39,6 +42,7 @@ from ir import dtypes
 from ir.graph import Graph, Node, Value
 from ir.ops import is_quantized_exact
 from passes.base import Pass
+from passes.dq_matmul_nbits import dq_matmul_to_nbits
 
 EIGHT_BIT = (TensorProto.INT8, TensorProto.UINT8)
 
@@ -48,7 +52,7 @@ class Dequantized:
     """A DequantizeLinear's input read in the integer domain."""
     node: Node
     data: Value
-    scale: np.ndarray           # float32: a scalar, or one value per index of `axis`
+    scale: np.ndarray           # float32: a scalar, or one value per index of `axis` (or per block of it)
     zero: np.ndarray            # of data's type, the shape of `scale`
     axis: int | None            # None: per tensor
 
@@ -193,6 +197,22 @@ def _per_axis_allowed(operand: Dequantized, axis: int) -> bool:
 
 # -- the rewrites ------------------------------------------------------------------------------------
 def _matmul(node: Node, graph: Graph, users, outputs) -> Rewrite | None:
+    integer = _integer_matmul(node, graph, users, outputs)
+    return integer if integer is not None else _block_quantized_matmul(node, graph)
+
+
+def _block_quantized_matmul(node: Node, graph: Graph) -> Rewrite | None:
+    found = dq_matmul_to_nbits(node, graph)
+    if found is None:
+        return None
+    nbits, dq = found
+    data, scale, zero = (dq.inputs + [None] * 3)[:3]
+    zero_point = zero.const if zero is not None else np.zeros(scale.const.shape, dtypes.to_numpy(data.dtype))
+    weight = Dequantized(dq, data, scale.const, zero_point, 0)
+    return Rewrite(node, [node], [nbits], [weight])
+
+
+def _integer_matmul(node: Node, graph: Graph, users, outputs) -> Rewrite | None:
     a, b = _dequantized(node.inputs[0]), _dequantized(node.inputs[1])
     if a is None or b is None or a.axis is not None or not _types_allowed(a, b):
         return None
