@@ -13,8 +13,24 @@ Biases, norms' scales and other small constants stay float32: they are a small s
 and the errors they would add are not worth it. A Gather reads its narrow table first and converts
 only the rows it gathered, so a large embedding table is not widened whole on every call.
 
-The conversion runs on every call (it is an ordinary node of the CU); the backends do not yet fold
-it at instantiation.
+The conversion runs on every call (it is an ordinary node of the CU); a kernel that reads the narrow
+weight itself (ir/loops/narrow_weights.py) never computes it.
+
+An int8 MatMul or Gemm whose A has more than two rows (a GEMM, where multiplying costs more than
+reading the weight; one or two rows run on the GEMV, which streams the weight) multiplies integers
+instead: A is quantized at run time per tensor to uint8 as DynamicQuantizeLinear computes it
+(a_scale = (max(A, 0) - min(A, 0)) / 255, a_zero = round-half-even(-min(A, 0) / a_scale)), and
+
+    Y = float32(int32 sum_k (qA[i, k] - a_zero) * q[k, j]) * (a_scale * s[j])  [+ bias]
+
+the arithmetic of onnxruntime's DynamicQuantizeMatMul on the int8 codes q with b_scale s (and what
+quantize_dynamic writes): DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul, which the
+lowering runs as the integer GEMM with a dequantizing epilogue (ir/ops/quantized.py). A Gemm's alpha
+is folded into s, its beta into a constant C (a C computed at run time is added when beta is 1,
+else the Gemm keeps the weight-only form, as it does with transA). The contract of the int8 variant
+is thus: weights per output channel, and for GEMM-shaped products the activations per tensor too.
+The wasm integer GEMM holds B as int16 k-pair panels, so such a product's module stores two bytes
+per weight, not one (the GEMV's int8 panels and a Gather's table keep one).
 """
 
 from __future__ import annotations
@@ -33,6 +49,9 @@ from passes.base import Pass
 PRECISIONS = ("fp16", "bf16", "int8")
 STORED = {"fp16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16), "int8": np.dtype(np.int8)}
 MIN_WEIGHT_ELEMENTS = 64        # smaller weights are not worth a conversion node
+# Products of at most this many rows run on the wasm GEMV (backends/wasm/kernels/gemv.py MAX_ROWS),
+# which reads int8 panels at the memory's speed: quantizing A would only add work and error there.
+GEMV_ROWS = 2
 
 
 def weight_readers(graph: Graph) -> list[tuple[Node, int, int]]:
@@ -68,14 +87,24 @@ def quantize_per_channel(w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarr
 class NarrowWeights(Pass):
     name = "narrow-weights"
     precision: str = "fp16"
+    # int8 GEMM-shaped products as DynamicQuantizeLinear -> MatMulInteger (False: every product
+    # keeps the weight-only form, Mul(Cast(int8 codes), scale), the narrow-panel kernels' input).
+    integer_gemm: bool = True
 
     def run(self, graph: Graph) -> Graph:
         if self.precision not in PRECISIONS:
             raise ValueError(f"unknown precision {self.precision!r}")
         stored: dict[tuple[int, int], tuple[Value, Value | None]] = {}
+        stored_kn: dict[int, tuple[Value, np.ndarray]] = {}
         added: list[Node] = []
+        replaced: dict[int, list[Node]] = {}
         for node, index, axis in weight_readers(graph):
             w = node.inputs[index]
+            if self.precision == "int8" and self.integer_gemm and multiplies_integers(node, index):
+                if id(w) not in stored_kn:
+                    stored_kn[id(w)] = _codes_k_by_n(graph, w, axis)
+                replaced[id(node)] = _integer_product(graph, node, *stored_kn[id(w)])
+                continue
             key = (id(w), axis)
             if key not in stored:
                 stored[key] = self._narrow_constant(graph, w, axis)
@@ -93,7 +122,9 @@ class NarrowWeights(Pass):
                 wide = Value(graph.fresh_name(f"{w.name}_widened"), w.dtype, w.shape)
                 added += self._widen(graph, narrow, scale, wide)
                 node.inputs[index] = wide
-        graph.nodes += added
+        # The integer form takes its node's place, so that its run-time scale comes before its
+        # MatMulInteger in graph order (an operand the kernel's epilogue reads must be ready).
+        graph.nodes = [n for node in graph.nodes for n in replaced.get(id(node), [node])] + added
         graph.topologically_sort()
         return graph
 
@@ -113,16 +144,69 @@ class NarrowWeights(Pass):
                 Node("Mul", [widened, scale], [out], name=graph.fresh_name(f"{out.name}_dequantize"))]
 
 
+def multiplies_integers(node: Node, index: int) -> bool:
+    """Whether the int8 variant writes this MatMul / Gemm as DynamicQuantizeLinear -> MatMulInteger:
+    a float32 activation A of static shape with more than GEMV_ROWS rows, a 2-D weight B."""
+    a, w = node.inputs[0], node.inputs[index]
+    if index != 1 or node.op_type not in ("MatMul", "Gemm") or len(w.shape) != 2 or a.is_const \
+            or a.dtype != dtypes.from_numpy(np.float32) or not a.is_static or len(a.shape) < 2:
+        return False
+    if node.op_type == "Gemm":
+        c = node.inputs[2] if len(node.inputs) > 2 else None
+        if node.attrs.get("transA", 0) or (c is not None and not c.is_const and node.attrs.get("beta", 1.0) != 1.0):
+            return False
+    return int(np.prod(a.shape[:-1])) > GEMV_ROWS
+
+
+def _codes_k_by_n(graph: Graph, w: Value, axis: int) -> tuple[Value, np.ndarray]:
+    """The weight's int8 codes as MatMulInteger's B [K, N] and the per-column scale [N]."""
+    codes, scale = quantize_per_channel(w.const, axis)
+    if axis == 0:               # a Gemm's B with transB: [N, K]
+        codes = codes.T
+    return _constant(graph, f"{w.name}_int8", codes), scale.reshape(-1)
+
+
+def _integer_product(graph: Graph, node: Node, codes: Value, column_scale: np.ndarray) -> list[Node]:
+    """`node` as onnxruntime's DynamicQuantizeMatMul computes it: the nodes that replace it."""
+    a, y = node.inputs[0], node.outputs[0]
+    n = codes.shape[1]
+    alpha, beta = float(node.attrs.get("alpha", 1.0)), float(node.attrs.get("beta", 1.0))
+    bias = node.inputs[2] if node.op_type == "Gemm" and len(node.inputs) > 2 else None
+    float32, uint8 = dtypes.from_numpy(np.float32), dtypes.from_numpy(np.uint8)
+
+    def value(suffix: str, dtype: int, shape: tuple) -> Value:
+        return Value(graph.fresh_name(f"{y.name}_{suffix}"), dtype, shape)
+
+    def op(op_type: str, inputs: list[Value], outputs: list[Value], **attrs) -> Node:
+        return Node(op_type, inputs, outputs, attrs, name=graph.fresh_name(f"{node.name or y.name}_{op_type.lower()}"))
+    quantized, a_scale, a_zero = value("quantized_a", uint8, a.shape), value("a_scale", float32, ()), \
+        value("a_zero", uint8, ())
+    scale = value("scale", float32, (n,))
+    total, widened = value("int32", dtypes.from_numpy(np.int32), y.shape), value("sums", float32, y.shape)
+    scaled = value("scaled", float32, y.shape) if bias is not None else y
+    weight_scale = _constant(graph, f"{codes.name}_scale", (column_scale * np.float32(alpha)).astype(np.float32))
+    nodes = [op("DynamicQuantizeLinear", [a], [quantized, a_scale, a_zero]),
+             op("Mul", [a_scale, weight_scale], [scale]),
+             op("MatMulInteger", [quantized, codes, a_zero], [total]),
+             op("Cast", [total], [widened], to=float32),
+             op("Mul", [widened, scale], [scaled])]
+    if bias is not None:
+        if bias.is_const and beta != 1.0:
+            bias = _constant(graph, f"{bias.name}_beta", np.asarray(bias.const, np.float32) * np.float32(beta))
+        nodes.append(op("Add", [scaled, bias], [y]))
+    return nodes
+
+
 def _constant(graph: Graph, base: str, array: np.ndarray) -> Value:
     array = np.ascontiguousarray(array)
     return Value(graph.fresh_name(base), dtypes.from_numpy(array.dtype), tuple(array.shape), const=array)
 
 
-def narrowed(graph: Graph, precision: str) -> Graph | None:
+def narrowed(graph: Graph, precision: str, integer_gemm: bool = True) -> Graph | None:
     """A copy of `graph` with its weights stored in `precision`; None when it has no weights."""
     if not weight_readers(graph):
         return None
-    return NarrowWeights(precision).run(_copy_graph(graph))
+    return NarrowWeights(precision, integer_gemm).run(_copy_graph(graph))
 
 
 def _copy_graph(graph: Graph) -> Graph:

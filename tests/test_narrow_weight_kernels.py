@@ -56,8 +56,10 @@ def block_model(m: int, k: int, n: int, *, seed: int = 0):
 
 
 def variant_graph(model, precision: str):
+    """The variant's weight-only form for every product (int8's GEMM-shaped products otherwise run on
+    the integer GEMM: tests/test_int8_variant_gemm.py), the form whose narrow panels are tested here."""
     graph, _ = run_pipeline(import_model(model), optimize_pipeline(require_static=True))
-    return narrowed(graph, precision)
+    return narrowed(graph, precision, integer_gemm=False)
 
 
 def compiled(graph, features: str):
