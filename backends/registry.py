@@ -113,6 +113,10 @@ class Target:
     # `links(options)` says so, and `link(options, graphs by CU id, manifest)` gives each CU's options.
     links: Callable[[object], bool] = lambda options: False
     link: Callable[[object, dict, dict], dict] | None = None
+    # The target runs 8-bit integer GEMMs faster than float32 ones: an int8 variant's products of more
+    # than two rows then quantize their activations at run time to run on it (passes/narrow_weights.py);
+    # elsewhere they stay weight-only.
+    integer_gemm: bool = False
     # Variant precisions only this target builds (`--variants`, beside the narrow-weight ones every target has).
     variants: dict[str, TargetVariant] = field(default_factory=dict)
 

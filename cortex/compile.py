@@ -201,7 +201,7 @@ def build_cus(target: Target, options, work: list[_Work], variants: tuple[str, .
                     built[precision] = target.variants[precision].build(graph, options,
                                                                         variant_id(cu["id"], precision))
                 else:
-                    narrow = narrowed(graph, precision)
+                    narrow = narrowed(graph, precision, target.integer_gemm)
                     built[precision] = None if narrow is None else target.build(
                         narrow, options, variant_id(cu["id"], precision))
         except CortexError as e:
