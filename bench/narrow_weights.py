@@ -41,7 +41,7 @@ from backends.wasm.kernels.gemv import render_gemv
 from backends.wasm.kernels.narrow_panels import pack_narrow_b, packed_narrow_size
 from backends.wasm.kernels.operands import GemmOffsets
 from backends.wasm.kernels.standalone import instantiate, write
-from bench import gemm_bench, machine
+from bench import gemm_bench, int8_gemm_bench, machine
 from bench.page import replace_section
 from ir.loops.contraction import BlockQuantGemmSpec, BlockQuantWeight, GemmSpec
 from ir.loops.narrow_weights import NarrowWeight
@@ -182,6 +182,20 @@ def best_interleaved(calls: dict, rounds: int) -> dict:
     return best
 
 
+INTEGER_GEMM = "int8, uint8 A (integer GEMM)"
+
+
+def integer_gemm_gops(m: int, k: int, n: int, rounds: int) -> float:
+    """GOP/s of the integer GEMM an int8 variant's product of more than two rows runs on (uint8 A,
+    int8 weights, the dequantizing epilogue with a bias: bench/int8_gemm_bench.py's contestant); the
+    activations' quantization, a pass over A before it, is not in the figure."""
+    rng = np.random.default_rng(4)
+    a = rng.integers(0, 256, (m, k)).astype(np.uint8)
+    b = rng.integers(-127, 128, (k, n)).astype(np.int8)
+    contestant = int8_gemm_bench._integer_contestant("integer", a, b, False, 1, dequantize=True)
+    return 2 * m * k * n / best_interleaved({"integer": contestant.run}, rounds)["integer"] / 1e9
+
+
 def fma_peak() -> float:
     """GFLOP/s of the FMA loop (bench/gemm_bench.py), the best of 5 calls."""
     store, instance = instantiate(gemm_bench.peak_wat(True), 64, SIMD_FMA)
@@ -221,6 +235,7 @@ def measure(shapes, gemm_shapes, rounds: int) -> dict:
         for label, bits, level in BLOCK_FORMS:
             call, _ = block_call(m, k, n, bits, level)
             gflops[label] = 2 * m * k * n / best_interleaved({"cortex": call}, rounds)["cortex"] / 1e9
+        gflops[INTEGER_GEMM] = integer_gemm_gops(m, k, n, rounds)
         gemm_rows += [{"shape": f"{m}x{k}x{n}", "format": fmt, "gflop_s": value, "of_f32": value / gflops["f32"]}
                       for fmt, value in gflops.items()]
     return {"copy_gb_s": copy, "copy_after_gb_s": copy_bandwidth(rounds), "fma_peak": peak,
@@ -254,7 +269,9 @@ def table(result: dict) -> str:
         lines += ["", "The GEMM (more than two rows: A packed, a bf16, fp16 or int8 B widened to float32 one panel's K block "
                   "at a time for all its row tiles) over the same formats: the best GFLOP/s per call, and that as "
                   "a fraction of the float32 B's in the same run; MatMulNBits' blocks widened the same way, with A "
-                  "read as its int8 codes times their scales at level 4.", "",
+                  "read as its int8 codes times their scales at level 4; and the integer GEMM an int8 variant's "
+                  "products of more than two rows run on (uint8 A quantized at run time, whose pass over A is not in "
+                  "this figure; GOP/s).", "",
                   "| product | B stored | GFLOP/s | of float32 |", "|---|---|---:|---:|"]
         lines += [f"| {row['shape']} | {row['format']} | {row['gflop_s']:.1f} | {row['of_f32']:.0%} |"
                   for row in result["gemm_rows"]]
