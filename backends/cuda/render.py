@@ -21,9 +21,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from backends.cuda.block_quant import launches as block_quant_launches
-from backends.cuda.block_quant import render_block_quant
 from backends.cuda.fuse import Unit, fuse_elementwise
+from backends.cuda.kernels import launches as contraction_launches
+from backends.cuda.kernels import render_kernel as render_contraction
 from backends.cuda.parallelize import ParallelNest, plan_parallel
 from backends.cuda.spelling import (C_COMPUTE, C_STORAGE, NARROW, PRELUDE, WIDEN, binary, cast, combine, identity, number,
                                      unary)
@@ -187,9 +187,9 @@ class CudaRenderer:
         node_kernels = "+".join(p.kernel.name for p in unit.parts)
         op_types = "+".join(p.kernel.op_type for p in unit.parts)
         if isinstance(unit.stmts[0], Intrinsic):
-            for launch in block_quant_launches(name, unit.stmts[0].spec):
+            for launch in contraction_launches(name, unit.stmts[0].spec):
                 self.launches.append(Launch(launch[0], node_kernels, op_types, *launch[1:]))
-            return render_block_quant(self, unit, unit.stmts[0])
+            return render_contraction(self, unit, unit.stmts[0])
         tiled = plan_tiled(nest) if self.tiled else None
         if unit.fused and tiled is None:
             threads = nest.thread_count
