@@ -4,12 +4,15 @@ graph: the Cast (and Mul) widening in front of the product, which the kernel mus
 float32 rounding (bf16 and fp16 widen exactly; int8 scales each column's sum once instead of each
 product). Products of few rows and of several row groups, K and N multiples of neither 32 nor the
 16-byte vectors, Gemm with transposes and a bias, fused epilogues; the float32 and many-row products
-that stay loop nests; the compiled variants' weight bytes against the exact CU's."""
+that stay loop nests; the compiled variants' weight bytes against the exact CU's; the GPU check's
+variant products in its dry run."""
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +38,7 @@ from passes import optimize_pipeline, run_pipeline
 from passes.narrow_weights import narrowed
 from passes.partition import PartitionIntoCUs
 
+ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(not cuda_compiler_available(), reason="no CUDA compiler (cuda-sim needs its headers)")
 
 FORMATS = ("bf16", "fp16", "int8")
@@ -192,3 +196,20 @@ def test_compiled_variants_hold_the_narrow_bytes_and_run_on_cuda_sim(tmp_path):
         reference, _ = variant_source(model, precision)
         want = run_onnxruntime(reference, feeds)["y"]
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * np.abs(want).max(), err_msg=precision)
+
+
+@pytest.mark.slow
+def test_the_gpu_check_dry_run_checks_each_variant(tmp_path):
+    """bench/gpu_nbits_check.py's variant products on cuda-sim: one narrow-kernel launch each,
+    equal to onnxruntime on the narrowed product the script builds by code."""
+    run = subprocess.run([sys.executable, "-m", "bench.gpu_nbits_check", "--dry-run", "--shapes", "1x40x72",
+                          "--variant-shape", "2x36x90", "--out", str(tmp_path / "build"),
+                          "--output", str(tmp_path / "report.json")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    variants = json.loads((tmp_path / "report.json").read_text())["variants"]
+    assert [row["variant"] for row in variants] == list(FORMATS)
+    for row in variants:
+        assert row["matches_onnxruntime"] and row["relative_error"] < 1e-5, row
+        assert row["kernels"] == [f"cu0000{row['variant']}_000_MatMul"] and row["weight_gb_per_s"] > 0
+        assert row["weight_share"] <= SHARE[row["variant"]]
