@@ -29,10 +29,11 @@ lowering runs as the integer GEMM with a dequantizing epilogue (ir/ops/quantized
 is folded into s, its beta into a constant C (a C computed at run time is added when beta is 1,
 else the Gemm keeps the weight-only form, as it does with transA). The contract of the int8 variant
 is thus: weights per output channel, and for GEMM-shaped products the activations per tensor too.
-A 2-D Conv that is not depthwise (`convolves_integers`) multiplies integers too, its X quantized per
-tensor likewise: Y = float32(ConvInteger(qX, q, x_zero)) * (x_scale * s[c]) [+ bias[c]], the
-scale and bias [1, C, 1, 1], on the integer Conv kernel (whose padding holds x_zero, so a padded tap
-adds 0, as the float Conv's zero padding does), the Cast / Mul / Add as elementwise kernels after it.
+A 2-D Conv of at least MIN_CONV_TAPS taps per output (`convolves_integers`; no depthwise one)
+multiplies integers too, its X quantized per tensor likewise (once for all the Convs that read it):
+Y = float32(ConvInteger(qX, q, x_zero)) * (x_scale * s[c]) [+ bias[c]], scale and bias [1, C, 1, 1],
+on the integer Conv kernel (whose padding holds x_zero, so a padded tap adds 0, as the float Conv's
+zero padding does), the Cast / Mul / Add as elementwise kernels after it.
 The wasm integer GEMM holds B as int16 k-pair panels, so such a product's module stores two bytes
 per weight, not one (the GEMV's int8 panels and a Gather's table keep one).
 """
@@ -56,6 +57,14 @@ MIN_WEIGHT_ELEMENTS = 64        # smaller weights are not worth a conversion nod
 # Products of at most this many rows run on the wasm GEMV (backends/wasm/kernels/gemv.py MAX_ROWS),
 # which reads int8 panels at the memory's speed: quantizing A would only add work and error there.
 GEMV_ROWS = 2
+# A Conv with fewer taps per output (C / groups x KH x KW) keeps the weight-only form: its integer sums
+# save less than the passes around them cost (quantizing X, packing it into int16 panels, the Cast /
+# Mul / Add kernels after). wasm simd, one Conv + Relu: 3x3 depthwise (9 taps) over 64 channels at
+# 56x56 0.8 ms against the float direct kernel's 0.2; 3 -> 64 3x3 stride 2 at 224x224 (27 taps)
+# 2.0 ms against 1.7; 16 -> 64 1x1 at 55x55 (16) 0.26 against 0.28; 128 -> 256 3x3 in 64 groups
+# (18) 0.65 against 0.71; 32 -> 128 1x1 at 27x27 (32) 0.16 against 0.22; 3x3 over 16 channels
+# (144) 1.1 against 1.9.
+MIN_CONV_TAPS = 32
 
 
 def weight_readers(graph: Graph) -> list[tuple[Node, int, int]]:
@@ -101,6 +110,7 @@ class NarrowWeights(Pass):
         stored: dict[tuple[int, int], tuple[Value, Value | None]] = {}
         stored_kn: dict[int, tuple[Value, np.ndarray]] = {}
         stored_oc: dict[int, tuple[Value, np.ndarray]] = {}
+        quantized_x: dict[int, tuple[Value, Value, Value]] = {}
         added: list[Node] = []
         replaced: dict[int, list[Node]] = {}
         for node, index, axis in weight_readers(graph):
@@ -114,7 +124,9 @@ class NarrowWeights(Pass):
                 if id(w) not in stored_oc:
                     codes, scale = quantize_per_channel(w.const, axis)
                     stored_oc[id(w)] = (_constant(graph, f"{w.name}_int8", codes), scale.reshape(-1))
-                replaced[id(node)] = _integer_conv(graph, node, *stored_oc[id(w)])
+                x = node.inputs[0]
+                quantizing = [] if id(x) in quantized_x else [_quantize_dynamically(graph, x, quantized_x)]
+                replaced[id(node)] = quantizing + _integer_conv(graph, node, *stored_oc[id(w)], *quantized_x[id(x)])
                 continue
             key = (id(w), axis)
             if key not in stored:
@@ -171,18 +183,14 @@ def multiplies_integers(node: Node, index: int) -> bool:
 
 def convolves_integers(node: Node, index: int) -> bool:
     """Whether the int8 variant writes this Conv as DynamicQuantizeLinear -> ConvInteger: a 2-D Conv
-    of a float32 activation X of static shape, with a constant bias or none, grouped or not, but not
-    depthwise (as many groups as input and output channels): the integer Conv runs one 4-channel tile
-    per channel there, 4-5x slower than the float direct depthwise kernel that reads the widened weight
-    (64 channels at 56x56, 3x3: 0.8 ms against 0.2 ms)."""
+    (grouped or not) of a float32 activation X of static shape, with a constant bias or none, and at
+    least MIN_CONV_TAPS taps per output."""
     x, w = node.inputs[0], node.inputs[index]
     bias = node.inputs[2] if len(node.inputs) > 2 else None
-    if index != 1 or node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or len(w.shape) != 4 \
-            or x.is_const or x.dtype != dtypes.from_numpy(np.float32) or not x.is_static or len(x.shape) != 4 \
-            or (bias is not None and not bias.is_const) or len(node.outputs) != 1:
-        return False
-    groups = int(node.attrs.get("group", 1))
-    return not (groups > 1 and groups == int(x.shape[1]) == int(w.shape[0]))
+    return index == 1 and node.op_type == "Conv" and node.domain in ("", "ai.onnx") and len(w.shape) == 4 \
+        and not x.is_const and x.dtype == dtypes.from_numpy(np.float32) and x.is_static and len(x.shape) == 4 \
+        and (bias is None or bias.is_const) and len(node.outputs) == 1 \
+        and int(np.prod(w.shape[1:])) >= MIN_CONV_TAPS
 
 
 def _codes_k_by_n(graph: Graph, w: Value, axis: int) -> tuple[Value, np.ndarray]:
@@ -224,29 +232,37 @@ def _integer_product(graph: Graph, node: Node, codes: Value, column_scale: np.nd
     return nodes
 
 
-def _integer_conv(graph: Graph, node: Node, codes: Value, channel_scale: np.ndarray) -> list[Node]:
-    """`node` as DynamicQuantizeLinear(X) -> ConvInteger(codes) -> Cast -> Mul(x_scale * scale[c])
-    [-> Add(bias[c])], scale and bias shaped [1, C, 1, 1]: the nodes that replace it."""
-    x, y = node.inputs[0], node.outputs[0]
+def _quantize_dynamically(graph: Graph, x: Value, quantized_x: dict[int, tuple[Value, Value, Value]]) -> Node:
+    """DynamicQuantizeLinear of `x`, its outputs recorded in `quantized_x` so that every Conv reading
+    `x` (a SqueezeNet fire module's two expand Convs) shares one quantization."""
+    float32, uint8 = dtypes.from_numpy(np.float32), dtypes.from_numpy(np.uint8)
+    outputs = [Value(graph.fresh_name(f"{x.name}_{suffix}"), dtype, shape)
+               for suffix, dtype, shape in (("quantized", uint8, x.shape), ("scale", float32, ()), ("zero", uint8, ()))]
+    quantized_x[id(x)] = tuple(outputs)
+    return Node("DynamicQuantizeLinear", [x], outputs, name=graph.fresh_name(f"{x.name}_dynamicquantizelinear"))
+
+
+def _integer_conv(graph: Graph, node: Node, codes: Value, channel_scale: np.ndarray, quantized: Value,
+                  x_scale: Value, x_zero: Value) -> list[Node]:
+    """`node` as ConvInteger(qX, codes, x_zero) -> Cast -> Mul(x_scale * scale[c]) [-> Add(bias[c])],
+    scale and bias shaped [1, C, 1, 1]: the nodes that replace it, after X's DynamicQuantizeLinear."""
+    y = node.outputs[0]
     channels = codes.shape[0]
     bias = node.inputs[2] if len(node.inputs) > 2 else None
-    float32, uint8 = dtypes.from_numpy(np.float32), dtypes.from_numpy(np.uint8)
+    float32 = dtypes.from_numpy(np.float32)
 
     def value(suffix: str, dtype: int, shape: tuple) -> Value:
         return Value(graph.fresh_name(f"{y.name}_{suffix}"), dtype, shape)
 
     def op(op_type: str, inputs: list[Value], outputs: list[Value], **attrs) -> Node:
         return Node(op_type, inputs, outputs, attrs, name=graph.fresh_name(f"{node.name or y.name}_{op_type.lower()}"))
-    quantized, x_scale, x_zero = value("quantized_x", uint8, x.shape), value("x_scale", float32, ()), \
-        value("x_zero", uint8, ())
     per_channel = (1, channels, 1, 1)
     scale = value("scale", float32, per_channel)
     total, widened = value("int32", dtypes.from_numpy(np.int32), y.shape), value("sums", float32, y.shape)
     scaled = value("scaled", float32, y.shape) if bias is not None else y
     weight_scale = _constant(graph, f"{codes.name}_scale", channel_scale.reshape(per_channel))
     # ConvInteger pads with x_zero, a tap that adds (x_zero - x_zero) * w = 0: the float Conv's zero padding.
-    nodes = [op("DynamicQuantizeLinear", [x], [quantized, x_scale, x_zero]),
-             op("Mul", [x_scale, weight_scale], [scale]),
+    nodes = [op("Mul", [x_scale, weight_scale], [scale]),
              op("ConvInteger", [quantized, codes, x_zero], [total], **dict(node.attrs)),
              op("Cast", [total], [widened], to=float32),
              op("Mul", [widened, scale], [scaled])]

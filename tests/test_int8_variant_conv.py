@@ -1,8 +1,9 @@
 """The int8 variant's Convs multiply integers: a 2-D Conv with a constant float32 weight becomes
 DynamicQuantizeLinear(X) -> ConvInteger(codes) -> Cast -> Mul(x_scale * scale[c]) [-> Add(bias[c])],
 which runs on the wasm integer Conv kernel (no loop nest) and computes what onnxruntime computes on
-the same graph built here from the weight's per-output-channel int8 codes. A depthwise Conv keeps the
-weight-only form the float direct depthwise kernel reads; so does every Conv without integer_gemm."""
+the same graph built here from the weight's per-output-channel int8 codes; Convs reading the same X
+share its quantization. A Conv with fewer than MIN_CONV_TAPS taps per output (a depthwise one, a first
+RGB layer) keeps the weight-only form; so does every Conv without integer_gemm."""
 
 from __future__ import annotations
 
@@ -75,11 +76,10 @@ def relative_l2(got: np.ndarray, want: np.ndarray) -> float:
     (1, 8, (12, 12), 16, 3, 1, 1, 1, True),
     (2, 8, (12, 12), 16, 3, 1, 1, 1, False),
     (1, 6, (11, 13), 10, 3, 2, 1, 1, True),
-    (2, 16, (9, 9), 24, 1, 1, 0, 1, True),
-    (1, 12, (7, 7), 20, 1, 1, 0, 1, False),
-    (1, 16, (10, 10), 32, 3, 1, 1, 4, True),           # grouped: 4 input channels per group
-    (2, 8, (9, 9), 16, 3, 2, 1, 8, True)],              # one input channel per group, 2 outputs each
-    ids=["3x3-pad1", "3x3-batch2-no-bias", "3x3-stride2", "1x1-batch2", "1x1-no-bias", "grouped", "channel-multiplier"])
+    (2, 32, (9, 9), 24, 1, 1, 0, 1, True),
+    (1, 40, (7, 7), 20, 1, 1, 0, 1, False),
+    (1, 16, (10, 10), 32, 3, 1, 1, 4, True)],          # grouped: 4 input channels per group, 36 taps
+    ids=["3x3-pad1", "3x3-batch2-no-bias", "3x3-stride2", "1x1-batch2", "1x1-no-bias", "grouped"])
 def test_a_conv_runs_on_the_integer_conv_kernel_as_onnxruntime_runs_its_integer_form(
         batch, channels, size, out_channels, kernel, stride, pad, group, bias, features):
     model = conv_model(batch, channels, size, out_channels, kernel, stride=stride, pad=pad, group=group, bias=bias,
@@ -113,11 +113,35 @@ def test_padding_adds_nothing_where_zero_is_not_the_inputs_zero_point():
         assert relative_l2(got[border], exact[border]) < 3e-2
 
 
-def test_a_depthwise_conv_keeps_the_weight_only_form_the_direct_kernel_reads():
-    model = conv_model(1, 16, (12, 12), 16, 3, pad=1, group=16)
+def test_convs_reading_the_same_input_share_its_quantization():
+    rng = np.random.default_rng(6)
+    w1, w3 = (rng.standard_normal(shape).astype(np.float32) * 0.1 for shape in ((24, 16, 1, 1), (24, 16, 3, 3)))
+    w1 = np.concatenate([w1] * 2, axis=1)           # 32 taps: the 1x1 reads the input twice over
+    nodes = [helper.make_node("Concat", ["x", "x"], ["xx"], axis=1),
+             helper.make_node("Conv", ["xx", "w1"], ["a"], kernel_shape=[1, 1]),
+             helper.make_node("Conv", ["xx", "w3"], ["b"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=2),
+             helper.make_node("Concat", ["a", "b"], ["y"], axis=1)]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", T.FLOAT, [1, 16, 8, 8])],
+                       [helper.make_tensor_value_info("y", T.FLOAT, None)],
+                       [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w3, "w3")])
+    graph = variant_graph(model)
+    assert [node.op_type for node in graph.nodes].count("DynamicQuantizeLinear") == 1
+    assert [node.op_type for node in graph.nodes].count("ConvInteger") == 2
+    feeds = {"x": rng.standard_normal((1, 16, 8, 8)).astype(np.float32)}
+    got = run(compiled(graph, "simd,bulk-memory"), "simd,bulk-memory", feeds)
+    assert 1e-4 < relative_l2(got, run_onnxruntime(model, feeds)["y"]) < 3e-2
+
+
+@pytest.mark.parametrize("channels,out_channels,kernel,group", [
+    (16, 16, 3, 16),        # depthwise: 9 taps
+    (8, 16, 3, 8),          # one input channel per group, two outputs each: 9 taps
+    (3, 16, 3, 1),          # a first RGB layer: 27 taps
+    (16, 32, 1, 1)])        # 1x1 over 16 channels
+def test_a_conv_of_few_taps_keeps_the_weight_only_form(channels, out_channels, kernel, group):
+    model = conv_model(1, channels, (12, 12), out_channels, kernel, pad=kernel // 2, group=group)
     graph = variant_graph(model)
     assert [node.op_type for node in graph.nodes] == ["Cast", "Mul", "Conv"]
-    feeds = {"x": np.random.default_rng(5).standard_normal((1, 16, 12, 12)).astype(np.float32)}
+    feeds = {"x": np.random.default_rng(5).standard_normal((1, channels, 12, 12)).astype(np.float32)}
     got = run(compiled(graph, "simd,bulk-memory"), "simd,bulk-memory", feeds)
     assert relative_l2(got, run_onnxruntime(model, feeds)["y"]) < 3e-2
 
