@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from backends.wasm.kernels.gemv import load_lanes, store_lanes
 from ir.loops.contraction import BlockQuantGemmSpec, BlockQuantWeight
 
 PANEL = 16
@@ -221,46 +222,8 @@ def render_block_quant_gemm(spec: BlockQuantGemmSpec, at: BlockQuantOffsets, *, 
         block_end.append(f"(local.set $t{g} {update})")
     block_end.append(f"(local.set $pb (i32.add (local.get $pb) (i32.const {block_bytes(spec) - code_bytes})))")
 
-    def store_panel(columns: int) -> list[str]:
-        lines = []
-        for g in range(GROUPS):
-            lanes = max(0, min(4, columns - 4 * g))
-            if lanes == 0:
-                continue
-            column = f"(i32.add (i32.shl (local.get $p) (i32.const 6)) (i32.const {16 * g}))"
-            value = f"(local.get $t{g})"
-            if at.bias is not None:
-                value = f"(f32x4.add {value} {_load(at.bias, column, lanes)})"
-            row = f"(i32.add {column} (i32.mul (local.get $r) (i32.const {n * 4})))"
-            lines.append(f"(local.set $t{g} {value})")
-            lines += _store(at.c, row, lanes, f"$t{g}")
-        return lines
-
-    panels, edge = divmod(n, PANEL)
-    panel_body = [
-        *(f"(local.set $t{g} (v128.const f32x4 0 0 0 0))" for g in range(GROUPS)),
-        f"(local.set $pa (i32.add (i32.const {at.scratch}) (i32.mul (local.get $r) (i32.const {padded_k}))))",
-        "(local.set $blk (i32.const 0))",
-        "(loop $block",
-        *(f"  (local.set {x} (v128.const i32x4 0 0 0 0))" for x in accs),
-        f"  (local.set $pend (i32.add (local.get $pb) (i32.const {code_bytes})))",
-        "  (loop $chunk",
-        *("    " + line for line in chunk),
-        "    (br_if $chunk (i32.lt_u (local.get $pb) (local.get $pend))))",
-        *("  " + line for line in block_end),
-        "  (local.set $blk (i32.add (local.get $blk) (i32.const 1)))",
-        f"  (br_if $block (i32.lt_u (local.get $blk) (i32.const {blocks}))))",
-    ]
-    product = ["(local.set $r (i32.const 0))", "(loop $prow",
-               f"  (local.set $pb (i32.const {at.b}))", "  (local.set $p (i32.const 0))"]
-    if panels:
-        product += ["  (loop $panel", *("    " + line for line in panel_body + store_panel(PANEL)),
-                    "    (local.set $p (i32.add (local.get $p) (i32.const 1)))",
-                    f"    (br_if $panel (i32.lt_u (local.get $p) (i32.const {panels}))))"]
-    if edge:
-        product += [*("  " + line for line in panel_body + store_panel(edge))]
-    product += ["  (local.set $r (i32.add (local.get $r) (i32.const 1)))",
-                f"  (br_if $prow (i32.lt_u (local.get $r) (i32.const {m}))))"]
+    accumulators = [f"(local.set {x} (v128.const i32x4 0 0 0 0))" for x in accs]
+    product = _rows_of_panels(spec, at, padded_k, accumulators, chunk, block_end)
 
     decls = ["(local $r i32) (local $blk i32) (local $k0 i32) (local $kend i32) (local $kk i32) (local $arow i32) "
              "(local $slot i32) (local $q i32) (local $sum i32) (local $p i32) (local $pa i32) (local $pb i32) "
@@ -275,20 +238,53 @@ def render_block_quant_gemm(spec: BlockQuantGemmSpec, at: BlockQuantOffsets, *, 
                       *("  " + line for line in quantize + product), ")"]) + "\n"
 
 
-def _load(base: int, offset: str, lanes: int) -> str:
-    if lanes == 4:
-        return f"(v128.load offset={base} {offset})"
-    value = "(v128.const f32x4 0 0 0 0)"
-    for lane in range(lanes):     # never read past the last real column
-        value = f"(f32x4.replace_lane {lane} {value} (f32.load offset={base + 4 * lane} {offset}))"
-    return value
+def _rows_of_panels(spec: BlockQuantGemmSpec, at: BlockQuantOffsets, row_bytes: int, accumulators: list[str],
+                    chunk: list[str], block_end: list[str]) -> list[str]:
+    """The product's loops, shared by both arithmetics: rows $r, panels $p (the last one short when N
+    is not a multiple of 16), blocks $blk, chunks; `accumulators` zero a block's sums, `chunk` adds
+    one chunk to them (moving $pa through the row's `row_bytes` of A's scratch and $pb through B),
+    `block_end` adds the block to the totals $t0..$t3, which are stored (plus the bias) per panel."""
+    m, n = spec.m, spec.n
+    blocks = -(-spec.k // spec.block)
+    code_bytes = PANEL * spec.block * spec.bits // 8
 
+    def store_panel(columns: int) -> list[str]:
+        lines = []
+        for g in range(GROUPS):
+            lanes = max(0, min(4, columns - 4 * g))
+            if lanes == 0:
+                continue
+            column = f"(i32.add (i32.shl (local.get $p) (i32.const 6)) (i32.const {16 * g}))"
+            if at.bias is not None:
+                lines.append(f"(local.set $t{g} (f32x4.add (local.get $t{g}) {load_lanes(at.bias, column, lanes)}))")
+            lines += store_lanes(at.c, f"(i32.add {column} (i32.mul (local.get $r) (i32.const {n * 4})))", lanes, f"$t{g}")
+        return lines
 
-def _store(base: int, offset: str, lanes: int, reg: str) -> list[str]:
-    if lanes == 4:
-        return [f"(v128.store offset={base} {offset} (local.get {reg}))"]
-    return [f"(f32.store offset={base + 4 * lane} {offset} (f32x4.extract_lane {lane} (local.get {reg})))"
-            for lane in range(lanes)]
+    panel_body = [
+        *(f"(local.set $t{g} (v128.const f32x4 0 0 0 0))" for g in range(GROUPS)),
+        f"(local.set $pa (i32.add (i32.const {at.scratch}) (i32.mul (local.get $r) (i32.const {row_bytes}))))",
+        "(local.set $blk (i32.const 0))",
+        "(loop $block",
+        *("  " + line for line in accumulators),
+        f"  (local.set $pend (i32.add (local.get $pb) (i32.const {code_bytes})))",
+        "  (loop $chunk",
+        *("    " + line for line in chunk),
+        "    (br_if $chunk (i32.lt_u (local.get $pb) (local.get $pend))))",
+        *("  " + line for line in block_end),
+        "  (local.set $blk (i32.add (local.get $blk) (i32.const 1)))",
+        f"  (br_if $block (i32.lt_u (local.get $blk) (i32.const {blocks}))))",
+    ]
+    panels, edge = divmod(n, PANEL)
+    product = ["(local.set $r (i32.const 0))", "(loop $prow",
+               f"  (local.set $pb (i32.const {at.b}))", "  (local.set $p (i32.const 0))"]
+    if panels:
+        product += ["  (loop $panel", *("    " + line for line in panel_body + store_panel(PANEL)),
+                    "    (local.set $p (i32.add (local.get $p) (i32.const 1)))",
+                    f"    (br_if $panel (i32.lt_u (local.get $p) (i32.const {panels}))))"]
+    if edge:
+        product += [*("  " + line for line in panel_body + store_panel(edge))]
+    return product + ["  (local.set $r (i32.add (local.get $r) (i32.const 1)))",
+                      f"  (br_if $prow (i32.lt_u (local.get $r) (i32.const {m}))))"]
 
 
 def _render_float_a(spec: BlockQuantGemmSpec, at: BlockQuantOffsets, features: frozenset[str], name: str) -> str:
@@ -361,43 +357,8 @@ def _render_float_a(spec: BlockQuantGemmSpec, at: BlockQuantOffsets, features: f
         block_end.append(f"(local.set $t{g} {madd(centred, f'(v128.load offset={16 * g} (local.get $pb))', f'(local.get $t{g})')})")
     block_end.append(f"(local.set $pb (i32.add (local.get $pb) (i32.const {block_bytes(spec) - code_bytes})))")
 
-    def store_panel(columns: int) -> list[str]:
-        lines = []
-        for g in range(GROUPS):
-            lanes = max(0, min(4, columns - 4 * g))
-            if lanes == 0:
-                continue
-            column = f"(i32.add (i32.shl (local.get $p) (i32.const 6)) (i32.const {16 * g}))"
-            if at.bias is not None:
-                lines.append(f"(local.set $t{g} (f32x4.add (local.get $t{g}) {_load(at.bias, column, lanes)}))")
-            lines += _store(at.c, f"(i32.add {column} (i32.mul (local.get $r) (i32.const {n * 4})))", lanes, f"$t{g}")
-        return lines
-
-    panels, edge = divmod(n, PANEL)
-    panel_body = [
-        *(f"(local.set $t{g} (v128.const f32x4 0 0 0 0))" for g in range(GROUPS)),
-        f"(local.set $pa (i32.add (i32.const {at.scratch}) (i32.mul (local.get $r) (i32.const {padded_k * 4}))))",
-        "(local.set $blk (i32.const 0))",
-        "(loop $block",
-        *(f"  (local.set $s{g} (v128.const f32x4 0 0 0 0))" for g in range(GROUPS)),
-        f"  (local.set $pend (i32.add (local.get $pb) (i32.const {code_bytes})))",
-        "  (loop $chunk",
-        *("    " + line for line in chunk),
-        "    (br_if $chunk (i32.lt_u (local.get $pb) (local.get $pend))))",
-        *("  " + line for line in block_end),
-        "  (local.set $blk (i32.add (local.get $blk) (i32.const 1)))",
-        f"  (br_if $block (i32.lt_u (local.get $blk) (i32.const {blocks}))))",
-    ]
-    product = ["(local.set $r (i32.const 0))", "(loop $prow",
-               f"  (local.set $pb (i32.const {at.b}))", "  (local.set $p (i32.const 0))"]
-    if panels:
-        product += ["  (loop $panel", *("    " + line for line in panel_body + store_panel(PANEL)),
-                    "    (local.set $p (i32.add (local.get $p) (i32.const 1)))",
-                    f"    (br_if $panel (i32.lt_u (local.get $p) (i32.const {panels}))))"]
-    if edge:
-        product += [*("  " + line for line in panel_body + store_panel(edge))]
-    product += ["  (local.set $r (i32.add (local.get $r) (i32.const 1)))",
-                f"  (br_if $prow (i32.lt_u (local.get $r) (i32.const {m}))))"]
+    accumulators = [f"(local.set $s{g} (v128.const f32x4 0 0 0 0))" for g in range(GROUPS)]
+    product = _rows_of_panels(spec, at, padded_k * 4, accumulators, chunk, block_end)
     decls = ["(local $r i32) (local $blk i32) (local $k0 i32) (local $kk i32) (local $arow i32) (local $p i32) "
              "(local $pa i32) (local $pb i32) (local $pend i32) (local $x f32) (local $sum f32)",
              "(local $v v128) (local $w v128) (local $sums v128) (local $zlo v128) (local $zhi v128) "

@@ -88,13 +88,13 @@ def render_gemv(spec: GemmSpec, at: GemmOffsets, *, features, name: str = "gemv"
                 if spec.b_format == "int8":     # the same products, each column's sum scaled once
                     total = f"(f32x4.mul {total} (v128.load offset={scales_at} {column}))"
                 if at.bias is not None:
-                    total = f"(f32x4.add {total} {_load(at.bias, column, width)})"
+                    total = f"(f32x4.add {total} {load_lanes(at.bias, column, width)})"
                 row_at = f"(i32.add {column} (i32.const {r * n * 4}))"
                 if at.residual is not None:
-                    total = f"(f32x4.add {total} {_load(at.residual, row_at, width)})"
+                    total = f"(f32x4.add {total} {load_lanes(at.residual, row_at, width)})"
                 code.append(f"(local.set {accs[r][0][v]} {total})")
                 code += v128_activation(spec.epilogue.activation, accs[r][0][v])
-                code += _store(at.c, row_at, width, accs[r][0][v])
+                code += store_lanes(at.c, row_at, width, accs[r][0][v])
         return code
 
     full, edge = divmod(n, PANEL)
@@ -134,7 +134,8 @@ def _load_b(format: str) -> list[str]:
     raise ValueError(f"unknown B format {format!r}")
 
 
-def _load(base: int, offset: str, lanes: int) -> str:
+def load_lanes(base: int, offset: str, lanes: int) -> str:
+    """`lanes` float32s at `base` + `offset` (an i32 expression) as a v128, the rest 0."""
     if lanes == 4:
         return f"(v128.load offset={base} {offset})"
     value = ZERO
@@ -143,7 +144,8 @@ def _load(base: int, offset: str, lanes: int) -> str:
     return value
 
 
-def _store(base: int, offset: str, lanes: int, reg: str) -> list[str]:
+def store_lanes(base: int, offset: str, lanes: int, reg: str) -> list[str]:
+    """Store the first `lanes` float32s of local `reg` at `base` + `offset`."""
     if lanes == 4:
         return [f"(v128.store offset={base} {offset} (local.get {reg}))"]
     return [f"(f32.store offset={base + 4 * lane} {offset} (f32x4.extract_lane {lane} (local.get {reg})))"
