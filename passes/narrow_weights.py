@@ -118,7 +118,9 @@ class NarrowWeights(Pass):
             if self.precision == "int8" and self.integer_gemm and multiplies_integers(node, index):
                 if id(w) not in stored_kn:
                     stored_kn[id(w)] = _codes_k_by_n(graph, w, axis)
-                replaced[id(node)] = _integer_product(graph, node, *stored_kn[id(w)])
+                a = node.inputs[0]
+                quantizing = [] if id(a) in quantized_x else [_quantize_dynamically(graph, a, quantized_x)]
+                replaced[id(node)] = quantizing + _integer_product(graph, node, *stored_kn[id(w)], *quantized_x[id(a)])
                 continue
             if self.precision == "int8" and self.integer_gemm and convolves_integers(node, index):
                 if id(w) not in stored_oc:
@@ -201,27 +203,26 @@ def _codes_k_by_n(graph: Graph, w: Value, axis: int) -> tuple[Value, np.ndarray]
     return _constant(graph, f"{w.name}_int8", codes), scale.reshape(-1)
 
 
-def _integer_product(graph: Graph, node: Node, codes: Value, column_scale: np.ndarray) -> list[Node]:
-    """`node` as onnxruntime's DynamicQuantizeMatMul computes it: the nodes that replace it."""
-    a, y = node.inputs[0], node.outputs[0]
+def _integer_product(graph: Graph, node: Node, codes: Value, column_scale: np.ndarray, quantized: Value,
+                     a_scale: Value, a_zero: Value) -> list[Node]:
+    """`node` as onnxruntime's DynamicQuantizeMatMul computes it, after A's DynamicQuantizeLinear:
+    the nodes that replace it."""
+    y = node.outputs[0]
     n = codes.shape[1]
     alpha, beta = float(node.attrs.get("alpha", 1.0)), float(node.attrs.get("beta", 1.0))
     bias = node.inputs[2] if node.op_type == "Gemm" and len(node.inputs) > 2 else None
-    float32, uint8 = dtypes.from_numpy(np.float32), dtypes.from_numpy(np.uint8)
+    float32 = dtypes.from_numpy(np.float32)
 
     def value(suffix: str, dtype: int, shape: tuple) -> Value:
         return Value(graph.fresh_name(f"{y.name}_{suffix}"), dtype, shape)
 
     def op(op_type: str, inputs: list[Value], outputs: list[Value], **attrs) -> Node:
         return Node(op_type, inputs, outputs, attrs, name=graph.fresh_name(f"{node.name or y.name}_{op_type.lower()}"))
-    quantized, a_scale, a_zero = value("quantized_a", uint8, a.shape), value("a_scale", float32, ()), \
-        value("a_zero", uint8, ())
     scale = value("scale", float32, (n,))
     total, widened = value("int32", dtypes.from_numpy(np.int32), y.shape), value("sums", float32, y.shape)
     scaled = value("scaled", float32, y.shape) if bias is not None else y
     weight_scale = _constant(graph, f"{codes.name}_scale", (column_scale * np.float32(alpha)).astype(np.float32))
-    nodes = [op("DynamicQuantizeLinear", [a], [quantized, a_scale, a_zero]),
-             op("Mul", [a_scale, weight_scale], [scale]),
+    nodes = [op("Mul", [a_scale, weight_scale], [scale]),
              op("MatMulInteger", [quantized, codes, a_zero], [total]),
              op("Cast", [total], [widened], to=float32),
              op("Mul", [widened, scale], [scaled])]
@@ -233,8 +234,9 @@ def _integer_product(graph: Graph, node: Node, codes: Value, column_scale: np.nd
 
 
 def _quantize_dynamically(graph: Graph, x: Value, quantized_x: dict[int, tuple[Value, Value, Value]]) -> Node:
-    """DynamicQuantizeLinear of `x`, its outputs recorded in `quantized_x` so that every Conv reading
-    `x` (a SqueezeNet fire module's two expand Convs) shares one quantization."""
+    """DynamicQuantizeLinear of `x`, its outputs recorded in `quantized_x` so that every product
+    reading `x` (a SqueezeNet fire module's two expand Convs, an attention's Q, K and V projections)
+    shares one quantization."""
     float32, uint8 = dtypes.from_numpy(np.float32), dtypes.from_numpy(np.uint8)
     outputs = [Value(graph.fresh_name(f"{x.name}_{suffix}"), dtype, shape)
                for suffix, dtype, shape in (("quantized", uint8, x.shape), ("scale", float32, ()), ("zero", uint8, ()))]
