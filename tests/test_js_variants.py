@@ -33,11 +33,12 @@ from samples.cache import ensure_folder
 pytestmark = pytest.mark.skipif(NODE is None, reason="node is not installed")
 
 # (name, dag file, policy, trust threshold or absent). The calibrated trusts of this model lie
-# near fp16 0.9998, bf16 0.998, int8 0.992-0.994 per CU, so these pick int8 everywhere, bf16
+# near fp16 0.9998, bf16 0.998, int8 0.9904-0.9918 per CU (the table's Gather weight-only, the
+# products with their activations quantized at run time), so these pick int8 everywhere, bf16
 # and int8 mixed by CU, fp16 everywhere, nothing, and, in the guarded copy, bf16 where int8 is
 # uncalibrated and a fallback where the calibrated range was narrowed.
 RUNS = [("calibrated", "dag.json", "balanced", None), ("calibrated", "dag.json", "aggressive", None),
-        ("calibrated", "dag.json", "balanced", 0.993), ("calibrated", "dag.json", "aggressive", 0.9995),
+        ("calibrated", "dag.json", "balanced", 0.9912), ("calibrated", "dag.json", "aggressive", 0.9995),
         ("calibrated", "dag.json", "balanced", 0.99999), ("calibrated", "dag.json", "strict", None),
         ("guarded", "guarded.json", "balanced", None)]
 RTOL, ATOL = 1e-5, 1e-6
