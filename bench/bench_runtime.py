@@ -165,9 +165,12 @@ def render(info: dict, decode: dict | None, variants: list[dict], rounds: int, d
                        + " / ".join(f"{t[k]['min']:.4f}" if k in t else "n/a" for k in ("fp16", "bf16", "int8"))
                        + f" | {p['balanced']['worst_relative_l2_vs_exact']:.2%} / {p['aggressive']['worst_relative_l2_vs_exact']:.2%}"
                        + f" | {p['strict']['median_ms']:.1f} / {p['balanced']['median_ms']:.1f} / {p['aggressive']['median_ms']:.1f} |")
-        out += ["", "Bytes are those of the compiled modules. The wasm MatMul and Gemm kernels read bf16 and int8 "
-                "weights narrow (docs/runtime.md, \"Narrow weights\"); fp16 weights, and Conv and Gather weights in "
-                "every precision, are still widened on every call (a Cast, or a Cast and a per-channel Mul). resnet50's "
+        out += ["", "Bytes are those of the compiled modules. The wasm MatMul and Gemm kernels read bf16, fp16 and "
+                "int8 weights narrow; an int8 variant's products of more than two rows and its Convs of 32 taps or "
+                "more quantize their activations per tensor at run time and run on the integer kernels, which store "
+                "their weights as 16-bit panels (hence int8's bytes) and lower int8's trust where activations have "
+                "outlier channels; bf16 and fp16 Conv weights, and every Gather table, are still widened on every "
+                "call (a Cast). resnet50's "
                 "output is a saturated softmax, so its relative error says nothing: its top-1 class agreed on every "
                 "held-back feed (in the JSON)."]
     out.append(END)
