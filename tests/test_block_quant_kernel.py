@@ -41,6 +41,13 @@ def reference(a: np.ndarray, weight: BlockQuantWeight, block: int) -> np.ndarray
     return out
 
 
+def random_weight(bits: int, n: int, k: int, block: int, zero_points: bool) -> BlockQuantWeight:
+    blocks = -(-k // block)
+    return BlockQuantWeight(RNG.integers(0, 2 ** bits, (n, k), dtype=np.uint8),
+                            (RNG.random((n, blocks)) * 0.1 + 0.01).astype(np.float32),
+                            RNG.integers(0, 2 ** bits, (n, blocks), dtype=np.uint8) if zero_points else None, bits)
+
+
 def run_kernel(spec: BlockQuantGemmSpec, a, weight, bias, features) -> np.ndarray:
     packed = pack_block_quant_b(spec, weight)
     assert packed.size == packed_size(spec)
@@ -67,10 +74,7 @@ def run_kernel(spec: BlockQuantGemmSpec, a, weight, bias, features) -> np.ndarra
     (8, 1, 64, 16, 16, True, False), (8, 3, 100, 21, 32, False, True), (8, 1, 256, 48, 128, True, True),
 ])
 def test_kernel_matches_the_integer_arithmetic(features, bits, m, k, n, block, zero_points, bias):
-    blocks = -(-k // block)
-    weight = BlockQuantWeight(RNG.integers(0, 2 ** bits, (n, k), dtype=np.uint8),
-                              (RNG.random((n, blocks)) * 0.1 + 0.01).astype(np.float32),
-                              RNG.integers(0, 2 ** bits, (n, blocks), dtype=np.uint8) if zero_points else None, bits)
+    weight = random_weight(bits, n, k, block, zero_points)
     a = RNG.standard_normal((m, k)).astype(np.float32)
     a[0, :min(k, block)] = 0.0           # an all-zero block: scale 0, codes 0
     b = RNG.standard_normal(n).astype(np.float32) if bias else None
@@ -95,10 +99,7 @@ def float_reference(a: np.ndarray, weight: BlockQuantWeight, block: int) -> np.n
 ])
 def test_weight_only_kernel_is_the_dequantized_product_to_float32_rounding(features, bits, m, k, n, block,
                                                                           zero_points, bias):
-    blocks = -(-k // block)
-    weight = BlockQuantWeight(RNG.integers(0, 2 ** bits, (n, k), dtype=np.uint8),
-                              (RNG.random((n, blocks)) * 0.1 + 0.01).astype(np.float32),
-                              RNG.integers(0, 2 ** bits, (n, blocks), dtype=np.uint8) if zero_points else None, bits)
+    weight = random_weight(bits, n, k, block, zero_points)
     a = RNG.standard_normal((m, k)).astype(np.float32)
     b = RNG.standard_normal(n).astype(np.float32) if bias else None
     got = run_kernel(BlockQuantGemmSpec(m, n, k, bits, block, zero_points, False), a, weight, b, FEATURES[features])
@@ -115,10 +116,7 @@ def test_weight_only_kernel_is_the_dequantized_product_to_float32_rounding(featu
 ])
 def test_more_than_two_rows_run_the_gemm_tiles_over_exactly_dequantized_blocks(features, bits, m, k, n, block,
                                                                                zero_points, bias):
-    blocks = -(-k // block)
-    weight = BlockQuantWeight(RNG.integers(0, 2 ** bits, (n, k), dtype=np.uint8),
-                              (RNG.random((n, blocks)) * 0.1 + 0.01).astype(np.float32),
-                              RNG.integers(0, 2 ** bits, (n, blocks), dtype=np.uint8) if zero_points else None, bits)
+    weight = random_weight(bits, n, k, block, zero_points)
     spec = BlockQuantGemmSpec(m, n, k, bits, block, zero_points, False, EpilogueSpec(bias=bias))
     assert uses_gemm_tiles(spec)
     a = RNG.standard_normal((m, k)).astype(np.float32)
