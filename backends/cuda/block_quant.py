@@ -5,7 +5,7 @@ A GEMV is what MatMulNBits mostly computes (a decoder's step: one row of A per t
 bound by reading B. The loop nest gives each output one thread that walks its column's bytes alone
 (neighbouring threads 2 KB apart: nothing coalesces, and a row of A keeps only N threads busy), so
 the target runs its own kernel instead, as onnxruntime's CUDA kernels do:
-- one warp per column of B and up to `MAX_ROWS` rows of A: the lanes take the column's blocks in
+- one warp per column of B and up to 4 rows of A (`column_warps.py`): the lanes take the column's blocks in
   turn, each loading its block's codes 16 (or 8) bytes at a time and unpacking them in registers,
   so a warp reads 512 consecutive bytes of a 4-bit column per step, and every code is widened once
   for all the warp's rows; the lanes' sums meet through `__shfl_xor_sync`, lane 0 stores them
@@ -32,12 +32,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from backends.cuda.column_warps import LANE_SUM, WARPS, column_launch, column_prologue, rows_per_warp
 from ir.loops.contraction import BlockQuantGemmSpec, BlockQuantWeight, Scratch, WeightLayout
 from ir.loops.program import Intrinsic
 
 KERNEL_BITS = (4, 8)
-WARPS = 4            # columns per block of the GEMV launch, one warp each
-MAX_ROWS = 4         # rows of A one warp multiplies with its column's unpacked codes
 QUANTIZE_WARPS = 8   # blocks of A per block of the quantizing launch, one warp each
 
 
@@ -89,13 +88,9 @@ def scratch(spec: BlockQuantGemmSpec) -> tuple[Scratch, ...]:
             Scratch("a", "_q8_sums", cells))
 
 
-def _rows(spec: BlockQuantGemmSpec) -> int:
-    return min(spec.m, MAX_ROWS)
-
-
 def launches(name: str, spec: BlockQuantGemmSpec) -> list[tuple[str, list[int], list[int], int]]:
     """(kernel, grid, block, useful threads) of each launch, in order."""
-    gemv = (name, [-(-spec.n // WARPS), -(-spec.m // _rows(spec)), 1], [32 * WARPS, 1, 1], spec.m * spec.n)
+    gemv = column_launch(name, spec.m, spec.n)
     if not spec.int8_a:
         return [gemv]
     warps = spec.m * _blocks(spec)
@@ -161,7 +156,7 @@ def _quantize_a(r, unit, call: Intrinsic, c: dict) -> str:
 
 def _gemv(r, unit, call: Intrinsic, c: dict) -> str:
     spec = call.spec
-    blocks, blob, rows = _blocks(spec), _blob(spec), _rows(spec)
+    blocks, blob, rows = _blocks(spec), _blob(spec), rows_per_warp(spec.m)
     vector, words = ("uint4", ("x", "y", "z", "w")) if blob % 16 == 0 else ("uint2", ("x", "y"))
     per_word = 32 // spec.bits
     codes_at, scales_at = 0, spec.n * blocks * blob
@@ -171,16 +166,8 @@ def _gemv(r, unit, call: Intrinsic, c: dict) -> str:
     lines = r.header(unit.name, unit.kernel, [call], 32 * WARPS)
     lines[1] = (f"  // {unit.kernel.op_type} ({unit.kernel.name}): {spec.bits}-bit blocks of {spec.block}, {arithmetic}; "
                 "one warp a column, its lanes taking the blocks in turn")
-    lines += ["  const int lane = threadIdx.x & 31;",
-              f"  const int col = blockIdx.x * {WARPS} + (threadIdx.x >> 5), row0 = blockIdx.y * {rows};",
-              f"  if (col >= {spec.n}) return;   // whole warps leave together",
-              f"  const float* __restrict__ scales = (const float*)({c['b']} + {scales_at});",
-              # Rows past M (the last warp's) repeat row M - 1: the loop stays branch-free, the store skips them.
-              f"  int row[{rows}];",
-              f"  for (int r = 0; r < {rows}; ++r) row[r] = min(row0 + r, {spec.m - 1});",
-              f"  float acc[{rows}];",
-              f"  for (int r = 0; r < {rows}; ++r) acc[r] = 0.0f;",
-              f"  for (int blk = lane; blk < {blocks}; blk += 32) {{",
+    lines += column_prologue(spec.m, spec.n, [f"  const float* __restrict__ scales = (const float*)({c['b']} + {scales_at});"])
+    lines += [f"  for (int blk = lane; blk < {blocks}; blk += 32) {{",
               f"    const float scale = scales[col * {blocks} + blk];",
               f"    const int zero = {zero};",
               f"    const {vector}* __restrict__ stored = (const {vector}*)({c['b']} + {codes_at} + "
@@ -192,7 +179,7 @@ def _gemv(r, unit, call: Intrinsic, c: dict) -> str:
     bias = f" + {c['bias']}[col]" if spec.epilogue.bias else ""
     lines += ["  }",
               f"  for (int r = 0; r < {rows}; ++r) {{",
-              "    for (int offset = 16; offset > 0; offset >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], offset);",
+              f"    {LANE_SUM}",
               f"    if (lane == 0 && row0 + r < {spec.m}) {c['y']}[(long long)(row0 + r) * {spec.n} + col] = acc[r]{bias};",
               "  }", "}"]
     return "\n".join(lines) + "\n"

@@ -5,7 +5,7 @@ bytes and widens them in registers.
 Without it, the variant's graph widens the whole weight to float32 in a kernel of its own on every
 call and the product then reads the float32 copy: more bytes moved than the exact CU's, where the
 point of the narrow weight is to move fewer. A product of few rows (a decoder's step) is bound by
-reading B, so the kernel is block_quant's GEMV: one warp per column of B and up to `MAX_ROWS` rows
+reading B, so the kernel is block_quant's GEMV: one warp per column of B and up to 4 rows
 of A, the lanes taking the column's 16-byte vectors in turn (a warp reads 512 consecutive bytes a
 step), each value widened once for all the warp's rows; the lanes' sums meet through
 `__shfl_xor_sync`, lane 0 applies the epilogue and stores. More rows take more warps over the same
@@ -38,14 +38,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from backends.cuda.column_warps import LANE_SUM, WARPS, column_launch, column_prologue, rows_per_warp
 from backends.cuda.spelling import number
 from ir.errors import UnsupportedError
 from ir.loops.contraction import GemmSpec, WeightLayout
 from ir.loops.narrow_weights import FORMATS, NarrowWeight
 from ir.loops.program import Intrinsic
 
-WARPS = 4            # columns per block, one warp each
-MAX_ROWS = 4         # rows of A one warp multiplies with each widened value of its column
 ROW_LIMIT = 16       # products of this many rows or more stay loop nests (see the module docstring)
 VECTOR_BYTES = 16    # one uint4 load a lane
 VALUE_BYTES = {"bf16": 2, "fp16": 2, "int8": 1}
@@ -83,13 +82,9 @@ def pack_narrow_columns(spec: GemmSpec, weight: NarrowWeight) -> np.ndarray:
     return np.concatenate(parts)
 
 
-def _rows(spec: GemmSpec) -> int:
-    return min(spec.m, MAX_ROWS)
-
-
 def launches(name: str, spec: GemmSpec) -> list[tuple[str, list[int], list[int], int]]:
     """(kernel, grid, block, useful threads) of its one launch."""
-    return [(name, [-(-spec.n // WARPS), -(-spec.m // _rows(spec)), 1], [32 * WARPS, 1, 1], spec.m * spec.n)]
+    return [column_launch(name, spec.m, spec.n)]
 
 
 def render_narrow_gemv(r, unit, call: Intrinsic) -> str:
@@ -102,22 +97,15 @@ def render_narrow_gemv(r, unit, call: Intrinsic) -> str:
     r._names = {}
     names = {"a": ops.a, "b": ops.b, "y": ops.out, "bias": ops.bias, "residual": ops.residual}
     c = {key: r.buffer_name(buf.storage) for key, buf in names.items() if buf is not None}
-    rows, per_vector, vectors = _rows(spec), _per_vector(spec), _vectors(spec)
+    rows, per_vector, vectors = rows_per_warp(spec.m), _per_vector(spec), _vectors(spec)
     column_bytes = vectors * VECTOR_BYTES
     lines = r.header(unit.name, unit.kernel, [call], 32 * WARPS)
     transposes = f"{'A^T' if spec.trans_a else 'A'} @ {'B^T' if spec.trans_b else 'B'}"
     lines[1] = (f"  // {unit.kernel.op_type} ({unit.kernel.name}): {transposes}, B stored {spec.b_format}; "
                 "one warp a column, its lanes taking the 16-byte vectors in turn")
-    lines += ["  const int lane = threadIdx.x & 31;",
-              f"  const int col = blockIdx.x * {WARPS} + (threadIdx.x >> 5), row0 = blockIdx.y * {rows};",
-              f"  if (col >= {spec.n}) return;   // whole warps leave together",
-              f"  const uint4* __restrict__ column = (const uint4*)({c['b']} + (long long)col * {column_bytes});",
-              # Rows past M (the last warp's) repeat row M - 1: the loop stays branch-free, the store skips them.
-              f"  int row[{rows}];",
-              f"  for (int r = 0; r < {rows}; ++r) row[r] = min(row0 + r, {spec.m - 1});",
-              f"  float acc[{rows}];",
-              f"  for (int r = 0; r < {rows}; ++r) acc[r] = 0.0f;",
-              f"  for (int v = lane; v < {vectors}; v += 32) {{",
+    lines += column_prologue(spec.m, spec.n,
+                             [f"  const uint4* __restrict__ column = (const uint4*)({c['b']} + (long long)col * {column_bytes});"])
+    lines += [f"  for (int v = lane; v < {vectors}; v += 32) {{",
               "    const uint4 q = column[v];",
               "    const unsigned int word[4] = {q.x, q.y, q.z, q.w};",
               "#pragma unroll",
@@ -132,7 +120,7 @@ def render_narrow_gemv(r, unit, call: Intrinsic) -> str:
               "    }",
               "  }"]
     lines += [f"  for (int r = 0; r < {rows}; ++r) {{",
-              "    for (int offset = 16; offset > 0; offset >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], offset);",
+              f"    {LANE_SUM}",
               f"    if (lane != 0 || row0 + r >= {spec.m}) continue;",
               f"    const long long at = (long long)(row0 + r) * {spec.n} + col;",
               *[f"    {line}" for line in _epilogue(spec, c, column_bytes)],
