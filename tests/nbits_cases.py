@@ -14,6 +14,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ir.ops.matmul_nbits import dequantized_blocks
+
 DOMAIN = "com.microsoft"
 # (input, output, bits, K, N, block, zero points, rows of A)
 NODES = (("x4", "y4", 4, 80, 40, 32, True, (2, 3)), ("r4", "z4", 4, 80, 24, 32, True, (2,)),
@@ -34,17 +36,7 @@ def packed_weight(rng: np.random.Generator, bits: int, k: int, n: int, block: in
 
 def dequantized(weight: dict, bits: int, k: int, n: int, block: int) -> np.ndarray:
     """B^T as float32 [K, N]: (code - zero point) * scale, rounded once, as onnxruntime's level 0 reads it."""
-    blocks = -(-k // block)
-
-    def fields(rows: np.ndarray) -> np.ndarray:
-        flat = np.unpackbits(rows, axis=1, bitorder="little")
-        flat = flat[:, :flat.shape[1] // bits * bits].reshape(rows.shape[0], -1, bits).astype(np.int32)
-        return (flat << np.arange(bits, dtype=np.int32)).sum(axis=2)
-    codes = fields(weight["b"].reshape(n, -1))[:, :k].astype(np.float32)
-    zeros = (fields(weight["zp"].reshape(n, -1))[:, :blocks].astype(np.float32) if "zp" in weight
-             else np.full((n, blocks), 2 ** (bits - 1), np.float32))
-    group = np.arange(k) // block
-    return ((codes - zeros[:, group]) * weight["s"].reshape(n, blocks)[:, group]).astype(np.float32).T.copy()
+    return dequantized_blocks(weight["b"], weight["s"], weight.get("zp"), k, n, bits, block).T.copy()
 
 
 def _model(nodes, inputs, outputs, initializers, name: str) -> onnx.ModelProto:

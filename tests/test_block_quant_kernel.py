@@ -136,17 +136,9 @@ def test_more_than_two_rows_run_the_gemm_tiles_over_exactly_dequantized_blocks(f
     instance.exports(store)["kernel"](store)
     got = read(store, instance, c_at, (m, n))
     # the float32 GEMM on the dequantized weight, which the tiles read exactly
-    dequantized = weight_dequantized(weight, block)
+    dequantized = weight.dequantized(block)
     want = run_float_gemm(a, dequantized, b, features)
     np.testing.assert_array_equal(got, want)
-
-
-def weight_dequantized(weight: BlockQuantWeight, block: int) -> np.ndarray:
-    """B [K, N] as float32: (code - zero) * scale, each rounded once."""
-    zeros = weight.zeros if weight.zeros is not None else np.full(weight.scales.shape, 2 ** (weight.bits - 1))
-    group = np.arange(weight.codes.shape[1]) // block
-    centred = weight.codes.astype(np.float32) - zeros[:, group].astype(np.float32)
-    return np.ascontiguousarray((centred * weight.scales[:, group]).T)
 
 
 def run_float_gemm(a: np.ndarray, b: np.ndarray, bias, features: str) -> np.ndarray:

@@ -11,8 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import cortex
-from ir.onnx_import import import_model
-from ir.ops.matmul_nbits import _dequantized_weight
+from ir.ops.matmul_nbits import dequantized_blocks
 from test_contrib_quantized import nbits_case, node_model, run_onnxruntime, run_on_wasm
 from wasm_cases import compile_pipeline
 
@@ -110,8 +109,7 @@ def test_a_4_bit_weight_keeps_its_bytes_in_the_cu(tmp_path):
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())   # sums of 1024 products
     # the same weights dequantized, as a float32 MatMul
     dequantized = onnx.load_from_string(narrow.SerializeToString())
-    node = import_model(narrow).nodes[0]
-    weight = _dequantized_weight(node, None).T
+    weight = dequantized_blocks(constants["b"], constants["s"], constants["zp"], k, n, 4, block).T.copy()
     dequantized.graph.ClearField("node")
     dequantized.graph.ClearField("initializer")
     dequantized.graph.initializer.append(numpy_helper.from_array(weight, "w"))

@@ -78,20 +78,18 @@ def _bit_fields(rows: np.ndarray, bits: int) -> np.ndarray:
     return (fields << np.arange(bits, dtype=np.int32)).sum(axis=2)
 
 
-def _dequantized_weight(node: Node, g_idx: np.ndarray | None) -> np.ndarray:
-    """B as [N, K] in the scales' type, zero points packed or float, blocks by `g_idx` when given."""
-    k, n, bits, block, _ = nbits_attributes(node)
+def dequantized_blocks(packed: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, k: int, n: int,
+                       bits: int, block: int, g_idx: np.ndarray | None = None) -> np.ndarray:
+    """MatMulNBits' B as [N, K] in the scales' type: (code - zero) * scale, rounded to float32 once,
+    zero points packed (uint8) or float (None: the middle code), blocks by `g_idx` when given."""
     blocks = -(-k // block)
-    packed = np.asarray(node.inputs[1].const)
     codes = _bit_fields(packed.reshape(n, -1), bits)[:, :k].astype(np.float32)
-    scales = np.asarray(node.inputs[2].const)
-    zeros = _input(node, 3)
-    if zeros is None:
+    if zero_points is None:
         zero_values = np.full((n, blocks), 2 ** (bits - 1), np.float32)
-    elif np.asarray(zeros.const).dtype == np.uint8:
-        zero_values = _bit_fields(np.asarray(zeros.const).reshape(n, -1), bits)[:, :blocks].astype(np.float32)
+    elif zero_points.dtype == np.uint8:
+        zero_values = _bit_fields(zero_points.reshape(n, -1), bits)[:, :blocks].astype(np.float32)
     else:
-        zero_values = np.asarray(zeros.const).reshape(n, blocks).astype(np.float32)
+        zero_values = zero_points.reshape(n, blocks).astype(np.float32)
     group = g_idx.astype(np.int64).reshape(k) if g_idx is not None else np.arange(k) // block
     weight = (codes - zero_values[:, group]) * scales.reshape(n, blocks).astype(np.float32)[:, group]
     return weight.astype(scales.dtype)
@@ -110,7 +108,8 @@ def _expansion(node):
     if constant.get(4) is not None and constant.get(3) is not None and constant[3].dtype == np.uint8:
         # onnxruntime's kernel reads no packed zero point once g_idx is given (it uses the middle code).
         raise NotExpanded(_G_IDX_WITH_PACKED_ZEROS.format(node=node.describe()))
-    weight = _dequantized_weight(node, constant.get(4))
+    k, n, bits, block, _ = nbits_attributes(node)
+    weight = dequantized_blocks(constant[1], constant[2], constant.get(3), k, n, bits, block, constant.get(4))
     y = body.op("MatMul", "A", body.constant(weight.T, weight.dtype), out=None if body.present(5) else "Y")
     if body.present(5):
         body.op("Add", y, "bias", out="Y")
