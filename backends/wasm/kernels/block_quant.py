@@ -111,6 +111,17 @@ def pack_block_quant_b(spec: BlockQuantGemmSpec, weight: BlockQuantWeight) -> np
     return np.ascontiguousarray(np.concatenate(parts, axis=2)).reshape(-1)
 
 
+# A panel's block's 16 zero point codes (after its scales), widened to 16 bits in $zlo / $zhi;
+# `zero_points_of(g)` is those of vector g's 4 columns as i32 lanes.
+ZERO_POINTS_LOADED = ["(local.set $v (v128.load offset=64 (local.get $pb)))",
+                      "(local.set $zlo (i16x8.extend_low_i8x16_u (local.get $v)))",
+                      "(local.set $zhi (i16x8.extend_high_i8x16_u (local.get $v)))"]
+
+
+def zero_points_of(g: int) -> str:
+    return f"(i32x4.extend_{'low' if g % 2 == 0 else 'high'}_i16x8_u (local.get {'$zlo' if g < 2 else '$zhi'}))"
+
+
 # i32 lanes 0, 2 (of the first operand), 0, 2 (of the second), and lanes 1, 3, 1, 3: the two halves
 # of each column's pair sums in the 16-bit path
 EVEN_LANES = "0 1 2 3 8 9 10 11 16 17 18 19 24 25 26 27"
@@ -203,16 +214,13 @@ def render_block_quant_gemm(spec: BlockQuantGemmSpec, at: BlockQuantOffsets, *, 
                  f"(local.set $sa (f32x4.splat (f32.load offset={scales_at} (i32.shl (local.get $slot) (i32.const 2)))))",
                  f"(local.set $sums (i32x4.splat (i32.load offset={sums_at} (i32.shl (local.get $slot) (i32.const 2)))))"]
     if spec.zero_points:
-        block_end += ["(local.set $v (v128.load offset=64 (local.get $pb)))",
-                      "(local.set $zlo (i16x8.extend_low_i8x16_u (local.get $v)))",
-                      "(local.set $zhi (i16x8.extend_high_i8x16_u (local.get $v)))"]
+        block_end += ZERO_POINTS_LOADED
     for g in range(GROUPS):
         total = f"(local.get $i{g})" if relaxed else \
             (f"(i32x4.add (i8x16.shuffle {EVEN_LANES} (local.get $i{g}a) (local.get $i{g}b)) "
              f"(i8x16.shuffle {ODD_LANES} (local.get $i{g}a) (local.get $i{g}b)))")
         if spec.zero_points:
-            zero = f"(i32x4.extend_{'low' if g % 2 == 0 else 'high'}_i16x8_u (local.get {'$zlo' if g < 2 else '$zhi'}))"
-            correction = f"(i32x4.mul {zero} (local.get $sums))"
+            correction = f"(i32x4.mul {zero_points_of(g)} (local.get $sums))"
         else:
             correction = f"(i32x4.shl (local.get $sums) (i32.const {bits - 1}))"
         scaled = f"(f32x4.mul (local.get $sa) (v128.load offset={16 * g} (local.get $pb)))"
@@ -344,13 +352,10 @@ def _render_float_a(spec: BlockQuantGemmSpec, at: BlockQuantOffsets, features: f
     block_end = [f"(local.set $sums (f32x4.splat (f32.load offset={sums_at} (i32.shl (i32.add (i32.mul (local.get $r) "
                  f"(i32.const {blocks})) (local.get $blk)) (i32.const 2)))))"]
     if spec.zero_points:
-        block_end += ["(local.set $v (v128.load offset=64 (local.get $pb)))",
-                      "(local.set $zlo (i16x8.extend_low_i8x16_u (local.get $v)))",
-                      "(local.set $zhi (i16x8.extend_high_i8x16_u (local.get $v)))"]
+        block_end += ZERO_POINTS_LOADED
     for g in range(GROUPS):
         if spec.zero_points:
-            zero = (f"(f32x4.convert_i32x4_s (i32x4.extend_{'low' if g % 2 == 0 else 'high'}_i16x8_u "
-                    f"(local.get {'$zlo' if g < 2 else '$zhi'})))")
+            zero = f"(f32x4.convert_i32x4_s {zero_points_of(g)})"
         else:
             zero = f"(v128.const f32x4 {' '.join([str(2 ** (bits - 1))] * 4)})"
         centred = f"(f32x4.sub (local.get $s{g}) (f32x4.mul {zero} (local.get $sums)))"
