@@ -252,7 +252,8 @@ def _weight_axis(node: Node) -> int | None:
 
 def _anchor_axes(node: Node, entry, channels: int, channel_axis: int) -> list[int | None]:
     axes: list[int | None] = []
-    by_op = entry.slice_channels(node, 0, channels)[0] if entry.slice_channels is not None else {}
+    # an empty range names the inputs the op slices itself, without copying them
+    by_op = entry.slice_channels(node, 0, 0)[0] if entry.slice_channels is not None else {}
     for i, v in enumerate(node.inputs):
         if i in by_op:
             axes.append(SLICED_BY_OP)

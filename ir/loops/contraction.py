@@ -171,11 +171,16 @@ class BlockQuantWeight:
 
     def dequantized(self, block: int) -> np.ndarray:
         """B as float32 [K, N]: (code - zero) * scale, each rounded to float32 once."""
-        n, k = self.codes.shape
-        group = np.arange(k) // block
         zeros = self.zeros if self.zeros is not None else np.full(self.scales.shape, 2 ** (self.bits - 1))
-        centred = self.codes.astype(np.float32) - zeros[:, group].astype(np.float32)
-        return np.ascontiguousarray((centred * self.scales[:, group].astype(np.float32)).T)
+        return np.ascontiguousarray(dequantized_codes(self.codes, self.scales, zeros,
+                                                      np.arange(self.codes.shape[1]) // block).T)
+
+
+def dequantized_codes(codes: np.ndarray, scales: np.ndarray, zeros: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """[N, K] float32 (code - zero) * scale, each rounded to float32 once: `scales` and `zeros` are
+    [N, groups], `group[k]` the group of k (a block of K, or MatMulNBits' g_idx)."""
+    centred = codes.astype(np.float32) - zeros[:, group].astype(np.float32)
+    return centred * scales[:, group].astype(np.float32)
 
 
 ContractionSpec = GemmSpec | ConvSpec | IntegerGemmSpec | IntegerConvSpec | BlockQuantGemmSpec
@@ -235,7 +240,9 @@ def is_empty(spec: ContractionSpec) -> bool:
         return is_empty(spec.conv)
     if isinstance(spec, ConvSpec):
         return 0 in (spec.batch, spec.in_channels, spec.height, spec.width, spec.out_channels)
-    return 0 in (spec.m, spec.n, spec.k, getattr(spec, "batch", 1))
+    if isinstance(spec, BlockQuantGemmSpec):
+        return 0 in (spec.m, spec.n, spec.k)
+    return 0 in (spec.m, spec.n, spec.k, spec.batch)
 
 
 @dataclass(frozen=True)

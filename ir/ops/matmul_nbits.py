@@ -26,7 +26,8 @@ import numpy as np
 
 from ir.errors import NotExpanded, UnsupportedError
 from ir.graph import Node
-from ir.loops.contraction import BlockQuantGemmSpec, BlockQuantWeight, ContractionOperands, EpilogueSpec
+from ir.loops.contraction import (BlockQuantGemmSpec, BlockQuantWeight, ContractionOperands, EpilogueSpec,
+                                  dequantized_codes)
 from ir.loops.expr import binary, cast, lt, maximum, select, unary
 from ir.ops.function_body import Body
 from ir.ops.registry import CONTRACTION, lowering, output_elements, register, static_dim
@@ -91,8 +92,7 @@ def dequantized_blocks(packed: np.ndarray, scales: np.ndarray, zero_points: np.n
     else:
         zero_values = zero_points.reshape(n, blocks).astype(np.float32)
     group = g_idx.astype(np.int64).reshape(k) if g_idx is not None else np.arange(k) // block
-    weight = (codes - zero_values[:, group]) * scales.reshape(n, blocks).astype(np.float32)[:, group]
-    return weight.astype(scales.dtype)
+    return dequantized_codes(codes, scales.reshape(n, blocks), zero_values, group).astype(scales.dtype)
 
 
 def _expansion(node):
@@ -158,10 +158,10 @@ def _matmul_nbits(b, node):
     av = node.inputs[0]
     m = int(np.prod(av.shape[:-1], dtype=np.int64))
     weight = block_quant_weight(node)
-    spec = BlockQuantGemmSpec(m, n, k, bits, block, weight.zeros is not None, accuracy == INT8_ACCURACY)
     bias = b.input(node, 5)
+    spec = BlockQuantGemmSpec(m, n, k, bits, block, weight.zeros is not None, accuracy == INT8_ACCURACY,
+                              EpilogueSpec(bias is not None))
     if b.offers(spec):
-        spec = BlockQuantGemmSpec(m, n, k, bits, block, spec.zero_points, spec.int8_a, EpilogueSpec(bias is not None))
         packed = b.contraction_weight(spec, node.inputs[1], weight)
         b.call_contraction(spec, ContractionOperands(b.buffer(av).view((m, k)), packed, b.output(node).view((m, n)), bias),
                            av.name, node.inputs[1].name)

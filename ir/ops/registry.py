@@ -81,7 +81,8 @@ class OpDef:
     keeps_bound: bool = False
     # node, lo, hi -> ({input index: constant}, {attribute: value}) of the op computing output
     # channels [lo, hi) only, for an op whose weights do not hold their channels on one axis
-    # (MatMulNBits' flat scales); None: each weight input is sliced on its channel axis.
+    # (MatMulNBits' flat scales); None: each weight input is sliced on its channel axis. Its
+    # {input index: ...} keys are the same for every range, an empty one included.
     slice_channels: Callable | None = None
     # node -> whether the op quantizes an activation at run time (its scale and codes computed from
     # the data, DynamicQuantizeLinear's way): a last-bit difference in its float input may move its
