@@ -46,6 +46,7 @@ from ir.errors import CortexError
 from ir.fs import write_bytes_atomically
 from passes.narrow_weights import STORED, quantize_per_channel
 from passes.partition import PartitionIntoCUs
+from samples.nbits_models import matmul_nbits_model
 
 GPU_SHAPES = "1x4096x4096,16x4096x4096,1x11008x4096"   # M x N x K: a decoder step, a short prefill, an MLP's up
 DRY_SHAPES = "1x96x200,5x40x136"
@@ -55,28 +56,6 @@ DRY_VARIANT_SHAPE = "3x72x200"
 VARIANTS = ("bf16", "fp16", "int8")
 # The kernel and onnxruntime sum in different orders: each output within this share of the largest.
 RELATIVE_TOLERANCE = 1e-4
-
-
-def nbits_model(m: int, n: int, k: int, bits: int, block: int, level: int, zero_points: bool,
-                seed: int = 0) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """One MatMulNBits node with random codes, scales of about 1 / sqrt(K) and (with `zero_points`)
-    packed zero point codes; and its feed."""
-    rng = np.random.default_rng(seed)
-    blocks = -(-k // block)
-    constants = {"b": rng.integers(0, 256, (n, blocks, block * bits // 8), dtype=np.uint8),
-                 "scales": (rng.random(n * blocks) * 2 / np.sqrt(k) + 0.01).astype(np.float32)}
-    inputs = ["a", "b", "scales"]
-    if zero_points:
-        constants["zero_points"] = rng.integers(0, 256, n * -(-blocks * bits // 8), dtype=np.uint8)
-        inputs.append("zero_points")
-    node = helper.make_node("MatMulNBits", inputs, ["y"], domain="com.microsoft", K=k, N=n, bits=bits,
-                            block_size=block, accuracy_level=level)
-    graph = helper.make_graph([node], "matmul_nbits", [helper.make_tensor_value_info("a", onnx.TensorProto.FLOAT, [m, k])],
-                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [m, n])],
-                              [numpy_helper.from_array(v, name) for name, v in constants.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
-    model.ir_version = 8
-    return model, {"a": rng.standard_normal((m, k)).astype(np.float32)}
 
 
 def launch_ms(model, feed: dict, repeats: int) -> float:
@@ -97,7 +76,7 @@ def check_case(out: Path, device: str, options: CudaOptions, shape: tuple[int, i
                level: int, zero_points: bool, repeats: int) -> dict:
     m, n, k = shape
     name = f"{m}x{n}x{k}-q{bits}-b{block}-level{level}{'-zp' if zero_points else ''}"
-    model, feed = nbits_model(m, n, k, bits, block, level, zero_points)
+    model, feed = matmul_nbits_model(m, n, k, bits, block, level, zero_points)
     folder = out / name
     folder.mkdir(parents=True, exist_ok=True)
     onnx.save(model, folder / "model.onnx")
