@@ -49,7 +49,7 @@ def _float_contestant(label, a, b, features, calls):
     return InProcess(label, lambda: repeat(store, calls))
 
 
-def _integer_contestant(label, a, b, requantize, calls, relaxed=False, dequantize=False):
+def integer_contestant(label, a, b, requantize, calls, relaxed=False, dequantize=False):
     m, k = a.shape
     n = b.shape[1]
     span = int((b.astype(np.int32).max(0) - b.astype(np.int32).min(0)).max())
@@ -104,10 +104,10 @@ def bench_shape(shape, rounds: int) -> dict[str, float]:
     calls = max(1, int(-(-20e6 // ops)))   # a run is `calls` products from a loop inside the module
     contestants = [_float_contestant("f32-relaxed", af, bf, SIMD_FMA, calls),
                    _float_contestant("f32-simd", af, bf, SIMD, calls),
-                   _integer_contestant("int8-int32out", a8, b8, False, calls),
-                   _integer_contestant("int8-requant", a8, b8, True, calls),
-                   _integer_contestant("int8-dequant-bias", a8, b8, False, calls, dequantize=True),
-                   _integer_contestant("int8-relaxed-int32out", a8, b7, False, calls, relaxed=True)]
+                   integer_contestant("int8-int32out", a8, b8, False, calls),
+                   integer_contestant("int8-requant", a8, b8, True, calls),
+                   integer_contestant("int8-dequant-bias", a8, b8, False, calls, dequantize=True),
+                   integer_contestant("int8-relaxed-int32out", a8, b7, False, calls, relaxed=True)]
     timings = interleave(contestants + [_ort_contestant(a8, b8)], rounds, repeats_for(calls * ops / 20e9), warmup=2)
     return {name: ops * (1 if name.startswith("ort") else calls) / t.median / 1e9 for name, t in timings.items()}
 
