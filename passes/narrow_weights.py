@@ -207,28 +207,35 @@ def _integer_product(graph: Graph, node: Node, codes: Value, column_scale: np.nd
                      a_scale: Value, a_zero: Value) -> list[Node]:
     """`node` as onnxruntime's DynamicQuantizeMatMul computes it, after A's DynamicQuantizeLinear:
     the nodes that replace it."""
-    y = node.outputs[0]
-    n = codes.shape[1]
     alpha, beta = float(node.attrs.get("alpha", 1.0)), float(node.attrs.get("beta", 1.0))
     bias = node.inputs[2] if node.op_type == "Gemm" and len(node.inputs) > 2 else None
+    if bias is not None and bias.is_const and beta != 1.0:
+        bias = _constant(graph, f"{bias.name}_beta", np.asarray(bias.const, np.float32) * np.float32(beta))
+    weight_scale = (column_scale * np.float32(alpha)).astype(np.float32)
+    return _dequantized_integers(graph, node, "MatMulInteger", [quantized, codes, a_zero], {}, a_scale,
+                                 _constant(graph, f"{codes.name}_scale", weight_scale), bias)
+
+
+def _dequantized_integers(graph: Graph, node: Node, op_type: str, operands: list[Value], attrs: dict,
+                          a_scale: Value, weight_scale: Value, bias: Value | None) -> list[Node]:
+    """`op_type` (MatMulInteger, ConvInteger) over `operands`, its int32 sums as float32 times
+    a_scale * weight_scale [+ bias]: DynamicQuantizeMatMul's tail, the nodes that replace `node`."""
+    y = node.outputs[0]
     float32 = dtypes.from_numpy(np.float32)
 
     def value(suffix: str, dtype: int, shape: tuple) -> Value:
         return Value(graph.fresh_name(f"{y.name}_{suffix}"), dtype, shape)
 
-    def op(op_type: str, inputs: list[Value], outputs: list[Value], **attrs) -> Node:
-        return Node(op_type, inputs, outputs, attrs, name=graph.fresh_name(f"{node.name or y.name}_{op_type.lower()}"))
-    scale = value("scale", float32, (n,))
+    def op(op_type: str, inputs: list[Value], outputs: list[Value], **attributes) -> Node:
+        return Node(op_type, inputs, outputs, attributes, name=graph.fresh_name(f"{node.name or y.name}_{op_type.lower()}"))
+    scale = value("scale", float32, weight_scale.shape)
     total, widened = value("int32", dtypes.from_numpy(np.int32), y.shape), value("sums", float32, y.shape)
     scaled = value("scaled", float32, y.shape) if bias is not None else y
-    weight_scale = _constant(graph, f"{codes.name}_scale", (column_scale * np.float32(alpha)).astype(np.float32))
     nodes = [op("Mul", [a_scale, weight_scale], [scale]),
-             op("MatMulInteger", [quantized, codes, a_zero], [total]),
+             op(op_type, operands, [total], **attrs),
              op("Cast", [total], [widened], to=float32),
              op("Mul", [widened, scale], [scaled])]
     if bias is not None:
-        if bias.is_const and beta != 1.0:
-            bias = _constant(graph, f"{bias.name}_beta", np.asarray(bias.const, np.float32) * np.float32(beta))
         nodes.append(op("Add", [scaled, bias], [y]))
     return nodes
 
@@ -248,30 +255,14 @@ def _integer_conv(graph: Graph, node: Node, codes: Value, channel_scale: np.ndar
                   x_scale: Value, x_zero: Value) -> list[Node]:
     """`node` as ConvInteger(qX, codes, x_zero) -> Cast -> Mul(x_scale * scale[c]) [-> Add(bias[c])],
     scale and bias shaped [1, C, 1, 1]: the nodes that replace it, after X's DynamicQuantizeLinear."""
-    y = node.outputs[0]
-    channels = codes.shape[0]
+    per_channel = (1, codes.shape[0], 1, 1)
     bias = node.inputs[2] if len(node.inputs) > 2 else None
-    float32 = dtypes.from_numpy(np.float32)
-
-    def value(suffix: str, dtype: int, shape: tuple) -> Value:
-        return Value(graph.fresh_name(f"{y.name}_{suffix}"), dtype, shape)
-
-    def op(op_type: str, inputs: list[Value], outputs: list[Value], **attrs) -> Node:
-        return Node(op_type, inputs, outputs, attrs, name=graph.fresh_name(f"{node.name or y.name}_{op_type.lower()}"))
-    per_channel = (1, channels, 1, 1)
-    scale = value("scale", float32, per_channel)
-    total, widened = value("int32", dtypes.from_numpy(np.int32), y.shape), value("sums", float32, y.shape)
-    scaled = value("scaled", float32, y.shape) if bias is not None else y
+    if bias is not None:
+        bias = _constant(graph, f"{bias.name}_channels", np.asarray(bias.const, np.float32).reshape(per_channel))
     weight_scale = _constant(graph, f"{codes.name}_scale", channel_scale.reshape(per_channel))
     # ConvInteger pads with x_zero, a tap that adds (x_zero - x_zero) * w = 0: the float Conv's zero padding.
-    nodes = [op("Mul", [x_scale, weight_scale], [scale]),
-             op("ConvInteger", [quantized, codes, x_zero], [total], **dict(node.attrs)),
-             op("Cast", [total], [widened], to=float32),
-             op("Mul", [widened, scale], [scaled])]
-    if bias is not None:
-        column = _constant(graph, f"{bias.name}_channels", np.asarray(bias.const, np.float32).reshape(per_channel))
-        nodes.append(op("Add", [scaled, column], [y]))
-    return nodes
+    return _dequantized_integers(graph, node, "ConvInteger", [quantized, codes, x_zero], dict(node.attrs), x_scale,
+                                 weight_scale, bias)
 
 
 def _constant(graph: Graph, base: str, array: np.ndarray) -> Value:
