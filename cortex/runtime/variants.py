@@ -41,7 +41,8 @@ def variant_record(cu: dict, precision: str) -> dict:
 
 # Artifacts within this share of the most compact one's bytes count as equally compact: bf16 and fp16
 # store the same weight bytes and their modules differ only by code (a bf16 product may run a larger,
-# faster kernel), while int8's weights take half as many bytes.
+# faster kernel), while int8's take fewer (half as many, or three quarters where the integer kernels
+# keep them as 16-bit panels).
 EQUALLY_COMPACT = 0.25
 # Of equally compact variants, the one whose weights widen to float32 most cheaply: a bf16 value is the
 # top half of a float32 (one shuffle in the kernel), an fp16 one three integer ops and a multiply more
