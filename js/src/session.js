@@ -7,6 +7,7 @@ import { CortexError } from "./errors.js";
 import { loadFallbackUnit, onnxruntimeWeb } from "./fallback.js";
 import { checkFeatures, recordedFeatures } from "./features.js";
 import { checkedFeeds, requestedOutputs } from "./feeds.js";
+import { generate } from "./generate.js";
 import { dagUrl, readJson } from "./loader.js";
 import { ModuleFiles, loadWasmUnit } from "./modules.js";
 import { SourceModel } from "./offline.js";
@@ -72,6 +73,8 @@ export class InferenceSession {
     this.traceRecord = null;
     /** @type {Promise<unknown>} */
     this.queue = Promise.resolve();
+    /** How the last `generate` ran (js/src/generate.js). @type {any} */
+    this.lastGeneration = null;
   }
 
   /** @param {string | URL} where dag.json's URL or path @param {SessionOptions} [options] */
@@ -250,6 +253,12 @@ export class InferenceSession {
     this.traceRecord = requestRecord({ policy: chosen.name, dag: this.url.href, outputs: names, request,
       residentBytes: scheduler.residentBytes(), cacheStats: chosen.cache ? this.cache.stats() : null });
     return results;
+  }
+
+  /** New token ids after `ids` on a language model compiled for generation (js/src/generate.js).
+   * @param {ArrayLike<number>} ids @param {import("./generate.js").GenerateOptions} [options] */
+  generate(ids, options) {
+    return generate(this, ids, options);
   }
 
   async release() {
