@@ -21,6 +21,7 @@ from cortex.commands.inspect_model import Dims, InputShapes
 from cortex.commands.run import read_inputs
 from cortex.console import out, print_json, print_summary
 from cortex.cus import check_output_dir, model_info, write_cus
+from cortex.decoder_io import generation_specializations
 from cortex.options import parse_dims, parse_input_shapes
 from cortex.pipeline import load_and_optimize
 from cortex.shared_cu_weights import share_cu_weights
@@ -43,12 +44,19 @@ def decompose(
     dim: Dims = None,
     freeze_input: Annotated[Optional[list[str]], typer.Option("--freeze-input", help="NAME=FILE.npy, or an .npz of arrays by name: the input becomes a constant with that value (repeatable).")] = None,
     specialize: Annotated[Optional[list[str]], typer.Option("--specialize", help="NAME=V1,V2,...: one specialization per value of a one-element input (an If decided by it), built as if frozen to it, in one bundle; NAME alone: the values the model's If compares it with (repeatable).")] = None,
+    kv_buckets: Annotated[Optional[str], typer.Option("--kv-buckets", help="A language model with a key/value cache (past_key_values.* in, present.* out): the past lengths to compile for, e.g. 256,1024; with --prefill-chunks, one specialization per new-token count (1, each chunk) and bucket, for `cortex generate`.")] = None,
+    prefill_chunks: Annotated[str, typer.Option("--prefill-chunks", help="With --kv-buckets: the prompt chunk lengths prefill runs, e.g. 64,8 (the largest also keys the prefix cache).")] = "64,8",
     cache_inputs_from: Annotated[Optional[Path], typer.Option("--cache-inputs-from", help="Calibration feeds (a folder of .npz files, one feed each, or one .npz whose arrays stack the feeds on a first axis): an input whose value is the same in every feed is added to --cache-inputs.")] = None,
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
 ) -> None:
     """Partition a model into computation units (CUs), each a self-contained ONNX model."""
     calibration = read_feeds(cache_inputs_from) if cache_inputs_from is not None else None
     specializations = parse_specializations(input_shape, dim)
+    if kv_buckets is not None:
+        if specializations is not None:
+            raise CortexError("--kv-buckets makes the specializations itself: give --input-shape and --dim one value each")
+        specializations = generation_specializations(model_path, _lengths("--kv-buckets", kv_buckets),
+                                                     _lengths("--prefill-chunks", prefill_chunks), parse_dims(dim))
     frozen = read_frozen_inputs(freeze_input or [])
     if specialize:
         specializations = value_specializations(model_path, specialize, frozen, specializations or [
@@ -69,6 +77,13 @@ def decompose(
         print_json(summary)
     else:
         _print_summary(summary)
+
+
+def _lengths(flag: str, text: str) -> list[int]:
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not all(p.isdigit() for p in parts):
+        raise CortexError(f"bad {flag} {text!r}: expected comma-separated lengths, e.g. 256,1024")
+    return [int(p) for p in parts]
 
 
 def decompose_model(model_path: Path, output_dir: Path, limits: PartitionIntoCUs | None = None, *,
