@@ -5,7 +5,7 @@ from ir.ops import (blocks, control, elementwise, indexing, nn, normalization, p
                     tensor)
 from ir.ops import data_dependent  # noqa: F401
 from ir.ops import contrib_attention, contrib_fused, contrib_transformer  # noqa: F401
-from ir.ops import contrib_qlinear, contrib_quantized, matmul_nbits  # noqa: F401
+from ir.ops import contrib_qlinear, contrib_quantized, gather_block_quantized, matmul_nbits  # noqa: F401
 from ir.ops import function_bodies  # noqa: F401,E402  (last: it looks at every family's entries)
 from ir.ops.function_bodies import lowering_route  # noqa: E402
 from ir.ops.registry import (CONTRACTION, CONTROL, ELEMENTWISE, LAYOUT, NORMALIZATION, OTHER, RANDOM,
