@@ -23,7 +23,8 @@ import onnx
 
 from samples.cache import CACHE_DIR, ensure_folder
 
-# name -> (transformers model class name, config keywords): 2 layers, hidden 64, grouped KV heads
+# name -> (transformers model class name, config keywords): the tiny ones have 2 layers, hidden 64,
+# grouped KV heads
 CONFIGS = {
     "llama": ("LlamaForCausalLM", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
@@ -31,6 +32,12 @@ CONFIGS = {
     "qwen2": ("Qwen2ForCausalLM", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
                                        max_position_embeddings=256, tie_word_embeddings=False)),
+    # Qwen2.5-0.5B's shape (random weights), its context cut from 32768 to 2048 so the K/V buffers
+    # and the builder's rotary caches stay small
+    "qwen2.5-0.5b": ("Qwen2ForCausalLM", dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                              num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
+                                              max_position_embeddings=2048, rope_theta=1e6,
+                                              tie_word_embeddings=True)),
 }
 PRECISIONS = ("int4", "fp32")
 
