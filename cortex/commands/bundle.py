@@ -12,7 +12,9 @@ The folder is built beside --output and renamed into place.
 
 A dag.json of shape specializations (cortex.dag/2) or of `compile-wasm --external-weights` names
 content-addressed modules and weight files that several CUs and specializations share: each is
-checked and copied once. The page runs the first specialization's shapes.
+checked and copied once. The page runs the first specialization's shapes, unless the sections
+are a language model's (new tokens) x (cache bucket) specializations: then it has a prompt-ids box
+and shows the generated ids one by one as they are made (js/src/generate.js decides, from dag.json).
 
 The runtime imports onnxruntime-web by name when fallback CUs or the offline policy need it. When
 the bundle has fallback CUs or carries the source model, it also carries onnxruntime-web's browser

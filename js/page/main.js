@@ -1,12 +1,16 @@
 // The example page of `cortex bundle`: load dag.json and its modules, run the model once on the
 // example inputs (the first specialization's, for a dag.json of several input shapes), show the
-// outputs and a bar chart of each CU's time. `?policy=NAME` runs under that policy (`offline`: the
+// outputs and a bar chart of each CU's time. A language model compiled for generation gets a
+// prompt-ids box instead, and its greedy ids appear one by one as they are made (`?prompt=1,2,3`
+// and `?tokens=N` fill the form and run it at load); the chart shows the last step. `?policy=NAME` runs under that policy (`offline`: the
 // source model on onnxruntime-web, which the runtime imports by name: a bundle that carries it maps
 // the name in index.html). `window.cortexBundle` holds what the page found, for scripts that drive
 // it (the tests read it).
-import { InferenceSession, exampleFeeds } from "./cortex-runtime/index.js";
+import { InferenceSession, exampleFeeds, isLanguageModel } from "./cortex-runtime/index.js";
 
 const SHOWN_VALUES = 8;
+const DEFAULT_PROMPT = "1 2 3 4";
+const DEFAULT_NEW_TOKENS = 16;
 const $ = (/** @type {string} */ id) => /** @type {HTMLElement} */ (document.getElementById(id));
 
 /** @param {string} tag @param {Record<string, string | number>} attributes @param {string} [text] */
@@ -50,12 +54,56 @@ function table(outputs) {
   }
 }
 
+/** Generates from the form's prompt, each id added to the page before the next is made.
+ * @param {any} session @param {number} loadMs */
+async function generateFromForm(session, loadMs) {
+  const prompt = /** @type {HTMLInputElement} */ ($("prompt")).value.split(/[\s,]+/).filter(Boolean).map(Number);
+  const maxNewTokens = Number(/** @type {HTMLInputElement} */ ($("tokens")).value);
+  const shown = $("generated");
+  shown.replaceChildren();
+  /** @type {{id: number, shown: number}[]} */
+  const streamed = [];
+  $("status").textContent = `Loaded ${session.sections.length} specializations in ${loadMs.toFixed(1)} ms; generating…`;
+  $("status").dataset.state = "loading";
+  const generated = await session.generate(prompt, { maxNewTokens, onToken: (/** @type {number} */ id) => {
+    const token = document.createElement("span");
+    token.textContent = `${id} `;
+    shown.append(token);
+    streamed.push({ id, shown: shown.children.length });
+    return new Promise((resolve) => setTimeout(resolve, 0));     // lets the browser paint it
+  } });
+  const record = session.lastGeneration;
+  const decodeMs = record.decode_ms.reduce((/** @type {number} */ a, /** @type {number} */ b) => a + b, 0) / Math.max(1, record.decode_ms.length);
+  $("status").textContent = `Loaded ${session.sections.length} specializations in ${loadMs.toFixed(1)} ms; generated `
+    + `${generated.length} tokens: the first after ${record.ttft_ms.toFixed(1)} ms, then ${decodeMs.toFixed(2)} ms each. `
+    + "The chart shows the last step.";
+  $("status").dataset.state = "done";
+  const trace = session.lastTrace;
+  chart(trace.cus);
+  return { status: "done", loadMs, generated, streamed, generation: record, trace };
+}
+
+/** The generation form, filled from the URL and run once. @param {any} session @param {number} loadMs */
+function generationPage(session, loadMs) {
+  const query = new URLSearchParams(location.search);
+  $("example").hidden = true;
+  $("generate").hidden = false;
+  /** @type {HTMLInputElement} */ ($("prompt")).value = query.get("prompt")?.replaceAll(",", " ") ?? DEFAULT_PROMPT;
+  /** @type {HTMLInputElement} */ ($("tokens")).value = query.get("tokens") ?? String(DEFAULT_NEW_TOKENS);
+  $("generate-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    settle(generateFromForm(session, loadMs));
+  });
+  return generateFromForm(session, loadMs);
+}
+
 async function main() {
   const policy = new URLSearchParams(location.search).get("policy") ?? undefined;
   const started = performance.now();
   const session = await InferenceSession.create(new URL("dag.json", location.href).href, { policy });
   const loadMs = performance.now() - started;
   $("model").textContent = session.dag.model?.name ?? "the model";
+  if (isLanguageModel(session)) return generationPage(session, loadMs);
   const outputs = await session.run(exampleFeeds(session.inputMetadata));
   const trace = session.lastTrace;
   const on = session.specialization === null ? "" : ` (specialization ${session.specialization}, `
@@ -73,9 +121,14 @@ async function main() {
       { type: t.type, dims: [...t.dims], data: Array.from(t.data, Number) }])) };
 }
 
-/** @type {any} */ (window).cortexBundle = { status: "loading" };
-main().then((found) => { /** @type {any} */ (window).cortexBundle = found; }, (e) => {
-  $("status").textContent = `${e.name}: ${e.message}`;
-  $("status").dataset.state = "error";
-  /** @type {any} */ (window).cortexBundle = { status: "error", error: `${e.name}: ${e.message}` };
-});
+/** What a run of the page found, or its error, into the status line and `window.cortexBundle`. @param {Promise<any>} run */
+function settle(run) {
+  /** @type {any} */ (window).cortexBundle = { status: "loading" };
+  run.then((found) => { /** @type {any} */ (window).cortexBundle = found; }, (e) => {
+    $("status").textContent = `${e.name}: ${e.message}`;
+    $("status").dataset.state = "error";
+    /** @type {any} */ (window).cortexBundle = { status: "error", error: `${e.name}: ${e.message}` };
+  });
+}
+
+settle(main());
