@@ -22,7 +22,7 @@ import typer
 from ir.errors import CortexError
 
 from backends.registry import targets
-from cortex.commands import bench, build, build_dag, bundle, calibrate, decompose, inspect_model, run, serve, verify
+from cortex.commands import bench, build, build_dag, bundle, calibrate, decompose, generate, inspect_model, run, serve, verify
 from cortex.commands.compile_target import compile_command
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -47,6 +47,7 @@ app.command("verify")(verify.verify)
 app.command("bench")(bench.bench)
 app.command("serve")(serve.serve)
 app.command("bundle")(bundle.bundle)
+app.command("generate")(generate.generate)
 
 
 def main(argv: list[str] | None = None) -> None:

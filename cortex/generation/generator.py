@@ -73,8 +73,9 @@ class Generator:
         self.model.close()
 
     def generate(self, prompt_ids, max_new_tokens: int = 32, sampling: Sampling = Sampling(),
-                 stop_ids=()) -> Iterator[int]:
-        """The new tokens, one at a time, as they are made."""
+                 stop_ids=(), observe=None) -> Iterator[int]:
+        """The new tokens, one at a time, as they are made; `observe(logits)` sees each logits row
+        [vocab] a token is chosen from."""
         prompt = self._checked_prompt(prompt_ids)
         stop = {int(i) for i in stop_ids}
         if max_new_tokens < 0:
@@ -86,6 +87,8 @@ class Generator:
         logits = self._prefill(prompt, cache)
         self.trace["ttft_ms"] = (time.perf_counter() - started) * 1e3
         for made in range(max_new_tokens):
+            if observe is not None:
+                observe(logits)
             token = sampler(logits)
             yield token
             if token in stop:

@@ -7,19 +7,22 @@ every machine (the probabilities are computed in float64 from float32 logits).""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ir.errors import CortexError
+from ir.options import option
 
 
 @dataclass(frozen=True)
 class Sampling:
-    temperature: float = 0.0      # 0: greedy (the first largest logit)
-    top_k: int = 0                # 0: every token
-    top_p: float = 1.0
-    seed: int = 0
+    temperature: float = field(default=0.0, metadata=option("Divide the logits by this before sampling; 0: greedy "
+                                                             "(the first largest logit)."))
+    top_k: int = field(default=0, metadata=option("Sample among the K most likely tokens (0: all)."))
+    top_p: float = field(default=1.0, metadata=option("Sample among the most likely tokens whose probabilities sum "
+                                                      "to P (1: all)."))
+    seed: int = field(default=0, metadata=option("The seed of the draws: one seed, one sequence."))
 
     def __post_init__(self):
         if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:

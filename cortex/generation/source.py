@@ -14,7 +14,7 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
@@ -23,21 +23,26 @@ from cortex.compile_cache import compiler_version, default_cache_dir
 from cortex.specializations import is_specialized
 from ir.errors import CortexError
 from ir.fs import file_sha256
+from ir.options import option
 
 DAG_FILE, MODEL_FILE, TOKENIZER_FILE = "dag.json", "model.onnx", "tokenizer.json"
 
 
 @dataclass(frozen=True)
 class GenerationBuild:
-    kv_buckets: str | None = None       # None: 256 and 1024, within the model's context length
-    prefill_chunks: str = "64,8"
-    targets: str = "wasm"
+    kv_buckets: str | None = field(default=None, metadata=option(
+        "For a model built on first use: the key/value cache lengths to compile (default: 256 and 1024, within the "
+        "model's context length)."))
+    prefill_chunks: str = field(default="64,8", metadata=option(
+        "For a model built on first use: the prompt chunk lengths prefill runs."))
+    targets: str = field(default="wasm", metadata=option("For a model built on first use: the targets to compile."))
 
 
 @dataclass(frozen=True)
 class ModelSource:
     dag: Path
     tokenizer: Path | None
+    stop_ids: tuple[int, ...]       # the end-of-sequence ids genai_config.json names, if any
 
 
 def builds_dir() -> Path:
@@ -60,7 +65,16 @@ def resolve(path: Path, build: GenerationBuild = GenerationBuild(), progress: bo
         raise CortexError(f"{dag}: built for one input shape, not for generation (build with --kv-buckets)")
     tokenizer = next((p / TOKENIZER_FILE for p in (dag.parent, path if path.is_dir() else path.parent,
                                                    _source_folder(dag)) if p and (p / TOKENIZER_FILE).is_file()), None)
-    return ModelSource(dag, tokenizer)
+    folders = [path if path.is_dir() else path.parent, _source_folder(dag)]
+    return ModelSource(dag, tokenizer, next((ids for f in folders if f and (ids := _eos_ids(f))), ()))
+
+
+def _eos_ids(folder: Path) -> tuple[int, ...]:
+    try:
+        eos = json.loads((folder / "genai_config.json").read_text())["model"]["eos_token_id"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return ()
+    return tuple(int(i) for i in (eos if isinstance(eos, list) else [eos]))
 
 
 def _source_folder(dag: Path) -> Path | None:
