@@ -16,10 +16,12 @@ import hashlib
 import json
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from cli_helpers import run_cli
 from js_cases import CASES_DIR, NODE, compiled_case, run_node_tests, write_case
+from onnx import TensorProto, helper, numpy_helper
 from testdata import sample_model
 
 from samples.cache import ensure_folder
@@ -30,6 +32,7 @@ pytestmark = pytest.mark.skipif(NODE is None, reason="node is not installed")
 PROMPT_SEED = 0
 LOGITS_ATOL = 1e-4
 HEADS, HEAD_SIZE, LAYERS = 2, 16, 2                    # samples/genai_models.py's llama
+VOCAB, WIDTH = 32, 16                                  # concat_attention_model
 PASTS = [f"past_key_values.{layer}.{kind}" for layer in range(LAYERS) for kind in ("key", "value")]
 
 
@@ -50,21 +53,93 @@ def generation_build(precision: str, buckets: tuple[int, ...], chunks: tuple[int
     return ensure_folder(CASES_DIR / name, build) / "dag.json"
 
 
+def concat_attention_model(path) -> None:
+    """One attention layer as standard exports write it: present = Concat(past, new rows), so
+    present is P + S long; position_ids pick a position embedding and, with the mask, which keys a
+    query sees (causal within the new rows). Vocabulary 32, 2 heads of 8."""
+    rng = np.random.default_rng(3)
+    weights = [numpy_helper.from_array((rng.standard_normal(shape) * 0.5).astype(np.float32), name) for name, shape in [
+        ("embed", (VOCAB, WIDTH)), ("position_embed", (64, WIDTH)), ("wq", (WIDTH, WIDTH)), ("wk", (WIDTH, WIDTH)),
+        ("wv", (WIDTH, WIDTH)), ("wo", (WIDTH, WIDTH)), ("lm_head", (WIDTH, VOCAB))]]
+    constants = [numpy_helper.from_array(np.asarray(value), name) for name, value in [
+        ("heads_shape", np.array([1, -1, 2, 8], np.int64)), ("width_shape", np.array([1, -1, WIDTH], np.int64)),
+        ("query_shape", np.array([1, 1, -1, 1], np.int64)), ("key_shape", np.array([1, 1, 1, -1], np.int64)),
+        ("flat", np.array([-1], np.int64)), ("zero", np.array(0, np.int64)), ("one", np.array(1, np.int64)),
+        ("two", np.array(2, np.int64)), ("scale", np.array(8 ** -0.5, np.float32)),
+        ("open", np.array(0.0, np.float32)), ("closed", np.array(-1e9, np.float32))]]
+    node = helper.make_node
+    nodes = [node("Gather", ["embed", "input_ids"], ["token"]), node("Gather", ["position_embed", "position_ids"], ["place"]),
+             node("Add", ["token", "place"], ["x"])]
+    for name in ("q", "k", "v"):
+        nodes += [node("MatMul", ["x", f"w{name}"], [f"{name}_rows"]), node("Reshape", [f"{name}_rows", "heads_shape"], [f"{name}_heads"]),
+                  node("Transpose", [f"{name}_heads"], [f"{name}_new"], perm=[0, 2, 1, 3])]
+    nodes += [
+        node("Concat", ["past_key_values.0.key", "k_new"], ["present.0.key"], axis=2),
+        node("Concat", ["past_key_values.0.value", "v_new"], ["present.0.value"], axis=2),
+        node("Transpose", ["present.0.key"], ["keys_t"], perm=[0, 1, 3, 2]), node("MatMul", ["q_new", "keys_t"], ["raw"]),
+        node("Mul", ["raw", "scale"], ["scores"]),
+        # key positions: the past slots 0..P-1, then the new rows' position_ids
+        node("Shape", ["past_key_values.0.key"], ["past_shape"]), node("Gather", ["past_shape", "two"], ["past_length"]),
+        node("Range", ["zero", "past_length", "one"], ["past_positions"]), node("Reshape", ["position_ids", "flat"], ["new_positions"]),
+        node("Concat", ["past_positions", "new_positions"], ["key_positions"], axis=0),
+        node("Reshape", ["key_positions", "key_shape"], ["key_row"]), node("Reshape", ["position_ids", "query_shape"], ["query_column"]),
+        node("Greater", ["key_row", "query_column"], ["future"]), node("Not", ["future"], ["seen"]),
+        node("Cast", ["attention_mask"], ["kept"], to=TensorProto.BOOL), node("Reshape", ["kept", "key_shape"], ["kept_row"]),
+        node("And", ["seen", "kept_row"], ["allowed"]), node("Where", ["allowed", "open", "closed"], ["bias"]),
+        node("Add", ["scores", "bias"], ["biased"]), node("Softmax", ["biased"], ["attention"], axis=-1),
+        node("MatMul", ["attention", "present.0.value"], ["mixed"]), node("Transpose", ["mixed"], ["mixed_t"], perm=[0, 2, 1, 3]),
+        node("Reshape", ["mixed_t", "width_shape"], ["attended"]), node("MatMul", ["attended", "wo"], ["projected"]),
+        node("Add", ["x", "projected"], ["residual"]), node("MatMul", ["residual", "lm_head"], ["logits"])]
+    ints = lambda name, *shape: helper.make_tensor_value_info(name, TensorProto.INT64, shape)      # noqa: E731
+    floats = lambda name, *shape: helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)   # noqa: E731
+    graph = helper.make_graph(nodes, "concat_attention", [
+        ints("input_ids", 1, "s"), ints("attention_mask", 1, "t"), ints("position_ids", 1, "s"),
+        floats("past_key_values.0.key", 1, 2, "p", 8), floats("past_key_values.0.value", 1, 2, "p", 8)],
+        [floats("logits", 1, "s", VOCAB), floats("present.0.key", 1, 2, "t", 8), floats("present.0.value", 1, 2, "t", 8)],
+        weights + constants)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+
+
+def concat_build(buckets: tuple[int, ...]):
+    """concat_attention_model built once for one-token steps on each bucket (the mask is P + 1 long)."""
+    def build(folder):
+        concat_attention_model(folder / "concat.onnx")
+        pasts = [arg for kind in ("key", "value") for arg in ("--input-shape", f"past_key_values.0.{kind}=" + ",".join(
+            f"1x2x{b}x8" for b in buckets))]
+        code, _, err = run_cli(["build", folder / "concat.onnx", "--output", folder / "out", "--input-shape", "input_ids=1x1",
+                                "--input-shape", "position_ids=1x1", "--input-shape",
+                                "attention_mask=" + ",".join(f"1x{b + 1}" for b in buckets), *pasts])
+        assert code == 0, err
+    return ensure_folder(CASES_DIR / f"generate-concat-attention-p{'-'.join(map(str, buckets))}", build) / "out" / "dag.json"
+
+
 def prompt(tokens: int) -> list[int]:
     return [int(i) for i in np.random.default_rng(PROMPT_SEED).integers(0, 256, tokens)]
 
 
-def natural_greedy(model, ids: list[int], new_tokens: int) -> tuple[list[int], np.ndarray]:
+def past_shapes(dag) -> dict[str, tuple[int, int]]:
+    """Each past input's (heads, head size), as the build bound them."""
+    shapes = json.loads(dag.read_text())["specializations"][0]["input_shapes"]
+    return {name: (shape[1], shape[3]) for name, shape in shapes.items() if name.startswith("past_key_values.")}
+
+
+def natural_greedy(model, ids: list[int], new_tokens: int, pasts: dict[str, tuple[int, int]]):
     """onnxruntime's greedy loop as onnxruntime-genai feeds the model: the whole prompt, then one
-    token a step with the present fed back as the past. The ids and each one's logits."""
+    token a step with the present fed back as the past (position_ids counting on, when the model
+    takes them). The ids and each one's logits."""
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    past = {name: np.zeros((1, HEADS, 0, HEAD_SIZE), np.float32) for name in PASTS}
+    positions = any(i.name == "position_ids" for i in session.get_inputs())
+    past = {name: np.zeros((1, heads, 0, width), np.float32) for name, (heads, width) in pasts.items()}
     step, made, logits = list(ids), [], []
     for _ in range(new_tokens):
         length = next(iter(past.values())).shape[2] + len(step)
-        results = dict(zip([o.name for o in session.get_outputs()], session.run(None, {
-            "input_ids": np.array([step], np.int64), "attention_mask": np.ones((1, length), np.int64), **past})))
-        past = {name: results[name.replace("past_key_values", "present")] for name in PASTS}
+        feeds = {"input_ids": np.array([step], np.int64), "attention_mask": np.ones((1, length), np.int64), **past}
+        if positions:
+            feeds["position_ids"] = np.arange(length - len(step), length, dtype=np.int64)[None]
+        results = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+        past = {name: results[name.replace("past_key_values", "present")] for name in pasts}
         logits.append(results["logits"][0, -1])
         made.append(int(np.argmax(logits[-1])))
         step = [made[-1]]
@@ -72,9 +147,9 @@ def natural_greedy(model, ids: list[int], new_tokens: int) -> tuple[list[int], n
 
 
 def padded_greedy(model, ids: list[int], new_tokens: int, bucket: int, chunk: int) -> list[int]:
-    """onnxruntime's greedy loop on the runtime's feeds: a `bucket`-long cache buffer, the prompt in
-    chunks of `chunk` then single tokens, the mask 1 up to the tokens in the cache, only the new
-    rows of present kept."""
+    """onnxruntime's greedy loop on the runtime's feeds for a shared-buffer model (the llama): a
+    `bucket`-long cache buffer, the prompt in chunks of `chunk` then single tokens, the mask 1 up to
+    the tokens in the cache, only the new rows of present kept."""
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     cache = {name: np.zeros((1, HEADS, bucket, HEAD_SIZE), np.float32) for name in PASTS}
     length = 0
@@ -100,13 +175,14 @@ def padded_greedy(model, ids: list[int], new_tokens: int, bucket: int, chunk: in
     return made
 
 
-def generation_case(root, name: str, dag, ids: list[int], new_tokens: int, **checks):
+def generation_case(root, name: str, dag, ids: list[int], new_tokens: int, shared_buffer: bool = True, **checks):
     """A case.json for js/test/generate.test.js: the prompt, onnxruntime's greedy ids and logits
-    (checked here to be the same on its natural and padded feeds), and which other checks to run."""
-    model = json.loads(dag.read_text())["source_model"]["path"]
-    model = (dag.parent / model).resolve()
-    want, logits = natural_greedy(model, ids, new_tokens)
-    assert padded_greedy(model, ids, new_tokens, bucket=64, chunk=8) == want
+    (for the llama checked here to be the same on its natural and padded feeds), and which other
+    checks to run."""
+    model = (dag.parent / json.loads(dag.read_text())["source_model"]["path"]).resolve()
+    want, logits = natural_greedy(model, ids, new_tokens, past_shapes(dag))
+    if shared_buffer:
+        assert padded_greedy(model, ids, new_tokens, bucket=64, chunk=8) == want
     folder = root / name
     folder.mkdir()
     case = write_case(folder, name, dag, [{"inputs": {}, "outputs": {"logits": logits}}], 0.0, LOGITS_ATOL)
@@ -130,6 +206,15 @@ def test_node_makes_onnxruntimes_greedy_ids_and_logits(tmp_path, precision):
     expected = {f"llama-{precision}: greedy ids and logits are onnxruntime's",
                 f"llama-{precision}: a bad prompt or option is refused in one line"}
     assert not expected - _passed(report), report[-3000:]
+
+
+def test_node_makes_onnxruntimes_ids_on_a_model_that_concatenates_its_cache(tmp_path):
+    """Present = Concat(past, new): the mask pads between the L cached tokens and the new one,
+    position_ids count on, the new rows are present's last; 5 + 15 positions outgrow bucket 16."""
+    dag = concat_build((16, 32))
+    case = generation_case(tmp_path, "concat-attention", dag, [3, 5, 7, 9, 11], 16, shared_buffer=False, grows=True)
+    report = run_node_tests([case], tmp_path, "generate.test.js")
+    assert "concat-attention: greedy ids and logits are onnxruntime's" in _passed(report), report[-3000:]
 
 
 def test_growing_the_cache_mid_generation_gives_the_ids_of_one_large_bucket(tmp_path):

@@ -9,7 +9,7 @@ import json
 
 from cli_helpers import run_cli
 from test_js_browser import page_result, served
-from test_js_generate import generation_build, natural_greedy, prompt
+from test_js_generate import generation_build, natural_greedy, past_shapes, prompt
 
 NEW_TOKENS = 8
 
@@ -18,7 +18,7 @@ def test_the_bundle_page_streams_onnxruntimes_greedy_ids_in_chromium(tmp_path):
     dag = generation_build("int4", (16, 32), (8,))
     ids = prompt(12)
     model = (dag.parent / json.loads(dag.read_text())["source_model"]["path"]).resolve()
-    want, _ = natural_greedy(model, ids, NEW_TOKENS)
+    want, _ = natural_greedy(model, ids, NEW_TOKENS, past_shapes(dag))
     site = tmp_path / "site"
     code, _, err = run_cli(["bundle", dag, "--output", site])
     assert code == 0, err
