@@ -36,7 +36,7 @@ import { ARRAY_TYPES, Tensor } from "./tensor.js";
  * @property {number[]} [stopIds] a token among these is emitted, then generation ends
  */
 
-/** @typedef {{section: number, tokens: number, bucket: number}} StepShape */
+/** @typedef {{tokens: number, bucket: number}} StepShape a specialization, by the new tokens it takes and its cache's length */
 
 /** How a dag.json's sections serve generation. Throws one CortexError when they cannot. */
 export class LanguageModel {
@@ -64,7 +64,7 @@ export class LanguageModel {
     this.maskType = /** @type {any} */ (input("attention_mask")).dtype;
     this.positions = input("position_ids") ? "position_ids" : null;
     const [first] = this.caches;
-    const shapes = sections.map((section, i) => {
+    const shapes = sections.map((section) => {
       const tokens = section.input_shapes.input_ids[1];
       const bucket = section.input_shapes[first.past][2];
       const written = /** @type {any} */ (section.dag.outputs.find((s) => s.name === first.present)).shape[2];
@@ -72,7 +72,7 @@ export class LanguageModel {
         throw new CortexError(`${where}: specialization ${section.name ?? "(the only one)"}: ${first.present} has length `
           + `${written}, neither the past's ${bucket} (a shared buffer) nor ${bucket + tokens} (past and new tokens)`);
       }
-      return { section: i, tokens, bucket, shared: written === bucket };
+      return { tokens, bucket, shared: written === bucket };
     });
     if (new Set(shapes.map((s) => s.shared)).size > 1) {
       throw new CortexError(`${where}: the specializations disagree on whether present shares the past's buffer`);
@@ -80,7 +80,7 @@ export class LanguageModel {
     /** Whether present is the past's buffer with the new rows written in (else past and new rows concatenated). */
     this.shared = shapes[0].shared;
     /** @type {StepShape[]} */
-    this.shapes = shapes.map(({ section, tokens, bucket }) => ({ section, tokens, bucket }));
+    this.shapes = shapes.map(({ tokens, bucket }) => ({ tokens, bucket }));
     const [, heads, , width] = sections[0].input_shapes[first.past];
     this.rowShape = { heads, width };
     this.largestBucket = Math.max(...this.shapes.map((s) => s.bucket));
