@@ -12,8 +12,10 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
+from cuda_cases import cuda_compiler_available
 
 from cortex.generation import Generator, Sampling
+from cortex.runtime.options import RuntimeOptions
 from samples.genai_models import genai_model
 
 PROMPT = [int(i) for i in np.random.default_rng(1).integers(3, 256, 21)]   # 2 chunks of 8, one of 4, one token
@@ -200,3 +202,26 @@ def test_a_model_without_a_key_value_cache_is_refused_in_one_line(tmp_path):
     assert plain.returncode == 0
     done = run_cli(tmp_path / "plain", "--prompt-ids", "1,2")
     assert done.returncode == 2 and "built for one input shape, not for generation" in done.stderr
+
+
+def test_under_a_memory_budget_below_the_weights_the_cus_stream_in_and_the_tokens_stay(llama):
+    _, dag = llama
+    rows, tokens, free = generated(dag, PROMPT, 8)
+    options = RuntimeOptions(cache_bytes=0, memory_budget_mb=0.25)
+    budget_rows, budget_tokens, tight = generated(dag, PROMPT, 8, options=options)
+    assert budget_tokens == tokens and np.array_equal(budget_rows, rows)
+    memory = tight["memory"]
+    assert memory["loads"] > 0 and memory["evictions"] > 0 and memory["prefetch_hits"] > 0
+    # the key/value cache at the largest bucket is taken out of the budget before the CUs get theirs
+    assert memory["budget_bytes"] == int(0.25 * 2**20) - 2 * 2 * 2 * 64 * 16 * 4
+    assert memory["peak_resident_bytes"] <= memory["budget_bytes"] < free["memory"].get("resident_bytes", 1 << 40)
+
+
+@pytest.mark.skipif(not cuda_compiler_available(), reason="no CUDA compiler (cuda-sim needs its headers)")
+def test_cuda_sim_matches_onnxruntimes_logits_for_the_prefill_and_16_decode_steps(tmp_path):
+    folder = genai_model("llama", "int4")
+    dag = build(folder, tmp_path / "cuda", buckets="32,64", chunks="8", targets="cuda")
+    rows, tokens, _ = generated(dag, PROMPT, 17, device="cuda-sim")
+    expected_rows, expected_tokens = onnxruntime_loop(folder, PROMPT, 17)
+    np.testing.assert_allclose(rows, expected_rows, atol=1e-4 * np.abs(expected_rows).max(), rtol=0)
+    assert tokens == expected_tokens

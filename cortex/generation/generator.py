@@ -104,8 +104,10 @@ class Generator:
             step = time.perf_counter()
             logits = self._step(np.array([token]), cache)
             self.trace["decode_ms"].append((time.perf_counter() - step) * 1e3)
+        memory = self.model.last_trace.get("memory", {}) if self.model.last_trace else {}
         self.trace.update(kv_bytes=cache.nbytes, kv_length=cache.length, bucket=cache.bucket,
-                          bucket_growths=cache.growths, prefix_cache=self.prefix_cache.stats())
+                          bucket_growths=cache.growths, prefix_cache=self.prefix_cache.stats(),
+                          memory={k: v for k, v in memory.items() if isinstance(v, (int, float))})
 
     def _checked_prompt(self, prompt_ids) -> np.ndarray:
         prompt = np.asarray(list(prompt_ids), np.int64).reshape(-1)
