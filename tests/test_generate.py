@@ -54,6 +54,12 @@ def onnxruntime_loop(model_folder, prompt, new_tokens):
     return np.array(rows), tokens
 
 
+def test_cortex_generate_is_the_python_entry(llama):
+    import cortex
+    folder, dag = llama
+    assert list(cortex.generate(dag, PROMPT, 6)) == onnxruntime_loop(folder, PROMPT, 6)[1]
+
+
 def generated(dag, prompt, new_tokens, device="wasm", **options):
     generator, rows = Generator(dag, device, **options), []
     try:
@@ -217,6 +223,7 @@ def test_under_a_memory_budget_below_the_weights_the_cus_stream_in_and_the_token
     assert memory["peak_resident_bytes"] <= memory["budget_bytes"] < free["memory"].get("resident_bytes", 1 << 40)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not cuda_compiler_available(), reason="no CUDA compiler (cuda-sim needs its headers)")
 def test_cuda_sim_matches_onnxruntimes_logits_for_the_prefill_and_16_decode_steps(tmp_path):
     folder = genai_model("llama", "int4")
