@@ -17,6 +17,7 @@ from cuda_cases import cuda_compiler_available
 from cortex.generation import Generator, Sampling
 from cortex.runtime.options import RuntimeOptions
 from samples.genai_models import genai_model
+from samples.torch_llm import torch_llm
 
 PROMPT = [int(i) for i in np.random.default_rng(1).integers(3, 256, 21)]   # 2 chunks of 8, one of 4, one token
 
@@ -39,13 +40,14 @@ def onnxruntime_loop(model_folder, prompt, new_tokens):
     """onnxruntime on the original model, its past grown by concatenation (no padding): the logits
     each greedy token comes from, and the tokens."""
     session = ort.InferenceSession(str(model_folder / "model.onnx"))
-    past_names = [i.name for i in session.get_inputs() if i.name.startswith("past_key_values.")]
-    config = json.loads((model_folder / "genai_config.json").read_text())["model"]["decoder"]
-    past = {n: np.zeros((1, config["num_key_value_heads"], 0, config["head_size"]), np.float32) for n in past_names}
+    inputs = {i.name: i.shape for i in session.get_inputs()}
+    past_names = [n for n in inputs if n.startswith("past_key_values.")]
+    past = {n: np.zeros((1, 2, 0, 16), np.float32) for n in past_names}      # the tiny configs' 2 heads of 16
     ids, length, rows, tokens = np.array([prompt], np.int64), 0, [], []
     for _ in range(new_tokens):
+        positions = {"position_ids": np.arange(length, length + ids.shape[1])[None]} if "position_ids" in inputs else {}
         outputs = dict(zip([o.name for o in session.get_outputs()], session.run(None, {
-            "input_ids": ids, "attention_mask": np.ones((1, length + ids.shape[1]), np.int64), **past})))
+            "input_ids": ids, "attention_mask": np.ones((1, length + ids.shape[1]), np.int64), **positions, **past})))
         length += ids.shape[1]
         rows.append(outputs["logits"][0, -1])
         tokens.append(int(np.argmax(rows[-1])))
@@ -75,6 +77,17 @@ def test_prefill_and_16_decode_steps_match_onnxruntimes_logits(llama):
     expected_rows, expected_tokens = onnxruntime_loop(folder, PROMPT, 17)
     assert trace["prefill_steps"] == [8, 8, 4, 1] and len(trace["decode_ms"]) == 16
     assert trace["bucket"] == 64 and trace["bucket_growths"] == 1        # 21 tokens in 32, then 37 in 64
+    np.testing.assert_allclose(rows, expected_rows, atol=1e-4 * np.abs(expected_rows).max(), rtol=0)
+    assert tokens == expected_tokens
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", pytest.param("torchscript", marks=pytest.mark.slow)])
+def test_a_torch_export_in_transformers_js_q4_generates_onnxruntimes_tokens(exporter, tmp_path):
+    folder = torch_llm("llama", "q4", exporter)
+    dag = build(folder, tmp_path / "torch", buckets="32,64")
+    rows, tokens, trace = generated(dag, PROMPT, 17)
+    expected_rows, expected_tokens = onnxruntime_loop(folder, PROMPT, 17)
+    assert trace["prefill_steps"] == [8, 8, 4, 1] and trace["bucket_growths"] == 1
     np.testing.assert_allclose(rows, expected_rows, atol=1e-4 * np.abs(expected_rows).max(), rtol=0)
     assert tokens == expected_tokens
 
