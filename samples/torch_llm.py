@@ -19,11 +19,11 @@ new ones and 0 for the buffer's padding, and positions from `cached` on (`concat
 
 Two exporters, two ways of turning the 2-D mask into the attention's:
 - `dynamo` (torch.onnx.export with dynamo=True, today's default): transformers' own mask, a causal
-  Range/LessOrEqual against a GatherND of the padding mask, a Where to -inf; about 240 nodes.
+  Range/LessOrEqual against a GatherND of the padding mask, a Where to -inf; about 200 nodes.
 - `torchscript`: the exporter optimum runs for transformers.js, with the mask built as transformers
   4.4x built it (`_update_causal_mask`: a full -inf matrix, Trilu, a product with a position
   comparison, Expand, and the padding written into a slice: ScatterND, Where), the graph the
-  published transformers.js models carry; about 650 nodes, a third of them Constants.
+  published transformers.js models carry; about 700 nodes, a third of them Constants.
 transformers' DynamicCache is no tensor, so a small module takes the past as flat tensors and
 returns the present flat.
 
