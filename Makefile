@@ -67,6 +67,7 @@ bench: setup $(ORTWEB) bench-decompose bench-js
 	$(MAKE) bench-ray
 	$(MAKE) bench-narrow-weights
 	$(MAKE) bench-nbits-models
+	$(MAKE) bench-language-models
 
 ## Narrow weights read inside the wasm kernels: the one-row GEMV over B stored f32, bf16 or int8 (GB/s of weight
 ## bytes against a memory copy's bandwidth) and the 512^3 GEMM (GFLOP/s against float32): its section of docs/benchmarks.md.
@@ -79,6 +80,14 @@ bench-narrow-weights: setup
 .PHONY: bench-nbits-models
 bench-nbits-models: setup $(ORTWEB)
 	$(BIN)/python -m bench.nbits_models --output docs/benchmarks.md --json $(OUT)/nbits-models.json
+
+## Language models: Qwen2.5-0.5B's shape (random weights) int4 by onnxruntime-genai's builder, generating token by token on
+## one thread: Cortex wasm (and its JavaScript runtime) against onnxruntime-genai and onnxruntime-web: decode ms per token at
+## past 128 and 1024, time to the first token (cold, and with a cached prefix), peak RSS, a memory budget: its section of
+## docs/benchmarks.md.
+.PHONY: bench-language-models
+bench-language-models: setup $(ORTWEB)
+	$(BIN)/python -m bench.language_models --output docs/benchmarks.md --json $(OUT)/language-models.json
 
 ## The Ray executor on a local loopback cluster: 2 nodes against 1 on a pipelined batch of 64, and the per-hop overhead.
 bench-ray: setup
