@@ -87,8 +87,9 @@ def load_module(engine: wasmtime.Engine, path: Path, sha256: str, dag_path: Path
 
 
 def _engine_key(sha256: str) -> str:
-    # The module hash plus wasmtime's own version: a cache entry never outlives either.
-    return sha256_bytes(f"{sha256}:{_wasmtime_version()}".encode())[:16]
+    # The module hash plus wasmtime's own version: a cache entry never outlives either ("relaxed-native":
+    # the engine lowers relaxed SIMD as the host does, assemble.make_engine).
+    return sha256_bytes(f"{sha256}:{_wasmtime_version()}:relaxed-native".encode())[:16]
 
 
 @functools.cache
