@@ -21,7 +21,7 @@ from cortex.commands.inspect_model import Dims, InputShapes
 from cortex.commands.run import read_inputs
 from cortex.console import out, print_json, print_summary
 from cortex.cus import check_output_dir, model_info, write_cus
-from cortex.decoder_io import generation_specializations
+from cortex.decoder_io import GENERATION_LIMITS, generation_specializations
 from cortex.options import parse_dims, parse_input_shapes
 from cortex.pipeline import load_and_optimize
 from cortex.shared_cu_weights import share_cu_weights
@@ -44,7 +44,7 @@ def decompose(
     dim: Dims = None,
     freeze_input: Annotated[Optional[list[str]], typer.Option("--freeze-input", help="NAME=FILE.npy, or an .npz of arrays by name: the input becomes a constant with that value (repeatable).")] = None,
     specialize: Annotated[Optional[list[str]], typer.Option("--specialize", help="NAME=V1,V2,...: one specialization per value of a one-element input (an If decided by it), built as if frozen to it, in one bundle; NAME alone: the values the model's If compares it with (repeatable).")] = None,
-    kv_buckets: Annotated[Optional[str], typer.Option("--kv-buckets", help="A language model with a key/value cache (past_key_values.* in, present.* out): the past lengths to compile for, e.g. 256,1024; with --prefill-chunks, one specialization per new-token count (1, each chunk) and bucket, for `cortex generate`.")] = None,
+    kv_buckets: Annotated[Optional[str], typer.Option("--kv-buckets", help="A language model with a key/value cache (past_key_values.* in, present.* out): the past lengths to compile for, e.g. 256,1024; with --prefill-chunks, one specialization per new-token count (1, each chunk) and bucket, for `cortex generate`. --max-cu-depth and --max-cu-size left at their defaults become 40 and 50000000 (about a CU per layer).")] = None,
     prefill_chunks: Annotated[str, typer.Option("--prefill-chunks", help="With --kv-buckets: the prompt chunk lengths prefill runs, e.g. 64,8 (the largest also keys the prefix cache).")] = "64,8",
     cache_inputs_from: Annotated[Optional[Path], typer.Option("--cache-inputs-from", help="Calibration feeds (a folder of .npz files, one feed each, or one .npz whose arrays stack the feeds on a first axis): an input whose value is the same in every feed is added to --cache-inputs.")] = None,
     json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
@@ -57,6 +57,9 @@ def decompose(
             raise CortexError("--kv-buckets makes the specializations itself: give --input-shape and --dim one value each")
         specializations = generation_specializations(model_path, _lengths("--kv-buckets", kv_buckets),
                                                      _lengths("--prefill-chunks", prefill_chunks), parse_dims(dim))
+        defaults = PartitionIntoCUs()
+        limits = replace(limits, **{name: value for name, value in GENERATION_LIMITS.items()
+                                    if getattr(limits, name) == getattr(defaults, name)})
     frozen = read_frozen_inputs(freeze_input or [])
     if specialize:
         specializations = value_specializations(model_path, specialize, frozen, specializations or [

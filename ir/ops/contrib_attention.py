@@ -371,28 +371,34 @@ def _group_query_attention(node) -> onnx.FunctionProto:
     else:
         lines += ["q_new = Identity (q_in)", "k_new = Identity (k_in)"]
     if present(node, 3):
-        lines += ["past_1d = Shape <start = 2, end = 3> (past_key)",
-                  "k_cat = Concat <axis = 2> (past_key, k_new)", "v_cat = Concat <axis = 2> (past_value, v_new)"]
+        lines += ["past_1d = Shape <start = 2, end = 3> (past_key)", "k_past = Identity (past_key)",
+                  "v_past = Identity (past_value)"]
     else:
-        lines += ["past_1d = Constant <value_ints = [0]> ()", "k_cat = Identity (k_new)", "v_cat = Identity (v_new)"]
-    lines += [# the present cache: row j of batch b from the past (j < p_b), the new rows, or 0
+        lines += ["past_1d = Constant <value_ints = [0]> ()", "rows_axis = Constant <value_ints = [2]> ()",
+                  "k_past = Slice (k_new, past_1d, past_1d, rows_axis)",
+                  "v_past = Slice (v_new, past_1d, past_1d, rows_axis)"]
+    lines += [# the present cache: row j of batch b from the past (j < p_b), the new row j - p_b, or 0;
+              # the new rows placed by a one-hot product and the past padded to T, not gathered
+              # row by row from a concatenation: a decode step then costs one pass over the cache
               "total_64 = Cast <to = 7> (total_sequence_length)", "total_1d = Reshape (total_64, one_1d)",
               "present_1d = Max (total_1d, past_1d)", "present_len = Squeeze (present_1d, axis0)",
               "rows = Range (zero_i, present_len, one_i)", "rows_row = Unsqueeze (rows, axis0)",
               "from_past = Less (rows_row, starts_col)", "offset = Sub (rows_row, starts_col)",
-              "past_len = Squeeze (past_1d, axis0)", "new_row = Add (offset, past_len)",
-              "after_start = GreaterOrEqual (offset, zero_1d)", "before_end = Less (offset, seq_1d)",
-              "in_new = And (after_start, before_end)", "kept = Or (from_past, in_new)",
-              "source = Where (from_past, rows_row, new_row)", "cat_len = Add (past_1d, seq_1d)",
-              "last_row = Sub (cat_len, one_1d)", "below = Min (source, last_row)", "source_row = Max (below, zero_1d)",
-              "outer = Constant <value_ints = [1, 3]> ()", "source_4d = Unsqueeze (source_row, outer)",
-              "kept_4d = Unsqueeze (kept, outer)", "cat_shape = Shape (k_cat)",
-              "lead = Slice (cat_shape, axis0, one_1d, axis0)", "head_size_1d = Shape <start = 3> (k_cat)",
-              f"kv_heads_1d = Constant <value_ints = [{kv_heads}]> ()",
-              "present_shape = Concat <axis = 0> (lead, kv_heads_1d, present_1d, head_size_1d)",
-              "source_idx = Expand (source_4d, present_shape)",
-              "k_rows = GatherElements <axis = 2> (k_cat, source_idx)", "v_rows = GatherElements <axis = 2> (v_cat, source_idx)",
-              "present_key = Where (kept_4d, k_rows, zero_f)", "present_value = Where (kept_4d, v_rows, zero_f)",
+              "two_1d = Constant <value_ints = [2]> ()",
+              "last_axis = Constant <value_ints = [2]> ()", "first_two = Constant <value_ints = [0, 1]> ()",
+              "offset_3d = Unsqueeze (offset, last_axis)", "steps_3d = Unsqueeze (steps, first_two)",
+              "is_step = Equal (offset_3d, steps_3d)", "one_hot = Cast <to = 1> (is_step)",
+              "one_hot_heads = Unsqueeze (one_hot, axis1)",
+              "k_placed = MatMul (one_hot_heads, k_new)", "v_placed = MatMul (one_hot_heads, v_new)",
+              "grown_1d = Sub (present_1d, past_1d)", "new_shape = Shape (k_new)",
+              "new_lead = Slice (new_shape, zero_1d, two_1d, axis0)", "head_size_1d = Shape <start = 3> (k_new)",
+              "grown_shape = Concat <axis = 0> (new_lead, grown_1d, head_size_1d)",
+              "grown_zeros = Expand (zero_f, grown_shape)",
+              "k_past_fit = Concat <axis = 2> (k_past, grown_zeros)", "v_past_fit = Concat <axis = 2> (v_past, grown_zeros)",
+              "outer = Constant <value_ints = [1, 3]> ()", "from_past_4d = Unsqueeze (from_past, outer)",
+              "present_key = Where (from_past_4d, k_past_fit, k_placed)",
+              "present_value = Where (from_past_4d, v_past_fit, v_placed)",
+              "lead = Shape <end = 1> (k_new)",
               # scores by key/value head: [B, N_kv, G, S, T]
               f"groups = Constant <value_ints = [{kv_heads}, {group}]> ()",
               "q_tail = Shape <start = 2> (q_new)", "q_groups_shape = Concat <axis = 0> (lead, groups, q_tail)",
