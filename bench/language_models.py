@@ -50,7 +50,7 @@ from pathlib import Path
 import numpy as np
 
 from bench import machine
-from bench.node_runner import NODE, NodeUnavailable, ORTWEB_DIR
+from bench.node_runner import NodeRunner, NodeUnavailable
 from bench.page import replace_section
 from bench.threads_bench import measured
 from bench.timing import interleave
@@ -216,27 +216,12 @@ class CortexContestants:
         return lap()
 
 
-class NodeContestants:
+class NodeContestants(NodeRunner):
     """onnxruntime-web and Cortex's JavaScript runtime in one Node process (bench/lm_node.mjs)."""
 
     def __init__(self):
-        if not (ORTWEB_DIR / "node_modules" / "onnxruntime-web").is_dir():
-            raise NodeUnavailable("onnxruntime-web is not installed (make installs it into bench/ortweb/node_modules)")
-        script = Path(__file__).resolve().parent / "lm_node.mjs"
-        self.proc = subprocess.Popen([NODE, "--experimental-wasm-relaxed-simd", str(script)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, cwd=script.parent)
+        super().__init__(Path(__file__).resolve().parent / "lm_node.mjs")
         self.version = self.ask(cmd="version")["web"]
-
-    def ask(self, **request) -> dict:
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise NodeUnavailable(f"the Node runner exited (code {self.proc.poll()})")
-        reply = json.loads(line)
-        if not reply.pop("ok"):
-            raise RuntimeError(reply["error"].split("ERROR_MESSAGE:")[-1].strip()[:200])
-        return reply
 
     def load_ortweb(self, folder: Path, config: dict) -> None:
         decoder = config["decoder"]
@@ -260,15 +245,6 @@ class NodeContestants:
             reply = self.ask(cmd="generate", ids=prompt, skip=skip, repeat=repeat)
             return list(zip(reply["seconds"], reply["cpu_seconds"])), reply["tokens"]
         return DecodeContestant(CORTEX_JS, steps)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write('{"cmd": "quit"}\n')
-                self.proc.stdin.flush()
-                self.proc.wait(timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
 
 
 # -- the measurements ------------------------------------------------------------------------------

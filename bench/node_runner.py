@@ -17,12 +17,14 @@ class NodeUnavailable(RuntimeError):
 
 
 class NodeRunner:
-    def __init__(self):
+    """A Node script answering one JSON request per line (`script`: onnxruntime-web's runner by default)."""
+
+    def __init__(self, script: Path = ORTWEB_DIR / "runner.mjs"):
         if not (ORTWEB_DIR / "node_modules" / "onnxruntime-web").is_dir():
             raise NodeUnavailable("onnxruntime-web is not installed (make bench installs it into bench/ortweb/node_modules)")
         # Node 20 keeps relaxed SIMD behind a flag.
-        self.proc = subprocess.Popen([NODE, "--experimental-wasm-relaxed-simd", str(ORTWEB_DIR / "runner.mjs")],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ORTWEB_DIR)
+        self.proc = subprocess.Popen([NODE, "--experimental-wasm-relaxed-simd", str(script)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=script.parent)
 
     def ask(self, **request) -> dict:
         self.proc.stdin.write(json.dumps(request) + "\n")
