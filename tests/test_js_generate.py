@@ -4,7 +4,9 @@ tokens 1 or 8) x (cache bucket 16 or 32) specialization: under Node the greedy i
 onnxruntime's greedy loop on the original model and each token's logits are within 1e-4 of its;
 growing the cache from 16 to 32 mid-generation gives the ids of one 64-position bucket (prefilled
 by chunks of 8, then 4, then single tokens); a seeded sampled run repeats; bad prompts and a model
-without a cache are refused in one line.
+without a cache are refused in one line. The prefix cache (js/test/prefix_cache.test.js): a prompt
+sharing two chunks of 8 with an earlier one restores them and gives onnxruntime's ids with bitwise
+the logits of a session without the cache; its bound evicts the least recently used chunk.
 
 onnxruntime runs the reference loop twice: on its natural feeds (the whole prompt, then the
 present fed back as the past) and on the padded feeds the runtime makes (a fixed cache buffer, the
@@ -242,4 +244,17 @@ def test_seeded_sampling_repeats_and_a_model_without_a_cache_is_refused(tmp_path
     report = run_node_tests([sampled, plain], tmp_path, "generate.test.js")
     expected = {"llama-sampled: seeded sampling repeats, and top-k 1 is greedy",
                 "mlp-no-cache: a model without a key/value cache is refused in one line"}
+    assert not expected - _passed(report), report[-3000:]
+
+
+def test_node_restores_a_shared_prefix_bitwise_and_evicts_the_least_recently_used_chunk(tmp_path):
+    """A 20-token prompt leaves its two chunks of 8 in the cache; a 25-token prompt sharing its first
+    16 restores them and runs one chunk of 8 and one token; both prompts use the 32 bucket."""
+    dag = generation_build("int4", (16, 32), (8,))
+    warm = prompt(20)
+    shared = warm[:16] + [5, 6, 7, 8, 9, 10, 11, 12, 13]
+    case = generation_case(tmp_path, "llama-prefix", dag, shared, 6, prefix={"warm": warm, "chunk": 8, "bucket": 32})
+    report = run_node_tests([case], tmp_path, "prefix_cache.test.js")
+    expected = {"llama-prefix: a shared prefix is restored and gives bitwise the logits of a run without the cache",
+                "llama-prefix: the prefix cache's bound evicts the least recently used chunk"}
     assert not expected - _passed(report), report[-3000:]

@@ -14,13 +14,23 @@
 //   are present[:, :, P:P+S].
 // When L + S outgrows the bucket the cache moves to the smallest larger one, by one zero-padded
 // copy. The prompt goes in as chunks: the largest chunk size that fits what is left, then smaller
-// ones, then single tokens; the last prompt token's logits give the first new token.
+// ones, then single tokens, all in the smallest bucket that holds the whole prompt; the last prompt
+// token's logits give the first new token.
+//
+// The session's prefix cache (js/src/prefix_cache.js) keeps the rows of the prompts' whole chunks of
+// the largest size. A prompt restores its cached leading chunks while at least one token is left to
+// run (the logits of a chunk are not kept), then runs the rest as it would without the cache. Its
+// bucket does not depend on the hit, so a step after a hit sees the same past buffers and feeds as
+// the same step without the cache and gives bitwise the same logits (the cached rows themselves
+// came from the same steps when the prompt that left them had the same bucket; from another bucket
+// they can differ only by the order of the attention's sums over the masked padding).
 //
 // Sampling is greedy (first largest logit) at temperature 0 or top-k 1; otherwise logits are
 // divided by the temperature, cut to the top k, then to the smallest most likely set whose
 // probability reaches top-p, and drawn from with mulberry32 seeded by `seed`: a 32-bit generator
 // small enough to write out in full here (and in any other runtime that wants the same draws).
 import { CortexError, quoted } from "./errors.js";
+import { chunkKeys, modelKey, prefixCacheBytes } from "./prefix_cache.js";
 import { ARRAY_TYPES, Tensor } from "./tensor.js";
 
 /**
@@ -34,6 +44,8 @@ import { ARRAY_TYPES, Tensor } from "./tensor.js";
  * @property {number} [topP] keep the smallest most likely set whose probability reaches p (1: all)
  * @property {number} [seed] the sampler's seed (0 by default)
  * @property {number[]} [stopIds] a token among these is emitted, then generation ends
+ * @property {number} [prefixCacheMB] bounds the session's prefix cache from this call on (0 turns it
+ *   off and empties it); `InferenceSession.create` takes the first bound (256 by default)
  */
 
 /** @typedef {{tokens: number, bucket: number}} StepShape a specialization, by the new tokens it takes and its cache's length */
@@ -84,6 +96,8 @@ export class LanguageModel {
     const [, heads, , width] = sections[0].input_shapes[first.past];
     this.rowShape = { heads, width };
     this.largestBucket = Math.max(...this.shapes.map((s) => s.bucket));
+    /** The prefill length whose chunks key the prefix cache (0: the model decodes only). */
+    this.largestChunk = Math.max(0, ...this.shapes.map((s) => s.tokens).filter((n) => n > 1));
     if (!this.shapes.some((s) => s.tokens === 1 && s.bucket === this.largestBucket)) {
       throw new CortexError(`${where}: no one-token specialization with the largest cache (${this.largestBucket}); `
         + "generation decodes one token a step");
@@ -95,6 +109,11 @@ export class LanguageModel {
   step(tokens, length, bucket) {
     const fits = this.shapes.filter((s) => s.tokens === tokens && s.bucket >= Math.max(bucket, length + tokens));
     return fits.sort((a, b) => a.bucket - b.bucket)[0];
+  }
+
+  /** The smallest bucket that holds `length` tokens. @param {number} length */
+  bucketFor(length) {
+    return Math.min(...this.shapes.map((s) => s.bucket).filter((b) => b >= length));
   }
 
   /** The prefill step for the `left` prompt tokens still to feed: the largest chunk that fits. @param {number} left
@@ -133,6 +152,17 @@ export function isLanguageModel(session) {
   }
 }
 
+/** Copies `tokens` rows per head from row `sourceFrom` of `source` (`sourceRows` rows a head) to row
+ * `targetFrom` of `target` (`targetRows` a head); a row is `width` floats.
+ * @param {Float32Array} target @param {number} targetRows @param {number} targetFrom @param {Float32Array} source
+ * @param {number} sourceRows @param {number} sourceFrom @param {number} tokens @param {{heads: number, width: number}} rowShape */
+function copyRows(target, targetRows, targetFrom, source, sourceRows, sourceFrom, tokens, { heads, width }) {
+  for (let h = 0; h < heads; h++) {
+    const start = (h * sourceRows + sourceFrom) * width;
+    target.set(source.subarray(start, start + tokens * width), (h * targetRows + targetFrom) * width);
+  }
+}
+
 /** The key/value cache: one buffer per past input, L tokens in it, the current bucket P. */
 class KvCache {
   /** @param {LanguageModel} model */
@@ -146,12 +176,10 @@ class KvCache {
 
   /** Moves to a larger bucket: one copy of each buffer, zero-padded. @param {number} bucket */
   grow(bucket) {
-    const { heads, width } = this.model.rowShape;
+    const { rowShape } = this.model;
     for (const [name, old] of this.buffers) {
-      const grown = new Float32Array(heads * bucket * width);
-      for (let h = 0; h < heads; h++) {
-        grown.set(old.subarray(h * this.bucket * width, (h * this.bucket + this.length) * width), h * bucket * width);
-      }
+      const grown = new Float32Array(rowShape.heads * bucket * rowShape.width);
+      copyRows(grown, bucket, 0, old, this.bucket, 0, this.length, rowShape);
       this.buffers.set(name, grown);
     }
     this.bucket = bucket;
@@ -166,18 +194,47 @@ class KvCache {
   /** Copies the `tokens` new rows the step wrote (from row `from` of each present) to rows L.., then L += tokens.
    * @param {Record<string, Tensor>} results @param {number} from @param {number} tokens */
   append(results, from, tokens) {
-    const { heads, width } = this.model.rowShape;
     for (const { past, present } of this.model.caches) {
       const source = results[present];
-      const rows = source.dims[2];
-      const target = /** @type {Float32Array} */ (this.buffers.get(past));
-      for (let h = 0; h < heads; h++) {
-        const start = (h * rows + from) * width;
-        target.set(source.data.subarray(start, start + tokens * width), (h * this.bucket + this.length) * width);
-      }
+      copyRows(/** @type {Float32Array} */ (this.buffers.get(past)), this.bucket, this.length,
+        /** @type {Float32Array} */ (source.data), source.dims[2], from, tokens, this.model.rowShape);
     }
     this.length += tokens;
   }
+
+  /** Copies of rows `start`..`end` of every buffer, [heads, end - start, width] each: a prefix cache entry.
+   * @param {number} start @param {number} end @returns {import("./prefix_cache.js").ChunkRows} */
+  rows(start, end) {
+    const { rowShape } = this.model;
+    return new Map([...this.buffers].map(([name, data]) => {
+      const rows = new Float32Array(rowShape.heads * (end - start) * rowShape.width);
+      copyRows(rows, end - start, 0, data, this.bucket, start, end - start, rowShape);
+      return [name, rows];
+    }));
+  }
+
+  /** Writes a chunk of `tokens` rows, as `rows` copies them out, to rows L.., then L += tokens.
+   * @param {import("./prefix_cache.js").ChunkRows} rows @param {number} tokens */
+  restore(rows, tokens) {
+    for (const [name, data] of rows) {
+      copyRows(/** @type {Float32Array} */ (this.buffers.get(name)), this.bucket, this.length, data, tokens, 0, tokens,
+        this.model.rowShape);
+    }
+    this.length += tokens;
+  }
+}
+
+/** @type {WeakMap<object, Promise<Uint8Array>>} the prefix cache's key_0, one per session */
+const modelKeys = new WeakMap();
+
+/** @param {any} session */
+function modelKeyOf(session) {
+  let key = modelKeys.get(session);
+  if (key === undefined) {
+    key = modelKey(session.document);
+    modelKeys.set(session, key);
+  }
+  return key;
 }
 
 /** A typed array of `type` (an integer dtype) holding `values`. @param {string} type @param {number[]} values */
@@ -259,7 +316,8 @@ function checkedOptions(options, promptLength, model) {
   const stopIds = new Set(options.stopIds ?? []);
   for (const id of stopIds) wholeNumber(id, "each stop id", 0);
   return { maxNewTokens, temperature, topK: wholeNumber(options.topK ?? 0, "topK", 0), topP,
-    seed: wholeNumber(options.seed ?? 0, "seed", 0), stopIds };
+    seed: wholeNumber(options.seed ?? 0, "seed", 0), stopIds,
+    prefixCacheBytes: options.prefixCacheMB === undefined ? null : prefixCacheBytes(options.prefixCacheMB) };
 }
 
 /** @param {any} ids @param {LanguageModel} model @returns {number[]} */
@@ -280,24 +338,41 @@ function checkedPrompt(ids, model) {
 /**
  * New token ids after `ids`, made one at a time on `session` (an InferenceSession of a language
  * model, see the module's comment). `session.lastGeneration` then says how it ran: each step's
- * tokens and bucket, the milliseconds to the first token and per decoded token.
+ * tokens and bucket (restored prefix chunks are not steps), the prompt tokens the prefix cache
+ * restored, the cache's counts, the milliseconds to the first token and per decoded token.
  * @param {any} session @param {ArrayLike<number>} ids @param {GenerateOptions} [options] @returns {Promise<number[]>}
  */
 export async function generate(session, ids, options = {}) {
   const model = languageModel(session);
   const prompt = checkedPrompt(ids, model);
   const settings = checkedOptions(options, prompt.length, model);
+  /** @type {import("./prefix_cache.js").PrefixCache} */
+  const prefixes = session.prefixCache;
+  if (settings.prefixCacheBytes !== null) prefixes.resize(settings.prefixCacheBytes);
   const cache = new KvCache(model);
   const started = performance.now();
+  cache.grow(model.bucketFor(prompt.length));
+  const chunk = model.largestChunk;
+  const keys = prefixes.enabled && chunk > 0 ? await chunkKeys(await modelKeyOf(session), prompt, chunk) : [];
+  for (const key of keys.slice(0, Math.floor((prompt.length - 1) / chunk))) {
+    const rows = prefixes.get(key);
+    if (rows === undefined) break;
+    cache.restore(rows, chunk);
+  }
+  const prefixHitTokens = cache.length;
   const steps = [];
   let logits = new Float32Array(0);
-  for (let fed = 0; fed < prompt.length;) {
-    const shape = model.prefillStep(prompt.length - fed, cache.length, cache.bucket);
-    logits = await runStep(session, model, cache, prompt.slice(fed, fed + shape.tokens), shape);
+  while (cache.length < prompt.length) {
+    const start = cache.length;
+    const shape = model.prefillStep(prompt.length - start, start, cache.bucket);
+    logits = await runStep(session, model, cache, prompt.slice(start, start + shape.tokens), shape);
     steps.push({ tokens: shape.tokens, bucket: shape.bucket });
-    fed += shape.tokens;
+    if (shape.tokens === chunk && start % chunk === 0 && start / chunk < keys.length) {
+      prefixes.put(keys[start / chunk], cache.rows(start, start + chunk));
+    }
   }
-  const record = { steps, ttft_ms: performance.now() - started, decode_ms: /** @type {number[]} */ ([]) };
+  const record = { steps, prefixHitTokens, prefixCache: prefixes.stats(), ttft_ms: performance.now() - started,
+    decode_ms: /** @type {number[]} */ ([]) };
   session.lastGeneration = record;
   const random = mulberry32(settings.seed);
   /** @type {number[]} */

@@ -12,6 +12,7 @@ import { dagUrl, readJson } from "./loader.js";
 import { ModuleFiles, loadWasmUnit } from "./modules.js";
 import { SourceModel } from "./offline.js";
 import { policy as resolvePolicy } from "./policy.js";
+import { DEFAULT_PREFIX_CACHE_MB, PrefixCache, prefixCacheBytes } from "./prefix_cache.js";
 import { Scheduler } from "./scheduler.js";
 import { Buckets, compiledShapes, exactSection, feedShapes, sectionsForValues, shapesText, valueInputs } from "./specialized.js";
 import { Tensor } from "./tensor.js";
@@ -29,6 +30,8 @@ import { WeightFiles } from "./weights.js";
  * @property {string} [padToBucket] shape specializations: pad a request no specialization matches
  *   up to the nearest larger one along this dim (or input), as `cortex run --pad-to-bucket`
  * @property {number} [padValue] the value padding writes (0 by default)
+ * @property {number} [prefixCacheMB] the bound of `generate`'s prefix cache in MiB (256 by default;
+ *   0 turns it off)
  */
 
 // Sections of a cortex.dag/2 dag.json: every module and weight file is fetched, checked and
@@ -47,8 +50,9 @@ export class InferenceSession {
   /** Use `InferenceSession.create`.
    * @param {URL} url @param {any} document dag.json as read @param {import("./dag.js").Section[]} sections
    * @param {any} ort onnxruntime-web as given @param {ResultCache} cache
-   * @param {import("./policy.js").Policy} policy @param {Buckets | null} buckets @param {number} padValue */
-  constructor(url, document, sections, ort, cache, policy, buckets, padValue) {
+   * @param {import("./policy.js").Policy} policy @param {Buckets | null} buckets @param {number} padValue
+   * @param {PrefixCache} prefixCache */
+  constructor(url, document, sections, ort, cache, policy, buckets, padValue, prefixCache) {
     this.url = url;
     this.document = document;
     this.sections = sections;
@@ -75,6 +79,8 @@ export class InferenceSession {
     this.queue = Promise.resolve();
     /** How the last `generate` ran (js/src/generate.js). @type {any} */
     this.lastGeneration = null;
+    /** Prompt chunks `generate` already ran, kept across its calls (js/src/prefix_cache.js). */
+    this.prefixCache = prefixCache;
   }
 
   /** @param {string | URL} where dag.json's URL or path @param {SessionOptions} [options] */
@@ -88,6 +94,7 @@ export class InferenceSession {
     if (typeof padValue !== "number" || Number.isNaN(padValue)) {
       throw new CortexError(`padValue must be a number (got ${JSON.stringify(padValue)})`);
     }
+    const prefixCache = new PrefixCache(prefixCacheBytes(options.prefixCacheMB ?? DEFAULT_PREFIX_CACHE_MB));
     const url = await dagUrl(where);
     const document = await readJson(url);
     const sections = checkedSections(document, url);
@@ -100,7 +107,7 @@ export class InferenceSession {
       buckets = new Buckets(sections, String(options.padToBucket));
     }
     const session = new InferenceSession(url, document, sections, options.onnxruntime, new ResultCache(cacheBytes),
-      chosen, buckets, padValue);
+      chosen, buckets, padValue, prefixCache);
     if (chosen.offline) {
       await session.sourceModel();
     } else {
@@ -263,5 +270,6 @@ export class InferenceSession {
 
   async release() {
     this.cache.clear();
+    this.prefixCache.clear();
   }
 }
