@@ -17,8 +17,8 @@ contestants, every one optional (a missing one is a line saying why):
   (past buffers fed whole, the new rows copied back), one thread.
 - Cortex wasm: cortex.generation.Generator (wasmtime, one thread, strict policy); a round repeats
   the same prompt, whose 64-token chunks the prefix cache then restores.
-- Cortex's JavaScript runtime in Node (session.generate, bench/lm_node.mjs): no prefix cache, so a
-  round prefills its prompt again; decode at past 128 only.
+- Cortex's JavaScript runtime in Node (session.generate, bench/lm_node.mjs; one session, whose
+  prefix cache restores a repeated prompt's chunks as Python's does); decode at past 128 only.
 
 Figures: decode ms per token at past 128 and past 1024 (a prompt of that many tokens, then the
 times between consecutive new tokens: one step plus the greedy choice), interleaved round by round

@@ -238,8 +238,9 @@ def test_under_a_memory_budget_below_the_weights_the_cus_stream_in_and_the_token
 
 @pytest.mark.slow
 @pytest.mark.skipif(not cuda_compiler_available(), reason="no CUDA compiler (cuda-sim needs its headers)")
-def test_cuda_sim_matches_onnxruntimes_logits_for_the_prefill_and_16_decode_steps(tmp_path):
-    folder = genai_model("llama", "int4")
+@pytest.mark.parametrize("exporter", ["genai", "torch"])
+def test_cuda_sim_matches_onnxruntimes_logits_for_the_prefill_and_16_decode_steps(exporter, tmp_path):
+    folder = genai_model("llama", "int4") if exporter == "genai" else torch_llm("llama", "q4")
     dag = build(folder, tmp_path / "cuda", buckets="32,64", chunks="8", targets="cuda")
     rows, tokens, _ = generated(dag, PROMPT, 17, device="cuda-sim")
     expected_rows, expected_tokens = onnxruntime_loop(folder, PROMPT, 17)
