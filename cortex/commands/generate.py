@@ -22,7 +22,7 @@ from cortex.runtime.options import RuntimeOptions
 from ir.errors import CortexError
 
 
-@with_options(RuntimeOptions, into="runtime")
+@with_options(RuntimeOptions, into="runtime", defaults={"cache_bytes": 0})
 @with_options(Sampling, into="sampling")
 @with_options(GenerationBuild, into="build")
 def generate(
