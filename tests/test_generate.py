@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
+from cli_helpers import CORTEX
 from cuda_cases import cuda_compiler_available
 
 from cortex.generation import Generator, Sampling
@@ -23,7 +24,7 @@ PROMPT = [int(i) for i in np.random.default_rng(1).integers(3, 256, 21)]   # 2 c
 
 
 def build(model_folder, output, buckets="16,32,64", chunks="8,4", targets="wasm"):
-    done = subprocess.run(["cortex", "build", str(model_folder / "model.onnx"), "--output", str(output),
+    done = subprocess.run([str(CORTEX), "build", str(model_folder / "model.onnx"), "--output", str(output),
                            "--targets", targets, "--kv-buckets", buckets, "--prefill-chunks", chunks, "--json"],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -179,7 +180,7 @@ def test_generation_stops_at_a_stop_id_and_at_the_largest_bucket(llama):
 
 
 def run_cli(*args):
-    return subprocess.run(["cortex", "generate", *map(str, args)], capture_output=True, text=True)
+    return subprocess.run([str(CORTEX), "generate", *map(str, args)], capture_output=True, text=True)
 
 
 def test_cortex_generate_prints_the_tokens_and_the_trace(llama):
@@ -212,11 +213,11 @@ def test_bad_input_is_one_line_and_exit_code_2(llama, args, message):
 
 def test_a_model_without_a_key_value_cache_is_refused_in_one_line(tmp_path):
     model = Path(__file__).resolve().parents[1] / "samples" / "mlp.onnx"
-    done = subprocess.run(["cortex", "build", str(model), "--output", str(tmp_path / "b"), "--kv-buckets", "16"],
+    done = subprocess.run([str(CORTEX), "build", str(model), "--output", str(tmp_path / "b"), "--kv-buckets", "16"],
                           capture_output=True, text=True)
     assert done.returncode == 2 and "not a language model with a key/value cache" in done.stderr
     assert not (tmp_path / "b").exists()
-    plain = subprocess.run(["cortex", "build", str(model), "--output", str(tmp_path / "plain"),
+    plain = subprocess.run([str(CORTEX), "build", str(model), "--output", str(tmp_path / "plain"),
                             "--dim", "batch=1"], capture_output=True)
     assert plain.returncode == 0
     done = run_cli(tmp_path / "plain", "--prompt-ids", "1,2")

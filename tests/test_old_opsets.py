@@ -67,6 +67,10 @@ def _more_models() -> dict[str, onnx.ModelProto]:
         "BiasSplitGelu": _node("BiasSplitGelu", {"x": f32(2, 3, 8), "b": f32(8)}),
         "QuantizeLinear": _node("QuantizeLinear", {"x": f32(3, 4), "s": np.float32(0.1), "z": np.int8(2)}),
         "DequantizeLinear": _node("DequantizeLinear", {"x": i8(3, 4), "s": np.float32(0.1), "z": np.int8(2)}),
+        "GatherBlockQuantized": _node("GatherBlockQuantized", {
+            "c_table": RNG.integers(0, 256, (6, 16), dtype=np.uint8), "ids": np.array([4, 1], np.int64),
+            "c_scales": RNG.uniform(0.01, 0.1, (6, 1)).astype(np.float32)},
+            bits=4, block_size=32, gather_axis=0, quantize_axis=1),
         "DynamicQuantizeLSTM": _node("DynamicQuantizeLSTM", {
             "x": f32(5, 2, 4), "c_W": i8(1, 4, 32), "c_R": i8(1, 8, 32), "b": f32(1, 64), "lens": None,
             "h": f32(1, 2, 8), "c": f32(1, 2, 8), "p": None, "ws": np.full(1, 0.01, np.float32),
