@@ -49,6 +49,7 @@ class Specialization:
     input_shapes: dict[str, tuple[int, ...]]    # every --input-shape, this specialization's value
     dims: dict[str, int]                        # every --dim, this specialization's value
     input_values: dict[str, np.ndarray] = field(default_factory=dict)   # every --specialize input's value
+    graph_passes: tuple = ()                    # passes run on this shape's optimised graph (before fusion)
 
     @property
     def folder(self) -> str:
@@ -64,7 +65,8 @@ class Specialization:
 def with_values(specializations: list[Specialization], rows_for) -> list[Specialization]:
     """Every specialization once per row of input values (`rows_for(specialization)`: its rows,
     cortex/value_specializations.py's value_rows), named by what varies: `sr=8000`, `seq=32,sr=8000`."""
-    return [Specialization(",".join(filter(None, [spec.name, values_text(row)])), spec.input_shapes, spec.dims, row)
+    return [Specialization(",".join(filter(None, [spec.name, values_text(row)])), spec.input_shapes, spec.dims, row,
+                           spec.graph_passes)
             for spec in specializations for row in rows_for(spec)]
 
 

@@ -39,19 +39,17 @@ PASTS = [f"past_key_values.{layer}.{kind}" for layer in range(LAYERS) for kind i
 
 
 def generation_build(precision: str, buckets: tuple[int, ...], chunks: tuple[int, ...]):
-    """The llama at `precision` built once into .cache/js-tests, one specialization per (tokens in
-    1 + `chunks`) x (bucket in `buckets`); its dag.json."""
+    """The llama at `precision` built once into .cache/js-tests by `cortex build --kv-buckets`, one
+    specialization per (tokens in 1 + `chunks`) x (bucket in `buckets`), present only the new rows;
+    its dag.json."""
     model = genai_model("llama", precision) / "model.onnx"
     digest = hashlib.sha256(model.read_bytes()).hexdigest()[:12]
-    shapes = [arg for past in PASTS for arg in ("--input-shape", f"{past}=" + ",".join(
-        f"1x{HEADS}x{b}x{HEAD_SIZE}" for b in buckets))]
 
     def build(folder):
-        code, _, err = run_cli(["build", model, "--output", folder, "--dim", "batch_size=1",
-                                "--dim", "sequence_length=" + ",".join(map(str, (1, *chunks))),
-                                "--input-shape", "attention_mask=" + ",".join(f"1x{b}" for b in buckets), *shapes])
+        code, _, err = run_cli(["build", model, "--output", folder, "--kv-buckets", ",".join(map(str, buckets)),
+                                "--prefill-chunks", ",".join(map(str, chunks))])
         assert code == 0, err
-    name = f"generate-llama-{precision}-{digest}-p{'-'.join(map(str, buckets))}-s{'-'.join(map(str, chunks))}"
+    name = f"generate-rows-llama-{precision}-{digest}-p{'-'.join(map(str, buckets))}-s{'-'.join(map(str, chunks))}"
     return ensure_folder(CASES_DIR / name, build) / "dag.json"
 
 

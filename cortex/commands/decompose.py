@@ -92,7 +92,7 @@ def _lengths(flag: str, text: str) -> list[int]:
 def decompose_model(model_path: Path, output_dir: Path, limits: PartitionIntoCUs | None = None, *,
                     input_shapes: dict | None = None, dims: dict | None = None,
                     frozen_inputs: dict | None = None, calibration_feeds: list[dict] | None = None,
-                    show_progress: bool = False) -> dict:
+                    show_progress: bool = False, graph_passes: tuple = ()) -> dict:
     """Optimise, fuse and partition the model under `limits` (a PartitionIntoCUs pass, whose fields
     are decompose's options) and write the CU folder; returns the summary. The model inputs whose
     value is the same in every one of `calibration_feeds` join `limits.cache_inputs`."""
@@ -111,7 +111,7 @@ def decompose_model(model_path: Path, output_dir: Path, limits: PartitionIntoCUs
             found = [name for name in repeating_inputs(calibration_feeds) if name in model_inputs]
             limits = replace(limits, cache_inputs=tuple(dict.fromkeys([*limits.cache_inputs, *found])))
         step("fusing and partitioning")
-        graph, _ = run_pipeline(optimized.graph, [FuseGroups()])
+        graph, _ = run_pipeline(optimized.graph, [*graph_passes, FuseGroups()])
         partition = limits.run(graph)
         options = {**limits.limits(),
                    "input_shapes": {k: list(v) for k, v in sorted(input_shapes.items())},
@@ -136,7 +136,7 @@ def decompose_specializations(model_path: Path, output_dir: Path, limits: Partit
         for spec in specializations:
             frozen = {**(options.get("frozen_inputs") or {}), **spec.input_values}
             one = decompose_model(model_path, folder / spec.folder, limits,
-                                  input_shapes=spec.input_shapes, dims=spec.dims,
+                                  input_shapes=spec.input_shapes, dims=spec.dims, graph_passes=spec.graph_passes,
                                   **{**options, "frozen_inputs": frozen or None})
             summaries[spec.name] = {**one, "output_dir": str(Path(output_dir) / spec.folder)}
         share_cu_weights(folder, [spec.folder for spec in specializations])

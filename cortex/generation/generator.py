@@ -149,16 +149,17 @@ class Generator:
         tokens, bucket, length = len(ids), cache.bucket, cache.length
         if (tokens, bucket) not in self.steps:
             raise CortexError(f"{self.dag_path}: no specialization for {tokens} new tokens at a {bucket}-token past")
+        rows_at = self.steps[(tokens, bucket)]
         feeds = {TOKENS: ids.reshape(1, tokens).astype(self.dtypes[TOKENS]), **cache.buffers}
         if self.io.layout == SHARED:
             mask = np.zeros((1, bucket), self.dtypes[MASK])
             mask[0, :length + tokens] = 1
-            start = length
+            start = length if rows_at is None else rows_at
         else:
             mask = np.zeros((1, bucket + tokens), self.dtypes[MASK])
             mask[0, :length] = 1
             mask[0, bucket:] = 1
-            start = bucket
+            start = bucket if rows_at is None else rows_at
         feeds[MASK] = mask
         if self.io.has_positions:
             feeds[POSITIONS] = np.arange(length, length + tokens).reshape(1, tokens).astype(self.dtypes[POSITIONS])
@@ -168,22 +169,27 @@ class Generator:
         return outputs[self.io.logits][0, -1]
 
 
-def _steps(dag: dict, label: str) -> tuple[dict[tuple[int, int], str], DecoderIO]:
-    """(new tokens, past bucket) -> specialization name, and the decoder interface."""
+def _steps(dag: dict, label: str) -> tuple[dict[tuple[int, int], int], DecoderIO]:
+    """(new tokens, past bucket) -> where the step's rows start in present (0 when present is only
+    those rows, as `--kv-buckets` builds it), and the decoder interface, its layout read from the
+    mask: as long as the past (shared buffer) or the past and the new tokens (concat)."""
     steps, io = {}, None
     for section in dag["specializations"]:
         shapes = section["input_shapes"]
         outputs = {o["name"]: o["shape"] for o in section["outputs"]}
-        if io is None:
-            probe = decoder_io(shapes, outputs, label, SHARED)
+        probe = io or decoder_io(shapes, outputs, label, SHARED)
         tokens, bucket = shapes[TOKENS][1], shapes[probe.past[0]][2]
-        present = outputs[probe.present[0]][2]
-        layout = SHARED if present == bucket else CONCAT if present == bucket + tokens else None
-        if layout is None or shapes[TOKENS][0] != 1:
+        mask, present = shapes[MASK][1], outputs[probe.present[0]][2]
+        layout = SHARED if mask == bucket else CONCAT if mask == bucket + tokens else None
+        whole = bucket if layout == SHARED else bucket + tokens
+        if layout is None or shapes[TOKENS][0] != 1 or present not in (tokens, whole):
             raise CortexError(f"{label}: specialization {section['name']} is not a generation step (batch 1, "
-                              "present as long as the past, or the past and the new tokens)")
+                              "a mask as long as the past or the past and the new tokens, present as long as the "
+                              "new tokens or the mask)")
+        if io is not None and layout != io.layout:
+            raise CortexError(f"{label}: the specializations disagree on how the cache is masked")
         io = io or replace(probe, layout=layout)
-        steps[(tokens, bucket)] = section["name"]
+        steps[(tokens, bucket)] = None if present == whole and present != tokens else 0
     if 1 not in {t for t, _ in steps}:
         raise CortexError(f"{label}: no one-token specialization to decode with (build with --kv-buckets)")
     return steps, io

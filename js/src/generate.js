@@ -6,12 +6,13 @@
 // The runtime keeps the key/value cache, one Float32Array [1, heads, P, head size] per past input,
 // zeros past the L tokens already in it. Each step feeds the whole buffer as the past and copies
 // back only the S new rows the model wrote, so a step costs the model's work, not the cache's
-// size. Two ways exporters write the cache, told apart by present's length in each section:
-// - shared buffer (onnxruntime-genai's GroupQueryAttention, present length P): the mask is 1 for
+// size. Two ways exporters write the cache, told apart by the mask's length in each section:
+// - shared buffer (onnxruntime-genai's GroupQueryAttention, mask length P): the mask is 1 for
 //   positions < L + S (the operator reads L from its sum) and the new rows are present[:, :, L:L+S];
-// - concatenation (standard attention, present length P + S): the mask is 1 for positions < L and
+// - concatenation (standard attention, mask length P + S): the mask is 1 for positions < L and
 //   >= P, 0 over the padding between; position_ids (when an input) count L..L+S-1; the new rows
 //   are present[:, :, P:P+S].
+// `cortex build --kv-buckets` makes present only those S rows (passes/new_cache_rows.py).
 // When L + S outgrows the bucket the cache moves to the smallest larger one, by one zero-padded
 // copy. The prompt goes in as chunks: the largest chunk size that fits what is left, then smaller
 // ones, then single tokens, all in the smallest bucket that holds the whole prompt; the last prompt
@@ -79,18 +80,23 @@ export class LanguageModel {
     const shapes = sections.map((section) => {
       const tokens = section.input_shapes.input_ids[1];
       const bucket = section.input_shapes[first.past][2];
+      const mask = section.input_shapes.attention_mask[1];
       const written = /** @type {any} */ (section.dag.outputs.find((s) => s.name === first.present)).shape[2];
-      if (written !== bucket && written !== bucket + tokens) {
-        throw new CortexError(`${where}: specialization ${section.name ?? "(the only one)"}: ${first.present} has length `
-          + `${written}, neither the past's ${bucket} (a shared buffer) nor ${bucket + tokens} (past and new tokens)`);
+      const whole = mask === bucket ? bucket : bucket + tokens;
+      if ((mask !== bucket && mask !== bucket + tokens) || (written !== whole && written !== tokens)) {
+        throw new CortexError(`${where}: specialization ${section.name ?? "(the only one)"}: attention_mask has length `
+          + `${mask} and ${first.present} ${written}: not a step over a past of ${bucket} and ${tokens} new tokens`);
       }
-      return { tokens, bucket, shared: written === bucket };
+      // `cortex build --kv-buckets` outputs only the step's rows (present as long as the new tokens)
+      return { tokens, bucket, shared: mask === bucket, rowsOnly: written === tokens };
     });
     if (new Set(shapes.map((s) => s.shared)).size > 1) {
       throw new CortexError(`${where}: the specializations disagree on whether present shares the past's buffer`);
     }
-    /** Whether present is the past's buffer with the new rows written in (else past and new rows concatenated). */
+    /** Whether the mask spans the past's buffer, the new rows written into it (else past and new rows concatenated). */
     this.shared = shapes[0].shared;
+    /** Whether present holds only the step's new rows. */
+    this.rowsOnly = shapes[0].rowsOnly;
     /** @type {StepShape[]} */
     this.shapes = shapes.map(({ tokens, bucket }) => ({ tokens, bucket }));
     const [, heads, , width] = sections[0].input_shapes[first.past];
@@ -254,7 +260,7 @@ async function runStep(session, model, cache, ids, shape) {
   const feeds = { input_ids: integers(model.idsType, ids), attention_mask: integers(model.maskType, mask), ...cache.feeds() };
   if (model.positions) feeds[model.positions] = integers(model.idsType, ids.map((_, i) => length + i));
   const results = await session.run(feeds, [model.logits, ...model.caches.map((c) => c.present)]);
-  cache.append(results, model.shared ? length : bucket, tokens);
+  cache.append(results, model.rowsOnly ? 0 : model.shared ? length : bucket, tokens);
   const logits = results[model.logits].data;
   return Float32Array.from(logits.subarray(logits.length - model.vocabulary));
 }
