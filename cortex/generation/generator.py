@@ -129,7 +129,7 @@ class Generator:
         keys = chunk_keys(self.root, prompt, largest) if largest else []
         # a cached chunk is restored only when a token is left to run: its logits are not kept
         for key in keys[:(len(prompt) - 1) // largest if largest else 0]:
-            rows = self.prefix_cache.get(key)
+            rows = self.prefix_cache.rows(key)
             if rows is None:
                 break
             cache.append(rows)
@@ -141,7 +141,7 @@ class Generator:
             start = cache.length
             logits = self._step(prompt[start:start + size], cache)
             self.trace["prefill_steps"].append(size)
-            if size == largest:
+            if size == largest and keys[start // largest] not in self.prefix_cache.entries:
                 self.prefix_cache.put(keys[start // largest], cache.rows(start, start + size))
         return logits
 
