@@ -92,12 +92,7 @@ export class ResultCache {
       this.entries.delete(key);
       this.nbytes -= old.nbytes;
     }
-    for (const [oldest, entry] of this.entries) {
-      if (this.nbytes + nbytes <= this.budgetBytes) break;
-      this.entries.delete(oldest);
-      this.nbytes -= entry.nbytes;
-      this.evictions += 1;
-    }
+    this.evictDownTo(this.budgetBytes - nbytes);
     const entry = { outputs: copies, outputKeys, nbytes, byReference };
     this.entries.set(key, entry);
     this.nbytes += nbytes;
@@ -110,6 +105,22 @@ export class ResultCache {
     if (entry === undefined || !entry.byReference) return;
     entry.outputs = Object.fromEntries(Object.entries(entry.outputs).map(([name, t]) => [name, copied(t)]));
     entry.byReference = false;
+  }
+
+  /** A new bound: the least recently used out until the entries fit it. @param {number} budgetBytes */
+  resize(budgetBytes) {
+    this.budgetBytes = budgetBytes;
+    this.evictDownTo(budgetBytes);
+  }
+
+  /** The least recently used entries out until the rest hold at most `bytes`. @param {number} bytes */
+  evictDownTo(bytes) {
+    for (const [oldest, entry] of this.entries) {
+      if (this.nbytes <= bytes) break;
+      this.entries.delete(oldest);
+      this.nbytes -= entry.nbytes;
+      this.evictions += 1;
+    }
   }
 
   clear() {

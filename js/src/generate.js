@@ -361,7 +361,7 @@ export async function generate(session, ids, options = {}) {
   const chunk = model.largestChunk;
   const keys = prefixes.enabled && chunk > 0 ? await chunkKeys(await modelKeyOf(session), prompt, chunk) : [];
   for (const key of keys.slice(0, Math.floor((prompt.length - 1) / chunk))) {
-    const rows = prefixes.get(key);
+    const rows = prefixes.rows(key);
     if (rows === undefined) break;
     cache.restore(rows, chunk);
   }
@@ -374,7 +374,7 @@ export async function generate(session, ids, options = {}) {
     logits = await runStep(session, model, cache, prompt.slice(start, start + shape.tokens), shape);
     steps.push({ tokens: shape.tokens, bucket: shape.bucket });
     if (shape.tokens === chunk && start % chunk === 0 && start / chunk < keys.length) {
-      prefixes.put(keys[start / chunk], cache.rows(start, start + chunk));
+      prefixes.keep(keys[start / chunk], cache.rows(start, start + chunk));
     }
   }
   const record = { steps, prefixHitTokens, prefixCache: prefixes.stats(), ttft_ms: performance.now() - started,

@@ -1,5 +1,5 @@
-// Prompt prefixes already computed, bounded in bytes, least recently used first out: the Python
-// runtime's prefix cache (cortex/generation/prefix_cache.py) for `session.generate`.
+// Prompt prefixes already computed, in the result cache (js/src/cache.js): the Python runtime's
+// prefix cache (cortex/generation/prefix_cache.py) for `session.generate`.
 //
 // A prompt is split into whole chunks of the largest prefill length from its first token; chunk i
 // is keyed by the hash chain key_i = SHA-256(key_(i-1) || its ids as little-endian int64), key_0
@@ -8,8 +8,10 @@
 // the two runtimes' caches never meet). The value is what running the chunk left in the key/value
 // cache: copies of its rows of every past buffer, so a prompt that starts with cached chunks
 // restores their rows and runs none of their steps.
+import { ResultCache } from "./cache.js";
 import { CortexError } from "./errors.js";
 import { digest, hex } from "./sha256.js";
+import { Tensor } from "./tensor.js";
 
 export const MB = 2 ** 20;
 // As in Python (DEFAULT_PREFIX_CACHE_MB): about 10,900 tokens of Qwen2.5-0.5B's cache (24 layers x key
@@ -47,70 +49,26 @@ export async function chunkKeys(root, ids, chunk) {
 
 /** @typedef {Map<string, Float32Array>} ChunkRows past input -> its rows of one chunk, [heads, chunk, head size] */
 
-export class PrefixCache {
-  /** @param {number} maxBytes */
-  constructor(maxBytes) {
-    this.maxBytes = maxBytes;
-    /** @type {Map<string, {rows: ChunkRows, nbytes: number}>} hex key -> rows, in use order, oldest first */
-    this.entries = new Map();
-    this.bytes = 0;
-    this.hits = 0;
-    this.misses = 0;
-    this.evictions = 0;
+/** The runtime's result cache (bounded in bytes, least recently used out) holding chunks' rows by
+ * their chain keys, as Python's prefix cache is. */
+export class PrefixCache extends ResultCache {
+  /** A chunk's rows (the cache's own: copy them out), or undefined. @param {Uint8Array} key
+   * @returns {ChunkRows | undefined} */
+  rows(key) {
+    const entry = this.get(hex(key.buffer));
+    return entry === undefined ? undefined : new Map(Object.entries(entry.outputs).map(([name, t]) => [name, t.data]));
   }
 
-  get enabled() {
-    return this.maxBytes > 0;
-  }
-
-  /** A chunk's rows (the cache's own: copy them out), or undefined. @param {Uint8Array} key */
-  get(key) {
+  /** Keeps `rows` (copies the caller gives away) under `key`. @param {Uint8Array} key @param {ChunkRows} rows */
+  keep(key, rows) {
     const name = hex(key.buffer);
-    const entry = this.entries.get(name);
-    if (entry === undefined) {
-      this.misses++;
-      return undefined;
-    }
-    this.entries.delete(name);
-    this.entries.set(name, entry);
-    this.hits++;
-    return entry.rows;
-  }
-
-  /** Keeps `rows` (copies the caller gives away) under `key`, the least recently used out to make room.
-   * @param {Uint8Array} key @param {ChunkRows} rows */
-  put(key, rows) {
-    const name = hex(key.buffer);
-    const nbytes = [...rows.values()].reduce((n, r) => n + r.byteLength, 0);
-    if (this.entries.has(name) || nbytes > this.maxBytes) return;
-    this.entries.set(name, { rows, nbytes });
-    this.bytes += nbytes;
-    this.evictDownTo(this.maxBytes);
-  }
-
-  /** A new bound: the least recently used out until the entries fit it. @param {number} maxBytes */
-  resize(maxBytes) {
-    this.maxBytes = maxBytes;
-    this.evictDownTo(maxBytes);
-  }
-
-  clear() {
-    this.entries.clear();
-    this.bytes = 0;
-  }
-
-  /** @param {number} maxBytes */
-  evictDownTo(maxBytes) {
-    for (const [name, entry] of this.entries) {
-      if (this.bytes <= maxBytes) break;
-      this.entries.delete(name);
-      this.bytes -= entry.nbytes;
-      this.evictions++;
-    }
+    if (this.entries.has(name)) return;
+    this.put(name, Object.fromEntries([...rows].map(([past, data]) => [past, new Tensor("float32", data, [data.length])])),
+      true);
   }
 
   stats() {
-    return { entries: this.entries.size, bytes: this.bytes, maxBytes: this.maxBytes, hits: this.hits,
-      misses: this.misses, evictions: this.evictions };
+    const { budget_bytes: maxBytes, ...counts } = super.stats();
+    return { ...counts, maxBytes };
   }
 }
