@@ -149,17 +149,17 @@ class Generator:
         tokens, bucket, length = len(ids), cache.bucket, cache.length
         if (tokens, bucket) not in self.steps:
             raise CortexError(f"{self.dag_path}: no specialization for {tokens} new tokens at a {bucket}-token past")
-        rows_at = self.steps[(tokens, bucket)]
+        rows_only = self.steps[(tokens, bucket)]
         feeds = {TOKENS: ids.reshape(1, tokens).astype(self.dtypes[TOKENS]), **cache.buffers}
         if self.io.layout == SHARED:
             mask = np.zeros((1, bucket), self.dtypes[MASK])
             mask[0, :length + tokens] = 1
-            start = length if rows_at is None else rows_at
+            start = 0 if rows_only else length
         else:
             mask = np.zeros((1, bucket + tokens), self.dtypes[MASK])
             mask[0, :length] = 1
             mask[0, bucket:] = 1
-            start = bucket if rows_at is None else rows_at
+            start = 0 if rows_only else bucket
         feeds[MASK] = mask
         if self.io.has_positions:
             feeds[POSITIONS] = np.arange(length, length + tokens).reshape(1, tokens).astype(self.dtypes[POSITIONS])
@@ -169,10 +169,10 @@ class Generator:
         return outputs[self.io.logits][0, -1]
 
 
-def _steps(dag: dict, label: str) -> tuple[dict[tuple[int, int], int], DecoderIO]:
-    """(new tokens, past bucket) -> where the step's rows start in present (0 when present is only
-    those rows, as `--kv-buckets` builds it), and the decoder interface, its layout read from the
-    mask: as long as the past (shared buffer) or the past and the new tokens (concat)."""
+def _steps(dag: dict, label: str) -> tuple[dict[tuple[int, int], bool], DecoderIO]:
+    """(new tokens, past bucket) -> whether present is only the step's rows (as `--kv-buckets`
+    builds it), and the decoder interface, its layout read from the mask: as long as the past
+    (shared buffer) or the past and the new tokens (concat)."""
     steps, io = {}, None
     for section in dag["specializations"]:
         shapes = section["input_shapes"]
@@ -189,7 +189,8 @@ def _steps(dag: dict, label: str) -> tuple[dict[tuple[int, int], int], DecoderIO
         if io is not None and layout != io.layout:
             raise CortexError(f"{label}: the specializations disagree on how the cache is masked")
         io = io or replace(probe, layout=layout)
-        steps[(tokens, bucket)] = None if present == whole and present != tokens else 0
+        # a shared buffer as long as the step (P = S) holds its rows from 0, as a rows build does
+        steps[(tokens, bucket)] = present == tokens
     if 1 not in {t for t, _ in steps}:
         raise CortexError(f"{label}: no one-token specialization to decode with (build with --kv-buckets)")
     return steps, io

@@ -9,6 +9,7 @@ builds again and nothing stale is ever read. Builds land atomically (cortex buil
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -63,10 +64,10 @@ def resolve(path: Path, build: GenerationBuild = GenerationBuild(), progress: bo
         raise CortexError(f"{path}: not a model: expected a build's folder or dag.json, or a folder with {MODEL_FILE}")
     if not is_specialized(dag):
         raise CortexError(f"{dag}: built for one input shape, not for generation (build with --kv-buckets)")
-    tokenizer = next((p / TOKENIZER_FILE for p in (dag.parent, path if path.is_dir() else path.parent,
-                                                   _source_folder(dag)) if p and (p / TOKENIZER_FILE).is_file()), None)
-    folders = [path if path.is_dir() else path.parent, _source_folder(dag)]
-    return ModelSource(dag, tokenizer, next((ids for f in folders if f and (ids := _eos_ids(f))), ()))
+    # beside the build, beside what was given, or beside the model the build was made from
+    folders = [f for f in (dag.parent, path if path.is_dir() else path.parent, _source_folder(dag)) if f]
+    tokenizer = next((f / TOKENIZER_FILE for f in folders if (f / TOKENIZER_FILE).is_file()), None)
+    return ModelSource(dag, tokenizer, next((ids for f in folders[1:] if (ids := _eos_ids(f))), ()))
 
 
 def _eos_ids(folder: Path) -> tuple[int, ...]:
@@ -101,7 +102,7 @@ def _built(model: Path, build: GenerationBuild, progress: bool) -> Path:
                "--prefill-chunks", build.prefill_chunks, "--json"]
     console = Console(stderr=True)
     with console.status(f"building {model} for generation (first use; kept in {builds_dir()})",
-                        spinner="dots") if progress and console.is_terminal else _quiet():
+                        spinner="dots") if progress and console.is_terminal else contextlib.nullcontext():
         done = subprocess.run(command, capture_output=True, text=True, env={**os.environ})
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["cortex build failed"])[-1]
@@ -119,10 +120,3 @@ def _default_buckets(model: Path) -> str:
             pass
     return ",".join(str(b) for b in sorted({min(256, context), min(1024, context)}))
 
-
-class _quiet:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
