@@ -44,9 +44,14 @@ PRECISIONS = ("int4", "fp32")
 
 def genai_model(name: str = "llama", precision: str = "int4") -> Path:
     """The folder of `name` built at `precision` by the builder (built once)."""
-    source = ensure_folder(CACHE_DIR / "genai" / name / "hf", lambda folder: _save_transformers_model(name, folder))
     return ensure_folder(CACHE_DIR / "genai" / name / precision,
-                         lambda folder: _build(source, folder, precision))
+                         lambda folder: _build(transformers_model(name), folder, precision))
+
+
+def transformers_model(name: str) -> Path:
+    """The transformers model `name` (random weights) and its tokenizer, saved once; what the
+    builder and torch's exporters both start from."""
+    return ensure_folder(CACHE_DIR / "genai" / name / "hf", lambda folder: _save_transformers_model(name, folder))
 
 
 def prompt_feeds(model_folder: Path, tokens: int, seed: int = 0) -> dict[str, np.ndarray]:

@@ -44,7 +44,7 @@ import numpy as np
 import onnx
 
 from samples.cache import CACHE_DIR, ensure_folder
-from samples.genai_models import CONFIGS, _save_transformers_model
+from samples.genai_models import CONFIGS, transformers_model
 
 PRECISIONS = ("fp32", "q4")
 EXPORTERS = ("dynamo", "torchscript")
@@ -62,7 +62,7 @@ def torch_llm(name: str = "llama", precision: str = "fp32", exporter: str = "dyn
             raise ValueError(f"unknown {what} {value!r}; one of {', '.join(known)}")
     root = CACHE_DIR / "torch_llm" / name
     suffix = "" if exporter == "dynamo" else f"-{exporter}"
-    source = ensure_folder(root / "hf", lambda folder: _save_transformers_model(name, folder))
+    source = transformers_model(name)
     fp32 = ensure_folder(root / f"fp32{suffix}", lambda folder: _export(source, folder, exporter))
     if precision == "fp32":
         return fp32
