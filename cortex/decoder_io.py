@@ -89,17 +89,33 @@ def decoder_io(inputs: dict[str, list], outputs: dict[str, list], label: str, la
     return DecoderIO(tuple(past), tuple(present), first[1], first[3], layout, POSITIONS in inputs)
 
 
-def read_genai_head_size(model_path: Path) -> dict[str, int]:
-    """Dims onnxruntime-genai's genai_config.json beside the model fixes (its builder leaves the head
-    size symbolic, `kv_cache_dim`)."""
-    config = Path(model_path).parent / "genai_config.json"
+GENAI_CONFIG = "genai_config.json"
+
+
+def genai_config(folder: Path) -> dict:
+    """The "model" section of the genai_config.json onnxruntime-genai's builder writes beside a
+    model ({} without one): head sizes, context length, end-of-sequence ids."""
+    config = Path(folder) / GENAI_CONFIG
     if not config.is_file():
         return {}
     try:
-        decoder = json.loads(config.read_text())["model"]["decoder"]
+        model = json.loads(config.read_text())["model"]
+        if not isinstance(model, dict):
+            raise TypeError("'model' is not an object")
+        return model
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CortexError(f"{config}: not a readable {GENAI_CONFIG}: {e}") from None
+
+
+def read_genai_head_size(model_path: Path) -> dict[str, int]:
+    """Dims genai_config.json fixes (its builder leaves the head size symbolic, `kv_cache_dim`)."""
+    decoder = genai_config(Path(model_path).parent).get("decoder")
+    if decoder is None:
+        return {}
+    try:
         return {"head_size": int(decoder["head_size"]), "kv_heads": int(decoder["num_key_value_heads"])}
     except (ValueError, KeyError, TypeError) as e:
-        raise CortexError(f"{config}: not a readable genai_config.json: {e}") from None
+        raise CortexError(f"{Path(model_path).parent / GENAI_CONFIG}: not a readable {GENAI_CONFIG}: {e}") from None
 
 
 def generation_specializations(model_path: Path, buckets: list[int], chunks: list[int],

@@ -21,6 +21,7 @@ from pathlib import Path
 from rich.console import Console
 
 from cortex.compile_cache import compiler_version, default_cache_dir
+from cortex.decoder_io import GENAI_CONFIG, genai_config
 from cortex.specializations import is_specialized
 from ir.errors import CortexError
 from ir.fs import file_sha256
@@ -71,11 +72,11 @@ def resolve(path: Path, build: GenerationBuild = GenerationBuild(), progress: bo
 
 
 def _eos_ids(folder: Path) -> tuple[int, ...]:
+    eos = genai_config(folder).get("eos_token_id", [])
     try:
-        eos = json.loads((folder / "genai_config.json").read_text())["model"]["eos_token_id"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return ()
-    return tuple(int(i) for i in (eos if isinstance(eos, list) else [eos]))
+        return tuple(int(i) for i in (eos if isinstance(eos, list) else [eos]))
+    except (ValueError, TypeError):
+        raise CortexError(f"{folder / GENAI_CONFIG}: eos_token_id is not a list of ids") from None
 
 
 def _source_folder(dag: Path) -> Path | None:
@@ -111,12 +112,9 @@ def _built(model: Path, build: GenerationBuild, progress: bool) -> Path:
 
 
 def _default_buckets(model: Path) -> str:
-    config = model.parent / "genai_config.json"
-    context = 1024
-    if config.is_file():
-        try:
-            context = int(json.loads(config.read_text())["model"]["context_length"])
-        except (ValueError, KeyError, TypeError):
-            pass
+    try:
+        context = int(genai_config(model.parent).get("context_length", 1024))
+    except (ValueError, TypeError):
+        raise CortexError(f"{model.parent / GENAI_CONFIG}: context_length is not a number") from None
     return ",".join(str(b) for b in sorted({min(256, context), min(1024, context)}))
 
