@@ -138,6 +138,13 @@ bench-int8-gemm: setup
 bench-attention-ops: setup
 	$(BIN)/python -m bench.attention_ops_bench
 
+## Where whole models lose the FMA peak (vgg19, resnet50, inception_v1, MiniLM seq 128, one thread): time, FLOPs and the
+## fraction of the FMA peak or of a copy's bandwidth per op class (3x3/1x1/other/depthwise conv, GEMM by rows, attention,
+## elementwise + normalisation, pooling, layout), and each model's fraction of the peak: its section of docs/benchmarks.md.
+.PHONY: bench-op-classes
+bench-op-classes: setup
+	$(BIN)/python -m bench.op_classes --output docs/benchmarks.md --json $(OUT)/op-classes.json
+
 ## The CU sandbox's time limit (epoch interruption) on MiniLM: median CPU time with and without it.
 bench-sandbox: setup
 	$(BIN)/python -m bench.sandbox_overhead --json $(OUT)/bench-sandbox.json
