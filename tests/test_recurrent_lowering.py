@@ -11,6 +11,8 @@ import pytest
 
 import cortex
 from backends.cuda import toolchain as cuda_compile
+from ir.onnx_import import import_model
+from ir.ops import recurrent
 from cuda_cases import compile_cuda_pipeline
 from recurrent_cases import CASES, expected_outputs, layer_model
 from testdata import ModelCase
@@ -73,3 +75,19 @@ def test_saturated_gates_match_onnxruntime(op):
         got = run_wasm(model, feeds, features, level)
         for name, want in expected.items():
             np.testing.assert_allclose(got[name], want, rtol=RTOL, atol=ATOL, err_msg=f"{op} {name} {features}")
+
+
+@pytest.mark.parametrize("case", ["lstm-lengths-initial-peepholes", "gru-linear-before-reset", "gru-reset-first-layout1"])
+def test_products_a_gate_at_a_time_in_alternating_order_match_onnxruntime(case, monkeypatch):
+    """An R over the L2 budget is multiplied a gate at a time, odd steps walking the gates backwards:
+    with the budget at 0 every layer of more than one gate takes that path."""
+    monkeypatch.setattr(recurrent, "L2_BYTES", 0)
+    op, attrs = CASES[case]
+    model, feeds = layer_model(op, **attrs)
+    node = import_model(model).nodes[0]
+    gates = recurrent.GATES[op] - (1 if op == "GRU" and not attrs.get("linear_before_reset") else 0)
+    assert len(recurrent._product_parts(recurrent._layer(node, op, False, node.inputs[0].shape), gates)) == gates
+    expected = expected_outputs(op, attrs, model, feeds)
+    got = run_wasm(model, feeds, "simd,relaxed-simd", "3")
+    for name, want in expected.items():
+        np.testing.assert_allclose(got[name], want, rtol=RTOL, atol=ATOL, err_msg=f"{case} {name}")
