@@ -4,7 +4,7 @@ import numpy as np
 
 from ir.errors import UnsupportedError
 from ir.loops.builder import broadcast_load
-from ir.loops.expr import binary, cast, eq, fma, ge, logical_and, lt, maximum, select, unary
+from ir.loops.expr import binary, cast, eq, fma, ge, logical_and, lt, maximum, minimum, ne, select, unary
 from ir.ops.registry import NORMALIZATION, epilogue_of, lowering, register
 
 register("BatchNormalization", "InstanceNormalization", "LayerNormalization", "GroupNormalization",
@@ -45,23 +45,27 @@ def _batch_norm(b, node):
 
 @lowering("loops", "LRN")
 def _lrn(b, node):
+    """One pass: each output row sums the squares of its `size` neighbouring channels' rows (read from
+    the cache: consecutive channels share them) and scales itself, instead of `size` passes over a
+    sum buffer as large as the input. Missing neighbours at the edges add select(.., 0): the same
+    fmas in the same order, so the same bits, as skipping them."""
     x, y = b.input(node, 0), b.output(node)
     size = int(node.attrs["size"])
     alpha, beta, bias = (float(node.attrs.get(k, d)) for k, d in (("alpha", 1e-4), ("beta", 0.75), ("bias", 1.0)))
     n, c = x.shape[:2]
     area = int(np.prod(x.shape[2:], dtype=np.int64))
     xv, yv = x.view((n, c, area)), y.view((n, c, area))
-    sq = b.temp("float32", (n, c, area), "lrn_sum")
-    b.fill(sq, 0.0)
     before = (size - 1) // 2
-    with b.loop(n) as i, b.loop(c) as j, b.loop(size, "w") as k:
-        src = j + k - before
-        with b.when(logical_and(ge(src, 0), lt(src, c))):
-            with b.loop(area) as s:
-                v = xv[i, src, s]
-                b.store(sq, (i, j, s), fma(v, v, sq[i, j, s]))
-    with b.loop(n) as i, b.loop(c) as j, b.loop(area) as s:
-        b.store(yv, (i, j, s), xv[i, j, s] * _power(sq[i, j, s] * (alpha / size) + bias, -beta))
+    with b.loop(n) as i, b.loop(c) as j:
+        near = [b.local("i32", j + (k - before), "near") for k in range(size)]
+        inside = [b.local("i32", logical_and(ge(src, 0), lt(src, c)), "inside") for src in near]
+        row = [b.local("i32", minimum(maximum(src, 0), c - 1), "row") for src in near]
+        with b.loop(area) as s:
+            total = b.local(x.compute_type, 0.0, "squares")
+            for ok, r in zip(inside, row):
+                v = select(ne(ok, 0), xv[i, r, s], 0.0)
+                b.assign(total, fma(v, v, total))
+            b.store(yv, (i, j, s), xv[i, j, s] * _power(total * (alpha / size) + bias, -beta))
 
 
 def _power(z, exponent: float):
