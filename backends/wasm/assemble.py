@@ -39,6 +39,8 @@ def make_engine(options: WasmOptions, epoch_interruption: bool = False, segments
     config.wasm_relaxed_simd = options.relaxed_simd
     config.wasm_bulk_memory = options.bulk_memory or segments
     config.wasm_multi_memory = segments
+    config.wasm_threads = options.threads
+    config.shared_memory = options.threads
     # The host's own lowering of relaxed SIMD, not wasmtime's deterministic one: that emulates a
     # signed x signed i16x8.relaxed_dot in several instructions and halves the 4-bit GEMV (1x4096x4096
     # int4 at accuracy level 4: 1.56 ms against 0.80 ms). Every relaxed instruction the kernels emit

@@ -42,14 +42,17 @@ def compile_graph(graph: Graph, options: WasmOptions) -> WasmArtifact:
     layout = options.shared_layout
     if layout is None:
         memory_bytes, arena_bytes = place_storages(program)
-        wat = render_module(program, options, memory_bytes)
+        wat, threads = render_module(program, options, memory_bytes)
     else:   # one region of the model's memory, which the module imports (--memory shared)
         memory_bytes, arena_bytes = layout.region_bytes, place_shared(program, layout)
-        wat = render_module(program, options, layout.memory_bytes)
+        wat, threads = render_module(program, options, layout.memory_bytes)
     wasm = assemble(wat, program, options)
     plan = describe_plan(program, memory_bytes, arena_bytes)
     if layout is not None:
         plan["shared"] = layout.to_json()
+    if threads is not None:     # a shared memory of this many pages, parts on threads (kernel_parts.py)
+        plan["threads"] = threads
+        plan["memory_bytes"] = threads["pages"] * 65536
     if options.external_weights:
         return WasmArtifact(wasm, wat, plan, weight_segments(program))
     return WasmArtifact(wasm, _with_inline_weights(wat, program), plan)

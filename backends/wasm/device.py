@@ -18,6 +18,7 @@ so the next request runs on a fresh instance; `sandbox_events` counts all of it.
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from backends.limits import SandboxLimits
 from backends.registry import HostTensors
 from backends.wasm.assemble import make_engine
 from backends.wasm.instance import WasmInstance, in_place
+from backends.wasm.kernel_threads import KernelThreads, new_shared_memory
 from backends.wasm.native_cache import CacheWrites, Stamps, load_module
 from backends.wasm.options import WasmOptions, parse_options
 from backends.wasm.prefault import prefault
@@ -95,6 +97,16 @@ class WasmDevice(HostTensors):
         self.store: wasmtime.Store | None = None
         self.store_generation = 0
         self._memory_ceiling = max((memory_limit(cu["artifacts"]["wasm"]["memory"]) for cu in dag["cus"]), default=0)
+        # Threads per CU for the contractions a module splits into parts (`--features threads`):
+        # the caller's and kernel_threads - 1 workers of its own (`use_kernel_threads`).
+        self.kernel_threads = 1
+        self.workers: dict[str, KernelThreads] = {}
+        # A model dropped without close(): its CUs' workers are stopped when the device goes.
+        weakref.finalize(self, _close_all, self.workers)
+
+    def use_kernel_threads(self, count: int) -> None:
+        """Run each split contraction on `count` threads (the calling one included); from the next load."""
+        self.kernel_threads = max(1, int(count))
 
     def join_one_store(self) -> None:
         """From now on the CUs this device loads share one store, which segments need: a call can
@@ -142,6 +154,9 @@ class WasmDevice(HostTensors):
                               f"{memory_limit(record['memory'])} bytes and its load timeout: {trap_reason(e)}") from None
 
     def _instantiate(self, sandboxed: SandboxedCU, stamps: Stamps) -> WasmInstance:
+        threads = sandboxed.plan.get("threads")
+        if threads is not None:
+            return self._instantiate_threaded(sandboxed, threads, stamps)
         if self.store is not None:
             if memory_limit(sandboxed.plan) > self._memory_ceiling:     # a variant's module may plan more
                 self._memory_ceiling = memory_limit(sandboxed.plan)
@@ -160,8 +175,39 @@ class WasmDevice(HostTensors):
         self.weights.write(instance.store, instance.memory, sandboxed.weights, sandboxed.cu_id, stamps)
         return instance
 
+    def _instantiate_threaded(self, sandboxed: SandboxedCU, threads: dict, stamps: Stamps) -> WasmInstance:
+        """A module with split contractions: its shared memory, its caller's instance in a store of
+        its own (never the segments' one store: it runs on its own), and its workers."""
+        self._close_workers(sandboxed.cu_id)
+        memory = new_shared_memory(self.engine, threads["pages"])
+        ticks = (deadline_ticks(sandboxed.deadline_ms), deadline_ticks(self.limits.cu_load_timeout_s * 1e3)) \
+            if self.timed else (None, None)
+        instance = WasmInstance(self.engine, sandboxed.module, sandboxed.plan, None, *ticks, threaded_memory=memory)
+        self.weights.write(instance.store, instance.memory, sandboxed.weights, sandboxed.cu_id, stamps)
+        self._start_workers(sandboxed, instance)
+        return instance
+
+    def _start_workers(self, sandboxed: SandboxedCU, instance: WasmInstance) -> None:
+        """The CU's worker threads, each instantiating its module against the CU's shared memory
+        (its weights written again: the same bytes), before a call, never during one."""
+        stop = instance.exports["stop"]
+        self.workers[sandboxed.cu_id] = KernelThreads(self.engine, sandboxed.module,
+                                            instance.threaded_memory, instance.plan["threads"]["control"],
+                                            self.kernel_threads, self.timed, lambda: stop(instance.store))
+
+    def _close_workers(self, cu_id: str) -> None:
+        workers = self.workers.pop(cu_id, None)
+        if workers is not None:
+            workers.close()
+
+    def close_kernel_threads(self) -> None:
+        """Stop every CU's worker threads; a CU's next call starts them again."""
+        _close_all(self.workers)
+
     def run(self, cu: dict, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         instance = self.instances.get(cu["id"]) or self._rebuild(cu)
+        if instance.threaded_memory is not None and cu["id"] not in self.workers:
+            self._start_workers(self.sandboxed[cu["id"]], instance)
         try:
             outputs = instance.run(inputs)
             error = None
@@ -180,9 +226,14 @@ class WasmDevice(HostTensors):
         sandboxed = self.sandboxed[cu["id"]]
         kind, message = failure(cu, error, grown, sandboxed.plan, sandboxed.deadline_ms)
         self.events.count(kind)
+        workers = self.workers.get(cu["id"])
+        worker_failure = workers.failure() if workers is not None else None
+        if worker_failure is not None:      # the caller trapped because a worker did: say why
+            message = f"{cu['id']} ({', '.join(cu.get('op_types', [])) or 'no ops'}) failed: {worker_failure}"
         try:
-            if self.store is None:
-                del self.instances[cu["id"]]
+            if self.store is None or cu["id"] in self.workers:
+                self._close_workers(cu["id"])
+                self.instances.pop(cu["id"], None)
                 self._rebuild(cu)
             else:
                 self._rebuild_store()
@@ -207,7 +258,7 @@ class WasmDevice(HostTensors):
 
     def _rebuild(self, cu: dict) -> WasmInstance:
         """A fresh store and instance of a loaded CU, from its compiled module (no file is read)."""
-        if self.store is not None:
+        if self.store is not None and "threads" not in self.sandboxed[cu["id"]].plan:
             self._rebuild_store()
             return self.instances[cu["id"]]
         try:
@@ -257,6 +308,7 @@ class WasmDevice(HostTensors):
         """Back to warm: the store and the instance go, its memory with them; the compiled module
         stays (a few KB of native code, mapped), so loading it again is `_reload`."""
         freed = self.resident_bytes(cu_id)
+        self._close_workers(cu_id)
         self.instances.pop(cu_id, None)
         return freed
 
@@ -278,6 +330,11 @@ class WasmDevice(HostTensors):
         instance = self.instances.get(cu_id)
         if instance is not None and not instance.shares_memory:
             prefault(instance.store, instance.memory, self.sandboxed[cu_id].plan)
+
+
+def _close_all(workers: dict[str, KernelThreads]) -> None:
+    for cu_id in list(workers):
+        workers.pop(cu_id).close()
 
 
 def _common_options(records: list[dict], dag_path: Path) -> WasmOptions:

@@ -54,11 +54,12 @@ class DirectCall:
         kind = func.type(store)
         return not kind.params and not kind.results
 
-    def __init__(self, store: wasmtime.Store, func: wasmtime.Func, memory: wasmtime.Memory):
+    def __init__(self, store: wasmtime.Store, func: wasmtime.Func, memory: wasmtime.Memory | None):
+        """`memory`: the instance's own memory, or None for a shared memory (a fixed size, read by its owner)."""
         self._owners = (store, func, memory)     # keep alive what the addresses below point into
         self._context = _pointer(ctypes.cast(store._context(), _pointer).value)
         self._func = _pointer(ctypes.addressof(func._func))
-        self._memory = _pointer(ctypes.addressof(memory._memory))
+        self._memory = None if memory is None else _pointer(ctypes.addressof(memory._memory))
         self._call = _c_function("wasmtime_func_call", _pointer, _pointer, _pointer, _pointer, ctypes.c_size_t,
                                  _pointer, ctypes.c_size_t, _pointer)
         self._size = _c_function("wasmtime_memory_data_size", ctypes.c_size_t, _pointer, _pointer)
@@ -89,7 +90,7 @@ class RunCall:
     """`run` of one instance after setting the store's epoch deadline (when given): one C call where
     the bindings allow it (`DirectCall`), else through the public API."""
 
-    def __init__(self, store: wasmtime.Store, func: wasmtime.Func, memory: wasmtime.Memory):
+    def __init__(self, store: wasmtime.Store, func: wasmtime.Func, memory: wasmtime.Memory | None):
         self.direct = DirectCall(store, func, memory) if DirectCall.supported(store, func) else None
         self._store, self._func = store, func
 

@@ -21,13 +21,15 @@ import numpy as np
 import wasmtime
 
 from backends.wasm.direct_call import DirectCall, RunCall
+from backends.wasm.kernel_threads import SharedMemory
 from ir.bounds import pad_into, real_part
 
 
 class WasmInstance:
     def __init__(self, engine: wasmtime.Engine, module: wasmtime.Module, plan: dict,
                  memory_limit: int | None = None, deadline_ticks: int | None = None,
-                 start_ticks: int | None = None, store: wasmtime.Store | None = None, imports: tuple = ()):
+                 start_ticks: int | None = None, store: wasmtime.Store | None = None, imports: tuple = (),
+                 threaded_memory: SharedMemory | None = None):
         # A given store holds other CUs too: the model's one memory, which the module imports
         # (--memory shared), or CUs with memories of their own that a segment runs in one call.
         self.store = store if store is not None else wasmtime.Store(engine)
@@ -38,22 +40,30 @@ class WasmInstance:
         self.deadline_ticks = deadline_ticks
         if start_ticks is not None:      # a start function (copying passive weights in) runs now
             self.store.set_epoch_deadline(start_ticks)
+        # A module that splits contractions into parts imports a shared memory of a fixed size, which
+        # its worker threads' instances import too (kernel_threads.py).
+        self.threaded_memory = threaded_memory
+        if threaded_memory is not None:
+            imports = (threaded_memory,)
         self.instance = wasmtime.Instance(self.store, module, list(imports))
         exports = self.instance.exports(self.store)
-        self.memory: wasmtime.Memory = exports["memory"]
+        self.exports = exports
+        self.memory = exports["memory"] if threaded_memory is None else threaded_memory
         self._run = exports["run"]
-        self._call = RunCall(self.store, self._run, self.memory)
-        self._direct: DirectCall | None = self._call.direct     # also reads the memory's size in one C call
+        self._call = RunCall(self.store, self._run, None if threaded_memory is not None else self.memory)
+        # Also reads the memory's size in one C call (a shared memory's never changes).
+        self._direct: DirectCall | None = self._call.direct if threaded_memory is None else None
         self.plan = plan
         self._axes = {e["name"]: e["bound"]["axis"] for e in [*plan["inputs"], *plan["outputs"]] if "bound" in e}
         self.memory_size = -1      # the memory's size in bytes when the views were last built
         self._refresh_views()
 
     def _refresh_views(self) -> None:
-        size = self._direct.memory_bytes() if self._direct is not None else self.memory.data_len(self.store)
+        size = self.memory_bytes()
         if size == self.memory_size:
             return
-        raw = np.frombuffer(self.memory.get_buffer_ptr(self.store), dtype=np.uint8)
+        raw = self.threaded_memory.array() if self.threaded_memory is not None else \
+            np.frombuffer(self.memory.get_buffer_ptr(self.store), dtype=np.uint8)
         self.inputs = {e["name"]: _view(raw, e) for e in self.plan["inputs"]}
         self.outputs = {e["name"]: _view(raw, e) for e in self.plan["outputs"]}
         self.lengths = {e["name"]: _length_view(raw, e["bound"]) for e in [*self.plan["inputs"], *self.plan["outputs"]]
@@ -61,6 +71,8 @@ class WasmInstance:
         self.memory_size = size
 
     def memory_bytes(self) -> int:
+        if self.threaded_memory is not None:
+            return self.threaded_memory.data_len()
         return self._direct.memory_bytes() if self._direct is not None else self.memory.data_len(self.store)
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

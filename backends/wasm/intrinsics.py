@@ -27,9 +27,10 @@ from backends.wasm.kernels.block_quant_panels import (pack_block_quant_panels, r
                                                       requantized_rows_bytes, uses_gemm_tiles)
 from backends.wasm.kernels.block_quant import scratch_bytes as block_quant_scratch_bytes
 from backends.wasm.gemm import SCALAR, gemm_scratch_bytes, pack_b, packed_b_size, render_gemm
+from backends.wasm.kernel_parts import PartSplit, render_gemm_parts, render_split_call, split_for
 from backends.wasm.kernels.conv import (Conv2dSpec, conv_scratch_bytes, pack_conv_weight, render_conv2d,
-                                        weight_packs_as_a)
-from backends.wasm.kernels.conv_implicit_gemm import implicit_gemm_is_faster
+                                        render_conv2d_channel_parts, render_conv2d_chunk_parts, weight_packs_as_a)
+from backends.wasm.kernels.conv_implicit_gemm import implicit_gemm_is_faster, render_conv2d_implicit_gemm_parts
 from backends.wasm.kernels.gemv import gemv_fits, render_gemv
 from backends.wasm.kernels.int8_conv import (IntegerConvOffsets, integer_conv_scratch_bytes, pack_integer_conv_weight,
                                              render_integer_conv)
@@ -49,8 +50,13 @@ from ir.loops.program import Intrinsic
 class WasmKernels:
     """The `ContractionKernels` of the WebAssembly backend at one set of features."""
 
-    def __init__(self, features: frozenset[str]):
+    def __init__(self, features: frozenset[str], parts: int = 1):
         self.features = features
+        self.parts = parts      # a large contraction's parts on threads (`--features threads`, kernel_parts.py)
+
+    def split(self, spec: ContractionSpec) -> PartSplit | None:
+        conv = conv_kernel_spec(spec, self.features) if isinstance(spec, ConvSpec) else None
+        return split_for(spec, conv, self.parts)
 
     def offers(self, spec: ContractionSpec) -> bool:
         if isinstance(spec, BlockQuantGemmSpec):
@@ -80,6 +86,9 @@ class WasmKernels:
         if conv.implicit_gemm:
             return WeightLayout("_panels", shared=True)
         if conv.packed_a:
+            split = self.split(spec)
+            if split is not None and split.axis == "channels":
+                return WeightLayout(f"_packed_a_{split.parts}_parts", shared=True)
             return WeightLayout("_packed_a", shared=True)
         return None
 
@@ -94,7 +103,9 @@ class WasmKernels:
             return pack_integer_b(weight, uses_relaxed_dot(spec, self.features))
         if isinstance(spec, IntegerConvSpec):
             return pack_integer_conv_weight(spec, weight)
-        return pack_conv_weight(conv_kernel_spec(spec, self.features), weight)
+        split = self.split(spec)
+        return pack_conv_weight(conv_kernel_spec(spec, self.features), weight,
+                                split.bounds if split is not None and split.axis == "channels" else None)
 
     def scratch(self, spec: ContractionSpec) -> tuple[Scratch, ...]:
         if isinstance(spec, BlockQuantGemmSpec):
@@ -103,7 +114,11 @@ class WasmKernels:
                 return (Scratch("a", "_apack", (tiles + requantized_rows_bytes(spec)) // 4),)
             return (Scratch("a", "_q8", -(-block_quant_scratch_bytes(spec) // 4)),)    # A's codes, scales, sums
         if isinstance(spec, GemmSpec):
-            return tuple(s for s in _gemm_scratch(spec, self.features) if s is not None)
+            panels, blocks = _gemm_scratch(spec, self.features)
+            split = self.split(spec)
+            if split is not None and blocks is not None:    # each part packs A's blocks into its own
+                blocks = Scratch(blocks.of, blocks.suffix, blocks.elements * split.parts)
+            return tuple(s for s in (panels, blocks) if s is not None)
         if isinstance(spec, IntegerGemmSpec):
             packed_a, tile, scales = scratch_bytes(spec, uses_relaxed_dot(spec, self.features))
             panels = b_panels_bytes(spec)
@@ -114,7 +129,9 @@ class WasmKernels:
             col, packed, tile, scales = integer_conv_scratch_bytes(spec)
             return (*((Scratch("a", "_im2col_bytes", -(-col // 4)),) if col else ()), Scratch("a", "_i16", packed // 4),
                     Scratch("a", "_tile", tile // 4), *((Scratch("b", "_scales", scales // 4),) if scales else ()))
-        return (Scratch("a", "_im2col", conv_scratch_bytes(conv_kernel_spec(spec, self.features)) // 4),)
+        split = self.split(spec)
+        copies = split.parts if split is not None and split.axis == "chunks" else 1    # a chunk's im2col per part
+        return (Scratch("a", "_im2col", copies * conv_scratch_bytes(conv_kernel_spec(spec, self.features)) // 4),)
 
 
 def _gemm_scratch(spec: GemmSpec, features: frozenset[str]) -> tuple[Scratch | None, Scratch | None]:
@@ -142,7 +159,7 @@ def conv_kernel_spec(spec: ConvSpec, features: frozenset[str]) -> Conv2dSpec:
 def kernels(options: WasmOptions) -> WasmKernels | None:
     if options.opt_level in ("0", "z"):
         return None
-    return WasmKernels(kernel_features(options))
+    return WasmKernels(kernel_features(options), options.kernel_parts if options.threads else 1)
 
 
 def kernel_features(options: WasmOptions) -> frozenset[str]:
@@ -151,10 +168,14 @@ def kernel_features(options: WasmOptions) -> frozenset[str]:
     return frozenset({"simd", "relaxed-simd"} if options.relaxed_simd else {"simd"})
 
 
-def render_intrinsic(stmt: Intrinsic, name: str, options: WasmOptions) -> str:
-    """WAT functions implementing `stmt`, the one to call being `$name`."""
+def render_intrinsic(stmt: Intrinsic, name: str, options: WasmOptions, table: list[str]) -> str:
+    """WAT functions implementing `stmt`, the one to call being `$name`; the parts of a split
+    contraction (kernel_parts.py) join the module's function `table`."""
     spec, ops = stmt.spec, stmt.operands
     features = kernel_features(options)
+    split = kernels(options).split(spec) if kernels(options) is not None else None
+    if split is not None:
+        return _render_split(spec, ops, split, features, name, table)
     if isinstance(spec, ConvSpec):
         (scratch,) = ops.scratch
         at = ConvOffsets(_at(ops.a), _at(ops.b), _at(ops.out), _at(scratch), bias=_at_or_none(ops.bias),
@@ -184,6 +205,34 @@ def render_intrinsic(stmt: Intrinsic, name: str, options: WasmOptions) -> str:
         at = BlockQuantOffsets(_at(ops.a), _at(ops.b), _at(ops.out), _at(scratch), bias=_at_or_none(ops.bias))
         return render_block_quant_gemm(spec, at, features=features, name=name)
     raise ValueError(f"the WebAssembly backend has no kernel for {spec!r}")
+
+
+def _render_split(spec, ops, split: PartSplit, features: frozenset[str], name: str, table: list[str]) -> str:
+    if isinstance(spec, ConvSpec):
+        (scratch,) = ops.scratch
+        at = ConvOffsets(_at(ops.a), _at(ops.b), _at(ops.out), _at(scratch), bias=_at_or_none(ops.bias),
+                         residual=_at_or_none(ops.residual))
+        conv = conv_kernel_spec(spec, features)
+        if split.axis == "pixels":
+            funcs, steps = render_conv2d_implicit_gemm_parts(conv, at, split.bounds, epilogue=spec.epilogue.activation,
+                                                             features=features, name=name)
+        elif split.axis == "chunks":
+            funcs, parts = render_conv2d_chunk_parts(conv, at, split.bounds, epilogue=spec.epilogue.activation,
+                                                     features=features, name=name)
+            steps = [(None, parts)]
+        else:
+            funcs, steps = render_conv2d_channel_parts(conv, at, split.bounds, epilogue=spec.epilogue.activation,
+                                                       features=features, name=name)
+        return funcs + render_split_call(name, steps, table)
+    panels, blocks = _gemm_scratch(spec, features)
+    scratch = iter(ops.scratch)
+    b_scratch = next(scratch) if panels is not None else None
+    a_scratch = next(scratch) if blocks is not None else None
+    at = GemmOffsets(_at(ops.a), _at(b_scratch if b_scratch is not None else ops.b), _at(ops.out),
+                     bias=_at_or_none(ops.bias), residual=_at_or_none(ops.residual), a_scratch=_at_or_none(a_scratch))
+    funcs, steps = render_gemm_parts(spec, at, None if b_scratch is None else _at(ops.b),
+                                     0 if blocks is None else blocks.elements * 4, split, features, name)
+    return funcs + render_split_call(name, steps, table)
 
 
 def _render_integer_gemm_call(spec: IntegerGemmSpec, ops, features: frozenset[str], name: str) -> str:

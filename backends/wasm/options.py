@@ -10,7 +10,9 @@ from ir.errors import CortexError
 from ir.options import from_text, option
 
 TARGETS = ("wasm32-unknown-unknown",)
-FEATURES = ("simd", "bulk-memory", "relaxed-simd")
+# threads: the threads proposal (a shared memory, atomics): a CU's large contractions run as
+# `kernel_parts` parts on several threads (backends/wasm/kernel_parts.py).
+FEATURES = ("simd", "bulk-memory", "relaxed-simd", "threads")
 OPT_LEVELS = ("0", "1", "2", "3", "s", "z")
 # Without bulk-memory weights stay in active segments that wasmtime maps copy-on-write at load.
 DEFAULT_FEATURES = ("simd",)
@@ -45,12 +47,20 @@ class WasmOptions:
         "per-cu: each CU's module owns its linear memory and tensors are copied across CU borders; shared: "
         "every module imports one model memory, and a tensor crossing a CU border is read in place.",
         choices=MEMORY_MODES))
+    kernel_parts: int = field(default=4, metadata=option(
+        "With --features threads: each large contraction is cut into this many parts, which as many threads "
+        "share at run time (1 to 16; the result is the same whatever the number of threads)."))
     # Not an option: the driver sets it per CU from the model-level plan (backends/wasm/shared_memory.py).
     shared_layout: SharedLayout | None = None
 
     def __post_init__(self):
         if "relaxed-simd" in self.features and "simd" not in self.features:
             raise CortexError("--features relaxed-simd needs simd as well")
+        if isinstance(self.kernel_parts, bool) or not isinstance(self.kernel_parts, int) \
+                or not 1 <= self.kernel_parts <= 16:
+            raise CortexError(f"--kernel-parts must be a whole number from 1 to 16, got {self.kernel_parts!r}")
+        if self.threads and self.shared:
+            raise CortexError("--features threads and --memory shared both decide the memory; choose one")
         if self.external_weights and self.bulk_memory:
             # Both move the weights out of active segments; external files leave no segment to copy.
             raise CortexError("--external-weights and --features bulk-memory both place the weights; choose one")
@@ -66,6 +76,10 @@ class WasmOptions:
     @property
     def relaxed_simd(self) -> bool:
         return "relaxed-simd" in self.features
+
+    @property
+    def threads(self) -> bool:
+        return "threads" in self.features
 
     @property
     def bulk_memory(self) -> bool:
@@ -86,6 +100,8 @@ class WasmOptions:
         found = {"target": self.target, "features": list(self.features), "opt_level": self.opt_level}
         if self.shared:     # per-cu records stay as they were
             found["memory"] = self.memory
+        if self.threads:
+            found["kernel_parts"] = self.kernel_parts
         return found
 
 

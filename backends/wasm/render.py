@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from backends.wasm import mathlib
 from backends.wasm.intrinsics import render_intrinsic
+from backends.wasm.kernel_parts import CONTROL_BYTES, render_runtime, threads_control
 from backends.wasm.options import WasmOptions
 from backends.wasm.vectorize import VectorRenderer, vectorizable
 from ir.loops.expr import (FLOAT_TYPES, MATH_UNARY, Binary, Cast, Const, Expr, Fma, Load, Local, Select, Unary,
@@ -47,8 +48,17 @@ _CASTS = {
 }
 
 
-def render_module(program: Program, options: WasmOptions, memory_bytes: int) -> str:
-    return WatRenderer(program, options).module(memory_bytes)
+def render_module(program: Program, options: WasmOptions, memory_bytes: int) -> tuple[str, dict | None]:
+    """The module's WAT and, where it splits contractions into parts on threads, what the device
+    needs to run them: {"parts": the table's length, "control": the control block's offset,
+    "pages": the shared memory's fixed size}; else None."""
+    renderer = WatRenderer(program, options)
+    wat = renderer.module(memory_bytes)
+    if not renderer.parts_table:
+        return wat, None
+    control = threads_control(memory_bytes)
+    return wat, {"parts": len(renderer.parts_table), "control": control,
+                 "pages": max(1, -(-(control + CONTROL_BYTES) // PAGE))}
 
 
 class WatRenderer:
@@ -60,17 +70,26 @@ class WatRenderer:
         self._max_depth = 0
         self._kernel_name = ""
         self.intrinsic_funcs: list[str] = []
+        self.parts_table: list[str] = []     # the parts of split contractions, called by index (kernel_parts.py)
 
     # -- module --------------------------------------------------------------------------------
     def module(self, memory_bytes: int) -> str:
-        pages = max(1, -(-memory_bytes // PAGE))
         # External weights (`--external-weights`) are written into memory by the device at load.
         weights = [] if self.options.external_weights else \
             [s for s in self.program.storages if s.kind == WEIGHT and s.nbytes]
         funcs = [self.kernel(k) for k in self.program.kernels]
-        # Under --memory shared the module imports the model's one memory (and still exports it).
-        imported = ' (import "env" "memory")' if self.options.shared_layout is not None else ""
-        lines = ["(module", f'  (memory (export "memory"){imported} {pages})']
+        control = threads_control(memory_bytes) if self.parts_table else None
+        pages = max(1, -(-(memory_bytes if control is None else control + CONTROL_BYTES) // PAGE))
+        if control is not None:
+            # Split contractions: a shared memory every thread's instance imports, of a fixed size.
+            lines = ["(module", f'  (memory (export "memory") (import "env" "memory") {pages} {pages} shared)',
+                     render_runtime(control).rstrip("\n"),
+                     f"  (table {len(self.parts_table)} funcref)",
+                     "  (elem (i32.const 0) func " + " ".join(f"${n}" for n in self.parts_table) + ")"]
+        else:
+            # Under --memory shared the module imports the model's one memory (and still exports it).
+            imported = ' (import "env" "memory")' if self.options.shared_layout is not None else ""
+            lines = ["(module", f'  (memory (export "memory"){imported} {pages})']
         if self.options.bulk_memory and weights:
             # Passive segments, copied in once by the start function and then dropped, so an engine
             # that keeps the module's bytes (a browser) can free its copy of the weights.
@@ -121,7 +140,7 @@ class WatRenderer:
             return self.loop(s, depth, indent)
         if isinstance(s, Intrinsic):
             name = f"{self._kernel_name}_{s.name}{len(self.intrinsic_funcs)}"
-            self.intrinsic_funcs.append(render_intrinsic(s, name, self.options).strip())
+            self.intrinsic_funcs.append(render_intrinsic(s, name, self.options, self.parts_table).strip())
             return f"{indent}(call ${name})"
         raise TypeError(f"unknown statement {s!r}")
 

@@ -59,9 +59,11 @@ def joins_segment(cu: dict) -> bool:
     """Whether a CU's module can run inside a segment. Not one with a bounded tensor (ir/bounds.py),
     which comes at its real length, written by the host beside it; nor one reading more tensors
     than a driver may import memories (a Concat of a hundred slices): each could come from a CU
-    of its own, and one driver must reach all their memories and the reader's."""
+    of its own, and one driver must reach all their memories and the reader's. Nor one whose
+    contractions run as parts on threads (kernel_parts.py): its memory is a shared one, which its
+    workers' stores import, not part of the segment's store."""
     plan = cu["artifacts"]["wasm"]["memory"]
-    return (len(cu["inputs"]) < MEMORIES_PER_DRIVER
+    return (len(cu["inputs"]) < MEMORIES_PER_DRIVER and "threads" not in plan
             and not any("bound" in entry for entry in [*plan["inputs"], *plan["outputs"]]))
 
 

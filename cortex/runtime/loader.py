@@ -169,7 +169,8 @@ class CompiledModel:
             request=request, resident_bytes=scheduler.resident_bytes(),
             fallback_cus={cu["id"] for cu in self.dag["cus"] if "runs_on" in cu},
             cache_stats=scheduler.cache.stats() if chosen.cache and scheduler.cache is not None else None,
-            sandbox_events=scheduler.sandbox_events(), maxrss_mb=process_maxrss_mb())
+            sandbox_events=scheduler.sandbox_events(), maxrss_mb=process_maxrss_mb(),
+            threads=scheduler.threads_trace() if hasattr(scheduler, "threads_trace") else None)
 
     def trace_document(self) -> dict:
         """The last request's trace (`last_trace`); `traceEvents` opens in chrome://tracing or Perfetto."""

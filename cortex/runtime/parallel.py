@@ -92,7 +92,10 @@ class ThreadedScheduler(SequentialScheduler):
     def close(self) -> bool:
         """Stop the pool's threads (a later request starts them again: the scheduler stays usable)."""
         self.pool.close()
-        return False
+        return super().close()
+
+    def threads_trace(self) -> dict:
+        return {**super().threads_trace(), "walk": "threaded", "cu_threads": self.threads}
 
     def run(self, feeds: dict[str, np.ndarray], policy: Policy,
             outputs: list[str]) -> tuple[dict[str, np.ndarray], Request]:

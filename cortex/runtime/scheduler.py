@@ -172,8 +172,25 @@ class SequentialScheduler:
         return [self.run(feeds, policy, outputs) for feeds in batch]
 
     def close(self) -> bool:
-        """Nothing to free besides the loaded CUs; the scheduler stays usable (`schedulers.Scheduler`)."""
+        """Stop the devices' kernel threads (`--wasm-features threads`); they start again with the
+        next call of their CU. The scheduler stays usable (`schedulers.Scheduler`)."""
+        for device in self.devices.values():
+            if hasattr(device, "close_kernel_threads"):
+                device.close_kernel_threads()
         return False
+
+    def use_kernel_threads(self, count: int) -> None:
+        """Each split contraction (backends/wasm/kernel_parts.py) runs on `count` threads; before `load`."""
+        self.kernel_threads = count
+        for device in self.devices.values():
+            if hasattr(device, "use_kernel_threads"):
+                device.use_kernel_threads(count)
+
+    def threads_trace(self) -> dict:
+        """How requests use threads: the walk, and the split contractions' threads (the trace's `threads`)."""
+        return {"walk": "sequential", "cu_threads": 1, "kernel_threads": getattr(self, "kernel_threads", 1),
+                "split_cus": [cu_id for cu_id, cu in self.cus.items()
+                              if "threads" in cu.get("artifacts", {}).get("wasm", {}).get("memory", {})]}
 
     def run(self, feeds: dict[str, np.ndarray], policy: Policy,
             outputs: list[str]) -> tuple[dict[str, np.ndarray], Request]:

@@ -77,5 +77,7 @@ def open_scheduler(dag: dict, dag_path: Path, device: str, options: RuntimeOptio
                                         pins, options.segments)
     else:
         scheduler = ThreadedScheduler(dag, dag_path, device, cache, threads, options.limits)
+    # A CU's split contractions (`--wasm-features threads`) run on as many threads as the model has.
+    scheduler.use_kernel_threads(threads)
     scheduler.load(options.policy)
     return scheduler

@@ -47,9 +47,10 @@ MB = 1 << 20
 
 def request_trace(*, policy: str, device: str, dag_path: Path, outputs: list[str], request, resident_bytes: int,
                   fallback_cus: set[str], cache_stats: dict | None, sandbox_events: dict | None = None,
-                  maxrss_mb: float | None = None) -> dict:
+                  maxrss_mb: float | None = None, threads: dict | None = None) -> dict:
     """The trace of a request the scheduler ran (`request`: its `Request`; `maxrss_mb`: the process's
-    peak as it was when the request ended, read now when not given)."""
+    peak as it was when the request ended, read now when not given; `threads`: the scheduler's
+    `threads_trace()`, where it has one)."""
     entries = request.activated
     variants = variant_trace(entries)
     memory = request.memory.document(resident_bytes) if request.memory is not None \
@@ -77,6 +78,7 @@ def request_trace(*, policy: str, device: str, dag_path: Path, outputs: list[str
         "total_seconds": sum(t["seconds"] for t in entries),
         "cus": _entries(entries),
         "traceEvents": _events(entries),
+        **({"threads": threads} if threads is not None else {}),
     }
 
 

@@ -133,12 +133,17 @@ def weight_packs_as_a(spec: Conv2dSpec, features) -> bool:
     return not spec.implicit_gemm and not is_depthwise(spec) and packs_a(spec.out_channels // spec.groups, features)
 
 
-def pack_conv_weight(spec: Conv2dSpec, w: np.ndarray) -> np.ndarray:
+def pack_conv_weight(spec: Conv2dSpec, w: np.ndarray, channel_bounds=None) -> np.ndarray:
     """The weight as `render_conv2d` reads it: ONNX's [OC, C/g, kh, kw] as is for im2col, each group's
-    [OC/g, K] as `gemm.pack_a` with `packed_a`, 16-channel panels for the implicit GEMM."""
+    [OC/g, K] as `gemm.pack_a` with `packed_a`, 16-channel panels for the implicit GEMM; with
+    `channel_bounds` (one group, packed A), each range of output channels packed on its own, one
+    after the other, as `render_conv2d_channel_parts` reads them."""
     if spec.implicit_gemm:
         return pack_implicit_gemm_weight(spec, w)
     w = np.asarray(w, dtype=np.float32)
+    if spec.packed_a and channel_bounds is not None:
+        rows = w.reshape(spec.out_channels, spec.gemm_k)
+        return np.concatenate([pack_a(rows[start:stop]) for start, stop in channel_bounds])
     if spec.packed_a:
         per_group = w.reshape(spec.groups, spec.out_channels // spec.groups, spec.gemm_k)
         return np.concatenate([pack_a(a) for a in per_group])
@@ -192,39 +197,108 @@ def _render_conv2d_chunked(spec: Conv2dSpec, at: ConvOffsets, *, epilogue: str |
     the scratch, then the GEMM of its columns of C (NCHW rows `pixels` apart), both functions of
     the chunk's first row / its byte offset in C; the last, shorter chunk has its own pair."""
     rows, oh, ow = im2col_chunk_rows(spec), spec.out_height, spec.out_width
+    funcs = _chunk_functions(spec, at, at.scratch, epilogue, features, name)
+    calls = [c for image in range(spec.batch) for c in _chunk_calls(spec, name, image, 0, -(-oh // rows))]
+    title = (f"  ;; Conv {spec.in_channels}x{spec.height}x{spec.width} -> {spec.out_channels}x{oh}x{ow}, kernel "
+             f"{spec.kernel}, batch {spec.batch}: im2col + GEMM in chunks of {rows} output rows")
+    return funcs + "\n".join([f"(func ${name}", title, "  (local $oy0 i32)", *calls, ")"]) + "\n"
+
+
+def render_conv2d_chunk_parts(spec: Conv2dSpec, at: ConvOffsets, bounds, *, epilogue: str | None, features,
+                              name: str) -> tuple[str, list[str]]:
+    """The chunked Conv as parts (backends/wasm/kernel_parts.py): part p runs chunks
+    [start, stop) of `bounds[p]` of every image with the scratch `p * conv_scratch_bytes(spec)`
+    after `at.scratch`, its own. Returns the functions and the parts' names, in order."""
+    rows, oh = im2col_chunk_rows(spec), spec.out_height
+    funcs, names = [], []
+    for p, (start, stop) in enumerate(bounds):
+        part = f"{name}_part{p}"
+        pair_funcs = _chunk_functions(spec, at, at.scratch + p * conv_scratch_bytes(spec), epilogue, features, part)
+        calls = [c for image in range(spec.batch) for c in _chunk_calls(spec, part, image, start, stop)]
+        funcs.append(pair_funcs + "\n".join([f"(func ${part}", f"  ;; chunks {start}..{stop - 1} of "
+                                             f"{-(-oh // rows)} ({rows} output rows each)", "  (local $oy0 i32)",
+                                             *calls, ")"]) + "\n")
+        names.append(part)
+    return "".join(funcs), names
+
+
+def render_conv2d_channel_parts(spec: Conv2dSpec, at: ConvOffsets, bounds, *, epilogue: str | None, features,
+                                name: str) -> tuple[str, list[tuple[str, list[str]]]]:
+    """A one-group im2col Conv with its weight packed by `pack_conv_weight(spec, w, bounds)` as
+    parts (backends/wasm/kernel_parts.py): per image, the im2col (or 1x1 packing) of the whole image
+    into the scratch, then part p's GEMM of output channels `bounds[p]` over it. Returns the
+    functions and, per image, (the im2col to call first, the parts' names)."""
     m, n, k = spec.out_channels, spec.pixels, spec.gemm_k
     x_image, y_image = spec.in_channels * spec.height * spec.width * 4, m * n * 4
     simd = frozenset(features) & {"simd"}
-    full, last = divmod(oh, rows)
-    funcs, calls = [], []
+    layout = GemmLayout(bias_per_row=True, a_packed=True)
+    funcs, steps = [], []
     for image in range(spec.batch):
         x, y = at.x + image * x_image, at.y + image * y_image
         res = None if at.residual is None else at.residual + image * y_image
-        offsets = GemmOffsets(at.w, at.scratch, y, bias=at.bias, residual=res,
-                              a_scratch=None if spec.packed_a else at.scratch + _im2col_bytes(spec))
+        pack_name = f"{name}_pack_{image}"
+        if spec.is_pointwise:
+            funcs.append(render_pack_b(k, n, src_offset=x, dst_offset=at.scratch, name=pack_name, features=simd))
+        else:
+            funcs.append(_render_im2col(spec, x, at.scratch, pack_name, vector="simd" in simd))
+        names, a_at = [], at.w
+        for p, (start, stop) in enumerate(bounds):
+            product = GemmSpec(stop - start, n, k, epilogue=EpilogueSpec(at.bias is not None, at.residual is not None,
+                                                                         epilogue))
+            offsets = GemmOffsets(a_at, at.scratch, y + start * n * 4,
+                                  bias=None if at.bias is None else at.bias + start * 4,
+                                  residual=None if res is None else res + start * n * 4)
+            names.append(f"{name}_{image}_part{p}")
+            funcs.append(render_gemm(product, offsets, features=features, layout=layout, name=names[-1]))
+            a_at += packed_a_size(stop - start, k)
+        steps.append((pack_name, names))
+    return "".join(funcs), steps
+
+
+def _chunk_functions(spec: Conv2dSpec, at: ConvOffsets, scratch: int, epilogue: str | None, features,
+                     name: str) -> str:
+    """Each image's im2col and GEMM functions of a whole chunk and of the shorter last one, at `scratch`."""
+    rows, oh, ow = im2col_chunk_rows(spec), spec.out_height, spec.out_width
+    m, n, k = spec.out_channels, spec.pixels, spec.gemm_k
+    x_image, y_image = spec.in_channels * spec.height * spec.width * 4, m * n * 4
+    simd = frozenset(features) & {"simd"}
+    last = oh % rows
+    funcs = []
+    for image in range(spec.batch):
+        x, y = at.x + image * x_image, at.y + image * y_image
+        res = None if at.residual is None else at.residual + image * y_image
+        offsets = GemmOffsets(at.w, scratch, y, bias=at.bias, residual=res,
+                              a_scratch=None if spec.packed_a else scratch + _im2col_bytes(spec))
         for part, count in (("", rows), ("_last", last)):
             if not count:
                 continue
             pack_name, gemm_name = f"{name}_pack_{image}{part}", f"{name}_gemm_{image}{part}"
-            funcs.append(_render_im2col(spec, x, at.scratch, pack_name, vector="simd" in simd, rows=count))
+            funcs.append(_render_im2col(spec, x, scratch, pack_name, vector="simd" in simd, rows=count))
             product = GemmSpec(m, count * ow, k, epilogue=EpilogueSpec(at.bias is not None, at.residual is not None,
                                                                       epilogue))
             layout = GemmLayout(ldc=n, bias_per_row=True, a_packed=spec.packed_a, c_shift=True)
             funcs.append(render_gemm(product, offsets, features=features, layout=layout, name=gemm_name))
+    return "".join(funcs)
+
+
+def _chunk_calls(spec: Conv2dSpec, name: str, image: int, start: int, stop: int) -> list[str]:
+    """The calls that run chunks [start, stop) of `image` (the shorter last one among them if any)."""
+    rows, oh, ow = im2col_chunk_rows(spec), spec.out_height, spec.out_width
+    full = oh // rows
+    calls = []
+    if min(stop, full) > start:
         calls += [
-            "  (local.set $oy0 (i32.const 0))",
+            f"  (local.set $oy0 (i32.const {start * rows}))",
             "  (loop $chunks",
             f"    (call ${name}_pack_{image} (local.get $oy0))",
             f"    (call ${name}_gemm_{image} (i32.mul (local.get $oy0) (i32.const {ow * 4})))",
             f"    (local.set $oy0 (i32.add (local.get $oy0) (i32.const {rows})))",
-            f"    (br_if $chunks (i32.lt_u (local.get $oy0) (i32.const {full * rows}))))",
+            f"    (br_if $chunks (i32.lt_u (local.get $oy0) (i32.const {min(stop, full) * rows}))))",
         ]
-        if last:
-            calls += [f"  (call ${name}_pack_{image}_last (i32.const {full * rows}))",
-                      f"  (call ${name}_gemm_{image}_last (i32.const {full * rows * ow * 4}))"]
-    title = (f"  ;; Conv {spec.in_channels}x{spec.height}x{spec.width} -> {m}x{oh}x{ow}, kernel {spec.kernel}, "
-             f"batch {spec.batch}: im2col + GEMM in chunks of {rows} output rows")
-    return "".join(funcs) + "\n".join([f"(func ${name}", title, "  (local $oy0 i32)", *calls, ")"]) + "\n"
+    if stop > full:     # the shorter last chunk
+        calls += [f"  (call ${name}_pack_{image}_last (i32.const {full * rows}))",
+                  f"  (call ${name}_gemm_{image}_last (i32.const {full * rows * ow * 4}))"]
+    return calls
 
 
 def _render_im2col(spec: Conv2dSpec, src: int, dst: int, name: str, vector: bool = False,

@@ -261,11 +261,80 @@ def _render_k_functions(spec, geometry: TileGeometry, name: str) -> tuple[str | 
     return name, render_k_functions(name, geometry, unroll, edge_pass_lanes(edge) if edge else [])
 
 
+def _grouping(spec, parts: int = 1) -> tuple[int, int, int, int, int]:
+    """How the product walks Y^T: (pixels a row, the last row's pixels where shorter (else 0), rows,
+    bytes from one row's input to the next, rows a group). Pixels go in groups whose block of Y^T
+    stays in cache while every K block passes over it; cut into `parts` parts, a group is at most
+    a part's share of them, so that each part has groups of its own (`product_groups`)."""
+    (sh, _), (_, wp) = spec.strides, _plane(spec)
+    c_row = _channels_padded(spec) * 4
+    chunk = max(TILE_PIXELS, Y_CHUNK_BYTES // c_row // TILE_PIXELS * TILE_PIXELS)
+    if spec.strides == (1, 1):  # one line of pixels over the whole plane, cut into rows of `chunk`
+        pixels = _yt_pixels(spec)
+        if parts > 1:
+            chunk = min(chunk, -(-pixels // parts // TILE_PIXELS) * TILE_PIXELS or TILE_PIXELS)
+        row_len = min(chunk, pixels)
+        return row_len, pixels % row_len, -(-pixels // row_len), row_len * 4, 1
+    rows = spec.out_height
+    group_rows = max(1, min(rows, chunk // spec.out_width))
+    if parts > 1:
+        group_rows = min(group_rows, -(-rows // parts))
+    return spec.out_width, 0, rows, sh * wp * 4, group_rows
+
+
+def product_groups(spec, parts: int) -> int:
+    """The groups of pixels the product runs in when cut into `parts` parts (a shorter last one counted)."""
+    _, last_len, rows, _, group_rows = _grouping(spec, parts)
+    if last_len:
+        return rows
+    return -(-rows // group_rows)
+
+
+def render_conv2d_implicit_gemm_parts(spec, at: ConvOffsets, bounds, *, epilogue: str | None = None,
+                                      features=SIMD_FMA, name: str = "conv") -> tuple[str, list]:
+    """The implicit GEMM as parts (backends/wasm/kernel_parts.py): per image, the zero border (one
+    thread), then the product's groups of pixels `bounds[p]` (`product_groups(spec, len(bounds))`),
+    then the transpose into NCHW by blocks of output rows. Returns the functions and the steps
+    (the serial function to call first or None, the parts' names)."""
+    check_epilogue(epilogue)
+    parts = len(bounds)
+    hp, wp = _plane(spec)
+    x_image = spec.in_channels * spec.height * spec.width * 4
+    y_image = spec.out_channels * spec.pixels * 4
+    yt_at = at.scratch + (spec.in_channels * hp * wp * 4 if _padded(spec) else 0)
+    product_epilogue = None if at.residual is not None else epilogue
+    geometry = _tile_geometry(spec, at.bias is not None, product_epilogue, "relaxed-simd" in frozenset(features))
+    k_function, k_functions = _render_k_functions(spec, geometry, f"{name}_k")
+    funcs, steps = [k_functions], []
+    out_rows = [(spec.out_height * p // parts, spec.out_height * (p + 1) // parts) for p in range(parts)]
+    for image in range(spec.batch):
+        x, y = at.x + image * x_image, at.y + image * y_image
+        res = None if at.residual is None else at.residual + image * y_image
+        pad = None
+        if _padded(spec):
+            pad = f"{name}_pad_{image}"
+            funcs.append(_render_pad(spec, x, at.scratch, pad))
+            x = at.scratch
+        products, transposes = [], []
+        for p, groups in enumerate(bounds):
+            products.append(f"{name}_gemm_{image}_part{p}")
+            funcs.append(_render_product(spec, x, at.w, yt_at, at.bias, geometry, k_function, products[-1],
+                                         parts=parts, groups=groups))
+        for p, rows in enumerate(out_rows):
+            if rows[1] > rows[0]:
+                transposes.append(f"{name}_out_{image}_part{p}")
+                funcs.append(_render_transpose(spec, yt_at, y, res, epilogue if res is not None else None,
+                                               transposes[-1], rows=rows))
+        steps += [(pad, products), (None, transposes)]
+    return "".join(funcs), steps
+
+
 def _render_product(spec, x: int, w: int, yt: int, bias: int | None, geometry: TileGeometry,
-                    k_function: str | None, name: str) -> str:
+                    k_function: str | None, name: str, parts: int = 1, groups: tuple[int, int] | None = None) -> str:
     """Y^T = X-windows @ B (+ bias, then the activation when there is no residual), the tiles as
     `geometry` (`_tile_geometry`) says; with `k_function` (see `_render_k_functions`) the tiles call
-    it for their k loops."""
+    it for their k loops. With `groups` (start, stop), only those groups of pixels, grouped as for
+    `parts` parts (`_grouping`)."""
     epilogue = geometry.epilogue
     (kh, kw), (sh, sw), (dh, dw) = spec.kernel, spec.strides, spec.dilations
     hp, wp = _plane(spec)
@@ -276,15 +345,7 @@ def _render_product(spec, x: int, w: int, yt: int, bias: int | None, geometry: T
     blocks = kh * kw * c_blocks
     line = _line_width(spec)
     c_row = _channels_padded(spec) * 4
-    # Pixels go in groups whose block of Y^T stays in cache while every K block passes over it.
-    chunk = max(TILE_PIXELS, Y_CHUNK_BYTES // c_row // TILE_PIXELS * TILE_PIXELS)
-    if spec.strides == (1, 1):  # one line of pixels over the whole plane, cut into rows of `chunk`
-        pixels = _yt_pixels(spec)
-        row_len = min(chunk, pixels)
-        rows, last_len, in_row_step, group_rows = -(-pixels // row_len), pixels % row_len, row_len * 4, 1
-    else:
-        row_len, last_len, rows, in_row_step = spec.out_width, 0, spec.out_height, sh * wp * 4
-        group_rows = max(1, min(rows, chunk // row_len))
+    row_len, last_len, rows, in_row_step, group_rows = _grouping(spec, parts)
     def tile(pixels: int, vecs: list[Vec]) -> list[str]:
         return [
             "(local.set $pa (i32.add (local.get $arow) (i32.mul (local.get $ox) (i32.const %d))))" % (sw * 4),
@@ -352,7 +413,9 @@ def _render_product(spec, x: int, w: int, yt: int, bias: int | None, geometry: T
     else:
         full_groups, left = divmod(rows, group_rows)
         tail = [f"(local.set $oy0 (i32.const {full_groups * group_rows}))", *group(left, row_len)] if left else []
-    code = _loop("$oy0", 0, full_groups * group_rows, group_rows, group(group_rows, row_len)) + tail
+    start, stop = groups if groups is not None else (0, full_groups + bool(tail))
+    code = _loop("$oy0", start * group_rows, min(stop, full_groups) * group_rows, group_rows, group(group_rows, row_len))
+    code += tail if stop > full_groups else []
     decls = ["(local $kb i32) (local $t i32) (local $c0 i32) (local $k0 i32) (local $klen i32) (local $abase i32)",
              "(local $j i32) (local $oy0 i32) (local $oy i32) (local $oyend i32) (local $ox i32) (local $arow i32) (local $crow i32)",
              "(local $bblock i32) (local $bend i32) (local $bend4 i32) (local $first i32) (local $last i32)",
@@ -370,7 +433,8 @@ _LO, _HI = shuffle_lanes(0, 4, 1, 5), shuffle_lanes(2, 6, 3, 7)
 _HALF_LO, _HALF_HI = shuffle_lanes(0, 1, 4, 5), shuffle_lanes(2, 3, 6, 7)
 
 
-def _render_transpose(spec, yt: int, y: int, residual: int | None, epilogue: str | None, name: str) -> str:
+def _render_transpose(spec, yt: int, y: int, residual: int | None, epilogue: str | None, name: str,
+                      rows: tuple[int, int] | None = None) -> str:
     """y[oc][oy][ox] = act(Y^T[oy*line + ox][oc] + residual[oc][oy][ox]); 4 pixels x 4 channels per
     step with shuffles, scalar at the row's and the channels' ends."""
     oh, ow, oc, pixels = spec.out_height, spec.out_width, spec.out_channels, spec.pixels
@@ -415,4 +479,5 @@ def _render_transpose(spec, yt: int, y: int, residual: int | None, epilogue: str
              "(local $u0 v128) (local $u1 v128) (local $u2 v128) (local $u3 v128)",
              *scratch_locals("v128"), *scratch_locals("f32")]
     title = f"Y^T [{line}-pixel lines x {oc}] -> NCHW {oc}x{oh}x{ow}{' + residual' if residual is not None else ''}, {epilogue or 'no activation'}"
-    return _func(name, title, decls, _loop("$oy", 0, oh, 1, row))
+    first, stop = rows if rows is not None else (0, oh)
+    return _func(name, title, decls, _loop("$oy", first, stop, 1, row))

@@ -1,0 +1,252 @@
+"""One CU's large contractions on several threads over one shared linear memory (`--features threads`).
+
+A contraction big enough (`split_for`) is rendered as `kernel_parts` part functions that write
+disjoint blocks of its output, each with scratch of its own, plus a serial prologue where the parts
+share an operand packed at run time:
+- a batched GEMM (attention's heads): batches, each part packing its own batches' B;
+- a GEMM of one batch: blocks of 4-row tiles of A and C (B's panels read by every part), or for one
+  row (a GEMV) blocks of 16-column panels of B and C;
+- an implicit-GEMM Conv (`kernels/conv_implicit_gemm.py`): groups of output pixels, after the zero
+  border (prologue), then the transpose into NCHW by blocks of output rows;
+- an im2col Conv cut into chunks of output rows (large images): chunks, each part packing its own
+  chunks' im2col (`kernels/conv.py`, `render_conv2d_chunk_parts`);
+- any other im2col Conv with its weight packed at compile time: blocks of output channels, the
+  weight packed part by part (`pack_conv_weight`) after one im2col in the prologue.
+The cut never splits a sum over K, and a part runs the same tile code on its rows as the whole
+kernel would, so the result does not depend on which thread ran which part, or on how many threads
+there were: a CU gives the same bits on 1, 2 or 3 threads (tests/test_kernel_threads.py).
+
+At run time the CU's `run` reaches a split kernel's `$fork`: it publishes the job (its first part's
+index in the module's function table and its part count) in a control block after the memory plan,
+wakes the workers (`memory.atomic.notify`) and takes parts itself until none is left, then waits
+until every part is done. A worker (`work`, one per extra thread, each its own instance of the same
+module in a store of its own: `kernel_threads.py`) spins a little, then sleeps on the job's
+generation, and takes parts as the caller does. A part is claimed by a compare-and-swap of one
+64-bit word, (generation, next part), so a late worker can never claim a part of a later job; the
+caller closes a finished job (next part = all ones) before it publishes the next one. With one
+thread the caller simply runs every part itself.
+
+A worker that traps sets `abort` (the host calls `fail` on its instance) and the caller, waiting,
+traps too: the request fails in one line, the host waits until no part is running, clears the flag
+and the model goes on (`kernel_threads.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from backends.wasm.gemm import packed_b_size, render_gemm
+from backends.wasm.kernels.conv import im2col_chunk_rows
+from backends.wasm.kernels.conv_implicit_gemm import product_groups
+from backends.wasm.kernels.gemv import gemv_fits, render_gemv
+from backends.wasm.kernels.operands import GemmOffsets
+from backends.wasm.kernels.pack_b import render_pack_b
+from ir.loops.contraction import ContractionSpec, ConvSpec, GemmSpec
+
+# Words of the control block, byte offsets from its start (CONTROL_BYTES, after the memory plan).
+WORD, GENERATION, BASE, COUNT, DONE, ABORT, STOP, ACTIVE, FAULT = 0, 4, 8, 12, 16, 20, 24, 28, 32
+CONTROL_BYTES = 64
+# A part is worth a thread's hand-off (a futex wake, about 5-20 us) from this much work on.
+MIN_PART_FLOPS = 1_000_000
+# Loads of the generation word a worker spins for before it sleeps (a few microseconds): the serial
+# kernels between two forks are often shorter than a sleep and a wake.
+SPIN = 20_000
+TILE = 4        # GEMM rows a tile holds: parts of rows are cut at whole tiles
+PANEL = 16      # columns of a B panel: parts of columns are cut at whole panels
+
+
+@dataclass(frozen=True)
+class PartSplit:
+    """How one contraction is cut: `axis` (batch, rows, columns, chunks, channels) into `bounds`
+    [(start, stop), ...], one per part, in the axis' units."""
+    axis: str
+    bounds: tuple[tuple[int, int], ...]
+
+    @property
+    def parts(self) -> int:
+        return len(self.bounds)
+
+
+def split_for(spec: ContractionSpec, conv_kernel, parts: int) -> PartSplit | None:
+    """The cut of `spec` into `parts` parts, or None where it runs whole: too little work, or a
+    kernel the parts do not cover (narrow and integer weights, depthwise, grouped and implicit-GEMM
+    Convs, transposed A). `conv_kernel`: the Conv kernel spec the backend chose (`conv_kernel_spec`)."""
+    if parts < 2 or flops(spec, conv_kernel) < MIN_PART_FLOPS * parts:
+        return None
+    if isinstance(spec, GemmSpec):
+        if spec.b_format != "f32" or spec.trans_a:
+            return None
+        if spec.batch >= parts and not spec.constant_b:
+            return PartSplit("batch", even(spec.batch, parts, 1))
+        if spec.batch == 1 and spec.m >= 2 * TILE * parts:
+            return PartSplit("rows", even(spec.m, parts, TILE))
+        if spec.batch == 1 and spec.m == 1 and spec.constant_b and spec.n >= 2 * PANEL * parts:
+            return PartSplit("columns", even(spec.n, parts, PANEL))
+        return None
+    if isinstance(spec, ConvSpec) and conv_kernel.implicit_gemm:
+        groups = product_groups(conv_kernel, parts)
+        return PartSplit("pixels", even(groups, parts, 1)) if groups >= 2 else None
+    if isinstance(spec, ConvSpec):
+        from_chunks = conv_chunks(conv_kernel)
+        if from_chunks is not None and from_chunks >= parts:
+            return PartSplit("chunks", even(from_chunks, parts, 1))
+        if from_chunks is None and conv_kernel.packed_a and conv_kernel.groups == 1 \
+                and conv_kernel.out_channels >= 2 * TILE * parts:
+            return PartSplit("channels", even(conv_kernel.out_channels, parts, TILE))
+    return None
+
+
+def flops(spec: ContractionSpec, conv_kernel) -> int:
+    if isinstance(spec, GemmSpec):
+        return 2 * spec.m * spec.n * spec.k * spec.batch
+    if isinstance(spec, ConvSpec):
+        return 2 * conv_kernel.out_channels * conv_kernel.pixels * conv_kernel.gemm_k * spec.batch
+    return 0
+
+
+def conv_chunks(conv_kernel) -> int | None:
+    """The number of row chunks an im2col Conv runs in (whole ones and a shorter last one), or None."""
+    if conv_kernel.implicit_gemm or conv_kernel.groups != 1:
+        return None
+    rows = im2col_chunk_rows(conv_kernel)
+    return None if rows is None else -(-conv_kernel.out_height // rows)
+
+
+def render_gemm_parts(spec: GemmSpec, at: GemmOffsets, b_source: int | None, blocks_bytes: int, split: PartSplit,
+                      features, name: str) -> tuple[str, list[tuple[str | None, list[str]]]]:
+    """A GEMM as parts: functions, and its one step (the serial packing of an activation B that
+    every part reads, or None, then the parts' names). `at.b_packed` is B's panels (the scratch
+    `b_source` is packed into, for an activation B); each part has `blocks_bytes` of A's scratch
+    of its own after `at.a_scratch`."""
+    m, n, k = spec.m, spec.n, spec.k
+    funcs, names, prologue = [], [], None
+    gemv = gemv_fits(spec, features)
+    if b_source is not None and split.axis != "batch":
+        prologue = f"{name}_pack"
+        funcs.append(render_pack_b(k, n, src_offset=b_source, dst_offset=at.b_packed, trans_b=spec.trans_b,
+                                   batch=spec.batch, name=prologue, features=features & {"simd"}))
+    for p, (start, stop) in enumerate(split.bounds):
+        part = f"{name}_part{p}"
+        scratch = None if at.a_scratch is None else at.a_scratch + p * blocks_bytes
+        if split.axis == "batch":
+            c = start * m * n * 4
+            offsets = GemmOffsets(at.a + start * m * k * 4, at.b_packed + start * packed_b_size(k, n), at.c + c,
+                                  bias=at.bias, residual=None if at.residual is None else at.residual + c,
+                                  a_scratch=scratch)
+            body = [render_gemm(replace(spec, batch=stop - start), offsets, features=features, name=f"{part}_gemm")]
+            if b_source is not None:    # each part packs its own batches' B
+                body.insert(0, render_pack_b(k, n, src_offset=b_source + start * k * n * 4,
+                                             dst_offset=offsets.b_packed, trans_b=spec.trans_b, batch=stop - start,
+                                             name=f"{part}_pack", features=features & {"simd"}))
+                body.append(f"(func ${part}\n  (call ${part}_pack)\n  (call ${part}_gemm)\n)\n")
+            else:
+                body.append(f"(func ${part}\n  (call ${part}_gemm)\n)\n")
+            funcs += body
+        elif split.axis == "rows":
+            c = start * n * 4
+            offsets = GemmOffsets(at.a + start * k * 4, at.b_packed, at.c + c, bias=at.bias,
+                                  residual=None if at.residual is None else at.residual + c, a_scratch=scratch)
+            funcs.append(render_gemm(replace(spec, m=stop - start), offsets, features=features, name=part))
+        else:   # columns of a GEMV: whole panels of B
+            shift = start * 4
+            offsets = GemmOffsets(at.a, at.b_packed + start // PANEL * k * PANEL * 4, at.c + shift,
+                                  bias=None if at.bias is None else at.bias + shift,
+                                  residual=None if at.residual is None else at.residual + shift, a_scratch=scratch)
+            part_spec = replace(spec, n=stop - start)
+            render = render_gemv if gemv else render_gemm
+            funcs.append(render(part_spec, offsets, features=features, name=part))
+        names.append(part)
+    return "".join(funcs), [(prologue, names)]
+
+
+def render_split_call(name: str, steps: list[tuple[str | None, list[str]]], table: list[str]) -> str:
+    """`$name`: each step's serial function, then a fork over its parts, whose names join the
+    module's function `table` (a part is called by its index there)."""
+    lines = []
+    for prologue, parts in steps:
+        if prologue is not None:
+            lines.append(f"  (call ${prologue})")
+        lines.append(f"  (call $fork (i32.const {len(table)}) (i32.const {len(parts)}))")
+        table.extend(parts)
+    return f"(func ${name}\n" + "\n".join(lines) + "\n)\n"
+
+
+def even(total: int, parts: int, unit: int) -> tuple[tuple[int, int], ...]:
+    """`total` cut into `parts` ranges of whole `unit`s (the last takes the remainder), as even as
+    the units allow; none empty."""
+    units = -(-total // unit)
+    parts = min(parts, units)
+    cuts = [unit * (units * p // parts) for p in range(parts + 1)]
+    cuts[-1] = total
+    return tuple((cuts[p], cuts[p + 1]) for p in range(parts))
+
+
+def threads_control(memory_bytes: int) -> int:
+    """Where a module's control block starts: after its memory plan, on a cache line of its own."""
+    return -(-memory_bytes // CONTROL_BYTES) * CONTROL_BYTES
+
+
+def render_runtime(control: int) -> str:
+    """The functions every module with split kernels holds: `$fork` (the caller's side of a job),
+    `$take` (claim and run parts), the exports `work` (a worker's loop), `fail` and `stop`."""
+    at = {name: control + off for name, off in
+          (("word", WORD), ("gen", GENERATION), ("base", BASE), ("count", COUNT), ("done", DONE), ("abort", ABORT),
+           ("stop", STOP), ("active", ACTIVE), ("fault", FAULT))}
+    return f"""  (type $part (func))
+  (func $fork (param $base i32) (param $count i32) (local $g i32) (local $d i32)
+    (i32.atomic.store (i32.const {at['base']}) (local.get $base))
+    (i32.atomic.store (i32.const {at['count']}) (local.get $count))
+    (i32.atomic.store (i32.const {at['done']}) (i32.const 0))
+    (local.set $g (i32.add (i32.atomic.load (i32.const {at['gen']})) (i32.const 1)))
+    (i64.atomic.store (i32.const {at['word']}) (i64.shl (i64.extend_i32_u (local.get $g)) (i64.const 32)))
+    (drop (memory.atomic.notify (i32.const {at['gen']}) (i32.const -1)))
+    (call $take (local.get $g) (i32.const 0))
+    (loop $wait
+      (if (i32.atomic.load (i32.const {at['abort']})) (then (unreachable)))
+      (local.set $d (i32.atomic.load (i32.const {at['done']})))
+      (if (i32.lt_u (local.get $d) (local.get $count)) (then
+        (drop (memory.atomic.wait32 (i32.const {at['done']}) (local.get $d) (i64.const 1000000)))
+        (br $wait))))
+    ;; closed: a worker still holding this generation's word fails its compare-and-swap
+    (i64.atomic.store (i32.const {at['word']})
+      (i64.or (i64.shl (i64.extend_i32_u (local.get $g)) (i64.const 32)) (i64.const 0xffffffff))))
+  (func $take (param $g i32) (param $tid i32) (local $w i64) (local $p i32)
+    (loop $next
+      (local.set $w (i64.atomic.load (i32.const {at['word']})))
+      (if (i32.ne (i32.wrap_i64 (i64.shr_u (local.get $w) (i64.const 32))) (local.get $g)) (then (return)))
+      (local.set $p (i32.wrap_i64 (local.get $w)))
+      (if (i32.ge_u (local.get $p) (i32.atomic.load (i32.const {at['count']}))) (then (return)))
+      (br_if $next (i64.ne (i64.atomic.rmw.cmpxchg (i32.const {at['word']}) (local.get $w)
+                                                   (i64.add (local.get $w) (i64.const 1))) (local.get $w)))
+      (drop (i32.atomic.rmw.add (i32.const {at['active']}) (i32.const 1)))
+      (call_indirect (type $part) (i32.add (i32.atomic.load (i32.const {at['base']})) (local.get $p)))
+      ;; a fault injected by the host (tests): a worker traps after its part, the job half done
+      (if (i32.and (i32.ne (local.get $tid) (i32.const 0))
+                   (i32.eq (i32.atomic.load (i32.const {at['fault']})) (i32.add (local.get $p) (i32.const 1))))
+        (then (unreachable)))
+      (drop (i32.atomic.rmw.add (i32.const {at['done']}) (i32.const 1)))
+      (drop (i32.atomic.rmw.sub (i32.const {at['active']}) (i32.const 1)))
+      (drop (memory.atomic.notify (i32.const {at['done']}) (i32.const 1)))
+      (br $next)))
+  (func (export "work") (param $tid i32) (local $seen i32) (local $g i32) (local $spin i32)
+    (local.set $seen (i32.atomic.load (i32.const {at['gen']})))
+    (loop $forever
+      (if (i32.atomic.load (i32.const {at['stop']})) (then (return)))
+      (local.set $g (i32.atomic.load (i32.const {at['gen']})))
+      (if (i32.ne (local.get $g) (local.get $seen)) (then
+        (local.set $seen (local.get $g))
+        (call $take (local.get $g) (local.get $tid))
+        (local.set $spin (i32.const 0))
+        (br $forever)))
+      (if (i32.lt_u (local.get $spin) (i32.const {SPIN})) (then
+        (local.set $spin (i32.add (local.get $spin) (i32.const 1)))
+        (br $forever)))
+      (drop (memory.atomic.wait32 (i32.const {at['gen']}) (local.get $seen) (i64.const 100000000)))
+      (br $forever)))
+  (func (export "fail")
+    (i32.atomic.store (i32.const {at['abort']}) (i32.const 1))
+    (drop (memory.atomic.notify (i32.const {at['done']}) (i32.const -1))))
+  (func (export "stop")
+    (i32.atomic.store (i32.const {at['stop']}) (i32.const 1))
+    (drop (memory.atomic.notify (i32.const {at['gen']}) (i32.const -1))))
+"""
