@@ -140,7 +140,8 @@ def _modules():
         def __init__(self):
             super().__init__()
             w, d = WIDTHS, DEPTHS
-            self.stem = nn.Sequential(ConvBnSiLU(3, w[0], 3, 2), ConvBnSiLU(w[0], w[1], 3, 2), C2f(w[1], w[1], d[0], True))
+            self.stem = nn.Sequential(ConvBnSiLU(3, w[0], 3, 2), ConvBnSiLU(w[0], w[1], 3, 2),
+                                      C2f(w[1], w[1], d[0], True))
             self.p3 = nn.Sequential(ConvBnSiLU(w[1], w[2], 3, 2), C2f(w[2], w[2], d[1], True))
             self.p4 = nn.Sequential(ConvBnSiLU(w[2], w[3], 3, 2), C2f(w[3], w[3], d[2], True))
             self.p5 = nn.Sequential(ConvBnSiLU(w[3], w[4], 3, 2), C2f(w[4], w[4], d[3], True), SPPF(w[4], w[4]))
