@@ -58,9 +58,10 @@ def _commands() -> set[str]:
 
 def build(model: Path, input_shapes: dict, dims: dict, feeds: dict, reference: dict, workdir: Path,
           rtol: float = 1e-3, atol: float = 1e-4, threads: int = 1, decompose: tuple[str, ...] = (),
-          label: str = "cortex-wasm") -> CortexBuild:
+          label: str = "cortex-wasm", features: str = "simd,relaxed-simd") -> CortexBuild:
     """`threads`: the runtime's (1 for the one-thread tables, which time the calling thread's CPU);
-    `decompose`: extra decompose flags (--parallel N); `label`: the contestant's name."""
+    `decompose`: extra decompose flags (--parallel N); `label`: the contestant's name; `features`:
+    compile-wasm's (with threads, large contractions run as parts on the runtime's threads)."""
     missing = {"decompose", "build-dag", "compile-wasm"} - _commands()
     if missing:
         raise NotAvailable(f"cortex {', '.join(sorted(missing))} not available yet")
@@ -74,7 +75,7 @@ def build(model: Path, input_shapes: dict, dims: dict, feeds: dict, reference: d
         "decompose": _cli("decompose", "--model-path", str(model), "--output-dir", str(cus), *bind, *decompose),
         "build-dag": _cli("build-dag", "--cu-dir", str(cus), "--output", str(dag)),
         "compile-wasm": _cli("compile-wasm", "--cu-dir", str(cus), "--output", str(wasm), "--dag", str(dag),
-                             "--features", "simd,relaxed-simd", "--opt-level", "3"),
+                             "--features", features, "--opt-level", "3"),
     }
     cortex.load(dag, device="wasm")  # the first load pays for cold files and engine set-up
     start = time.perf_counter()

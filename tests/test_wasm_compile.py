@@ -78,7 +78,7 @@ def test_features_and_opt_levels_shape_the_code(cnn_dirs, features, level, prese
 
 
 @pytest.mark.parametrize("argv,fragments", [
-    (["--features", "simd,threads"], ["unknown --features threads"]),
+    (["--features", "simd,tail-call"], ["unknown --features tail-call"]),
     (["--features", "relaxed-simd"], ["relaxed-simd needs simd"]),
     (["--target", "wasm64-unknown-unknown"], ["unknown --target 'wasm64-unknown-unknown'"]),
     (["--opt-level", "4"], ["unknown --opt-level '4'"]),

@@ -182,7 +182,7 @@ class WasmDevice(HostTensors):
         memory = new_shared_memory(self.engine, threads["pages"])
         ticks = (deadline_ticks(sandboxed.deadline_ms), deadline_ticks(self.limits.cu_load_timeout_s * 1e3)) \
             if self.timed else (None, None)
-        instance = WasmInstance(self.engine, sandboxed.module, sandboxed.plan, None, *ticks, threaded_memory=memory)
+        instance = WasmInstance(self.engine, sandboxed.module, sandboxed.plan, None, *ticks, imports=(memory,))
         self.weights.write(instance.store, instance.memory, sandboxed.weights, sandboxed.cu_id, stamps)
         self._start_workers(sandboxed, instance)
         return instance

@@ -28,31 +28,29 @@ from ir.bounds import pad_into, real_part
 class WasmInstance:
     def __init__(self, engine: wasmtime.Engine, module: wasmtime.Module, plan: dict,
                  memory_limit: int | None = None, deadline_ticks: int | None = None,
-                 start_ticks: int | None = None, store: wasmtime.Store | None = None, imports: tuple = (),
-                 threaded_memory: SharedMemory | None = None):
+                 start_ticks: int | None = None, store: wasmtime.Store | None = None, imports: tuple = ()):
         # A given store holds other CUs too: the model's one memory, which the module imports
         # (--memory shared), or CUs with memories of their own that a segment runs in one call.
         self.store = store if store is not None else wasmtime.Store(engine)
-        # Only an imported memory can hold a producer's output where this module reads its input.
-        self.shares_memory = bool(imports)
+        # A module that splits contractions into parts imports a shared memory of a fixed size, which
+        # its worker threads' instances import too (kernel_threads.py).
+        threaded = bool(imports) and isinstance(imports[0], SharedMemory)
+        self.threaded_memory: SharedMemory | None = imports[0] if threaded else None
+        # Only the model's imported memory can hold a producer's output where this module reads its input.
+        self.shares_memory = bool(imports) and not threaded
         if memory_limit is not None:     # one instance with one memory: all a CU module has
             self.store.set_limits(memory_size=memory_limit, instances=1, memories=1)
         self.deadline_ticks = deadline_ticks
         if start_ticks is not None:      # a start function (copying passive weights in) runs now
             self.store.set_epoch_deadline(start_ticks)
-        # A module that splits contractions into parts imports a shared memory of a fixed size, which
-        # its worker threads' instances import too (kernel_threads.py).
-        self.threaded_memory = threaded_memory
-        if threaded_memory is not None:
-            imports = (threaded_memory,)
         self.instance = wasmtime.Instance(self.store, module, list(imports))
         exports = self.instance.exports(self.store)
         self.exports = exports
-        self.memory = exports["memory"] if threaded_memory is None else threaded_memory
+        self.memory = exports["memory"] if not threaded else self.threaded_memory
         self._run = exports["run"]
-        self._call = RunCall(self.store, self._run, None if threaded_memory is not None else self.memory)
+        self._call = RunCall(self.store, self._run, None if threaded else self.memory)
         # Also reads the memory's size in one C call (a shared memory's never changes).
-        self._direct: DirectCall | None = self._call.direct if threaded_memory is None else None
+        self._direct: DirectCall | None = self._call.direct if not threaded else None
         self.plan = plan
         self._axes = {e["name"]: e["bound"]["axis"] for e in [*plan["inputs"], *plan["outputs"]] if "bound" in e}
         self.memory_size = -1      # the memory's size in bytes when the views were last built

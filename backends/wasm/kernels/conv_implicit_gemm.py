@@ -166,7 +166,7 @@ def render_conv2d_implicit_gemm(spec, at: ConvOffsets, *, epilogue: str | None =
             funcs.append(_render_pad(spec, x, padded_at, f"{name}_pad_{image}"))
             calls.append(f"  (call ${name}_pad_{image})")
             x = padded_at
-        funcs.append(_render_product(spec, x, w_offset, yt_at, bias_offset, geometry, k_function,
+        funcs.append(_render_product(spec, x, w_offset, yt_at, bias_offset, (geometry, k_function),
                                      f"{name}_gemm_{image}"))
         funcs.append(_render_transpose(spec, yt_at, y, res, epilogue if res is not None else None,
                                        f"{name}_out_{image}"))
@@ -318,8 +318,8 @@ def render_conv2d_implicit_gemm_parts(spec, at: ConvOffsets, bounds, *, epilogue
         products, transposes = [], []
         for p, groups in enumerate(bounds):
             products.append(f"{name}_gemm_{image}_part{p}")
-            funcs.append(_render_product(spec, x, at.w, yt_at, at.bias, geometry, k_function, products[-1],
-                                         parts=parts, groups=groups))
+            funcs.append(_render_product(spec, x, at.w, yt_at, at.bias, (geometry, k_function), products[-1],
+                                         groups=(*groups, parts)))
         for p, rows in enumerate(out_rows):
             if rows[1] > rows[0]:
                 transposes.append(f"{name}_out_{image}_part{p}")
@@ -329,12 +329,13 @@ def render_conv2d_implicit_gemm_parts(spec, at: ConvOffsets, bounds, *, epilogue
     return "".join(funcs), steps
 
 
-def _render_product(spec, x: int, w: int, yt: int, bias: int | None, geometry: TileGeometry,
-                    k_function: str | None, name: str, parts: int = 1, groups: tuple[int, int] | None = None) -> str:
+def _render_product(spec, x: int, w: int, yt: int, bias: int | None, tiles: tuple[TileGeometry, str | None],
+                    name: str, groups: tuple[int, int, int] | None = None) -> str:
     """Y^T = X-windows @ B (+ bias, then the activation when there is no residual), the tiles as
-    `geometry` (`_tile_geometry`) says; with `k_function` (see `_render_k_functions`) the tiles call
-    it for their k loops. With `groups` (start, stop), only those groups of pixels, grouped as for
-    `parts` parts (`_grouping`)."""
+    `tiles` = (geometry, k function) says (`_tile_geometry`; with a k function, see
+    `_render_k_functions`, the tiles call it for their k loops). With `groups` (start, stop, parts), only those groups of pixels, grouped
+    as for `parts` parts (`_grouping`)."""
+    geometry, k_function = tiles
     epilogue = geometry.epilogue
     (kh, kw), (sh, sw), (dh, dw) = spec.kernel, spec.strides, spec.dilations
     hp, wp = _plane(spec)
@@ -345,7 +346,7 @@ def _render_product(spec, x: int, w: int, yt: int, bias: int | None, geometry: T
     blocks = kh * kw * c_blocks
     line = _line_width(spec)
     c_row = _channels_padded(spec) * 4
-    row_len, last_len, rows, in_row_step, group_rows = _grouping(spec, parts)
+    row_len, last_len, rows, in_row_step, group_rows = _grouping(spec, groups[2] if groups is not None else 1)
     def tile(pixels: int, vecs: list[Vec]) -> list[str]:
         return [
             "(local.set $pa (i32.add (local.get $arow) (i32.mul (local.get $ox) (i32.const %d))))" % (sw * 4),
@@ -413,7 +414,7 @@ def _render_product(spec, x: int, w: int, yt: int, bias: int | None, geometry: T
     else:
         full_groups, left = divmod(rows, group_rows)
         tail = [f"(local.set $oy0 (i32.const {full_groups * group_rows}))", *group(left, row_len)] if left else []
-    start, stop = groups if groups is not None else (0, full_groups + bool(tail))
+    start, stop = groups[:2] if groups is not None else (0, full_groups + bool(tail))
     code = _loop("$oy0", start * group_rows, min(stop, full_groups) * group_rows, group_rows, group(group_rows, row_len))
     code += tail if stop > full_groups else []
     decls = ["(local $kb i32) (local $t i32) (local $c0 i32) (local $k0 i32) (local $klen i32) (local $abase i32)",
