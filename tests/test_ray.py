@@ -453,26 +453,53 @@ def test_conditional_cus_skip_and_trace_as_in_a_local_run(cluster, branching):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("CORTEX_TEST_RAY_COMPILED_GRAPH") != "1",
-                    reason="a Ray 2.60 Compiled Graph hung in one of two full runs of this suite on a loaded "
-                           "2-core machine and crashed the head's raylet at teardown: set "
-                           "CORTEX_TEST_RAY_COMPILED_GRAPH=1 to run it")
-def test_a_compiled_graph_runs_a_static_dag_as_the_actor_path_does(cluster, cnn, branching):
+def test_a_compiled_graph_runs_a_static_dag_as_the_actor_path_does(cluster, cnn):
     case, dag_path = cnn
-    with pytest.raises(CortexError, match="compiled_graph runs dags without conditional CUs"):
-        cortex.load(branching[0] / "dag.json", executor="ray", executor_options={"compiled_graph": True})
     batch = _feeds(case, 6)
     local = cortex.load(dag_path, cache_bytes=0, threads=1)
-    # A hang ends in a minute, as one CortexError.
+    # Every wait is bounded: a hang ends in a minute, as one CortexError.
     model = cortex.load(dag_path, cache_bytes=0, executor="ray",
                         executor_options={"stages": 2, "compiled_graph": True, "timeout_s": 60})
     executor = model.scheduler
     try:
-        for feeds, got in zip(batch, model.run_many(batch), strict=True):
-            np.testing.assert_array_equal(got["y"], local.run(feeds)["y"])
-        assert executor._graph.key[0].name == "balanced" and executor.resubmitted == 0
+        # The first stage is on this process's node: requests enter through shared memory.
+        placement = executor.placement()
+        assert placement[0]["node"] == ray.get_runtime_context().get_node_id() != placement[1]["node"]
+        for _ in range(2):              # the second batch through the same graph
+            for feeds, got in zip(batch, model.run_many(batch), strict=True):
+                np.testing.assert_array_equal(got["y"], local.run(feeds)["y"])
+        graph = executor._graph
+        assert graph is not None and executor.resubmitted == 0
         assert model.last_trace["activated_cus"] == local.last_trace["activated_cus"]
         validate_trace(model.last_trace)
-        np.testing.assert_array_equal(model.run(case.inputs)["y"], local.run(case.inputs)["y"])
+        # Another policy is another plan through the same graph, not another graph.
+        np.testing.assert_array_equal(model.run(case.inputs, policy="strict")["y"], local.run(case.inputs)["y"])
+        assert executor._graph is graph
+    finally:
+        model.close()
+
+
+@pytest.mark.slow
+def test_a_compiled_graph_skips_conditional_cus_as_a_local_run(cluster, branching):
+    folder, batch = branching
+    dag_path = folder / "dag.json"
+    local = cortex.load(dag_path, cache_bytes=0, threads=1)
+    model = cortex.load(dag_path, cache_bytes=0, executor="ray",
+                        executor_options={"stages": 3, "compiled_graph": True, "timeout_s": 60})
+    try:
+        graph = None
+        for policy, outputs in (("balanced", None), ("balanced", ["z"]), ("strict", ["z"]), ("balanced", None)):
+            got_batch = model.run_many(batch * 2, outputs=outputs, policy=policy)
+            for feeds, got in zip(batch * 2, got_batch, strict=True):
+                want = local.run(feeds, outputs=outputs, policy=policy)
+                assert got.keys() == want.keys()
+                for name in got:
+                    np.testing.assert_array_equal(got[name], want[name])
+            # The last request's trace: the branch its condition took, the CUs no output needed.
+            assert model.last_trace["activated_cus"] == local.last_trace["activated_cus"]
+            assert _skips(model.last_trace) == _skips(local.last_trace)
+            validate_trace(model.last_trace)
+            graph = graph or model.scheduler._graph
+            assert model.scheduler._graph is graph and model.scheduler.resubmitted == 0
     finally:
         model.close()

@@ -14,12 +14,17 @@ stage returns only the tensors that exist after its walk: a CU of an untaken bra
 its outputs are not shipped anywhere. Which branch is taken is known only once the condition is
 computed, on an actor; the plan is made before, for both branches, so a request's calls can all
 be submitted at once (pipelined) and the actors skip what the condition rules out.
+
+A Compiled Graph (`cortex/runtime/ray_compiled.py`) runs the same plan as a chain through every
+stage: `Planner.chain` says per stage whether it runs, what it returns, and which tensors it passes
+on to the stages after it and the caller. That holds for both branches too, so the graph is static.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from cortex.runtime.policy import Policy
 from ir.errors import CortexError
 
 
@@ -99,6 +104,21 @@ def stage_dag(dag: dict, cu_ids: list[str]) -> dict:
     return part
 
 
+@dataclass(frozen=True)
+class ChainStep:
+    """One stage's part of a request in a Compiled Graph's chain."""
+    runs: bool
+    returns: tuple[str, ...]            # its own tensors that later stages or the caller read
+    passes_on: frozenset[str]           # of what it received and made: what later stages or the caller read
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A request's plan as the stages of a chain read it, one step per stage, every stage listed."""
+    policy: Policy
+    steps: tuple[ChainStep, ...]
+
+
 @dataclass
 class StageCall:
     """One stage's part of a request."""
@@ -153,6 +173,17 @@ class Planner:
             for j in self.sources(name, needed):
                 _add(calls[j].returns, name)
         return [calls[k] for k in sorted(calls)]
+
+    def chain(self, policy: Policy, plan: list[StageCall], needed: set[str], outputs: list[str]) -> Chain:
+        """`plan` as a chain through every stage: a stage passes on the outputs and whatever a needed
+        CU of a later stage reads (model inputs included: they enter at the first stage)."""
+        calls = {call.stage: call for call in plan}
+        later, steps = set(outputs), []
+        for k in reversed(range(len(self.stages))):
+            call = calls.get(k)
+            steps.append(ChainStep(call is not None, tuple(call.returns) if call else (), frozenset(later)))
+            later |= {name for cu_id in self.stages[k] if cu_id in needed for name in self.reads(cu_id)}
+        return Chain(policy, tuple(reversed(steps)))
 
 
 def _add(items: list, item) -> None:
