@@ -65,6 +65,7 @@ ortweb: $(ORTWEB)
 bench: setup $(ORTWEB) bench-decompose bench-js
 	$(BIN)/python -m bench.bench_models --json $(OUT)/bench.json
 	$(MAKE) bench-ray
+	$(MAKE) bench-op-classes
 	$(MAKE) bench-narrow-weights
 	$(MAKE) bench-nbits-models
 	$(MAKE) bench-language-models
@@ -97,8 +98,9 @@ bench-ray: setup
 ## MiniLM, and the bundle's load time against session creation: writes its section of docs/benchmarks.md.
 bench-js: setup $(ORTWEB)
 	$(BIN)/python -m bench.bench_js --json $(OUT)/bench-js.json
-## Only the threads section of `make bench`: Cortex on 2 threads (decompose --parallel 2) against 1 thread
-## and onnxruntime on 2 threads, the GIL check and the FMA-peak drift: writes its section of docs/benchmarks.md.
+## Only the threads section of `make bench`: Cortex on 2 threads (a --wasm-features threads build: each large
+## contraction in parts a CU's threads share) against 1 thread and onnxruntime on 2 threads, on the light models,
+## MiniLM and a YOLO-style detector, the GIL check and the FMA-peak drift: writes its section of docs/benchmarks.md.
 .PHONY: bench-threads
 bench-threads: setup
 	$(BIN)/python -m bench.threads_bench --output docs/benchmarks.md

@@ -16,6 +16,7 @@ ort.set_default_logger_severity(3)  # unused-initializer warnings of the zoo mod
 from bench import cortex_side
 from bench.node_runner import NodeContestant, NodeRunner
 from bench.timing import InProcess, Timings, interleave, repeats_for
+from samples.detector import detector
 from samples.light_models import LIGHT_MODEL_NAMES, light_model
 from samples.minilm import minilm_feed
 from samples.qdq_models import qdq_minilm, qdq_squeezenet
@@ -25,6 +26,8 @@ from samples.recurrent import recurrent
 
 MINILM = "minilm-l6-s128"
 MODEL_NAMES = (*LIGHT_MODEL_NAMES, MINILM)
+# A YOLOv8n-style detector exported from torch (samples/detector.py): the threads and op-class sections.
+DETECTOR = "detector-yolov8n"
 # The second table: recurrent layers at realistic sizes (torch exports) and quantized models, each
 # compared on the same file.
 RECURRENT_NAMES = tuple(f"recurrent-{name}" for name in RECURRENT_SPECS)
@@ -66,6 +69,9 @@ def model_case(name: str) -> ModelCase:
         return ModelCase(name, m.path, m.inputs, m.input_shapes, m.dims)
     if name in QUANTIZED_NAMES:
         return _quantized_case(name)
+    if name == DETECTOR:
+        m = detector()
+        return ModelCase(name, m.path, m.inputs, m.input_shapes)
     if name == MINILM:
         from samples.minilm import minilm
         m = minilm(batch=1, seq=128)  # exports the model into .cache/models on first use

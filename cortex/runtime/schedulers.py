@@ -62,6 +62,19 @@ def gains_from_threads(dag: dict) -> bool:
     return 1 - critical / total >= MIN_PARALLEL_SHARE
 
 
+# From this share of its flops in CUs whose contractions run as parts on threads (`--wasm-features
+# threads`), a model's cores go to those parts: its CUs run one after the other, each on every core.
+MIN_SPLIT_SHARE = 0.5
+
+
+def split_share(dag: dict) -> float:
+    """The share of the model's flops in CUs that split their contractions into parts."""
+    total = sum(int(cu.get("flops") or 0) for cu in dag["cus"])
+    split = sum(int(cu.get("flops") or 0) for cu in dag["cus"]
+                if "threads" in cu.get("artifacts", {}).get("wasm", {}).get("memory", {}))
+    return split / total if total > 0 else 0.0
+
+
 def open_scheduler(dag: dict, dag_path: Path, device: str, options: RuntimeOptions, cache: ResultCache,
                    threads: int) -> Scheduler:
     """The scheduler `options` ask for, its CUs loaded (and the variants of `options.policy`)."""
@@ -70,7 +83,10 @@ def open_scheduler(dag: dict, dag_path: Path, device: str, options: RuntimeOptio
     # Memory tiers plan loads and evictions in dag.json's order: under a budget one CU runs at a time.
     # Unless asked for threads, a model whose critical path holds nearly all its work runs on one
     # thread: threads could save little, and a sequential walk runs its CUs in segments.
-    sequential = threads == 1 or (options.threads is None and not gains_from_threads(dag))
+    # A model whose work is mostly split into parts runs its CUs in order, each on all the threads:
+    # ready CUs at once as well would put two threads on each core, one waiting on the other.
+    sequential = threads == 1 or (options.threads is None and not gains_from_threads(dag)) \
+        or split_share(dag) >= MIN_SPLIT_SHARE
     if sequential or options.memory_budget_bytes is not None:
         pins = None if options.pins is None else list(options.pins)
         scheduler = SequentialScheduler(dag, dag_path, device, cache, options.limits, options.memory_budget_bytes,
