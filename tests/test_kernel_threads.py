@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 import pytest
 from cli_helpers import assert_one_line_error, run_cli
+from nbits_cases import packed_weight
 from onnx import TensorProto, helper, numpy_helper
 from testdata import run_onnxruntime
 
@@ -56,6 +57,20 @@ def gemv_columns(rng):
                   [_weight(rng, "w", 1024, 2000)])
 
 
+def nbits_columns(rng, level: int):
+    """A decode step's 4-bit product (MatMulNBits, one row, zero points) at accuracy level `level`:
+    parts of 16-column panels of its blocks, each part quantizing its own copy of A."""
+    k, n, block = 2048, 1040, 32
+    weight = packed_weight(rng, 4, k, n, block, True)
+    order = ["x", "w_b", "w_s", "w_zp"]
+    node = helper.make_node("MatMulNBits", order, ["y"], domain="com.microsoft", K=k, N=n, bits=4,
+                            block_size=block, accuracy_level=level)
+    inits = [numpy_helper.from_array(array, f"w_{key}") for key, array in weight.items()]
+    model = _model([node], [("x", [1, k])], ("y", [1, n]), inits)
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return model
+
+
 def conv_implicit(rng):
     """A 3x3 Conv to 32 channels (the implicit GEMM over pixels), with bias and Relu."""
     return _model([helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
@@ -80,13 +95,15 @@ def conv_channels(rng):
                   [_weight(rng, "w", 128, 64, 3, 3), _weight(rng, "b", 128), _weight(rng, "w1", 128, 128, 1, 1)])
 
 
-CASES = {"matmul-rows": matmul_rows, "attention-batches": attention_batches, "gemv-columns": gemv_columns,
+CASES = {"nbits-level4": lambda rng: nbits_columns(rng, 4), "nbits-level0": lambda rng: nbits_columns(rng, 0),
+         "matmul-rows": matmul_rows, "attention-batches": attention_batches, "gemv-columns": gemv_columns,
          "conv-implicit": conv_implicit, "conv-chunks": conv_chunks, "conv-channels": conv_channels}
 
 
 # decompose splits ops with more parameters than --max-cu-size (1M) into CUs of their own: the GEMV
 # case is one CU only above it.
-BUILD_FLAGS = {"gemv-columns": ("--max-cu-size", "3000000")}
+BUILD_FLAGS = {"gemv-columns": ("--max-cu-size", "3000000"), "nbits-level4": ("--max-cu-size", "100000000"),
+               "nbits-level0": ("--max-cu-size", "100000000")}
 
 
 def _build(tmp_path: Path, name: str, features: str, *extra) -> Path:

@@ -27,7 +27,8 @@ from backends.wasm.kernels.block_quant_panels import (pack_block_quant_panels, r
                                                       requantized_rows_bytes, uses_gemm_tiles)
 from backends.wasm.kernels.block_quant import scratch_bytes as block_quant_scratch_bytes
 from backends.wasm.gemm import SCALAR, gemm_scratch_bytes, pack_b, packed_b_size, render_gemm
-from backends.wasm.kernel_parts import PartSplit, render_gemm_parts, render_split_call, split_for
+from backends.wasm.kernel_parts import (PartSplit, render_block_quant_parts, render_gemm_parts, render_split_call,
+                                       split_for)
 from backends.wasm.kernels.conv import (Conv2dSpec, conv_scratch_bytes, pack_conv_weight, render_conv2d,
                                         render_conv2d_channel_parts, render_conv2d_chunk_parts, weight_packs_as_a)
 from backends.wasm.kernels.conv_implicit_gemm import implicit_gemm_is_faster, render_conv2d_implicit_gemm_parts
@@ -112,7 +113,9 @@ class WasmKernels:
             if uses_gemm_tiles(spec):   # A's packed block, a panel's K block widened to float32, A as int8 reads it
                 tiles = gemm_scratch_bytes(spec.m, spec.k, b_format=f"q{spec.bits}")
                 return (Scratch("a", "_apack", (tiles + requantized_rows_bytes(spec)) // 4),)
-            return (Scratch("a", "_q8", -(-block_quant_scratch_bytes(spec) // 4)),)    # A's codes, scales, sums
+            split = self.split(spec)      # each part its own copy of A's codes, scales and sums
+            copies = split.parts if split is not None else 1
+            return (Scratch("a", "_q8", copies * -(-block_quant_scratch_bytes(spec) // 4)),)
         if isinstance(spec, GemmSpec):
             panels, blocks = _gemm_scratch(spec, self.features)
             split = self.split(spec)
@@ -208,6 +211,12 @@ def render_intrinsic(stmt: Intrinsic, name: str, options: WasmOptions, table: li
 
 
 def _render_split(spec, ops, split: PartSplit, features: frozenset[str], name: str, table: list[str]) -> str:
+    if isinstance(spec, BlockQuantGemmSpec):
+        (scratch,) = ops.scratch
+        at = BlockQuantOffsets(_at(ops.a), _at(ops.b), _at(ops.out), _at(scratch), bias=_at_or_none(ops.bias))
+        funcs, steps = render_block_quant_parts(spec, at, -(-block_quant_scratch_bytes(spec) // 4) * 4, split,
+                                                features, name)
+        return funcs + render_split_call(name, steps, table)
     if isinstance(spec, ConvSpec):
         (scratch,) = ops.scratch
         at = ConvOffsets(_at(ops.a), _at(ops.b), _at(ops.out), _at(scratch), bias=_at_or_none(ops.bias),

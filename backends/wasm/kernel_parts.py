@@ -5,7 +5,8 @@ disjoint blocks of its output, each with scratch of its own, plus a serial prolo
 share an operand packed at run time:
 - a batched GEMM (attention's heads): batches, each part packing its own batches' B;
 - a GEMM of one batch: blocks of 4-row tiles of A and C (B's panels read by every part), or for one
-  row (a GEMV) blocks of 16-column panels of B and C;
+  row (a GEMV) blocks of 16-column panels of B and C; so is a one-row MatMulNBits product (a decode
+  step's 4- or 8-bit weights), each part quantizing its copy of A;
 - an implicit-GEMM Conv (`kernels/conv_implicit_gemm.py`): groups of output pixels, after the zero
   border (prologue), then the transpose into NCHW by blocks of output rows;
 - an im2col Conv cut into chunks of output rows (large images): chunks, each part packing its own
@@ -38,10 +39,12 @@ from dataclasses import dataclass, replace
 from backends.wasm.gemm import packed_b_size, render_gemm
 from backends.wasm.kernels.conv import im2col_chunk_rows
 from backends.wasm.kernels.conv_implicit_gemm import product_groups
+from backends.wasm.kernels.block_quant import BlockQuantOffsets, block_bytes, render_block_quant_gemm
+from backends.wasm.kernels.block_quant_panels import uses_gemm_tiles
 from backends.wasm.kernels.gemv import gemv_fits, render_gemv
 from backends.wasm.kernels.operands import GemmOffsets
 from backends.wasm.kernels.pack_b import render_pack_b
-from ir.loops.contraction import ContractionSpec, ConvSpec, GemmSpec
+from ir.loops.contraction import BlockQuantGemmSpec, ContractionSpec, ConvSpec, GemmSpec
 
 # Words of the control block, byte offsets from its start (CONTROL_BYTES, after the memory plan).
 WORD, GENERATION, BASE, COUNT, DONE, ABORT, STOP, ACTIVE, FAULT = 0, 4, 8, 12, 16, 20, 24, 28, 32
@@ -83,6 +86,10 @@ def split_for(spec: ContractionSpec, conv_kernel, parts: int) -> PartSplit | Non
         if spec.batch == 1 and spec.m == 1 and spec.constant_b and spec.n >= 2 * PANEL * parts:
             return PartSplit("columns", even(spec.n, parts, PANEL))
         return None
+    if isinstance(spec, BlockQuantGemmSpec):    # a decode step's 4- or 8-bit GEMV: panels of columns
+        if spec.m == 1 and not uses_gemm_tiles(spec) and spec.n >= 2 * PANEL * parts:
+            return PartSplit("columns", even(spec.n, parts, PANEL))
+        return None
     if isinstance(spec, ConvSpec) and conv_kernel.implicit_gemm:
         groups = product_groups(conv_kernel, parts)
         return PartSplit("pixels", even(groups, parts, 1)) if groups >= 2 else None
@@ -99,6 +106,8 @@ def split_for(spec: ContractionSpec, conv_kernel, parts: int) -> PartSplit | Non
 def flops(spec: ContractionSpec, conv_kernel) -> int:
     if isinstance(spec, GemmSpec):
         return 2 * spec.m * spec.n * spec.k * spec.batch
+    if isinstance(spec, BlockQuantGemmSpec):
+        return 2 * spec.m * spec.n * spec.k
     if isinstance(spec, ConvSpec):
         return 2 * conv_kernel.out_channels * conv_kernel.pixels * conv_kernel.gemm_k * spec.batch
     return 0
@@ -157,6 +166,21 @@ def render_gemm_parts(spec: GemmSpec, at: GemmOffsets, b_source: int | None, blo
             funcs.append(render(part_spec, offsets, features=features, name=part))
         names.append(part)
     return "".join(funcs), [(prologue, names)]
+
+
+def render_block_quant_parts(spec: BlockQuantGemmSpec, at: BlockQuantOffsets, scratch_bytes: int, split: PartSplit,
+                             features, name: str) -> tuple[str, list[tuple[str | None, list[str]]]]:
+    """A one-row MatMulNBits product as parts of whole 16-column panels of B (one run of bytes
+    each: `blocks` blocks of `block_bytes`), each part quantizing or copying A into scratch of its
+    own (`scratch_bytes` after `at.scratch`), then its columns."""
+    panel_bytes = -(-spec.k // spec.block) * block_bytes(spec)
+    funcs, names = [], []
+    for p, (start, stop) in enumerate(split.bounds):
+        offsets = BlockQuantOffsets(at.a, at.b + start // PANEL * panel_bytes, at.c + start * 4,
+                                    at.scratch + p * scratch_bytes, None if at.bias is None else at.bias + start * 4)
+        names.append(f"{name}_part{p}")
+        funcs.append(render_block_quant_gemm(replace(spec, n=stop - start), offsets, features=features, name=names[-1]))
+    return "".join(funcs), [(None, names)]
 
 
 def render_split_call(name: str, steps: list[tuple[str | None, list[str]]], table: list[str]) -> str:
