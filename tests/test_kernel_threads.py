@@ -171,8 +171,8 @@ def test_a_worker_trapping_mid_kernel_fails_the_request_in_one_line_and_the_mode
         device = model._loaded_scheduler().devices["wasm"]
         (cu_id, workers), = device.workers.items()
         failures = 0
-        for _ in range(20):     # a part is a worker's only when it claims it first: bounded retries
-            device.workers[cu_id].inject_fault(0)
+        for _ in range(20):     # a worker takes a part only when it claims one first: bounded retries
+            device.workers[cu_id].inject_fault()
             try:
                 model.run(feeds)
             except CortexError as e:

@@ -103,10 +103,10 @@ class KernelThreads:
             time.sleep(0.0005)
         self.control[ABORT // 4] = 0
 
-    def inject_fault(self, part: int | None) -> None:
-        """Make a worker trap after it runs part `part` (None: no fault): the tests' way to fail a
-        thread in the middle of a kernel."""
-        self.control[FAULT // 4] = 0 if part is None else part + 1
+    def inject_fault(self, armed: bool = True) -> None:
+        """Make the next worker to finish a part trap (the tests' way to fail a thread in the middle
+        of a kernel); False: no fault."""
+        self.control[FAULT // 4] = int(armed)
 
     def close(self) -> None:
         """Stop and join the workers (parked between calls)."""
