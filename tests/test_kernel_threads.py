@@ -199,3 +199,33 @@ def test_the_cli_runs_a_threads_build_and_refuses_bad_options(tmp_path):
                             "--wasm-features", THREADS, "--wasm-kernel-parts", "0"])
     assert_one_line_error(code, err, "--wasm-kernel-parts")
     assert not (tmp_path / "bad").exists()
+
+
+def matmul_chain(rng):
+    """Two MatMuls, each a CU of its own at --max-cu-depth 1: one evicts the other under a budget."""
+    return _model([helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+                   helper.make_node("MatMul", ["r", "w2"], ["y"])],
+                  [("x", [96, 256])], ("y", [96, 256]), [_weight(rng, "w1", 256, 512), _weight(rng, "w2", 512, 256)])
+
+
+CASES["matmul-chain"] = matmul_chain
+BUILD_FLAGS["matmul-chain"] = ("--max-cu-depth", "1")
+
+
+def test_under_a_memory_budget_evicted_split_cus_come_back_with_their_threads(tmp_path):
+    dag = _build(tmp_path, "matmul-chain", THREADS)
+    feeds = _feeds(onnx.load(tmp_path / "matmul-chain.onnx"))
+    expected, _ = _run(dag, feeds, 1)
+    whole = cortex.load(dag)
+    footprints = [whole._loaded_scheduler().devices["wasm"].footprint(cu) for cu in whole.dag["cus"]]
+    whole.close()
+    assert len(footprints) >= 2
+    model = cortex.load(dag, threads=2, policy="strict", memory_budget_mb=max(footprints) * 1.2 / (1 << 20))
+    try:
+        for _ in range(3):
+            (y,) = model.run(feeds).values()
+            np.testing.assert_array_equal(np.array(y), expected)
+        assert model.last_trace["memory"]["evictions"] >= 1
+        assert model.last_trace["threads"]["kernel_threads"] == 2
+    finally:
+        model.close()

@@ -328,7 +328,8 @@ class WasmDevice(HostTensors):
         """The loaded CU's memory faulted in now (`prefault.py`), so its first call does not take
         the page faults: the memory budget's loader calls it on its own thread."""
         instance = self.instances.get(cu_id)
-        if instance is not None and not instance.shares_memory:
+        # A threaded CU's shared memory was written whole at load (its workers wrote it again).
+        if instance is not None and not instance.shares_memory and instance.threaded_memory is None:
             prefault(instance.store, instance.memory, self.sandboxed[cu_id].plan)
 
 
