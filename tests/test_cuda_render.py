@@ -9,7 +9,7 @@ from onnx import TensorProto as T
 from onnx import helper
 from onnx import numpy_helper as nh
 
-from backends.cuda.parallelize import plan_parallel
+from codegen.parallel_loops import plan_parallel
 from backends.cuda.render import BLOCK_THREADS, render_cuda
 from codegen.lower import lower_graph
 from ir.onnx_import import import_model

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from codegen.affine import affine
 from ir.loops.program import Assign, Kernel, Stmt, Store, loads_in, walk_stmts
 
-from backends.cuda.parallelize import ParallelNest
+from codegen.parallel_loops import ParallelNest
 from backends.cuda.tiled import plan_tiled
 
 

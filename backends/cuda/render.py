@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from backends.cuda.fuse import Unit, fuse_elementwise
 from backends.cuda.kernels import launches as contraction_launches
 from backends.cuda.kernels import render_kernel as render_contraction
-from backends.cuda.parallelize import ParallelNest, plan_parallel
+from codegen.parallel_loops import ParallelNest, plan_parallel
 from backends.cuda.spelling import (C_COMPUTE, C_STORAGE, NARROW, PRELUDE, WIDEN, binary, cast, combine, identity, number,
                                      unary)
 from backends.cuda.tensor_cores import HEADERS, choose_precision, launch_geometry, render_wmma_function

@@ -18,7 +18,7 @@ from codegen.affine import affine
 from ir.loops.expr import Expr, Fma, Load, Var, walk
 from ir.loops.program import Loop, Store
 
-from backends.cuda.parallelize import ParallelNest
+from codegen.parallel_loops import ParallelNest
 
 TILE = 16
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from backends.cuda.parallelize import ParallelNest, threads_are_independent
+from codegen.parallel_loops import ParallelNest, threads_are_independent
 from codegen.reductions import accumulators
 from ir.loops.expr import Local, walk
 from ir.loops.program import Assign, If, Loop, Stmt, Store, walk_stmts

@@ -1,4 +1,5 @@
-"""Which loops of a loop nest may run as CUDA threads.
+"""Which loops of a loop nest may run on threads: CUDA threads (backends/cuda), or the parts of a
+wasm kernel that several threads share (backends/wasm/kernel_parts.py).
 
 A top-level loop nest becomes one kernel launch. Its perfect chain of loops (each body a single loop)
 is searched, outermost first, for loops whose iterations write disjoint memory: each such loop
