@@ -7,8 +7,6 @@ from ir.loops.builder import broadcast_load
 from ir.loops.expr import binary, cast, eq, fma, ge, logical_and, lt, maximum, minimum, ne, select, unary
 from ir.ops.registry import NORMALIZATION, epilogue_of, lowering, register
 
-LANES = 4   # a SIMD128 vector of f32: rows shorter than this gain nothing from running along them
-
 register("BatchNormalization", "InstanceNormalization", "LayerNormalization", "GroupNormalization",
          "LpNormalization", "MeanVarianceNormalization", "LRN", "RMSNormalization",
          "Softmax", "LogSoftmax", "Hardmax", kind=NORMALIZATION)
@@ -96,9 +94,6 @@ def _softmax(b, node):
         d, inner = int(np.prod(x.shape[axis:], dtype=np.int64)), 1
     xv, yv = x.view((outer, d, inner)), y.view((outer, d, inner))
     t = x.compute_type
-    if inner >= LANES and node.op_type != "Hardmax":
-        _softmax_across_rows(b, node.op_type, xv, yv, t)
-        return
     with b.loop(outer, "o") as o, b.loop(inner, "i") as i:
         top = b.local(t, float("-inf"), "max")
         with b.loop(d, "d") as k:
@@ -127,38 +122,6 @@ def _softmax(b, node):
                 log_total = b.local(t, unary("log", total), "log_total")
                 with b.loop(d, "d") as k:
                     b.store(yv, (o, k, i), (xv[o, k, i] - top) - log_total)
-
-
-def _softmax_across_rows(b, op_type: str, xv, yv, t) -> None:
-    """Softmax over an axis that is not the last (YOLOv8's box bins): the statistics of the `inner`
-    positions are kept in buffers and each pass runs along contiguous rows, so the loops vectorise
-    with plain loads instead of one load per lane at a stride of `inner` elements. Per position the
-    same operations in the same order as the row-by-row loops."""
-    outer, d, inner = xv.shape
-    kind = "float64" if t == "f64" else "float32"     # the statistics in the compute type (f32 for f16 data)
-    top, total = b.temp(kind, (inner,), "softmax_max"), b.temp(kind, (inner,), "softmax_sum")
-    with b.loop(outer, "o") as o:
-        b.fill(top, float("-inf"))
-        b.fill(total, 0.0)
-        with b.loop(d, "d") as k, b.loop(inner, "i") as i:
-            b.store(top, (i,), maximum(top[i], xv[o, k, i]))
-        with b.loop(d, "d") as k, b.loop(inner, "i") as i:
-            e = unary("exp", xv[o, k, i] - top[i])
-            if op_type == "Softmax":
-                b.store(yv, (o, k, i), e)
-                b.store(total, (i,), total[i] + yv[o, k, i])
-            else:
-                b.store(total, (i,), total[i] + e)
-        if op_type == "Softmax":
-            with b.loop(inner, "i") as i:
-                b.store(total, (i,), 1.0 / total[i])
-            with b.loop(d, "d") as k, b.loop(inner, "i") as i:
-                b.store(yv, (o, k, i), yv[o, k, i] * total[i])
-        else:
-            with b.loop(inner, "i") as i:
-                b.store(total, (i,), unary("log", total[i]))
-            with b.loop(d, "d") as k, b.loop(inner, "i") as i:
-                b.store(yv, (o, k, i), (xv[o, k, i] - top[i]) - total[i])
 
 
 @lowering("loops", "LayerNormalization")
