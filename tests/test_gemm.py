@@ -267,7 +267,8 @@ def test_batched_gemm_with_strided_rows_and_broadcast_b(features):
 
 
 @pytest.mark.parametrize("features", [SIMD, SCALAR], ids=["simd", "scalar"])
-@pytest.mark.parametrize("k,n,trans_b", [(9, 32, False), (9, 21, False), (13, 18, True), (4, 48, True)])
+@pytest.mark.parametrize("k,n,trans_b", [(9, 32, False), (9, 21, False), (5, 7, False), (3, 44, False), (2, 63, False),
+                                         (13, 18, True), (4, 48, True)])
 def test_runtime_packing_matches_compile_time_packing(features, k, n, trans_b):
     batch = 2
     rng = np.random.default_rng(11)
