@@ -95,7 +95,16 @@ def conv_channels(rng):
                   [_weight(rng, "w", 128, 64, 3, 3), _weight(rng, "b", 128), _weight(rng, "w1", 128, 128, 1, 1)])
 
 
-CASES = {"nbits-level4": lambda rng: nbits_columns(rng, 4), "nbits-level0": lambda rng: nbits_columns(rng, 0),
+def normalised_rows(rng):
+    """LayerNormalization then Softmax over 512 rows: loop-nest kernels cut along their rows."""
+    return _model([helper.make_node("LayerNormalization", ["x", "g", "b"], ["n"], axis=-1, epsilon=1e-5),
+                   helper.make_node("Softmax", ["n"], ["y"], axis=-1)],
+                  [("x", [512, 768])], ("y", [512, 768]),
+                  [numpy_helper.from_array(rng.standard_normal(768).astype(np.float32), "g"),
+                   numpy_helper.from_array(rng.standard_normal(768).astype(np.float32), "b")])
+
+
+CASES = {"normalised-rows": normalised_rows, "nbits-level4": lambda rng: nbits_columns(rng, 4), "nbits-level0": lambda rng: nbits_columns(rng, 0),
          "matmul-rows": matmul_rows, "attention-batches": attention_batches, "gemv-columns": gemv_columns,
          "conv-implicit": conv_implicit, "conv-chunks": conv_chunks, "conv-channels": conv_channels}
 

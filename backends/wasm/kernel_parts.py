@@ -13,7 +13,9 @@ share an operand packed at run time:
   chunks' im2col (`kernels/conv.py`, `render_conv2d_chunk_parts`);
 - any other im2col Conv with its weight packed at compile time: blocks of output channels, the
   weight packed part by part (`pack_conv_weight`) after one im2col in the prologue.
-The cut never splits a sum over K, and a part runs the same tile code on its rows as the whole
+A loop-nest kernel whose outermost loop's iterations write disjoint cells (LayerNorm's or Softmax's
+rows, a transpose's, a pooling's channels: `loop_split`) runs as parts of that loop's range. The
+cut never splits a sum over K, and a part runs the same tile code on its rows as the whole
 kernel would, so the result does not depend on which thread ran which part, or on how many threads
 there were: a CU gives the same bits on 1, 2 or 3 threads (tests/test_kernel_threads.py).
 
@@ -44,7 +46,9 @@ from backends.wasm.kernels.block_quant_panels import uses_gemm_tiles
 from backends.wasm.kernels.gemv import gemv_fits, render_gemv
 from backends.wasm.kernels.operands import GemmOffsets
 from backends.wasm.kernels.pack_b import render_pack_b
+from codegen.parallel_loops import threads_are_independent
 from ir.loops.contraction import BlockQuantGemmSpec, ContractionSpec, ConvSpec, GemmSpec
+from ir.loops.program import Kernel, Loop, Stmt
 
 # Words of the control block, byte offsets from its start (CONTROL_BYTES, after the memory plan).
 WORD, GENERATION, BASE, COUNT, DONE, ABORT, STOP, ACTIVE, FAULT = 0, 4, 8, 12, 16, 20, 24, 28, 32
@@ -54,6 +58,8 @@ MIN_PART_FLOPS = 1_000_000
 # Loads of the generation word a worker spins for before it sleeps (a few microseconds): the serial
 # kernels between two forks are often shorter than a sleep and a wake.
 SPIN = 20_000
+# A loop-nest kernel's part runs at least this many innermost statements (about 20-50 us).
+MIN_PART_ITERATIONS = 32_768
 TILE = 4        # GEMM rows a tile holds: parts of rows are cut at whole tiles
 PANEL = 16      # columns of a B panel: parts of columns are cut at whole panels
 
@@ -111,6 +117,37 @@ def flops(spec: ContractionSpec, conv_kernel) -> int:
     if isinstance(spec, ConvSpec):
         return 2 * conv_kernel.out_channels * conv_kernel.pixels * conv_kernel.gemm_k * spec.batch
     return 0
+
+
+def loop_split(kernel: Kernel, parts: int, vectorized) -> PartSplit | None:
+    """The cut of a loop-nest kernel (LayerNorm's rows, a Softmax's, a pooling's channels, a
+    transpose's rows...) along its outermost loop, or None: where the kernel is one loop nest whose
+    outer loop writes disjoint cells from iteration to iteration and reads back only its own
+    (`codegen/parallel_loops.py`, the test CUDA's threads pass), runs at least `2 * parts` times and
+    does at least `MIN_PART_ITERATIONS` iterations a part. `vectorized(loop)`: whether the renderer
+    vectorises that loop itself (a one-loop elementwise kernel), which keeps it whole."""
+    if parts < 2 or len(kernel.body) != 1 or not isinstance(kernel.body[0], Loop):
+        return None
+    outer = kernel.body[0]
+    if outer.extent < 2 * parts or vectorized(outer) or iterations(kernel.body) < MIN_PART_ITERATIONS * parts:
+        return None
+    chain = [outer]
+    while len(chain[-1].body) == 1 and isinstance(chain[-1].body[0], Loop):
+        chain.append(chain[-1].body[0])
+    if not threads_are_independent([outer], chain, chain[-1].body):
+        return None
+    return PartSplit("loop", even(outer.extent, parts, 1))
+
+
+def iterations(stmts: list[Stmt]) -> int:
+    """Innermost statements executed: each loop's extent times its body's."""
+    total = 0
+    for s in stmts:
+        if isinstance(s, Loop):
+            total += s.extent * max(1, iterations(s.body))
+        else:
+            total += 1
+    return total
 
 
 def conv_chunks(conv_kernel) -> int | None:

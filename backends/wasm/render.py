@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from backends.wasm import mathlib
 from backends.wasm.intrinsics import render_intrinsic
-from backends.wasm.kernel_parts import CONTROL_BYTES, render_runtime, threads_control
+from backends.wasm.kernel_parts import CONTROL_BYTES, loop_split, render_runtime, threads_control
 from backends.wasm.options import WasmOptions
 from backends.wasm.vectorize import VectorRenderer, vectorizable
 from ir.loops.expr import (FLOAT_TYPES, MATH_UNARY, Binary, Cast, Const, Expr, Fma, Load, Local, Select, Unary,
@@ -71,13 +71,24 @@ class WatRenderer:
         self._kernel_name = ""
         self.intrinsic_funcs: list[str] = []
         self.parts_table: list[str] = []     # the parts of split contractions, called by index (kernel_parts.py)
+        self._outer_range: tuple[int, int] | None = None    # the kernel part being rendered: its outer loop's range
 
     # -- module --------------------------------------------------------------------------------
     def module(self, memory_bytes: int) -> str:
         # External weights (`--external-weights`) are written into memory by the device at load.
         weights = [] if self.options.external_weights else \
             [s for s in self.program.storages if s.kind == WEIGHT and s.nbytes]
-        funcs = [self.kernel(k) for k in self.program.kernels]
+        funcs, calls = [], []
+        for k in self.program.kernels:
+            split = loop_split(k, self.options.kernel_parts, self._vectorized) if self.options.threads else None
+            if split is None:
+                funcs.append(self.kernel(k))
+                calls.append(f"    (call ${_ident(k.name)})")
+                continue
+            calls.append(f"    (call $fork (i32.const {len(self.parts_table)}) (i32.const {split.parts}))")
+            for p, bounds in enumerate(split.bounds):
+                funcs.append(self.kernel(k, part=(p, bounds)))
+                self.parts_table.append(f"{_ident(k.name)}_part{p}")
         control = threads_control(memory_bytes) if self.parts_table else None
         pages = max(1, -(-(memory_bytes if control is None else control + CONTROL_BYTES) // PAGE))
         if control is not None:
@@ -101,17 +112,22 @@ class WatRenderer:
             lines += [f"  (data (i32.const {s.offset}) \"\") ;; {s.name}" for s in weights]
         lines += funcs
         lines += [_indent(f, "  ") for f in self.intrinsic_funcs]
-        calls = "\n".join(f"    (call ${_ident(k.name)})" for k in self.program.kernels)
-        lines.append(f'  (func (export "run")\n{calls}\n  )')
+        lines.append('  (func (export "run")\n' + "\n".join(calls) + "\n  )")
         helpers = mathlib.render_functions(self.math_used, fused=self.options.relaxed_simd)
         if helpers:
             lines.append(_indent(helpers, "  "))
         lines.append(")")
         return "\n".join(lines) + "\n"
 
-    def kernel(self, kernel: Kernel) -> str:
+    def _vectorized(self, loop: Loop) -> bool:
+        return self.options.vectorize and vectorizable(loop)
+
+    def kernel(self, kernel: Kernel, part: tuple[int, tuple[int, int]] | None = None) -> str:
+        """The kernel's function; with `part` (p, (start, stop)), part p of it: its outermost loop
+        over [start, stop) only, named `<kernel>_part<p>` (kernel_parts.loop_split)."""
         self._depth_names, self._max_depth = {}, 0
-        self._kernel_name = _ident(kernel.name)
+        self._outer_range = None if part is None else part[1]
+        self._kernel_name = _ident(kernel.name) + ("" if part is None else f"_part{part[0]}")
         # Named by position in the kernel, not by object identity: builds stay byte-identical.
         self._local_names = {loc.uid: f"${_ident(loc.name)}{i}" for i, loc in enumerate(kernel.locals)}
         self._vector_locals = 0
@@ -119,7 +135,7 @@ class WatRenderer:
         decls = [f"(local $d{d} i32)" for d in range(self._max_depth)]
         decls += [f"(local {self._local_names[loc.uid]} {loc.type})" for loc in kernel.locals]
         decls += [f"(local $v{i} v128)" for i in range(self._vector_locals)]
-        header = f"  (func ${_ident(kernel.name)} ;; {kernel.op_type}"
+        header = f"  (func ${self._kernel_name} ;; {kernel.op_type}"
         return "\n".join([header, *(f"    {d}" for d in decls), body, "  )"])
 
     # -- statements ----------------------------------------------------------------------------
@@ -152,8 +168,9 @@ class WatRenderer:
         self._max_depth = max(self._max_depth, depth + 1)
         if self.options.vectorize and vectorizable(loop):
             return VectorRenderer(self, loop, var).render(indent)
+        start, stop = (0, loop.extent) if depth or self._outer_range is None else self._outer_range
         body = self.stmts(loop.body, depth + 1, indent + "  ")
-        return self.counted_loop(var, 0, loop.extent, 1, [body], indent)
+        return self.counted_loop(var, start, stop, 1, [body], indent)
 
     def vector_local(self) -> str:
         """A fresh v128 local of the kernel being rendered."""
