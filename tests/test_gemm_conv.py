@@ -406,3 +406,31 @@ def test_a_conv_add_with_a_broadcast_operand_is_not_a_residual():
                        [onnx.numpy_helper.from_array(rng.standard_normal((24, 16, 3, 3)).astype(np.float32), "w")])
     assert_matches_onnxruntime(model, {"x": x, "p": plane}, configs=[("simd,bulk-memory", "2")], rtol=1e-4, atol=1e-3)
     assert sorted(k.op_type for k in _compiled_kernels(model)) == ["Add", "Conv"]
+
+
+# (spec, IM2COL_WHOLE_BYTES, IM2COL_CHUNK_BYTES, rows): Convs whose output alone would not be cut
+# into chunks, but whose packed B would not stay in L2
+B_CHUNKED_SPECS = {
+    # one K block (3 x 7 x 7 = 147): the 7x7 stride-2 stem's shape, scaled down
+    "7x7-stride2-stem": (Conv2dSpec(1, 3, 40, 32, 8, (7, 7), strides=(2, 2), pads=(3, 3, 3, 3)), 64 << 10, 147 * 16 * 4 * 2, 2),
+    # a 1x1 Conv: chunks of its im2col instead of `render_pack_b`; 12-pixel rows, so 4 rows fill 3 panels
+    "pointwise-rows-of-12": (Conv2dSpec(1, 20, 16, 12, 72, (1, 1)), 8 << 10, 20 * 12 * 4 * 4, 4),
+    "3x3-stride2-rows-of-6": (Conv2dSpec(1, 16, 24, 12, 12, (3, 3), strides=(2, 2), pads=(1, 1, 1, 1)), 16 << 10, 144 * 6 * 4 * 8, 8),
+}
+
+
+@pytest.mark.parametrize("features", [SIMD_FMA, SCALAR], ids=["relaxed-simd", "scalar"])
+@pytest.mark.parametrize("name", B_CHUNKED_SPECS)
+def test_an_im2col_larger_than_l2_runs_in_chunks_of_rows_and_matches_onnxruntime(monkeypatch, name, features):
+    spec, whole, chunk, rows = B_CHUNKED_SPECS[name]
+    spec = conv_kernel_spec(spec, features)
+    monkeypatch.setattr(conv, "IM2COL_WHOLE_BYTES", whole)
+    monkeypatch.setattr(conv, "IM2COL_CHUNK_BYTES", chunk)
+    assert im2col_chunk_rows(spec) == rows
+    x, w, bias, residual = _random_case(spec, len(name), with_residual=True)
+    want = np.maximum(onnxruntime_conv(spec, x, w, bias) + residual, 0)
+    got = run_conv(spec, x, w, bias, residual, "relu", features)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-4 * np.sqrt(spec.gemm_k))
+    assert f"in chunks of {rows} output rows" in render_conv2d(spec, ConvOffsets(0, 0, 0, 0), features=features)
+    monkeypatch.setattr(conv, "IM2COL_WHOLE_BYTES", 1 << 40)
+    assert im2col_chunk_rows(spec) is None

@@ -12,7 +12,8 @@ Conv whose spec says `implicit_gemm` runs the other orientation, `kernels/conv_i
 decided there, by `implicit_gemm_is_faster`. Where the output is larger than L2 (vgg19's 112x112
 and 56x56 layers), the im2col Conv runs in chunks of output rows, each packed and then multiplied
 over every K block (`im2col_chunk_rows`), so that neither C nor the packed B of a chunk leaves the
-caches between passes.
+caches between passes; so does a Conv whose im2col alone is larger than L2 (the 7x7 stem, 1x1s of
+256 channels at 56x56), 1x1s included.
 
 Entry point
 - `render_conv2d(spec, at, *, epilogue=None, features=SIMD_FMA, name="conv") -> str`: WAT functions
@@ -27,6 +28,7 @@ Entry point
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -110,15 +112,41 @@ def im2col_chunk_rows(spec: Conv2dSpec) -> int | None:
     53.8 / 45.1 / 41.4, 128->128 at 112x112 108.7 / 89.1 / 81.4, 128->256 at 56x56 44.3 / 40.8 /
     39.2, 256->256 at 56x56 86.2 / 80.7 / 78.4, 256->512 at 28x28 39.7 / 40.1 / 38.6, 512->512 at
     28x28 80.4 / 79.2 / 79.4."""
-    if spec.implicit_gemm or is_depthwise(spec) or spec.groups != 1 or spec.is_pointwise:
+    if spec.implicit_gemm or is_depthwise(spec) or spec.groups != 1:
         return None
     m, n, k = spec.out_channels, spec.pixels, spec.gemm_k
-    if k <= k_block_size(k) or m * n * 4 <= 4 * C_CHUNK_BYTES:
-        return None
     ow = spec.out_width
-    target = max(1, C_CHUNK_BYTES // (m * 4 * ow))
-    rows = next((r for r in range(target, 2 * target + 1) if r * ow % PANEL == 0), target)
-    return rows if rows < spec.out_height else None
+    if not spec.is_pointwise and k > k_block_size(k) and m * n * 4 > 4 * C_CHUNK_BYTES:
+        target = max(1, C_CHUNK_BYTES // (m * 4 * ow))
+        rows = next((r for r in range(target, 2 * target + 1) if r * ow % PANEL == 0), target)
+        return rows if rows < spec.out_height else None
+    return _b_chunk_rows(spec)
+
+
+# Bytes of the packed B (im2col) past which it is packed and multiplied in chunks of output rows
+# (more than a core's L2), and the size of such a chunk (see `_b_chunk_rows`).
+IM2COL_WHOLE_BYTES = 2 << 20
+IM2COL_CHUNK_BYTES = 256 << 10
+
+
+def _b_chunk_rows(spec: Conv2dSpec) -> int | None:
+    """Output rows per chunk where the packed B of the whole image (K x pixels) would not stay in L2
+    between its packing and its product, or None: rows whose B is about IM2COL_CHUNK_BYTES, a multiple
+    of the rows that fill whole 16-pixel panels, so that no chunk has an edge panel but the last.
+    This holds where C alone would not ask for chunks: the 7x7 stride-2 stem (3->64 at 224x224, one
+    K block, a 7.4 MB im2col), 3x3s on 28x28-56x56 outputs of 128 channels, 1x1s of 256 channels at
+    56x56; a chunk whose rows would hold more than twice that (odd widths: 16 rows) is not worth it.
+    Measured (bias + relu, relaxed SIMD, wasmtime, CPU time, medians of 7 interleaved rounds of 8
+    copies of the Conv called in turn, so that weights, inputs and scratch are as cold as in a model
+    run, ms, whole image -> chunks of 4 rows): 7x7s2 3->64 at 224x224 5.94 -> 5.14, 3x3s2 128->128
+    at 56x56 4.78 -> 4.61, 3x3 128->128 at 28x28 4.63 -> 4.58, 1x1 256->128 at 56x56 4.33 -> 4.22;
+    chunks of 1-16 rows of the stem all ran at 5.05-5.15."""
+    k, ow = spec.gemm_k, spec.out_width
+    if k * spec.pixels * 4 <= IM2COL_WHOLE_BYTES:
+        return None
+    unit = PANEL // math.gcd(ow, PANEL)
+    rows = max(unit, round(IM2COL_CHUNK_BYTES / (k * ow * 4) / unit) * unit)
+    return rows if rows < spec.out_height and rows * k * ow * 4 <= 2 * IM2COL_CHUNK_BYTES else None
 
 
 def weight_packs_as_a(spec: Conv2dSpec, features) -> bool:
