@@ -104,7 +104,13 @@ def normalised_rows(rng):
                    numpy_helper.from_array(rng.standard_normal(768).astype(np.float32), "b")])
 
 
-CASES = {"normalised-rows": normalised_rows, "nbits-level4": lambda rng: nbits_columns(rng, 4), "nbits-level0": lambda rng: nbits_columns(rng, 0),
+def elementwise_flat(rng):
+    """SiLU over 300,007 elements: one vectorised loop cut at multiples of 16, a scalar tail."""
+    return _model([helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["x", "s"], ["y"])],
+                  [("x", [300007])], ("y", [300007]), [])
+
+
+CASES = {"normalised-rows": normalised_rows, "elementwise-flat": elementwise_flat, "nbits-level4": lambda rng: nbits_columns(rng, 4), "nbits-level0": lambda rng: nbits_columns(rng, 0),
          "matmul-rows": matmul_rows, "attention-batches": attention_batches, "gemv-columns": gemv_columns,
          "conv-implicit": conv_implicit, "conv-chunks": conv_chunks, "conv-channels": conv_channels}
 

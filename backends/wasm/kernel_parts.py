@@ -48,7 +48,7 @@ from backends.wasm.kernels.operands import GemmOffsets
 from backends.wasm.kernels.pack_b import render_pack_b
 from codegen.parallel_loops import threads_are_independent
 from ir.loops.contraction import BlockQuantGemmSpec, ContractionSpec, ConvSpec, GemmSpec
-from ir.loops.program import Kernel, Loop, Stmt
+from ir.loops.program import Assign, Kernel, Loop, Stmt, walk_stmts
 
 # Words of the control block, byte offsets from its start (CONTROL_BYTES, after the memory plan).
 WORD, GENERATION, BASE, COUNT, DONE, ABORT, STOP, ACTIVE, FAULT = 0, 4, 8, 12, 16, 20, 24, 28, 32
@@ -62,6 +62,7 @@ SPIN = 20_000
 MIN_PART_ITERATIONS = 32_768
 TILE = 4        # GEMM rows a tile holds: parts of rows are cut at whole tiles
 PANEL = 16      # columns of a B panel: parts of columns are cut at whole panels
+VECTOR_UNIT = 16    # elements: a vectorised loop is cut at multiples of 4 lanes x an unroll of 4
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ class PartSplit:
     [(start, stop), ...], one per part, in the axis' units."""
     axis: str
     bounds: tuple[tuple[int, int], ...]
+    depth: int = 0      # a loop-nest kernel's: how many loops of one trip enclose the loop cut
 
     @property
     def parts(self) -> int:
@@ -121,22 +123,32 @@ def flops(spec: ContractionSpec, conv_kernel) -> int:
 
 def loop_split(kernel: Kernel, parts: int, vectorized) -> PartSplit | None:
     """The cut of a loop-nest kernel (LayerNorm's rows, a Softmax's, a pooling's channels, a
-    transpose's rows...) along its outermost loop, or None: where the kernel is one loop nest whose
-    outer loop writes disjoint cells from iteration to iteration and reads back only its own
+    transpose's rows...) along its outermost loop of more than one trip, or None: where the kernel
+    is one loop nest whose that loop writes disjoint cells from iteration to iteration and reads back only its own
     (`codegen/parallel_loops.py`, the test CUDA's threads pass), runs at least `2 * parts` times and
     does at least `MIN_PART_ITERATIONS` iterations a part. `vectorized(loop)`: whether the renderer
-    vectorises that loop itself (a one-loop elementwise kernel), which keeps it whole."""
+    vectorises that loop itself (a one-loop elementwise kernel)."""
     if parts < 2 or len(kernel.body) != 1 or not isinstance(kernel.body[0], Loop):
         return None
-    outer = kernel.body[0]
-    if outer.extent < 2 * parts or vectorized(outer) or iterations(kernel.body) < MIN_PART_ITERATIONS * parts:
-        return None
-    chain = [outer]
+    chain = [kernel.body[0]]
     while len(chain[-1].body) == 1 and isinstance(chain[-1].body[0], Loop):
         chain.append(chain[-1].body[0])
+    depth = next((d for d, loop in enumerate(chain) if loop.extent > 1), None)   # past a batch of one
+    if depth is None:
+        return None
+    outer = chain[depth]
+    # A loop the renderer vectorises itself (an elementwise kernel's one loop) is cut at multiples of
+    # 16 lanes, so each element takes the vector or the scalar path it takes whole; not one that
+    # folds a reduction's lanes after it.
+    vector = vectorized(outer)
+    if vector and any(isinstance(s, Assign) for s in walk_stmts(outer.body)):
+        return None
+    unit = VECTOR_UNIT if vector else 1
+    if outer.extent < 2 * parts * unit or iterations(kernel.body) < MIN_PART_ITERATIONS * parts:
+        return None
     if not threads_are_independent([outer], chain, chain[-1].body):
         return None
-    return PartSplit("loop", even(outer.extent, parts, 1))
+    return PartSplit("loop", even(outer.extent, parts, unit), depth)
 
 
 def iterations(stmts: list[Stmt]) -> int:

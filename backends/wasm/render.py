@@ -71,7 +71,7 @@ class WatRenderer:
         self._kernel_name = ""
         self.intrinsic_funcs: list[str] = []
         self.parts_table: list[str] = []     # the parts of split contractions, called by index (kernel_parts.py)
-        self._outer_range: tuple[int, int] | None = None    # the kernel part being rendered: its outer loop's range
+        self._outer_range: tuple[int, int, int] | None = None    # a kernel part: (start, stop, depth) of its loop cut
 
     # -- module --------------------------------------------------------------------------------
     def module(self, memory_bytes: int) -> str:
@@ -87,7 +87,7 @@ class WatRenderer:
                 continue
             calls.append(f"    (call $fork (i32.const {len(self.parts_table)}) (i32.const {split.parts}))")
             for p, bounds in enumerate(split.bounds):
-                funcs.append(self.kernel(k, part=(p, bounds)))
+                funcs.append(self.kernel(k, part=(p, bounds, split.depth)))
                 self.parts_table.append(f"{_ident(k.name)}_part{p}")
         control = threads_control(memory_bytes) if self.parts_table else None
         pages = max(1, -(-(memory_bytes if control is None else control + CONTROL_BYTES) // PAGE))
@@ -122,11 +122,11 @@ class WatRenderer:
     def _vectorized(self, loop: Loop) -> bool:
         return self.options.vectorize and vectorizable(loop)
 
-    def kernel(self, kernel: Kernel, part: tuple[int, tuple[int, int]] | None = None) -> str:
-        """The kernel's function; with `part` (p, (start, stop)), part p of it: its outermost loop
-        over [start, stop) only, named `<kernel>_part<p>` (kernel_parts.loop_split)."""
+    def kernel(self, kernel: Kernel, part: tuple[int, tuple[int, int], int] | None = None) -> str:
+        """The kernel's function; with `part` (p, (start, stop), depth), part p of it: its loop at
+        `depth` over [start, stop) only, named `<kernel>_part<p>` (kernel_parts.loop_split)."""
         self._depth_names, self._max_depth = {}, 0
-        self._outer_range = None if part is None else part[1]
+        self._outer_range = None if part is None else (*part[1], part[2])
         self._kernel_name = _ident(kernel.name) + ("" if part is None else f"_part{part[0]}")
         # Named by position in the kernel, not by object identity: builds stay byte-identical.
         self._local_names = {loc.uid: f"${_ident(loc.name)}{i}" for i, loc in enumerate(kernel.locals)}
@@ -166,9 +166,10 @@ class WatRenderer:
         var = f"$d{depth}"
         self._depth_names[loop.var.uid] = var
         self._max_depth = max(self._max_depth, depth + 1)
+        start, stop = (0, loop.extent) if self._outer_range is None or depth != self._outer_range[2] \
+            else self._outer_range[:2]
         if self.options.vectorize and vectorizable(loop):
-            return VectorRenderer(self, loop, var).render(indent)
-        start, stop = (0, loop.extent) if depth or self._outer_range is None else self._outer_range
+            return VectorRenderer(self, loop, var).render(indent, start, stop)
         body = self.stmts(loop.body, depth + 1, indent + "  ")
         return self.counted_loop(var, start, stop, 1, [body], indent)
 

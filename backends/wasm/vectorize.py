@@ -174,8 +174,9 @@ class VectorRenderer:
         self.var = var
         self.private = _private_locals(loop)
 
-    def render(self, indent: str) -> str:
-        extent, unroll = self.loop.extent, self.scalar.options.unroll
+    def render(self, indent: str, start: int = 0, stop: int | None = None) -> str:
+        """The loop over [start, stop) (default: all of it; a part of a kernel, kernel_parts.py)."""
+        extent, unroll = self.loop.extent if stop is None else stop, self.scalar.options.unroll
         # each accumulator gets a v128 partial per lane, folded into the scalar after the vector part;
         # each private local one v128 for its four lanes' values
         self.partials, self.lanes, self.operands, self.nans = {}, {}, {}, {}
@@ -189,10 +190,10 @@ class VectorRenderer:
                         self.nans[s.local.uid] = self.scalar.vector_local()
         vector_body = "\n".join(indent + "  " + self.statement(s) for s in self.loop.body)
         scalar_body = self.scalar.stmts(self.loop.body, depth=0, indent=indent + "  ")
-        whole = extent // LANES * LANES
-        unrolled = extent // (LANES * unroll) * LANES * unroll if unroll > 1 else 0
+        whole = start + (extent - start) // LANES * LANES
+        unrolled = start + (extent - start) // (LANES * unroll) * LANES * unroll if unroll > 1 else start
         parts = [self.init_partials(indent),
-                 self.scalar.counted_loop(self.var, 0, unrolled, LANES, [vector_body] * unroll, indent),
+                 self.scalar.counted_loop(self.var, start, unrolled, LANES, [vector_body] * unroll, indent),
                  self.scalar.counted_loop(self.var, unrolled, whole, LANES, [vector_body], indent),
                  self.fold_partials(indent),
                  self.last_lanes(indent),
