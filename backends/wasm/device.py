@@ -101,8 +101,9 @@ class WasmDevice(HostTensors):
         # the caller's and kernel_threads - 1 workers of its own (`use_kernel_threads`).
         self.kernel_threads = 1
         self.workers: dict[str, KernelThreads] = {}
-        # A model dropped without close(): its CUs' workers are stopped when the device goes.
-        weakref.finalize(self, _close_all, self.workers)
+        # A model dropped without close(): its CUs' workers are stopped when the device goes. At
+        # exit they are left alone (daemon threads, parked), so exit never waits on a store.
+        weakref.finalize(self, _close_all, self.workers).atexit = False
 
     def use_kernel_threads(self, count: int) -> None:
         """Run each split contraction on `count` threads (the calling one included); from the next load."""
