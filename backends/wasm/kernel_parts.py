@@ -53,13 +53,16 @@ from ir.loops.program import Assign, Kernel, Loop, Stmt, walk_stmts
 # Words of the control block, byte offsets from its start (CONTROL_BYTES, after the memory plan).
 WORD, GENERATION, BASE, COUNT, DONE, ABORT, STOP, ACTIVE, FAULT = 0, 4, 8, 12, 16, 20, 24, 28, 32
 CONTROL_BYTES = 64
-# A part is worth a thread's hand-off (a futex wake, about 5-20 us) from this much work on.
-MIN_PART_FLOPS = 1_000_000
+# A part is worth a thread's hand-off (a futex wake and the claim, 10-50 us on a busy 2-core
+# machine) from this much work on: a contraction of less than twice it runs whole, and one of more
+# runs as at most kernel_parts parts of at least it each. Measured: a 1x1 Conv of 6 MFLOP split 4
+# ways ran 0.9x on 2 threads; 3x3 Convs of 60-460 MFLOP 1.6-1.7x.
+MIN_PART_FLOPS = 2_500_000
 # Loads of the generation word a worker spins for before it sleeps (a few microseconds): the serial
 # kernels between two forks are often shorter than a sleep and a wake.
 SPIN = 20_000
-# A loop-nest kernel's part runs at least this many innermost statements (about 20-50 us).
-MIN_PART_ITERATIONS = 32_768
+# A loop-nest kernel's part runs at least this many innermost statements (about 40-100 us).
+MIN_PART_ITERATIONS = 65_536
 TILE = 4        # GEMM rows a tile holds: parts of rows are cut at whole tiles
 PANEL = 16      # columns of a B panel: parts of columns are cut at whole panels
 VECTOR_UNIT = 16    # elements: a vectorised loop is cut at multiples of 4 lanes x an unroll of 4
@@ -82,7 +85,8 @@ def split_for(spec: ContractionSpec, conv_kernel, parts: int) -> PartSplit | Non
     """The cut of `spec` into `parts` parts, or None where it runs whole: too little work, or a
     kernel the parts do not cover (narrow and integer weights, depthwise, grouped and implicit-GEMM
     Convs, transposed A). `conv_kernel`: the Conv kernel spec the backend chose (`conv_kernel_spec`)."""
-    if parts < 2 or flops(spec, conv_kernel) < MIN_PART_FLOPS * parts:
+    parts = min(parts, flops(spec, conv_kernel) // MIN_PART_FLOPS)    # fewer, larger parts for less work
+    if parts < 2:
         return None
     if isinstance(spec, GemmSpec):
         if spec.b_format != "f32" or spec.trans_a:
@@ -144,7 +148,8 @@ def loop_split(kernel: Kernel, parts: int, vectorized) -> PartSplit | None:
     if vector and any(isinstance(s, Assign) for s in walk_stmts(outer.body)):
         return None
     unit = VECTOR_UNIT if vector else 1
-    if outer.extent < 2 * parts * unit or iterations(kernel.body) < MIN_PART_ITERATIONS * parts:
+    parts = min(parts, iterations(kernel.body) // MIN_PART_ITERATIONS, outer.extent // (2 * unit))
+    if parts < 2:
         return None
     if not threads_are_independent([outer], chain, chain[-1].body):
         return None
