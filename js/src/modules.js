@@ -2,8 +2,10 @@
 // stale file is refused), compiled and instantiated. All CUs load at once; over http the bytes
 // stream into `WebAssembly.compileStreaming` while a clone of the response is hashed. A module
 // file several CUs name (content-addressed builds: the same code in several specializations) is
-// read and compiled once; each CU still gets an instance, and so a memory, of its own.
+// read and compiled once; each CU still gets an instance, and so a memory, of its own. A module
+// that splits its contractions into parts imports its memory, a shared one (js/src/kernel_threads.js).
 import { CortexError } from "./errors.js";
+import { splitsKernels } from "./kernel_threads.js";
 import { fetched, fileUrl, readBytes } from "./loader.js";
 import { sha256Hex } from "./sha256.js";
 import { WasmUnit } from "./wasm_unit.js";
@@ -35,18 +37,21 @@ export class ModuleFiles {
 }
 
 /** @param {import("./dag.js").CU} cu @param {URL} base dag.json's URL @param {ModuleFiles} modules
- *  @param {import("./weights.js").WeightFiles} weights @returns {Promise<WasmUnit>} */
-export async function loadWasmUnit(cu, base, modules, weights) {
+ *  @param {import("./weights.js").WeightFiles} weights @param {import("./kernel_threads.js").KernelThreads} threads
+ *  the session's threads, for a module that splits contractions into parts @returns {Promise<WasmUnit>} */
+export async function loadWasmUnit(cu, base, modules, weights, threads) {
   const record = /** @type {import("./dag.js").WasmRecord} */ (cu.artifacts?.wasm);
   const url = fileUrl(base, record.path, cu.id);
   const module = await modules.module(cu);
-  let instance;
-  try {
-    instance = await WebAssembly.instantiate(module, {});
-  } catch (e) {
-    throw new CortexError(`${url.href}: ${cu.id} cannot be instantiated: ${/** @type {any} */ (e).message ?? e}`);
-  }
-  const unit = new WasmUnit(cu, instance);
+  const instantiate = async (/** @type {WebAssembly.Imports} */ imports) => {
+    try {
+      return await WebAssembly.instantiate(module, imports);
+    } catch (e) {
+      throw new CortexError(`${url.href}: ${cu.id} cannot be instantiated: ${/** @type {any} */ (e).message ?? e}`);
+    }
+  };
+  if (splitsKernels(record)) return threads.load(cu, module, instantiate, weights);
+  const unit = new WasmUnit(cu, await instantiate({}));
   await weights.write(cu, unit.memory);
   return unit;
 }

@@ -11,7 +11,7 @@
 // walked by the scheduler as before. The trace gets one record per segment: its CUs' entries
 // share its time out by their flops, as Python's do (a segment's CUs have no finer time).
 import { clock, cpuClock } from "./trace.js";
-import { WasmUnit, trapped } from "./wasm_unit.js";
+import { WasmUnit } from "./wasm_unit.js";
 
 export const REPEATING = "repeating";      // a CU's `cache` mark in dag.json (decompose --cache-inputs)
 
@@ -25,9 +25,8 @@ export class Segment {
   constructor(steps, readOutside) {
     this.steps = steps;
     this.units = steps.map((s) => /** @type {WasmUnit} */ (s.unit));
-    /** @type {(() => void)[]} each CU's `run` export */
+    /** @type {(() => void)[]} each CU's `run` export (a CU whose kernel thread failed gets a new one) */
     this.calls = this.units.map((u) => u.call);
-    this.memories = this.units.map((u) => u.memory);
     /** The buffer each CU's views below are on. @type {(ArrayBuffer | null)[]} */
     this.buffers = this.units.map(() => null);
     const madeBy = new Map(steps.flatMap((s, i) => s.cu.outputs.map((name) => [name, i])));
@@ -63,13 +62,15 @@ export class Segment {
     this.generation = -1;
   }
 
-  /** The views of every CU's memory, remade after any memory got a new buffer (it grew); in
-   * place, since `run` holds the arrays. */
+  /** The views of every CU's memory, remade after any memory got a new buffer (it grew, or a CU
+   * got a new instance); in place, since `run` holds the arrays. */
   refresh() {
     const { units } = this;
     units.forEach((unit, i) => {
-      if (unit.memory.buffer !== unit.buffer) unit.bind(unit.memory.buffer);
+      const buffer = unit.liveBuffer();
+      if (buffer !== unit.buffer) unit.bind(buffer);
       this.buffers[i] = unit.buffer;
+      this.calls[i] = unit.call;
     });
     this.links.forEach(([i, k, p, name], c) => {
       this.dst[c] = /** @type {Uint8Array} */ (units[i].slots[k]);
@@ -91,7 +92,7 @@ export class Segment {
       const data = env.get(names[k]).data;
       slots[k].set(new Uint8Array(data.buffer, data.byteOffset, data.byteLength));
     }
-    const { calls, memories, buffers, dst, src, copyFrom } = this;
+    const { calls, units, buffers, dst, src, copyFrom } = this;
     const n = calls.length;
     const cpuStart = cpuClock();
     const start = clock();
@@ -100,10 +101,10 @@ export class Segment {
       for (; i < n; i++) {
         for (let c = copyFrom[i], end = copyFrom[i + 1]; c < end; c++) dst[c].set(src[c]);
         calls[i]();
-        if (memories[i].buffer !== buffers[i]) this.refresh();     // a module that grew its memory
+        if (units[i].liveBuffer() !== buffers[i]) this.refresh();     // a module that grew its memory
       }
     } catch (e) {
-      throw trapped(this.steps[i].cu, e);
+      throw units[i].failure(e);
     }
     const seconds = (clock() - start) / 1000;
     const cpuSeconds = cpuClock() - cpuStart;

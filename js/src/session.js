@@ -8,6 +8,7 @@ import { loadFallbackUnit, onnxruntimeWeb } from "./fallback.js";
 import { checkFeatures, recordedFeatures } from "./features.js";
 import { checkedFeeds, requestedOutputs } from "./feeds.js";
 import { generate } from "./generate.js";
+import { KernelThreads, checkedThreads } from "./kernel_threads.js";
 import { dagUrl, readJson } from "./loader.js";
 import { ModuleFiles, loadWasmUnit } from "./modules.js";
 import { SourceModel } from "./offline.js";
@@ -16,6 +17,7 @@ import { DEFAULT_PREFIX_CACHE_MB, PrefixCache, prefixCacheBytes } from "./prefix
 import { Scheduler } from "./scheduler.js";
 import { Buckets, compiledShapes, exactSection, feedShapes, sectionsForValues, shapesText, valueInputs } from "./specialized.js";
 import { Tensor } from "./tensor.js";
+import { variantRecord } from "./variants.js";
 import { emptyTrace, offlineTrace, requestRecord, requestTrace } from "./trace.js";
 import { WeightFiles } from "./weights.js";
 
@@ -32,6 +34,8 @@ import { WeightFiles } from "./weights.js";
  * @property {number} [padValue] the value padding writes (0 by default)
  * @property {number} [prefixCacheMB] the bound of `generate`'s prefix cache in MiB (256 by default;
  *   0 turns it off)
+ * @property {number} [threads] threads per CU of a `--wasm-features threads` build, the calling one
+ *   included (1 by default): each such CU gets `threads - 1` workers (js/src/kernel_threads.js)
  */
 
 // Sections of a cortex.dag/2 dag.json: every module and weight file is fetched, checked and
@@ -51,8 +55,8 @@ export class InferenceSession {
    * @param {URL} url @param {any} document dag.json as read @param {import("./dag.js").Section[]} sections
    * @param {any} ort onnxruntime-web as given @param {ResultCache} cache
    * @param {import("./policy.js").Policy} policy @param {Buckets | null} buckets @param {number} padValue
-   * @param {PrefixCache} prefixCache */
-  constructor(url, document, sections, ort, cache, policy, buckets, padValue, prefixCache) {
+   * @param {PrefixCache} prefixCache @param {KernelThreads} kernelThreads */
+  constructor(url, document, sections, ort, cache, policy, buckets, padValue, prefixCache, kernelThreads) {
     this.url = url;
     this.document = document;
     this.sections = sections;
@@ -81,6 +85,8 @@ export class InferenceSession {
     this.lastGeneration = null;
     /** Prompt chunks `generate` already ran, kept across its calls (js/src/prefix_cache.js). */
     this.prefixCache = prefixCache;
+    /** The workers of the CUs that split contractions into parts. */
+    this.kernelThreads = kernelThreads;
   }
 
   /** @param {string | URL} where dag.json's URL or path @param {SessionOptions} [options] */
@@ -95,6 +101,7 @@ export class InferenceSession {
       throw new CortexError(`padValue must be a number (got ${JSON.stringify(padValue)})`);
     }
     const prefixCache = new PrefixCache(prefixCacheBytes(options.prefixCacheMB ?? DEFAULT_PREFIX_CACHE_MB));
+    const kernelThreads = new KernelThreads(checkedThreads(options.threads ?? 1));
     const url = await dagUrl(where);
     const document = await readJson(url);
     const sections = checkedSections(document, url);
@@ -107,7 +114,7 @@ export class InferenceSession {
       buckets = new Buckets(sections, String(options.padToBucket));
     }
     const session = new InferenceSession(url, document, sections, options.onnxruntime, new ResultCache(cacheBytes),
-      chosen, buckets, padValue, prefixCache);
+      chosen, buckets, padValue, prefixCache, kernelThreads);
     if (chosen.offline) {
       await session.sourceModel();
     } else {
@@ -129,8 +136,11 @@ export class InferenceSession {
   readCus() {
     if (this.cusRead === null) {
       this.cusRead = (async () => {
-        checkFeatures(recordedFeatures(this.sections.flatMap((s) => wasmRecords(s.dag))), this.url.href);
         const cus = this.sections.flatMap((s) => s.dag.cus);
+        this.kernelThreads.check(cus.filter((cu) => cu.runs_on === undefined).flatMap((cu) => [cu,
+          ...Object.keys(cu.variants ?? {}).map((p) => variantRecord(cu, p))]).map((r) => [r.id, /** @type {any} */ (r.artifacts?.wasm)]),
+        this.url.href);
+        checkFeatures(recordedFeatures(this.sections.flatMap((s) => wasmRecords(s.dag))), this.url.href);
         if (cus.some((cu) => cu.runs_on !== undefined)) this.files.ort = await onnxruntimeWeb(this.givenOrt);
         const wasm = cus.filter((cu) => cu.runs_on === undefined);
         await Promise.all([...wasm.map((cu) => this.files.modules.module(cu)), this.files.weights.readAll(wasm)]);
@@ -158,10 +168,9 @@ export class InferenceSession {
       await this.readCus();
       const { dag } = this.sections[i];
       const { modules, weights, ort } = this.files;
-      const units = await Promise.all(dag.cus.map((cu) => (cu.runs_on === undefined
-        ? loadWasmUnit(cu, this.url, modules, weights) : loadFallbackUnit(cu, this.url, ort))));
-      const loadVariant = (/** @type {import("./dag.js").CU} */ record) => loadWasmUnit(record, this.url, modules, weights);
-      scheduler = new Scheduler(dag, new Map(units.map((unit) => [unit.cu.id, unit])), this.cache, loadVariant);
+      const load = (/** @type {import("./dag.js").CU} */ record) => loadWasmUnit(record, this.url, modules, weights, this.kernelThreads);
+      const units = await Promise.all(dag.cus.map((cu) => (cu.runs_on === undefined ? load(cu) : loadFallbackUnit(cu, this.url, ort))));
+      scheduler = new Scheduler(dag, new Map(units.map((unit) => [unit.cu.id, unit])), this.cache, load);
       await scheduler.variants.load(this.policy);
       this.schedulers[i] = scheduler;
       if (this.schedulers.every((s) => s !== undefined)) weights.release();
@@ -254,11 +263,14 @@ export class InferenceSession {
       return results;
     }
     const scheduler = await this.instantiated(i);
+    const restarting = this.kernelThreads.restarting();     // after release(), or a kernel thread's failure
+    if (restarting !== null) await restarting;
     const checked = checkedFeeds(feeds, dag.inputs);
     [this.chosen, this.specialization] = [i, name];
     const { results, request } = await scheduler.run(checked, chosen, names);
     this.traceRecord = requestRecord({ policy: chosen.name, dag: this.url.href, outputs: names, request,
-      residentBytes: scheduler.residentBytes(), cacheStats: chosen.cache ? this.cache.stats() : null });
+      residentBytes: scheduler.residentBytes(), cacheStats: chosen.cache ? this.cache.stats() : null,
+      threads: this.kernelThreads.trace(dag) });
     return results;
   }
 
@@ -268,8 +280,10 @@ export class InferenceSession {
     return generate(this, ids, options);
   }
 
+  /** Empties the caches and stops the kernel threads; a later request starts them again. */
   async release() {
     this.cache.clear();
     this.prefixCache.clear();
+    await this.kernelThreads.close();
   }
 }

@@ -68,14 +68,15 @@ function segmentEntries({ segment, start, seconds, cpuSeconds }) {
 
 /** What a request's trace is built from, read when it ends: `requestTrace` builds the trace from it
  * when `lastTrace` is first read, so that a request nobody inspects makes no trace objects.
- * @param {{policy: string, dag: string, outputs: string[], request: any, residentBytes: number, cacheStats: any}} what */
+ * @param {{policy: string, dag: string, outputs: string[], request: any, residentBytes: number, cacheStats: any,
+ *          threads?: any}} what */
 export function requestRecord(what) {
   const { activated, skipped, liveBytes } = what.request;      // not its tensors, which the record must not keep
   return { ...what, request: { activated, skipped, liveBytes }, maxrssMb: processMaxrssMb() };
 }
 
 /** @param {ReturnType<typeof requestRecord>} record */
-export function requestTrace({ policy, dag, outputs, request, residentBytes, cacheStats, maxrssMb }) {
+export function requestTrace({ policy, dag, outputs, request, residentBytes, cacheStats, maxrssMb, threads }) {
   /** @type {any[]} */
   const entries = request.activated.flatMap((/** @type {any} */ a) => ("segment" in a ? segmentEntries(a) : [activationEntry(a)]));
   /** @type {Record<string, number>} */
@@ -106,6 +107,7 @@ export function requestTrace({ policy, dag, outputs, request, residentBytes, cac
     traceEvents: entries.map((t) => ({ name: t.cu, cat: t.op_types.join(","), ph: "X", pid: 0, tid: 0,
       ts: (t.start - t0) * 1e3, dur: t.seconds * 1e6,
       args: { device: t.device, bytes_in: t.bytes_in, bytes_out: t.bytes_out } })),
+    ...(threads ? { threads } : {}),
   };
 }
 

@@ -35,6 +35,16 @@ export class WasmUnit {
     return this.memory.buffer.byteLength;
   }
 
+  /** The memory's buffer now (a new one once the module grew its memory). */
+  liveBuffer() {
+    return this.memory.buffer;
+  }
+
+  /** The error a trap of this CU's `run` (or any error it throws) becomes. @param {any} error */
+  failure(error) {
+    return trapped(this.cu, error);
+  }
+
   /** @param {ArrayBuffer} buffer */
   bind(buffer) {
     WasmUnit.generation += 1;
@@ -49,7 +59,7 @@ export class WasmUnit {
   /** @param {Record<string, {type: string, data: ArrayBufferView, dims: readonly number[]}>} inputs
    *  @returns {Record<string, Tensor>} views of this CU's memory */
   run(inputs) {
-    const buffer = this.memory.buffer;
+    const buffer = this.liveBuffer();
     if (buffer !== this.buffer) this.bind(buffer);
     const entries = this.plan.inputs, slots = this.slots;
     for (let i = 0; i < entries.length; i++) {
@@ -64,9 +74,9 @@ export class WasmUnit {
     try {
       this.call();
     } catch (e) {
-      throw trapped(this.cu, e);
+      throw this.failure(e);
     }
-    const after = this.memory.buffer;     // a module that grew its memory has a new buffer
+    const after = this.liveBuffer();      // a module that grew its memory has a new buffer
     if (after !== this.buffer) this.bind(after);
     for (const entry of this.plan.outputs) if (entry.bound) this.outputs[entry.name] = realPart(after, entry);
     return this.outputs;
