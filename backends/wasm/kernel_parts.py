@@ -30,8 +30,8 @@ caller closes a finished job (next part = all ones) before it publishes the next
 thread the caller simply runs every part itself.
 
 A worker that traps sets `abort` (the host calls `fail` on its instance) and the caller, waiting,
-traps too: the request fails in one line, the host waits until no part is running, clears the flag
-and the model goes on (`kernel_threads.py`).
+traps too: the request fails in one line naming the CU and the worker, and the device gives the CU a
+fresh memory and fresh workers, so the model goes on (`kernel_threads.py`, `device.py`).
 """
 
 from __future__ import annotations

@@ -8,9 +8,8 @@ backends/wasm/kernel_parts.py): its shared memory and the worker threads that ta
   module's `work` export: it spins a little, then sleeps in `memory.atomic.wait32` until the CU's
   caller publishes a job. wasmtime-py calls through ctypes, which releases the GIL, so a parked or
   working worker holds no Python lock. A worker that traps records why, calls its instance's `fail`
-  (the caller, waiting for the job, traps too) and goes back to `work`: the store survives a trap.
-  After a failed call the device waits until no part runs (`settle`) and clears the flag, so the
-  next request starts clean.
+  (the caller, waiting for the job, traps too) and goes back to `work` until the device, which
+  rebuilds a failed CU with a fresh memory, stops it.
 
 Instantiating a worker writes the module's active data segments (the weights) into the shared memory
 again, the same bytes; workers start when the CU loads, before its first call, never during one.
@@ -20,17 +19,15 @@ from __future__ import annotations
 
 import ctypes
 import threading
-import time
 
 import numpy as np
 import wasmtime
 from wasmtime import _ffi as ffi
 
-from backends.wasm.kernel_parts import ABORT, ACTIVE, FAULT
+from backends.wasm.kernel_parts import FAULT
 from backends.wasm.sandbox import NO_DEADLINE, trap_reason
 
 PAGE = 65536
-SETTLE_TIMEOUT_S = 10.0
 
 
 class SharedMemory(wasmtime.SharedMemory):
@@ -95,13 +92,6 @@ class KernelThreads:
         with self._lock:
             errors, self.errors = self.errors, []
         return errors[0] if errors else None
-
-    def settle(self) -> None:
-        """After a failed call: wait until no part runs, then clear the abort flag."""
-        deadline = time.monotonic() + SETTLE_TIMEOUT_S
-        while self.control[ACTIVE // 4] > 0 and time.monotonic() < deadline:
-            time.sleep(0.0005)
-        self.control[ABORT // 4] = 0
 
     def inject_fault(self, armed: bool = True) -> None:
         """Make the next worker to finish a part trap (the tests' way to fail a thread in the middle
