@@ -1,20 +1,24 @@
 // Loading the CUs' modules: each file is read, its sha256 checked against dag.json (a tampered or
 // stale file is refused), compiled and instantiated. All CUs load at once; over http the bytes
-// stream into `WebAssembly.compileStreaming` while a clone of the response is hashed. A module
+// stream into `WebAssembly.compileStreaming` while a clone of the response is hashed, and a
+// module compiled before, in this process or on an earlier visit, comes from the module cache
+// (js/src/module_cache.js). A module
 // file several CUs name (content-addressed builds: the same code in several specializations) is
 // read and compiled once; each CU still gets an instance, and so a memory, of its own. A module
 // that splits its contractions into parts imports its memory, a shared one (js/src/kernel_threads.js).
 import { CortexError } from "./errors.js";
 import { splitsKernels } from "./kernel_threads.js";
-import { fetched, fileUrl, readBytes } from "./loader.js";
-import { sha256Hex } from "./sha256.js";
+import { fileUrl } from "./loader.js";
+import { compiledModule } from "./module_cache.js";
 import { WasmUnit } from "./wasm_unit.js";
 
 export class ModuleFiles {
-  /** @param {URL} base dag.json's URL */
-  constructor(base) {
+  /** @param {URL} base dag.json's URL @param {import("./module_cache.js").Loads} [loads] the module cache
+   *  and create's progress (js/src/module_cache.js, js/src/progress.js) */
+  constructor(base, loads = { cache: null, progress: null }) {
     this.base = base;
-    /** @type {Map<string, Promise<[string, WebAssembly.Module]>>} path -> its sha256 and compiled module */
+    this.loads = loads;
+    /** @type {Map<string, Promise<[string, WebAssembly.Module | null]>>} path -> its sha256 and compiled module */
     this.modules = new Map();
   }
 
@@ -24,7 +28,7 @@ export class ModuleFiles {
     const url = fileUrl(this.base, record.path, cu.id);
     let found = this.modules.get(record.path);
     if (found === undefined) {
-      found = compiled(url, cu.id);
+      found = compiledModule(url, record, cu.id, this.loads);
       this.modules.set(record.path, found);
     }
     const [bytesSha, module] = await found;
@@ -32,7 +36,7 @@ export class ModuleFiles {
       throw new CortexError(`${url.href}: sha256 ${bytesSha} is not the ${record.sha256} that dag.json records for `
         + `${cu.id} (a stale or tampered file: recompile with cortex compile-wasm)`);
     }
-    return module;
+    return /** @type {WebAssembly.Module} */ (module);
   }
 }
 
@@ -54,26 +58,4 @@ export async function loadWasmUnit(cu, base, modules, weights, threads) {
   const unit = new WasmUnit(cu, await instantiate({}));
   await weights.write(cu, unit.memory);
   return unit;
-}
-
-/** The module's sha256 and the compiled module. @param {URL} url @param {string} id
- * @returns {Promise<[string, WebAssembly.Module]>} */
-async function compiled(url, id) {
-  try {
-    if (url.protocol !== "file:" && typeof WebAssembly.compileStreaming === "function") {
-      const response = await fetched(url);
-      const hashed = response.clone().arrayBuffer().then(sha256Hex);
-      const module = await WebAssembly.compileStreaming(response).catch(async (e) => {
-        // A server that does not send application/wasm: compile from the bytes instead.
-        if (!(e instanceof TypeError)) throw e;
-        return WebAssembly.compile(await (await fetched(url)).arrayBuffer());
-      });
-      return [await hashed, module];
-    }
-    const bytes = await readBytes(url);
-    return [await sha256Hex(bytes), await WebAssembly.compile(bytes)];
-  } catch (e) {
-    if (e instanceof CortexError) throw e;
-    throw new CortexError(`${url.href}: ${id} does not compile: ${/** @type {any} */ (e).message ?? e}`);
-  }
 }

@@ -10,10 +10,12 @@ import { checkedFeeds, requestedOutputs } from "./feeds.js";
 import { generate } from "./generate.js";
 import { KernelThreads, checkedThreads } from "./kernel_threads.js";
 import { dagUrl, readJson } from "./loader.js";
+import { moduleCache } from "./module_cache.js";
 import { ModuleFiles, loadWasmUnit } from "./modules.js";
 import { SourceModel } from "./offline.js";
 import { policy as resolvePolicy } from "./policy.js";
 import { DEFAULT_PREFIX_CACHE_MB, PrefixCache, prefixCacheBytes } from "./prefix_cache.js";
+import { counted, loadProgress } from "./progress.js";
 import { Scheduler } from "./scheduler.js";
 import { Buckets, compiledShapes, exactSection, feedShapes, sectionsForValues, shapesText, valueInputs } from "./specialized.js";
 import { Tensor } from "./tensor.js";
@@ -36,6 +38,10 @@ import { WeightFiles } from "./weights.js";
  *   0 turns it off)
  * @property {number} [threads] threads per CU of a `--wasm-features threads` build, the calling one
  *   included (1 by default): each such CU gets `threads - 1` workers (js/src/kernel_threads.js)
+ * @property {(event: import("./progress.js").ProgressEvent) => void} [onProgress] called during create
+ *   as files are read and CUs loaded, up to the totals dag.json records (js/src/progress.js)
+ * @property {boolean} [moduleCache] keep compiled modules for later sessions and visits (true by
+ *   default; js/src/module_cache.js)
  */
 
 // Sections of a cortex.dag/2 dag.json: every module and weight file is fetched, checked and
@@ -55,13 +61,17 @@ export class InferenceSession {
    * @param {URL} url @param {any} document dag.json as read @param {import("./dag.js").Section[]} sections
    * @param {any} ort onnxruntime-web as given @param {ResultCache} cache
    * @param {import("./policy.js").Policy} policy @param {Buckets | null} buckets @param {number} padValue
-   * @param {PrefixCache} prefixCache @param {KernelThreads} kernelThreads */
-  constructor(url, document, sections, ort, cache, policy, buckets, padValue, prefixCache, kernelThreads) {
+   * @param {PrefixCache} prefixCache @param {KernelThreads} kernelThreads
+   * @param {import("./module_cache.js").Loads} [loads] the module cache and create's progress */
+  constructor(url, document, sections, ort, cache, policy, buckets, padValue, prefixCache, kernelThreads,
+    loads = { cache: null, progress: null }) {
     this.url = url;
     this.document = document;
     this.sections = sections;
     this.givenOrt = ort;
-    this.files = { modules: new ModuleFiles(url), weights: new WeightFiles(url), ort: /** @type {any} */ (null) };
+    this.loads = loads;
+    this.files = { modules: new ModuleFiles(url, loads), weights: new WeightFiles(url, loads.progress),
+      ort: /** @type {any} */ (null) };
     /** @type {Promise<void> | null} every module and weight file fetched, checked and compiled */
     this.cusRead = null;
     /** @type {Promise<SourceModel> | null} */
@@ -102,6 +112,7 @@ export class InferenceSession {
     }
     const prefixCache = new PrefixCache(prefixCacheBytes(options.prefixCacheMB ?? DEFAULT_PREFIX_CACHE_MB));
     const kernelThreads = new KernelThreads(checkedThreads(options.threads ?? 1));
+    const loads = { cache: moduleCache(options.moduleCache), progress: loadProgress(options.onProgress) };
     const url = await dagUrl(where);
     const document = await readJson(url);
     const sections = checkedSections(document, url);
@@ -114,11 +125,19 @@ export class InferenceSession {
       buckets = new Buckets(sections, String(options.padToBucket));
     }
     const session = new InferenceSession(url, document, sections, options.onnxruntime, new ResultCache(cacheBytes),
-      chosen, buckets, padValue, prefixCache, kernelThreads);
-    if (chosen.offline) {
-      await session.sourceModel();
-    } else {
-      await session.instantiated(0);
+      chosen, buckets, padValue, prefixCache, kernelThreads, loads);
+    loads.progress?.plan(sections, chosen);
+    try {
+      if (chosen.offline) {
+        await session.sourceModel();
+      } else {
+        await session.instantiated(0);
+      }
+      loads.progress?.finish();        // throws what onProgress threw, once every load has settled
+    } catch (e) {
+      loads.progress?.stop();
+      if (loads.progress?.thrown !== undefined) await session.release();
+      throw e;
     }
     return session;
   }
@@ -168,8 +187,11 @@ export class InferenceSession {
       await this.readCus();
       const { dag } = this.sections[i];
       const { modules, weights, ort } = this.files;
-      const load = (/** @type {import("./dag.js").CU} */ record) => loadWasmUnit(record, this.url, modules, weights, this.kernelThreads);
-      const units = await Promise.all(dag.cus.map((cu) => (cu.runs_on === undefined ? load(cu) : loadFallbackUnit(cu, this.url, ort))));
+      const { progress } = this.loads;
+      const load = (/** @type {import("./dag.js").CU} */ record) => counted(progress,
+        loadWasmUnit(record, this.url, modules, weights, this.kernelThreads));
+      const units = await Promise.all(dag.cus.map((cu) => (cu.runs_on === undefined ? load(cu)
+        : counted(progress, loadFallbackUnit(cu, this.url, ort)))));
       scheduler = new Scheduler(dag, new Map(units.map((unit) => [unit.cu.id, unit])), this.cache, load);
       await scheduler.variants.load(this.policy);
       this.schedulers[i] = scheduler;

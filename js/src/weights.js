@@ -2,26 +2,35 @@
 // backends/wasm/weights_files.py): content-addressed files that a CU's record lists as
 // {path, offset, bytes, sha256}. Each file is read once per session however many CUs and
 // specializations name it, its sha256 checked once, and written into each CU's memory at its
-// offset after the CU is instantiated.
+// offset after the CU is instantiated. They stream in alongside the modules, all at once.
 import { CortexError } from "./errors.js";
-import { fileUrl, readBytes } from "./loader.js";
+import { fileUrl } from "./loader.js";
+import { readBytesCounted } from "./progress.js";
 import { sha256Hex } from "./sha256.js";
 
 /** @typedef {{path: string, offset: number, bytes: number, sha256: string}} WeightEntry */
 
 export class WeightFiles {
-  /** @param {URL} base dag.json's URL */
-  constructor(base) {
+  /** @param {URL} base dag.json's URL @param {import("./progress.js").LoadProgress | null} [progress]
+   *  create's progress, told of each file's bytes as they arrive */
+  constructor(base, progress = null) {
     this.base = base;
+    this.progress = progress;
     /** @type {Map<string, Promise<Uint8Array>>} path -> its checked bytes */
     this.files = new Map();
+    /** False under a memory budget: a file is read and checked for each load of a CU that names
+     * it and not kept, so the host never holds the weights of CUs that are not resident. */
+    this.keep = true;
   }
 
   /** The checked bytes of one file, read on first use. @param {WeightEntry} entry @param {string} cuId */
   read(entry, cuId) {
+    const progress = this.progress;
+    const onBytes = progress === null ? null : (/** @type {number} */ read) => progress.advance(entry.path, read);
+    if (!this.keep) return checked(fileUrl(this.base, entry.path, cuId), entry, cuId, onBytes);
     let bytes = this.files.get(entry.path);
     if (bytes === undefined) {
-      bytes = checked(fileUrl(this.base, entry.path, cuId), entry, cuId);
+      bytes = checked(fileUrl(this.base, entry.path, cuId), entry, cuId, onBytes);
       this.files.set(entry.path, bytes);
     }
     return bytes;
@@ -50,9 +59,9 @@ export class WeightFiles {
   }
 }
 
-/** @param {URL} url @param {WeightEntry} entry @param {string} cuId */
-async function checked(url, entry, cuId) {
-  const data = await readBytes(url);
+/** @param {URL} url @param {WeightEntry} entry @param {string} cuId @param {((read: number) => void) | null} onBytes */
+async function checked(url, entry, cuId, onBytes) {
+  const data = await readBytesCounted(url, entry.bytes, onBytes);
   const sha = await sha256Hex(data);
   if (data.byteLength !== entry.bytes || sha !== entry.sha256) {
     throw new CortexError(`${url.href}: sha256 ${sha} (${data.byteLength} bytes) is not the ${entry.sha256} `
