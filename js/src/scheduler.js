@@ -81,6 +81,8 @@ export class Scheduler {
     /** CU id -> keys of cache entries that are views of its output slots (given back before it runs again).
      * @type {Map<string, string[]>} */
     this.borrowed = new Map();
+    /** Under a memory budget, what loads and evicts its units (js/src/residency.js). @type {import("./residency.js").Residency | null} */
+    this.residency = null;
   }
 
   /** The plan of requests under `policy` for `outputs`, made on first use.
@@ -156,6 +158,7 @@ export class Scheduler {
     };
     const env = request.env;
     const caching = policy.cache && this.cache.enabled;
+    if (this.residency !== null) this.residency.begin(request);
     for (const step of plan.items) {
       if (step instanceof Segment) {
         if (this.borrowed.size > 0) for (const s of step.steps) this.giveBack(s.id);
@@ -205,6 +208,7 @@ export class Scheduler {
     /** @type {Record<string, import("./tensor.js").Tensor>} */
     const results = {};
     for (const name of outputs) results[name] = copied(env.get(name));   // the caller's own
+    if (this.residency !== null) await this.residency.finish(request);
     return { results, request };
   }
 
@@ -290,5 +294,6 @@ const NO_VARIANT = Object.freeze({});
  *             variant: Record<string, any>}} Activation */
 /** @typedef {{policy: import("./policy.js").Policy, needed: Set<string> | null,
  *             env: Map<string, any>, home: Map<string, string>, keys: Map<string, string>,
- *             activated: (Activation | import("./plan.js").SegmentRun)[], skipped: {cu: string, reason: string}[], liveBytes: number}} Request
+ *             activated: (Activation | import("./plan.js").SegmentRun)[], skipped: {cu: string, reason: string}[], liveBytes: number,
+ *             memory?: import("./residency.js").MemoryTrace}} Request
  *   `home`: tensor -> the device whose CU wrote it (absent: the host), kept only when devices are mixed. */

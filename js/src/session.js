@@ -8,7 +8,7 @@ import { loadFallbackUnit, onnxruntimeWeb } from "./fallback.js";
 import { checkFeatures, recordedFeatures } from "./features.js";
 import { checkedFeeds, requestedOutputs } from "./feeds.js";
 import { generate } from "./generate.js";
-import { KernelThreads, checkedThreads } from "./kernel_threads.js";
+import { KernelThreads, ThreadedUnit, checkedThreads } from "./kernel_threads.js";
 import { dagUrl, readJson } from "./loader.js";
 import { moduleCache } from "./module_cache.js";
 import { ModuleFiles, loadWasmUnit } from "./modules.js";
@@ -16,6 +16,7 @@ import { SourceModel } from "./offline.js";
 import { policy as resolvePolicy } from "./policy.js";
 import { DEFAULT_PREFIX_CACHE_MB, PrefixCache, prefixCacheBytes } from "./prefix_cache.js";
 import { counted, loadProgress } from "./progress.js";
+import { ResidentSet, Residency, budgetBytes, checkBudget } from "./residency.js";
 import { Scheduler } from "./scheduler.js";
 import { Buckets, compiledShapes, exactSection, feedShapes, sectionsForValues, shapesText, valueInputs } from "./specialized.js";
 import { Tensor } from "./tensor.js";
@@ -38,6 +39,8 @@ import { WeightFiles } from "./weights.js";
  *   0 turns it off)
  * @property {number} [threads] threads per CU of a `--wasm-features threads` build, the calling one
  *   included (1 by default): each such CU gets `threads - 1` workers (js/src/kernel_threads.js)
+ * @property {number} [memoryBudgetMB] the most the resident CUs' memories hold, in MiB, as `cortex run
+ *   --memory-budget` (js/src/residency.js); absent: every CU of a section stays resident once loaded
  * @property {(event: import("./progress.js").ProgressEvent) => void} [onProgress] called during create
  *   as files are read and CUs loaded, up to the totals dag.json records (js/src/progress.js)
  * @property {boolean} [moduleCache] keep compiled modules for later sessions and visits (true by
@@ -97,6 +100,8 @@ export class InferenceSession {
     this.prefixCache = prefixCache;
     /** The workers of the CUs that split contractions into parts. */
     this.kernelThreads = kernelThreads;
+    /** Under `memoryBudgetMB`, the resident CUs of every section (js/src/residency.js). @type {ResidentSet | null} */
+    this.residentSet = null;
   }
 
   /** @param {string | URL} where dag.json's URL or path @param {SessionOptions} [options] */
@@ -116,6 +121,8 @@ export class InferenceSession {
     const url = await dagUrl(where);
     const document = await readJson(url);
     const sections = checkedSections(document, url);
+    const budget = budgetBytes(options.memoryBudgetMB);
+    if (budget !== null) checkBudget(sections.flatMap((s) => s.dag.cus), budget, url.href);
     let buckets = null;
     if (options.padToBucket !== undefined) {
       if (sections[0].name === null) {
@@ -126,6 +133,10 @@ export class InferenceSession {
     }
     const session = new InferenceSession(url, document, sections, options.onnxruntime, new ResultCache(cacheBytes),
       chosen, buckets, padValue, prefixCache, kernelThreads, loads);
+    if (budget !== null) {
+      session.residentSet = new ResidentSet(budget);
+      session.files.weights.keep = false;     // a weight file is read again whenever its CU loads
+    }
     loads.progress?.plan(sections, chosen);
     try {
       if (chosen.offline) {
@@ -162,7 +173,9 @@ export class InferenceSession {
         checkFeatures(recordedFeatures(this.sections.flatMap((s) => wasmRecords(s.dag))), this.url.href);
         if (cus.some((cu) => cu.runs_on !== undefined)) this.files.ort = await onnxruntimeWeb(this.givenOrt);
         const wasm = cus.filter((cu) => cu.runs_on === undefined);
-        await Promise.all([...wasm.map((cu) => this.files.modules.module(cu)), this.files.weights.readAll(wasm)]);
+        // Under a budget the weight files are read (and checked) when their CUs load, never all at once.
+        const weights = this.residentSet === null ? this.files.weights.readAll(wasm) : undefined;
+        await Promise.all([...wasm.map((cu) => this.files.modules.module(cu)), weights]);
       })();
       this.cusRead.catch(() => { this.cusRead = null; });
     }
@@ -190,9 +203,12 @@ export class InferenceSession {
       const { progress } = this.loads;
       const load = (/** @type {import("./dag.js").CU} */ record) => counted(progress,
         loadWasmUnit(record, this.url, modules, weights, this.kernelThreads));
-      const units = await Promise.all(dag.cus.map((cu) => (cu.runs_on === undefined ? load(cu)
+      const residency = this.residentSet === null ? null
+        : new Residency(this.residentSet, dag, load, (unit) => this.dropUnit(unit));
+      const units = await Promise.all(dag.cus.map((cu) => (cu.runs_on === undefined ? residency?.units.get(cu.id) ?? load(cu)
         : counted(progress, loadFallbackUnit(cu, this.url, ort)))));
       scheduler = new Scheduler(dag, new Map(units.map((unit) => [unit.cu.id, unit])), this.cache, load);
+      scheduler.residency = residency;
       await scheduler.variants.load(this.policy);
       this.schedulers[i] = scheduler;
       if (this.schedulers.every((s) => s !== undefined)) weights.release();
@@ -302,10 +318,34 @@ export class InferenceSession {
     return generate(this, ids, options);
   }
 
-  /** Empties the caches and stops the kernel threads; a later request starts them again. */
-  async release() {
-    this.cache.clear();
-    this.prefixCache.clear();
-    await this.kernelThreads.close();
+  /** What every loaded CU's memory holds now (variants included), every section's. */
+  get residentBytes() {
+    return this.schedulers.reduce((n, s) => n + (s?.residentBytes() ?? 0), 0);
+  }
+
+  /** Ends what a dropped unit runs besides its memory: a split CU's workers. @param {any} unit */
+  async dropUnit(unit) {
+    if (!(unit instanceof ThreadedUnit)) return;
+    this.kernelThreads.units.delete(unit);
+    await unit.close();
+  }
+
+  /** Drops every instance (every section's CUs and variants, their workers), the host copies of
+   * weight files and the caches, after the requests already queued: nothing keeps a CU's memory, so
+   * the engine can collect them. The compiled modules stay: a later request instantiates its
+   * section's CUs again and writes their weights (weight files read again), as the first one did. */
+  release() {
+    const done = this.queue.then(async () => {
+      void this.lastTrace;                    // the trace's numbers, not the units its record names
+      this.cache.clear();
+      this.prefixCache.clear();
+      await this.kernelThreads.close();
+      this.kernelThreads.units.clear();
+      for (const scheduler of this.schedulers) await scheduler?.residency?.clear();
+      this.schedulers = this.sections.map(() => undefined);
+      this.files.weights.release();
+    });
+    this.queue = done.catch(() => undefined);
+    return done;
   }
 }

@@ -71,8 +71,8 @@ function segmentEntries({ segment, start, seconds, cpuSeconds }) {
  * @param {{policy: string, dag: string, outputs: string[], request: any, residentBytes: number, cacheStats: any,
  *          threads?: any}} what */
 export function requestRecord(what) {
-  const { activated, skipped, liveBytes } = what.request;      // not its tensors, which the record must not keep
-  return { ...what, request: { activated, skipped, liveBytes }, maxrssMb: processMaxrssMb() };
+  const { activated, skipped, liveBytes, memory } = what.request;      // not its tensors, which the record must not keep
+  return { ...what, request: { activated, skipped, liveBytes, memory }, maxrssMb: processMaxrssMb() };
 }
 
 /** @param {ReturnType<typeof requestRecord>} record */
@@ -92,14 +92,14 @@ export function requestTrace({ policy, dag, outputs, request, residentBytes, cac
       ...entries.filter((t) => "fell_back" in t).map((t) => ({ cu: t.cu, reason: t.fell_back }))],
     sandbox_stats: {
       cpu_time_ms: entries.reduce((n, t) => n + t.cpu_seconds, 0) * 1e3,
-      peak_memory_mb: (residentBytes + request.liveBytes) / MB,
+      peak_memory_mb: ((request.memory?.peak_resident_bytes ?? residentBytes) + request.liveBytes) / MB,
       peak_memory_basis: "loaded CUs + live tensors",
       process_maxrss_mb: maxrssMb,
       wasm_executions: entries.filter((t) => t.device === "wasm").length,
       ...NO_SANDBOX,
     },
     cache: cacheStats,
-    memory: null,            // every CU stays resident: this runtime has no memory tiers
+    memory: request.memory ?? null,      // null without memoryBudgetMB: every CU stays resident (js/src/residency.js)
     offline: null,
     cus_by_device: byDevice,
     total_seconds: entries.reduce((n, t) => n + t.seconds, 0),
