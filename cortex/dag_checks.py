@@ -5,7 +5,8 @@ another: every CU input is a model input or produced by a CU earlier in `order`;
 each CU once; every tensor's dtype is one Cortex knows and its bytes match its shape; each
 artifact's memory plan fits its memory and agrees with the tensors; every artifact path stays
 inside the folder of dag.json, and so does the cu.onnx of a fallback CU (`runs_on`), which is
-that CU's artifact. Branch CUs of a decomposed If (`cus[i].activation`, `selects`): each
+that CU's artifact. A wasm artifact's alternate modules (`compile-wasm --features A;B`) answer to
+the same checks, each with a feature set of its own. Branch CUs of a decomposed If (`cus[i].activation`, `selects`): each
 activation tensor is a one-element bool tensor available before the CU in `order`; each select's
 tensor is produced by no CU, and each case is a tensor of its shape and dtype produced by a CU
 activated on that condition with that value; a tensor of a branch CU is read only by CUs of the
@@ -222,6 +223,24 @@ def _same_tensors(kind: str, entries: list[dict], names: list[str], tensors: dic
 
 
 def _wasm_record(cu: dict, record: dict, tensors: dict, folder: Path) -> str | None:
+    problem = _wasm_module(cu, record, tensors, folder)
+    if problem:
+        return problem
+    sets = [record["options"]["features"]]
+    for alternate in record.get("alternates", ()):
+        label = f"alternate {','.join(alternate['features']) or '(no features)'}"
+        if sorted(alternate["features"]) in [sorted(s) for s in sets]:
+            return f"{label}: that feature set is already recorded"
+        sets.append(alternate["features"])
+        # An alternate's plan and weights are the primary's unless it records its own.
+        problem = _wasm_module(cu, {"memory": record["memory"], "weights": record.get("weights", ()), **alternate},
+                               tensors, folder)
+        if problem:
+            return f"{label}: {problem}"
+    return None
+
+
+def _wasm_module(cu: dict, record: dict, tensors: dict, folder: Path) -> str | None:
     problem = _outside(folder, record["path"])
     if problem:
         return problem

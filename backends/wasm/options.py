@@ -1,8 +1,16 @@
 """What `compile-wasm` can be asked for: target, WebAssembly features, optimisation level and
-whether to write the WAT listing. The fields are the CLI's options (`ir.options`)."""
+whether to write the WAT listing. The fields are the CLI's options (`ir.options`).
+
+`--features` takes one feature set or several separated by ';' (`simd,relaxed-simd;simd`): the
+first is the primary set, the module the Python runtime runs; each further set builds every CU
+again into an alternate module that dag.json records beside it, so that an engine without a
+feature of the primary set (Node 20 without --experimental-wasm-relaxed-simd, Safari) runs the
+first alternate it validates instead, as onnxruntime-web picks one of its builds.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from backends.wasm.shared_layout import SharedLayout
@@ -20,20 +28,41 @@ DEFAULT_FEATURES = ("simd",)
 MEMORY_MODES = ("per-cu", "shared")
 
 
-def parse_features(text: str) -> tuple[str, ...]:
+FEATURE_SET_SEPARATOR = ";"
+
+
+def parse_features(text: str) -> tuple[tuple[str, ...], ...]:
+    """The feature sets of `--features`, the primary one first: `simd,relaxed-simd;simd` ->
+    (("relaxed-simd", "simd"), ("simd",)). WasmOptions splits them into `features` and
+    `alternate_features`."""
+    sets = text.split(FEATURE_SET_SEPARATOR)
+    if len(sets) > 1 and any(not s.strip() for s in sets):
+        raise CortexError(f"--features {text!r}: an empty feature set between '{FEATURE_SET_SEPARATOR}'s; "
+                          f"give each set as a comma-separated subset of {', '.join(FEATURES)}")
+    return tuple(_parse_feature_set(s) for s in sets)
+
+
+def _parse_feature_set(text: str) -> tuple[str, ...]:
     chosen = {f.strip() for f in text.split(",") if f.strip()}
     unknown = sorted(chosen - set(FEATURES))
     if unknown:
         raise CortexError(f"unknown --features {', '.join(unknown)}: expected a comma-separated "
-                          f"subset of {', '.join(FEATURES)}")
+                          f"subset of {', '.join(FEATURES)} (several sets separated by '{FEATURE_SET_SEPARATOR}')")
     return tuple(sorted(chosen))
+
+
+def show_features(features: tuple[str, ...]) -> str:
+    return ",".join(features)
 
 
 @dataclass(frozen=True)
 class WasmOptions:
     target: str = field(default=TARGETS[0], metadata=option(f"One of: {', '.join(TARGETS)}.", choices=TARGETS))
     features: tuple[str, ...] = field(default=DEFAULT_FEATURES, metadata=option(
-        f"Comma-separated subset of {','.join(FEATURES)}.", parse=parse_features, show=",".join))
+        f"Comma-separated subset of {','.join(FEATURES)}; several sets separated by '{FEATURE_SET_SEPARATOR}' "
+        "(simd,relaxed-simd;simd): the first is the primary module, each further set an alternate module of "
+        "every CU that an engine lacking a feature of the first runs instead.",
+        parse=parse_features, show=show_features))
     opt_level: str = field(default="2", metadata=option(
         f"One of {', '.join(OPT_LEVELS)}: 0 plain loops, 1-3 more vectorisation and unrolling, s/z smaller code.",
         choices=OPT_LEVELS))
@@ -52,8 +81,15 @@ class WasmOptions:
         "share at run time (1 to 16; the result is the same whatever the number of threads)."))
     # Not an option: the driver sets it per CU from the model-level plan (backends/wasm/shared_memory.py).
     shared_layout: SharedLayout | None = None
+    # Not an option of its own: the sets after the first that --features names (its parser hands
+    # every set to `features`, and __post_init__ keeps the first there).
+    alternate_features: tuple[tuple[str, ...], ...] = ()
 
     def __post_init__(self):
+        if self.features and all(isinstance(s, tuple) for s in self.features):     # parse_features' sets
+            object.__setattr__(self, "alternate_features", (*self.features[1:], *self.alternate_features))
+            object.__setattr__(self, "features", self.features[0])
+        self._check_alternates()
         if "relaxed-simd" in self.features and "simd" not in self.features:
             raise CortexError("--features relaxed-simd needs simd as well")
         if isinstance(self.kernel_parts, bool) or not isinstance(self.kernel_parts, int) \
@@ -64,6 +100,23 @@ class WasmOptions:
         if self.external_weights and self.bulk_memory:
             # Both move the weights out of active segments; external files leave no segment to copy.
             raise CortexError("--external-weights and --features bulk-memory both place the weights; choose one")
+
+    def _check_alternates(self) -> None:
+        sets = [self.features, *self.alternate_features]
+        for i, chosen in enumerate(self.alternate_features):
+            if chosen in sets[:i + 1]:
+                raise CortexError(f"--features names the set {','.join(chosen) or '(none)'} twice")
+            if ("threads" in chosen) != self.threads:
+                # A threads module imports a shared memory and is run by workers: another way to load it.
+                raise CortexError(f"--features {show_sets(sets)}: every set must have threads or none may")
+            self.for_features(chosen)             # each set must make sense on its own
+        if self.alternate_features and self.shared:
+            raise CortexError(f"--features {show_sets(sets)}: --memory shared plans one model memory for the "
+                              "primary set's modules; alternate sets need --memory per-cu")
+
+    def for_features(self, features: tuple[str, ...]) -> "WasmOptions":
+        """These options with `features` as their only set: what an alternate module is built with."""
+        return dataclasses.replace(self, features=features, alternate_features=())
 
     @property
     def shared(self) -> bool:
@@ -103,6 +156,10 @@ class WasmOptions:
         if self.threads:
             found["kernel_parts"] = self.kernel_parts
         return found
+
+
+def show_sets(sets) -> str:
+    return FEATURE_SET_SEPARATOR.join(",".join(s) for s in sets)
 
 
 def parse_options(target: str | None, features: str | None, opt_level: str | None) -> WasmOptions:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import inspect
 import io
 import json as jsonlib
@@ -202,6 +203,10 @@ def _resolved(stage: Stage, given: dict) -> dict:
         for cls in getattr(stage.command, "option_classes", ()):
             parsed = from_text(cls, **_fields(cls, given))
             resolved.update({f.name: _as_json(getattr(parsed, f.name)) for f, _ in option_fields(cls)})
+            # What parsing sets besides the option fields (--wasm-features' alternate sets), when set.
+            resolved.update({f.name: _as_json(getattr(parsed, f.name)) for f in dataclasses.fields(parsed)
+                             if f.name not in resolved and f.default is not dataclasses.MISSING
+                             and getattr(parsed, f.name) != f.default})
     return resolved
 
 

@@ -3,7 +3,8 @@ compiled model, the JavaScript runtime (js/src, as `cortex-runtime/`) and an exa
 the model on the example inputs of `cortex run --example-inputs` and charts each CU's time.
 
 The bundle's dag.json is the compiled one with its reduced-precision variants (their modules copied
-too: the runtime picks them by the calibrated trust dag.json records). The source model, which the
+too: the runtime picks them by the calibrated trust dag.json records) and its alternate modules
+(`compile-wasm --features simd,relaxed-simd;simd`: the runtime runs the first an engine validates). The source model, which the
 offline policy runs on onnxruntime-web, usually lies outside the folder and is as large as all the
 modules together, so it is left out unless `--with-source` asks for it: then it is copied to
 `source/<its name>` and dag.json's `source_model` names that copy. Each file is copied after its
@@ -159,7 +160,9 @@ def _artifacts(cus: list[dict], dag: Path) -> dict[str, bytes]:
             raise CortexError(f"{dag}: built with compile-wasm --memory shared, which the JavaScript runtime does not "
                               "run yet; bundle a --memory per-cu build")
         variants = [v["artifacts"]["wasm"] for v in cu.get("variants", {}).values() if "wasm" in v.get("artifacts", {})]
-        for entry in [r for rec in [record, *variants] for r in [rec, *rec.get("weights", ())]]:
+        # Alternate modules (compile-wasm --features A;B): the runtime picks the first the engine runs.
+        modules = [m for rec in [record, *variants] for m in [rec, *rec.get("alternates", ())]]
+        for entry in [r for m in modules for r in [m, *m.get("weights", ())]]:
             if entry["path"] in files:
                 continue
             path = confined_path(dag.parent, entry["path"])       # read_dag checked it stays inside

@@ -13,8 +13,11 @@ export const SPECIALIZED_DAG_SCHEMA = "cortex.dag/2";
 /** @typedef {{name: string, offset: number, bytes: number, dtype: string, shape: number[],
  *             bound?: {axis: number, length_offset: number}}} PlanEntry */
 /** @typedef {{memory_bytes: number, inputs: PlanEntry[], outputs: PlanEntry[]}} MemoryPlan */
+/** @typedef {{features: string[], path: string, sha256: string, bytes: number, memory?: MemoryPlan,
+ *             weights?: import("./weights.js").WeightEntry[]}} AlternateModule the CU built for other features
+ *             (compile-wasm --features A;B); memory and weights where they differ from the primary's */
 /** @typedef {{path: string, sha256: string, bytes: number, options: {features: string[]}, memory: MemoryPlan,
- *             weights?: import("./weights.js").WeightEntry[]}} WasmRecord */
+ *             weights?: import("./weights.js").WeightEntry[], alternates?: AlternateModule[]}} WasmRecord */
 /** @typedef {{id: string, path: string, sha256: string, inputs: string[], outputs: string[], op_types?: string[],
  *             artifacts?: {wasm?: WasmRecord}, runs_on?: string, activation?: {tensor: string, equals: boolean},
  *             random?: boolean, cache?: string, flops?: number, variants?: Record<string, {artifacts?: {wasm?: WasmRecord}, trust?: number|null}>,
@@ -103,7 +106,7 @@ export function checkDag(dag, url, where = url.href) {
     if (!record) {
       throw new CortexError(`${where}: ${cu.id} has no wasm artifact; run 'cortex compile-wasm --dag ${url.href}' first`);
     }
-    for (const r of [record, ...variantWasmRecords(cu)]) {
+    for (const r of [record, ...variantWasmRecords(cu)].flatMap((m) => [m, ...(m.alternates ?? [])])) {
       fileUrl(url, r.path, cu.id);
       for (const w of r.weights ?? []) fileUrl(url, w.path, cu.id);
     }

@@ -1,6 +1,9 @@
 // The WebAssembly features a dag's modules were built with (recorded per artifact), checked against
 // the engine before anything is compiled, so a missing one is one clear error instead of a
-// CompileError on the first module.
+// CompileError on the first module. A record may list alternate modules of the same CU built with
+// other features (`compile-wasm --features simd,relaxed-simd;simd`): the engine runs the primary
+// module when it has every feature of it, else the first alternate it has, as onnxruntime-web picks
+// one of its builds by feature detection; only when none fits is the primary's lack an error.
 import { CortexError } from "./errors.js";
 
 // The smallest modules using each feature (from their WAT, assembled once).
@@ -18,17 +21,52 @@ const PROBES = {
 };
 
 const HINTS = {
-  "relaxed-simd": " (Node 20 needs --experimental-wasm-relaxed-simd; or recompile with --features simd)",
+  "relaxed-simd": " (Node 20 needs --experimental-wasm-relaxed-simd; or recompile with --features simd, or with "
+    + "--features \"simd,relaxed-simd;simd\" for a plain SIMD alternate)",
 };
 
-/** The union of the features the wasm artifacts record. @param {any[]} records */
+/** @type {Map<string, boolean>} feature -> whether this engine validates its probe */
+const validated = new Map();
+
+/** The features of `features` this engine lacks. @param {string[]} features */
+function lacking(features) {
+  return features.filter((f) => {
+    if (!PROBES[f]) return false;
+    if (!validated.has(f)) validated.set(f, WebAssembly.validate(new Uint8Array(PROBES[f])));
+    return !validated.get(f);
+  });
+}
+
+/** @type {WeakMap<object, any>} a record -> the record of the module this engine runs (null: none) */
+const chosen = new WeakMap();
+
+/** The record of the module of `record` this engine runs: `record` itself (less its alternates)
+ * when the engine has all its features, else the first alternate it has all of, as a record of its
+ * own (its file, sha256, size and features; its memory plan and weights where it records them, the
+ * primary's otherwise); null when none fits. The same object for the same record.
+ * @param {import("./dag.js").WasmRecord} record @returns {import("./dag.js").WasmRecord | null} */
+export function runnableRecord(record) {
+  let found = chosen.get(record);
+  if (found === undefined) {
+    const { alternates = [], ...primary } = record;
+    found = [primary, ...alternates.map(({ features, ...module }) => ({ ...primary, ...module,
+      options: { ...primary.options, features } }))]
+      .find((r) => lacking(r.options?.features ?? []).length === 0) ?? null;
+    chosen.set(record, found);
+  }
+  return found;
+}
+
+/** The union of the features of the modules this engine would run: of each record, its runnable
+ * module's (`runnableRecord`), or its primary's when none fits (so `checkFeatures` names what the
+ * engine lacks). @param {any[]} records */
 export function recordedFeatures(records) {
-  return [...new Set(records.flatMap((r) => r.options?.features ?? []))].sort();
+  return [...new Set(records.flatMap((r) => (runnableRecord(r) ?? r).options?.features ?? []))].sort();
 }
 
 /** Throws when the engine lacks a feature the modules need. @param {string[]} features @param {string} where */
 export function checkFeatures(features, where) {
-  const missing = features.filter((f) => PROBES[f] && !WebAssembly.validate(new Uint8Array(PROBES[f])));
+  const missing = lacking(features);
   if (missing.length) {
     throw new CortexError(`${where}: the modules use WebAssembly ${missing.join(", ")}, which this engine lacks`
       + missing.map((f) => HINTS[f] ?? "").join(""));
@@ -49,6 +87,8 @@ export function sharedMemoryAvailable() {
 /** Whether this thread may block in `Atomics.wait` (a browser page's main thread may not): a CU's
  * caller waits there for its kernel threads' parts. */
 export function mayBlock() {
+  // Never a SharedArrayBuffer where it is withheld (a page that is not isolated).
+  if (/** @type {any} */ (globalThis).crossOriginIsolated === false || typeof SharedArrayBuffer !== "function") return false;
   try {
     Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 1, 0);
     return true;

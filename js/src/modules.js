@@ -6,7 +6,9 @@
 // file several CUs name (content-addressed builds: the same code in several specializations) is
 // read and compiled once; each CU still gets an instance, and so a memory, of its own. A module
 // that splits its contractions into parts imports its memory, a shared one (js/src/kernel_threads.js).
+// A CU built for several feature sets loads the module of the first set this engine has.
 import { CortexError } from "./errors.js";
+import { runnableRecord } from "./features.js";
 import { splitsKernels } from "./kernel_threads.js";
 import { fileUrl } from "./loader.js";
 import { compiledModule } from "./module_cache.js";
@@ -22,9 +24,10 @@ export class ModuleFiles {
     this.modules = new Map();
   }
 
-  /** The CU's compiled module, its sha256 checked. @param {import("./dag.js").CU} cu */
+  /** The CU's compiled module, its sha256 checked: of the primary record or of the alternate this
+   * engine runs (`engineRecord`). @param {import("./dag.js").CU} cu */
   async module(cu) {
-    const record = /** @type {import("./dag.js").WasmRecord} */ (cu.artifacts?.wasm);
+    const record = engineRecord(cu);
     const url = fileUrl(this.base, record.path, cu.id);
     let found = this.modules.get(record.path);
     if (found === undefined) {
@@ -44,7 +47,9 @@ export class ModuleFiles {
  *  @param {import("./weights.js").WeightFiles} weights @param {import("./kernel_threads.js").KernelThreads} threads
  *  the session's threads, for a module that splits contractions into parts @returns {Promise<WasmUnit>} */
 export async function loadWasmUnit(cu, base, modules, weights, threads) {
-  const record = /** @type {import("./dag.js").WasmRecord} */ (cu.artifacts?.wasm);
+  const record = engineRecord(cu);
+  // The unit, its weights and its threads see the module that runs: its plan, weight files and features.
+  cu = { ...cu, artifacts: { ...cu.artifacts, wasm: record } };
   const url = fileUrl(base, record.path, cu.id);
   const module = await modules.module(cu);
   const instantiate = async (/** @type {WebAssembly.Imports} */ imports) => {
@@ -58,4 +63,12 @@ export async function loadWasmUnit(cu, base, modules, weights, threads) {
   const unit = new WasmUnit(cu, await instantiate({}));
   await weights.write(cu, unit.memory);
   return unit;
+}
+
+/** The record of the CU's module this engine runs (js/src/features.js: the primary, else the first
+ * alternate whose features it has); the primary when none fits, which the session's feature check
+ * refused before anything loads. @param {import("./dag.js").CU} cu */
+function engineRecord(cu) {
+  const record = /** @type {import("./dag.js").WasmRecord} */ (cu.artifacts?.wasm);
+  return runnableRecord(record) ?? record;
 }

@@ -4,6 +4,8 @@
 // (process.cpuUsage, V8's helper threads included) and the CUs' wall time in a browser;
 // `peak_memory_mb` is the loaded CUs' memories plus the tensors the request holds, as in Python.
 
+import { runnableRecord } from "./features.js";
+
 const IN_NODE = typeof process !== "undefined" && typeof process.cpuUsage === "function";
 const MB = 2 ** 20;
 export const TRACE_SCHEMA = "cortex.trace/1";
@@ -47,7 +49,16 @@ function activationEntry(a) {
   const { cu, where, bytesIn, bytesOut } = a.step;
   return { cu: cu.id, device: where, op_types: cu.op_types ?? [], start: a.start, seconds: a.seconds,
     cpu_seconds: a.cpuSeconds, bytes_in: bytesIn, bytes_out: bytesOut, bytes_from_other_devices: a.crossed,
-    resident_bytes: a.residentBytes, ...a.variant };
+    resident_bytes: a.residentBytes, ...ranFeatures(cu, a.variant?.precision), ...a.variant };
+}
+
+/** `wasm_features`: the features of the module that ran the CU (or its variant), the primary's or
+ * the alternate's this engine picked (js/src/features.js); nothing for a fallback CU.
+ * @param {import("./dag.js").CU} cu @param {string} [precision] */
+function ranFeatures(cu, precision) {
+  const record = precision === undefined ? cu.artifacts?.wasm : cu.variants?.[precision]?.artifacts?.wasm;
+  const ran = cu.runs_on === undefined && record ? runnableRecord(record) : null;
+  return ran ? { wasm_features: ran.options.features } : {};
 }
 
 /** The entries of a segment's CUs (js/src/plan.js): its time shared out by their flops, as
@@ -60,7 +71,7 @@ function segmentEntries({ segment, start, seconds, cpuSeconds }) {
     const { cu, where, bytesIn, bytesOut } = step;
     const entry = { cu: cu.id, device: where, op_types: cu.op_types ?? [], start: at, seconds: seconds * share,
       cpu_seconds: cpuSeconds * share, bytes_in: bytesIn, bytes_out: bytesOut, bytes_from_other_devices: 0,
-      resident_bytes: step.unit.residentBytes, ...(length > 1 ? { segment: length } : {}) };
+      resident_bytes: step.unit.residentBytes, ...ranFeatures(cu), ...(length > 1 ? { segment: length } : {}) };
     at += seconds * share * 1e3;
     return entry;
   });
@@ -108,6 +119,8 @@ export function requestTrace({ policy, dag, outputs, request, residentBytes, cac
       ts: (t.start - t0) * 1e3, dur: t.seconds * 1e6,
       args: { device: t.device, bytes_in: t.bytes_in, bytes_out: t.bytes_out } })),
     ...(threads ? { threads } : {}),
+    // Each feature set whose modules ran, comma-joined: one per set an alternate build made an engine pick.
+    wasm_features: [...new Set(entries.filter((t) => t.wasm_features).map((t) => t.wasm_features.join(",")))],
   };
 }
 
