@@ -2,6 +2,7 @@
 // `await session.run(feeds, fetches?)` -> {name: Tensor}, `inputNames`, `outputNames`.
 // Requests run one after another: each CU's memory holds one request's tensors at a time.
 import { DEFAULT_CACHE_BYTES, ResultCache } from "./cache.js";
+import { CuWorkers, sequentialReason, sessionThreads } from "./cu_workers.js";
 import { checkedSections, wasmRecords } from "./dag.js";
 import { CortexError } from "./errors.js";
 import { loadFallbackUnit, onnxruntimeWeb } from "./fallback.js";
@@ -39,6 +40,9 @@ import { WeightFiles } from "./weights.js";
  *   0 turns it off)
  * @property {number} [threads] threads per CU of a `--wasm-features threads` build, the calling one
  *   included (1 by default): each such CU gets `threads - 1` workers (js/src/kernel_threads.js)
+ * @property {number} [numThreads] threads of the session, the calling one included (1 by default): the
+ *   kernel threads where the modules split kernels and the thread may block on shared memory, else
+ *   `numThreads - 1` CU workers running independent CUs at once, no SharedArrayBuffer needed (js/src/cu_workers.js)
  * @property {number} [memoryBudgetMB] the most the resident CUs' memories hold, in MiB, as `cortex run
  *   --memory-budget` (js/src/residency.js); absent: every CU of a section stays resident once loaded
  * @property {(event: import("./progress.js").ProgressEvent) => void} [onProgress] called during create
@@ -100,6 +104,10 @@ export class InferenceSession {
     this.prefixCache = prefixCache;
     /** The workers of the CUs that split contractions into parts. */
     this.kernelThreads = kernelThreads;
+    /** Under `numThreads` without kernel threads, the CU workers (js/src/cu_workers.js). @type {CuWorkers | null} */
+    this.cuWorkers = null;
+    /** Which threads requests run on: single, kernel-threads or cu-workers. */
+    this.threadMode = "single";
     /** Under `memoryBudgetMB`, the resident CUs of every section (js/src/residency.js). @type {ResidentSet | null} */
     this.residentSet = null;
   }
@@ -121,6 +129,8 @@ export class InferenceSession {
     const url = await dagUrl(where);
     const document = await readJson(url);
     const sections = checkedSections(document, url);
+    const threading = sessionThreads(options, sections.flatMap((s) => wasmRecords(s.dag)), url.href);
+    if (threading.mode === "kernel-threads") kernelThreads.count = threading.threads;
     const budget = budgetBytes(options.memoryBudgetMB);
     if (budget !== null) checkBudget(sections.flatMap((s) => s.dag.cus), budget, url.href);
     let buckets = null;
@@ -133,6 +143,8 @@ export class InferenceSession {
     }
     const session = new InferenceSession(url, document, sections, options.onnxruntime, new ResultCache(cacheBytes),
       chosen, buckets, padValue, prefixCache, kernelThreads, loads);
+    session.threadMode = threading.mode;
+    if (threading.mode === "cu-workers") session.cuWorkers = new CuWorkers(threading.threads, url);
     if (budget !== null) {
       session.residentSet = new ResidentSet(budget);
       session.files.weights.keep = false;     // a weight file is read again whenever its CU loads
@@ -205,8 +217,9 @@ export class InferenceSession {
         loadWasmUnit(record, this.url, modules, weights, this.kernelThreads));
       const residency = this.residentSet === null ? null
         : new Residency(this.residentSet, dag, load, (unit) => this.dropUnit(unit));
-      const units = await Promise.all(dag.cus.map((cu) => (cu.runs_on === undefined ? residency?.units.get(cu.id) ?? load(cu)
-        : counted(progress, loadFallbackUnit(cu, this.url, ort)))));
+      const loadHere = (/** @type {import("./dag.js").CU} */ cu) => (cu.runs_on !== undefined
+        ? counted(progress, loadFallbackUnit(cu, this.url, ort)) : residency?.units.get(cu.id) ?? load(cu));
+      const units = await (this.cuWorkers?.units(dag, (cu) => modules.module(cu), loadHere) ?? Promise.all(dag.cus.map(loadHere)));
       scheduler = new Scheduler(dag, new Map(units.map((unit) => [unit.cu.id, unit])), this.cache, load);
       scheduler.residency = residency;
       await scheduler.variants.load(this.policy);
@@ -305,10 +318,13 @@ export class InferenceSession {
     if (restarting !== null) await restarting;
     const checked = checkedFeeds(feeds, dag.inputs);
     [this.chosen, this.specialization] = [i, name];
-    const { results, request } = await scheduler.run(checked, chosen, names);
+    const sequential = this.cuWorkers === null ? null : sequentialReason(scheduler, chosen);
+    const { results, request } = this.cuWorkers !== null && sequential === null
+      ? await this.cuWorkers.walk(scheduler, checked, chosen, names) : await scheduler.run(checked, chosen, names);
     this.traceRecord = requestRecord({ policy: chosen.name, dag: this.url.href, outputs: names, request,
       residentBytes: scheduler.residentBytes(), cacheStats: chosen.cache ? this.cache.stats() : null,
-      threads: this.kernelThreads.trace(dag) });
+      threads: this.cuWorkers?.trace(dag, sequential)
+        ?? { ...this.kernelThreads.trace(dag), mode: this.threadMode, threads: this.kernelThreads.count } });
     return results;
   }
 
@@ -340,6 +356,7 @@ export class InferenceSession {
       this.cache.clear();
       this.prefixCache.clear();
       await this.kernelThreads.close();
+      await this.cuWorkers?.close();
       this.kernelThreads.units.clear();
       for (const scheduler of this.schedulers) await scheduler?.residency?.clear();
       this.schedulers = this.sections.map(() => undefined);

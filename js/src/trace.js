@@ -90,6 +90,10 @@ export function requestRecord(what) {
 export function requestTrace({ policy, dag, outputs, request, residentBytes, cacheStats, maxrssMb, threads }) {
   /** @type {any[]} */
   const entries = request.activated.flatMap((/** @type {any} */ a) => ("segment" in a ? segmentEntries(a) : [activationEntry(a)]));
+  if (threads?.cu_thread) {        // CU workers: the thread that owns each CU ran it
+    const t0 = entries.length ? entries[0].start : 0;
+    for (const t of entries) [t.thread, t.start_ms] = [threads.cu_thread[t.cu] ?? 0, t.start - t0];
+  }
   /** @type {Record<string, number>} */
   const byDevice = {};
   for (const t of entries) byDevice[t.device] = (byDevice[t.device] ?? 0) + 1;
@@ -115,7 +119,7 @@ export function requestTrace({ policy, dag, outputs, request, residentBytes, cac
     cus_by_device: byDevice,
     total_seconds: entries.reduce((n, t) => n + t.seconds, 0),
     cus: entries.map(({ start, ...rest }) => rest),
-    traceEvents: entries.map((t) => ({ name: t.cu, cat: t.op_types.join(","), ph: "X", pid: 0, tid: 0,
+    traceEvents: entries.map((t) => ({ name: t.cu, cat: t.op_types.join(","), ph: "X", pid: 0, tid: t.thread ?? 0,
       ts: (t.start - t0) * 1e3, dur: t.seconds * 1e6,
       args: { device: t.device, bytes_in: t.bytes_in, bytes_out: t.bytes_out } })),
     ...(threads ? { threads } : {}),
