@@ -58,6 +58,10 @@ CONTROL_BYTES = 64
 # runs as at most kernel_parts parts of at least it each. Measured: a 1x1 Conv of 6 MFLOP split 4
 # ways ran 0.9x on 2 threads; 3x3 Convs of 60-460 MFLOP 1.6-1.7x.
 MIN_PART_FLOPS = 2_500_000
+# A float32 GEMV of one row reads 4 bytes of weights per 2 flops and is bound by memory, not by
+# the FMA units: each weight byte counts as this many flops of work (2.5 MFLOP ~ 250 KB of weights,
+# about 20 us at a core's copy bandwidth), so a decoder's or a classifier's sliced FC layers split too.
+GEMV_FLOPS_PER_BYTE = 10
 # Loads of the generation word a worker spins for before it sleeps (a few microseconds): the serial
 # kernels between two forks are often shorter than a sleep and a wake.
 SPIN = 20_000
@@ -116,7 +120,10 @@ def split_for(spec: ContractionSpec, conv_kernel, parts: int) -> PartSplit | Non
 
 
 def flops(spec: ContractionSpec, conv_kernel) -> int:
+    """The contraction's work in flops (a float32 GEMV's: its weight bytes' worth)."""
     if isinstance(spec, GemmSpec):
+        if spec.m == 1 and spec.batch == 1 and spec.constant_b and spec.b_format == "f32":
+            return max(2 * spec.n * spec.k, GEMV_FLOPS_PER_BYTE * 4 * spec.n * spec.k)
         return 2 * spec.m * spec.n * spec.k * spec.batch
     if isinstance(spec, BlockQuantGemmSpec):
         return 2 * spec.m * spec.n * spec.k
