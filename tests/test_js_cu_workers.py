@@ -4,7 +4,10 @@
 trace naming the mode, the walk and each CU's thread; a request whose policy looks CUs up in the
 result cache walks sequentially (and says why) with the scheduler's skips; a worker that traps or
 ends fails the request in one line naming the CU and the next request works, after `release()`
-too; where SharedArrayBuffer is withheld (a page that is not crossOriginIsolated) none is made."""
+too; where SharedArrayBuffer is withheld (a page that is not crossOriginIsolated) none is made. In
+headless Chromium a page that is not isolated runs numThreads 2 on a Web Worker with the same bits
+and never constructs a SharedArrayBuffer, and an isolated page still runs a --wasm-features threads
+build on kernel threads."""
 
 from __future__ import annotations
 
@@ -18,6 +21,10 @@ import pytest
 from cli_helpers import run_cli
 from js_cases import JS_DIR, NODE, REPO_ROOT, write_requests
 from onnx import TensorProto, helper, numpy_helper
+from test_js_browser import CHROMIUM
+from test_js_threads import THREADS, wasmtime_outputs
+from test_js_threads import builds  # noqa: F401  (a fixture: pytest finds it by name)
+from test_js_threads_browser import evaluate
 from testdata import run_onnxruntime
 
 from cortex.runtime.trace import validate_trace
@@ -143,3 +150,78 @@ def test_a_bad_num_threads_is_one_line(branchy):
     done = subprocess.run([NODE, "--input-type=module", "-e", script], capture_output=True, text=True,
                           timeout=NODE_TIMEOUT_S, cwd=REPO_ROOT, check=False)
     assert done.stdout.strip() == "numThreads must be a whole number, at least 1 (got 0)", done.stdout + done.stderr
+
+
+# In headless Chromium (as tests/test_js_threads_browser.py drives it). On a page that is not
+# crossOriginIsolated, SharedArrayBuffer is a stub that counts and throws before the runtime loads.
+NOT_ISOLATED_PAGE = """async ([numThreads, x, shape]) => {
+  let made = 0;
+  globalThis.SharedArrayBuffer = function SharedArrayBuffer() { made += 1; throw new TypeError("withheld"); };
+  const { InferenceSession, Tensor } = await import("./cortex-runtime/index.js");
+  try {
+    const session = await InferenceSession.create("./dag.json", { numThreads, policy: "strict" });
+    const { y } = await session.run({ x: new Tensor("float32", new Float32Array(x), shape) });
+    const threads = session.lastTrace.threads;
+    await session.release();
+    return { y: Array.from(y.data), threads, made, isolated: crossOriginIsolated };
+  } catch (e) {
+    return { error: String(e?.message ?? e), made };
+  }
+}"""
+
+NUM_THREADS_WORKER = """import { InferenceSession, Tensor } from "./cortex-runtime/index.js";
+onmessage = async ({ data: { numThreads, x, shape } }) => {
+  try {
+    const session = await InferenceSession.create("./dag.json", { numThreads, policy: "strict" });
+    const { y } = await session.run({ x: new Tensor("float32", new Float32Array(x), shape) });
+    postMessage({ y: Array.from(y.data), threads: session.lastTrace.threads });
+    await session.release();
+  } catch (e) {
+    postMessage({ error: String(e?.message ?? e) });
+  }
+};
+"""
+
+IN_WORKER = """async ([numThreads, x, shape]) => {
+  const worker = new Worker("./num_threads_check.js", { type: "module" });
+  const answer = await new Promise((resolve) => { worker.onmessage = (e) => resolve(e.data);
+    worker.onerror = (e) => resolve({ error: String(e.message) }); worker.postMessage({ numThreads, x, shape }); });
+  worker.terminate();
+  return answer;
+}"""
+
+
+def bundled(tmp_path: Path, dag: Path) -> Path:
+    site = tmp_path / "site"
+    code, _, err = run_cli(["bundle", dag, "--output", site])
+    assert code == 0, err
+    (site / "blank.html").write_text("<!doctype html><title>cu workers</title>")
+    (site / "num_threads_check.js").write_text(NUM_THREADS_WORKER)
+    return site
+
+
+@pytest.mark.skipif(not CHROMIUM.is_file(), reason="chromium is not installed")
+def test_a_page_that_is_not_isolated_runs_cu_workers_without_shared_array_buffer(tmp_path, branchy):
+    _, build, feeds = branchy
+    dag = build()
+    run_node(tmp_path, dag, feeds, [1])
+    want = output(tmp_path, "n1")
+    x = feeds["x"]
+    (answer,) = evaluate(bundled(tmp_path, dag), False, [(NOT_ISOLATED_PAGE, [2, x.ravel().tolist(), list(x.shape)])])
+    assert "error" not in answer, answer
+    assert not answer["isolated"] and answer["made"] == 0, answer
+    assert (answer["threads"]["mode"], answer["threads"]["walk"]) == ("cu-workers", "threaded"), answer["threads"]
+    assert set(answer["threads"]["cu_thread"].values()) == {0, 1}
+    np.testing.assert_array_equal(np.array(answer["y"], dtype=np.float32).reshape(want.shape), want)
+
+
+@pytest.mark.skipif(not CHROMIUM.is_file(), reason="chromium is not installed")
+def test_an_isolated_page_runs_a_threads_build_on_kernel_threads(tmp_path, builds):
+    dag, feeds = builds("matmul-rows", THREADS)
+    (want,) = wasmtime_outputs(dag, feeds).values()
+    (x,) = feeds.values()
+    (answer,) = evaluate(bundled(tmp_path, dag), True, [(IN_WORKER, [2, x.ravel().tolist(), list(x.shape)])])
+    assert "error" not in answer, answer
+    threads = answer["threads"]
+    assert (threads["mode"], threads["kernel_threads"]) == ("kernel-threads", 2) and threads["split_cus"], threads
+    np.testing.assert_array_equal(np.array(answer["y"], dtype=np.float32).reshape(want.shape), want)
