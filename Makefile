@@ -95,7 +95,8 @@ bench-ray: setup
 	$(BIN)/python -m bench.bench_ray --output docs/benchmarks.md --json $(OUT)/bench-ray.json
 
 ## The JavaScript runtime (js/) against onnxruntime-web in one Node, one thread, over the light models and
-## MiniLM, and the bundle's load time against session creation: writes its section of docs/benchmarks.md.
+## MiniLM, and the bundle's load time against session creation; then in headless Chromium (bench/browser_js.py):
+## 1 and 2 threads, cold and warm loads, memory after release: writes its section of docs/benchmarks.md.
 bench-js: setup $(ORTWEB)
 	$(BIN)/python -m bench.bench_js --json $(OUT)/bench-js.json
 ## Only the threads section of `make bench`: Cortex on 2 threads (a --wasm-features threads build: each large

@@ -22,8 +22,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from bench import cortex_side, machine, model_bench
+from bench import browser_js, cortex_side, machine, model_bench, threads_bench
 from bench.node_runner import NODE, ORTWEB_DIR, NodeRunner, NodeUnavailable
+from bench.browser_js_report import chromium_line, chromium_tables
 from bench.page import replace_section
 from ir.fs import write_bytes_atomically
 from samples.light_models import LIGHT_MODEL_NAMES
@@ -62,17 +63,54 @@ def _spread(seconds: list[float]) -> dict:
             "runs": len(seconds)}
 
 
-def bench_model(name: str, node: JsRunner, rounds: int, load_repeats: int, workdir: Path) -> dict:
-    case = model_bench.model_case(name)
-    session = model_bench._ort_session(case.path)
-    reference = dict(zip([o.name for o in session.get_outputs()], session.run(None, case.feeds)))
-    cortex_side.build(case.path, case.input_shapes, case.dims, case.feeds, reference, workdir)
+def _bundle(workdir: Path, model: Path) -> Path:
+    """`cortex bundle` of workdir/dag.json into workdir/site, the source model beside it as model.onnx."""
     site = workdir / "site"
     done = subprocess.run([sys.executable, "-m", "cortex.cli", "bundle", str(workdir / "dag.json"), "--output",
                            str(site)], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise cortex_side.NotAvailable(f"cortex bundle failed: {done.stderr.strip()[-160:]}")
-    (site / "model.onnx").symlink_to(Path(case.path).resolve())
+    (site / "model.onnx").symlink_to(Path(model).resolve())
+    return site
+
+
+def node_memory(kind: str, url: str, inputs: list[dict], workdir: Path) -> dict:
+    """bench/ortweb/memory_node.mjs in a Node of its own: RSS before create, after run, after release."""
+    described = workdir / f"inputs-{kind}.json"
+    described.write_text(json.dumps(inputs))
+    done = subprocess.run([NODE, "--experimental-wasm-relaxed-simd", "--expose-gc", str(ORTWEB_DIR / "memory_node.mjs"),
+                           kind, url, str(described)], capture_output=True, text=True, cwd=ORTWEB_DIR, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"memory_node.mjs {kind}: {(done.stderr.strip().splitlines() or ['no message'])[-1][:160]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def bench_browser(case, reference: dict, inputs: list[dict], site: Path, workdir: Path,
+                  browser: browser_js.Chromium, rounds: int, load_repeats: int) -> dict:
+    """The Chromium figures of one model (bench/browser_js.py), a `--wasm-features threads` build beside."""
+    threads_site, threads_error = None, None
+    try:
+        cortex_side.build(case.path, case.input_shapes, case.dims, case.feeds, reference, workdir / "threads",
+                          threads=browser_js.THREADS, features=threads_bench.THREADS_FEATURES)
+        threads_site = _bundle(workdir / "threads", case.path)
+    except cortex_side.NotAvailable as e:
+        threads_error = str(e)
+    page_inputs = browser_js.prepare_site(site, inputs)
+    if threads_site is not None:
+        browser_js.prepare_site(threads_site, inputs)
+    found = browser_js.bench_model(browser, site, threads_site, page_inputs, reference, rounds, load_repeats, MIN_PAIRS)
+    if threads_error:
+        found["errors"]["cortex-threads2"] = threads_error
+    return found
+
+
+def bench_model(name: str, node: JsRunner, rounds: int, load_repeats: int, workdir: Path,
+                browser: browser_js.Chromium | None = None) -> dict:
+    case = model_bench.model_case(name)
+    session = model_bench._ort_session(case.path)
+    reference = dict(zip([o.name for o in session.get_outputs()], session.run(None, case.feeds)))
+    cortex_side.build(case.path, case.input_shapes, case.dims, case.feeds, reference, workdir)
+    site = _bundle(workdir, case.path)
     url = node.ask(cmd="serve", root=str(site))["url"]
     inputs = _inputs(workdir, case.feeds)
     first = {"cortex-js": node.ask(cmd="cortex", id=f"{name}/cortex", dag=url + "dag.json", inputs=inputs),
@@ -100,7 +138,16 @@ def bench_model(name: str, node: JsRunner, rounds: int, load_repeats: int, workd
             load[contestant] += node.ask(cmd="load", id=f"{name}/{cid}", repeat=1)["seconds"]
     runs = {k: _spread(v) for k, v in run.items()}
     loads = {k: _spread(v) for k, v in load.items()}
-    return {"model": name, "run": runs, "load": loads, "first_load_ms": {k: v["first_load_seconds"] * 1e3
+    memory, memory_errors = {}, {}
+    for kind, model_url in (("cortex", url + "dag.json"), ("ortweb", url + "model.onnx")):
+        try:
+            memory[kind] = node_memory(kind, model_url, inputs, workdir)
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            memory_errors[kind] = str(e)
+    chromium = None
+    if browser is not None:
+        chromium = bench_browser(case, reference, inputs, site, workdir, browser, rounds, load_repeats)
+    return {"chromium": chromium, "node_memory": memory, "node_memory_errors": memory_errors,"model": name, "run": runs, "load": loads, "first_load_ms": {k: v["first_load_seconds"] * 1e3
                                                                         for k, v in first.items()},
             "run_ratio": statistics.median(ratios), "run_ratio_spread": [min(ratios), max(ratios)],
             "ratio_of_medians": runs["cortex-js"]["median_ms"] / runs["ortweb"]["median_ms"],
@@ -114,8 +161,9 @@ def _number(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2g}"
 
 
-def render(info: dict, versions: dict, results: list[dict], errors: dict, rounds: int, date: str) -> str:
-    lines = [BEGIN, "## The JavaScript runtime in Node (`make bench-js`)", "",
+def render(info: dict, versions: dict, results: list[dict], errors: dict, rounds: int, date: str, drift=None,
+           browser_error: str | None = None) -> str:
+    lines = [BEGIN, "## The JavaScript runtime in Node and Chromium (`make bench-js`)", "",
              (f"Cortex's `js/` runtime against onnxruntime-web {versions.get('web')} in the same Node {versions.get('node')} "
              f"(V8 {versions.get('v8')}), one thread each, on {info['cpu']} ({info['cores']} cores), {date}, load average {info['load_average']} at the start (other work shared the machine when it is well above 0). "
              "Run: process CPU time per `session.run`, the contestants alternating run by run, median "
@@ -143,6 +191,12 @@ def render(info: dict, versions: dict, results: list[dict], errors: dict, rounds
         geo = float(np.exp(np.mean([np.log(r["run_ratio"]) for r in results])))
         load_geo = float(np.exp(np.mean([np.log(r["load_ratio"]) for r in results])))
         lines += ["", f"Geometric mean run ratio {geo:.2f} (goal ≤ {GOAL}); load ratio {load_geo:.2f}."]
+    if browser_error:
+        lines += ["", f"Chromium: not measured ({browser_error})."]
+    elif any(r.get("chromium") for r in results):
+        lines += chromium_tables(results, versions.get("chromium"), rounds)
+    if drift is not None:
+        lines += ["", f"Whole section: {drift.note()}."]
     return "\n".join([*lines, "", END, ""])
 
 
@@ -151,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated light models and/or "
                         f"{model_bench.MINILM}")
     parser.add_argument("--rounds", type=int, default=5, help="rounds of paired runs per measurement (each about 0.3 s of runs, at least 15 pairs in all)")
-    parser.add_argument("--load-repeats", type=int, default=5, help="fresh sessions timed per contestant")
+    parser.add_argument("--load-repeats", type=int, default=5, help="fresh sessions timed per contestant (Chromium: cold and warm visits)")
+    parser.add_argument("--no-browser", action="store_true", help="Node only: skip the Chromium tables")
     parser.add_argument("--output", type=Path, default=Path("docs/benchmarks.md"))
     parser.add_argument("--json", type=Path, help="also write the raw results here")
     args = parser.parse_args(argv)
@@ -167,29 +222,47 @@ def main(argv: list[str] | None = None) -> int:
     except (NodeUnavailable, RuntimeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    results, errors = [], {}
-    try:
+    browser, browser_error = None, None
+    if not args.no_browser:
+        try:
+            browser = browser_js.Chromium()
+            versions["chromium"] = browser.version
+        except (browser_js.BrowserUnavailable, Exception) as e:   # playwright's launch errors are its own class
+            browser_error = str(e).splitlines()[0]
+            print(f"  chromium: n/a: {browser_error}", flush=True)
+    results, errors, drifts = [], {}, []
+
+    def each_model():
         for name in names:
             print(f"{name} ...", flush=True)
             with tempfile.TemporaryDirectory(prefix=f"bench-js-{name}-") as tmp:
                 try:
-                    result = bench_model(name, node, args.rounds, args.load_repeats, Path(tmp))
+                    result = bench_model(name, node, args.rounds, args.load_repeats, Path(tmp), browser)
                 except (cortex_side.NotAvailable, RuntimeError) as e:
                     errors[name] = str(e)
                     print(f"  n/a: {e}", flush=True)
                     continue
             results.append(result)
-            print(f"  run {result['run']['cortex-js']['median_ms']:.2f} ms vs {result['run']['ortweb']['median_ms']:.2f} ms "
+            print(f"  node run {result['run']['cortex-js']['median_ms']:.2f} ms vs {result['run']['ortweb']['median_ms']:.2f} ms "
                   f"(ratio {result['run_ratio']:.2f}); load {result['load']['cortex-js']['median_ms']:.1f} ms vs "
                   f"{result['load']['ortweb']['median_ms']:.1f} ms (ratio {result['load_ratio']:.2f})", flush=True)
+            if result["chromium"] is not None:
+                print("  chromium: " + chromium_line(result["chromium"]), flush=True)
+    try:
+        threads_bench.measured("bench-js", each_model, drifts)
     finally:
         node.close()
+        if browser is not None:
+            browser.close()
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    replace_section(args.output, render(info, versions, results, errors, args.rounds, date), BEGIN, END)
+    replace_section(args.output, render(info, versions, results, errors, args.rounds, date, drifts[0], browser_error),
+                    BEGIN, END)
     print(f"wrote {args.output}")
     if args.json:
         write_bytes_atomically(args.json, (json.dumps({"machine": info, "versions": versions, "date": date,
-                                                       "results": results, "errors": errors}, indent=2) + "\n").encode())
+                                                       "results": results, "errors": errors,
+                                                       "peak_drift": drifts[0].to_json(),
+                                                       "chromium_error": browser_error}, indent=2) + "\n").encode())
         print(f"wrote {args.json}")
     return 0
 

@@ -1,0 +1,132 @@
+// The browser side of `make bench-js` (bench/browser_js.py): Cortex's JavaScript runtime and
+// onnxruntime-web driven by one request at a time, on a page's main thread or in a module Worker
+// (worker.js) of it. The site is a `cortex bundle` folder with onnxruntime-web's dist under ortweb/,
+// this folder under bench/ and the inputs as raw .bin files; requests name those by URL.
+//   {cmd: "create", id, kind: "cortex" | "ortweb", model, inputs, options}  -> {create_ms, threads}
+//   {cmd: "time", id, repeat}                -> {ms: [...]} wall time per run (performance.now)
+//   {cmd: "outputs", id}                     -> {outputs: {name: [numbers]}}
+//   {cmd: "release", id}
+//   {cmd: "first", kind, model, inputs}      -> {ms}: runtime import + create + first run, nothing held after
+//   {cmd: "memory", kind, model, inputs, options} -> bytes from measureUserAgentSpecificMemory before
+//        create, after the first run and after release (garbage collected before each where gc is exposed)
+// Wall time only: a page has no CPU clock. onnxruntime-web's thread count is fixed by the first
+// session of a realm, so each ort thread count lives in its own page or Worker.
+
+const ARRAYS = { float32: Float32Array, int64: BigInt64Array, int32: Int32Array, uint8: Uint8Array, bool: Uint8Array };
+const CORTEX_URL = new URL("../cortex-runtime/index.js", import.meta.url).href;
+const ORTWEB_URL = new URL("../ortweb/ort.wasm.bundle.min.mjs", import.meta.url).href;
+
+/** A URL of the site, absolute (requests give them from the site's root). @param {string} url */
+const onSite = (url) => new URL(url, globalThis.location.href).href;
+
+/** id -> {session, feeds} */
+const sessions = new Map();
+
+/** The runtime's module; onnxruntime-web's threads set before its first session. */
+async function runtime(kind, ortThreads = 1) {
+  if (kind === "cortex") return import(CORTEX_URL);
+  const ort = await import(ORTWEB_URL);
+  ort.env.wasm.numThreads = ortThreads;
+  ort.env.logLevel = "error";
+  return ort;
+}
+
+async function feedsFrom(inputs, Tensor) {
+  const feeds = {};
+  for (const input of inputs) {
+    const bytes = await (await fetch(onSite(input.url))).arrayBuffer();
+    feeds[input.name] = new Tensor(input.dtype, new ARRAYS[input.dtype](bytes), input.shape);
+  }
+  return feeds;
+}
+
+/** A session of either runtime. `options`: Cortex's create options, or {numThreads} for onnxruntime-web. */
+async function createSession(module, kind, model, options = {}) {
+  if (kind === "cortex") return module.InferenceSession.create(onSite(model), { policy: "strict", ...options });
+  const bytes = new Uint8Array(await (await fetch(onSite(model))).arrayBuffer());
+  return module.InferenceSession.create(bytes, { executionProviders: ["wasm"], graphOptimizationLevel: "all" });
+}
+
+async function create(req) {
+  const module = await runtime(req.kind, req.options?.numThreads ?? 1);
+  const feeds = await feedsFrom(req.inputs, module.Tensor);
+  const start = performance.now();
+  const session = await createSession(module, req.kind, req.model, req.kind === "cortex" ? req.options : {});
+  const createMs = performance.now() - start;
+  sessions.set(req.id, { session, feeds });
+  await session.run(feeds);
+  return { create_ms: createMs, threads: req.kind === "cortex" ? session.lastTrace?.threads ?? null
+           : { ort_threads: module.env.wasm.numThreads, isolated: globalThis.crossOriginIsolated } };
+}
+
+async function time(req) {
+  const { session, feeds } = sessions.get(req.id);
+  const ms = [];
+  for (let i = 0; i < req.repeat; i++) {
+    const start = performance.now();
+    await session.run(feeds);
+    ms.push(performance.now() - start);
+  }
+  return { ms };
+}
+
+async function outputs(req) {
+  const { session, feeds } = sessions.get(req.id);
+  const results = await session.run(feeds);
+  return { outputs: Object.fromEntries(Object.entries(results).map(([k, t]) => [k, Array.from(t.data, Number)])) };
+}
+
+async function release(req) {
+  const held = sessions.get(req.id);
+  sessions.delete(req.id);
+  await held?.session.release?.();
+  return {};
+}
+
+async function first(req) {
+  const start = performance.now();
+  const module = await runtime(req.kind);
+  const feeds = await feedsFrom(req.inputs, module.Tensor);
+  const session = await createSession(module, req.kind, req.model);
+  await session.run(feeds);
+  const ms = performance.now() - start;
+  await session.release?.();
+  return { ms };
+}
+
+/** The page's bytes as Chromium counts them, after a collection where `gc` is exposed. */
+async function measured() {
+  globalThis.gc?.();
+  const found = await performance.measureUserAgentSpecificMemory();
+  return found.bytes;
+}
+
+async function memory(req) {
+  if (typeof performance.measureUserAgentSpecificMemory !== "function") {
+    throw new Error(`measureUserAgentSpecificMemory is not available (crossOriginIsolated ${globalThis.crossOriginIsolated})`);
+  }
+  const module = await runtime(req.kind);
+  let feeds = await feedsFrom(req.inputs, module.Tensor);
+  const before = await measured();
+  let session = await createSession(module, req.kind, req.model, req.options ?? {});
+  let results = await session.run(feeds);
+  const afterRun = await measured();
+  results = null;
+  await session.release();
+  const afterRelease = await measured();
+  session = null;
+  feeds = null;
+  const dropped = await measured();
+  return { before, after_run: afterRun, after_release: afterRelease, after_drop: dropped };
+}
+
+const handlers = { create, time, outputs, release, first, memory };
+
+/** One request; errors come back as {error} in one line. */
+export async function handle(req) {
+  try {
+    return await handlers[req.cmd](req);
+  } catch (e) {
+    return { error: String(e?.message ?? e).split("\n")[0] };
+  }
+}
