@@ -149,6 +149,8 @@ export class CuWorkers {
     this.handles = new Array(threads - 1).fill(null);
     /** @type {(Promise<WorkerHandle> | null)[]} a worker started with every CU it owns */
     this.ready = new Array(threads - 1).fill(null);
+    /** @type {(WorkerHandle | null)[]} each worker once it holds every CU it owns: posted to at once */
+    this.current = new Array(threads - 1).fill(null);
     /** @type {Map<string, {thread: number, cu: import("./dag.js").CU, module: WebAssembly.Module, dag: object}>} */
     this.owned = new Map();
     /** @type {WeakMap<object, Map<string, number>>} dag -> each CU's thread */
@@ -183,6 +185,7 @@ export class CuWorkers {
   /** Thread t's worker, once it also holds the CUs it was given since it started. @param {number} t */
   refreshed(t) {
     const before = this.ready[t - 1];
+    this.current[t - 1] = null;
     const now = (before ? before.catch(() => undefined) : Promise.resolve()).then(() => this.started(t));
     this.ready[t - 1] = now;
     now.catch(() => { if (this.ready[t - 1] === now) this.ready[t - 1] = null; });
@@ -198,20 +201,28 @@ export class CuWorkers {
   async started(t) {
     let handle = this.handles[t - 1];
     if (handle === null || handle.ended) {
-      handle = new WorkerHandle(t, this.base, () => { this.ready[t - 1] = null; });
+      handle = new WorkerHandle(t, this.base, () => { [this.ready[t - 1], this.current[t - 1]] = [null, null]; });
       this.handles[t - 1] = handle;
       await handle.started;
     }
     const missing = [...this.owned].filter(([key, o]) => o.thread === t && !handle.loaded.has(key))
       .map(([key, { cu, module }]) => ({ key, cu, module }));
     if (missing.length) await handle.load(missing);
+    if (!handle.ended) this.current[t - 1] = handle;
     return handle;
   }
 
   /** Runs a worker's CU: copies of its inputs go over, its outputs come back.
    * @param {RemoteUnit} unit @param {Record<string, Tensor>} inputs */
-  async run(unit, inputs) {
-    const handle = await this.worker(unit.thread);
+  run(unit, inputs) {
+    // Posted at once when the worker is there: the caller may run its own CUs next, without yielding.
+    const handle = this.current[unit.thread - 1];
+    if (handle !== null) return this.send(handle, unit, inputs);
+    return this.worker(unit.thread).then((h) => this.send(h, unit, inputs));
+  }
+
+  /** @param {WorkerHandle} handle @param {RemoteUnit} unit @param {Record<string, Tensor>} inputs */
+  async send(handle, unit, inputs) {
     /** @type {Record<string, any>} */
     const sent = {};
     const transfer = [];
@@ -221,7 +232,7 @@ export class CuWorkers {
       sent[name] = { type, dims: [...dims], buffer };
       transfer.push(buffer);
     }
-    const answer = await handle.run(unit, sent, transfer);
+    const answer = await handle.run(unit, sent, transfer);   // posts before its first await
     /** @type {Record<string, Tensor>} */
     const outputs = {};
     for (const name in answer.outputs) {
@@ -237,6 +248,8 @@ export class CuWorkers {
    * @param {import("./policy.js").Policy} policy @param {string[]} outputs */
   async walk(scheduler, feeds, policy, outputs) {
     const plan = scheduler.plan(policy, outputs);
+    const used = new Set(scheduler.steps.filter((step) => step.unit instanceof RemoteUnit).map((step) => step.unit.thread));
+    await Promise.all([...used].filter((t) => this.current[t - 1] === null).map((t) => this.worker(t)));
     const env = new Map(Object.entries(feeds));
     let liveBytes = 0;
     for (const name in feeds) liveBytes += feeds[name].data.byteLength;
@@ -337,6 +350,7 @@ export class CuWorkers {
     const handles = this.handles.filter((h) => h !== null);
     this.handles.fill(null);
     this.ready.fill(null);
+    this.current.fill(null);
     await Promise.all(handles.map((h) => /** @type {WorkerHandle} */ (h).end("was stopped by release()")));
   }
 }
