@@ -199,12 +199,40 @@ def bench_model(browser: Chromium, site: Path, threads_site: Path | None, inputs
         for kind, model in (("cortex", "/dag.json"), ("ortweb", "/model.onnx")):
             page = browser.page(isolated_origin)
             try:
-                result["memory"][kind] = ask(page, "main", cmd="memory", kind=kind, model=model, inputs=inputs)
+                result["memory"][kind] = memory_phases(browser, page, kind, model, inputs)
             except RuntimeError as e:
                 result["errors"][f"memory {kind}"] = str(e)
             finally:
                 page.close()
     return result
+
+
+def renderer_rss(browser: Chromium) -> int | None:
+    """The resident bytes of Chromium's renderer processes, summed (Workers run in their page's), from
+    /proc: the pids from the DevTools protocol's SystemInfo.getProcessInfo."""
+    try:
+        session = browser.browser.new_browser_cdp_session()
+        processes = session.send("SystemInfo.getProcessInfo")["processInfo"]
+        session.detach()
+        total = 0
+        for process in processes:
+            if process["type"] == "renderer":
+                for line in Path(f"/proc/{process['id']}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+        return total
+    except Exception:      # the protocol's or /proc's refusal: the figure is then not measured
+        return None
+
+
+def memory_phases(browser: Chromium, page, kind: str, model: str, inputs: list[dict]) -> dict:
+    """measureUserAgentSpecificMemory's bytes and the renderers' RSS before create, after the first
+    run and after release (harness.js's memory phases, on this page only)."""
+    found = {}
+    for phase, key in (("before", "before"), ("run", "after_run"), ("release", "after_release")):
+        found[key] = ask(page, "main", cmd="memory", phase=phase, kind=kind, model=model, inputs=inputs)["bytes"]
+        found[f"rss_{key}"] = renderer_rss(browser)
+    return found
 
 
 def loads(browser: Chromium, origin: str, inputs: list[dict], repeats: int) -> dict:

@@ -43,11 +43,12 @@ def chromium_line(c: dict) -> str:
     return "; ".join(parts)
 
 
-def _memory_cell(m: dict | None) -> str:
-    if not m:
+def _memory_cell(m: dict | None, prefix: str = "") -> str:
+    if not m or m.get(f"{prefix}before") is None or m.get(f"{prefix}after_release") is None:
         return "n/a"
-    back = m["after_release"] / m["before"] - 1
-    return (f"{m['before'] / MB:.1f} / {m['after_run'] / MB:.1f} / {m['after_release'] / MB:.1f} "
+    before, after_run, after_release = (m[f"{prefix}{k}"] for k in ("before", "after_run", "after_release"))
+    back = after_release / before - 1
+    return (f"{before / MB:.1f} / {after_run / MB:.1f} / {after_release / MB:.1f} "
             f"({back:+.0%}{', within 10%' if back <= MEMORY_SLACK else ', over 10%'})")
 
 
@@ -105,15 +106,19 @@ def chromium_tables(results: list[dict], chromium_version: str | None, rounds: i
               ("MB before create / after the first run / after `release()` (change after release against before "
                f"create; goal: within {MEMORY_SLACK:.0%}). Chromium: `performance.measureUserAgentSpecificMemory()` on "
                "an isolated page (ForceEagerMeasureMemory), garbage collected first, the runtime already imported "
-               "before create; the session object is still held after release. Node: `process.memoryUsage().rss` "
+               "before create; the session object is still held after release; RSS: the renderer processes' "
+               "resident bytes at the same points (/proc, pids from the DevTools protocol). Node: `process.memoryUsage().rss` "
                "after `gc()` (node --expose-gc), one process per contestant. onnxruntime-web starts its wasm "
                "instance at its first session, so its before excludes it."), "",
-              "| model | Chromium Cortex | Chromium ort-web | Node Cortex | Node ort-web |", "|---|---|---|---|---|"]
+              "| model | Chromium Cortex | Chromium ort-web | Chromium Cortex RSS | Chromium ort-web RSS | Node Cortex RSS "
+              "| Node ort-web RSS |", "|---|---|---|---|---|---|---|"]
     for r in results:
         c = r.get("chromium") or {}
         node = r.get("node_memory", {})
         lines.append(f"| {r['model']} | {_memory_cell(c.get('memory', {}).get('cortex'))} | "
-                     f"{_memory_cell(c.get('memory', {}).get('ortweb'))} | {_memory_cell(node.get('cortex'))} | "
+                     f"{_memory_cell(c.get('memory', {}).get('ortweb'))} | "
+                     f"{_memory_cell(c.get('memory', {}).get('cortex'), 'rss_')} | "
+                     f"{_memory_cell(c.get('memory', {}).get('ortweb'), 'rss_')} | {_memory_cell(node.get('cortex'))} | "
                      f"{_memory_cell(node.get('ortweb'))} |")
     notes = [f"{r['model']} {k}: {v}" for r in results for k, v in {**(r.get('chromium') or {}).get('errors', {}),
                                                                    **{f'node memory {k}': v for k, v in r.get('node_memory_errors', {}).items()}}.items()

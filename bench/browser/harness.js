@@ -7,8 +7,8 @@
 //   {cmd: "outputs", id}                     -> {outputs: {name: [numbers]}}
 //   {cmd: "release", id}
 //   {cmd: "first", kind, model, inputs}      -> {ms}: runtime import + create + first run, nothing held after
-//   {cmd: "memory", kind, model, inputs, options} -> bytes from measureUserAgentSpecificMemory before
-//        create, after the first run and after release (garbage collected before each where gc is exposed)
+//   {cmd: "memory", phase: "before" | "run" | "release", kind, model, inputs} -> {bytes}: what
+//        measureUserAgentSpecificMemory counts after the phase (garbage collected first where gc is exposed)
 // Wall time only: a page has no CPU clock. onnxruntime-web's thread count is fixed by the first
 // session of a realm, so each ort thread count lives in its own page or Worker.
 
@@ -101,23 +101,26 @@ async function measured() {
   return found.bytes;
 }
 
+/** The contestant of the memory phases: {module, feeds, session}. */
+let measuredOne = null;
+
+/** One phase of the memory figure, each answered with the bytes measured after it: "before" imports
+ * the runtime and reads the inputs, "run" creates a session and runs it once, "release" releases it
+ * (the session object still held), so the caller can read the renderer's RSS between phases. */
 async function memory(req) {
   if (typeof performance.measureUserAgentSpecificMemory !== "function") {
     throw new Error(`measureUserAgentSpecificMemory is not available (crossOriginIsolated ${globalThis.crossOriginIsolated})`);
   }
-  const module = await runtime(req.kind);
-  let feeds = await feedsFrom(req.inputs, module.Tensor);
-  const before = await measured();
-  let session = await createSession(module, req.kind, req.model, req.options ?? {});
-  let results = await session.run(feeds);
-  const afterRun = await measured();
-  results = null;
-  await session.release();
-  const afterRelease = await measured();
-  session = null;
-  feeds = null;
-  const dropped = await measured();
-  return { before, after_run: afterRun, after_release: afterRelease, after_drop: dropped };
+  if (req.phase === "before") {
+    const module = await runtime(req.kind);
+    measuredOne = { module, feeds: await feedsFrom(req.inputs, module.Tensor), session: null };
+  } else if (req.phase === "run") {
+    measuredOne.session = await createSession(measuredOne.module, req.kind, req.model, {});
+    await measuredOne.session.run(measuredOne.feeds);
+  } else {
+    await measuredOne.session.release();
+  }
+  return { bytes: await measured() };
 }
 
 const handlers = { create, time, outputs, release, first, memory };
