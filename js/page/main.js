@@ -4,7 +4,9 @@
 // prompt-ids box instead, and its greedy ids appear one by one as they are made (`?prompt=1,2,3`
 // and `?tokens=N` fill the form and run it at load); the chart shows the last step. `?policy=NAME` runs under that policy (`offline`: the
 // source model on onnxruntime-web, which the runtime imports by name: a bundle that carries it maps
-// the name in index.html). `window.cortexBundle` holds what the page found, for scripts that drive
+// the name in index.html). `?threads=N` is `numThreads`: Workers running independent CUs at once on a
+// page that is not cross-origin isolated, a CU's kernel threads on one that is (and a threads build);
+// the status line says which ran. The status line counts the bytes and CUs loaded while `create` runs. `window.cortexBundle` holds what the page found, for scripts that drive
 // it (the tests read it).
 import { InferenceSession, exampleFeeds, isLanguageModel } from "./cortex-runtime/index.js";
 
@@ -97,10 +99,32 @@ function generationPage(session, loadMs) {
   return generateFromForm(session, loadMs);
 }
 
+/** The status line while `create` loads, and the events, in order, for `window.cortexBundle`.
+ * @param {any[]} events */
+function showProgress(events) {
+  return (/** @type {{bytes: number, totalBytes: number, cus: number, totalCus: number}} */ p) => {
+    events.push({ ...p });
+    $("status").textContent = `Loading: ${(p.bytes / 2 ** 20).toFixed(1)} of ${(p.totalBytes / 2 ** 20).toFixed(1)} MB, `
+      + `${p.cus} of ${p.totalCus} CUs…`;
+  };
+}
+
+/** How the last request used threads, in words. @param {any} trace */
+function threadsText(trace) {
+  const threads = trace.threads;
+  if (!threads || threads.mode === undefined || threads.mode === "single") return "on one thread";
+  return `on ${threads.threads} threads (${threads.mode}${threads.walk ? `, ${threads.walk} walk` : ""})`;
+}
+
 async function main() {
-  const policy = new URLSearchParams(location.search).get("policy") ?? undefined;
+  const query = new URLSearchParams(location.search);
+  const policy = query.get("policy") ?? undefined;
+  const numThreads = query.has("threads") ? Number(query.get("threads")) : undefined;
+  /** @type {any[]} */
+  const progress = [];
   const started = performance.now();
-  const session = await InferenceSession.create(new URL("dag.json", location.href).href, { policy });
+  const session = await InferenceSession.create(new URL("dag.json", location.href).href,
+    { policy, numThreads, onProgress: showProgress(progress) });
   const loadMs = performance.now() - started;
   $("model").textContent = session.dag.model?.name ?? "the model";
   if (isLanguageModel(session)) return generationPage(session, loadMs);
@@ -112,11 +136,13 @@ async function main() {
   $("status").textContent = trace.offline
     ? `Loaded the source model ${trace.offline.model}${on} on onnxruntime-web in ${loadMs.toFixed(1)} ms (offline policy); ran it in ${ms} ms.`
     : `Loaded ${session.dag.cus.length} CUs${on} in ${loadMs.toFixed(1)} ms (fetch, sha256, compile); `
-      + `ran ${trace.activated_cus.length} in ${ms} ms.`;
+      + `ran ${trace.activated_cus.length} in ${ms} ms ${threadsText(trace)}; `
+      + `${globalThis.crossOriginIsolated ? "" : "not "}cross-origin isolated.`;
   $("status").dataset.state = "done";
   table(outputs);
   chart(trace.cus);
-  return { status: "done", loadMs, trace, specialization: session.specialization,
+  return { status: "done", loadMs, trace, specialization: session.specialization, progress,
+    isolated: Boolean(globalThis.crossOriginIsolated),
     outputs: Object.fromEntries(Object.entries(outputs).map(([name, t]) => [name,
       { type: t.type, dims: [...t.dims], data: Array.from(t.data, Number) }])) };
 }

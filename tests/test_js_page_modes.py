@@ -1,0 +1,88 @@
+"""The bundle's example page in headless Chromium, served from 127.0.0.1 once cross-origin isolated
+(COOP/COEP headers) and once not, with `?threads=2`: both give onnxruntime's outputs, each says in
+its trace how its threads ran (CU workers on the page's main thread: it may not block, so a
+split kernel's threads are not an option there), and create's progress events arrive in order and
+end at their totals."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import threading
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from cli_helpers import run_cli
+from test_js_browser import CHROMIUM, CHROMIUM_ARGS, PAGE_TIMEOUT_MS, QuietHandler, playwright_api
+from test_js_cu_workers import SPLIT, branchy_model
+from test_js_threads_browser import IsolatedHandler
+from testdata import run_onnxruntime
+
+from cortex.commands.run import example_feeds
+from cortex.dag import read_dag
+
+pytestmark = pytest.mark.skipif(not CHROMIUM.is_file(), reason="chromium is not installed (apt-get install -y chromium)")
+
+
+def page_found(site: Path, isolated: bool, query: str) -> dict:
+    """`window.cortexBundle` of the site's index.html?query, served isolated or not."""
+    handler = IsolatedHandler if isolated else QuietHandler
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(site)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with playwright_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page()
+                errors: list[str] = []
+                page.on("pageerror", lambda e: errors.append(str(e)))
+                page.goto(f"http://127.0.0.1:{server.server_address[1]}/index.html?{query}")
+                page.wait_for_function("window.cortexBundle && window.cortexBundle.status !== 'loading'",
+                                       timeout=PAGE_TIMEOUT_MS)
+                found = page.evaluate("window.cortexBundle")
+            finally:
+                browser.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not errors, errors
+    return found
+
+
+@pytest.fixture(scope="module")
+def branchy_site(tmp_path_factory):
+    """A bundle of independent MatMul chains (CUs that can run at once) and onnxruntime's outputs
+    on the page's example inputs."""
+    folder = tmp_path_factory.mktemp("page-modes")
+    model_path = folder / "branchy.onnx"
+    onnx.save(branchy_model(np.random.default_rng(11)), model_path)
+    code, _, err = run_cli(["build", model_path, "--output", folder / "out", *SPLIT])
+    assert code == 0, err
+    site = folder / "site"
+    code, _, err = run_cli(["bundle", folder / "out" / "dag.json", "--output", site])
+    assert code == 0, err
+    expected = run_onnxruntime(model_path, example_feeds(read_dag(folder / "out" / "dag.json")["inputs"]))
+    return site, expected
+
+
+@pytest.mark.parametrize("isolated", [False, True], ids=["not-isolated", "isolated"])
+def test_the_page_runs_on_two_threads_isolated_or_not_with_onnxruntimes_outputs(branchy_site, isolated):
+    site, expected = branchy_site
+    found = page_found(site, isolated, "threads=2&policy=strict")
+    assert found["status"] == "done", found.get("error")
+    assert found["isolated"] is isolated
+    for name, want in expected.items():
+        got = np.array(found["outputs"][name]["data"], dtype=np.float32).reshape(want.shape)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=name)
+    threads = found["trace"]["threads"]
+    assert threads["mode"] == "cu-workers" and threads["threads"] == 2, threads
+    assert {entry["thread"] for entry in found["trace"]["cus"]} == {0, 1}, found["trace"]["cus"]
+    events = found["progress"]
+    assert len(events) >= 2
+    for before, after in zip(events, events[1:], strict=False):
+        assert after["bytes"] >= before["bytes"] and after["cus"] >= before["cus"], events
+        assert (after["totalBytes"], after["totalCus"]) == (before["totalBytes"], before["totalCus"]), events
+    last = events[-1]
+    assert last["bytes"] == last["totalBytes"] > 0 and last["cus"] == last["totalCus"] > 0, last
