@@ -2,13 +2,15 @@
 js/src/residency.js): a chain of large MatMuls whose weights are several times the budget runs
 under `memoryBudgetMB` with the unbudgeted run's bits and onnxruntime's values, its resident CUs
 within the budget and evicted as it goes; a budget below the largest CU is one line at create;
-`release()` leaves no CU resident, the process's RSS falls back towards where it was before
-create, and the next request gives the same bits. Both weight layouts: in the modules' data
-segments, and in weight files (--wasm-external-weights), read again whenever a CU loads."""
+`release()` leaves no CU resident and drops the compiled modules too, the process's RSS after a
+collection falls back to within 10% of where it was before create, and the next request gives the
+same bits. Both weight layouts: in the modules' data segments, and in weight files
+(--wasm-external-weights), read again whenever a CU loads."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -30,6 +32,10 @@ WIDTH, LAYERS = 1024, 8            # 4 MiB of weights per CU, 32 MiB in all
 MAX_CU_SIZE = WIDTH * WIDTH + 1     # one MatMul (and its Relu) per CU
 BUDGET_MB = 10                      # two CUs' memories at a time: a third of the weights
 MB = 1 << 20
+# glibc returns freed heap pages to the system at once, so the RSS after release shows what the
+# runtime holds rather than what the C allocator keeps for later (measured with the default:
+# 54.7 and 58.5 MiB after release against 50.1 and 49.9 before create; with this: 53.0 and 53.2).
+RETURNING_ALLOCATOR = {"MALLOC_TRIM_THRESHOLD_": "0"}
 
 
 def chain_model() -> onnx.ModelProto:
@@ -71,7 +77,8 @@ def run_check(tmp_path: Path, dag: Path, feeds: dict) -> dict:
            "budgets_mb": [BUDGET_MB], "too_small_mb": 1, "repeats": 3}
     (tmp_path / "job.json").write_text(json.dumps(job))
     done = subprocess.run([NODE, "--expose-gc", str(CHECK), str(tmp_path / "job.json")], capture_output=True,
-                          text=True, timeout=NODE_TIMEOUT_S, cwd=REPO_ROOT, check=False)
+                          text=True, timeout=NODE_TIMEOUT_S, cwd=REPO_ROOT, check=False,
+                          env={**os.environ, **RETURNING_ALLOCATOR})
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -113,14 +120,14 @@ def test_a_budget_runs_the_weights_in_pieces_and_release_gives_memory_back(chain
     assert report["resident_after_release"] == 0
     assert np.array_equal(output(tmp_path, "again"), full)
     rss = report["rss"]
-    grown, kept = rss["after_run"] - rss["before_create"], rss["after_release"] - rss["before_create"]
+    kept = rss["after_release"] - rss["before_create"]
     print(f"{layout}: RSS before create {rss['before_create'] / MB:.1f} MiB, after create + run "
           f"{rss['after_run'] / MB:.1f}, after release + gc {rss['after_release'] / MB:.1f}; "
           f"run {report['full']['ms']:.2f} ms, under {BUDGET_MB} MiB {run['ms']:.2f} ms (peak resident "
           f"{run['trace']['memory']['peak_resident_bytes'] / MB:.2f} MiB, {run['trace']['memory']['evictions']} evictions)")
-    # The instances' memories go back; a module with weights in its data segments keeps them in
-    # the compiled module (the engine holds its bytes), so only the weight files' build falls back
-    # close to where it was.
+    # Everything the session held goes back: the instances' memories, the compiled modules (the
+    # embedded layout's weights are in their bytes) and the host copies of weight files. Node runs
+    # with MALLOC_TRIM_THRESHOLD_=0 (RETURNING_ALLOCATOR): by default glibc keeps freed heap pages
+    # mapped for later allocations, which nothing in JavaScript can hand back.
     assert rss["after_run"] - rss["after_release"] >= 0.75 * weights
-    if layout == "external":
-        assert kept < 0.35 * grown
+    assert kept <= 0.10 * rss["before_create"]

@@ -34,6 +34,8 @@ const NS_PER_BYTE = 0.2;
 const NS_PER_CU = 2_000;
 const NS_PER_CROSSING = 30_000;
 const NS_PER_CROSSED_BYTE = 0.5;
+// Below this share of one thread's modelled time saved, a section's CUs all stay on the calling thread.
+export const MIN_GAIN = 0.1;
 
 /** @typedef {"single" | "cu-workers" | "kernel-threads"} ThreadMode */
 
@@ -74,11 +76,13 @@ export function sessionThreads(options, records, where) {
   return { mode, threads };
 }
 
-/** Each CU's owner thread (0: the calling one): a list schedule in dag.json's order, each CU on
- * the thread where it would end first, counting the crossings of its inputs from other threads.
- * Fallback CUs stay on the calling thread, which holds onnxruntime-web.
- * @param {import("./dag.js").Dag} dag @param {number} threads @returns {Map<string, number>} */
-export function assignThreads(dag, threads) {
+/** A list schedule of the dag's CUs on `threads` threads, in dag.json's order, each CU on the
+ * thread where it would end first, counting the crossings of its inputs from other threads, by the
+ * cost model above. Fallback CUs stay on the calling thread, which holds onnxruntime-web.
+ * @param {import("./dag.js").Dag} dag @param {number} threads
+ * @returns {{owner: Map<string, number>, makespan: number}} each CU's thread (0: the calling one), and
+ *   the modelled nanoseconds to the last CU's end */
+export function listSchedule(dag, threads) {
   const cus = new Map(dag.cus.map((cu) => [cu.id, cu]));
   const owner = new Map(), finish = new Map();
   const free = new Array(threads).fill(0);
@@ -102,7 +106,23 @@ export function assignThreads(dag, threads) {
     finish.set(id, bestEnd);
     free[best] = bestEnd;
   }
-  return owner;
+  return { owner, makespan: Math.max(0, ...free) };
+}
+
+/** Each CU's owner thread (0: the calling one): the list schedule's, unless it would save under
+ * MIN_GAIN of one thread's time (a chain of CUs, or branches too small for their crossings), where
+ * every CU stays on the calling thread and no worker starts, as the Python runtime's
+ * `gains_from_threads` keeps such a model on one thread: `numThreads` then costs nothing.
+ * @param {import("./dag.js").Dag} dag @param {number} threads
+ * @returns {{owner: Map<string, number>, oneThreadBecause: string | null}} */
+export function assignThreads(dag, threads) {
+  const alone = listSchedule(dag, 1).makespan;
+  const spread = listSchedule(dag, threads);
+  const saved = alone > 0 ? 1 - spread.makespan / alone : 0;
+  if (saved >= MIN_GAIN) return { owner: spread.owner, oneThreadBecause: null };
+  return { owner: new Map(dag.cus.map((cu) => [cu.id, 0])),
+    oneThreadBecause: `its CUs on ${threads} threads would save ${Math.round(Math.max(saved, 0) * 100)}% of one thread's `
+      + `time by the list schedule (under ${MIN_GAIN * 100}%: a chain, or branches too small for their crossings)` };
 }
 
 /** Why a request cannot walk the dag as a dataflow (null: it can): a decision between CUs.
@@ -119,6 +139,29 @@ export function sequentialReason(scheduler, policy) {
     return "the policy runs reduced-precision variants";
   }
   return null;
+}
+
+/** A tensor as it crosses to a worker: its buffer itself where `handOn` (a buffer of the walk's own,
+ * read nowhere else) and it spans the buffer, else a copy of its bytes.
+ * @param {Tensor} tensor @param {boolean} handOn @param {Transferable[]} transfer */
+function crossing(tensor, handOn, transfer) {
+  const { type, data, dims } = tensor;
+  const whole = handOn && data.byteOffset === 0 && data.byteLength === data.buffer.byteLength;
+  const buffer = whole ? data.buffer : data.slice().buffer;
+  transfer.push(buffer);
+  return [{ type, dims: [...dims], buffer }];
+}
+
+/** Resolves once the messages that came for this thread have been taken: a task, not a microtask,
+ * since a worker's answer is a task of its own (Node: setImmediate runs after pending messages;
+ * a browser: a MessageChannel's message queues behind them). */
+function messagesTaken() {
+  if (IN_NODE) return new Promise((resolve) => setImmediate(resolve));
+  return new Promise((resolve) => {
+    const channel = new MessageChannel();
+    channel.port1.onmessage = () => { channel.port1.close(); resolve(undefined); };
+    channel.port2.postMessage(null);
+  });
 }
 
 /** A CU a worker owns, as the scheduler sees it: `run` answers with a promise. */
@@ -155,6 +198,9 @@ export class CuWorkers {
     this.owned = new Map();
     /** @type {WeakMap<object, Map<string, number>>} dag -> each CU's thread */
     this.owners = new WeakMap();
+    /** @type {WeakMap<object, string | null>} dag -> why its CUs all stay on the calling thread (null: they do not) */
+    this.oneThread = new WeakMap();
+    this.requests = 0;
     this.loads = 0;
   }
 
@@ -163,8 +209,9 @@ export class CuWorkers {
    * @param {import("./dag.js").Dag} dag @param {(cu: import("./dag.js").CU) => Promise<WebAssembly.Module>} moduleOf
    * @param {(cu: import("./dag.js").CU) => Promise<any>} loadHere @returns {Promise<any[]>} in dag.cus' order */
   async units(dag, moduleOf, loadHere) {
-    const owner = assignThreads(dag, this.threads);
+    const { owner, oneThreadBecause } = assignThreads(dag, this.threads);
     this.owners.set(dag, owner);
+    this.oneThread.set(dag, oneThreadBecause);
     const keys = new Map();
     for (const [key, o] of this.owned) if (o.dag === dag) this.owned.delete(key);   // instantiated again
     await Promise.all(dag.cus.filter((cu) => owner.get(cu.id) !== 0).map(async (cu) => {
@@ -212,27 +259,29 @@ export class CuWorkers {
     return handle;
   }
 
-  /** Runs a worker's CU: copies of its inputs go over, its outputs come back.
+  /** Runs a worker's CU (the scheduler's sequential walk): copies of its inputs go over, its outputs come back.
    * @param {RemoteUnit} unit @param {Record<string, Tensor>} inputs */
   run(unit, inputs) {
-    // Posted at once when the worker is there: the caller may run its own CUs next, without yielding.
-    const handle = this.current[unit.thread - 1];
-    if (handle !== null) return this.send(handle, unit, inputs);
-    return this.worker(unit.thread).then((h) => this.send(h, unit, inputs));
-  }
-
-  /** @param {WorkerHandle} handle @param {RemoteUnit} unit @param {Record<string, Tensor>} inputs */
-  async send(handle, unit, inputs) {
     /** @type {Record<string, any>} */
     const sent = {};
     const transfer = [];
-    for (const name in inputs) {
-      const { type, data, dims } = inputs[name];
-      const buffer = data.slice().buffer;
-      sent[name] = { type, dims: [...dims], buffer };
-      transfer.push(buffer);
-    }
-    const answer = await handle.run(unit, sent, transfer);   // posts before its first await
+    for (const name in inputs) [sent[name]] = crossing(inputs[name], false, transfer);
+    return this.post(unit, { inputs: sent, send: unit.cu.outputs, keep: [] }, transfer);
+  }
+
+  /** Posts a job to the worker of `unit`: at once when the worker is there (the caller may run its
+   * own CUs next, without yielding), else once it has started.
+   * @param {RemoteUnit} unit @param {{inputs: Record<string, any>, send: string[], keep: string[], request?: number}} job
+   * @param {Transferable[]} transfer */
+  post(unit, job, transfer) {
+    const handle = this.current[unit.thread - 1];
+    if (handle !== null) return this.answer(handle, unit, job, transfer);
+    return this.worker(unit.thread).then((h) => this.answer(h, unit, job, transfer));
+  }
+
+  /** @param {WorkerHandle} handle @param {RemoteUnit} unit @param {any} job @param {Transferable[]} transfer */
+  async answer(handle, unit, job, transfer) {
+    const answer = await handle.run(unit, job, transfer);   // posts before its first await
     /** @type {Record<string, Tensor>} */
     const outputs = {};
     for (const name in answer.outputs) {
@@ -243,98 +292,162 @@ export class CuWorkers {
   }
 
   /** A request walked as a dataflow: each CU starts once its inputs are there, the workers' CUs
-   * posted before the calling thread runs its own. Same results and trace fields as `Scheduler.run`.
+   * posted before the calling thread runs its own, and between its own CUs the calling thread
+   * takes the answers that came (a worker's next CU may wait on one). A worker's output that only
+   * CUs of that worker read stays there (its CU's memory holds it until the request ends); one
+   * that came from a worker goes on to another without a copy when no other CU here needs it.
+   * A section whose CUs all stay on the calling thread takes the scheduler's walk, which is the
+   * one of `numThreads` 1. Same results and trace fields as `Scheduler.run`.
    * @param {import("./scheduler.js").Scheduler} scheduler @param {Record<string, Tensor>} feeds
    * @param {import("./policy.js").Policy} policy @param {string[]} outputs */
   async walk(scheduler, feeds, policy, outputs) {
-    const plan = scheduler.plan(policy, outputs);
     const used = new Set(scheduler.steps.filter((step) => step.unit instanceof RemoteUnit).map((step) => step.unit.thread));
+    if (used.size === 0) return scheduler.run(feeds, policy, outputs);
+    const plan = scheduler.plan(policy, outputs);
     await Promise.all([...used].filter((t) => this.current[t - 1] === null).map((t) => this.worker(t)));
+    const request = this.requests++;
     const env = new Map(Object.entries(feeds));
     let liveBytes = 0;
     for (const name in feeds) liveBytes += feeds[name].data.byteLength;
     /** @type {any} */
-    const request = { policy, needed: plan.needed, env, home: new Map(), keys: new Map(), activated: [], skipped: [], liveBytes };
+    const state = { policy, needed: plan.needed, env, home: new Map(), keys: new Map(), activated: [], skipped: [], liveBytes };
     /** @type {Map<string, number>} CU -> inputs it still waits for */
     const waiting = new Map();
     /** @type {any[]} */
     const ready = [];
     const stepOf = new Map(scheduler.steps.map((step) => [step.id, step]));
+    const threadOf = (/** @type {any} */ step) => (step.unit instanceof RemoteUnit ? step.unit.thread : 0);
+    /** @type {Map<string, number>} tensor -> the thread whose worker keeps it */
+    const keptOn = new Map();
+    /** @type {Map<string, number>} tensor -> its readers that have not started */
+    const unread = new Map();
+    /** @type {Set<string>} tensors whose buffers came from a worker: the walk may hand them on */
+    const ours = new Set();
+    const requested = new Set(outputs);
     for (const step of scheduler.steps) {
       if (plan.needed !== null && !plan.needed.has(step.id)) {
-        request.skipped.push({ cu: step.id, reason: NOT_NEEDED });
+        state.skipped.push({ cu: step.id, reason: NOT_NEEDED });
         continue;
       }
+      for (const name of new Set(step.cu.inputs)) unread.set(name, (unread.get(name) ?? 0) + 1);
       const missing = new Set(step.cu.inputs.filter((name) => !env.has(name))).size;
       if (missing === 0) ready.push(step); else waiting.set(step.id, missing);
     }
+    /** Where a worker step's outputs go: back here (read on another thread, or asked for) and/or kept. */
+    const destinations = (/** @type {any} */ step) => {
+      const t = threadOf(step), send = [], keep = [];
+      for (const name of step.cu.outputs) {
+        const readers = [...(scheduler.readers.get(name) ?? [])].map((id) => stepOf.get(id))
+          .filter((reader) => reader !== undefined && (plan.needed === null || plan.needed.has(reader.id)));
+        if (requested.has(name) || readers.some((reader) => threadOf(reader) !== t)) send.push(name);
+        if (readers.some((reader) => threadOf(reader) === t)) keep.push(name);
+      }
+      return { send, keep };
+    };
     let left = waiting.size + ready.length;
+    let inFlight = 0;
     /** @type {Error | null} */
     let failure = null;
     /** @type {() => void} */
     let wake = () => undefined;
-    const done = (/** @type {any} */ step, /** @type {Record<string, any>} */ results, /** @type {number} */ start,
-      /** @type {number} */ seconds) => {
-      for (const name in results) {
-        env.set(name, results[name]);
-        for (const reader of new Set(scheduler.readers.get(name) ?? [])) {
-          const count = waiting.get(reader);
-          if (count === undefined) continue;
-          if (count === 1) {
-            waiting.delete(reader);
-            ready.push(stepOf.get(reader));
-          } else {
-            waiting.set(reader, count - 1);
-          }
+    const arrived = (/** @type {string} */ name) => {
+      for (const reader of new Set(scheduler.readers.get(name) ?? [])) {
+        const count = waiting.get(reader);
+        if (count === undefined) continue;
+        if (count === 1) {
+          waiting.delete(reader);
+          ready.push(stepOf.get(reader));
+        } else {
+          waiting.set(reader, count - 1);
         }
       }
-      request.liveBytes += step.bytesOut;
-      request.activated.push({ step, start, seconds, cpuSeconds: seconds, crossed: 0,
+    };
+    const done = (/** @type {any} */ step, /** @type {Record<string, any>} */ results, /** @type {string[]} */ kept,
+      /** @type {number} */ start, /** @type {number} */ seconds) => {
+      for (const name of kept) {
+        keptOn.set(name, threadOf(step));
+        if (!(name in results)) arrived(name);
+      }
+      for (const name in results) {
+        env.set(name, results[name]);
+        arrived(name);
+      }
+      state.liveBytes += step.bytesOut;
+      state.activated.push({ step, start, seconds, cpuSeconds: seconds, crossed: 0,
         residentBytes: step.unit.residentBytes, variant: {} });
       left -= 1;
     };
-    const inputsOf = (/** @type {any} */ step) => Object.fromEntries(step.cu.inputs.map((name) => [name, env.get(name)]));
+    const read = (/** @type {string} */ name) => {
+      const count = /** @type {number} */ (unread.get(name)) - 1;
+      unread.set(name, count);
+      return count === 0 && ours.has(name) && !requested.has(name);
+    };
+    const post = (/** @type {any} */ step) => {
+      const t = threadOf(step);
+      /** @type {Record<string, any>} */
+      const inputs = {};
+      const transfer = [];
+      for (const name of new Set(step.cu.inputs)) {
+        const last = read(name);
+        if (keptOn.get(name) === t) {
+          inputs[name] = { kept: true };
+        } else {
+          [inputs[name]] = crossing(/** @type {Tensor} */ (env.get(name)), last, transfer);
+          if (last) env.delete(name);     // its buffer is the worker's now
+        }
+      }
+      const { send, keep } = destinations(step);
+      inFlight += 1;
+      this.post(step.unit, { inputs, send, keep, request }, transfer).then(({ outputs: results, startMs, seconds }) => {
+        inFlight -= 1;
+        for (const name in results) ours.add(name);
+        done(step, results, keep, startMs, seconds);
+        wake();
+      }, (error) => {
+        inFlight -= 1;
+        failure ??= error;
+        wake();
+      });
+    };
     while (left > 0) {
       if (failure !== null) throw failure;
       const remote = ready.filter((step) => step.unit instanceof RemoteUnit);
       const here = ready.filter((step) => !(step.unit instanceof RemoteUnit));
       ready.length = 0;
-      for (const step of remote) {
-        this.run(step.unit, inputsOf(step)).then(({ outputs: results, startMs, seconds }) => {
-          done(step, results, startMs, seconds);
-          wake();
-        }, (error) => {
-          failure ??= error;
-          wake();
-        });
-      }
+      for (const step of remote) post(step);
       if (here.length) {
         const [step, ...later] = here;
         ready.push(...later);
+        const inputs = Object.fromEntries(step.cu.inputs.map((name) => [name, env.get(name)]));
+        for (const name of new Set(step.cu.inputs)) read(name);
         const start = clock();
-        let results = step.unit.run(inputsOf(step));
+        let results = step.unit.run(inputs);
         if (results instanceof Promise) results = await results;
-        done(step, results, start, (clock() - start) / 1000);
+        done(step, results, [], start, (clock() - start) / 1000);
+        // Answers that came while this thread ran: a worker idle on one gets its next CU now.
+        if (inFlight > 0) await messagesTaken();
         continue;
       }
       if (left > 0 && ready.length === 0 && failure === null) await new Promise((resolve) => { wake = () => resolve(undefined); });
     }
     if (failure !== null) throw failure;
-    request.activated.sort((/** @type {any} */ a, /** @type {any} */ b) => a.start - b.start);
+    state.activated.sort((/** @type {any} */ a, /** @type {any} */ b) => a.start - b.start);
     /** @type {Record<string, Tensor>} */
     const results = {};
     for (const name of outputs) results[name] = copied(env.get(name));
-    return { results, request };
+    return { results, request: state };
   }
 
   /** The trace's `threads` for a request on `dag`. @param {import("./dag.js").Dag} dag
    * @param {string | null} sequential why the request walked sequentially (null: it did not) */
   trace(dag, sequential) {
     const owner = this.owners.get(dag) ?? new Map();
-    return { walk: sequential === null ? "threaded" : "sequential", cu_threads: this.threads, kernel_threads: 1,
+    // A section whose CUs all stay here walks as numThreads 1 does: sequentially, saying why.
+    const because = this.oneThread.get(dag) ?? sequential;
+    return { walk: because === null ? "threaded" : "sequential", cu_threads: this.threads, kernel_threads: 1,
       split_cus: dag.cus.filter((cu) => splitsKernels(/** @type {any} */ (cu.artifacts?.wasm))).map((cu) => cu.id),
       mode: "cu-workers", threads: this.threads, cu_thread: Object.fromEntries(owner),
-      ...(sequential === null ? {} : { sequential_because: sequential }) };
+      ...(because === null ? {} : { sequential_because: because }) };
   }
 
   /** Makes a worker fail the next run of a CU it owns: its `kind` "trap" throws there, "exit" ends
@@ -345,8 +458,10 @@ export class CuWorkers {
     (await this.worker(found[1].thread)).post({ fault: found[0], kind });
   }
 
-  /** Ends every worker; the next request that needs one starts it again. */
+  /** Ends every worker and forgets the CUs they owned, modules included (release: the sections are
+   * instantiated again, and their CUs given out again, by the next request). */
   async close() {
+    this.owned.clear();
     const handles = this.handles.filter((h) => h !== null);
     this.handles.fill(null);
     this.ready.fill(null);
@@ -437,14 +552,15 @@ class WorkerHandle {
     });
   }
 
-  /** @param {RemoteUnit} unit @param {Record<string, any>} inputs @param {Transferable[]} transfer */
-  run(unit, inputs, transfer) {
+  /** @param {RemoteUnit} unit @param {{inputs: Record<string, any>, send: string[], keep: string[], request?: number}} job
+   * @param {Transferable[]} transfer */
+  run(unit, job, transfer) {
     if (this.ended) return Promise.reject(new CortexError(`${unit.cu.id}: CU worker ${this.thread} has ended`));
     const id = this.nextJob++;
     return new Promise((resolve, reject) => {
       this.jobs.set(id, { resolve, reject, cu: unit.cu });
       this.idle();
-      this.post({ run: id, key: unit.key, inputs }, transfer);
+      this.post({ run: id, key: unit.key, ...job }, transfer);
     });
   }
 

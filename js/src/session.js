@@ -346,10 +346,13 @@ export class InferenceSession {
     await unit.close();
   }
 
-  /** Drops every instance (every section's CUs and variants, their workers), the host copies of
-   * weight files and the caches, after the requests already queued: nothing keeps a CU's memory, so
-   * the engine can collect them. The compiled modules stay: a later request instantiates its
-   * section's CUs again and writes their weights (weight files read again), as the first one did. */
+  /** Drops every instance (every section's CUs and variants, their workers), the compiled modules,
+   * the host copies of weight files and the caches, after the requests already queued: nothing of
+   * the session keeps a CU's memory or module, so the engine can collect them (a module whose
+   * weights are in its data segments keeps them in its bytes). The session stays usable: a later
+   * request reads, checks and compiles the modules again (from the module cache where another
+   * session still holds them, or from the Cache API in a browser), then instantiates its section's
+   * CUs and writes their weights, as the first one did. */
   release() {
     const done = this.queue.then(async () => {
       void this.lastTrace;                    // the trace's numbers, not the units its record names
@@ -361,6 +364,8 @@ export class InferenceSession {
       for (const scheduler of this.schedulers) await scheduler?.residency?.clear();
       this.schedulers = this.sections.map(() => undefined);
       this.files.weights.release();
+      this.files.modules = new ModuleFiles(this.url, this.loads);
+      this.cusRead = null;
     });
     this.queue = done.catch(() => undefined);
     return done;
