@@ -114,6 +114,41 @@ def test_independent_branches_run_on_workers_with_the_bits_of_one_thread(tmp_pat
     assert report["shared_array_buffers"] == 0, "SharedArrayBuffer was constructed where it is withheld"
 
 
+def chain_model(rng: np.random.Generator) -> onnx.ModelProto:
+    """DEPTH * 2 MatMul + Relu one after the other: nothing in it can run at once."""
+    nodes, weights, x = [], [], "x"
+    for d in range(2 * DEPTH):
+        w = (rng.standard_normal((WIDTH, WIDTH)) / np.sqrt(WIDTH)).astype(np.float32)
+        weights.append(numpy_helper.from_array(w, f"w{d}"))
+        nodes += [helper.make_node("MatMul", [x, f"w{d}"], [f"m{d}"]), helper.make_node("Relu", [f"m{d}"], [f"r{d}"])]
+        x = f"r{d}"
+    nodes.append(helper.make_node("Identity", [x], ["y"]))
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [BATCH, WIDTH])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [BATCH, WIDTH])], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_a_chain_on_two_threads_runs_on_the_calling_thread_and_says_why(tmp_path):
+    model_path = tmp_path / "chain.onnx"
+    onnx.save(chain_model(np.random.default_rng(7)), model_path)
+    code, _, err = run_cli(["build", model_path, "--output", tmp_path / "build", *SPLIT])
+    assert code == 0, err
+    dag = tmp_path / "build" / "dag.json"
+    assert len(json.loads(dag.read_text())["cus"]) > 1, "the chain should be several CUs"
+    feeds = {"x": np.random.default_rng(8).standard_normal((BATCH, WIDTH)).astype(np.float32)}
+    report = run_node(tmp_path, dag, feeds, [1, 2], no_shared_memory=True)
+    np.testing.assert_array_equal(output(tmp_path, "n2"), output(tmp_path, "n1"))
+    run = report["runs"]["2"]
+    threads = run["trace"]["threads"]
+    validate_trace(run["trace"])
+    assert (threads["mode"], threads["threads"], threads["walk"]) == ("cu-workers", 2, "sequential"), threads
+    assert "would save 0%" in threads["sequential_because"] and "a chain" in threads["sequential_because"], threads
+    assert set(threads["cu_thread"].values()) == {0} and {e["thread"] for e in run["trace"]["cus"]} == {0}
+    assert run["workers_started"] == 0, "a section whose CUs all stay here should start no worker"
+
+
 def test_a_request_that_looks_up_the_cache_walks_sequentially_with_the_schedulers_skips(tmp_path, branchy):
     _, build, feeds = branchy
     plain = build()

@@ -6,7 +6,11 @@
 // files itself (so a worker restarted after `release()` or a failure needs nothing the session has
 // dropped), and runs a CU when asked, its inputs and outputs moving as transferred ArrayBuffers.
 // Nothing here makes a SharedArrayBuffer: that is what lets it run on a page that is not isolated.
-// Messages in:  {base}, {load: [{key, cu, module}]}, {run, key, inputs: {name: {type, dims, buffer}}},
+// A request's outputs that only this worker's CUs read stay here ("keep"), as the views of their
+// CU's memory (each CU runs once in a request): a later job names them {kept: true}. A job of
+// another request drops them.
+// Messages in:  {base}, {load: [{key, cu, module}]},
+//               {run, key, request, inputs: {name: {type, dims, buffer} | {kept: true}}, send: [name], keep: [name]},
 //               {fault: key, kind: "trap" | "exit"} (the tests' way to fail a CU here).
 // Messages out: {loaded: [[key, residentBytes]]} | {loadError}, {ran, outputs, startMs, seconds} | {failed, error}.
 import { KernelThreads } from "./kernel_threads.js";
@@ -42,6 +46,10 @@ let weights = null;
 const kernelThreads = new KernelThreads(1);
 /** @type {Map<string, import("./wasm_unit.js").WasmUnit>} */
 const units = new Map();
+/** @type {Map<string, Tensor>} the request's outputs kept here */
+const kept = new Map();
+/** @type {number | undefined} the request they belong to */
+let keptFor;
 /** @type {Map<string, string>} key -> the fault to raise on its next run */
 const faults = new Map();
 
@@ -58,7 +66,8 @@ async function load(entries) {
   return loaded;
 }
 
-/** Runs one CU; its outputs leave as copies of its memory's slots, transferred. @param {any} job */
+/** Runs one CU; the outputs it is to send leave as copies of its memory's slots, transferred, and
+ * those it is to keep stay as views. @param {any} job */
 function run(job) {
   const unit = units.get(job.key);
   if (unit === undefined) throw new Error(`${job.key} is not loaded in this worker`);
@@ -68,11 +77,21 @@ function run(job) {
     if (fault === "exit") channel.exit();
     throw trapped(unit.cu, new Error("an injected fault"));
   }
+  if (job.request !== keptFor) {
+    kept.clear();
+    keptFor = job.request;
+  }
   /** @type {Record<string, Tensor>} */
   const inputs = {};
   for (const name in job.inputs) {
-    const { type, dims, buffer } = job.inputs[name];
-    inputs[name] = new Tensor(type, new ARRAY_TYPES[type](buffer), dims);
+    const { type, dims, buffer, kept: here } = job.inputs[name];
+    if (here) {
+      const tensor = kept.get(name);
+      if (tensor === undefined) throw new Error(`${unit.cu.id}: its input ${name} is not kept in this worker`);
+      inputs[name] = tensor;
+    } else {
+      inputs[name] = new Tensor(type, new ARRAY_TYPES[type](buffer), dims);
+    }
   }
   const startMs = performance.timeOrigin + performance.now();
   const results = unit.run(inputs);
@@ -80,7 +99,9 @@ function run(job) {
   /** @type {Record<string, any>} */
   const outputs = {};
   const transfer = [];
-  for (const name in results) {
+  for (const name of job.keep) if (name in results) kept.set(name, results[name]);
+  for (const name of job.send) {
+    if (!(name in results)) continue;
     const { type, data, dims } = results[name];
     const buffer = data.slice().buffer;
     outputs[name] = { type, dims: [...dims], buffer };
