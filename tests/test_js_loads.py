@@ -2,7 +2,8 @@
 events arrive in order and end at the totals dag.json records; a second session compiles nothing
 (Node: the in-process cache) and fetches no module (Chromium: the Cache API, on a fresh page of the
 same browser profile) and gives the same outputs; a corrupted cache entry is fetched again, not an
-error; a bad option is one line."""
+error, whether or not it carries the header that marks the runtime's own (verified) entries; a bad
+option is one line."""
 
 from __future__ import annotations
 
@@ -117,23 +118,33 @@ class CountingHandler(QuietHandler):
         super().do_GET()
 
 
-PAGE_CREATE = """async ([dag, corrupt]) => {
+PAGE_CREATE = """async ([dag, corrupt, verifiedHeader]) => {
   const { InferenceSession, exampleFeeds } = await import("/cortex-runtime/index.js");
   if (corrupt) {          // a cached module's bytes replaced by a valid, other module's header
     const store = await caches.open("cortex-modules");
     const key = (await store.keys()).find((r) => r.url.includes(corrupt));
-    await store.put(key, new Response(new Uint8Array([0, 97, 115, 109, 1, 0, 0, 0]),
-      { headers: { "content-type": "application/wasm" } }));
+    // With verifiedHeader, the entry claims to be the runtime's own but its bytes are cut short.
+    const bytes = verifiedHeader ? new Uint8Array((await (await store.match(key)).arrayBuffer()).slice(0, 100))
+      : new Uint8Array([0, 97, 115, 109, 1, 0, 0, 0]);
+    await store.put(key, new Response(bytes, { headers: { "content-type": "application/wasm",
+      ...(verifiedHeader ? { "x-cortex-sha256": corrupt } : {}) } }));
   }
   const events = [];
   const started = performance.now();
   const session = await InferenceSession.create(dag, { policy: "strict", onProgress: (e) => events.push({ ...e }) });
   const createMs = performance.now() - started;
   const results = await session.run(exampleFeeds(session.inputMetadata));
+  // Cache writes do not hold create up; the store is read once they have settled.
+  await (await import("/cortex-runtime/module_cache.js")).pendingWrites();
   const store = await caches.open("cortex-modules");
   const cached = {};
-  for (const request of await store.keys()) cached[request.url] = (await (await store.match(request)).arrayBuffer()).byteLength;
-  return { events, createMs, cached,
+  const verified = {};
+  for (const request of await store.keys()) {
+    const entry = await store.match(request);
+    verified[request.url] = entry.headers.get("x-cortex-sha256");
+    cached[request.url] = (await entry.arrayBuffer()).byteLength;
+  }
+  return { events, createMs, cached, verified,
            outputs: Object.fromEntries(Object.entries(results).map(([k, t]) => [k, Array.from(t.data)])) };
 }"""
 
@@ -166,12 +177,12 @@ def test_chromium_caches_modules_between_pages_and_refetches_a_corrupt_entry(tmp
             try:
                 context = browser.new_context()
 
-                def visit(corrupt: str = "") -> list[dict]:
+                def visit(corrupt: str = "", verified_header: bool = False) -> list[dict]:
                     page = context.new_page()
                     page.set_default_timeout(PAGE_TIMEOUT_MS)
                     page.goto(f"{origin}/blank.html")
-                    runs = [page.evaluate(PAGE_CREATE, [f"{origin}/dag.json", corrupt])]
-                    runs.append(page.evaluate(PAGE_CREATE, [f"{origin}/dag.json", ""]))     # the same page again
+                    runs = [page.evaluate(PAGE_CREATE, [f"{origin}/dag.json", corrupt, verified_header])]
+                    runs.append(page.evaluate(PAGE_CREATE, [f"{origin}/dag.json", "", False]))     # the same page again
                     page.close()
                     return runs
 
@@ -182,14 +193,22 @@ def test_chromium_caches_modules_between_pages_and_refetches_a_corrupt_entry(tmp
                 victim_path, victim = next(iter(records.items()))
                 repaired, _ = visit(victim["sha256"])
                 assert wasm_fetches() == [victim_path]                 # only the corrupted one, fetched again
+                # An entry marked as the runtime's (not hashed again) whose bytes do not compile: fetched again.
+                marked_corrupt, _ = visit(victim["sha256"], verified_header=True)
+                assert wasm_fetches() == [victim_path]
             finally:
                 browser.close()
     finally:
         server.shutdown()
         server.server_close()
-    for run in (cold, same_page, warm, repaired):
+    for run in (cold, same_page, warm, repaired, marked_corrupt):
         assert_in_order(run["events"], total_bytes, total_cus)
         assert run["outputs"] == cold["outputs"] and cold["outputs"]
     assert sorted(repaired["cached"].values()) == sorted(r["bytes"] for r in records.values())
+    # Every entry was written by the runtime after its bytes matched: it names their sha256.
+    by_sha = {r["sha256"]: r for r in records.values()}
+    for verified in (cold["verified"], marked_corrupt["verified"]):
+        assert sorted(verified.values()) == sorted(by_sha)
+        assert all(f"sha256-{sha}.wasm" in url for url, sha in verified.items())
     print(f"\ncreate ms: cold {cold['createMs']:.1f}, same page {same_page['createMs']:.1f}, "
           f"next visit {warm['createMs']:.1f}, one entry corrupt {repaired['createMs']:.1f}")

@@ -6,7 +6,10 @@
 //   {cmd: "time", id, repeat}                -> {ms: [...]} wall time per run (performance.now)
 //   {cmd: "outputs", id}                     -> {outputs: {name: [numbers]}}
 //   {cmd: "release", id}
-//   {cmd: "first", kind, model, inputs}      -> {ms}: runtime import + create + first run, nothing held after
+//   {cmd: "first", kind, model, inputs}      -> {ms, import_ms, create_ms, run_ms}: runtime import +
+//        create + first run, nothing held after
+//   {cmd: "phases", model, weights}          -> ms of each load phase of a dag.json's files, done one
+//        phase at a time by hand (fetch, sha256, compile, Cache API, instantiate, weights written)
 //   {cmd: "memory", phase: "before" | "run" | "release", kind, model, inputs} -> {bytes}: what
 //        measureUserAgentSpecificMemory counts after the phase (garbage collected first where gc is exposed)
 // Wall time only: a page has no CPU clock. onnxruntime-web's thread count is fixed by the first
@@ -87,11 +90,52 @@ async function first(req) {
   const start = performance.now();
   const module = await runtime(req.kind);
   const feeds = await feedsFrom(req.inputs, module.Tensor);
+  const imported = performance.now();
   const session = await createSession(module, req.kind, req.model);
+  const created = performance.now();
   await session.run(feeds);
   const ms = performance.now() - start;
   await session.release?.();
-  return { ms };
+  return { ms, import_ms: imported - start, create_ms: created - imported, run_ms: start + ms - created };
+}
+
+/** The phases of loading a dag.json's files, each over every file at once and timed on its own (what
+ * the runtime overlaps, taken apart): fetch, sha256, WebAssembly.compile from bytes, compileStreaming
+ * from a Cache API Response, instantiate (data segments copied), weight files written. */
+async function phases(req) {
+  const base = new URL(onSite(req.model));
+  const dag = await (await fetch(base)).json();
+  const records = [...new Map(dag.cus.filter((cu) => cu.artifacts?.wasm)
+    .map((cu) => [cu.artifacts.wasm.path, cu.artifacts.wasm])).values()];
+  const weightEntries = [...new Map(records.flatMap((r) => r.weights ?? []).map((w) => [w.path, w])).values()];
+  const ms = {};
+  let mark = performance.now();
+  const lap = (name) => { const now = performance.now(); ms[name] = now - mark; mark = now; };
+  const bytes = await Promise.all(records.map(async (r) => new Uint8Array(await (await fetch(new URL(r.path, base))).arrayBuffer())));
+  lap("fetch_modules");
+  const weights = await Promise.all(weightEntries.map(async (w) => new Uint8Array(await (await fetch(new URL(w.path, base))).arrayBuffer())));
+  lap("fetch_weights");
+  await Promise.all([...bytes, ...weights].map((b) => crypto.subtle.digest("SHA-256", b)));
+  lap("sha256");
+  const modules = await Promise.all(bytes.map((b) => WebAssembly.compile(b)));
+  lap("compile");
+  const cache = await caches.open("phases-probe");
+  await Promise.all(bytes.map((b, i) => cache.put(`/phases-probe/${i}.wasm`, new Response(b, { headers: { "content-type": "application/wasm" } }))));
+  lap("cache_put");
+  await Promise.all(bytes.map(async (b, i) => WebAssembly.compileStreaming(await cache.match(`/phases-probe/${i}.wasm`))));
+  lap("cache_compile_streaming");
+  await Promise.all(bytes.map(async (b, i) => (await cache.match(`/phases-probe/${i}.wasm`)).arrayBuffer()));
+  lap("cache_read");
+  await caches.delete("phases-probe");
+  const instances = await Promise.all(modules.map((m) => WebAssembly.instantiate(m, {})));
+  lap("instantiate");
+  for (const [i, r] of records.entries()) {
+    const memory = Object.values(instances[i].exports).find((e) => e instanceof WebAssembly.Memory);
+    for (const w of r.weights ?? []) new Uint8Array(memory.buffer, w.offset, w.bytes).set(weights[weightEntries.indexOf(weightEntries.find((e) => e.path === w.path))]);
+  }
+  lap("write_weights");
+  return { ms, modules: records.length, module_bytes: bytes.reduce((n, b) => n + b.byteLength, 0),
+           weight_files: weights.length, weight_bytes: weights.reduce((n, b) => n + b.byteLength, 0) };
 }
 
 /** The page's bytes as Chromium counts them, after a collection where `gc` is exposed. */
@@ -123,7 +167,7 @@ async function memory(req) {
   return { bytes: await measured() };
 }
 
-const handlers = { create, time, outputs, release, first, memory };
+const handlers = { create, time, outputs, release, first, phases, memory };
 
 /** One request; errors come back as {error} in one line. */
 export async function handle(req) {

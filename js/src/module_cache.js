@@ -8,9 +8,16 @@
 //   one entry per module under a synthetic URL holding its sha256, its bytes stored as an
 //   application/wasm Response. A later visit compiles with `WebAssembly.compileStreaming` from the
 //   cached Response, which lets Chromium reuse the optimised code it keeps beside Cache API entries.
-//   A cached entry is hashed again before its module is used (SubtleCrypto, while it compiles): the
-//   storage is the origin's to write and the disk's to corrupt, and dag.json's sha256 is the only
-//   thing the runtime trusts. An entry that does not match is dropped and the file refetched.
+//   A cached entry is not hashed again: its bytes were hashed when they were downloaded, and put
+//   only after they matched dag.json's sha256, under a key naming that sha256; the browser checks
+//   what it stores (Chromium's cache backend keeps a CRC of each body and fails a read that does not
+//   match, which fails the compile here); and the entry carries the header VERIFIED_HEADER, holding
+//   the sha256, which only this runtime writes, so an entry that another script of the origin put
+//   under the key is not taken for one. An entry without the header, or that does not compile, is
+//   dropped and the file fetched (and checked) again. Hashing the ~90 MB of MiniLM's modules again
+//   on each visit read every byte into JavaScript and cost a third of a warm load.
+// - The cache write of a downloaded module does not hold create up: it goes on while the CUs are
+//   instantiated and run (`pendingWrites()` settles when every write has).
 // Either cache holds only modules whose bytes matched dag.json.
 import { CortexError } from "./errors.js";
 import { fetched, readBytes } from "./loader.js";
@@ -18,6 +25,16 @@ import { readCounted } from "./progress.js";
 import { sha256Hex } from "./sha256.js";
 
 export const MODULE_CACHE_NAME = "cortex-modules";
+/** The header of a cache entry this runtime wrote, after the bytes matched: their sha256. */
+export const VERIFIED_HEADER = "x-cortex-sha256";
+
+/** Cache writes still under way. @type {Set<Promise<unknown>>} */
+const writes = new Set();
+
+/** Settles when every module cache write started so far has (a page about to be left may wait). */
+export function pendingWrites() {
+  return Promise.all([...writes]).then(() => undefined);
+}
 
 /** sha256 -> a module compiled in this process, held weakly. @type {Map<string, WeakRef<WebAssembly.Module>>} */
 const compiledModules = new Map();
@@ -81,12 +98,14 @@ export async function compiledModule(url, record, id, loads) {
     const key = store === null ? "" : moduleCacheKey(url, record.sha256);
     const hit = store === null ? undefined : await store.match(key);
     if (hit !== undefined) {
-      const [sha, module] = await compiledStream(hit, record, onBytes, id, url);
-      if (sha === record.sha256) {
-        cache?.hold(sha, /** @type {WebAssembly.Module} */ (module));
-        return [sha, module];
+      const module = hit.headers.get(VERIFIED_HEADER) === record.sha256
+        ? await WebAssembly.compileStreaming(hit).catch(() => null) : null;
+      if (module !== null) {
+        progress?.fileRead(record.path);
+        cache?.hold(record.sha256, module);
+        return [record.sha256, module];
       }
-      await /** @type {Cache} */ (store).delete(key).catch(() => false);     // corrupt: fetched again below
+      await /** @type {Cache} */ (store).delete(key).catch(() => false);     // not ours, or corrupt: fetched again below
     }
     const [sha, module, bytes] = url.protocol !== "file:" && typeof WebAssembly.compileStreaming === "function"
       ? await compiledStream(await fetched(url), record, onBytes, id, url)
@@ -95,7 +114,10 @@ export async function compiledModule(url, record, id, loads) {
       cache.hold(sha, /** @type {WebAssembly.Module} */ (module));
       // A store that refuses (quota, private mode) only costs the next visit a fetch.
       if (store !== null) {
-        await store.put(key, new Response(bytes, { headers: { "content-type": "application/wasm" } })).catch(() => undefined);
+        const write = store.put(key, new Response(bytes, { headers: { "content-type": "application/wasm",
+          [VERIFIED_HEADER]: sha } })).catch(() => undefined);
+        writes.add(write);
+        write.finally(() => writes.delete(write));
       }
     }
     return [sha, module];
