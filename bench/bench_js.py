@@ -87,20 +87,33 @@ def node_memory(kind: str, url: str, inputs: list[dict], workdir: Path) -> dict:
 
 def bench_browser(case, reference: dict, inputs: list[dict], site: Path, workdir: Path,
                   browser: browser_js.Chromium, rounds: int, load_repeats: int) -> dict:
-    """The Chromium figures of one model (bench/browser_js.py), a `--wasm-features threads` build beside."""
-    threads_site, threads_error = None, None
+    """The Chromium figures of one model (bench/browser_js.py), a `--wasm-features threads` build and
+    a `--parallel 2` build (for `numThreads: 2` on CU workers) beside."""
+    threads_site, threads_error, parallel_site = None, None, None
     try:
         cortex_side.build(case.path, case.input_shapes, case.dims, case.feeds, reference, workdir / "threads",
                           threads=browser_js.THREADS, features=threads_bench.THREADS_FEATURES)
         threads_site = _bundle(workdir / "threads", case.path)
     except cortex_side.NotAvailable as e:
         threads_error = str(e)
+    try:
+        cortex_side.build(case.path, case.input_shapes, case.dims, case.feeds, reference, workdir / "parallel",
+                          decompose=("--parallel", str(browser_js.THREADS)))
+        parallel_site = _bundle(workdir / "parallel", case.path)
+    except cortex_side.NotAvailable as e:
+        parallel_error = str(e)
+    else:
+        parallel_error = None
     page_inputs = browser_js.prepare_site(site, inputs)
-    if threads_site is not None:
-        browser_js.prepare_site(threads_site, inputs)
-    found = browser_js.bench_model(browser, site, threads_site, page_inputs, reference, rounds, load_repeats, MIN_PAIRS)
+    for extra in (threads_site, parallel_site):
+        if extra is not None:
+            browser_js.prepare_site(extra, inputs)
+    found = browser_js.bench_model(browser, site, threads_site, page_inputs, reference, rounds, load_repeats, MIN_PAIRS,
+                                   parallel_site=parallel_site)
     if threads_error:
         found["errors"]["cortex-threads2"] = threads_error
+    if parallel_error:
+        found["errors"]["cortex-numThreads2"] = f"the --parallel {browser_js.THREADS} build failed: {parallel_error}"
     return found
 
 

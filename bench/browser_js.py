@@ -5,8 +5,10 @@ The page side is bench/browser/ (harness.js, on a page's main thread or in a mod
 
 Contestants, alternating run by run (wall time per `session.run`; a page has no CPU clock):
 - one thread each on the plain page's main thread: Cortex's default build, onnxruntime-web numThreads 1;
-- Cortex `numThreads: 2` on the plain page (independent CUs on Workers, no SharedArrayBuffer), against
-  onnxruntime-web numThreads 2, which needs isolation: in a Worker of the isolated page;
+- Cortex `numThreads: 2` on the plain page (independent CUs on Workers, no SharedArrayBuffer) on a
+  `--parallel 2` build of the model (its large contractions sliced into 2 independent CUs: a default
+  build is a chain of CUs, which the workers cannot run at once), against onnxruntime-web numThreads 2,
+  which needs isolation: in a Worker of the isolated page;
 - on the isolated page, both in Workers: Cortex's `--wasm-features threads` build under `threads: 2`
   (its kernels in parts on 2 threads), against the same onnxruntime-web numThreads 2.
 Loads: runtime import + create + first result on a fresh browser context (cold: nothing cached) and
@@ -136,18 +138,20 @@ def _max_abs(outputs: dict, reference: dict) -> float | None:
 
 
 def bench_model(browser: Chromium, site: Path, threads_site: Path | None, inputs: list[dict], reference: dict,
-                rounds: int, load_repeats: int, min_pairs: int) -> dict:
-    """Run times, thread ratios, loads and memory of one model (see the module's docstring)."""
+                rounds: int, load_repeats: int, min_pairs: int, parallel_site: Path | None = None) -> dict:
+    """Run times, thread ratios, loads and memory of one model (see the module's docstring);
+    `parallel_site`: the `--parallel 2` build that Cortex `numThreads: 2` runs (the default build without one)."""
     result: dict = {"errors": {}}
     with served(site, False) as plain_origin, served(site, True) as isolated_origin, \
-            served(threads_site or site, True) as threads_origin:
+            served(threads_site or site, True) as threads_origin, served(parallel_site or site, False) as parallel_origin:
         plain = browser.page(plain_origin)
         isolated = browser.page(threads_origin)
+        parallel = browser.page(parallel_origin) if parallel_site is not None else plain
         # name -> (page, target, create request)
         contestants = {
             "cortex-1t": (plain, "main", dict(kind="cortex", model="/dag.json", options={})),
             "ortweb-1t": (plain, "main", dict(kind="ortweb", model="/model.onnx", options={"numThreads": 1})),
-            "cortex-numThreads2": (plain, "main", dict(kind="cortex", model="/dag.json", options={"numThreads": THREADS})),
+            "cortex-numThreads2": (parallel, "main", dict(kind="cortex", model="/dag.json", options={"numThreads": THREADS})),
             "ortweb-2t": (isolated, "ortweb-2t", dict(kind="ortweb", model="/model.onnx", options={"numThreads": THREADS})),
         }
         if threads_site is not None:
@@ -180,6 +184,8 @@ def bench_model(browser: Chromium, site: Path, threads_site: Path | None, inputs
             ask(*contestants[name][:2], cmd="release", id=name)
         plain.close()
         isolated.close()
+        if parallel is not plain:
+            parallel.close()
 
         def paired(a: str, b: str) -> dict | None:
             if a not in ms or b not in ms:

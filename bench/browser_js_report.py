@@ -84,7 +84,9 @@ def chromium_tables(results: list[dict], chromium_version: str | None, rounds: i
               ("This machine has 2 cores, so 2 threads are measured against 1; 4 threads cannot be measured honestly "
                "here (they would time-slice 2 cores). onnxruntime-web numThreads 2 needs SharedArrayBuffer, so it runs "
                "in a Worker of the isolated page in both comparisons. (a) Cortex `numThreads: 2` on the plain page's "
-               "main thread: independent CUs on a Worker, no isolation needed. (b) Cortex's `--wasm-features threads` "
+               "main thread, on a `--parallel 2` build of the model (its large contractions sliced into 2 independent "
+               "CUs; a default build is a chain of CUs, which runs on one thread whatever numThreads says): "
+               "independent CUs on a Worker, no isolation needed; its speedup is against the default build on one thread. (b) Cortex's `--wasm-features threads` "
                "build under `threads: 2` in a Worker of the isolated page: each large contraction in parts on 2 threads. "
                "Speedups are 1 thread / 2 threads of the same runtime (Cortex: its default build on one thread)."), "",
               "| model | Cortex numThreads 2 ms (plain) | Cortex threads 2 ms (isolated) | ort-web 2t ms (isolated) "

@@ -1,6 +1,8 @@
 """The JavaScript runtime's CU workers (js/src/cu_workers.js) in Node: `numThreads` 1 against 2 on
 a `--parallel N` build of each model (large contractions sliced into N independent CUs, which is
-what gives the workers something to run at once), runs interleaved round by round, medians kept,
+what gives the workers something to run at once), runs interleaved round by round, medians kept of
+wall time and of the process's CPU time over all its threads (its ratio is what the workers cost in
+extra work, which other load on a shared machine does not change, unlike wall time),
 and where the 2-thread request's time went, from its trace: each thread's busy and idle time, the
 CUs it ran, and the calling thread's time outside CUs (copies, postMessage, the walk).
 
@@ -74,15 +76,18 @@ def measure(name: str, parallel: int, rounds: int, threads: tuple[int, ...]) -> 
             raise RuntimeError(done.stderr.strip()[-2000:])
         found = json.loads(done.stdout.strip().splitlines()[-1])
     medians = {n: statistics.median(found["ms"][str(n)]) for n in threads}
+    cpu = {n: statistics.median(found["cpu_ms"][str(n)]) for n in threads}
     cus = len(json.loads(dag.read_text())["cus"])
-    # The traced request nearest the median of the last thread count.
-    last = str(threads[-1])
-    timed = found["ms"][last]
-    nearest = min(range(len(timed)), key=lambda i: abs(timed[i] - medians[threads[-1]]))
+    profiles = {}
+    for n in threads:       # each thread count's traced request nearest its median
+        timed = found["ms"][str(n)]
+        nearest = min(range(len(timed)), key=lambda i: abs(timed[i] - medians[n]))
+        profiles[n] = profile(found["traces"][str(n)][nearest], timed[nearest])
     return {"model": name, "parallel": parallel, "cus": cus, "median_ms": medians,
             "spread_ms": {n: [min(found["ms"][str(n)]), max(found["ms"][str(n)])] for n in threads},
             "speedup": medians[threads[0]] / medians[threads[-1]],
-            "profile": profile(found["traces"][last][nearest], timed[nearest]),
+            "cpu_ms": cpu, "cpu_ratio": cpu[threads[-1]] / cpu[threads[0]],
+            "profile": profiles,
             "load_average": os.getloadavg()}
 
 
@@ -101,8 +106,13 @@ def main(argv: list[str] | None = None) -> int:
         found = measure(name, args.parallel, args.rounds, threads)
         results.append(found)
         ms = "  ".join(f"n{n} {found['median_ms'][n]:.1f} ms" for n in threads)
-        print(f"{name} --parallel {args.parallel} ({found['cus']} CUs): {ms}  speedup {found['speedup']:.2f}x", flush=True)
-        print("  " + json.dumps(found["profile"]), flush=True)
+        cpu = "  ".join(f"n{n} {found['cpu_ms'][n]:.1f}" for n in threads)
+        print(f"{name} --parallel {args.parallel} ({found['cus']} CUs): {ms}  speedup {found['speedup']:.2f}x;"
+              f"  process CPU ms {cpu} (ratio {found['cpu_ratio']:.2f})", flush=True)
+        for n, seen in found["profile"].items():
+            busy = "  ".join(f"thread {t}: {v['busy_ms']:.1f} ms in {v['cus']} CUs" for t, v in seen["threads"].items())
+            print(f"  n{n} request of {seen['wall_ms']:.1f} ms ({seen['walk']}): {busy}"
+                  + (f"; sequential because {seen['because']}" if seen["because"] else ""), flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     if results:
