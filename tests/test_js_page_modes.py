@@ -6,18 +6,15 @@ end at their totals."""
 
 from __future__ import annotations
 
-import functools
-import http.server
-import threading
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 from cli_helpers import run_cli
-from test_js_browser import CHROMIUM, CHROMIUM_ARGS, PAGE_TIMEOUT_MS, QuietHandler, playwright_api
+from test_js_browser import CHROMIUM, PAGE_TIMEOUT_MS
 from test_js_cu_workers import SPLIT, branchy_model
-from test_js_threads_browser import IsolatedHandler
+from test_js_threads_browser import opened_page
 from testdata import run_onnxruntime
 
 from cortex.commands.run import example_feeds
@@ -28,25 +25,11 @@ pytestmark = pytest.mark.skipif(not CHROMIUM.is_file(), reason="chromium is not 
 
 def page_found(site: Path, isolated: bool, query: str) -> dict:
     """`window.cortexBundle` of the site's index.html?query, served isolated or not."""
-    handler = IsolatedHandler if isolated else QuietHandler
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(site)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        with playwright_api.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-            try:
-                page = browser.new_page()
-                errors: list[str] = []
-                page.on("pageerror", lambda e: errors.append(str(e)))
-                page.goto(f"http://127.0.0.1:{server.server_address[1]}/index.html?{query}")
-                page.wait_for_function("window.cortexBundle && window.cortexBundle.status !== 'loading'",
-                                       timeout=PAGE_TIMEOUT_MS)
-                found = page.evaluate("window.cortexBundle")
-            finally:
-                browser.close()
-    finally:
-        server.shutdown()
-        server.server_close()
+    errors: list[str] = []
+    with opened_page(site, isolated, f"index.html?{query}", errors) as page:
+        page.wait_for_function("window.cortexBundle && window.cortexBundle.status !== 'loading'",
+                               timeout=PAGE_TIMEOUT_MS)
+        found = page.evaluate("window.cortexBundle")
     assert not errors, errors
     return found
 

@@ -6,6 +6,7 @@ line; a page that is not isolated refuses the build in one line at create."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import threading
@@ -61,8 +62,10 @@ class IsolatedHandler(QuietHandler):
         super().end_headers()
 
 
-def evaluate(site: Path, isolated: bool, calls: list[tuple[str, list]]) -> list[dict]:
-    """Each (script, argument) evaluated in a blank page of `site`, served isolated or not."""
+@contextlib.contextmanager
+def opened_page(site: Path, isolated: bool, path: str, errors: list[str] | None = None):
+    """A Chromium page at `path` of `site`, served from 127.0.0.1 isolated (COOP/COEP) or not; the
+    page's uncaught errors go into `errors` from before it loads."""
     handler = IsolatedHandler if isolated else QuietHandler
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(site)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -72,13 +75,21 @@ def evaluate(site: Path, isolated: bool, calls: list[tuple[str, list]]) -> list[
             try:
                 page = browser.new_page()
                 page.set_default_timeout(PAGE_TIMEOUT_MS)
-                page.goto(f"http://127.0.0.1:{server.server_address[1]}/blank.html")
-                return [page.evaluate(script, argument) for script, argument in calls]
+                if errors is not None:
+                    page.on("pageerror", lambda e: errors.append(str(e)))
+                page.goto(f"http://127.0.0.1:{server.server_address[1]}/{path}")
+                yield page
             finally:
                 browser.close()
     finally:
         server.shutdown()
         server.server_close()
+
+
+def evaluate(site: Path, isolated: bool, calls: list[tuple[str, list]]) -> list[dict]:
+    """Each (script, argument) evaluated in a blank page of `site`, served isolated or not."""
+    with opened_page(site, isolated, "blank.html") as page:
+        return [page.evaluate(script, argument) for script, argument in calls]
 
 
 def test_a_threads_bundle_runs_in_chromium_workers_and_is_refused_where_it_cannot(tmp_path, builds):
