@@ -11,7 +11,13 @@ through playwright, plain compileStreaming + instantiate with no Cortex 121 / 23
 second round; the same with the bytes fetched before the first phase 197 / 262 / 198. Without a
 DevTools client that raw load gives 118 / 187 / 119, and Cortex 118 / 193 / 129 on both rounds,
 with or without the module cache: the ~10 MiB Cortex keeps over the raw load does not grow with
-more sessions (what the engine and allocator keep for reuse, not a session's memory)."""
+more sessions (what the engine and allocator keep for reuse, not a session's memory).
+
+performance.measureUserAgentSpecificMemory is not the measure: in this Chromium it counts ArrayBuffers
+and shared WebAssembly memories (a SharedArrayBuffer) but no non-shared WebAssembly.Memory, whether
+the module defines it or JavaScript constructs, grows or imports it (measured on 64 MiB memories: 0
+bytes counted; a shared one 64 MiB). Cortex's CU memories are non-shared, so it sees ~1 MB of them;
+onnxruntime-web on a crossOriginIsolated page runs on a shared memory, which it counts."""
 
 from __future__ import annotations
 
