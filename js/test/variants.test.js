@@ -92,13 +92,15 @@ for (const c of cases) {
       const bytes = readFileSync(file);
       bytes[bytes.length - 1] ^= 1;
       writeFileSync(file, bytes);
-      const session = await InferenceSession.create(copy.dag, { policy: "strict" });      // strict picks none
+      // Without the module cache: modules compiled from verified bytes earlier in this process would be
+      // served by their sha256, the changed file unread.
+      const session = await InferenceSession.create(copy.dag, { policy: "strict", moduleCache: false });   // strict picks none
       const feeds = readTensors(c, c.variant_runs[0].requests[0].inputs);
       await session.run(feeds);
       const message = new RegExp(`${path.basename(file)}: sha256 [0-9a-f]{64} is not the ${cu.variants.int8.artifacts.wasm.sha256} `
         + `that dag.json records for ${cu.id}-int8`);
       await refuses(() => session.run(feeds, { policy: "balanced" }), message);
-      await refuses(() => InferenceSession.create(copy.dag), message);
+      await refuses(() => InferenceSession.create(copy.dag, { moduleCache: false }), message);
       assert.ok(await session.run(feeds, { policy: "strict" }), "the session still serves");
       await refuses(() => session.run(feeds, { trustThreshold: 2 }), /^trustThreshold must be in \[0, 1\] \(got 2\)$/);
     } finally {
@@ -132,7 +134,7 @@ for (const c of cases) {
       const dag = JSON.parse(readFileSync(copy.dag, "utf8"));
       const module = path.join(path.dirname(copy.dag), dag.cus[0].artifacts.wasm.path);
       rmSync(module);
-      const session = await InferenceSession.create(copy.dag, { policy: "offline", onnxruntime: ort });
+      const session = await InferenceSession.create(copy.dag, { policy: "offline", onnxruntime: ort, moduleCache: false });
       const feeds = readTensors(c, c.offline.requests[0].inputs);
       await session.run(feeds);
       await refuses(() => session.run(feeds, { policy: "strict" }), new RegExp(`cannot read ${module}: ENOENT`));
