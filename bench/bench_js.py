@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -75,11 +76,14 @@ def _bundle(workdir: Path, model: Path) -> Path:
 
 
 def node_memory(kind: str, url: str, inputs: list[dict], workdir: Path) -> dict:
-    """bench/ortweb/memory_node.mjs in a Node of its own: RSS before create, after run, after release."""
+    """bench/ortweb/memory_node.mjs in a Node of its own: RSS before create, after run, after release.
+    Both contestants run with MALLOC_TRIM_THRESHOLD_=0: glibc then hands freed heap pages back at once,
+    so RSS says what the runtime holds, not what the allocator keeps of the fetches' freed chunks."""
     described = workdir / f"inputs-{kind}.json"
     described.write_text(json.dumps(inputs))
     done = subprocess.run([NODE, "--experimental-wasm-relaxed-simd", "--expose-gc", str(ORTWEB_DIR / "memory_node.mjs"),
-                           kind, url, str(described)], capture_output=True, text=True, cwd=ORTWEB_DIR, timeout=600)
+                           kind, url, str(described)], capture_output=True, text=True, cwd=ORTWEB_DIR, timeout=600,
+                          env={**os.environ, "MALLOC_TRIM_THRESHOLD_": "0"})
     if done.returncode != 0:
         raise RuntimeError(f"memory_node.mjs {kind}: {(done.stderr.strip().splitlines() or ['no message'])[-1][:160]}")
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -13,33 +13,37 @@ Contestants, alternating run by run (wall time per `session.run`; a page has no 
   (its kernels in parts on 2 threads), against the same onnxruntime-web numThreads 2.
 Loads: runtime import + create + first result on a fresh browser context (cold: nothing cached) and
 on a second page of that context (warm: Cortex's modules from the Cache API, onnxruntime-web's files
-from the http cache). Memory: `performance.measureUserAgentSpecificMemory` on an isolated page before
-create, after the first run and after `session.release()`, collected first (--js-flags=--expose-gc)."""
+from the http cache). Memory: the page renderer's RSS before create, after the first run and after
+`session.release()`, collected first, in a Chromium with no DevTools client (bench/chromium_memory.py)."""
 
 from __future__ import annotations
 
 import functools
 import http.server
+import json
 import shutil
 import statistics
+import tempfile
 import threading
+import urllib.parse
 from contextlib import contextmanager
 from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
 
+from bench import chromium_memory
 from bench.node_runner import ORTWEB_DIR
 
 CHROMIUM = Path("/usr/bin/chromium")
 HARNESS_DIR = Path(__file__).resolve().parent / "browser"
-# ForceEagerMeasureMemory: measureUserAgentSpecificMemory answers at once instead of at the next
-# garbage collection (up to 20 s); --expose-gc lets the harness collect before it measures.
+# --expose-gc lets the harness collect garbage before a load is timed.
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run", "--js-flags=--expose-gc",
-                 "--enable-blink-features=ForceEagerMeasureMemory", "--disable-background-timer-throttling",
+                 "--disable-background-timer-throttling",
                  "--disable-renderer-backgrounding", "--disable-backgrounding-occluded-windows"]
 PAGE_TIMEOUT_MS = 300_000
+MEMORY_TIMEOUT_S = 300
 THREADS = 2
 
 
@@ -203,42 +207,26 @@ def bench_model(browser: Chromium, site: Path, threads_site: Path | None, inputs
         result["load"] = loads(browser, plain_origin, inputs, load_repeats)
         result["memory"] = {}
         for kind, model in (("cortex", "/dag.json"), ("ortweb", "/model.onnx")):
-            page = browser.page(isolated_origin)
             try:
-                result["memory"][kind] = memory_phases(browser, page, kind, model, inputs)
+                result["memory"][kind] = memory_phases(site, kind, model, inputs)
             except RuntimeError as e:
                 result["errors"][f"memory {kind}"] = str(e)
-            finally:
-                page.close()
     return result
 
 
-def renderer_rss(browser: Chromium) -> int | None:
-    """The resident bytes of Chromium's renderer processes, summed (Workers run in their page's), from
-    /proc: the pids from the DevTools protocol's SystemInfo.getProcessInfo."""
-    try:
-        session = browser.browser.new_browser_cdp_session()
-        processes = session.send("SystemInfo.getProcessInfo")["processInfo"]
-        session.detach()
-        total = 0
-        for process in processes:
-            if process["type"] == "renderer":
-                for line in Path(f"/proc/{process['id']}/status").read_text().splitlines():
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1]) * 1024
-        return total
-    except Exception:      # the protocol's or /proc's refusal: the figure is then not measured
-        return None
-
-
-def memory_phases(browser: Chromium, page, kind: str, model: str, inputs: list[dict]) -> dict:
-    """measureUserAgentSpecificMemory's bytes and the renderers' RSS before create, after the first
-    run and after release (harness.js's memory phases, on this page only)."""
-    found = {}
-    for phase, key in (("before", "before"), ("run", "after_run"), ("release", "after_release")):
-        found[key] = ask(page, "main", cmd="memory", phase=phase, kind=kind, model=model, inputs=inputs)["bytes"]
-        found[f"rss_{key}"] = renderer_rss(browser)
-    return found
+def memory_phases(site: Path, kind: str, model: str, inputs: list[dict]) -> dict:
+    """The page renderer's RSS before create, after the first run and after release (harness.js's
+    memory phases in bench/browser/memory.html), in a Chromium of its own with no DevTools client
+    (bench/chromium_memory.py: playwright's would keep every fetched file resident)."""
+    request = urllib.parse.quote(json.dumps({"kind": kind, "model": model, "inputs": inputs}))
+    with tempfile.TemporaryDirectory(prefix="cortex-bench-memory-") as profile:
+        phases = chromium_memory.phases_rss(site, f"bench/memory.html#{request}", Path(profile), MEMORY_TIMEOUT_S)
+    if "error" in phases:
+        raise RuntimeError(phases["error"])
+    if "done" not in phases:
+        raise RuntimeError(f"the memory page reached only {sorted(phases)} in {MEMORY_TIMEOUT_S} s")
+    rss = chromium_memory.page_rss(phases, "run")
+    return {"rss_before": rss["before"], "rss_after_run": rss["run"], "rss_after_release": rss["release"]}
 
 
 def loads(browser: Chromium, origin: str, inputs: list[dict], repeats: int) -> dict:

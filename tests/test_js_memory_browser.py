@@ -21,19 +21,13 @@ onnxruntime-web on a crossOriginIsolated page runs on a shared memory, which it 
 
 from __future__ import annotations
 
-import functools
-import http.server
-import os
-import signal
-import subprocess
-import threading
-from pathlib import Path
-
 import onnx
 import pytest
 from cli_helpers import run_cli
 from test_js_browser import CHROMIUM
 from test_js_memory import LAYERS, MAX_CU_SIZE, WIDTH, chain_model
+
+from bench.chromium_memory import page_rss, phases_rss
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.is_file(), reason="chromium is not installed")
 
@@ -66,84 +60,6 @@ try {
 </script>""".replace("WIDTH", str(WIDTH)).replace("ROUNDS", str(ROUNDS))
 
 
-def descendants(pid: int) -> set[int]:
-    """The processes under `pid`, from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                parent = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry))
-    found, frontier = set(), [pid]
-    while frontier:
-        frontier = [c for p in frontier for c in children.get(p, []) if c not in found]
-        found.update(frontier)
-    return found
-
-
-def renderers_rss(browser_pid: int) -> dict[int, int]:
-    """pid -> resident bytes of each Chromium renderer process under the browser."""
-    found = {}
-    for pid in descendants(browser_pid):
-        try:
-            if b"--type=renderer" not in Path(f"/proc/{pid}/cmdline").read_bytes():
-                continue
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    found[pid] = int(line.split()[1]) * 1024
-        except OSError:
-            continue
-    return found
-
-
-def phases_rss(site: Path, profile: Path) -> dict[str, dict[int, int]]:
-    """Each phase the page reached -> the renderers' RSS then; "error" -> the page's error, if any."""
-    phases: dict = {}
-    done = threading.Event()
-    browser: list[subprocess.Popen] = []
-
-    class Handler(http.server.SimpleHTTPRequestHandler):
-        extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map,  # noqa: RUF012
-                          ".wasm": "application/wasm", ".js": "text/javascript"}
-
-        def log_message(self, format, *args):
-            pass
-
-        def do_GET(self):
-            if not self.path.startswith("/phase?"):
-                return super().do_GET()
-            phase = self.path.split("?", 1)[1]
-            if phase.startswith("error="):
-                phases["error"] = phase
-            else:
-                phases[phase] = renderers_rss(browser[0].pid)
-            if phase == "done" or phase.startswith("error="):
-                done.set()
-            self.send_response(204)
-            self.end_headers()
-            return None
-
-    (site / "memory.html").write_text(PAGE)
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(site)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        browser.append(subprocess.Popen(
-            [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
-             "--disable-background-networking", "--disable-component-update", "--js-flags=--expose-gc",
-             f"--user-data-dir={profile}", f"http://127.0.0.1:{server.server_address[1]}/memory.html"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
-        done.wait(PAGE_TIMEOUT_S)
-    finally:
-        if browser:
-            os.killpg(browser[0].pid, signal.SIGTERM)
-            browser[0].wait(timeout=30)
-        server.shutdown()
-        server.server_close()
-    return phases
-
-
 def test_release_gives_the_renderer_its_memory_back(tmp_path):
     onnx.save(chain_model(), tmp_path / "chain.onnx")
     code, _, err = run_cli(["build", tmp_path / "chain.onnx", "--output", tmp_path / "build",
@@ -151,12 +67,11 @@ def test_release_gives_the_renderer_its_memory_back(tmp_path):
     assert code == 0, err
     code, _, err = run_cli(["bundle", tmp_path / "build" / "dag.json", "--output", tmp_path / "site"])
     assert code == 0, err
-    phases = phases_rss(tmp_path / "site", tmp_path / "profile")
+    (tmp_path / "site" / "memory.html").write_text(PAGE)
+    phases = phases_rss(tmp_path / "site", "memory.html", tmp_path / "profile", PAGE_TIMEOUT_S)
     assert "error" not in phases, phases["error"]
     assert "done" in phases, f"the page reached only {sorted(phases)} in {PAGE_TIMEOUT_S} s"
-    # The page's renderer: the one that grew by the model's memories.
-    page = max(phases["run0"], key=lambda pid: phases["run0"][pid] - phases["before"].get(pid, 0))
-    rss = {phase: found[page] for phase, found in phases.items() if page in found}
+    rss = page_rss(phases, "run0")       # the renderer that grew by the model's memories
     weights = LAYERS * WIDTH * WIDTH * 4
     print("renderer RSS (MiB): " + ", ".join(f"{p} {v / MB:.1f}" for p, v in rss.items()))
     for round in range(ROUNDS):
