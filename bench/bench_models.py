@@ -50,9 +50,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  onnxruntime-web columns will be n/a: {e}", flush=True)
         node = None
     threads_names = [n.strip() for n in args.threads_models.split(",") if n.strip()]
-    unknown = [n for n in threads_names if n not in model_bench.MODEL_NAMES]
+    unknown = [n for n in threads_names if n not in threads_bench.DEFAULT_MODELS]
     if unknown:
-        parser.error(f"unknown --threads-models {', '.join(unknown)}; known: {', '.join(model_bench.MODEL_NAMES)}")
+        parser.error(f"unknown --threads-models {', '.join(unknown)}; known: {', '.join(threads_bench.DEFAULT_MODELS)}")
     models, gemms, peak, drifts, threads, gil = [], [], {}, [], [], None
     try:
         if not args.no_gemm:
