@@ -1,7 +1,7 @@
 """A CU's large contractions on several threads over one shared memory (`--wasm-features threads`,
 backends/wasm/kernel_parts.py, kernel_threads.py): every way a contraction is cut (GEMM rows, a
 batched product's batches, a GEMV's columns, a large Conv's row chunks, a small Conv's output
-channels, a 1x1 Conv) gives the same bits on 1, 2 and 3 threads, the bits of the build that does not
+channels, a grouped Conv's groups, a 1x1 Conv) gives the same bits on 1, 2 and 3 threads, the bits of the build that does not
 split it, and onnxruntime's values; the trace says which CUs split and on how many threads; a worker
 that traps mid-kernel fails the request in one line naming the CU and leaves the model usable; the
 CLI runs such a build and refuses bad options in one line."""
@@ -95,6 +95,15 @@ def conv_channels(rng):
                   [_weight(rng, "w", 128, 64, 3, 3), _weight(rng, "b", 128), _weight(rng, "w1", 128, 128, 1, 1)])
 
 
+def conv_groups(rng):
+    """A grouped 3x3 Conv (alexnet's groups of 2, here 4 groups of 48 channels), with bias and Relu:
+    parts of whole groups over one im2col."""
+    return _model([helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], group=4),
+                   helper.make_node("Relu", ["c"], ["y"])],
+                  [("x", [1, 192, 13, 13])], ("y", [1, 192, 13, 13]), [_weight(rng, "w", 192, 48, 3, 3),
+                                                                       _weight(rng, "b", 192)])
+
+
 def normalised_rows(rng):
     """LayerNormalization then Softmax over 512 rows: loop-nest kernels cut along their rows."""
     return _model([helper.make_node("LayerNormalization", ["x", "g", "b"], ["n"], axis=-1, epsilon=1e-5),
@@ -112,7 +121,8 @@ def elementwise_flat(rng):
 
 CASES = {"normalised-rows": normalised_rows, "elementwise-flat": elementwise_flat, "nbits-level4": lambda rng: nbits_columns(rng, 4), "nbits-level0": lambda rng: nbits_columns(rng, 0),
          "matmul-rows": matmul_rows, "attention-batches": attention_batches, "gemv-columns": gemv_columns,
-         "conv-implicit": conv_implicit, "conv-chunks": conv_chunks, "conv-channels": conv_channels}
+         "conv-implicit": conv_implicit, "conv-chunks": conv_chunks, "conv-channels": conv_channels,
+         "conv-groups": conv_groups}
 
 
 # decompose splits ops with more parameters than --max-cu-size (1M) into CUs of their own: the GEMV

@@ -30,7 +30,8 @@ from backends.wasm.gemm import SCALAR, gemm_scratch_bytes, pack_b, packed_b_size
 from backends.wasm.kernel_parts import (PartSplit, render_block_quant_parts, render_gemm_parts, render_split_call,
                                        split_for)
 from backends.wasm.kernels.conv import (Conv2dSpec, conv_scratch_bytes, pack_conv_weight, render_conv2d,
-                                        render_conv2d_channel_parts, render_conv2d_chunk_parts, weight_packs_as_a)
+                                        render_conv2d_channel_parts, render_conv2d_chunk_parts, render_conv2d_group_parts,
+                                        weight_packs_as_a)
 from backends.wasm.kernels.conv_implicit_gemm import implicit_gemm_is_faster, render_conv2d_implicit_gemm_parts
 from backends.wasm.kernels.gemv import gemv_fits, render_gemv
 from backends.wasm.kernels.int8_conv import (IntegerConvOffsets, integer_conv_scratch_bytes, pack_integer_conv_weight,
@@ -229,6 +230,9 @@ def _render_split(spec, ops, split: PartSplit, features: frozenset[str], name: s
             funcs, parts = render_conv2d_chunk_parts(conv, at, split.bounds, epilogue=spec.epilogue.activation,
                                                      features=features, name=name)
             steps = [(None, parts)]
+        elif split.axis == "groups":
+            funcs, steps = render_conv2d_group_parts(conv, at, split.bounds, epilogue=spec.epilogue.activation,
+                                                     features=features, name=name)
         else:
             funcs, steps = render_conv2d_channel_parts(conv, at, split.bounds, epilogue=spec.epilogue.activation,
                                                        features=features, name=name)

@@ -74,7 +74,7 @@ VECTOR_UNIT = 16    # elements: a vectorised loop is cut at multiples of 4 lanes
 
 @dataclass(frozen=True)
 class PartSplit:
-    """How one contraction is cut: `axis` (batch, rows, columns, chunks, channels) into `bounds`
+    """How one contraction is cut: `axis` (batch, rows, columns, chunks, channels, groups, pixels) into `bounds`
     [(start, stop), ...], one per part, in the axis' units."""
     axis: str
     bounds: tuple[tuple[int, int], ...]
@@ -87,8 +87,8 @@ class PartSplit:
 
 def split_for(spec: ContractionSpec, conv_kernel, parts: int) -> PartSplit | None:
     """The cut of `spec` into `parts` parts, or None where it runs whole: too little work, or a
-    kernel the parts do not cover (narrow and integer weights, depthwise, grouped and implicit-GEMM
-    Convs, transposed A). `conv_kernel`: the Conv kernel spec the backend chose (`conv_kernel_spec`)."""
+    kernel the parts do not cover (narrow and integer weights, depthwise Convs and Convs whose weight
+    is not packed, transposed A). `conv_kernel`: the Conv kernel spec the backend chose (`conv_kernel_spec`)."""
     parts = min(parts, flops(spec, conv_kernel) // MIN_PART_FLOPS)    # fewer, larger parts for less work
     if parts < 2:
         return None
@@ -116,6 +116,10 @@ def split_for(spec: ContractionSpec, conv_kernel, parts: int) -> PartSplit | Non
         if from_chunks is None and conv_kernel.packed_a and conv_kernel.groups == 1 \
                 and conv_kernel.out_channels >= 2 * TILE * parts:
             return PartSplit("channels", even(conv_kernel.out_channels, parts, TILE))
+        # A grouped Conv's groups are independent products over one im2col: whole groups a part.
+        if from_chunks is None and conv_kernel.packed_a and conv_kernel.groups >= 2:
+            count = min(parts, conv_kernel.groups)
+            return PartSplit("groups", even(conv_kernel.groups, count, 1))
     return None
 
 

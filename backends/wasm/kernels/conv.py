@@ -283,6 +283,41 @@ def render_conv2d_channel_parts(spec: Conv2dSpec, at: ConvOffsets, bounds, *, ep
     return "".join(funcs), steps
 
 
+def render_conv2d_group_parts(spec: Conv2dSpec, at: ConvOffsets, bounds, *, epilogue: str | None, features,
+                              name: str) -> tuple[str, list[tuple[str, list[str]]]]:
+    """A grouped im2col Conv with its weight packed per group (`pack_conv_weight`) as parts
+    (backends/wasm/kernel_parts.py): per image, the im2col of every group into the scratch, then part
+    p's batched GEMM over groups `bounds[p]`, each group's output channels reading only its own
+    input channels. Returns the functions and, per image, (the im2col to call first, the parts' names)."""
+    g = spec.groups
+    m, n, k = spec.out_channels // g, spec.pixels, spec.gemm_k
+    x_image, y_image = spec.in_channels * spec.height * spec.width * 4, spec.out_channels * n * 4
+    simd = frozenset(features) & {"simd"}
+    a_stride, b_stride, c_stride = packed_a_size(m, k), packed_b_size(k, n), m * n * 4
+    layout = GemmLayout(batch_strides=(a_stride, b_stride, c_stride), bias_per_row=True, a_packed=True)
+    funcs, steps = [], []
+    for image in range(spec.batch):
+        x, y = at.x + image * x_image, at.y + image * y_image
+        res = None if at.residual is None else at.residual + image * y_image
+        pack_name = f"{name}_pack_{image}"
+        if spec.is_pointwise:
+            funcs.append(render_pack_b(k, n, src_offset=x, dst_offset=at.scratch, batch=g, name=pack_name,
+                                       features=simd))
+        else:
+            funcs.append(_render_im2col(spec, x, at.scratch, pack_name, vector="simd" in simd))
+        names = []
+        for p, (start, stop) in enumerate(bounds):
+            product = GemmSpec(m, n, k, batch=stop - start,
+                               epilogue=EpilogueSpec(at.bias is not None, at.residual is not None, epilogue))
+            offsets = GemmOffsets(at.w + start * a_stride, at.scratch + start * b_stride, y + start * c_stride,
+                                  bias=None if at.bias is None else at.bias + start * m * 4,
+                                  residual=None if res is None else res + start * c_stride)
+            names.append(f"{name}_{image}_part{p}")
+            funcs.append(render_gemm(product, offsets, features=features, layout=layout, name=names[-1]))
+        steps.append((pack_name, names))
+    return "".join(funcs), steps
+
+
 def _chunk_functions(spec: Conv2dSpec, at: ConvOffsets, scratch: int, epilogue: str | None, features,
                      name: str) -> str:
     """Each image's im2col and GEMM functions of a whole chunk and of the shorter last one, at `scratch`."""
