@@ -28,7 +28,6 @@ import threading
 import urllib.parse
 from contextlib import contextmanager
 from pathlib import Path
-from typing import ClassVar
 
 import numpy as np
 
@@ -51,26 +50,10 @@ class BrowserUnavailable(RuntimeError):
     pass
 
 
-class _Quiet(http.server.SimpleHTTPRequestHandler):
-    extensions_map: ClassVar[dict[str, str]] = {**http.server.SimpleHTTPRequestHandler.extensions_map,
-                                                ".wasm": "application/wasm", ".js": "text/javascript",
-                                                ".mjs": "text/javascript"}
-
-    def log_message(self, format, *args):
-        pass
-
-
-class _Isolated(_Quiet):
-    def end_headers(self):
-        self.send_header("Cross-Origin-Opener-Policy", "same-origin")
-        self.send_header("Cross-Origin-Embedder-Policy", "require-corp")
-        super().end_headers()
-
-
 @contextmanager
 def served(folder: Path, isolated: bool):
     """The origin of an http.server on 127.0.0.1 serving `folder` (with COOP/COEP when `isolated`)."""
-    handler = functools.partial(_Isolated if isolated else _Quiet, directory=str(folder))
+    handler = functools.partial(chromium_memory.IsolatedHandler if isolated else chromium_memory.QuietHandler, directory=str(folder))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:

@@ -26,6 +26,25 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disa
         "--disable-background-networking", "--disable-component-update", "--js-flags=--expose-gc"]
 
 
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    """A static file server for pages: wasm and JavaScript with their types, no log lines."""
+    extensions_map: ClassVar[dict[str, str]] = {**http.server.SimpleHTTPRequestHandler.extensions_map,
+                                                ".wasm": "application/wasm", ".js": "text/javascript",
+                                                ".mjs": "text/javascript"}
+
+    def log_message(self, format, *args):
+        pass
+
+
+class IsolatedHandler(QuietHandler):
+    """The same, with the COOP/COEP headers that make its pages crossOriginIsolated."""
+
+    def end_headers(self):
+        self.send_header("Cross-Origin-Opener-Policy", "same-origin")
+        self.send_header("Cross-Origin-Embedder-Policy", "require-corp")
+        super().end_headers()
+
+
 def descendants(pid: int) -> set[int]:
     """The processes under `pid`, from /proc."""
     children: dict[int, list[int]] = {}
@@ -67,20 +86,7 @@ def phases_rss(site: Path, page: str, profile: Path, timeout_s: float, isolated:
     done = threading.Event()
     browser: list[subprocess.Popen] = []
 
-    class Handler(http.server.SimpleHTTPRequestHandler):
-        extensions_map: ClassVar[dict[str, str]] = {**http.server.SimpleHTTPRequestHandler.extensions_map,
-                                                    ".wasm": "application/wasm", ".js": "text/javascript",
-                                                    ".mjs": "text/javascript"}
-
-        def log_message(self, format, *args):
-            pass
-
-        def end_headers(self):
-            if isolated:
-                self.send_header("Cross-Origin-Opener-Policy", "same-origin")
-                self.send_header("Cross-Origin-Embedder-Policy", "require-corp")
-            super().end_headers()
-
+    class Handler(IsolatedHandler if isolated else QuietHandler):
         def do_GET(self):
             if not self.path.startswith("/phase?"):
                 return super().do_GET()

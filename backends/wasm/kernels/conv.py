@@ -265,10 +265,7 @@ def render_conv2d_channel_parts(spec: Conv2dSpec, at: ConvOffsets, bounds, *, ep
         x, y = at.x + image * x_image, at.y + image * y_image
         res = None if at.residual is None else at.residual + image * y_image
         pack_name = f"{name}_pack_{image}"
-        if spec.is_pointwise:
-            funcs.append(render_pack_b(k, n, src_offset=x, dst_offset=at.scratch, name=pack_name, features=simd))
-        else:
-            funcs.append(_render_im2col(spec, x, at.scratch, pack_name, vector="simd" in simd))
+        funcs.append(_render_image_pack(spec, x, at.scratch, pack_name, simd))
         names, a_at = [], at.w
         for p, (start, stop) in enumerate(bounds):
             product = GemmSpec(stop - start, n, k, epilogue=EpilogueSpec(at.bias is not None, at.residual is not None,
@@ -281,6 +278,15 @@ def render_conv2d_channel_parts(spec: Conv2dSpec, at: ConvOffsets, bounds, *, ep
             a_at += packed_a_size(stop - start, k)
         steps.append((pack_name, names))
     return "".join(funcs), steps
+
+
+def _render_image_pack(spec: Conv2dSpec, x: int, scratch: int, name: str, simd: frozenset[str]) -> str:
+    """One image's B of the Conv's GEMM into `scratch`, every group's: a 1x1 Conv's input packed as
+    it is, any other's im2col."""
+    if spec.is_pointwise:
+        return render_pack_b(spec.gemm_k, spec.pixels, src_offset=x, dst_offset=scratch, batch=spec.groups,
+                             name=name, features=simd)
+    return _render_im2col(spec, x, scratch, name, vector="simd" in simd)
 
 
 def render_conv2d_group_parts(spec: Conv2dSpec, at: ConvOffsets, bounds, *, epilogue: str | None, features,
@@ -300,11 +306,7 @@ def render_conv2d_group_parts(spec: Conv2dSpec, at: ConvOffsets, bounds, *, epil
         x, y = at.x + image * x_image, at.y + image * y_image
         res = None if at.residual is None else at.residual + image * y_image
         pack_name = f"{name}_pack_{image}"
-        if spec.is_pointwise:
-            funcs.append(render_pack_b(k, n, src_offset=x, dst_offset=at.scratch, batch=g, name=pack_name,
-                                       features=simd))
-        else:
-            funcs.append(_render_im2col(spec, x, at.scratch, pack_name, vector="simd" in simd))
+        funcs.append(_render_image_pack(spec, x, at.scratch, pack_name, simd))
         names = []
         for p, (start, stop) in enumerate(bounds):
             product = GemmSpec(m, n, k, batch=stop - start,
