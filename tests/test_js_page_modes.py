@@ -1,5 +1,6 @@
 """The bundle's example page in headless Chromium, served from 127.0.0.1 once cross-origin isolated
-(COOP/COEP headers) and once not, with `?threads=2`: both give onnxruntime's outputs, each says in
+(COOP/COEP headers) and once not, with `?threads=2` (the runtime's modules preloaded, all at once):
+both give onnxruntime's outputs, each says in
 its trace how its threads ran (CU workers on the page's main thread: it may not block, so a
 split kernel's threads are not an option there), and create's progress events arrive in order and
 end at their totals."""
@@ -53,6 +54,9 @@ def branchy_site(tmp_path_factory):
 @pytest.mark.parametrize("isolated", [False, True], ids=["not-isolated", "isolated"])
 def test_the_page_runs_on_two_threads_isolated_or_not_with_onnxruntimes_outputs(branchy_site, isolated):
     site, expected = branchy_site
+    page = (site / "index.html").read_text()
+    runtime = sorted(f.name for f in (site / "cortex-runtime").glob("*.js") if not f.name.endswith("_worker.js"))
+    assert runtime and all(f'<link rel="modulepreload" href="cortex-runtime/{name}">' in page for name in runtime)
     found = page_found(site, isolated, "threads=2&policy=strict")
     assert found["status"] == "done", found.get("error")
     assert found["isolated"] is isolated

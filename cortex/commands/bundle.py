@@ -1,6 +1,7 @@
 """`cortex bundle out/dag.json --output site/`: a folder any static web server can host, holding the
 compiled model, the JavaScript runtime (js/src, as `cortex-runtime/`) and an example page that runs
-the model on the example inputs of `cortex run --example-inputs` and charts each CU's time.
+the model on the example inputs of `cortex run --example-inputs` and charts each CU's time. The
+page preloads every runtime module (`<link rel="modulepreload">`), so their fetches run at once.
 
 The bundle's dag.json is the compiled one with its reduced-precision variants (their modules copied
 too: the runtime picks them by the calibrated trust dag.json records) and its alternate modules
@@ -56,6 +57,10 @@ ORTWEB_FILES = ("ort.wasm.bundle.min.mjs", "ort-wasm-simd-threaded.wasm")
 ORTWEB_PACKAGES = (JS_DIR / "node_modules" / "onnxruntime-web",
                    JS_DIR.parent / "bench" / "ortweb" / "node_modules" / "onnxruntime-web")
 IMPORT_MAP_SLOT = "<!-- cortex bundle: onnxruntime-web import map -->"
+# The page imports the runtime's modules as a chain of imports, one round trip a level; preload
+# links let the browser fetch every one of them at once (the Workers' entry points load in Workers).
+# They follow the import map: a module load before it would make the browser ignore the map.
+PRELOAD_SLOT = "<!-- cortex bundle: runtime preloads -->"
 
 
 def bundle(
@@ -102,6 +107,9 @@ def bundle(
             write_bytes_atomically(folder / ORTWEB_FOLDER / name, data)
         shutil.copyfile(JS_DIR / "page" / "main.js", folder / "main.js")
         page = (JS_DIR / "page" / "index.html").read_text()
+        page = page.replace(PRELOAD_SLOT, "\n".join(
+            f'<link rel="modulepreload" href="{RUNTIME_FOLDER}/{source.name}">'
+            for source in sources if not source.name.endswith("_worker.js")))
         if ortweb:
             imports = {"imports": {"onnxruntime-web": f"./{ORTWEB_FOLDER}/{ORTWEB_FILES[0]}"}}
             page = page.replace(IMPORT_MAP_SLOT, f'<script type="importmap">{jsonlib.dumps(imports)}</script>')
