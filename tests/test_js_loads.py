@@ -212,3 +212,59 @@ def test_chromium_caches_modules_between_pages_and_refetches_a_corrupt_entry(tmp
         assert all(f"sha256-{sha}.wasm" in url for url, sha in verified.items())
     print(f"\ncreate ms: cold {cold['createMs']:.1f}, same page {same_page['createMs']:.1f}, "
           f"next visit {warm['createMs']:.1f}, one entry corrupt {repaired['createMs']:.1f}")
+
+
+def _weight_files(node) -> set[str]:
+    """The weight files dag.json names, in any section ({path, offset, bytes, sha256} entries)."""
+    if isinstance(node, dict):
+        found = {node["path"]} if {"path", "offset", "bytes", "sha256"} <= node.keys() else set()
+        return found.union(*(_weight_files(v) for v in node.values()))
+    if isinstance(node, list):
+        return set().union(*(_weight_files(v) for v in node))
+    return set()
+
+
+def test_chromium_keeps_weight_files_beside_the_modules_between_pages(tmp_path):
+    if not CHROMIUM.is_file():
+        pytest.skip("chromium is not installed")
+    site = tmp_path / "site"
+    code, _, err = run_cli(["bundle", dag_of(external_weights_case()), "--output", site])
+    assert code == 0, err
+    (site / "blank.html").write_text("<!doctype html><title>loads</title>")
+    weights = _weight_files(json.loads((site / "dag.json").read_text()))
+    assert weights
+    requested: list[str] = []
+    handler = type("Counting", (CountingHandler,), {"requested": requested})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(site)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    origin = f"http://127.0.0.1:{server.server_address[1]}"
+
+    def weight_fetches() -> set[str]:
+        fetched = {p.lstrip("/") for p in requested} & weights
+        requested.clear()
+        return fetched
+
+    try:
+        with playwright_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+            try:
+                context = browser.new_context()
+                runs = []
+                for _ in range(2):
+                    page = context.new_page()
+                    page.set_default_timeout(PAGE_TIMEOUT_MS)
+                    page.goto(f"{origin}/blank.html")
+                    runs.append(page.evaluate(PAGE_CREATE, [f"{origin}/dag.json", "", False]))
+                    page.close()
+                    if len(runs) == 1:
+                        assert weight_fetches() == weights        # the first visit read each file once
+                assert weight_fetches() == set()                  # the second: every file from the cache
+            finally:
+                browser.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    first, second = runs
+    assert first["outputs"] == second["outputs"] and first["outputs"]
+    stored = {url: sha for url, sha in second["verified"].items() if url.endswith(".bin")}
+    assert len(stored) == len(weights) and all(sha for sha in stored.values()), stored

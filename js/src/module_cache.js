@@ -45,6 +45,18 @@ export function moduleCacheKey(url, sha256) {
   return new URL(`/${MODULE_CACHE_NAME}/sha256-${sha256}.wasm`, url.origin).href;
 }
 
+/** The Cache API key of a weight file (external weights), as `moduleCacheKey`.
+ * @param {URL} url where the file is served @param {string} sha256 */
+export function weightsCacheKey(url, sha256) {
+  return new URL(`/${MODULE_CACHE_NAME}/sha256-${sha256}.bin`, url.origin).href;
+}
+
+/** Tracks a cache write for `pendingWrites`. @param {Promise<unknown>} write */
+function tracked(write) {
+  writes.add(write);
+  write.finally(() => writes.delete(write));
+}
+
 export class ModuleCache {
   constructor() {
     /** @type {Promise<Cache | null> | null} */
@@ -57,6 +69,30 @@ export class ModuleCache {
     if (!/^https?:$/.test(url.protocol) || typeof globalThis.caches?.open !== "function") return Promise.resolve(null);
     if (this.opened === null) this.opened = globalThis.caches.open(MODULE_CACHE_NAME).catch(() => null);
     return this.opened;
+  }
+
+  /** A weight file's bytes from the Cache API where this runtime stored them after they matched
+   * dag.json (the entry carries their sha256 and has the recorded size); null otherwise, a foreign
+   * or short entry dropped. @param {URL} url @param {string} sha256 @param {number} bytes */
+  async storedWeights(url, sha256, bytes) {
+    const store = await this.storage(url);
+    if (store === null) return null;
+    const key = weightsCacheKey(url, sha256);
+    const hit = await store.match(key).catch(() => undefined);
+    if (hit === undefined) return null;
+    if (hit.headers.get(VERIFIED_HEADER) === sha256) {
+      const data = new Uint8Array(await hit.arrayBuffer());
+      if (data.byteLength === bytes) return data;
+    }
+    await store.delete(key).catch(() => false);
+    return null;
+  }
+
+  /** Stores a weight file's bytes, which matched dag.json's sha256 (a refusing store only costs
+   * the next visit a fetch). @param {URL} url @param {string} sha256 @param {Uint8Array} data */
+  storeWeights(url, sha256, data) {
+    tracked(this.storage(url).then((store) => store?.put(weightsCacheKey(url, sha256), new Response(data, {
+      headers: { "content-type": "application/octet-stream", [VERIFIED_HEADER]: sha256 } }))).catch(() => undefined));
   }
 
   /** @param {string} sha256 */
@@ -114,10 +150,8 @@ export async function compiledModule(url, record, id, loads) {
       cache.hold(sha, /** @type {WebAssembly.Module} */ (module));
       // A store that refuses (quota, private mode) only costs the next visit a fetch.
       if (store !== null) {
-        const write = store.put(key, new Response(bytes, { headers: { "content-type": "application/wasm",
-          [VERIFIED_HEADER]: sha } })).catch(() => undefined);
-        writes.add(write);
-        write.finally(() => writes.delete(write));
+        tracked(store.put(key, new Response(bytes, { headers: { "content-type": "application/wasm",
+          [VERIFIED_HEADER]: sha } })).catch(() => undefined));
       }
     }
     return [sha, module];

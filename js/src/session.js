@@ -77,7 +77,7 @@ export class InferenceSession {
     this.sections = sections;
     this.givenOrt = ort;
     this.loads = loads;
-    this.files = { modules: new ModuleFiles(url, loads), weights: new WeightFiles(url, loads.progress),
+    this.files = { modules: new ModuleFiles(url, loads), weights: new WeightFiles(url, loads.progress, loads.cache),
       ort: /** @type {any} */ (null) };
     /** @type {Promise<void> | null} every module and weight file fetched, checked and compiled */
     this.cusRead = null;

@@ -2,7 +2,9 @@
 // backends/wasm/weights_files.py): content-addressed files that a CU's record lists as
 // {path, offset, bytes, sha256}. Each file is read once per session however many CUs and
 // specializations name it, its sha256 checked once, and written into each CU's memory at its
-// offset after the CU is instantiated. They stream in alongside the modules, all at once.
+// offset after the CU is instantiated. They stream in alongside the modules, all at once; in a
+// browser a checked file is kept in the Cache API beside the modules (js/src/module_cache.js), so a
+// later visit reads it from there.
 import { CortexError } from "./errors.js";
 import { fileUrl } from "./loader.js";
 import { readBytesCounted } from "./progress.js";
@@ -12,10 +14,13 @@ import { sha256Hex } from "./sha256.js";
 
 export class WeightFiles {
   /** @param {URL} base dag.json's URL @param {import("./progress.js").LoadProgress | null} [progress]
-   *  create's progress, told of each file's bytes as they arrive */
-  constructor(base, progress = null) {
+   *  create's progress, told of each file's bytes as they arrive
+   *  @param {import("./module_cache.js").ModuleCache | null} [cache] where checked files are kept between
+   *  visits (the Cache API, beside the modules) */
+  constructor(base, progress = null, cache = null) {
     this.base = base;
     this.progress = progress;
+    this.cache = cache;
     /** @type {Map<string, Promise<Uint8Array>>} path -> its checked bytes */
     this.files = new Map();
     /** False under a memory budget: a file is read and checked for each load of a CU that names
@@ -27,13 +32,27 @@ export class WeightFiles {
   read(entry, cuId) {
     const progress = this.progress;
     const onBytes = progress === null ? null : (/** @type {number} */ read) => progress.advance(entry.path, read);
-    if (!this.keep) return checked(fileUrl(this.base, entry.path, cuId), entry, cuId, onBytes);
+    if (!this.keep) return this.checked(entry, cuId, onBytes);
     let bytes = this.files.get(entry.path);
     if (bytes === undefined) {
-      bytes = checked(fileUrl(this.base, entry.path, cuId), entry, cuId, onBytes);
+      bytes = this.checked(entry, cuId, onBytes);
       this.files.set(entry.path, bytes);
     }
     return bytes;
+  }
+
+  /** A file's bytes: from the cache where this runtime stored them checked, else read and checked
+   * (then stored). @param {WeightEntry} entry @param {string} cuId @param {((read: number) => void) | null} onBytes */
+  async checked(entry, cuId, onBytes) {
+    const url = fileUrl(this.base, entry.path, cuId);
+    const stored = this.cache === null ? null : await this.cache.storedWeights(url, entry.sha256, entry.bytes);
+    if (stored !== null) {
+      this.progress?.fileRead(entry.path);
+      return stored;
+    }
+    const data = await checked(url, entry, cuId, onBytes);
+    this.cache?.storeWeights(url, entry.sha256, data);
+    return data;
   }
 
   /** Reads (and checks) every file the records name, each once. @param {import("./dag.js").CU[]} cus */
