@@ -77,8 +77,9 @@ def test_release_gives_the_renderer_its_memory_back(tmp_path):
     for round in range(ROUNDS):
         # The instances' memories and the compiled modules (the weights are in their bytes) go back ...
         assert rss[f"run{round}"] - rss[f"release{round}"] >= 0.75 * weights
-        # ... and what stays is well under the model (measured ~10 MiB of 32; a session whose modules
-        # or memories are kept would leave at least their weights).
-        assert rss[f"release{round}"] - rss["before"] <= 0.5 * weights
+        # ... and what stays is under the model (measured ~10 MiB of 32 alone, 19 MiB beside another
+        # test run on 2 cores: the allocator decommits later under load; a session whose modules or
+        # memories are kept would leave at least their weights).
+        assert rss[f"release{round}"] - rss["before"] <= 0.75 * weights
     # A later session on the page reuses what the first left, adding nothing of its own.
     assert rss[f"release{ROUNDS - 1}"] - rss["release0"] <= 0.15 * weights
