@@ -7,6 +7,7 @@ option is one line."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import json
@@ -118,6 +119,26 @@ class CountingHandler(QuietHandler):
         super().do_GET()
 
 
+@contextlib.contextmanager
+def counted_visits(site: Path):
+    """(origin, the paths asked for so far, a fresh Chromium browser context): `site` served from
+    127.0.0.1 by a server that records each path a page asks for."""
+    requested: list[str] = []
+    handler = type("Counting", (CountingHandler,), {"requested": requested})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(site)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with playwright_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+            try:
+                yield f"http://127.0.0.1:{server.server_address[1]}", requested, browser.new_context()
+            finally:
+                browser.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 PAGE_CREATE = """async ([dag, corrupt, verifiedHeader]) => {
   const { InferenceSession, exampleFeeds } = await import("/cortex-runtime/index.js");
   if (corrupt) {          // a cached module's bytes replaced by a valid, other module's header
@@ -160,47 +181,33 @@ def test_chromium_caches_modules_between_pages_and_refetches_a_corrupt_entry(tmp
     document = json.loads((site / "dag.json").read_text())
     records = {cu["artifacts"]["wasm"]["path"]: cu["artifacts"]["wasm"] for cu in document["cus"]}
     total_bytes, total_cus = totals(site / "dag.json")
-    requested: list[str] = []
-    handler = type("Counting", (CountingHandler,), {"requested": requested})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(site)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    origin = f"http://127.0.0.1:{server.server_address[1]}"
 
     def wasm_fetches() -> list[str]:
         fetched = [p.lstrip("/") for p in requested if p.endswith(".wasm")]
         requested.clear()
         return fetched
 
-    try:
-        with playwright_api.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-            try:
-                context = browser.new_context()
+    with counted_visits(site) as (origin, requested, context):
 
-                def visit(corrupt: str = "", verified_header: bool = False) -> list[dict]:
-                    page = context.new_page()
-                    page.set_default_timeout(PAGE_TIMEOUT_MS)
-                    page.goto(f"{origin}/blank.html")
-                    runs = [page.evaluate(PAGE_CREATE, [f"{origin}/dag.json", corrupt, verified_header])]
-                    runs.append(page.evaluate(PAGE_CREATE, [f"{origin}/dag.json", "", False]))     # the same page again
-                    page.close()
-                    return runs
+        def visit(corrupt: str = "", verified_header: bool = False) -> list[dict]:
+            page = context.new_page()
+            page.set_default_timeout(PAGE_TIMEOUT_MS)
+            page.goto(f"{origin}/blank.html")
+            runs = [page.evaluate(PAGE_CREATE, [f"{origin}/dag.json", corrupt, verified_header])]
+            runs.append(page.evaluate(PAGE_CREATE, [f"{origin}/dag.json", "", False]))     # the same page again
+            page.close()
+            return runs
 
-                cold, same_page = visit()
-                assert sorted(wasm_fetches()) == sorted(records)        # the cold visit fetched each module once
-                warm, _ = visit()
-                assert wasm_fetches() == []                            # a later visit: every module from the cache
-                victim_path, victim = next(iter(records.items()))
-                repaired, _ = visit(victim["sha256"])
-                assert wasm_fetches() == [victim_path]                 # only the corrupted one, fetched again
-                # An entry marked as the runtime's (not hashed again) whose bytes do not compile: fetched again.
-                marked_corrupt, _ = visit(victim["sha256"], verified_header=True)
-                assert wasm_fetches() == [victim_path]
-            finally:
-                browser.close()
-    finally:
-        server.shutdown()
-        server.server_close()
+        cold, same_page = visit()
+        assert sorted(wasm_fetches()) == sorted(records)        # the cold visit fetched each module once
+        warm, _ = visit()
+        assert wasm_fetches() == []                            # a later visit: every module from the cache
+        victim_path, victim = next(iter(records.items()))
+        repaired, _ = visit(victim["sha256"])
+        assert wasm_fetches() == [victim_path]                 # only the corrupted one, fetched again
+        # An entry marked as the runtime's (not hashed again) whose bytes do not compile: fetched again.
+        marked_corrupt, _ = visit(victim["sha256"], verified_header=True)
+        assert wasm_fetches() == [victim_path]
     for run in (cold, same_page, warm, repaired, marked_corrupt):
         assert_in_order(run["events"], total_bytes, total_cus)
         assert run["outputs"] == cold["outputs"] and cold["outputs"]
@@ -233,37 +240,23 @@ def test_chromium_keeps_weight_files_beside_the_modules_between_pages(tmp_path):
     (site / "blank.html").write_text("<!doctype html><title>loads</title>")
     weights = _weight_files(json.loads((site / "dag.json").read_text()))
     assert weights
-    requested: list[str] = []
-    handler = type("Counting", (CountingHandler,), {"requested": requested})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(site)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    origin = f"http://127.0.0.1:{server.server_address[1]}"
 
     def weight_fetches() -> set[str]:
         fetched = {p.lstrip("/") for p in requested} & weights
         requested.clear()
         return fetched
 
-    try:
-        with playwright_api.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-            try:
-                context = browser.new_context()
-                runs = []
-                for _ in range(2):
-                    page = context.new_page()
-                    page.set_default_timeout(PAGE_TIMEOUT_MS)
-                    page.goto(f"{origin}/blank.html")
-                    runs.append(page.evaluate(PAGE_CREATE, [f"{origin}/dag.json", "", False]))
-                    page.close()
-                    if len(runs) == 1:
-                        assert weight_fetches() == weights        # the first visit read each file once
-                assert weight_fetches() == set()                  # the second: every file from the cache
-            finally:
-                browser.close()
-    finally:
-        server.shutdown()
-        server.server_close()
+    with counted_visits(site) as (origin, requested, context):
+        runs = []
+        for _ in range(2):
+            page = context.new_page()
+            page.set_default_timeout(PAGE_TIMEOUT_MS)
+            page.goto(f"{origin}/blank.html")
+            runs.append(page.evaluate(PAGE_CREATE, [f"{origin}/dag.json", "", False]))
+            page.close()
+            if len(runs) == 1:
+                assert weight_fetches() == weights        # the first visit read each file once
+        assert weight_fetches() == set()                  # the second: every file from the cache
     first, second = runs
     assert first["outputs"] == second["outputs"] and first["outputs"]
     stored = {url: sha for url, sha in second["verified"].items() if url.endswith(".bin")}
