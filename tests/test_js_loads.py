@@ -8,19 +8,17 @@ option is one line."""
 from __future__ import annotations
 
 import contextlib
-import functools
-import http.server
 import json
 import subprocess
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 from cli_helpers import run_cli
 from js_cases import JS_DIR, NODE, compiled_case
-from test_js_browser import CHROMIUM_ARGS, CHROMIUM, QuietHandler, playwright_api
+from test_js_browser import CHROMIUM, QuietHandler
 from test_js_node import external_weights_case
+from test_js_threads_browser import served_browser
 from testdata import sample_model
 
 NODE_TIMEOUT_S = 300
@@ -125,19 +123,8 @@ def counted_visits(site: Path):
     127.0.0.1 by a server that records each path a page asks for."""
     requested: list[str] = []
     handler = type("Counting", (CountingHandler,), {"requested": requested})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(site)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        with playwright_api.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-            try:
-                yield f"http://127.0.0.1:{server.server_address[1]}", requested, browser.new_context()
-            finally:
-                browser.close()
-    finally:
-        server.shutdown()
-        server.server_close()
-
+    with served_browser(site, handler) as (origin, browser):
+        yield origin, requested, browser.new_context()
 
 PAGE_CREATE = """async ([dag, corrupt, verifiedHeader]) => {
   const { InferenceSession, exampleFeeds } = await import("/cortex-runtime/index.js");

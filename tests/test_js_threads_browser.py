@@ -63,27 +63,33 @@ class IsolatedHandler(QuietHandler):
 
 
 @contextlib.contextmanager
-def opened_page(site: Path, isolated: bool, path: str, errors: list[str] | None = None):
-    """A Chromium page at `path` of `site`, served from 127.0.0.1 isolated (COOP/COEP) or not; the
-    page's uncaught errors go into `errors` from before it loads."""
-    handler = IsolatedHandler if isolated else QuietHandler
+def served_browser(site: Path, handler):
+    """(origin, a headless Chromium): `site` served from 127.0.0.1 by `handler` for the browser's life."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(site)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         with playwright_api.sync_playwright() as p:
             browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
             try:
-                page = browser.new_page()
-                page.set_default_timeout(PAGE_TIMEOUT_MS)
-                if errors is not None:
-                    page.on("pageerror", lambda e: errors.append(str(e)))
-                page.goto(f"http://127.0.0.1:{server.server_address[1]}/{path}")
-                yield page
+                yield f"http://127.0.0.1:{server.server_address[1]}", browser
             finally:
                 browser.close()
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextlib.contextmanager
+def opened_page(site: Path, isolated: bool, path: str, errors: list[str] | None = None):
+    """A Chromium page at `path` of `site`, served from 127.0.0.1 isolated (COOP/COEP) or not; the
+    page's uncaught errors go into `errors` from before it loads."""
+    with served_browser(site, IsolatedHandler if isolated else QuietHandler) as (origin, browser):
+        page = browser.new_page()
+        page.set_default_timeout(PAGE_TIMEOUT_MS)
+        if errors is not None:
+            page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(f"{origin}/{path}")
+        yield page
 
 
 def evaluate(site: Path, isolated: bool, calls: list[tuple[str, list]]) -> list[dict]:

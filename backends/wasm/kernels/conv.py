@@ -193,8 +193,6 @@ def render_conv2d(spec: Conv2dSpec, at: ConvOffsets, *, epilogue: str | None = N
         return _render_conv2d_chunked(spec, at, epilogue=epilogue, features=features, name=name)
     g = spec.groups
     m, n, k = spec.out_channels // g, spec.pixels, spec.gemm_k
-    x_image = spec.in_channels * spec.height * spec.width * 4
-    y_image = spec.out_channels * n * 4
     funcs, calls = [], []
     simd = frozenset(features) & {"simd"}
     product = GemmSpec(m, n, k, batch=g, epilogue=EpilogueSpec(at.bias is not None, at.residual is not None, epilogue))
@@ -202,8 +200,7 @@ def render_conv2d(spec: Conv2dSpec, at: ConvOffsets, *, epilogue: str | None = N
     layout = GemmLayout(batch_strides=(a_stride, packed_b_size(k, n), m * n * 4), bias_per_row=True,
                         a_packed=spec.packed_a)
     for image in range(spec.batch):  # each image gets its own pair: every offset stays a constant
-        x, y = at.x + image * x_image, at.y + image * y_image
-        res = None if at.residual is None else at.residual + image * y_image
+        x, y, res = _image_offsets(spec, at, image)
         pack_name, gemm_name = f"{name}_pack_{image}", f"{name}_gemm_{image}"
         if spec.is_pointwise:
             funcs.append(render_pack_b(k, n, src_offset=x, dst_offset=at.scratch, batch=g, name=pack_name,
@@ -257,13 +254,11 @@ def render_conv2d_channel_parts(spec: Conv2dSpec, at: ConvOffsets, bounds, *, ep
     into the scratch, then part p's GEMM of output channels `bounds[p]` over it. Returns the
     functions and, per image, (the im2col to call first, the parts' names)."""
     m, n, k = spec.out_channels, spec.pixels, spec.gemm_k
-    x_image, y_image = spec.in_channels * spec.height * spec.width * 4, m * n * 4
     simd = frozenset(features) & {"simd"}
     layout = GemmLayout(bias_per_row=True, a_packed=True)
     funcs, steps = [], []
     for image in range(spec.batch):
-        x, y = at.x + image * x_image, at.y + image * y_image
-        res = None if at.residual is None else at.residual + image * y_image
+        x, y, res = _image_offsets(spec, at, image)
         pack_name = f"{name}_pack_{image}"
         funcs.append(_render_image_pack(spec, x, at.scratch, pack_name, simd))
         names, a_at = [], at.w
@@ -278,6 +273,14 @@ def render_conv2d_channel_parts(spec: Conv2dSpec, at: ConvOffsets, bounds, *, ep
             a_at += packed_a_size(stop - start, k)
         steps.append((pack_name, names))
     return "".join(funcs), steps
+
+
+def _image_offsets(spec: Conv2dSpec, at: ConvOffsets, image: int) -> tuple[int, int, int | None]:
+    """Where image `image` of the batch reads its input and writes its output (and its residual)."""
+    x_image = spec.in_channels * spec.height * spec.width * 4
+    y_image = spec.out_channels * spec.pixels * 4
+    residual = None if at.residual is None else at.residual + image * y_image
+    return at.x + image * x_image, at.y + image * y_image, residual
 
 
 def _render_image_pack(spec: Conv2dSpec, x: int, scratch: int, name: str, simd: frozenset[str]) -> str:
@@ -297,14 +300,12 @@ def render_conv2d_group_parts(spec: Conv2dSpec, at: ConvOffsets, bounds, *, epil
     input channels. Returns the functions and, per image, (the im2col to call first, the parts' names)."""
     g = spec.groups
     m, n, k = spec.out_channels // g, spec.pixels, spec.gemm_k
-    x_image, y_image = spec.in_channels * spec.height * spec.width * 4, spec.out_channels * n * 4
     simd = frozenset(features) & {"simd"}
     a_stride, b_stride, c_stride = packed_a_size(m, k), packed_b_size(k, n), m * n * 4
     layout = GemmLayout(batch_strides=(a_stride, b_stride, c_stride), bias_per_row=True, a_packed=True)
     funcs, steps = [], []
     for image in range(spec.batch):
-        x, y = at.x + image * x_image, at.y + image * y_image
-        res = None if at.residual is None else at.residual + image * y_image
+        x, y, res = _image_offsets(spec, at, image)
         pack_name = f"{name}_pack_{image}"
         funcs.append(_render_image_pack(spec, x, at.scratch, pack_name, simd))
         names = []
@@ -325,13 +326,11 @@ def _chunk_functions(spec: Conv2dSpec, at: ConvOffsets, scratch: int, epilogue: 
     """Each image's im2col and GEMM functions of a whole chunk and of the shorter last one, at `scratch`."""
     rows, oh, ow = im2col_chunk_rows(spec), spec.out_height, spec.out_width
     m, n, k = spec.out_channels, spec.pixels, spec.gemm_k
-    x_image, y_image = spec.in_channels * spec.height * spec.width * 4, m * n * 4
     simd = frozenset(features) & {"simd"}
     last = oh % rows
     funcs = []
     for image in range(spec.batch):
-        x, y = at.x + image * x_image, at.y + image * y_image
-        res = None if at.residual is None else at.residual + image * y_image
+        x, y, res = _image_offsets(spec, at, image)
         offsets = GemmOffsets(at.w, scratch, y, bias=at.bias, residual=res,
                               a_scratch=None if spec.packed_a else scratch + _im2col_bytes(spec))
         for part, count in (("", rows), ("_last", last)):
