@@ -15,7 +15,18 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev,cuda]'
 	touch $(STAMP)
 
-setup: $(STAMP)
+# The JavaScript runtime's one-file build (js/build.mjs, esbuild pinned by js/package-lock.json), which
+# `cortex bundle` adds to a site while it matches js/src; setup makes it where npm is installed.
+JS_RUNTIME := js/dist/cortex-runtime.json
+JS_DEPS    := js/node_modules/.package-lock.json
+$(JS_DEPS): js/package.json js/package-lock.json
+	cd js && npm ci --no-audit --no-fund --loglevel=error
+$(JS_RUNTIME): $(JS_DEPS) js/build.mjs $(wildcard js/src/*.js)
+	cd js && node build.mjs
+.PHONY: js-runtime
+js-runtime: $(JS_RUNTIME)
+
+setup: $(STAMP) $(if $(shell command -v npm),$(JS_RUNTIME))
 
 ## Run every pipeline stage that exists on a bundled sample model and print a summary.
 demo: setup
@@ -97,7 +108,7 @@ bench-ray: setup
 ## The JavaScript runtime (js/) against onnxruntime-web in one Node, one thread, over the light models and
 ## MiniLM, and the bundle's load time against session creation; then in headless Chromium (bench/browser_js.py):
 ## 1 and 2 threads, cold and warm loads, memory after release: writes its section of docs/benchmarks.md.
-bench-js: setup $(ORTWEB)
+bench-js: setup $(ORTWEB) $(JS_RUNTIME)
 	$(BIN)/python -m bench.bench_js --json $(OUT)/bench-js.json
 ## Only the threads section of `make bench`: Cortex on 2 threads (a --wasm-features threads build: each large
 ## contraction in parts a CU's threads share) against 1 thread and onnxruntime on 2 threads, on the light models,

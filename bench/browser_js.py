@@ -26,6 +26,7 @@ import statistics
 import tempfile
 import threading
 import urllib.parse
+import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -214,7 +215,9 @@ def memory_phases(site: Path, kind: str, model: str, inputs: list[dict]) -> dict
 
 def loads(browser: Chromium, origin: str, inputs: list[dict], repeats: int) -> dict:
     """Cold (a fresh browser context) and warm (a second page of it) import + create + first result,
-    the contestants alternating."""
+    the contestants alternating. Cortex's runtime is imported as the bundle's page does: its one-file
+    form when the site has one (cortex/commands/bundle.py), else index.js and its imports."""
+    runtime = next((path for path in (ONE_FILE_RUNTIME, "/cortex-runtime/index.js") if _served(origin + path)), None)
     found = {f"{kind}-{visit}": [] for kind in ("cortex", "ortweb") for visit in ("cold", "warm")}
     for _ in range(repeats):
         for kind, model in (("cortex", "/dag.json"), ("ortweb", "/model.onnx")):
@@ -223,10 +226,22 @@ def loads(browser: Chromium, origin: str, inputs: list[dict], repeats: int) -> d
                 for visit in ("cold", "warm"):
                     page = browser.page(origin, context)
                     found[f"{kind}-{visit}"].append(ask(page, "main", cmd="first", kind=kind, model=model,
-                                                        inputs=inputs)["ms"])
+                                                        inputs=inputs, runtime=runtime)["ms"])
                     page.close()
             finally:
                 context.close()
     spread = {k: _spread(v) for k, v in found.items()}
-    return {**spread, "cold_ratio": spread["cortex-cold"]["median_ms"] / spread["ortweb-cold"]["median_ms"],
+    return {**spread, "cortex_runtime": runtime,
+            "cold_ratio": spread["cortex-cold"]["median_ms"] / spread["ortweb-cold"]["median_ms"],
             "warm_ratio": spread["cortex-warm"]["median_ms"] / spread["ortweb-warm"]["median_ms"]}
+
+
+ONE_FILE_RUNTIME = "/cortex-runtime/one-file/index.js"
+
+
+def _served(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=10) as response:
+            return response.status == 200
+    except OSError:
+        return False

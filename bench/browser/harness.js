@@ -6,8 +6,8 @@
 //   {cmd: "time", id, repeat}                -> {ms: [...]} wall time per run (performance.now)
 //   {cmd: "outputs", id}                     -> {outputs: {name: [numbers]}}
 //   {cmd: "release", id}
-//   {cmd: "first", kind, model, inputs}      -> {ms, import_ms, create_ms, run_ms}: runtime import +
-//        create + first run, nothing held after
+//   {cmd: "first", kind, model, inputs, runtime?} -> {ms, import_ms, create_ms, run_ms}: runtime import
+//        (Cortex's from `runtime`, the page's URL of it, when given) + create + first run, nothing held after
 //   {cmd: "phases", model, weights}          -> ms of each load phase of a dag.json's files, done one
 //        phase at a time by hand (fetch, sha256, compile, Cache API, instantiate, weights written)
 //   {cmd: "memory", phase: "before" | "run" | "release", kind, model, inputs} -> {}: the phase done and
@@ -88,7 +88,7 @@ async function release(req) {
 
 async function first(req) {
   const start = performance.now();
-  const module = await runtime(req.kind);
+  const module = req.kind === "cortex" && req.runtime ? await import(onSite(req.runtime)) : await runtime(req.kind);
   const feeds = await feedsFrom(req.inputs, module.Tensor);
   const imported = performance.now();
   const session = await createSession(module, req.kind, req.model);

@@ -1,7 +1,11 @@
 """`cortex bundle out/dag.json --output site/`: a folder any static web server can host, holding the
 compiled model, the JavaScript runtime (js/src, as `cortex-runtime/`) and an example page that runs
 the model on the example inputs of `cortex run --example-inputs` and charts each CU's time. The
-page preloads every runtime module (`<link rel="modulepreload">`), so their fetches run at once.
+runtime's modules are js/src's, which a page importing index.js fetches a level of imports per
+round trip; when js/dist holds the one-file build of this tree's js/src (`make js-runtime`), it goes
+in too, as `cortex-runtime/one-file/` (index.js holding every module, each Worker's entry point
+beside it), and the page imports that: one fetch, as onnxruntime-web ships ort.*.bundle.min.mjs.
+Either way the page preloads the runtime's modules (`<link rel="modulepreload">`), so their fetches run at once.
 
 The bundle's dag.json is the compiled one with its reduced-precision variants (their modules copied
 too: the runtime picks them by the calibrated trust dag.json records) and its alternate modules
@@ -29,6 +33,7 @@ one line, that onnxruntime-web is missing when it needs it. The page runs under 
 
 from __future__ import annotations
 
+import hashlib
 import json as jsonlib
 import shutil
 from pathlib import Path
@@ -49,6 +54,11 @@ from ir.fs import (
 
 JS_DIR = Path(__file__).resolve().parents[2] / "js"
 RUNTIME_FOLDER = "cortex-runtime"
+# js/build.mjs's output folder: the one-file runtime in RUNTIME_FOLDER/, and RUNTIME_FOLDER.json
+# holding the sha256 of each js/src file it was built from.
+RUNTIME_BUILD = JS_DIR / "dist"
+ONE_FILE_FOLDER = "one-file"
+PAGE_RUNTIME_IMPORT = f'"./{RUNTIME_FOLDER}/index.js"'
 SOURCE_FOLDER = "source"
 ORTWEB_FOLDER = "onnxruntime-web"
 # onnxruntime-web's wasm-only ES module with its glue inside, and the one .wasm it fetches (found
@@ -73,12 +83,26 @@ def bundle(
         "--onnxruntime-web", help="onnxruntime-web's package folder (node_modules/onnxruntime-web), whose browser "
         "build is copied when fallback CUs or --with-source need it; by default the one 'make ortweb' installs, "
         "if any.")] = None,
+    runtime: Annotated[str | None, typer.Option(
+        "--runtime", help="'one-file': the page imports the runtime's one-file build, which must match js/src; "
+        "'modules': js/src's modules. By default the one-file build when there is one that matches.")] = None,
+    runtime_build: Annotated[Path | None, typer.Option(
+        "--runtime-build", help="js/build.mjs's output folder, holding the one-file build (default js/dist, "
+        "which 'make js-runtime' writes).")] = None,
 ) -> None:
     """Write a static site that runs the model in a browser: dag.json, modules, JS runtime, example page."""
     specialized = is_specialized(dag)
     document = read_specialized_dag(dag) if specialized else read_dag(dag)
     sections = document["specializations"] if specialized else [document]
     sources = _runtime_sources()
+    if runtime not in (None, "one-file", "modules"):
+        raise CortexError(f"--runtime {runtime}: expected one-file or modules")
+    one_file = [] if runtime == "modules" else _one_file_runtime(sources, runtime_build or RUNTIME_BUILD)
+    if runtime == "one-file" and not one_file:
+        raise CortexError(f"--runtime one-file: {runtime_build or RUNTIME_BUILD} holds no one-file runtime built from "
+                          "this tree's js/src (run 'make js-runtime', or 'node js/build.mjs FOLDER' and pass "
+                          "--runtime-build FOLDER)")
+    page_runtime = f"{RUNTIME_FOLDER}/{ONE_FILE_FOLDER}" if one_file else RUNTIME_FOLDER
     files = _artifacts([cu for section in sections for cu in section["cus"]], dag)
     source_copy = _source_model(document, dag) if with_source else None
     if source_copy is not None:
@@ -103,13 +127,20 @@ def bundle(
         (folder / RUNTIME_FOLDER).mkdir()
         for source in sources:
             shutil.copyfile(source, folder / RUNTIME_FOLDER / source.name)
+        if one_file:
+            (folder / RUNTIME_FOLDER / ONE_FILE_FOLDER).mkdir()
+            for built in one_file:
+                shutil.copyfile(built, folder / RUNTIME_FOLDER / ONE_FILE_FOLDER / built.name)
         for name, data in (ortweb or {}).items():          # not the model's bytes: not in module_bytes
             write_bytes_atomically(folder / ORTWEB_FOLDER / name, data)
-        shutil.copyfile(JS_DIR / "page" / "main.js", folder / "main.js")
+        main = (JS_DIR / "page" / "main.js").read_text()
+        if PAGE_RUNTIME_IMPORT not in main:
+            raise CortexError(f"{JS_DIR / 'page' / 'main.js'} does not import {PAGE_RUNTIME_IMPORT}")
+        write_bytes_atomically(folder / "main.js", main.replace(PAGE_RUNTIME_IMPORT, f'"./{page_runtime}/index.js"').encode())
         page = (JS_DIR / "page" / "index.html").read_text()
         page = page.replace(PRELOAD_SLOT, "\n".join(
-            f'<link rel="modulepreload" href="{RUNTIME_FOLDER}/{source.name}">'
-            for source in sources if not source.name.endswith("_worker.js")))
+            f'<link rel="modulepreload" href="{page_runtime}/{source.name}">'
+            for source in (one_file or sources) if not source.name.endswith("_worker.js")))
         if ortweb:
             imports = {"imports": {"onnxruntime-web": f"./{ORTWEB_FOLDER}/{ORTWEB_FILES[0]}"}}
             page = page.replace(IMPORT_MAP_SLOT, f'<script type="importmap">{jsonlib.dumps(imports)}</script>')
@@ -118,7 +149,8 @@ def bundle(
 
     module_bytes = write_directory_atomically(output, fill)
     summary = {"output": str(output), "cus": sum(len(s["cus"]) for s in sections), "files": len(files),
-               "module_bytes": module_bytes, "runtime": f"{RUNTIME_FOLDER}/ ({len(sources)} files)", "page": "index.html",
+               "module_bytes": module_bytes, "runtime": f"{RUNTIME_FOLDER}/ ({len(sources)} files)",
+               "page_runtime": f"{page_runtime}/index.js", "page": "index.html",
                "specializations": [s["name"] for s in sections] if specialized else [],
                "source_model": source_copy[0]["path"] if source_copy else None,
                "onnxruntime_web": f"{ORTWEB_FOLDER}/" if ortweb else None}
@@ -140,6 +172,20 @@ def _runtime_sources() -> list[Path]:
         raise CortexError(f"the JavaScript runtime is missing ({JS_DIR / 'src'}): cortex bundle needs the js/ "
                           "folder of the Cortex source tree")
     return sources
+
+
+def _one_file_runtime(sources: list[Path], build: Path) -> list[Path]:
+    """js/build.mjs's files in `build` (index.js first), when they were built from exactly these
+    js/src files; none otherwise (a stale build would ship old code)."""
+    try:
+        built = jsonlib.loads((build / f"{RUNTIME_FOLDER}.json").read_text())
+        files = [build / RUNTIME_FOLDER / name for name in built["entry_points"]]
+        current = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sources}
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    if built.get("sources") != current or not files or not all(p.is_file() for p in files):
+        return []
+    return files
 
 
 def _onnxruntime_web(given: Path | None) -> dict[str, bytes] | None:
