@@ -198,11 +198,12 @@ def bench_model(browser: Chromium, site: Path, threads_site: Path | None, inputs
     return result
 
 
-def memory_phases(site: Path, kind: str, model: str, inputs: list[dict]) -> dict:
+def memory_phases(site: Path, kind: str, model: str, inputs: list[dict], options: dict | None = None) -> dict:
     """The page renderer's RSS before create, after the first run and after release (harness.js's
     memory phases in bench/browser/memory.html), in a Chromium of its own with no DevTools client
-    (bench/chromium_memory.py: playwright's would keep every fetched file resident)."""
-    request = urllib.parse.quote(json.dumps({"kind": kind, "model": model, "inputs": inputs}))
+    (bench/chromium_memory.py: playwright's would keep every fetched file resident). `options`:
+    Cortex's create options."""
+    request = urllib.parse.quote(json.dumps({"kind": kind, "model": model, "inputs": inputs, "options": options or {}}))
     with tempfile.TemporaryDirectory(prefix="cortex-bench-memory-") as profile:
         phases = chromium_memory.phases_rss(site, f"bench/memory.html#{request}", Path(profile), MEMORY_TIMEOUT_S)
     if "error" in phases:

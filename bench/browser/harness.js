@@ -10,7 +10,7 @@
 //        (Cortex's from `runtime`, the page's URL of it, when given) + create + first run, nothing held after
 //   {cmd: "phases", model, weights}          -> ms of each load phase of a dag.json's files, done one
 //        phase at a time by hand (fetch, sha256, compile, Cache API, instantiate, weights written)
-//   {cmd: "memory", phase: "before" | "run" | "release", kind, model, inputs} -> {}: the phase done and
+//   {cmd: "memory", phase: "before" | "run" | "release", kind, model, inputs, options} -> {}: the phase done and
 //        garbage collected (gc exposed), for memory.html, whose server reads the renderers' RSS then
 // Wall time only: a page has no CPU clock. onnxruntime-web's thread count is fixed by the first
 // session of a realm, so each ort thread count lives in its own page or Worker.
@@ -156,7 +156,7 @@ async function memory(req) {
     const module = await runtime(req.kind);
     measuredOne = { module, feeds: await feedsFrom(req.inputs, module.Tensor), session: null };
   } else if (req.phase === "run") {
-    measuredOne.session = await createSession(measuredOne.module, req.kind, req.model, {});
+    measuredOne.session = await createSession(measuredOne.module, req.kind, req.model, req.options ?? {});
     await measuredOne.session.run(measuredOne.feeds);
   } else {
     await measuredOne.session.release();

@@ -17,6 +17,7 @@ import { SourceModel } from "./offline.js";
 import { policy as resolvePolicy } from "./policy.js";
 import { DEFAULT_PREFIX_CACHE_MB, PrefixCache, prefixCacheBytes } from "./prefix_cache.js";
 import { counted, loadProgress } from "./progress.js";
+import { ProxySession, checkedProxy } from "./proxy.js";
 import { ResidentSet, Residency, budgetBytes, checkBudget } from "./residency.js";
 import { Scheduler } from "./scheduler.js";
 import { Buckets, compiledShapes, exactSection, feedShapes, sectionsForValues, shapesText, valueInputs } from "./specialized.js";
@@ -49,6 +50,8 @@ import { WeightFiles } from "./weights.js";
  *   as files are read and CUs loaded, up to the totals dag.json records (js/src/progress.js)
  * @property {boolean} [moduleCache] keep compiled modules for later sessions and visits (true by
  *   default; js/src/module_cache.js)
+ * @property {boolean} [proxy] run the session in a dedicated Worker of its own, which `release()` ends,
+ *   so the page gets back everything the session held (false by default; js/src/proxy.js)
  */
 
 // Sections of a cortex.dag/2 dag.json: every module and weight file is fetched, checked and
@@ -114,6 +117,7 @@ export class InferenceSession {
 
   /** @param {string | URL} where dag.json's URL or path @param {SessionOptions} [options] */
   static async create(where, options = {}) {
+    if (checkedProxy(options.proxy)) return /** @type {any} */ (ProxySession.create(await dagUrl(where), options));
     const chosen = resolvePolicy(options.policy, options.trustThreshold);
     const cacheBytes = options.cacheBytes ?? DEFAULT_CACHE_BYTES;
     if (!Number.isInteger(cacheBytes) || cacheBytes < 0) {
