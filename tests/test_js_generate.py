@@ -230,6 +230,14 @@ def test_growing_the_cache_mid_generation_gives_the_ids_of_one_large_bucket(tmp_
         report[-3000:]
 
 
+def test_a_proxied_generate_streams_the_in_thread_ids_and_logits(tmp_path):
+    dag = generation_build("int4", (16, 32), (8,))
+    case = generation_case(tmp_path, "llama-proxy", dag, prompt(5), 6)
+    report = run_node_tests([case], tmp_path, "generate.test.js", "proxy.test.js")
+    expected = "llama-proxy: a proxied generate streams the in-thread ids and logits, and a throwing onToken stops it"
+    assert expected in _passed(report), report[-3000:]
+
+
 def test_seeded_sampling_repeats_and_a_model_without_a_cache_is_refused(tmp_path):
     dag = generation_build("int4", (16, 32), (8,))
     sampled = generation_case(tmp_path, "llama-sampled", dag, prompt(5), 12, sampling=True)

@@ -41,33 +41,43 @@ const collected = async () => { for (let i = 0; i < 3; i++) globalThis.gc(); awa
 try {
   const { InferenceSession, Tensor } = await import("./cortex-runtime/index.js");
   const x = new Tensor("float32", new Float32Array(4 * WIDTH).fill(0.5), [4, WIDTH]);
+  let firstY = null;
   await collected();
   await reached("before");
   for (let round = 0; round < ROUNDS; round++) {
-    const session = await InferenceSession.create("./dag.json", { policy: "strict" });
+    const session = await InferenceSession.create("./dag.json", { policy: "strict", ...OPTIONS });
     const { y } = await session.run({ x });
     if (!(y.data[0] > 0 || y.data[0] <= 0)) throw new Error("no output");
+    if (round === 0) firstY = y.data.slice();
     await collected();
     await reached(`run${round}`);
     await session.release();
     await collected();
     await reached(`release${round}`);
   }
+  // The same bits on the page's own thread (the proxied session ran in its Worker).
+  const local = await InferenceSession.create("./dag.json", { policy: "strict" });
+  const { y } = await local.run({ x });
+  if (y.data.some((v, i) => !Object.is(v, firstY[i]))) throw new Error("the outputs differ from the in-thread session's");
   await reached("done");
 } catch (e) {
   await fetch(`/phase?error=${encodeURIComponent(String(e?.message ?? e))}`);
 }
 </script>""".replace("WIDTH", str(WIDTH)).replace("ROUNDS", str(ROUNDS))
+# Create options of each page: the session on the page's thread, and in a Worker of its own
+# (js/src/proxy.js) that release() ends.
+OPTIONS = {"in-thread": "{}", "proxy": "{ proxy: true }"}
 
 
-def test_release_gives_the_renderer_its_memory_back(tmp_path):
+@pytest.mark.parametrize("where", sorted(OPTIONS))
+def test_release_gives_the_renderer_its_memory_back(tmp_path, where):
     onnx.save(chain_model(), tmp_path / "chain.onnx")
     code, _, err = run_cli(["build", tmp_path / "chain.onnx", "--output", tmp_path / "build",
                             "--max-cu-size", str(MAX_CU_SIZE)])
     assert code == 0, err
     code, _, err = run_cli(["bundle", tmp_path / "build" / "dag.json", "--output", tmp_path / "site"])
     assert code == 0, err
-    (tmp_path / "site" / "memory.html").write_text(PAGE)
+    (tmp_path / "site" / "memory.html").write_text(PAGE.replace("OPTIONS", OPTIONS[where]))
     phases = phases_rss(tmp_path / "site", "memory.html", tmp_path / "profile", PAGE_TIMEOUT_S)
     assert "error" not in phases, phases["error"]
     assert "done" in phases, f"the page reached only {sorted(phases)} in {PAGE_TIMEOUT_S} s"

@@ -278,6 +278,17 @@ def test_node_runs_request_plans_segments_traps_and_repeating_cus(tmp_path):
     assert not expected - passed, report[-3000:]
 
 
+def test_node_runs_sessions_in_a_proxy_worker(tmp_path):
+    """`proxy: true` (js/src/proxy.js): the session in a worker_threads Worker gives the in-thread
+    session's bits, trace and progress, refuses in the same words, and serves again after release()
+    ended its Worker."""
+    report = run_node_tests([chain_case(32), branch_case(), two_outputs_case()], tmp_path, "proxy.test.js")
+    passed = set(re.findall(r"^ok \d+ - (.+)$", report, re.MULTILINE))
+    expected = {"proxied sessions give the in-thread session's bits and trace, and serve again after release",
+                "a proxied session refuses what the in-thread one refuses, in one line, and keeps serving"}
+    assert not expected - passed, report[-3000:]
+
+
 @pytest.mark.slow
 def test_node_runs_a_chain_of_1024_cus(tmp_path):
     report = run_node_tests([chain_case(1024)], tmp_path, "models.test.js", "plan.test.js")
