@@ -14,7 +14,8 @@ Contestants, alternating run by run (wall time per `session.run`; a page has no 
 Loads: runtime import + create + first result on a fresh browser context (cold: nothing cached) and
 on a second page of that context (warm: Cortex's modules from the Cache API, onnxruntime-web's files
 from the http cache). Memory: the page renderer's RSS before create, after the first run and after
-`session.release()`, collected first, in a Chromium with no DevTools client (bench/chromium_memory.py)."""
+`session.release()`, collected first, in a Chromium with no DevTools client (bench/chromium_memory.py),
+for Cortex on the page's thread and proxied (`proxy: true`: in a Worker that release() ends)."""
 
 from __future__ import annotations
 
@@ -190,11 +191,13 @@ def bench_model(browser: Chromium, site: Path, threads_site: Path | None, inputs
                       ortweb_speedup=paired("ortweb-1t", "ortweb-2t"))
         result["load"] = loads(browser, plain_origin, inputs, load_repeats)
         result["memory"] = {}
-        for kind, model in (("cortex", "/dag.json"), ("ortweb", "/model.onnx")):
+        for name, kind, model, options in (("cortex", "cortex", "/dag.json", {}),
+                                           ("cortex-proxy", "cortex", "/dag.json", {"proxy": True}),
+                                           ("ortweb", "ortweb", "/model.onnx", {})):
             try:
-                result["memory"][kind] = memory_phases(site, kind, model, inputs)
+                result["memory"][name] = memory_phases(site, kind, model, inputs, options)
             except RuntimeError as e:
-                result["errors"][f"memory {kind}"] = str(e)
+                result["errors"][f"memory {name}"] = str(e)
     return result
 
 

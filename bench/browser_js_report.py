@@ -109,17 +109,19 @@ def chromium_tables(results: list[dict], chromium_version: str | None, rounds: i
                f"create; goal: within {MEMORY_SLACK:.0%}). Chromium: the page renderer's resident bytes (/proc) in a "
                "Chromium of its own with no DevTools client (a DevTools client's Network agent keeps every "
                "fetched file in the renderer), garbage collected first (--expose-gc), the runtime already "
-               "imported before create, the session object still held after release; "
+               "imported before create, the session object still held after release; Cortex proxy: the session "
+               "created with `proxy: true`, in a dedicated Worker that `release()` ends; "
                "`performance.measureUserAgentSpecificMemory()` is not used: it counts no non-shared "
                "WebAssembly.Memory. Node: `process.memoryUsage().rss` after `gc()` (node --expose-gc), one process "
                "per contestant, with MALLOC_TRIM_THRESHOLD_=0 (glibc gives freed heap pages back at once). onnxruntime-web starts its wasm instance at its first session, so its before "
                "excludes it."), "",
-              "| model | Chromium Cortex RSS | Chromium ort-web RSS | Node Cortex RSS | Node ort-web RSS |",
-              "|---|---|---|---|---|"]
+              "| model | Chromium Cortex RSS | Chromium Cortex proxy RSS | Chromium ort-web RSS | Node Cortex RSS | Node ort-web RSS |",
+              "|---|---|---|---|---|---|"]
     for r in results:
         c = r.get("chromium") or {}
         node = r.get("node_memory", {})
         lines.append(f"| {r['model']} | {_memory_cell(c.get('memory', {}).get('cortex'), 'rss_')} | "
+                     f"{_memory_cell(c.get('memory', {}).get('cortex-proxy'), 'rss_')} | "
                      f"{_memory_cell(c.get('memory', {}).get('ortweb'), 'rss_')} | {_memory_cell(node.get('cortex'))} | "
                      f"{_memory_cell(node.get('ortweb'))} |")
     notes = [f"{r['model']} {k}: {v}" for r in results for k, v in {**(r.get('chromium') or {}).get('errors', {}),
