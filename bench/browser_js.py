@@ -214,7 +214,8 @@ def memory_phases(site: Path, kind: str, model: str, inputs: list[dict], options
     if "done" not in phases:
         raise RuntimeError(f"the memory page reached only {sorted(phases)} in {MEMORY_TIMEOUT_S} s")
     rss = chromium_memory.page_rss(phases, "run")
-    return {"rss_before": rss["before"], "rss_after_run": rss["run"], "rss_after_release": rss["release"]}
+    return {"rss_before": rss["before"], "rss_after_run": rss["run"], "rss_after_release": rss["release"],
+            "rss_after_run2": rss.get("run2"), "rss_after_release2": rss.get("release2")}
 
 
 def loads(browser: Chromium, origin: str, inputs: list[dict], repeats: int) -> dict:

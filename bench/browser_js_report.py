@@ -52,6 +52,15 @@ def _memory_cell(m: dict | None, prefix: str = "") -> str:
             f"({back:+.0%}{', within 10%' if back <= MEMORY_SLACK else ', over 10%'})")
 
 
+def _later_cell(m: dict | None) -> str:
+    """A later session on the same page: after its run / after its release, against the first one's release."""
+    if not m or m.get("rss_after_release2") is None:
+        return ""
+    start, run, back = m["rss_after_release"], m["rss_after_run2"], m["rss_after_release2"]
+    change = back / start - 1
+    return f"; later session {run / MB:.1f} / {back / MB:.1f} ({change:+.0%})"
+
+
 def chromium_tables(results: list[dict], chromium_version: str | None, rounds: int) -> list[str]:
     """The section's Chromium tables and memory table, from bench_js's per-model results."""
     measured = [r for r in results if r.get("chromium")]
@@ -110,7 +119,9 @@ def chromium_tables(results: list[dict], chromium_version: str | None, rounds: i
                "Chromium of its own with no DevTools client (a DevTools client's Network agent keeps every "
                "fetched file in the renderer), garbage collected first (--expose-gc), the runtime already "
                "imported before create, the session object still held after release; Cortex proxy: the session "
-               "created with `proxy: true`, in a dedicated Worker that `release()` ends; "
+               "created with `proxy: true`, in a dedicated Worker that `release()` ends; a later session: a second "
+               "create, run and release on the same page, against the first's release (what a session adds once "
+               "the page has run one; the first pays the engine's one-time pools); "
                "`performance.measureUserAgentSpecificMemory()` is not used: it counts no non-shared "
                "WebAssembly.Memory. Node: `process.memoryUsage().rss` after `gc()` (node --expose-gc), one process "
                "per contestant, with MALLOC_TRIM_THRESHOLD_=0 (glibc gives freed heap pages back at once). onnxruntime-web starts its wasm instance at its first session, so its before "
@@ -120,9 +131,9 @@ def chromium_tables(results: list[dict], chromium_version: str | None, rounds: i
     for r in results:
         c = r.get("chromium") or {}
         node = r.get("node_memory", {})
-        lines.append(f"| {r['model']} | {_memory_cell(c.get('memory', {}).get('cortex'), 'rss_')} | "
-                     f"{_memory_cell(c.get('memory', {}).get('cortex-proxy'), 'rss_')} | "
-                     f"{_memory_cell(c.get('memory', {}).get('ortweb'), 'rss_')} | {_memory_cell(node.get('cortex'))} | "
+        chromium = {k: _memory_cell(m, "rss_") + (_later_cell(m) if m else "") for k, m in c.get("memory", {}).items()}
+        lines.append(f"| {r['model']} | {chromium.get('cortex', 'n/a')} | {chromium.get('cortex-proxy', 'n/a')} | "
+                     f"{chromium.get('ortweb', 'n/a')} | {_memory_cell(node.get('cortex'))} | "
                      f"{_memory_cell(node.get('ortweb'))} |")
     notes = [f"{r['model']} {k}: {v}" for r in results for k, v in {**(r.get('chromium') or {}).get('errors', {}),
                                                                    **{f'node memory {k}': v for k, v in r.get('node_memory_errors', {}).items()}}.items()

@@ -147,15 +147,16 @@ async function collected() {
 /** The contestant of the memory phases: {module, feeds, session}. */
 let measuredOne = null;
 
-/** One phase of the memory figure: "before" imports the runtime and reads the inputs, "run" creates
- * a session and runs it once, "release" releases it (the session object still held); each ends
+/** One phase of the memory figure: "before" imports the runtime and reads the inputs, "run" (and
+ * "run2", a later session on the same page) creates a session and runs it once, "release" (and
+ * "release2") releases it (the session object still held); each ends
  * collected, so the caller can read the renderer's RSS between phases. (measureUserAgentSpecificMemory
  * counts no non-shared WebAssembly.Memory in this Chromium: tests/test_js_memory_browser.py.) */
 async function memory(req) {
   if (req.phase === "before") {
     const module = await runtime(req.kind);
     measuredOne = { module, feeds: await feedsFrom(req.inputs, module.Tensor), session: null };
-  } else if (req.phase === "run") {
+  } else if (req.phase.startsWith("run")) {
     measuredOne.session = await createSession(measuredOne.module, req.kind, req.model, req.options ?? {});
     await measuredOne.session.run(measuredOne.feeds);
   } else {
