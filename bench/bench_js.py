@@ -156,11 +156,15 @@ def bench_model(name: str, node: JsRunner, rounds: int, load_repeats: int, workd
     runs = {k: _spread(v) for k, v in run.items()}
     loads = {k: _spread(v) for k, v in load.items()}
     memory, memory_errors = {}, {}
-    for kind, model_url in (("cortex", url + "dag.json"), ("ortweb", url + "model.onnx")):
+    # Over http (fetch, as a page loads) and from files (as a Node program loads): Node's fetch keeps
+    # native memory of its own after the bodies are dropped (MiniLM's 43 files read and dropped, no
+    # compile: +26-30 MB RSS after gc), which the file path does not pay.
+    for name, kind, where in (("cortex", "cortex", url + "dag.json"), ("ortweb", "ortweb", url + "model.onnx"),
+                              ("cortex-file", "cortex", str(site / "dag.json")), ("ortweb-file", "ortweb", str(site / "model.onnx"))):
         try:
-            memory[kind] = node_memory(kind, model_url, inputs, workdir)
+            memory[name] = node_memory(kind, where, inputs, workdir)
         except (RuntimeError, subprocess.TimeoutExpired) as e:
-            memory_errors[kind] = str(e)
+            memory_errors[name] = str(e)
     chromium = None
     if browser is not None:
         chromium = bench_browser(case, reference, inputs, site, workdir, browser, rounds, load_repeats)

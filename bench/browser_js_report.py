@@ -124,17 +124,22 @@ def chromium_tables(results: list[dict], chromium_version: str | None, rounds: i
                "the page has run one; the first pays the engine's one-time pools); "
                "`performance.measureUserAgentSpecificMemory()` is not used: it counts no non-shared "
                "WebAssembly.Memory. Node: `process.memoryUsage().rss` after `gc()` (node --expose-gc), one process "
-               "per contestant, with MALLOC_TRIM_THRESHOLD_=0 (glibc gives freed heap pages back at once). onnxruntime-web starts its wasm instance at its first session, so its before "
+               "per contestant, with MALLOC_TRIM_THRESHOLD_=0 (glibc gives freed heap pages back at once), the files "
+               "fetched over http from 127.0.0.1 or read from disk (Node's fetch keeps native memory of its own "
+               "after the bodies are dropped: MiniLM's 43 module files fetched, read and dropped with no compile "
+               "and no Cortex left +26-30 MB). onnxruntime-web starts its wasm instance at its first session, so its before "
                "excludes it."), "",
-              "| model | Chromium Cortex RSS | Chromium Cortex proxy RSS | Chromium ort-web RSS | Node Cortex RSS | Node ort-web RSS |",
-              "|---|---|---|---|---|---|"]
+              "| model | Chromium Cortex RSS | Chromium Cortex proxy RSS | Chromium ort-web RSS | Node Cortex RSS (http) "
+              "| Node ort-web RSS (http) | Node Cortex RSS (files) | Node ort-web RSS (files) |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in results:
         c = r.get("chromium") or {}
         node = r.get("node_memory", {})
         chromium = {k: _memory_cell(m, "rss_") + (_later_cell(m) if m else "") for k, m in c.get("memory", {}).items()}
         lines.append(f"| {r['model']} | {chromium.get('cortex', 'n/a')} | {chromium.get('cortex-proxy', 'n/a')} | "
                      f"{chromium.get('ortweb', 'n/a')} | {_memory_cell(node.get('cortex'))} | "
-                     f"{_memory_cell(node.get('ortweb'))} |")
+                     f"{_memory_cell(node.get('ortweb'))} | {_memory_cell(node.get('cortex-file'))} | "
+                     f"{_memory_cell(node.get('ortweb-file'))} |")
     notes = [f"{r['model']} {k}: {v}" for r in results for k, v in {**(r.get('chromium') or {}).get('errors', {}),
                                                                    **{f'node memory {k}': v for k, v in r.get('node_memory_errors', {}).items()}}.items()
              if "memory" in k]

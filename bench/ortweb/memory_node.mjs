@@ -1,7 +1,7 @@
 // `make bench-js`'s memory figure in Node: one contestant per process (run with --expose-gc), its
 // resident set (process.memoryUsage().rss, after a collection) before create, after the first run,
 // after `session.release()`, and after the session is dropped too. Prints one JSON line.
-//   node --expose-gc memory_node.mjs cortex|ortweb URL-of-dag.json-or-model.onnx inputs.json
+//   node --expose-gc memory_node.mjs cortex|ortweb URL-or-path-of-dag.json-or-model.onnx inputs.json
 import fs from "node:fs";
 import * as ort from "onnxruntime-web";
 import { InferenceSession, Tensor } from "../../js/src/index.js";
@@ -33,7 +33,8 @@ const inputs = JSON.parse(fs.readFileSync(inputsFile, "utf8"));
 let feeds = feedsFrom(inputs, kind === "cortex" ? Tensor : ort.Tensor);
 const before = await rss();
 let session = kind === "cortex" ? await InferenceSession.create(model, { policy: "strict" })
-  : await ort.InferenceSession.create(new Uint8Array(await (await fetch(model)).arrayBuffer()),
+  : await ort.InferenceSession.create(/^https?:/.test(model) ? new Uint8Array(await (await fetch(model)).arrayBuffer())
+    : new Uint8Array(fs.readFileSync(model)),
     { executionProviders: ["wasm"], graphOptimizationLevel: "all" });
 let results = await session.run(feeds);
 results = null;
