@@ -350,8 +350,12 @@ export class CuWorkers {
     let failure = null;
     /** @type {() => void} */
     let wake = () => undefined;
+    /** `${tensor}\0${reader}`: a worker's reader counted as having the tensor when the CU that
+     * keeps it for the reader was posted (below), not again when that CU is done. */
+    const early = new Set();
     const arrived = (/** @type {string} */ name) => {
       for (const reader of new Set(scheduler.readers.get(name) ?? [])) {
+        if (early.delete(`${name}\0${reader}`)) continue;
         const count = waiting.get(reader);
         if (count === undefined) continue;
         if (count === 1) {
@@ -397,6 +401,23 @@ export class CuWorkers {
         }
       }
       const { send, keep } = destinations(step);
+      // A worker runs its jobs in the order they come, so a CU of the same worker that reads what
+      // this one keeps can go now, behind it, instead of after this one's answer has come back
+      // here: a worker's chain then runs without a round trip to a busy calling thread per CU.
+      for (const name of keep) {
+        keptOn.set(name, t);
+        for (const reader of new Set(scheduler.readers.get(name) ?? [])) {
+          const count = waiting.get(reader);
+          if (count === undefined || threadOf(stepOf.get(reader)) !== t) continue;
+          early.add(`${name}\0${reader}`);
+          if (count === 1) {
+            waiting.delete(reader);
+            ready.push(stepOf.get(reader));
+          } else {
+            waiting.set(reader, count - 1);
+          }
+        }
+      }
       inFlight += 1;
       this.post(step.unit, { inputs, send, keep, request }, transfer).then(({ outputs: results, startMs, seconds }) => {
         inFlight -= 1;
@@ -411,10 +432,12 @@ export class CuWorkers {
     };
     while (left > 0) {
       if (failure !== null) throw failure;
-      const remote = ready.filter((step) => step.unit instanceof RemoteUnit);
-      const here = ready.filter((step) => !(step.unit instanceof RemoteUnit));
-      ready.length = 0;
-      for (const step of remote) post(step);
+      // Every worker's CU that can go, those a post makes ready included, before this thread runs one.
+      for (let i = ready.findIndex((step) => step.unit instanceof RemoteUnit); i >= 0;
+        i = ready.findIndex((step) => step.unit instanceof RemoteUnit)) {
+        post(ready.splice(i, 1)[0]);
+      }
+      const here = ready.splice(0, ready.length);
       if (here.length) {
         const [step, ...later] = here;
         ready.push(...later);
