@@ -16,8 +16,9 @@
 //   under the key is not taken for one. An entry without the header, or that does not compile, is
 //   dropped and the file fetched (and checked) again. Hashing the ~90 MB of MiniLM's modules again
 //   on each visit read every byte into JavaScript and cost a third of a warm load.
-// - The cache write of a downloaded module does not hold create up: it goes on while the CUs are
-//   instantiated and run (`pendingWrites()` settles when every write has).
+// - The cache write of a downloaded module (or weight file) does not hold create up: it waits until
+//   create's CUs are instantiated (`ModuleCache.writeHeld`), then goes on while they run
+//   (`pendingWrites()` settles when every write has).
 // Either cache holds only modules whose bytes matched dag.json.
 import { CortexError } from "./errors.js";
 import { fetched, readBytes } from "./loader.js";
@@ -61,6 +62,20 @@ export class ModuleCache {
   constructor() {
     /** @type {Promise<Cache | null> | null} */
     this.opened = null;
+    /** @type {() => void} */
+    let open = () => undefined;
+    /** Cache writes wait for this, which `writeHeld` settles once create's CUs are instantiated.
+     * Starting the writes of MiniLM's 43 modules (90 MB) takes the page's thread ~300 ms; during a
+     * cold create that came on top of the downloads, hashes and compiles create waits on (on 2 cores
+     * create took 1.35-1.47 s with them, ~1.0 s without), and a request made right after create
+     * now goes before them. */
+    this.writesOpen = new Promise((resolve) => { open = resolve; });
+    this.openWrites = open;
+  }
+
+  /** Lets the writes held so far, and every later one, go ahead, in a later task. */
+  writeHeld() {
+    setTimeout(this.openWrites, 0);
   }
 
   /** The Cache API store, where there is one (not in Node, nor in a page that is not a secure
@@ -91,7 +106,7 @@ export class ModuleCache {
   /** Stores a weight file's bytes, which matched dag.json's sha256 (a refusing store only costs
    * the next visit a fetch). @param {URL} url @param {string} sha256 @param {Uint8Array} data */
   storeWeights(url, sha256, data) {
-    tracked(this.storage(url).then((store) => store?.put(weightsCacheKey(url, sha256), new Response(data, {
+    tracked(this.writesOpen.then(() => this.storage(url)).then((store) => store?.put(weightsCacheKey(url, sha256), new Response(data, {
       headers: { "content-type": "application/octet-stream", [VERIFIED_HEADER]: sha256 } }))).catch(() => undefined));
   }
 
@@ -150,8 +165,8 @@ export async function compiledModule(url, record, id, loads) {
       cache.hold(sha, /** @type {WebAssembly.Module} */ (module));
       // A store that refuses (quota, private mode) only costs the next visit a fetch.
       if (store !== null) {
-        tracked(store.put(key, new Response(bytes, { headers: { "content-type": "application/wasm",
-          [VERIFIED_HEADER]: sha } })).catch(() => undefined));
+        tracked(cache.writesOpen.then(() => store.put(key, new Response(bytes, { headers: { "content-type": "application/wasm",
+          [VERIFIED_HEADER]: sha } }))).catch(() => undefined));
       }
     }
     return [sha, module];

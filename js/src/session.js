@@ -84,6 +84,8 @@ export class InferenceSession {
       ort: /** @type {any} */ (null) };
     /** @type {Promise<void> | null} every module and weight file fetched, checked and compiled */
     this.cusRead = null;
+    /** @type {Promise<void>} the checks before any file is read passed (readCus) */
+    this.cusChecked = Promise.resolve();
     /** @type {Promise<SourceModel> | null} */
     this.source = null;
     this.cache = cache;
@@ -178,21 +180,25 @@ export class InferenceSession {
     return this.trace;
   }
 
-  /** Every module and weight file of every section, fetched, checked and compiled once. */
+  /** Every module and weight file of every section, fetched, checked and compiled once. Sooner,
+   * `cusChecked` settles once the records' threads and features are checked (and onnxruntime-web
+   * is there for fallback CUs) and every read has started. */
   readCus() {
     if (this.cusRead === null) {
-      this.cusRead = (async () => {
-        const cus = this.sections.flatMap((s) => s.dag.cus);
+      const cus = this.sections.flatMap((s) => s.dag.cus);
+      this.cusChecked = (async () => {
         this.kernelThreads.check(cus.filter((cu) => cu.runs_on === undefined).flatMap((cu) => [cu,
           ...Object.keys(cu.variants ?? {}).map((p) => variantRecord(cu, p))]).map((r) => [r.id, /** @type {any} */ (r.artifacts?.wasm)]),
         this.url.href);
         checkFeatures(recordedFeatures(this.sections.flatMap((s) => wasmRecords(s.dag))), this.url.href);
         if (cus.some((cu) => cu.runs_on !== undefined)) this.files.ort = await onnxruntimeWeb(this.givenOrt);
+      })();
+      this.cusRead = this.cusChecked.then(async () => {
         const wasm = cus.filter((cu) => cu.runs_on === undefined);
         // Under a budget the weight files are read (and checked) when their CUs load, never all at once.
         const weights = this.residentSet === null ? this.files.weights.readAll(wasm) : undefined;
         await Promise.all([...wasm.map((cu) => this.files.modules.module(cu)), weights]);
-      })();
+      });
       this.cusRead.catch(() => { this.cusRead = null; });
     }
     return this.cusRead;
@@ -213,7 +219,8 @@ export class InferenceSession {
   async instantiated(i) {
     let scheduler = this.schedulers[i];
     if (scheduler === undefined) {
-      await this.readCus();
+      const read = this.readCus();
+      await this.cusChecked;
       const { dag } = this.sections[i];
       const { modules, weights, ort } = this.files;
       const { progress } = this.loads;
@@ -223,7 +230,9 @@ export class InferenceSession {
         : new Residency(this.residentSet, dag, load, (unit) => this.dropUnit(unit));
       const loadHere = (/** @type {import("./dag.js").CU} */ cu) => (cu.runs_on !== undefined
         ? counted(progress, loadFallbackUnit(cu, this.url, ort)) : residency?.units.get(cu.id) ?? load(cu));
-      const units = await (this.cuWorkers?.units(dag, (cu) => modules.module(cu), loadHere) ?? Promise.all(dag.cus.map(loadHere)));
+      // The section's CUs are instantiated as their modules arrive, while the other files are still read.
+      const [units] = await Promise.all([this.cuWorkers?.units(dag, (cu) => modules.module(cu), loadHere)
+        ?? Promise.all(dag.cus.map(loadHere)), read]).finally(() => this.loads.cache?.writeHeld());
       scheduler = new Scheduler(dag, new Map(units.map((unit) => [unit.cu.id, unit])), this.cache, load);
       scheduler.residency = residency;
       await scheduler.variants.load(this.policy);
