@@ -213,9 +213,13 @@ def memory_phases(site: Path, kind: str, model: str, inputs: list[dict], options
         raise RuntimeError(phases["error"])
     if "done" not in phases:
         raise RuntimeError(f"the memory page reached only {sorted(phases)} in {MEMORY_TIMEOUT_S} s")
-    rss = chromium_memory.page_rss(phases, "run")
-    return {"rss_before": rss["before"], "rss_after_run": rss["run"], "rss_after_release": rss["release"],
-            "rss_after_run2": rss.get("run2"), "rss_after_release2": rss.get("release2")}
+    found = {}
+    for prefix, field in (("rss", "VmRSS"), ("anon", "RssAnon"), ("file", "RssFile")):
+        at = chromium_memory.page_rss(phases, "run", field)
+        found.update({f"{prefix}_before": at.get("before"), f"{prefix}_after_run": at.get("run"),
+                      f"{prefix}_after_release": at.get("release"), f"{prefix}_after_run2": at.get("run2"),
+                      f"{prefix}_after_release2": at.get("release2")})
+    return found
 
 
 def loads(browser: Chromium, origin: str, inputs: list[dict], repeats: int) -> dict:

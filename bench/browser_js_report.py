@@ -61,6 +61,15 @@ def _later_cell(m: dict | None) -> str:
     return f"; later session {run / MB:.1f} / {back / MB:.1f} ({change:+.0%})"
 
 
+def _private_cell(m: dict | None) -> str:
+    """The private part of the resident set (RssAnon) after release, against the whole RSS before create."""
+    if not m or m.get("anon_before") is None or m.get("anon_after_release") is None or not m.get("rss_before"):
+        return ""
+    grown = (m["anon_after_release"] - m["anon_before"]) / m["rss_before"]
+    return (f"; private {m['anon_before'] / MB:.1f} / {m['anon_after_run'] / MB:.1f} / {m['anon_after_release'] / MB:.1f} "
+            f"({grown:+.0%} of RSS before{', within 10%' if grown <= MEMORY_SLACK else ', over 10%'})")
+
+
 def chromium_tables(results: list[dict], chromium_version: str | None, rounds: int) -> list[str]:
     """The section's Chromium tables and memory table, from bench_js's per-model results."""
     measured = [r for r in results if r.get("chromium")]
@@ -121,7 +130,11 @@ def chromium_tables(results: list[dict], chromium_version: str | None, rounds: i
                "imported before create, the session object still held after release; Cortex proxy: the session "
                "created with `proxy: true`, in a dedicated Worker that `release()` ends; a later session: a second "
                "create, run and release on the same page, against the first's release (what a session adds once "
-               "the page has run one; the first pays the engine's one-time pools); "
+               "the page has run one); private: the renderer's RssAnon (heaps, wasm memories, compiled code), "
+               "its growth after release taken against the whole RSS before create: the rest of the resident "
+               "set is file-backed, mostly Chromium's own executable, which a page's first use of the "
+               "optimising compilers pages in once (~10 MB on MiniLM, for onnxruntime-web too) and the kernel "
+               "takes back under pressure; "
                "`performance.measureUserAgentSpecificMemory()` is not used: it counts no non-shared "
                "WebAssembly.Memory. Node: `process.memoryUsage().rss` after `gc()` (node --expose-gc), one process "
                "per contestant, with MALLOC_TRIM_THRESHOLD_=0 (glibc gives freed heap pages back at once), the files "
@@ -135,7 +148,7 @@ def chromium_tables(results: list[dict], chromium_version: str | None, rounds: i
     for r in results:
         c = r.get("chromium") or {}
         node = r.get("node_memory", {})
-        chromium = {k: _memory_cell(m, "rss_") + (_later_cell(m) if m else "") for k, m in c.get("memory", {}).items()}
+        chromium = {k: _memory_cell(m, "rss_") + _private_cell(m) + _later_cell(m) for k, m in c.get("memory", {}).items()}
         lines.append(f"| {r['model']} | {chromium.get('cortex', 'n/a')} | {chromium.get('cortex-proxy', 'n/a')} | "
                      f"{chromium.get('ortweb', 'n/a')} | {_memory_cell(node.get('cortex'))} | "
                      f"{_memory_cell(node.get('ortweb'))} | {_memory_cell(node.get('cortex-file'))} | "

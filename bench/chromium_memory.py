@@ -6,7 +6,7 @@ response the page fetched, in the renderer, for Network.getResponseBody: a runti
 resident after it gives its memory back, and every later load adds its own (tests/test_js_memory_browser.py
 measured it). So memory is read from a Chromium started on its own: the page fetches
 `/phase?NAME` when it reaches a phase (after collecting garbage, --js-flags=--expose-gc), and the
-server reads the renderers' RSS before it answers; `/phase?error=MESSAGE` ends the run with an error.
+server reads the renderers' RSS (and its anonymous and file-backed parts) before it answers; `/phase?error=MESSAGE` ends the run with an error.
 """
 
 from __future__ import annotations
@@ -62,16 +62,23 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
-def renderers_rss(browser_pid: int) -> dict[int, int]:
-    """pid -> resident bytes of each Chromium renderer process under the browser."""
+# The fields of /proc/PID/status read at each phase: the resident set, and its private anonymous
+# part (heaps, wasm memories, compiled code) apart from its file-backed part. The file-backed part
+# is mostly Chromium's own executable, paged in the first time a page runs code that needs it (the
+# optimising compilers of wasm and JavaScript: ~10 MB on MiniLM's first session, once a renderer,
+# for Cortex and onnxruntime-web alike); clean pages of a file the kernel takes back under pressure.
+STATUS_FIELDS = ("VmRSS", "RssAnon", "RssFile")
+
+
+def renderers_memory(browser_pid: int) -> dict[int, dict[str, int]]:
+    """pid -> {field: bytes} of STATUS_FIELDS for each Chromium renderer process under the browser."""
     found = {}
     for pid in descendants(browser_pid):
         try:
             if b"--type=renderer" not in Path(f"/proc/{pid}/cmdline").read_bytes():
                 continue
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    found[pid] = int(line.split()[1]) * 1024
+            fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+            found[pid] = {name: int(fields[name].split()[0]) * 1024 for name in STATUS_FIELDS if name in fields}
         except OSError:
             continue
     return found
@@ -94,7 +101,7 @@ def phases_rss(site: Path, page: str, profile: Path, timeout_s: float, isolated:
             if phase.startswith("error="):
                 phases["error"] = urllib.parse.unquote(phase[len("error="):])
             else:
-                phases[phase] = renderers_rss(browser[0].pid)
+                phases[phase] = renderers_memory(browser[0].pid)
             if phase == "done" or phase.startswith("error="):
                 done.set()
             self.send_response(204)
@@ -117,8 +124,10 @@ def phases_rss(site: Path, page: str, profile: Path, timeout_s: float, isolated:
     return phases
 
 
-def page_rss(phases: dict, grown_at: str) -> dict[str, int]:
-    """The RSS of the page's renderer at each phase: the renderer that grew most from "before" to
-    `grown_at` (the one that holds the model)."""
-    page = max(phases[grown_at], key=lambda pid: phases[grown_at][pid] - phases["before"].get(pid, 0))
-    return {phase: found[page] for phase, found in phases.items() if isinstance(found, dict) and page in found}
+def page_rss(phases: dict, grown_at: str, field: str = "VmRSS") -> dict[str, int]:
+    """The page renderer's `field` (one of STATUS_FIELDS) at each phase: the renderer whose resident
+    set grew most from "before" to `grown_at` (the one that holds the model)."""
+    grown = phases[grown_at]
+    page = max(grown, key=lambda pid: grown[pid]["VmRSS"] - phases["before"].get(pid, {}).get("VmRSS", 0))
+    return {phase: found[page][field] for phase, found in phases.items()
+            if isinstance(found, dict) and page in found and field in found[page]}
