@@ -159,15 +159,18 @@ def bench_model(name: str, node: JsRunner, rounds: int, load_repeats: int, workd
     # Over http (fetch, as a page loads) and from files (as a Node program loads): Node's fetch keeps
     # native memory of its own after the bodies are dropped (MiniLM's 43 files read and dropped, no
     # compile: +26-30 MB RSS after gc), which the file path does not pay.
-    for name, kind, where in (("cortex", "cortex", url + "dag.json"), ("ortweb", "ortweb", url + "model.onnx"),
+    for contestant, kind, where in (("cortex", "cortex", url + "dag.json"), ("ortweb", "ortweb", url + "model.onnx"),
                               ("cortex-file", "cortex", str(site / "dag.json")), ("ortweb-file", "ortweb", str(site / "model.onnx"))):
         try:
-            memory[name] = node_memory(kind, where, inputs, workdir)
+            memory[contestant] = node_memory(kind, where, inputs, workdir)
         except (RuntimeError, subprocess.TimeoutExpired) as e:
-            memory_errors[name] = str(e)
+            memory_errors[contestant] = str(e)
     chromium = None
     if browser is not None:
-        chromium = bench_browser(case, reference, inputs, site, workdir, browser, rounds, load_repeats)
+        try:
+            chromium = bench_browser(case, reference, inputs, site, workdir, browser, rounds, load_repeats)
+        except RuntimeError as e:       # the Chromium half failing leaves the Node figures standing
+            chromium = {"errors": {"chromium": str(e)}}
     return {"chromium": chromium, "node_memory": memory, "node_memory_errors": memory_errors,"model": name, "run": runs, "load": loads, "first_load_ms": {k: v["first_load_seconds"] * 1e3
                                                                         for k, v in first.items()},
             "run_ratio": statistics.median(ratios), "run_ratio_spread": [min(ratios), max(ratios)],

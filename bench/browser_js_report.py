@@ -72,7 +72,9 @@ def _private_cell(m: dict | None) -> str:
 
 def chromium_tables(results: list[dict], chromium_version: str | None, rounds: int) -> list[str]:
     """The section's Chromium tables and memory table, from bench_js's per-model results."""
-    measured = [r for r in results if r.get("chromium")]
+    measured = [r for r in results if (r.get("chromium") or {}).get("load")]
+    unmeasured = [f"{r['model']}: {r['chromium']['errors'].get('chromium')}" for r in results
+                  if r.get("chromium") and not r["chromium"].get("load")]
     lines = ["", f"### In headless Chromium {chromium_version or ''}".rstrip(), "",
              ("Debian's Chromium driven by playwright, pages served from 127.0.0.1 by a threaded http.server, "
               "plain or with COOP/COEP headers (crossOriginIsolated). Run: wall time per `session.run` "
@@ -93,6 +95,8 @@ def chromium_tables(results: list[dict], chromium_version: str | None, rounds: i
                      f"{_ratio(c.get('run_ratio'))} | {_ms(load.get('cortex-cold'))} | {_ms(load.get('ortweb-cold'))} | "
                      f"{load['cold_ratio']:.2f} | {_ms(load.get('cortex-warm'))} | {_ms(load.get('ortweb-warm'))} | "
                      f"{load['warm_ratio']:.2f} | {diff} |")
+    if unmeasured:
+        lines += ["", "Not measured in Chromium: " + "; ".join(unmeasured) + "."]
     run_geo = geomean([r["chromium"]["run_ratio"]["median"] for r in measured if r["chromium"].get("run_ratio")])
     minilm = next((r["chromium"]["load"] for r in measured if r["model"].startswith("minilm")), None)
     lines += ["", f"One-thread run ratio, geometric mean: {_verdict(run_geo, 1.0) if run_geo else 'not measured'}. "
