@@ -215,6 +215,7 @@ def render(info: dict, versions: dict, results: list[dict], errors: dict, rounds
         geo = float(np.exp(np.mean([np.log(r["run_ratio"]) for r in results])))
         load_geo = float(np.exp(np.mean([np.log(r["load_ratio"]) for r in results])))
         lines += ["", f"Geometric mean run ratio {geo:.2f} (goal ≤ {GOAL}); load ratio {load_geo:.2f}."]
+        lines += [f"{r['model']}: measured in a run of its own ({r['measured_apart']})." for r in results if r.get("measured_apart")]
     if browser_error:
         lines += ["", f"Chromium: not measured ({browser_error})."]
     elif any(r.get("chromium") for r in results):
