@@ -207,15 +207,15 @@ export class Residency {
   /** `unit` loaded, for it is about to run; then the next CUs' prefetch. @param {ResidentUnit} unit */
   async acquire(unit) {
     this.running.add(unit);
-    if (this.claimed.delete(unit) || unit.loading !== null) {
-      this.stats.prefetch_hits += 1;
-      if (unit.loading !== null) await unit.loading;
-    } else if (unit.inner !== null) {
-      this.stats.already_resident += 1;
+    const prefetched = this.claimed.delete(unit) || unit.loading !== null;
+    // A prefetch that failed (or a unit evicted before its turn) is loaded now: its own error, if
+    // the load fails again, is the request's.
+    if (unit.loading !== null) await unit.loading.catch(() => undefined);
+    if (unit.inner !== null) {
+      this.stats[prefetched ? "prefetch_hits" : "already_resident"] += 1;
     } else {
       this.stats.prefetch_misses += 1;
       await this.reserve(unit, true);
-      await unit.loading;
     }
     this.set.touch(unit);
     this.ran.add(unit);
@@ -274,7 +274,7 @@ export class Residency {
     return held;
   }
 
-  /** Makes room for `unit` and starts its load. `force`: the CU must run now, so loads in flight
+  /** Makes room for `unit` and loads it (settles with the load). `force`: the CU must run now, so loads in flight
    * may land and be evicted too (the budget holds the largest CU: `checkBudget`).
    * @param {ResidentUnit} unit @param {boolean} force */
   async reserve(unit, force) {
@@ -287,10 +287,11 @@ export class Residency {
       victims = this.set.victims(unit.footprint, keep);
     }
     for (const victim of victims ?? []) this.evict(victim, unit.position);
-    this.start(unit);
+    return this.start(unit);
   }
 
-  /** Reserves the unit's bytes and starts its load. @param {ResidentUnit} unit */
+  /** Reserves the unit's bytes and starts its load, which it returns (a load that fails at once
+   * has cleared `unit.loading` before a caller could await it). @param {ResidentUnit} unit */
   start(unit) {
     this.set.settle(unit, unit.footprint);
     this.stats.loads += 1;
@@ -305,7 +306,9 @@ export class Residency {
       this.set.resident.delete(unit);       // a request that runs it loads it again
       throw e;
     });
-    unit.loading.catch(() => undefined);    // awaited by `acquire`; a prefetch nobody waits for fails quietly
+    const loading = unit.loading;
+    loading.catch(() => undefined);         // awaited by `acquire`; a prefetch nobody waits for fails quietly
+    return loading;
   }
 
   /** Drops a loaded unit, back to warm; the request's tensors in its memory that are still read
