@@ -1,4 +1,6 @@
-"""Memory a page gets back in headless Chromium after `session.release()`: the renderer's RSS (from
+"""Memory in headless Chromium: a model of more CUs than a renderer holds wasm memories at once
+runs under memoryBudgetMB (and without one is refused in one line that says so); and what a page
+gets back after `session.release()`: the renderer's RSS (from
 /proc) before create, after create + run and after release + gc, twice over on one page, for a chain
 of MatMuls holding 32 MiB of weights in its modules' data segments (tests/test_js_memory.py's model).
 
@@ -25,13 +27,19 @@ onnxruntime-web on a crossOriginIsolated page runs on a shared memory, which it 
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
 import onnx
 import pytest
 from cli_helpers import run_cli
 from test_js_browser import CHROMIUM
 from test_js_memory import LAYERS, MAX_CU_SIZE, WIDTH, chain_model
+from test_js_threads_browser import served_browser
+from testdata import run_onnxruntime
 
-from bench.chromium_memory import page_rss, phases_rss
+from bench.chromium_memory import QuietHandler, page_rss, phases_rss
+from bench.cu_overhead import ensure_chain
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.is_file(), reason="chromium is not installed")
 
@@ -102,3 +110,52 @@ def test_release_gives_the_renderer_its_memory_back(tmp_path, where):
         assert private[f"release{round}"] - private["before"] <= 0.4 * weights
     # A later session on the page reuses what the first left, adding nothing of its own.
     assert rss[f"release{ROUNDS - 1}"] - rss["release0"] <= 0.15 * weights
+
+
+# More CUs than a Chromium renderer holds wasm memories at once (each reserves its own address
+# space; Chromium 156 refused vgg19's 125th, and this chain's too): under memoryBudgetMB only the
+# CUs the budget fits are instantiated, so the whole chain runs, with onnxruntime's outputs.
+CHAIN_CUS = 160
+BUDGET_PAGE = """<!doctype html><title>many CUs</title><script type="module">
+const reached = (query) => fetch(`/phase?${query}`);
+try {
+  const { InferenceSession, Tensor } = await import("./cortex-runtime/index.js");
+  const x = new Tensor("float32", Float32Array.from(X), [1, X.length]);
+  let refused = "";
+  try {
+    const whole = await InferenceSession.create("./dag.json", { policy: "strict" });
+    await whole.run({ x });
+    await whole.release();
+  } catch (e) {
+    refused = String(e?.message ?? e);
+  }
+  const session = await InferenceSession.create("./dag.json", { policy: "strict", memoryBudgetMB: 4 });
+  const [y] = Object.values(await session.run({ x }));
+  window.result = { refused, y: Array.from(y.data), memory: session.lastTrace.memory };
+} catch (e) {
+  window.result = { error: String(e?.message ?? e) };
+}
+</script>"""
+
+
+def test_a_model_of_more_cus_than_the_engine_holds_runs_under_a_budget(tmp_path):
+    model_path, dag = ensure_chain(CHAIN_CUS)
+    code, _, err = run_cli(["bundle", dag, "--output", tmp_path / "site"])
+    assert code == 0, err
+    x = np.random.default_rng(11).standard_normal((1, 64)).astype(np.float32)
+    (tmp_path / "site" / "many.html").write_text(BUDGET_PAGE.replace("X", json.dumps(x[0].tolist())))
+    with served_browser(tmp_path / "site", QuietHandler) as (origin, browser):
+        page = browser.new_page()
+        page.set_default_timeout(PAGE_TIMEOUT_S * 1000)
+        page.goto(f"{origin}/many.html")
+        page.wait_for_function("window.result !== undefined")
+        result = page.evaluate("window.result")
+    assert "error" not in result, result["error"]
+    print(f"without a budget: {result['refused'] or 'ran'}; under 4 MiB: {result['memory']}")
+    if result["refused"]:       # the engine's bound, in one line that says what to do
+        assert "cannot be instantiated" in result["refused"] and "memoryBudgetMB" in result["refused"]
+        assert "\n" not in result["refused"]
+    memory = result["memory"]
+    assert memory["evictions"] > 0 and memory["peak_resident_bytes"] <= 4 * MB
+    (want,) = run_onnxruntime(onnx.load(model_path), {"x": x}).values()
+    np.testing.assert_allclose(np.array(result["y"], np.float32).reshape(want.shape), want, rtol=1e-4, atol=1e-5)

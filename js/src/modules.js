@@ -56,7 +56,13 @@ export async function loadWasmUnit(cu, base, modules, weights, threads) {
     try {
       return await WebAssembly.instantiate(module, imports);
     } catch (e) {
-      throw new CortexError(`${url.href}: ${cu.id} cannot be instantiated: ${/** @type {any} */ (e).message ?? e}`);
+      const message = String(/** @type {any} */ (e).message ?? e);
+      // Each CU's memory reserves its own address space, and an engine bounds how many a page or
+      // process holds at once (Chromium 156: about 124), so a model of more CUs needs some dropped.
+      const bound = /Cannot allocate Wasm memory/i.test(message) ? " (the engine holds no more wasm memories at once: "
+        + "give the session memoryBudgetMB, which keeps only the CUs it fits instantiated, or build fewer, larger CUs "
+        + "with decompose --max-cu-size)" : "";
+      throw new CortexError(`${url.href}: ${cu.id} cannot be instantiated: ${message}${bound}`);
     }
   };
   if (splitsKernels(record)) return threads.load(cu, module, instantiate, weights);
