@@ -18,24 +18,7 @@ import { loadWasmUnit } from "./modules.js";
 import { ARRAY_TYPES, Tensor } from "./tensor.js";
 import { trapped } from "./wasm_unit.js";
 import { WeightFiles } from "./weights.js";
-
-/** The channel to the session's thread. */
-async function parentChannel() {
-  if (typeof WorkerGlobalScope !== "undefined") {
-    return {
-      post: (/** @type {any} */ message, /** @type {Transferable[]} */ transfer) => postMessage(message, { transfer }),
-      listen: (/** @type {(data: any) => void} */ handle) => addEventListener("message", (/** @type {any} */ e) => handle(e.data)),
-      exit: () => close(),
-    };
-  }
-  const { parentPort } = await import("node:worker_threads");
-  const port = /** @type {import("node:worker_threads").MessagePort} */ (parentPort);
-  return {
-    post: (/** @type {any} */ message, /** @type {any[]} */ transfer) => port.postMessage(message, transfer),
-    listen: (/** @type {(data: any) => void} */ handle) => port.on("message", handle),
-    exit: () => process.exit(1),
-  };
-}
+import { parentChannel } from "./workers.js";
 
 const channel = await parentChannel();
 /** @type {URL | null} */

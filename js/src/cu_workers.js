@@ -22,8 +22,8 @@ import { REPEATING } from "./plan.js";
 import { NOT_NEEDED } from "./scheduler.js";
 import { ARRAY_TYPES, Tensor } from "./tensor.js";
 import { clock } from "./trace.js";
+import { IN_NODE, startWorker, workerClass } from "./workers.js";
 
-const IN_NODE = typeof process !== "undefined" && !!process.versions?.node;
 const WORKER_URL = new URL("./cu_worker.js", import.meta.url);
 
 // The list schedule's cost model, in nanoseconds: rough single-thread WebAssembly SIMD rates, and
@@ -513,17 +513,9 @@ class WorkerHandle {
     this.started.catch(() => undefined);
     this.refused = refused;
     this.workerReady = (async () => {
-      const WorkerClass = IN_NODE ? (await import("node:worker_threads")).Worker : globalThis.Worker;
-      this.worker = IN_NODE ? new WorkerClass(WORKER_URL) : new WorkerClass(WORKER_URL, { type: "module", name: `cu-worker-${thread}` });
-      const onMessage = (/** @type {any} */ m) => this.message(m, started, base);
-      if (IN_NODE) {
-        this.worker.on("message", onMessage);
-        this.worker.on("error", (/** @type {any} */ e) => this.fail(`stopped: ${e?.message ?? e}`));
-        this.worker.on("exit", (/** @type {number} */ code) => this.fail(`exited (code ${code})`));
-      } else {
-        this.worker.addEventListener("message", (/** @type {MessageEvent} */ e) => onMessage(e.data));
-        this.worker.addEventListener("error", (/** @type {any} */ e) => this.fail(`stopped: ${e?.message ?? "it did not load"}`));
-      }
+      this.worker = startWorker(await workerClass(), WORKER_URL, { name: `cu-worker-${thread}`,
+        onMessage: (m) => this.message(m, started, base), onError: (why) => this.fail(`stopped: ${why}`),
+        onExit: (code) => this.fail(`exited (code ${code})`) });
     })();
     this.workerReady.catch((e) => this.fail(`did not start: ${e?.message ?? e}`));
   }

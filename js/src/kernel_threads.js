@@ -15,8 +15,8 @@
 import { CortexError } from "./errors.js";
 import { mayBlock, sharedMemoryAvailable } from "./features.js";
 import { WasmUnit, trapped } from "./wasm_unit.js";
+import { IN_NODE, startWorker, workerClass } from "./workers.js";
 
-const IN_NODE = typeof process !== "undefined" && !!process.versions?.node;
 const WORKER_URL = new URL("./kernel_worker.js", import.meta.url);
 // Byte offsets of the control block's words the host touches (backends/wasm/kernel_parts.py).
 const STOP = 24, FAULT = 32;
@@ -187,7 +187,7 @@ export class ThreadedUnit extends WasmUnit {
   async startWorkers() {
     if (this.count < 2) return;
     this.report = new SharedArrayBuffer(REPORT_BYTES);
-    const WorkerClass = IN_NODE ? (await import("node:worker_threads")).Worker : globalThis.Worker;
+    const WorkerClass = await workerClass();
     const job = { module: this.module, memory: this.memory, report: this.report };
     const started = [];
     for (let tid = 1; tid < this.count; tid++) started.push(new KernelWorker(WorkerClass, { ...job, tid }, this.cu.id));
@@ -222,8 +222,6 @@ class KernelWorker {
   /** @param {any} WorkerClass @param {{module: WebAssembly.Module, memory: WebAssembly.Memory, report: SharedArrayBuffer,
    *  tid: number}} job @param {string} cuId */
   constructor(WorkerClass, job, cuId) {
-    const worker = IN_NODE ? new WorkerClass(WORKER_URL) : new WorkerClass(WORKER_URL, { name: `${cuId}-kernel-${job.tid}` });
-    this.worker = worker;
     /** @type {(value?: any) => void} */ let started = () => undefined;
     /** @type {(error: any) => void} */ let refused = () => undefined;
     /** @type {(value?: any) => void} */ let ended = () => undefined;
@@ -236,20 +234,15 @@ class KernelWorker {
     const onMessage = (/** @type {any} */ message) => {
       if (message?.ready) {
         started();
-        if (IN_NODE) worker.unref();            // parked: an unreleased session does not keep Node running
+        if (IN_NODE) this.worker.unref();       // parked: an unreleased session does not keep Node running
       }
       else if (message?.error !== undefined) failed(message.error);
       else if (message?.stopped) ended();
     };
-    if (IN_NODE) {
-      worker.on("message", onMessage);
-      worker.on("error", (/** @type {any} */ e) => failed(e?.message ?? String(e)));
-      worker.on("exit", () => failed("it exited"));
-    } else {
-      worker.addEventListener("message", (/** @type {MessageEvent} */ e) => onMessage(e.data));
-      worker.addEventListener("error", (/** @type {any} */ e) => failed(e?.message ?? "it did not load"));
-    }
-    worker.postMessage(job);
+    // A classic Web Worker: kernel_worker.js has no imports.
+    this.worker = startWorker(WorkerClass, WORKER_URL, { name: `${cuId}-kernel-${job.tid}`, module: false, onMessage,
+      onError: failed, onExit: () => failed("it exited") });
+    this.worker.postMessage(job);
   }
 
   /** Ends the worker once it returned from `work` (the caller's instance called `stop`), or after

@@ -13,8 +13,8 @@
 // Worker again and creates the session in it (from the module cache between visits in a browser).
 import { CortexError } from "./errors.js";
 import { Tensor } from "./tensor.js";
+import { IN_NODE, startWorker, workerClass } from "./workers.js";
 
-const IN_NODE = typeof process !== "undefined" && !!process.versions?.node;
 const WORKER_URL = new URL("./proxy_worker.js", import.meta.url);
 /** Options that are functions: called here when the Worker asks. */
 const CALLBACK_OPTIONS = ["onProgress"];
@@ -91,9 +91,6 @@ export class ProxySession {
   }
 
   async spawn() {
-    const WorkerClass = IN_NODE ? (await import("node:worker_threads")).Worker : globalThis.Worker;
-    const worker = IN_NODE ? new WorkerClass(WORKER_URL) : new WorkerClass(WORKER_URL, { type: "module", name: "cortex-session" });
-    this.worker = worker;
     const stopped = (/** @type {string} */ why) => {
       if (this.worker !== worker) return;
       this.worker = null;
@@ -101,14 +98,9 @@ export class ProxySession {
       for (const { reject } of this.pending.values()) reject(new CortexError(`${this.url.href}: the session's Worker ${why}`));
       this.pending.clear();
     };
-    if (IN_NODE) {
-      worker.on("message", (/** @type {any} */ m) => this.message(m));
-      worker.on("error", (/** @type {any} */ e) => stopped(`stopped: ${e?.message ?? e}`));
-      worker.on("exit", (/** @type {number} */ code) => stopped(`exited (code ${code})`));
-    } else {
-      worker.addEventListener("message", (/** @type {MessageEvent} */ e) => this.message(e.data));
-      worker.addEventListener("error", (/** @type {any} */ e) => stopped(`stopped: ${e?.message ?? "it did not load"}`));
-    }
+    const worker = startWorker(await workerClass(), WORKER_URL, { name: "cortex-session", onMessage: (m) => this.message(m),
+      onError: (why) => stopped(`stopped: ${why}`), onExit: (code) => stopped(`exited (code ${code})`) });
+    this.worker = worker;
     this.idle();
   }
 

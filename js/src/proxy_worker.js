@@ -8,9 +8,9 @@
 // threw?} of onToken (onProgress and onLogits are told without waiting).
 import { CortexError } from "./errors.js";
 import { InferenceSession } from "./session.js";
+import { parentChannel } from "./workers.js";
 
-const IN_NODE = typeof process !== "undefined" && !!process.versions?.node;
-const port = IN_NODE ? /** @type {any} */ ((await import("node:worker_threads")).parentPort) : globalThis;
+const channel = await parentChannel();
 
 /** @type {InferenceSession | null} */
 let session = null;
@@ -18,7 +18,7 @@ let session = null;
 const waiting = new Map();
 
 /** @param {any} message @param {Transferable[]} [transfer] */
-const post = (message, transfer = []) => port.postMessage(message, transfer);
+const post = (message, transfer = []) => channel.post(message, transfer);
 
 /** Tensors as they cross: plain {type, data, dims}. @param {Record<string, any>} tensors */
 const plainTensors = (tensors) => Object.fromEntries(Object.entries(tensors)
@@ -76,4 +76,4 @@ async function handle(m) {
   }
 }
 
-if (IN_NODE) port.on("message", handle); else port.addEventListener("message", (/** @type {MessageEvent} */ e) => handle(e.data));
+channel.listen(handle);
